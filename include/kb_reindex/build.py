@@ -1,0 +1,252 @@
+"""Steps 2 and 3: allocate a version with its collection, then fill it.
+
+Unchanged chunks get their vector copied from the live collection; only the rest is embedded. Point IDs
+are stable, and points already in the collection are skipped, so a retried or rerun build resumes where
+it stopped: no duplicate points, no embedding twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from qdrant_client import models
+
+from kb_reindex.chunking import Chunk
+from kb_reindex.embedding import batched, check_vectors
+from kb_reindex.errors import EmbeddingError, KbError, StoreError
+from kb_reindex.plan import Prepared, prepare
+from kb_reindex.runtime import Deps
+from kb_reindex.sources import Document
+from kb_reindex.state import VersionRecord
+from kb_reindex.store import DISTANCE, collection_name
+
+log = logging.getLogger(__name__)
+
+RESUMABLE_STEPS = ("create", "build")
+
+
+def _same_plan(version: VersionRecord, plan: dict[str, Any]) -> bool:
+    return (
+        version.kind == plan["kind"]
+        and version.corpus_fingerprint == plan["fingerprint"]
+        and (version.embedder, version.embed_model, version.chunking_version)
+        == (plan["embedder"], plan["embed_model"], plan["chunking_version"])
+        and (plan["embed_dim"] is None or version.embed_dim == plan["embed_dim"])
+        and version.base_version == plan["base_version"]
+    )
+
+
+def _resumable(deps: Deps, plan: dict[str, Any]) -> VersionRecord | None:
+    """An unfinished version of exactly this plan: rerunning continues it instead of starting over."""
+    for version in deps.state.list_versions(plan["alias"], statuses=["building", "failed"]):
+        if version.status == "failed" and version.failed_step not in RESUMABLE_STEPS:
+            continue
+        if _same_plan(version, plan) and not plan["force_full"]:
+            return version
+    return None
+
+
+def create_version(deps: Deps, plan: dict[str, Any], *, run_id: str | None = None) -> dict[str, Any]:
+    """Allocate N (or resume an unfinished build of the same plan), write the manifest, create the collection."""
+    prepared = prepare(
+        deps, force_full=plan["force_full"], kind=plan["kind"],
+        embedder=plan["embedder"], model=plan["embed_model"], dim=plan["embed_dim"],
+    )
+    now = prepared.plan
+    if now["base_collection"] != plan["base_collection"]:
+        raise KbError(
+            f"the live version changed since this run planned (planned against {plan['base_collection'] or 'nothing'}, "
+            f"now {now['base_collection'] or 'nothing'}); start a new run"
+        )
+    if now["fingerprint"] != plan["fingerprint"]:
+        raise KbError("the knowledge folder changed since this run planned; start a new run so the plan matches the files")
+
+    version = _resumable(deps, plan)
+    if version is None:
+        dim = plan["embed_dim"]
+        if dim is None:
+            from kb_reindex.embedding import make_embedder
+
+            settings = deps.settings.with_embedder(embedder=plan["embedder"], model=plan["embed_model"], dim=None)
+            dim = make_embedder(settings, headers=deps.ollama_headers).dimension
+        version = deps.state.allocate_version(
+            alias=plan["alias"],
+            collection_for=lambda n: collection_name(plan["alias"], plan["embed_model"], n),
+            kind=plan["kind"],
+            embedder=plan["embedder"],
+            embed_model=plan["embed_model"],
+            embed_dim=dim,
+            distance=DISTANCE.value,
+            chunking_version=plan["chunking_version"],
+            corpus_fingerprint=plan["fingerprint"],
+            base_version=plan["base_version"],
+            base_collection=plan["base_collection"],
+            run_id=run_id,
+        )
+        resumed = False
+    else:
+        deps.state.update_version(version.id, status="building", error=None, failed_step=None, run_id=run_id)
+        resumed = True
+        log.info("kb_reindex: resuming unfinished v%d (%s)", version.version, version.collection)
+
+    try:
+        _write_manifest(deps, version, prepared)
+        deps.store.create_collection(version.collection, dim=version.embed_dim)
+    except KbError as exc:
+        deps.state.mark_failed(version.id, step="create", error=str(exc))
+        raise
+    log.info(
+        "kb_reindex: v%d -> collection %s (%d-d %s, %d points planned)",
+        version.version, version.collection, version.embed_dim, version.distance, len(prepared.chunks),
+    )
+    return {"version": version.version, "collection": version.collection, "resumed": resumed,
+            "embed_model": version.embed_model, "embed_dim": version.embed_dim}
+
+
+def _write_manifest(deps: Deps, version: VersionRecord, prepared: Prepared) -> None:
+    per_doc: dict[str, int] = {}
+    for chunk in prepared.chunks:
+        per_doc[chunk.knowledge_key] = per_doc.get(chunk.knowledge_key, 0) + 1
+    documents = [
+        {"knowledge_key": d.knowledge_key, "source": d.source, "title": d.title, "category": d.category,
+         "tenant": d.tenant, "content_hash": d.content_hash, "chunk_count": per_doc.get(d.knowledge_key, 0)}
+        for d in prepared.documents
+    ]
+    chunks = [
+        {"point_id": c.point_id, "knowledge_key": c.knowledge_key, "chunk_index": c.chunk_index,
+         "chunk_hash": c.chunk_hash, "source_point_id": prepared.reuse.get(c.chunk_hash)}
+        for c in prepared.chunks
+    ]
+    deps.state.write_manifest(version.id, documents, chunks)
+    reused = sum(1 for c in chunks if c["source_point_id"])
+    deps.state.update_version(
+        version.id, docs_count=len(documents), points_expected=len(chunks),
+        chunks_reused=reused, chunks_embedded=len(chunks) - reused,
+    )
+
+
+def payload_for(chunk: Chunk, doc: Document, version: VersionRecord) -> dict[str, Any]:
+    return {
+        "text": chunk.text,
+        "knowledge_key": chunk.knowledge_key,
+        "source": doc.source,
+        "title": doc.title,
+        "category": doc.category,
+        "section": chunk.section,
+        "tenant": doc.tenant,
+        "chunk_index": chunk.chunk_index,
+        "chunk_hash": chunk.chunk_hash,
+        "content_hash": doc.content_hash,
+        "embed_model": version.embed_model,
+        "chunking_version": version.chunking_version,
+        "version": version.version,
+    }
+
+
+class _Progress:
+    def __init__(self, label: str, total: int) -> None:
+        self.label, self.total, self.done = label, total, 0
+        self.started = time.monotonic()
+
+    def add(self, count: int) -> None:
+        self.done += count
+        elapsed = max(time.monotonic() - self.started, 1e-9)
+        rate = self.done / elapsed
+        eta = (self.total - self.done) / rate if rate else 0.0
+        log.info("kb_reindex: %s %d/%d points (%.0f%%), %.1f points/s, eta %.0fs",
+                 self.label, self.done, self.total, 100.0 * self.done / max(self.total, 1), rate, eta)
+
+
+def build(deps: Deps, version_number: int, *, run_id: str | None = None, point_ids: list[str] | None = None) -> dict[str, Any]:
+    """Fill the version's collection; `point_ids` limits the work to one slice (for mapped tasks)."""
+    alias = deps.settings.alias
+    version = deps.state.get_version(alias, version_number)
+    if version is None:
+        raise KbError(f"version {version_number} of {alias} does not exist")
+    if version.status in ("ready", "live", "retired"):
+        log.info("kb_reindex: v%d is already %s; nothing to build", version.version, version.status)
+        return {"version": version.version, "embedded": 0, "copied": 0, "skipped": version.points_expected}
+    if version.status == "failed" and version.failed_step not in RESUMABLE_STEPS:
+        raise KbError(f"v{version.version} failed at {version.failed_step} ({version.error}); it cannot be rebuilt")
+    if version.status == "deleted":
+        raise KbError(f"v{version.version} was deleted; start a new run")
+    if version.status == "failed":
+        deps.state.update_version(version.id, status="building", error=None, failed_step=None)
+    try:
+        return _fill(deps, version, point_ids)
+    except Exception as exc:
+        deps.state.mark_failed(version.id, step="build", error=f"{type(exc).__name__}: {exc}")
+        raise
+
+
+def _fill(deps: Deps, version: VersionRecord, only: list[str] | None) -> dict[str, Any]:
+    from kb_reindex.chunking import chunk_document, chunking_version
+    from kb_reindex.sources import corpus_fingerprint, load_corpus
+
+    settings = deps.settings
+    documents = load_corpus(settings.knowledge_dir, max_bytes=settings.max_doc_bytes)
+    if corpus_fingerprint(documents) != version.corpus_fingerprint:
+        raise KbError(
+            f"the knowledge folder changed after v{version.version} was planned; this version cannot be "
+            "completed from the files as they are now. Start a new run"
+        )
+    if chunking_version(settings.chunk_size, settings.chunk_overlap) != version.chunking_version:
+        raise KbError(f"chunking settings differ from v{version.version}'s ({version.chunking_version}); start a new run")
+    by_key = {d.knowledge_key: d for d in documents}
+    chunks = {c.point_id: c for d in documents for c in chunk_document(d, chunk_size=settings.chunk_size, overlap=settings.chunk_overlap)}
+    manifest = deps.state.manifest_chunks(version.id)
+    if {row["point_id"] for row in manifest} != set(chunks):
+        raise KbError(f"v{version.version}'s manifest does not match the chunks of the current files; start a new run")
+    if only is not None:
+        wanted = set(only)
+        manifest = [row for row in manifest if row["point_id"] in wanted]
+
+    existing = deps.store.existing_ids(version.collection)
+    to_copy = [row for row in manifest if row["source_point_id"] and row["point_id"] not in existing]
+    to_embed = [row for row in manifest if not row["source_point_id"] and row["point_id"] not in existing]
+    skipped = len(manifest) - len(to_copy) - len(to_embed)
+    if skipped:
+        log.info("kb_reindex: v%d resumes: %d points already written are skipped", version.version, skipped)
+    progress = _Progress(f"build v{version.version}", len(manifest))
+    progress.done = skipped
+
+    def point(row: dict[str, Any], vector: list[float]) -> models.PointStruct:
+        chunk = chunks[row["point_id"]]
+        return models.PointStruct(id=row["point_id"], vector=vector, payload=payload_for(chunk, by_key[chunk.knowledge_key], version))
+
+    if to_copy:
+        if not version.base_collection or not deps.store.exists(version.base_collection):
+            raise StoreError(f"v{version.version} copies vectors from {version.base_collection}, which no longer exists")
+        for batch in batched(to_copy, settings.copy_batch_size):
+            sources = deps.store.retrieve(version.base_collection, [r["source_point_id"] for r in batch], vectors=True, payload=False)
+            vectors = {str(record.id): record.vector for record in sources}
+            missing = [r["source_point_id"] for r in batch if r["source_point_id"] not in vectors]
+            if missing:
+                raise StoreError(
+                    f"live collection {version.base_collection} lacks {len(missing)} point(s) its manifest lists "
+                    f"(first: {missing[0]}); it drifted. Rebuild with `kb-reindex run --force-full`"
+                )
+            checked = check_vectors([vectors[r["source_point_id"]] for r in batch], expected=len(batch),
+                                    dim=version.embed_dim, source=f"collection {version.base_collection}")
+            deps.store.upsert(version.collection, [point(r, v) for r, v in zip(batch, checked)])
+            progress.add(len(batch))
+
+    if to_embed:
+        embedder = deps.embedder_for(version)
+        if embedder.dimension != version.embed_dim:
+            raise EmbeddingError(
+                f"embedder {embedder.model!r} answers {embedder.dimension}-d vectors; v{version.version} needs {version.embed_dim}"
+            )
+        for batch in batched(to_embed, settings.embed_batch_size):
+            texts = [chunks[r["point_id"]].text for r in batch]
+            vectors = check_vectors(embedder.embed(texts), expected=len(batch), dim=version.embed_dim,
+                                    source=f"embedder {embedder.model!r}")
+            deps.store.upsert(version.collection, [point(r, v) for r, v in zip(batch, vectors)])
+            progress.add(len(batch))
+
+    written = deps.store.count(version.collection)
+    deps.state.update_version(version.id, points_written=written)
+    return {"version": version.version, "embedded": len(to_embed), "copied": len(to_copy), "skipped": skipped,
+            "points": written}

@@ -1,0 +1,140 @@
+"""Markdown-aware chunking that keeps a rule's condition and its conclusion together.
+
+Sections (by heading) are never merged; inside a section paragraphs are packed up to `chunk_size`
+characters; an over-long paragraph is split at Chinese or Western sentence ends, and an over-long
+sentence at `chunk_size`. Neighbouring chunks of a section share about `overlap` characters, taken as
+whole sentences where they fit. Each chunk's text starts with "title > section" so that a chunk read
+alone still says which rule it belongs to (and that context shapes its embedding).
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from dataclasses import dataclass
+
+from kb_reindex.sources import Document, sha256_text
+
+CHUNKER_NAME = "md-sections-v1"
+POINT_ID_NAMESPACE = uuid.UUID("6f0b7c7e-2d0a-5b8e-9f4c-6b62a1d3c0de")
+_HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
+_SENTENCE_END = re.compile(r"(?<=[。！？；!?;])|(?<=\.)\s+|\n")
+MIN_CHUNK_CHARS = 2
+
+
+@dataclass(frozen=True)
+class Chunk:
+    knowledge_key: str
+    chunk_index: int
+    section: str
+    text: str
+    chunk_hash: str
+    point_id: str
+
+
+def chunking_version(chunk_size: int, overlap: int) -> str:
+    """Reuse of vectors is only sound when chunks were cut the same way."""
+    return f"{CHUNKER_NAME}/size={chunk_size}/overlap={overlap}"
+
+
+def point_id_for(knowledge_key: str, chunk_index: int, chunk_hash: str) -> str:
+    """Stable: an unchanged chunk keeps its ID across versions, so reruns upsert instead of duplicating."""
+    return str(uuid.uuid5(POINT_ID_NAMESPACE, f"{knowledge_key}\x1f{chunk_index}\x1f{chunk_hash}"))
+
+
+def _sections(body: str) -> list[tuple[str, str]]:
+    """(section path, text) pairs in document order; the path joins the heading trail with ' > '."""
+    trail: list[tuple[int, str]] = []
+    sections: list[tuple[str, list[str]]] = [("", [])]
+    in_fence = False
+    for line in body.split("\n"):
+        if line.lstrip().startswith("```"):
+            in_fence = not in_fence
+        match = None if in_fence else _HEADING.match(line)
+        if match:
+            level, title = len(match.group(1)), match.group(2)
+            trail = [(lvl, t) for lvl, t in trail if lvl < level] + [(level, title)]
+            # the H1 is the document title and is already in every chunk's header
+            path = " > ".join(t for lvl, t in trail if lvl > 1)
+            sections.append((path, []))
+        else:
+            sections[-1][1].append(line)
+    return [(path, "\n".join(lines).strip()) for path, lines in sections if "\n".join(lines).strip()]
+
+
+def _sentences(paragraph: str, limit: int) -> list[str]:
+    pieces = [p for p in _SENTENCE_END.split(paragraph) if p and p.strip()]
+    out: list[str] = []
+    for piece in pieces:
+        piece = piece.strip()
+        while len(piece) > limit:
+            out.append(piece[:limit])
+            piece = piece[limit:]
+        if piece:
+            out.append(piece)
+    return out
+
+
+def _units(text: str, limit: int) -> list[str]:
+    """Paragraphs that fit, else their sentences: the pieces chunks are packed from."""
+    units: list[str] = []
+    for paragraph in re.split(r"\n\s*\n", text):
+        paragraph = paragraph.strip()
+        if not paragraph:
+            continue
+        units.extend([paragraph] if len(paragraph) <= limit else _sentences(paragraph, limit))
+    return units
+
+
+def _tail(text: str, overlap: int) -> str:
+    """The last whole sentences of `text` within `overlap` chars; else its last `overlap` chars."""
+    if overlap <= 0:
+        return ""
+    sentences = [s for s in _SENTENCE_END.split(text) if s and s.strip()]
+    tail = ""
+    for sentence in reversed(sentences):
+        candidate = sentence.strip() + tail
+        if len(candidate) > overlap:
+            break
+        tail = candidate
+    return tail or text[-overlap:]
+
+
+def _pack(units: list[str], size: int, overlap: int) -> list[str]:
+    chunks: list[str] = []
+    current = ""
+    for unit in units:
+        joiner = "\n\n" if current else ""
+        if current and len(current) + len(joiner) + len(unit) > size:
+            chunks.append(current)
+            carried = _tail(current, overlap)
+            current = f"{carried}\n{unit}" if carried and len(carried) + 1 + len(unit) <= size else unit
+        else:
+            current = f"{current}{joiner}{unit}"
+    if current:
+        chunks.append(current)
+    return chunks
+
+
+def chunk_document(doc: Document, *, chunk_size: int = 500, overlap: int = 50) -> list[Chunk]:
+    chunks: list[Chunk] = []
+    for section, text in _sections(doc.body):
+        body_budget = max(chunk_size - len(doc.title) - len(section) - 4, chunk_size // 2)
+        for body in _pack(_units(text, body_budget), body_budget, overlap):
+            if len(body.strip()) < MIN_CHUNK_CHARS:
+                continue
+            header = f"{doc.title} > {section}" if section else doc.title
+            chunk_text = f"{header}\n{body}"
+            index = len(chunks)
+            chunk_hash = sha256_text(chunk_text)
+            chunks.append(
+                Chunk(
+                    knowledge_key=doc.knowledge_key,
+                    chunk_index=index,
+                    section=section,
+                    text=chunk_text,
+                    chunk_hash=chunk_hash,
+                    point_id=point_id_for(doc.knowledge_key, index, chunk_hash),
+                )
+            )
+    return chunks

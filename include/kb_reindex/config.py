@@ -1,0 +1,137 @@
+"""Settings from the environment: one frozen object every step receives.
+
+Relative paths resolve against the project root (``KB_PROJECT_ROOT`` or the checkout this package lives
+in), never against the working directory, so the CLI, the DAGs and the tests agree on where `.kb/` is.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from kb_reindex.errors import ConfigError
+
+EMBEDDERS = ("hashing", "ollama")
+DEFAULT_MODELS = {"hashing": "hashing-ngram-v1", "ollama": "bge-m3"}
+ALIAS_PATTERN = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_\-]{0,62}$")
+
+
+def project_root(env: Mapping[str, str] | None = None) -> Path:
+    """The folder holding `knowledge/` and `dags/`; the anchor for every relative path."""
+    env = os.environ if env is None else env
+    if env.get("KB_PROJECT_ROOT"):
+        return Path(env["KB_PROJECT_ROOT"]).expanduser().resolve()
+    checkout = Path(__file__).resolve().parents[2]
+    if (checkout / "pyproject.toml").exists() and (checkout / "include" / "kb_reindex").is_dir():
+        return checkout
+    return Path.cwd().resolve()
+
+
+def _resolve(root: Path, value: str) -> Path:
+    path = Path(value).expanduser()
+    return path if path.is_absolute() else (root / path).resolve()
+
+
+def _int(env: Mapping[str, str], name: str, default: int, *, minimum: int) -> int:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not an integer") from None
+    if value < minimum:
+        raise ConfigError(f"{name}={value} must be at least {minimum}")
+    return value
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything a reindex needs to know; secrets are kept out of ``repr``."""
+
+    root: Path
+    knowledge_dir: Path
+    golden_set: Path
+    alias: str
+    state_url: str = field(repr=False)
+    qdrant_url: str | None
+    qdrant_api_key: str | None = field(repr=False)
+    qdrant_path: Path | None
+    embedder: str
+    embed_model: str
+    embed_dim: int | None
+    ollama_host: str
+    ollama_timeout_s: float
+    chunk_size: int
+    chunk_overlap: int
+    reports_dir: Path
+    keep_versions: int
+    embed_batch_size: int
+    copy_batch_size: int
+    max_doc_bytes: int
+    lock_ttl_s: int
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> Settings:
+        env = os.environ if env is None else env
+        root = project_root(env)
+        alias = env.get("KB_ALIAS", "mall_knowledge").strip()
+        if not ALIAS_PATTERN.match(alias) or "__" in alias:
+            raise ConfigError(
+                f"KB_ALIAS={alias!r} is not a valid alias: use letters, digits, '-' or '_' "
+                "(no '__', which separates the parts of a collection name)"
+            )
+        embedder = env.get("KB_EMBEDDER", "hashing").strip().lower()
+        if embedder not in EMBEDDERS:
+            raise ConfigError(f"KB_EMBEDDER={embedder!r} is unknown; choose one of {', '.join(EMBEDDERS)}")
+        qdrant_url = env.get("KB_QDRANT_URL", "").strip() or None
+        qdrant_path = None if qdrant_url else _resolve(root, env.get("KB_QDRANT_PATH", ".kb/qdrant"))
+        state_url = env.get("KB_STATE_URL", "").strip() or f"sqlite:///{_resolve(root, '.kb/state.db')}"
+        if not state_url.startswith(("sqlite", "mysql")):
+            raise ConfigError("KB_STATE_URL must be a SQLAlchemy URL starting with sqlite:/// or mysql+pymysql://")
+        dim_raw = env.get("KB_EMBED_DIM", "").strip()
+        embed_dim = _int(env, "KB_EMBED_DIM", 0, minimum=1) if dim_raw else None
+        if embed_dim is None and embedder == "hashing":
+            embed_dim = 1024
+        chunk_size = _int(env, "KB_CHUNK_SIZE", 500, minimum=50)
+        chunk_overlap = _int(env, "KB_CHUNK_OVERLAP", 50, minimum=0)
+        if chunk_overlap >= chunk_size // 2:
+            raise ConfigError(f"KB_CHUNK_OVERLAP={chunk_overlap} must be less than half of KB_CHUNK_SIZE={chunk_size}")
+        timeout_raw = env.get("KB_OLLAMA_TIMEOUT", "60").strip()
+        try:
+            ollama_timeout_s = float(timeout_raw)
+        except ValueError:
+            raise ConfigError(f"KB_OLLAMA_TIMEOUT={timeout_raw!r} is not a number of seconds") from None
+        settings = cls(
+            root=root,
+            knowledge_dir=_resolve(root, env.get("KB_KNOWLEDGE_DIR", "knowledge/docs")),
+            golden_set=_resolve(root, env.get("KB_GOLDEN_SET", "knowledge/golden.yaml")),
+            alias=alias,
+            state_url=state_url,
+            qdrant_url=qdrant_url,
+            qdrant_api_key=env.get("KB_QDRANT_API_KEY") or None,
+            qdrant_path=qdrant_path,
+            embedder=embedder,
+            embed_model=env.get("KB_EMBED_MODEL", "").strip() or DEFAULT_MODELS[embedder],
+            embed_dim=embed_dim,
+            ollama_host=env.get("OLLAMA_HOST", "").strip() or "http://127.0.0.1:11434",
+            ollama_timeout_s=ollama_timeout_s,
+            chunk_size=chunk_size,
+            chunk_overlap=chunk_overlap,
+            reports_dir=_resolve(root, env.get("KB_REPORTS_DIR", ".kb/reports")),
+            keep_versions=_int(env, "KB_KEEP_VERSIONS", 2, minimum=0),
+            embed_batch_size=_int(env, "KB_EMBED_BATCH_SIZE", 32, minimum=1),
+            copy_batch_size=_int(env, "KB_COPY_BATCH_SIZE", 256, minimum=1),
+            max_doc_bytes=_int(env, "KB_MAX_DOC_BYTES", 2_000_000, minimum=1),
+            lock_ttl_s=_int(env, "KB_LOCK_TTL", 3600, minimum=10),
+        )
+        return replace(settings, **overrides) if overrides else settings
+
+    def with_embedder(self, *, embedder: str, model: str, dim: int | None) -> Settings:
+        """The same deployment with another embedding model: used by reindex (live model) and migration."""
+        if embedder not in EMBEDDERS:
+            raise ConfigError(f"embedder {embedder!r} is unknown; choose one of {', '.join(EMBEDDERS)}")
+        return replace(self, embedder=embedder, embed_model=model, embed_dim=dim)

@@ -1,0 +1,198 @@
+"""Whole runs for the CLI: the same step functions the DAG tasks call, chained in one process.
+
+Every run is recorded (kind, outcome, counters, duration). A failure leaves the alias where it was;
+the result says what failed and why.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from kb_reindex.build import build, create_version
+from kb_reindex.errors import KbError
+from kb_reindex.plan import plan as make_plan
+from kb_reindex.promote import cleanup, promote, rollback, rollback_target
+from kb_reindex.runtime import Deps, new_run_id
+from kb_reindex.validate import validate
+
+log = logging.getLogger(__name__)
+
+
+def empty_result(outcome: str = "failed") -> dict[str, Any]:
+    return {
+        "outcome": outcome,
+        "version": None,
+        "collection": None,
+        "docs": {"added": 0, "changed": 0, "unchanged": 0, "removed": 0},
+        "chunks": {"total": 0, "embedded": 0, "reused": 0},
+        "validation": None,
+        "error": None,
+    }
+
+
+def run_counters(plan: dict[str, Any]) -> dict[str, int]:
+    docs, chunks = plan["docs"], plan["chunks"]
+    return {
+        "docs_added": docs["added"], "docs_changed": docs["changed"], "docs_unchanged": docs["unchanged"],
+        "docs_removed": docs["removed"], "chunks_total": chunks["total"], "chunks_embedded": chunks["embedded"],
+        "chunks_reused": chunks["reused"],
+    }
+
+
+def run_reindex(
+    deps: Deps,
+    *,
+    force_full: bool = False,
+    dry_run: bool = False,
+    run_id: str | None = None,
+    trigger: str = "cli",
+    kind: str = "reindex",
+    embedder: str | None = None,
+    model: str | None = None,
+    dim: int | None = None,
+    promote_version: bool = True,
+    min_hit_rate: float | None = None,
+    min_mrr: float | None = None,
+) -> dict[str, Any]:
+    """plan -> create version -> build -> validate -> promote -> cleanup, under the reindex lock."""
+    alias = deps.settings.alias
+    run_id = run_id or new_run_id(kind)
+    result = empty_result()
+    deps.state.start_run(run_id=run_id, alias=alias, kind=kind, trigger=trigger)
+    try:
+        with deps.state.lock(f"reindex:{alias}", ttl_s=deps.settings.lock_ttl_s):
+            p = make_plan(deps, force_full=force_full or kind == "migration", kind=kind,
+                          embedder=embedder, model=model, dim=dim)
+            result.update(docs=p["docs"], chunks=p["chunks"], plan=p)
+            counters = run_counters(p)
+            if p["no_change"]:
+                result.update(outcome="no_change", version=p["base_version"], collection=p["base_collection"])
+                result["chunks"] = {"total": p["chunks"]["total"], "embedded": 0, "reused": 0}
+                deps.state.finish_run(run_id, outcome="no_change", version=p["base_version"], docs_unchanged=p["docs"]["unchanged"],
+                                      chunks_total=p["chunks"]["total"])
+                return result
+            if dry_run:
+                result["outcome"] = "dry_run"
+                deps.state.finish_run(run_id, outcome="dry_run", **counters)
+                return result
+            created = create_version(deps, p, run_id=run_id)
+            result.update(version=created["version"], collection=created["collection"])
+            deps.state.update_run(run_id, version=created["version"])
+            built = build(deps, created["version"], run_id=run_id)
+            result["build"] = built
+            checked = validate(deps, created["version"], min_hit_rate=min_hit_rate, min_mrr=min_mrr)
+            result["validation"] = validation_summary(checked)
+            if promote_version:
+                promote(deps, created["version"], run_id=run_id)
+                result["outcome"] = "promoted"
+            else:
+                result["outcome"] = "shadow"
+            result["cleanup"] = cleanup(deps)
+    except KbError as exc:
+        result.update(outcome="failed", error=str(exc))
+        if isinstance(exc, KbError) and result.get("version") is not None:
+            v = deps.state.get_version(alias, result["version"])
+            if v is not None and v.validation:
+                result["validation"] = validation_summary(v.validation)
+        deps.state.finish_run(run_id, outcome="failed", error=str(exc), version=result.get("version"))
+        log.error("kb_reindex: %s run %s failed: %s", kind, run_id, exc)
+        return result
+    deps.state.finish_run(run_id, outcome=result["outcome"], version=result["version"], **counters)
+    return result
+
+
+def validation_summary(result: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "passed": result["passed"],
+        "hit_rate": result["hit_rate"],
+        "mrr": result["mrr"],
+        "regressions": result["regressions"],
+        "live_hit_rate": result.get("live_hit_rate"),
+        "live_mrr": result.get("live_mrr"),
+        "failures": result["failures"],
+        "report": result.get("report"),
+    }
+
+
+def run_rollback(deps: Deps, *, reason: str, to_version: int | None = None, run_id: str | None = None,
+                 trigger: str = "cli", revalidate: bool = True) -> dict[str, Any]:
+    alias = deps.settings.alias
+    run_id = run_id or new_run_id("rollback")
+    deps.state.start_run(run_id=run_id, alias=alias, kind="rollback", trigger=trigger)
+    try:
+        result = rollback(deps, reason=reason, to_version=to_version, run_id=run_id, revalidate=revalidate)
+    except KbError as exc:
+        deps.state.finish_run(run_id, outcome="failed", error=str(exc))
+        raise
+    deps.state.finish_run(run_id, outcome="rolled_back", version=result["to_version"])
+    return result
+
+
+def status(deps: Deps) -> dict[str, Any]:
+    """What serves now, every version, and whether Qdrant agrees with the state DB."""
+    alias = deps.settings.alias
+    store = deps.store
+    serving = store.alias_target(alias)
+    live = deps.state.live_version(alias)
+    target = rollback_target(deps) if live else None
+    versions = []
+    for v in deps.state.list_versions(alias):
+        exists = store.exists(v.collection) if v.status != "deleted" else False
+        versions.append({
+            "version": v.version, "collection": v.collection, "status": v.status, "kind": v.kind,
+            "points": store.count(v.collection) if exists else None, "points_expected": v.points_expected,
+            "embedder": v.embedder, "embed_model": v.embed_model, "dim": v.embed_dim,
+            "hit_rate": (v.validation or {}).get("hit_rate"), "mrr": (v.validation or {}).get("mrr"),
+            "created_at": v.created_at.isoformat(timespec="seconds") + "Z",
+            "promoted_at": v.promoted_at.isoformat(timespec="seconds") + "Z" if v.promoted_at else None,
+            "rollback_target": bool(target and target.id == v.id),
+            "serving": v.collection == serving,
+            "error": v.error,
+        })
+    problems = []
+    if serving != (live.collection if live else None):
+        problems.append(f"alias {alias} points to {serving or 'nothing'} but the state DB says live is "
+                        f"{live.collection if live else 'nothing'}; run `kb-reindex reconcile`")
+    for v in versions:
+        if v["status"] in ("live", "ready", "retired") and v["points"] != v["points_expected"]:
+            problems.append(f"v{v['version']} ({v['collection']}) holds {v['points']} points, manifest lists "
+                            f"{v['points_expected']}")
+    live_info = None
+    if live is not None:
+        row = next(v for v in versions if v["version"] == live.version)
+        live_info = {k: row[k] for k in ("version", "collection", "points", "embed_model", "dim", "embedder")}
+    return {
+        "alias": alias,
+        "serving_collection": serving,
+        "live": live_info,
+        "rollback_target": target.version if target else None,
+        "versions": versions,
+        "problems": problems,
+        "metrics": metrics(deps),
+    }
+
+
+def metrics(deps: Deps) -> dict[str, Any]:
+    runs = [r for r in deps.state.list_runs(deps.settings.alias, limit=200) if r["kind"] in ("reindex", "migration")]
+    finished = [r for r in runs if r["outcome"] not in ("running",)]
+    succeeded = [r for r in finished if r["outcome"] in ("promoted", "no_change", "dry_run", "shadow")]
+    changed = [r for r in finished if r["outcome"] == "promoted"]
+    last = changed[0] if changed else None
+    total = (last["chunks_embedded"] + last["chunks_reused"]) if last else 0
+    return {
+        "runs": len(finished),
+        "run_success_rate": round(len(succeeded) / len(finished), 4) if finished else None,
+        "last_run_duration_s": round(finished[0]["duration_s"], 3) if finished and finished[0]["duration_s"] is not None else None,
+        "last_changed_chunks": last["chunks_embedded"] if last else None,
+        "last_embedding_reuse_rate": round(last["chunks_reused"] / total, 4) if last and total else None,
+    }
+
+
+def history(deps: Deps) -> list[dict[str, Any]]:
+    return [
+        {"at": e["at"].isoformat(timespec="seconds") + "Z", "action": e["action"], "from_version": e["from_version"],
+         "to_version": e["to_version"], "from_collection": e["from_collection"], "to_collection": e["to_collection"],
+         "run_id": e["run_id"], "reason": e["reason"]}
+        for e in deps.state.alias_events(deps.settings.alias)
+    ]

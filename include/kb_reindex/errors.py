@@ -1,0 +1,64 @@
+"""Errors a user can act on. Each message names the file, field or value at fault."""
+
+from __future__ import annotations
+
+
+class KbError(Exception):
+    """Base of every error kb-reindex raises on purpose."""
+
+    #: the pipeline step that failed, recorded on the version
+    step: str = "run"
+
+
+class ConfigError(KbError):
+    """A setting or argument is wrong; the CLI exits 2."""
+
+
+class SourceError(KbError):
+    """A knowledge document cannot be used as it is."""
+
+    step = "plan"
+
+
+class GoldenSetError(KbError):
+    """The golden set file is malformed or names documents that do not exist."""
+
+    step = "validate"
+
+
+class EmbeddingError(KbError):
+    """The embedder failed or answered something that must not be written."""
+
+    step = "build"
+
+
+class StoreError(KbError):
+    """Qdrant refused, or holds something this run cannot safely use."""
+
+
+class StateDriftError(KbError):
+    """Qdrant and the state DB disagree; an operator must look before anything moves."""
+
+    step = "plan"
+
+
+class AliasMovedError(KbError):
+    """Compare-and-swap refusal: the alias no longer points where this run planned."""
+
+    step = "promote"
+
+
+class LockHeldError(KbError):
+    """Another run holds the reindex lock for this alias."""
+
+
+class ValidationFailed(KbError):
+    """The candidate version did not pass validation; nothing was promoted."""
+
+    step = "validate"
+
+
+class RollbackRefused(KbError):
+    """The rollback target is missing, broken or not confirmed."""
+
+    step = "rollback"

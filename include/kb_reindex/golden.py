@@ -1,0 +1,111 @@
+"""The golden set: customer questions with the documents that answer them, and the scores over them."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from kb_reindex.errors import GoldenSetError
+
+
+@dataclass(frozen=True)
+class Probe:
+    id: str
+    query: str
+    expected: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class GoldenSet:
+    k: int
+    min_hit_rate: float
+    min_mrr: float
+    max_regressions: int
+    probes: tuple[Probe, ...]
+
+
+def _fraction(data: dict[str, Any], name: str, default: float, where: str) -> float:
+    value = data.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= float(value) <= 1.0:
+        raise GoldenSetError(f"{where}: '{name}' must be a number from 0 to 1, got {value!r}")
+    return float(value)
+
+
+def load_golden_set(path: Path) -> GoldenSet:
+    where = str(path)
+    if not path.is_file():
+        raise GoldenSetError(f"golden set {where} does not exist (KB_GOLDEN_SET)")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise GoldenSetError(f"{where}: not valid UTF-8") from None
+    except yaml.YAMLError as exc:
+        raise GoldenSetError(f"{where}: not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise GoldenSetError(f"{where}: must be a mapping with k, thresholds and probes")
+    k = data.get("k", 4)
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise GoldenSetError(f"{where}: 'k' must be a whole number of at least 1, got {k!r}")
+    max_regressions = data.get("max_regressions", 0)
+    if isinstance(max_regressions, bool) or not isinstance(max_regressions, int) or max_regressions < 0:
+        raise GoldenSetError(f"{where}: 'max_regressions' must be a whole number of at least 0, got {max_regressions!r}")
+    raw_probes = data.get("probes")
+    if not isinstance(raw_probes, list) or not raw_probes:
+        raise GoldenSetError(f"{where}: 'probes' must be a non-empty list")
+    probes: list[Probe] = []
+    seen: set[str] = set()
+    for index, raw in enumerate(raw_probes):
+        at = f"{where}: probes[{index}]"
+        if not isinstance(raw, dict):
+            raise GoldenSetError(f"{at}: must be a mapping with id, query and expected")
+        probe_id, query, expected = raw.get("id"), raw.get("query"), raw.get("expected")
+        if not isinstance(probe_id, str) or not probe_id.strip():
+            raise GoldenSetError(f"{at}: 'id' must be non-empty text")
+        at = f"{where}: probe {probe_id!r}"
+        if probe_id in seen:
+            raise GoldenSetError(f"{at}: id is used twice")
+        seen.add(probe_id)
+        if not isinstance(query, str) or not query.strip():
+            raise GoldenSetError(f"{at}: 'query' must be non-empty text")
+        if isinstance(expected, str):
+            expected = [expected]
+        if not isinstance(expected, list) or not expected or not all(isinstance(e, str) and e for e in expected):
+            raise GoldenSetError(f"{at}: 'expected' must be a non-empty list of knowledge_keys")
+        probes.append(Probe(id=probe_id, query=query.strip(), expected=tuple(expected)))
+    return GoldenSet(
+        k=k,
+        min_hit_rate=_fraction(data, "min_hit_rate", 0.9, where),
+        min_mrr=_fraction(data, "min_mrr", 0.7, where),
+        max_regressions=max_regressions,
+        probes=tuple(probes),
+    )
+
+
+def check_probe_keys(golden: GoldenSet, keys: set[str]) -> None:
+    """A probe that names a missing document can never hit: say which one instead of scoring it."""
+    missing = [f"{p.id} -> {', '.join(e for e in p.expected if e not in keys)}" for p in golden.probes
+               if any(e not in keys for e in p.expected)]
+    if missing:
+        raise GoldenSetError(
+            f"{len(missing)} golden probe(s) name knowledge_keys that are not in the corpus: " + "; ".join(missing)
+        )
+
+
+def first_hit_rank(ranked_keys: Sequence[str], expected: Sequence[str]) -> int | None:
+    """1-based rank of the first result whose document is expected, or None when none is in the list."""
+    for position, key in enumerate(ranked_keys, start=1):
+        if key in expected:
+            return position
+    return None
+
+
+def score(ranks: Sequence[int | None]) -> tuple[float, float]:
+    """(hit rate, mean reciprocal rank) over probes; a miss counts 0 for MRR."""
+    if not ranks:
+        return 0.0, 0.0
+    hits = [r for r in ranks if r is not None]
+    return len(hits) / len(ranks), sum(1.0 / r for r in hits) / len(ranks)

@@ -1,0 +1,137 @@
+"""Step 1, plan: what changed since the live version, and which vectors can be carried over.
+
+The plan is a small JSON-able dict (it travels through XCom); the chunks themselves are recomputed by
+later steps from the same files and checked against the plan's corpus fingerprint.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from kb_reindex.chunking import Chunk, chunk_document, chunking_version
+from kb_reindex.errors import StateDriftError
+from kb_reindex.runtime import Deps
+from kb_reindex.sources import Document, corpus_fingerprint, load_corpus
+from kb_reindex.state import VersionRecord
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Prepared:
+    """The plan plus what it was computed from; never leaves the process."""
+
+    plan: dict[str, Any]
+    documents: list[Document]
+    chunks: list[Chunk]
+    reuse: dict[str, str] = field(default_factory=dict)  # chunk_hash -> point id in the live collection
+    live: VersionRecord | None = None
+
+
+def check_live_consistency(deps: Deps) -> VersionRecord | None:
+    """Qdrant's alias and the state DB must tell the same story before anything is built on it."""
+    alias = deps.settings.alias
+    live = deps.state.live_version(alias)
+    target = deps.store.alias_target(alias)
+    expected = live.collection if live else None
+    if target != expected:
+        raise StateDriftError(
+            f"alias {alias} points to {target or 'nothing'} but the state DB says live is "
+            f"{f'v{live.version} ({live.collection})' if live else 'nothing'}. Nothing was changed. "
+            f"Inspect with `kb-reindex status`, then run `kb-reindex reconcile` to record what Qdrant serves"
+        )
+    if live is not None:
+        points = deps.store.count(live.collection) if deps.store.exists(live.collection) else 0
+        if points != live.points_expected:
+            raise StateDriftError(
+                f"live collection {live.collection} holds {points} points but its manifest lists "
+                f"{live.points_expected}; a plan built on it could copy missing vectors. Run "
+                f"`kb-reindex validate --version {live.version}` and rebuild with `kb-reindex run --force-full`"
+            )
+    return live
+
+
+def prepare(
+    deps: Deps,
+    *,
+    force_full: bool = False,
+    kind: str = "reindex",
+    embedder: str | None = None,
+    model: str | None = None,
+    dim: int | None = None,
+) -> Prepared:
+    settings = deps.settings
+    live = check_live_consistency(deps)
+    if kind == "reindex" and live is not None:
+        if (settings.embedder, settings.embed_model) != (live.embedder, live.embed_model):
+            log.warning(
+                "kb_reindex: configured model %s/%s differs from the live model %s/%s; this reindex keeps the "
+                "live model. Change models with `kb-reindex migrate` or the knowledge_model_migration DAG",
+                settings.embedder, settings.embed_model, live.embedder, live.embed_model,
+            )
+        embedder, model, dim = live.embedder, live.embed_model, live.embed_dim
+    else:
+        embedder = embedder or settings.embedder
+        model = model or settings.embed_model
+        dim = dim if dim is not None else (settings.embed_dim if embedder == settings.embedder else None)
+        if embedder == "hashing" and dim is None:
+            dim = 1024
+
+    documents = load_corpus(settings.knowledge_dir, max_bytes=settings.max_doc_bytes)
+    chunks = [c for doc in documents for c in chunk_document(doc, chunk_size=settings.chunk_size, overlap=settings.chunk_overlap)]
+    fingerprint = corpus_fingerprint(documents)
+    cv = chunking_version(settings.chunk_size, settings.chunk_overlap)
+
+    live_docs: dict[str, str] = {}
+    reuse: dict[str, str] = {}
+    if live is not None:
+        live_docs = {d["knowledge_key"]: d["content_hash"] for d in deps.state.manifest_documents(live.id)}
+        same_vectors = (live.embedder, live.embed_model, live.embed_dim, live.chunking_version) == (embedder, model, dim, cv)
+        if same_vectors and not force_full and kind == "reindex":
+            reuse = {c["chunk_hash"]: c["point_id"] for c in deps.state.manifest_chunks(live.id)}
+
+    keys = {d.knowledge_key: d.content_hash for d in documents}
+    added = sorted(k for k in keys if k not in live_docs)
+    changed = sorted(k for k in keys if k in live_docs and live_docs[k] != keys[k])
+    unchanged = sorted(k for k in keys if k in live_docs and live_docs[k] == keys[k])
+    removed = sorted(k for k in live_docs if k not in keys)
+    reused = sum(1 for c in chunks if c.chunk_hash in reuse)
+
+    no_change = (
+        kind == "reindex"
+        and not force_full
+        and live is not None
+        and live.corpus_fingerprint == fingerprint
+        and live.chunking_version == cv
+    )
+    plan = {
+        "alias": settings.alias,
+        "kind": kind,
+        "fingerprint": fingerprint,
+        "embedder": embedder,
+        "embed_model": model,
+        "embed_dim": dim,
+        "chunking_version": cv,
+        "base_version": live.version if live else None,
+        "base_collection": live.collection if live else None,
+        "base_embed_model": live.embed_model if live else None,
+        "force_full": force_full,
+        "no_change": no_change,
+        "docs": {"added": len(added), "changed": len(changed), "unchanged": len(unchanged), "removed": len(removed)},
+        "doc_keys": {"added": added[:50], "changed": changed[:50], "removed": removed[:50]},
+        "chunks": {"total": len(chunks), "embedded": len(chunks) - reused, "reused": reused},
+    }
+    return Prepared(plan=plan, documents=documents, chunks=chunks, reuse=reuse, live=live)
+
+
+def plan(deps: Deps, **options: Any) -> dict[str, Any]:
+    prepared = prepare(deps, **options)
+    p = prepared.plan
+    log.info(
+        "kb_reindex: plan for %s: docs +%d ~%d =%d -%d; chunks %d (embed %d, reuse %d)%s",
+        p["alias"], p["docs"]["added"], p["docs"]["changed"], p["docs"]["unchanged"], p["docs"]["removed"],
+        p["chunks"]["total"], p["chunks"]["embedded"], p["chunks"]["reused"], "; no change" if p["no_change"] else "",
+    )
+    return p

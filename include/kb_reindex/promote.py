@@ -1,0 +1,186 @@
+"""Steps 5 and 6: move the alias (compare-and-swap, one atomic request), then retention.
+
+The alias moves only if it still points where the run planned; the state DB records every move. The
+previous collection is kept: it is the rollback target, and retention never deletes it.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from kb_reindex.errors import AliasMovedError, KbError, RollbackRefused, StoreError
+from kb_reindex.runtime import Deps
+from kb_reindex.state import VersionRecord, utcnow
+
+log = logging.getLogger(__name__)
+
+
+def alias_lock_name(alias: str) -> str:
+    return f"alias:{alias}"
+
+
+def switch_alias(
+    deps: Deps,
+    target: VersionRecord,
+    *,
+    expected_from: str | None,
+    action: str,
+    run_id: str | None,
+    reason: str | None = None,
+) -> VersionRecord | None:
+    """CAS + atomic alias update + state record, under the alias lock. Returns the version moved away from.
+
+    If a previous attempt moved the alias and died before the state write, the alias already points at
+    the target: the state side is completed instead of failing.
+    """
+    alias = deps.settings.alias
+    with deps.state.lock(alias_lock_name(alias), ttl_s=300):
+        previous = deps.state.live_version(alias)
+        current = deps.store.alias_target(alias)
+        if current == target.collection and (previous is None or previous.id != target.id):
+            log.warning("kb_reindex: alias %s already points at %s; completing the state record", alias, target.collection)
+        else:
+            deps.store.swap_alias(alias, to=target.collection, expected_from=expected_from)
+        if previous is not None and previous.id == target.id:
+            return None
+        deps.state.record_switch(alias=alias, action=action, to=target, previous=previous, run_id=run_id, reason=reason)
+        return previous
+
+
+def promote(deps: Deps, version_number: int, *, run_id: str | None = None) -> dict[str, Any]:
+    alias = deps.settings.alias
+    version = deps.state.get_version(alias, version_number)
+    if version is None:
+        raise KbError(f"version {version_number} of {alias} does not exist")
+    if version.status == "live" and deps.store.alias_target(alias) == version.collection:
+        return {"version": version.version, "collection": version.collection, "previous_version": None, "already_live": True}
+    if version.status != "ready":
+        raise KbError(f"v{version.version} is {version.status}, not ready; only a validated version can be promoted")
+    try:
+        previous = switch_alias(
+            deps, version, expected_from=version.base_collection,
+            action="migrate" if version.kind == "migration" else "promote", run_id=run_id,
+        )
+    except (AliasMovedError, StoreError) as exc:
+        deps.state.mark_failed(version.id, step="promote", error=str(exc))
+        raise
+    log.info("kb_reindex: promoted v%d (%s); previous v%s kept for rollback", version.version, version.collection,
+             previous.version if previous else "-")
+    return {"version": version.version, "collection": version.collection,
+            "previous_version": previous.version if previous else None, "already_live": False}
+
+
+# --- rollback ------------------------------------------------------------------------------------
+
+
+def rollback_target(deps: Deps) -> VersionRecord | None:
+    """The version the alias pointed to before the current one, from the alias history."""
+    alias = deps.settings.alias
+    live = deps.state.live_version(alias)
+    if live is None:
+        return None
+    for event in reversed(deps.state.alias_events(alias)):
+        if event["to_version"] == live.version and event["from_version"] is not None:
+            candidate = deps.state.get_version(alias, event["from_version"])
+            if candidate is not None and candidate.status not in ("failed", "deleted"):
+                return candidate
+            return None
+    return None
+
+
+# --- retention -----------------------------------------------------------------------------------
+
+
+def retention_victims(
+    versions: list[VersionRecord], *, keep: int, protected: set[int]
+) -> list[VersionRecord]:
+    """Versions whose collections may go: failed builds and retired versions beyond `keep`.
+
+    Never the live one, never the newest retired one, never a protected one (the rollback target),
+    never a shadow (ready, unpromoted) version, never one still building.
+    """
+    retired = sorted((v for v in versions if v.status == "retired"),
+                     key=lambda v: (v.retired_at or v.created_at, v.version), reverse=True)
+    keep_ids = {v.id for v in retired[: max(keep, 1)]} | protected
+    victims = [v for v in retired if v.id not in keep_ids]
+    victims += [v for v in versions if v.status == "failed" and v.id not in protected]
+    return sorted(victims, key=lambda v: v.version)
+
+
+def cleanup(deps: Deps) -> dict[str, Any]:
+    alias = deps.settings.alias
+    with deps.state.lock(alias_lock_name(alias), ttl_s=300):
+        target = rollback_target(deps)
+        serving = deps.store.alias_target(alias)
+        versions = deps.state.list_versions(alias)
+        protected = {v.id for v in versions if v.collection == serving}
+        if target is not None:
+            protected.add(target.id)
+        deleted = []
+        for victim in retention_victims(versions, keep=deps.settings.keep_versions, protected=protected):
+            dropped = deps.store.delete_collection(victim.collection)
+            deps.state.update_version(victim.id, status="deleted", deleted_at=utcnow())
+            deleted.append({"version": victim.version, "collection": victim.collection, "was": victim.status,
+                            "collection_dropped": dropped})
+            log.info("kb_reindex: retention deleted v%d (%s, was %s)", victim.version, victim.collection, victim.status)
+    return {"deleted": deleted, "rollback_target": target.version if target else None}
+
+
+def rollback(
+    deps: Deps,
+    *,
+    reason: str,
+    to_version: int | None = None,
+    run_id: str | None = None,
+    revalidate: bool = True,
+) -> dict[str, Any]:
+    """Put a previous version back behind the alias, after checking it is structurally whole."""
+    from kb_reindex.validate import validate
+
+    alias = deps.settings.alias
+    if not reason or not reason.strip():
+        raise RollbackRefused("a rollback needs a reason (it is recorded in the alias history)")
+    live = deps.state.live_version(alias)
+    if live is None:
+        raise RollbackRefused(f"{alias} has no live version; there is nothing to roll back from")
+    target = deps.state.get_version(alias, to_version) if to_version is not None else rollback_target(deps)
+    if target is None:
+        raise RollbackRefused(
+            f"no version {to_version} of {alias}" if to_version is not None
+            else f"no previous version of {alias} in the alias history; name one with --to-version"
+        )
+    if target.id == live.id:
+        raise RollbackRefused(f"v{target.version} is already live")
+    if target.status in ("failed", "deleted", "building"):
+        raise RollbackRefused(f"v{target.version} is {target.status}; only a complete, kept version can serve")
+    problems = structural_problems(deps, target)
+    if problems:
+        raise RollbackRefused(f"v{target.version} ({target.collection}) is not whole: " + "; ".join(problems))
+    scores = None
+    if revalidate:
+        result = validate(deps, target.version, compare_live=False, raise_on_failure=False)
+        scores = {"passed": result["passed"], "hit_rate": result["hit_rate"], "mrr": result["mrr"], "report": result["report"]}
+    switch_alias(deps, target, expected_from=live.collection, action="rollback", run_id=run_id, reason=reason.strip())
+    log.info("kb_reindex: rolled %s back from v%d to v%d (%s)", alias, live.version, target.version, reason.strip())
+    return {"outcome": "rolled_back", "from_version": live.version, "to_version": target.version,
+            "collection": target.collection, "validation": scores, "error": None}
+
+
+def structural_problems(deps: Deps, version: VersionRecord) -> list[str]:
+    """Exact count and IDs against the manifest, dimension and distance against the record."""
+    store = deps.store
+    if not store.exists(version.collection):
+        return [f"collection {version.collection} does not exist"]
+    shape = store.shape(version.collection)
+    manifest = {row["point_id"] for row in deps.state.manifest_chunks(version.id)}
+    problems = []
+    if shape.points != len(manifest):
+        problems.append(f"{shape.points} points, manifest lists {len(manifest)}")
+    elif store.existing_ids(version.collection) != manifest:
+        problems.append("point IDs differ from the manifest")
+    if shape.dim != version.embed_dim:
+        problems.append(f"dimension {shape.dim}, record says {version.embed_dim}")
+    if shape.distance != version.distance:
+        problems.append(f"distance {shape.distance}, record says {version.distance}")
+    return problems

@@ -1,0 +1,48 @@
+"""What every step needs, opened once: settings, the state DB and the Qdrant store."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from qdrant_client import QdrantClient
+
+from kb_reindex.config import Settings
+from kb_reindex.embedding import Embedder, make_embedder
+from kb_reindex.state import StateStore, VersionRecord
+from kb_reindex.store import KnowledgeStore, open_store
+
+
+@dataclass
+class Deps:
+    settings: Settings
+    state: StateStore
+    store: KnowledgeStore
+    ollama_headers: dict[str, str] | None = None
+
+    def embedder_for(self, version: VersionRecord) -> Embedder:
+        """The model a version was built with, reached through this deployment's connection settings."""
+        return make_embedder(
+            self.settings.with_embedder(embedder=version.embedder, model=version.embed_model, dim=version.embed_dim),
+            headers=self.ollama_headers,
+        )
+
+
+@contextmanager
+def open_deps(
+    settings: Settings, *, client: QdrantClient | None = None, state: StateStore | None = None
+) -> Iterator[Deps]:
+    own_state = state is None
+    state = state or StateStore(settings.state_url)
+    try:
+        with open_store(settings, client=client) as store:
+            yield Deps(settings=settings, state=state, store=store)
+    finally:
+        if own_state:
+            state.dispose()
+
+
+def new_run_id(kind: str) -> str:
+    return f"cli__{kind}__{uuid.uuid4().hex[:12]}"

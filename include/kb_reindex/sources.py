@@ -1,0 +1,168 @@
+"""Reading the knowledge folder: Markdown files become `Document`s with a stable key and a SHA-256.
+
+A bad file stops the run with an error naming it (the safe default): serving yesterday's complete
+knowledge is better than serving today's with a policy silently missing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import unicodedata
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from kb_reindex.errors import SourceError
+
+FRONT_MATTER_FIELDS = ("title", "category", "tenant")
+DEFAULT_CATEGORY = "general"
+DEFAULT_TENANT = "default"
+
+
+@dataclass(frozen=True)
+class Document:
+    knowledge_key: str
+    source: str
+    title: str
+    category: str
+    tenant: str
+    body: str
+    content_hash: str
+
+
+def sha256_text(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def normalize_text(text: str) -> str:
+    """Line endings and BOM must not change a hash: the same rules saved on Windows are the same rules."""
+    return text.lstrip("\ufeff").replace("\r\n", "\n").replace("\r", "\n")
+
+
+def knowledge_key_for(path: Path, docs_dir: Path) -> str:
+    relative = path.relative_to(docs_dir).as_posix()
+    stem = relative[: -len(path.suffix)] if path.suffix else relative
+    return unicodedata.normalize("NFC", stem)
+
+
+def _split_front_matter(text: str, source: str) -> tuple[dict[str, str], str]:
+    if not text.startswith("---\n"):
+        return {}, text
+    end = text.find("\n---", 4)
+    if end == -1:
+        raise SourceError(f"{source}: front matter starts with '---' but has no closing '---' line")
+    raw = text[4:end]
+    after = text[end + 4 :]
+    if after and not after.startswith("\n"):
+        raise SourceError(f"{source}: front matter closing '---' must stand alone on its line")
+    try:
+        meta = yaml.safe_load(raw) if raw.strip() else {}
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 2})" if mark is not None else ""
+        raise SourceError(f"{source}: front matter is not valid YAML{where}: {getattr(exc, 'problem', exc)}") from None
+    if not isinstance(meta, dict):
+        raise SourceError(f"{source}: front matter must be a mapping of fields, got {type(meta).__name__}")
+    fields: dict[str, str] = {}
+    for name in FRONT_MATTER_FIELDS:
+        if name in meta and meta[name] is not None:
+            value = meta[name]
+            if not isinstance(value, (str, int, float)) or isinstance(value, bool) or not str(value).strip():
+                raise SourceError(f"{source}: front matter field '{name}' must be non-empty text, got {value!r}")
+            fields[name] = str(value).strip()
+    return fields, after.lstrip("\n")
+
+
+def _first_h1(body: str) -> str | None:
+    for line in body.splitlines():
+        if line.startswith("# ") and line[2:].strip():
+            return line[2:].strip()
+    return None
+
+
+def read_document(path: Path, docs_dir: Path, *, max_bytes: int) -> Document:
+    """One file to one Document, or a SourceError that says what is wrong with it."""
+    source = path.relative_to(docs_dir).as_posix()
+    size = path.stat().st_size
+    if size > max_bytes:
+        raise SourceError(
+            f"{source}: file is {size:,} bytes, over the limit of {max_bytes:,} (KB_MAX_DOC_BYTES); "
+            "split it into several documents"
+        )
+    data = path.read_bytes()
+    if b"\x00" in data:
+        raise SourceError(f"{source}: contains NUL bytes; this looks like a binary file, not Markdown")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SourceError(
+            f"{source}: not valid UTF-8 at byte {exc.start} ({data[exc.start:exc.start + 4]!r}); "
+            "save the file as UTF-8"
+        ) from None
+    text = normalize_text(text)
+    if not text.strip():
+        raise SourceError(f"{source}: file is empty or only whitespace")
+    meta, body = _split_front_matter(text, source)
+    if not body.strip():
+        raise SourceError(f"{source}: has front matter but no content")
+    return Document(
+        knowledge_key=knowledge_key_for(path, docs_dir),
+        source=source,
+        title=meta.get("title") or _first_h1(body) or path.stem,
+        category=meta.get("category", DEFAULT_CATEGORY),
+        tenant=meta.get("tenant", DEFAULT_TENANT),
+        body=body,
+        content_hash=sha256_text(text),
+    )
+
+
+def discover(docs_dir: Path) -> list[Path]:
+    """Markdown files under docs_dir, sorted; links that leave the folder are refused."""
+    if not docs_dir.is_dir():
+        raise SourceError(f"knowledge folder {docs_dir} does not exist or is not a folder (KB_KNOWLEDGE_DIR)")
+    root = docs_dir.resolve()
+    found: list[Path] = []
+    for path in sorted(docs_dir.rglob("*")):
+        if path.suffix.lower() != ".md" or any(part.startswith(".") for part in path.relative_to(docs_dir).parts):
+            continue
+        target = path.resolve()
+        if path.is_symlink() or target != path.absolute():
+            if not target.is_relative_to(root):
+                raise SourceError(
+                    f"{path.relative_to(docs_dir).as_posix()}: is a link to {target}, outside the knowledge "
+                    f"folder {root}; refused"
+                )
+        if target.is_file():
+            found.append(path)
+    return found
+
+
+def load_corpus(docs_dir: Path, *, max_bytes: int = 2_000_000) -> list[Document]:
+    """Every document, sorted by key. Errors from all files are reported together."""
+    documents: list[Document] = []
+    errors: list[str] = []
+    for path in discover(docs_dir):
+        try:
+            documents.append(read_document(path, docs_dir, max_bytes=max_bytes))
+        except SourceError as exc:
+            errors.append(str(exc))
+    by_key: dict[str, list[str]] = {}
+    for doc in documents:
+        by_key.setdefault(doc.knowledge_key.casefold(), []).append(doc.source)
+    for sources in by_key.values():
+        if len(sources) > 1:
+            errors.append(f"{' and '.join(sources)}: map to the same knowledge_key; rename one of them")
+    if errors:
+        raise SourceError(f"{len(errors)} knowledge document(s) cannot be indexed:\n  " + "\n  ".join(errors))
+    if not documents:
+        raise SourceError(f"knowledge folder {docs_dir} holds no .md documents")
+    return sorted(documents, key=lambda d: d.knowledge_key)
+
+
+def corpus_fingerprint(documents: list[Document]) -> str:
+    """One hash for the whole corpus: equal fingerprints mean nothing to reindex."""
+    digest = hashlib.sha256()
+    for doc in sorted(documents, key=lambda d: d.knowledge_key):
+        digest.update(f"{doc.knowledge_key}\0{doc.content_hash}\n".encode())
+    return digest.hexdigest()

@@ -1,0 +1,469 @@
+"""The state DB: versions, their manifests, runs, alias events and locks (SQLAlchemy Core).
+
+SQLite by default, MySQL/MariaDB through pymysql in production. The schema is created on first use.
+Qdrant holds vectors; this holds what they are supposed to be, so every check has something to compare.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import os
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, fields
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import mysql
+from sqlalchemy.engine import make_url
+
+from kb_reindex.errors import ConfigError, KbError, LockHeldError
+
+log = logging.getLogger(__name__)
+
+STATUSES = ("building", "ready", "live", "retired", "failed", "deleted")
+
+metadata = sa.MetaData()
+Timestamp = sa.DateTime().with_variant(mysql.DATETIME(fsp=6), "mysql", "mariadb")
+LongText = sa.Text().with_variant(mysql.LONGTEXT(), "mysql", "mariadb")
+
+versions = sa.Table(
+    "kb_versions",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("alias", sa.String(64), nullable=False),
+    sa.Column("version", sa.Integer, nullable=False),
+    sa.Column("collection", sa.String(255), nullable=False, unique=True),
+    sa.Column("status", sa.String(16), nullable=False),
+    sa.Column("kind", sa.String(16), nullable=False, server_default="reindex"),
+    sa.Column("embedder", sa.String(16), nullable=False),
+    sa.Column("embed_model", sa.String(128), nullable=False),
+    sa.Column("embed_dim", sa.Integer, nullable=False),
+    sa.Column("distance", sa.String(16), nullable=False),
+    sa.Column("chunking_version", sa.String(128), nullable=False),
+    sa.Column("corpus_fingerprint", sa.String(64), nullable=False),
+    sa.Column("base_version", sa.Integer),
+    sa.Column("base_collection", sa.String(255)),
+    sa.Column("run_id", sa.String(255)),
+    sa.Column("docs_count", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("points_expected", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("points_written", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("chunks_embedded", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("chunks_reused", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("validation", LongText),
+    sa.Column("error", sa.Text),
+    sa.Column("failed_step", sa.String(16)),
+    sa.Column("created_at", Timestamp, nullable=False),
+    sa.Column("updated_at", Timestamp, nullable=False),
+    sa.Column("ready_at", Timestamp),
+    sa.Column("promoted_at", Timestamp),
+    sa.Column("retired_at", Timestamp),
+    sa.Column("deleted_at", Timestamp),
+    sa.UniqueConstraint("alias", "version", name="uq_kb_versions_alias_version"),
+)
+
+manifest_documents = sa.Table(
+    "kb_manifest_documents",
+    metadata,
+    sa.Column("version_id", sa.Integer, sa.ForeignKey("kb_versions.id"), primary_key=True),
+    sa.Column("knowledge_key", sa.String(255), primary_key=True),
+    sa.Column("source", sa.String(512), nullable=False),
+    sa.Column("title", sa.String(512), nullable=False),
+    sa.Column("category", sa.String(128), nullable=False),
+    sa.Column("tenant", sa.String(128), nullable=False),
+    sa.Column("content_hash", sa.String(64), nullable=False),
+    sa.Column("chunk_count", sa.Integer, nullable=False),
+)
+
+manifest_chunks = sa.Table(
+    "kb_manifest_chunks",
+    metadata,
+    sa.Column("version_id", sa.Integer, sa.ForeignKey("kb_versions.id"), primary_key=True),
+    sa.Column("point_id", sa.String(36), primary_key=True),
+    sa.Column("knowledge_key", sa.String(255), nullable=False),
+    sa.Column("chunk_index", sa.Integer, nullable=False),
+    sa.Column("chunk_hash", sa.String(64), nullable=False),
+    sa.Column("source_point_id", sa.String(36)),
+    sa.Index("ix_kb_manifest_chunks_hash", "version_id", "chunk_hash"),
+)
+
+runs = sa.Table(
+    "kb_runs",
+    metadata,
+    sa.Column("run_id", sa.String(255), primary_key=True),
+    sa.Column("alias", sa.String(64), nullable=False),
+    sa.Column("kind", sa.String(16), nullable=False),
+    sa.Column("trigger", sa.String(16), nullable=False),
+    sa.Column("outcome", sa.String(16), nullable=False),
+    sa.Column("version", sa.Integer),
+    sa.Column("docs_added", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("docs_changed", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("docs_unchanged", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("docs_removed", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("chunks_total", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("chunks_embedded", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("chunks_reused", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("duration_s", sa.Float),
+    sa.Column("error", sa.Text),
+    sa.Column("started_at", Timestamp, nullable=False),
+    sa.Column("finished_at", Timestamp),
+)
+
+alias_events = sa.Table(
+    "kb_alias_events",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("alias", sa.String(64), nullable=False),
+    sa.Column("action", sa.String(16), nullable=False),
+    sa.Column("from_collection", sa.String(255)),
+    sa.Column("to_collection", sa.String(255), nullable=False),
+    sa.Column("from_version", sa.Integer),
+    sa.Column("to_version", sa.Integer),
+    sa.Column("run_id", sa.String(255)),
+    sa.Column("reason", sa.Text),
+    sa.Column("at", Timestamp, nullable=False),
+)
+
+locks = sa.Table(
+    "kb_locks",
+    metadata,
+    sa.Column("name", sa.String(128), primary_key=True),
+    sa.Column("owner", sa.String(255), nullable=False),
+    sa.Column("acquired_at", Timestamp, nullable=False),
+    sa.Column("expires_at", Timestamp, nullable=False),
+)
+
+
+def utcnow() -> datetime:
+    """Naive UTC: SQLite and MySQL DATETIME both store it without surprises."""
+    return datetime.now(UTC).replace(tzinfo=None)
+
+
+def default_lock_owner() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+@dataclass
+class VersionRecord:
+    id: int
+    alias: str
+    version: int
+    collection: str
+    status: str
+    kind: str
+    embedder: str
+    embed_model: str
+    embed_dim: int
+    distance: str
+    chunking_version: str
+    corpus_fingerprint: str
+    base_version: int | None
+    base_collection: str | None
+    run_id: str | None
+    docs_count: int
+    points_expected: int
+    points_written: int
+    chunks_embedded: int
+    chunks_reused: int
+    validation: dict[str, Any] | None
+    error: str | None
+    failed_step: str | None
+    created_at: datetime
+    updated_at: datetime
+    ready_at: datetime | None
+    promoted_at: datetime | None
+    retired_at: datetime | None
+    deleted_at: datetime | None
+
+    @classmethod
+    def from_row(cls, row: sa.RowMapping) -> VersionRecord:
+        data = {f.name: row[f.name] for f in fields(cls)}
+        data["validation"] = json.loads(data["validation"]) if data["validation"] else None
+        return cls(**data)
+
+    def summary(self) -> dict[str, Any]:
+        """The JSON-able view the CLI and XCom carry (no validation detail)."""
+        out = asdict(self)
+        out.pop("validation")
+        for key, value in out.items():
+            if isinstance(value, datetime):
+                out[key] = value.isoformat(timespec="seconds") + "Z"
+        return out
+
+
+class StateStore:
+    """All reads and writes of the state DB. Short transactions; nothing held across embedding calls."""
+
+    def __init__(self, url: str, *, engine: sa.Engine | None = None) -> None:
+        self.url = url
+        self.engine = engine or self._make_engine(url)
+        self.display_url = make_url(url).render_as_string(hide_password=True)
+        try:
+            metadata.create_all(self.engine, checkfirst=True)
+        except sa.exc.OperationalError as exc:
+            raise ConfigError(
+                f"state DB at {self.display_url} is unreachable or refused the schema (KB_STATE_URL): "
+                f"{_first_line(exc.orig)}"
+            ) from None
+        except sa.exc.IntegrityError:
+            metadata.create_all(self.engine, checkfirst=True)  # another process created it first
+
+    @staticmethod
+    def _make_engine(url: str) -> sa.Engine:
+        try:
+            parsed = make_url(url)
+        except sa.exc.ArgumentError:
+            raise ConfigError("KB_STATE_URL is not a SQLAlchemy URL (sqlite:///path or mysql+pymysql://...)") from None
+        if parsed.get_backend_name() == "sqlite":
+            if parsed.database and parsed.database != ":memory:":
+                Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+            engine = sa.create_engine(parsed, connect_args={"timeout": 30})
+
+            @sa.event.listens_for(engine, "connect")
+            def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
+                cursor = dbapi_conn.cursor()
+                cursor.execute("PRAGMA journal_mode=WAL")
+                cursor.execute("PRAGMA busy_timeout=30000")
+                cursor.close()
+
+            return engine
+        if parsed.get_backend_name() in ("mysql", "mariadb"):
+            return sa.create_engine(
+                parsed, pool_pre_ping=True, pool_recycle=3600, connect_args={"connect_timeout": 10, "charset": "utf8mb4"}
+            )
+        raise ConfigError(f"KB_STATE_URL backend {parsed.get_backend_name()!r} is not supported; use sqlite or mysql+pymysql")
+
+    def dispose(self) -> None:
+        self.engine.dispose()
+
+    # --- versions -----------------------------------------------------------------------------
+
+    def allocate_version(self, *, alias: str, collection_for: Any, **columns: Any) -> VersionRecord:
+        """Take the next N for this alias. The unique (alias, version) key makes a race lose, then retry."""
+        for _attempt in range(20):
+            with self.engine.begin() as conn:
+                current = conn.execute(sa.select(sa.func.max(versions.c.version)).where(versions.c.alias == alias)).scalar()
+                number = (current or 0) + 1
+                now = utcnow()
+                try:
+                    result = conn.execute(
+                        versions.insert().values(
+                            alias=alias,
+                            version=number,
+                            collection=collection_for(number),
+                            status="building",
+                            created_at=now,
+                            updated_at=now,
+                            **columns,
+                        )
+                    )
+                except sa.exc.IntegrityError:
+                    continue
+                return self.version_by_id(result.inserted_primary_key[0], conn=conn)
+        raise KbError(f"could not allocate a version number for alias {alias!r} after 20 attempts")
+
+    def version_by_id(self, version_id: int, *, conn: sa.Connection | None = None) -> VersionRecord:
+        query = sa.select(versions).where(versions.c.id == version_id)
+        if conn is not None:
+            return VersionRecord.from_row(conn.execute(query).mappings().one())
+        with self.engine.connect() as own:
+            return VersionRecord.from_row(own.execute(query).mappings().one())
+
+    def get_version(self, alias: str, number: int) -> VersionRecord | None:
+        with self.engine.connect() as conn:
+            row = conn.execute(
+                sa.select(versions).where(versions.c.alias == alias, versions.c.version == number)
+            ).mappings().first()
+        return VersionRecord.from_row(row) if row else None
+
+    def list_versions(self, alias: str, *, statuses: Iterable[str] | None = None) -> list[VersionRecord]:
+        query = sa.select(versions).where(versions.c.alias == alias)
+        if statuses is not None:
+            query = query.where(versions.c.status.in_(list(statuses)))
+        with self.engine.connect() as conn:
+            rows = conn.execute(query.order_by(versions.c.version.desc())).mappings().all()
+        return [VersionRecord.from_row(row) for row in rows]
+
+    def live_version(self, alias: str) -> VersionRecord | None:
+        live = self.list_versions(alias, statuses=["live"])
+        if len(live) > 1:
+            raise KbError(
+                f"state DB marks {len(live)} versions of {alias!r} live "
+                f"({', '.join(str(v.version) for v in live)}); run `kb-reindex status` and reconcile"
+            )
+        return live[0] if live else None
+
+    def update_version(self, version_id: int, **columns: Any) -> None:
+        if "validation" in columns and columns["validation"] is not None:
+            columns["validation"] = json.dumps(columns["validation"], ensure_ascii=False)
+        if "status" in columns and columns["status"] not in STATUSES:
+            raise ValueError(f"unknown status {columns['status']!r}")
+        columns["updated_at"] = utcnow()
+        with self.engine.begin() as conn:
+            conn.execute(versions.update().where(versions.c.id == version_id).values(**columns))
+
+    def mark_failed(self, version_id: int, *, step: str, error: str) -> None:
+        self.update_version(version_id, status="failed", failed_step=step, error=error[:4000])
+
+    # --- manifest -------------------------------------------------------------------------------
+
+    def write_manifest(self, version_id: int, documents: list[dict[str, Any]], chunks: list[dict[str, Any]]) -> None:
+        """Replace the version's manifest in one transaction, so a retried step never doubles it."""
+        with self.engine.begin() as conn:
+            conn.execute(manifest_chunks.delete().where(manifest_chunks.c.version_id == version_id))
+            conn.execute(manifest_documents.delete().where(manifest_documents.c.version_id == version_id))
+            if documents:
+                conn.execute(manifest_documents.insert(), [{"version_id": version_id, **d} for d in documents])
+            for start in range(0, len(chunks), 5000):
+                conn.execute(manifest_chunks.insert(), [{"version_id": version_id, **c} for c in chunks[start : start + 5000]])
+
+    def manifest_documents(self, version_id: int) -> list[dict[str, Any]]:
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                sa.select(manifest_documents).where(manifest_documents.c.version_id == version_id)
+                .order_by(manifest_documents.c.knowledge_key)
+            ).mappings().all()
+        return [dict(row) for row in rows]
+
+    def manifest_chunks(self, version_id: int) -> list[dict[str, Any]]:
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                sa.select(manifest_chunks).where(manifest_chunks.c.version_id == version_id)
+                .order_by(manifest_chunks.c.knowledge_key, manifest_chunks.c.chunk_index)
+            ).mappings().all()
+        return [dict(row) for row in rows]
+
+    # --- runs -----------------------------------------------------------------------------------
+
+    def start_run(self, *, run_id: str, alias: str, kind: str, trigger: str) -> None:
+        """Idempotent: a retried plan task or a rerun with the same id restarts the record."""
+        now = utcnow()
+        with self.engine.begin() as conn:
+            exists = conn.execute(sa.select(runs.c.run_id).where(runs.c.run_id == run_id)).first()
+            values = {"alias": alias, "kind": kind, "trigger": trigger, "outcome": "running", "started_at": now,
+                      "finished_at": None, "error": None}
+            if exists:
+                conn.execute(runs.update().where(runs.c.run_id == run_id).values(**values))
+            else:
+                conn.execute(runs.insert().values(run_id=run_id, **values))
+
+    def update_run(self, run_id: str, **columns: Any) -> None:
+        with self.engine.begin() as conn:
+            conn.execute(runs.update().where(runs.c.run_id == run_id).values(**columns))
+
+    def finish_run(self, run_id: str, *, outcome: str, error: str | None = None, **counters: Any) -> None:
+        now = utcnow()
+        with self.engine.begin() as conn:
+            started = conn.execute(sa.select(runs.c.started_at).where(runs.c.run_id == run_id)).scalar()
+            duration = (now - started).total_seconds() if started else None
+            conn.execute(
+                runs.update().where(runs.c.run_id == run_id).values(
+                    outcome=outcome, error=error[:4000] if error else None, finished_at=now, duration_s=duration, **counters
+                )
+            )
+
+    def get_run(self, run_id: str) -> dict[str, Any] | None:
+        with self.engine.connect() as conn:
+            row = conn.execute(sa.select(runs).where(runs.c.run_id == run_id)).mappings().first()
+        return dict(row) if row else None
+
+    def list_runs(self, alias: str, *, limit: int = 50) -> list[dict[str, Any]]:
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                sa.select(runs).where(runs.c.alias == alias).order_by(runs.c.started_at.desc()).limit(limit)
+            ).mappings().all()
+        return [dict(row) for row in rows]
+
+    # --- alias events ---------------------------------------------------------------------------
+
+    def record_switch(
+        self,
+        *,
+        alias: str,
+        action: str,
+        to: VersionRecord,
+        previous: VersionRecord | None,
+        run_id: str | None,
+        reason: str | None = None,
+        previous_status: str = "retired",
+    ) -> None:
+        """The state side of an alias move, in one transaction: event, new live, previous retired."""
+        now = utcnow()
+        with self.engine.begin() as conn:
+            conn.execute(
+                alias_events.insert().values(
+                    alias=alias,
+                    action=action,
+                    from_collection=previous.collection if previous else None,
+                    to_collection=to.collection,
+                    from_version=previous.version if previous else None,
+                    to_version=to.version,
+                    run_id=run_id,
+                    reason=reason,
+                    at=now,
+                )
+            )
+            conn.execute(
+                versions.update().where(versions.c.alias == alias, versions.c.status == "live", versions.c.id != to.id)
+                .values(status=previous_status, retired_at=now, updated_at=now)
+            )
+            conn.execute(
+                versions.update().where(versions.c.id == to.id)
+                .values(status="live", promoted_at=now, updated_at=now, error=None, failed_step=None)
+            )
+
+    def alias_events(self, alias: str) -> list[dict[str, Any]]:
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                sa.select(alias_events).where(alias_events.c.alias == alias).order_by(alias_events.c.id)
+            ).mappings().all()
+        return [dict(row) for row in rows]
+
+    # --- locks ----------------------------------------------------------------------------------
+
+    def acquire_lock(self, name: str, *, owner: str, ttl_s: int) -> None:
+        """A lock row with owner and expiry: works the same on SQLite and MySQL, survives no crash forever."""
+        now = utcnow()
+        expires = now + timedelta(seconds=ttl_s)
+        with self.engine.begin() as conn:
+            try:
+                conn.execute(locks.insert().values(name=name, owner=owner, acquired_at=now, expires_at=expires))
+                return
+            except sa.exc.IntegrityError:
+                pass
+        with self.engine.begin() as conn:
+            taken = conn.execute(
+                locks.update()
+                .where(locks.c.name == name, sa.or_(locks.c.expires_at < now, locks.c.owner == owner))
+                .values(owner=owner, acquired_at=now, expires_at=expires)
+            ).rowcount
+            if taken == 1:
+                return
+            holder = conn.execute(sa.select(locks).where(locks.c.name == name)).mappings().first()
+        if holder is None:
+            return self.acquire_lock(name, owner=owner, ttl_s=ttl_s)
+        raise LockHeldError(
+            f"lock {name!r} is held by {holder['owner']} since {holder['acquired_at']:%Y-%m-%d %H:%M:%S} UTC "
+            f"(expires {holder['expires_at']:%H:%M:%S}); another run is working on this alias"
+        )
+
+    def release_lock(self, name: str, *, owner: str) -> None:
+        with self.engine.begin() as conn:
+            conn.execute(locks.delete().where(locks.c.name == name, locks.c.owner == owner))
+
+    @contextmanager
+    def lock(self, name: str, *, owner: str | None = None, ttl_s: int = 3600) -> Iterator[str]:
+        owner = owner or default_lock_owner()
+        self.acquire_lock(name, owner=owner, ttl_s=ttl_s)
+        try:
+            yield owner
+        finally:
+            self.release_lock(name, owner=owner)
+
+
+def _first_line(exc: BaseException | None) -> str:
+    return str(exc).splitlines()[0] if exc is not None and str(exc) else type(exc).__name__

@@ -1,0 +1,223 @@
+"""Step 4, validate: nobody sees a version until it is complete, well-formed and answers as well as live.
+
+Structural checks compare Qdrant with the manifest exactly (count and every ID, dimension, distance,
+payload and text hash on a sample). The golden set then runs on the candidate and, when live uses the
+same model, on live too, so a change that makes answers worse is caught as a regression.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import random
+import re
+from pathlib import Path
+from typing import Any
+
+from kb_reindex.errors import GoldenSetError, KbError, ValidationFailed
+from kb_reindex.golden import GoldenSet, check_probe_keys, first_hit_rank, load_golden_set, score
+from kb_reindex.runtime import Deps
+from kb_reindex.state import VersionRecord
+from kb_reindex.store import DISTANCE
+
+log = logging.getLogger(__name__)
+
+PAYLOAD_FIELDS = (
+    "text", "knowledge_key", "source", "title", "category", "section", "tenant", "chunk_index", "chunk_hash",
+    "content_hash", "embed_model", "chunking_version", "version",
+)
+SAMPLE_SIZE = 64
+# Text in the knowledge base is data. Lines that read like instructions to an assistant are listed in the
+# report so a person looks at them; they are never acted on.
+INSTRUCTION_PATTERNS = [
+    re.compile(p, re.IGNORECASE)
+    for p in (
+        r"ignore (all |any )?(previous|prior|above) (instructions|rules)",
+        r"忽略(之前|以上|前面|上述)?的?(所有)?(规则|指令|指示|要求)",
+        r"(call|invoke|use) the \w+ tool",
+        r"调用.{0,6}(工具|tool)",
+        r"(输出|提供|告诉|发送).{0,8}(手机号|电话号码|身份证|密码|银行卡)",
+        r"(phone number|password|credit card number)s?\b.{0,20}(send|give|output|reveal)",
+        r"system prompt|系统提示",
+    )
+]
+
+
+def _structural(deps: Deps, version: VersionRecord, manifest: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    checks: list[dict[str, Any]] = []
+
+    def check(name: str, passed: bool, detail: str) -> None:
+        checks.append({"check": name, "passed": bool(passed), "detail": detail})
+
+    store = deps.store
+    if not store.exists(version.collection):
+        check("collection exists", False, f"{version.collection} is missing")
+        return checks
+    shape = store.shape(version.collection)
+    check("point count", shape.points == len(manifest), f"{shape.points} points, manifest lists {len(manifest)}")
+    ids = store.existing_ids(version.collection)
+    expected = {row["point_id"] for row in manifest}
+    missing, extra = expected - ids, ids - expected
+    check("point ids", not missing and not extra,
+          f"{len(missing)} missing, {len(extra)} unexpected" + (f" (e.g. {sorted(missing or extra)[0]})" if missing or extra else ""))
+    check("dimension", shape.dim == version.embed_dim, f"{shape.dim}, expected {version.embed_dim}")
+    check("distance", shape.distance == version.distance == DISTANCE.value, f"{shape.distance}, expected {version.distance}")
+
+    sample = random.Random(version.version).sample(manifest, min(SAMPLE_SIZE, len(manifest)))
+    records = {str(r.id): r for r in store.retrieve(version.collection, [row["point_id"] for row in sample], vectors=True)} if sample else {}
+    problems: list[str] = []
+    for row in sample:
+        record = records.get(row["point_id"])
+        if record is None:
+            problems.append(f"{row['point_id']}: not found")
+            continue
+        payload = record.payload or {}
+        absent = [f for f in PAYLOAD_FIELDS if f not in payload]
+        if absent:
+            problems.append(f"{row['point_id']}: payload lacks {', '.join(absent)}")
+            continue
+        if hashlib.sha256(str(payload["text"]).encode("utf-8")).hexdigest() != row["chunk_hash"]:
+            problems.append(f"{row['point_id']}: text does not match its chunk hash")
+        if (payload["knowledge_key"], payload["chunk_index"], payload["version"], payload["embed_model"]) != (
+            row["knowledge_key"], row["chunk_index"], version.version, version.embed_model
+        ):
+            problems.append(f"{row['point_id']}: payload key/index/version/model disagree with the manifest")
+        if record.vector is None or len(record.vector) != version.embed_dim:
+            problems.append(f"{row['point_id']}: vector missing or of the wrong size")
+    check("payload sample", not problems, f"{len(sample)} sampled" + (f"; {problems[0]}" if problems else ", all well-formed"))
+    return checks
+
+
+def run_probes(deps: Deps, version: VersionRecord, golden: GoldenSet, *, collection: str | None = None) -> list[dict[str, Any]]:
+    """Rank of each probe's expected document among the top k of `collection` (default: the version's)."""
+    embedder = deps.embedder_for(version)
+    vectors = embedder.embed([p.query for p in golden.probes])
+    results = []
+    for probe, vector in zip(golden.probes, vectors):
+        hits = deps.store.search(collection or version.collection, vector, k=golden.k)
+        keys = [str((h.payload or {}).get("knowledge_key")) for h in hits]
+        results.append({"probe": probe.id, "rank": first_hit_rank(keys, probe.expected), "top": keys})
+    return results
+
+
+def scan_instructions(deps: Deps, version: VersionRecord) -> list[dict[str, Any]]:
+    """Instruction-like lines in the knowledge text: counted and listed for a person, obeyed by nothing."""
+    from kb_reindex.sources import load_corpus
+
+    flagged = []
+    for doc in load_corpus(deps.settings.knowledge_dir, max_bytes=deps.settings.max_doc_bytes):
+        for number, line in enumerate(doc.body.splitlines(), start=1):
+            if any(p.search(line) for p in INSTRUCTION_PATTERNS):
+                flagged.append({"source": doc.source, "line": number, "text": line.strip()[:200]})
+    return flagged
+
+
+def validate(
+    deps: Deps,
+    version_number: int,
+    *,
+    min_hit_rate: float | None = None,
+    min_mrr: float | None = None,
+    compare_live: bool = True,
+    raise_on_failure: bool = True,
+) -> dict[str, Any]:
+    alias = deps.settings.alias
+    version = deps.state.get_version(alias, version_number)
+    if version is None:
+        raise KbError(f"version {version_number} of {alias} does not exist")
+    try:
+        result = _validate(deps, version, min_hit_rate=min_hit_rate, min_mrr=min_mrr, compare_live=compare_live)
+    except GoldenSetError as exc:
+        if version.status in ("building", "ready"):
+            deps.state.mark_failed(version.id, step="validate", error=str(exc))
+        raise ValidationFailed(f"v{version.version} not validated: {exc}") from None
+    if version.status in ("building", "ready", "failed") and not (version.status == "failed" and version.failed_step not in ("validate", "build")):
+        if result["passed"]:
+            from kb_reindex.state import utcnow
+
+            deps.state.update_version(version.id, status="ready", validation=result, ready_at=utcnow(), error=None, failed_step=None)
+        else:
+            deps.state.update_version(version.id, validation=result)
+            deps.state.mark_failed(version.id, step="validate", error="; ".join(result["failures"]))
+    else:
+        deps.state.update_version(version.id, validation=result)
+    log.info("kb_reindex: validate v%d: %s (hit rate %.3f, MRR %.3f, regressions %d)", version.version,
+             "passed" if result["passed"] else "FAILED", result["hit_rate"], result["mrr"], result["regressions"])
+    if not result["passed"] and raise_on_failure:
+        raise ValidationFailed(f"v{version.version} failed validation; the alias was not moved: " + "; ".join(result["failures"]))
+    return result
+
+
+def _validate(deps: Deps, version: VersionRecord, *, min_hit_rate: float | None, min_mrr: float | None,
+              compare_live: bool) -> dict[str, Any]:
+    golden = load_golden_set(deps.settings.golden_set)
+    manifest = deps.state.manifest_chunks(version.id)
+    check_probe_keys(golden, {d["knowledge_key"] for d in deps.state.manifest_documents(version.id)})
+    checks = _structural(deps, version, manifest)
+    structural_ok = all(c["passed"] for c in checks)
+    candidate = run_probes(deps, version, golden) if structural_ok else []
+
+    baseline: VersionRecord | None = None
+    if compare_live and version.base_version is not None:
+        base = deps.state.get_version(version.alias, version.base_version)
+        if base and (base.embedder, base.embed_model, base.embed_dim) == (version.embedder, version.embed_model, version.embed_dim) \
+                and deps.store.exists(base.collection):
+            baseline = base
+    live_results = run_probes(deps, baseline, golden) if baseline and structural_ok else []
+    live_rank = {r["probe"]: r["rank"] for r in live_results}
+
+    probes = []
+    by_id = {p.id: p for p in golden.probes}
+    for r in candidate:
+        on_live = live_rank.get(r["probe"]) if baseline else None
+        probes.append({
+            "probe": r["probe"],
+            "query": by_id[r["probe"]].query,
+            "expected": ",".join(by_id[r["probe"]].expected),
+            "rank_live": on_live,
+            "rank_candidate": r["rank"],
+            "hit": r["rank"] is not None,
+            "regression": bool(baseline) and on_live is not None and r["rank"] is None,
+            "top": ",".join(r["top"]),
+        })
+    hit_rate, mrr = score([p["rank_candidate"] for p in probes])
+    live_hit_rate, live_mrr = score(list(live_rank.values())) if baseline else (None, None)
+    regressions = sum(1 for p in probes if p["regression"])
+    need_hit = golden.min_hit_rate if min_hit_rate is None else min_hit_rate
+    need_mrr = golden.min_mrr if min_mrr is None else min_mrr
+
+    failures = [f"{c['check']}: {c['detail']}" for c in checks if not c["passed"]]
+    if structural_ok:
+        if hit_rate < need_hit:
+            failures.append(f"hit rate {hit_rate:.3f} < {need_hit}")
+        if mrr < need_mrr:
+            failures.append(f"MRR {mrr:.3f} < {need_mrr}")
+        if regressions > golden.max_regressions:
+            lost = [p["probe"] for p in probes if p["regression"]]
+            failures.append(f"{regressions} regression(s) against live v{baseline.version if baseline else '?'} "
+                            f"(max {golden.max_regressions}): {', '.join(lost)}")
+    result = {
+        "version": version.version,
+        "collection": version.collection,
+        "passed": not failures,
+        "failures": failures,
+        "checks": checks,
+        "k": golden.k,
+        "thresholds": {"min_hit_rate": need_hit, "min_mrr": need_mrr, "max_regressions": golden.max_regressions},
+        "hit_rate": round(hit_rate, 4),
+        "mrr": round(mrr, 4),
+        "regressions": regressions,
+        "live_version": baseline.version if baseline else None,
+        "live_hit_rate": None if live_hit_rate is None else round(live_hit_rate, 4),
+        "live_mrr": None if live_mrr is None else round(live_mrr, 4),
+        "probes": probes,
+        "flagged_instructions": scan_instructions(deps, version),
+    }
+    from kb_reindex.reports import write_validation_report
+
+    result["report"] = str(write_validation_report(deps.settings.reports_dir, version, result))
+    return result
+
+
+def report_dir(reports_dir: Path, alias: str, version: int) -> Path:
+    return reports_dir / alias / f"v{version}"

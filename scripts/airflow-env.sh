@@ -1,0 +1,8 @@
+# Sourced by the demo and test scripts: a project-local Airflow home on SQLite.
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+export AIRFLOW_HOME="${AIRFLOW_HOME:-$root/.airflow}"
+export AIRFLOW__CORE__DAGS_FOLDER="$root/dags"
+export AIRFLOW__CORE__PLUGINS_FOLDER="$root/plugins"
+export AIRFLOW__CORE__LOAD_EXAMPLES=False
+export AIRFLOW__CORE__UNIT_TEST_MODE="${AIRFLOW__CORE__UNIT_TEST_MODE:-False}"
+export KB_PROJECT_ROOT="$root"

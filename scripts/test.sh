@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# The whole test suite: unit, local-mode Qdrant, real MariaDB, our Ollama server, Airflow DAGs.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export KB_TEST_MYSQL_URL="${KB_TEST_MYSQL_URL:-mysql+pymysql://root@127.0.0.1:3306}"
+if command -v mariadbd > /dev/null || [ -x /usr/sbin/mariadbd ]; then
+  if ! .venv/bin/python -c "import pymysql; pymysql.connect(host='127.0.0.1', user='root', password='', connect_timeout=2)" 2> /dev/null; then
+    start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd || true
+    for _ in $(seq 1 30); do
+      .venv/bin/python -c "import pymysql; pymysql.connect(host='127.0.0.1', user='root', password='', connect_timeout=2)" 2> /dev/null && break
+      sleep 1
+    done
+  fi
+fi
+exec .venv/bin/python -m pytest "$@"
