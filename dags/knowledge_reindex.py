@@ -1,0 +1,113 @@
+"""
+### knowledge_reindex: rebuild the help-centre index without ever serving a half-built one
+
+Runbook (also in the README):
+
+1. **plan**: hash every Markdown file in `knowledge/docs` and every chunk; diff against the live
+   version's manifest. Nothing changed (docs, model, chunking) → the run stops here as `no_change`.
+2. **create_version**: allocate version N and create `<alias>__<model>__v<N>`; an unfinished build of the
+   same plan is resumed instead.
+3. **build** (mapped over slices of point IDs): copy vectors of unchanged chunks from live, embed the
+   rest in batches. A retry skips points already written.
+4. **validate**: exact point count and IDs, dimension, payload sample, golden set (hit@k, MRR, no
+   regression against live). Failure fails the run; the alias stays where it was.
+5. **promote**: compare-and-swap of the alias in one request; the previous version is kept for rollback.
+6. **cleanup**: retention (`KB_KEEP_VERSIONS`); never the live version or the rollback target.
+
+Params: `force_full_rebuild` (embed everything, reuse nothing), `dry_run` (plan only).
+Pause this DAG before a rollback you want to stick: `airflow dags pause knowledge_reindex`.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import datetime, timedelta
+
+from airflow.sdk import Param, dag, get_current_context, task
+
+from kb_reindex.assets import KNOWLEDGE_ALIAS, POOL
+
+
+def _run_id() -> str:
+    from kb_reindex.airflow_tasks import airflow_run_id
+
+    context = get_current_context()
+    return airflow_run_id(context["dag"].dag_id, context["run_id"])
+
+
+@dag(
+    schedule=os.environ.get("KB_REINDEX_SCHEDULE", "@daily"),
+    start_date=datetime(2026, 1, 1),
+    catchup=False,
+    max_active_runs=1,
+    doc_md=__doc__,
+    tags=["knowledge", "qdrant"],
+    default_args={"retries": 2, "retry_delay": timedelta(minutes=1), "retry_exponential_backoff": True},
+    params={
+        "force_full_rebuild": Param(False, type="boolean", title="Force full rebuild",
+                                    description="Embed every chunk again; reuse no vector from live.", section="Build"),
+        "dry_run": Param(False, type="boolean", title="Dry run",
+                         description="Plan only: report what would change and stop.", section="Build"),
+        "build_slice_size": Param(2000, type="integer", minimum=1, title="Points per build task",
+                                  description="Size of each mapped build slice.", section="Build"),
+    },
+)
+def knowledge_reindex():
+    @task
+    def plan(params: dict | None = None) -> dict:
+        from kb_reindex.airflow_tasks import plan_task
+
+        return plan_task(run_id=_run_id(), force_full=params["force_full_rebuild"])
+
+    @task.short_circuit
+    def has_changes(plan: dict, params: dict | None = None) -> bool:
+        from kb_reindex.airflow_tasks import should_build_task
+
+        return should_build_task(plan=plan, dry_run=params["dry_run"], run_id=_run_id())
+
+    @task(pool=POOL)
+    def create_version(plan: dict) -> dict:
+        from kb_reindex.airflow_tasks import create_version_task
+
+        return create_version_task(plan=plan, run_id=_run_id())
+
+    @task
+    def build_slices(version: dict, params: dict | None = None) -> list[dict]:
+        from kb_reindex.airflow_tasks import build_slices_task
+
+        return build_slices_task(version=version, slice_size=params["build_slice_size"])
+
+    @task(pool=POOL, retries=3)
+    def build(work: dict) -> dict:
+        from kb_reindex.airflow_tasks import build_task
+
+        return build_task(version=work, run_id=_run_id(), point_ids=work["point_ids"])
+
+    @task(retries=0)
+    def validate(version: dict) -> dict:
+        from kb_reindex.airflow_tasks import validate_task
+
+        return validate_task(version=version, run_id=_run_id())
+
+    @task(pool=POOL, outlets=[KNOWLEDGE_ALIAS])
+    def promote(plan: dict, version: dict) -> dict:
+        from kb_reindex.airflow_tasks import promote_task
+
+        return promote_task(plan=plan, version=version, run_id=_run_id())
+
+    @task(pool=POOL)
+    def cleanup() -> dict:
+        from kb_reindex.airflow_tasks import cleanup_task
+
+        return cleanup_task()
+
+    planned = plan()
+    version = create_version(planned)
+    has_changes(planned) >> version
+    built = build.expand(work=build_slices(version))
+    checked = validate(version)
+    built >> checked
+    checked >> promote(planned, version) >> cleanup()
+
+
+knowledge_reindex()

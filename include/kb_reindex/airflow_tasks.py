@@ -1,0 +1,216 @@
+"""The bodies of the DAG tasks: Airflow Connections in, the engine's step functions, small dicts out.
+
+DAG files import this module inside their tasks, so parsing a DAG never imports Qdrant or pandas.
+Failures that a retry cannot fix (validation, compare-and-swap, drift, bad input) become
+AirflowFailException; transient ones (embedder or Qdrant hiccups) are raised as they are, for retries.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from kb_reindex.config import Settings
+from kb_reindex.errors import (
+    AliasMovedError,
+    ConfigError,
+    GoldenSetError,
+    KbError,
+    RollbackRefused,
+    SourceError,
+    StateDriftError,
+    ValidationFailed,
+)
+from kb_reindex.runtime import Deps, open_deps
+
+log = logging.getLogger(__name__)
+
+QDRANT_CONN_ID = "qdrant_default"
+STATE_CONN_ID = "kb_state"
+OLLAMA_CONN_ID = "ollama_default"
+POOL = "kb_qdrant_writes"
+PERMANENT = (ValidationFailed, AliasMovedError, StateDriftError, SourceError, GoldenSetError, ConfigError, RollbackRefused)
+
+
+def _connection(conn_id: str) -> Any | None:
+    from airflow.sdk import BaseHook
+    from airflow.sdk.exceptions import AirflowNotFoundException
+
+    try:
+        return BaseHook.get_connection(conn_id)
+    except AirflowNotFoundException:
+        return None
+
+
+def state_url_from_connection(conn: Any) -> str:
+    """`kb_state` as a SQLAlchemy URL: MySQL through pymysql, or a SQLite file named by host/schema."""
+    from sqlalchemy.engine import URL
+
+    if conn.conn_type in ("mysql", "mariadb"):
+        return URL.create(
+            "mysql+pymysql", username=conn.login or None, password=conn.password or None,
+            host=conn.host or "127.0.0.1", port=conn.port or 3306, database=conn.schema or None,
+            query={"charset": "utf8mb4"},
+        ).render_as_string(hide_password=False)
+    if conn.conn_type == "sqlite":
+        return f"sqlite:///{conn.host or conn.schema}"
+    raise ConfigError(f"connection {STATE_CONN_ID} has type {conn.conn_type!r}; use mysql or sqlite")
+
+
+def ollama_from_connection(conn: Any) -> tuple[str, dict[str, str] | None]:
+    host = conn.host or "127.0.0.1"
+    if "://" not in host:
+        host = f"{conn.schema or 'http'}://{host}:{conn.port or 11434}"
+    headers = {"Authorization": f"Bearer {conn.password}"} if conn.password else None
+    return host, headers
+
+
+@contextmanager
+def task_deps() -> Iterator[Deps]:
+    """Settings from the environment, overridden by the Connections that are defined."""
+    settings = Settings.from_env()
+    overrides: dict[str, Any] = {}
+    headers = None
+    if (state_conn := _connection(STATE_CONN_ID)) is not None:
+        overrides["state_url"] = state_url_from_connection(state_conn)
+    if (ollama_conn := _connection(OLLAMA_CONN_ID)) is not None:
+        overrides["ollama_host"], headers = ollama_from_connection(ollama_conn)
+    client = None
+    if _connection(QDRANT_CONN_ID) is not None:
+        from airflow.providers.qdrant.hooks.qdrant import QdrantHook
+
+        client = QdrantHook(conn_id=QDRANT_CONN_ID).conn
+    if overrides:
+        from dataclasses import replace
+
+        settings = replace(settings, **overrides)
+    with open_deps(settings, client=client) as deps:
+        deps.ollama_headers = headers
+        yield deps
+
+
+@contextmanager
+def step(deps: Deps, run_id: str) -> Iterator[None]:
+    """Record the run as failed and decide whether Airflow should retry."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    try:
+        yield
+    except KbError as exc:
+        deps.state.finish_run(run_id, outcome="failed", error=str(exc))
+        if isinstance(exc, PERMANENT):
+            raise AirflowFailException(f"{type(exc).__name__}: {exc}") from None
+        raise
+
+
+def airflow_run_id(dag_id: str, run_id: str) -> str:
+    return f"airflow__{dag_id}__{run_id}"
+
+
+# --- knowledge_reindex & knowledge_model_migration ---------------------------------------------------
+
+
+def plan_task(*, run_id: str, kind: str = "reindex", force_full: bool = False, embedder: str | None = None,
+              model: str | None = None, dim: int | None = None) -> dict[str, Any]:
+    from kb_reindex.plan import plan
+
+    with task_deps() as deps:
+        deps.state.start_run(run_id=run_id, alias=deps.settings.alias, kind=kind, trigger="airflow")
+        with step(deps, run_id):
+            return plan(deps, force_full=force_full or kind == "migration", kind=kind,
+                        embedder=embedder, model=model, dim=dim)
+
+
+def should_build_task(*, plan: dict[str, Any], dry_run: bool, run_id: str) -> bool:
+    """False ends the run here (short-circuit): nothing changed, or only a dry run was asked for."""
+    from kb_reindex.engine import run_counters
+
+    if not plan["no_change"] and not dry_run:
+        return True
+    with task_deps() as deps:
+        outcome = "no_change" if plan["no_change"] else "dry_run"
+        deps.state.finish_run(run_id, outcome=outcome, version=plan["base_version"], **run_counters(plan))
+        log.info("kb_reindex: %s; nothing is built", outcome)
+    return False
+
+
+def create_version_task(*, plan: dict[str, Any], run_id: str) -> dict[str, Any]:
+    from kb_reindex.build import create_version
+
+    with task_deps() as deps, step(deps, run_id):
+        created = create_version(deps, plan, run_id=run_id)
+        deps.state.update_run(run_id, version=created["version"])
+        return created
+
+
+def build_slices_task(*, version: dict[str, Any], slice_size: int) -> list[dict[str, Any]]:
+    """Point-ID slices of the version's manifest, for dynamic task mapping of the build."""
+    with task_deps() as deps:
+        record = deps.state.get_version(deps.settings.alias, version["version"])
+        assert record is not None
+        ids = [row["point_id"] for row in deps.state.manifest_chunks(record.id)]
+    return [{"version": version["version"], "point_ids": ids[i : i + slice_size]}
+            for i in range(0, len(ids), slice_size)] or [{"version": version["version"], "point_ids": []}]
+
+
+def build_task(*, version: dict[str, Any], run_id: str, point_ids: list[str] | None = None) -> dict[str, Any]:
+    from kb_reindex.build import build
+
+    with task_deps() as deps, step(deps, run_id):
+        return build(deps, version["version"], run_id=run_id, point_ids=point_ids)
+
+
+def validate_task(*, version: dict[str, Any], run_id: str, min_hit_rate: float | None = None,
+                  min_mrr: float | None = None) -> dict[str, Any]:
+    from kb_reindex.engine import validation_summary
+    from kb_reindex.validate import validate
+
+    with task_deps() as deps, step(deps, run_id):
+        return validation_summary(validate(deps, version["version"], min_hit_rate=min_hit_rate, min_mrr=min_mrr))
+
+
+def promote_task(*, plan: dict[str, Any], version: dict[str, Any], run_id: str) -> dict[str, Any]:
+    from kb_reindex.engine import run_counters
+    from kb_reindex.promote import promote
+
+    with task_deps() as deps, step(deps, run_id):
+        result = promote(deps, version["version"], run_id=run_id)
+        deps.state.finish_run(run_id, outcome="promoted", version=version["version"], **run_counters(plan))
+        return result
+
+
+def finish_shadow_task(*, plan: dict[str, Any], version: dict[str, Any], run_id: str) -> dict[str, Any]:
+    from kb_reindex.engine import run_counters
+
+    with task_deps() as deps:
+        deps.state.finish_run(run_id, outcome="shadow", version=version["version"], **run_counters(plan))
+    return {"version": version["version"], "promoted": False}
+
+
+def cleanup_task() -> dict[str, Any]:
+    from kb_reindex.promote import cleanup
+
+    with task_deps() as deps:
+        return cleanup(deps)
+
+
+# --- knowledge_rollback ----------------------------------------------------------------------------
+
+
+def rollback_task(*, run_id: str, to_version: int | None, reason: str, confirm: bool, revalidate: bool) -> dict[str, Any]:
+    from kb_reindex.engine import run_rollback
+
+    if not confirm:
+        from airflow.sdk.exceptions import AirflowFailException
+
+        raise AirflowFailException("rollback not confirmed: set the 'confirm' param to true; nothing changed")
+    with task_deps() as deps:
+        try:
+            return run_rollback(deps, reason=reason, to_version=to_version, run_id=run_id, trigger="airflow",
+                                revalidate=revalidate)
+        except PERMANENT as exc:
+            from airflow.sdk.exceptions import AirflowFailException
+
+            raise AirflowFailException(f"{type(exc).__name__}: {exc}") from None
