@@ -103,6 +103,9 @@ def step(deps: Deps, run_id: str) -> Iterator[None]:
         if isinstance(exc, PERMANENT):
             raise AirflowFailException(f"{type(exc).__name__}: {exc}") from None
         raise
+    except Exception as exc:
+        deps.state.finish_run(run_id, outcome="failed", error=f"{type(exc).__name__}: {exc}")
+        raise
 
 
 def airflow_run_id(dag_id: str, run_id: str) -> str:

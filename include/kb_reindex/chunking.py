@@ -75,14 +75,15 @@ def _sentences(paragraph: str, limit: int) -> list[str]:
     return out
 
 
-def _units(text: str, limit: int) -> list[str]:
-    """Paragraphs that fit, else their sentences: the pieces chunks are packed from."""
-    units: list[str] = []
-    for paragraph in re.split(r"\n\s*\n", text):
+def _units(text: str, limit: int) -> list[tuple[str, int]]:
+    """(piece, paragraph number): paragraphs that fit, else their sentences; chunks are packed from these."""
+    units: list[tuple[str, int]] = []
+    for number, paragraph in enumerate(re.split(r"\n\s*\n", text)):
         paragraph = paragraph.strip()
         if not paragraph:
             continue
-        units.extend([paragraph] if len(paragraph) <= limit else _sentences(paragraph, limit))
+        pieces = [paragraph] if len(paragraph) <= limit else _sentences(paragraph, limit)
+        units.extend((piece, number) for piece in pieces)
     return units
 
 
@@ -100,17 +101,19 @@ def _tail(text: str, overlap: int) -> str:
     return tail or text[-overlap:]
 
 
-def _pack(units: list[str], size: int, overlap: int) -> list[str]:
+def _pack(units: list[tuple[str, int]], size: int, overlap: int) -> list[str]:
+    """Greedy packing; sentences of one paragraph are rejoined as they were, paragraphs by a blank line."""
     chunks: list[str] = []
-    current = ""
-    for unit in units:
-        joiner = "\n\n" if current else ""
+    current, last_paragraph = "", -1
+    for unit, paragraph in units:
+        joiner = "" if not current else ("" if paragraph == last_paragraph else "\n\n")
         if current and len(current) + len(joiner) + len(unit) > size:
             chunks.append(current)
             carried = _tail(current, overlap)
-            current = f"{carried}\n{unit}" if carried and len(carried) + 1 + len(unit) <= size else unit
+            current = f"{carried}{unit}" if carried and len(carried) + len(unit) <= size else unit
         else:
             current = f"{current}{joiner}{unit}"
+        last_paragraph = paragraph
     if current:
         chunks.append(current)
     return chunks

@@ -89,14 +89,17 @@ def run_reindex(
             else:
                 result["outcome"] = "shadow"
             result["cleanup"] = cleanup(deps)
-    except KbError as exc:
-        result.update(outcome="failed", error=str(exc))
-        if isinstance(exc, KbError) and result.get("version") is not None:
+    except Exception as exc:
+        message = str(exc) if isinstance(exc, KbError) else f"{type(exc).__name__}: {exc}"
+        if not isinstance(exc, KbError):
+            log.exception("kb_reindex: unexpected error")
+        result.update(outcome="failed", error=message)
+        if result.get("version") is not None:
             v = deps.state.get_version(alias, result["version"])
             if v is not None and v.validation:
                 result["validation"] = validation_summary(v.validation)
-        deps.state.finish_run(run_id, outcome="failed", error=str(exc), version=result.get("version"))
-        log.error("kb_reindex: %s run %s failed: %s", kind, run_id, exc)
+        deps.state.finish_run(run_id, outcome="failed", error=message, version=result.get("version"))
+        log.error("kb_reindex: %s run %s failed: %s", kind, run_id, message)
         return result
     deps.state.finish_run(run_id, outcome=result["outcome"], version=result["version"], **counters)
     return result

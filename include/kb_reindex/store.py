@@ -64,7 +64,11 @@ class KnowledgeStore:
     # --- collections ---------------------------------------------------------------------------
 
     def exists(self, name: str) -> bool:
-        return self.client.collection_exists(name)
+        """A real collection of that name; `collection_exists` would also say yes for an alias."""
+        return name in self.collection_names()
+
+    def collection_names(self) -> set[str]:
+        return {c.name for c in self.client.get_collections().collections}
 
     def shape(self, name: str) -> CollectionShape:
         info = self.client.get_collection(name)

@@ -1,0 +1,101 @@
+"""Shared fixtures: a throwaway project (knowledge copy, local-mode Qdrant, SQLite state) per test.
+
+Airflow reads its configuration at import, so its home is set here, before any test imports it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+_AIRFLOW_HOME = Path(tempfile.mkdtemp(prefix="kb-airflow-home-"))
+os.environ["AIRFLOW_HOME"] = str(_AIRFLOW_HOME)
+os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = str(REPO / "dags")
+os.environ["AIRFLOW__CORE__PLUGINS_FOLDER"] = str(REPO / "plugins")
+os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
+os.environ["AIRFLOW__LOGGING__LOGGING_LEVEL"] = "WARNING"
+for name in list(os.environ):
+    if name.startswith(("KB_", "AIRFLOW_CONN_")) or name == "OLLAMA_HOST":
+        del os.environ[name]
+
+from qdrant_client import QdrantClient  # noqa: E402
+
+from kb_reindex.config import Settings  # noqa: E402
+from kb_reindex.runtime import Deps  # noqa: E402
+from kb_reindex.state import StateStore  # noqa: E402
+from kb_reindex.store import KnowledgeStore  # noqa: E402
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    """A copy of the shipped knowledge folder and golden set in a fresh project root."""
+    root = tmp_path / "project"
+    shutil.copytree(REPO / "knowledge", root / "knowledge")
+    return root
+
+
+def settings_for(root: Path, **env: str) -> Settings:
+    return Settings.from_env({"KB_PROJECT_ROOT": str(root), **env})
+
+
+@pytest.fixture
+def settings(project: Path) -> Settings:
+    return settings_for(project)
+
+
+@pytest.fixture
+def deps(settings: Settings) -> Iterator[Deps]:
+    """Engine dependencies on an in-memory Qdrant and a SQLite file."""
+    client = QdrantClient(":memory:")
+    state = StateStore(settings.state_url)
+    yield Deps(settings=settings, state=state, store=KnowledgeStore(client))
+    state.dispose()
+    client.close()
+
+
+def write_doc(root: Path, key: str, text: str) -> Path:
+    path = root / "knowledge" / "docs" / f"{key}.md"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def mysql_base_url() -> str | None:
+    return os.environ.get("KB_TEST_MYSQL_URL")
+
+
+@pytest.fixture
+def mysql_url() -> Iterator[str]:
+    """A database of its own on the real MariaDB/MySQL server, dropped afterwards.
+
+    In CI (CI=true) a missing server is a failure, not a skip.
+    """
+    import sqlalchemy as sa
+
+    base = mysql_base_url()
+    if not base:
+        if os.environ.get("CI"):
+            pytest.fail("KB_TEST_MYSQL_URL is not set; the MySQL tests must run in CI")
+        pytest.skip("KB_TEST_MYSQL_URL not set")
+    name = f"kb_test_{uuid.uuid4().hex[:10]}"
+    admin = sa.create_engine(base)
+    try:
+        with admin.begin() as conn:
+            conn.execute(sa.text(f"CREATE DATABASE {name} CHARACTER SET utf8mb4 COLLATE utf8mb4_unicode_ci"))
+    except sa.exc.OperationalError as exc:
+        if os.environ.get("CI"):
+            raise
+        pytest.skip(f"MySQL not reachable: {exc.orig}")
+    try:
+        yield f"{base.rstrip('/')}/{name}?charset=utf8mb4"
+    finally:
+        with admin.begin() as conn:
+            conn.execute(sa.text(f"DROP DATABASE IF EXISTS {name}"))
+        admin.dispose()

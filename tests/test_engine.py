@@ -1,0 +1,291 @@
+"""The reindex engine against local-mode Qdrant and SQLite: blue-green, incremental, validated, CAS."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from kb_reindex import engine
+from kb_reindex.embedding import HashingEmbedder
+from kb_reindex.errors import AliasMovedError, StateDriftError
+from kb_reindex.runtime import Deps
+from kb_reindex.state import VersionRecord
+
+from conftest import write_doc
+
+
+class CountingEmbedder(HashingEmbedder):
+    """The hashing embedder, counting chunk texts (not golden queries) and able to fail after N batches."""
+
+    def __init__(self, *, queries: set[str], fail_after_batches: int | None = None, **kwargs: object) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self.queries = queries
+        self.texts = 0
+        self.batches = 0
+        self.fail_after_batches = fail_after_batches
+
+    def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        chunk_texts = [t for t in texts if t not in self.queries]
+        if chunk_texts:
+            if self.fail_after_batches is not None and self.batches >= self.fail_after_batches:
+                raise RuntimeError("embedder crashed")
+            self.batches += 1
+            self.texts += len(chunk_texts)
+        return super().embed(texts)
+
+
+@pytest.fixture
+def counting(deps: Deps, monkeypatch: pytest.MonkeyPatch) -> CountingEmbedder:
+    """Every embedder the engine asks for (same model) is this one."""
+    from kb_reindex.golden import load_golden_set
+
+    queries = {p.query for p in load_golden_set(deps.settings.golden_set).probes}
+    embedder = CountingEmbedder(queries=queries, model=deps.settings.embed_model, dim=deps.settings.embed_dim or 1024)
+    original = Deps.embedder_for
+
+    def embedder_for(self: Deps, version: VersionRecord):
+        if (version.embed_model, version.embed_dim) == (embedder.model, embedder.dimension):
+            return embedder
+        return original(self, version)
+
+    monkeypatch.setattr(Deps, "embedder_for", embedder_for)
+    return embedder
+
+
+def docs(deps: Deps) -> Path:
+    return deps.settings.knowledge_dir
+
+
+def drop_probes_for(deps: Deps, key: str) -> None:
+    """Deleting a document means its golden probes go too, as an editor would do."""
+    import yaml
+
+    data = yaml.safe_load(deps.settings.golden_set.read_text(encoding="utf-8"))
+    data["probes"] = [p for p in data["probes"] if key not in p["expected"]]
+    deps.settings.golden_set.write_text(yaml.safe_dump(data, allow_unicode=True), encoding="utf-8")
+
+
+def payloads(deps: Deps, collection: str) -> dict[str, dict]:
+    points, _ = deps.store.client.scroll(collection, limit=10_000, with_payload=True)
+    return {str(p.id): p.payload for p in points}
+
+
+def test_first_run_builds_validates_and_promotes(deps: Deps, counting: CountingEmbedder) -> None:
+    result = engine.run_reindex(deps)
+    assert result["outcome"] == "promoted", result["error"]
+    assert result["version"] == 1
+    assert result["collection"] == "mall_knowledge__hashing-ngram-v1__v1"
+    assert result["docs"] == {"added": 6, "changed": 0, "unchanged": 0, "removed": 0}
+    total = result["chunks"]["total"]
+    assert result["chunks"] == {"total": total, "embedded": total, "reused": 0}
+    assert counting.texts == total
+    assert deps.store.alias_target("mall_knowledge") == result["collection"]
+    assert deps.store.count(result["collection"]) == total
+    assert result["validation"]["passed"] and result["validation"]["hit_rate"] >= 0.9
+    sample = next(iter(payloads(deps, result["collection"]).values()))
+    assert set(sample) >= {"text", "knowledge_key", "source", "title", "category", "section", "tenant", "chunk_index",
+                           "chunk_hash", "content_hash", "embed_model", "chunking_version", "version"}
+    assert Path(result["validation"]["report"]).is_file()
+    assert Path(result["validation"]["report"]).with_suffix(".csv").is_file()
+    [event] = deps.state.alias_events("mall_knowledge")
+    assert (event["action"], event["from_version"], event["to_version"]) == ("promote", None, 1)
+
+
+def test_second_run_without_changes_writes_nothing(deps: Deps, counting: CountingEmbedder) -> None:
+    engine.run_reindex(deps)
+    collections_before = {c.name for c in deps.store.client.get_collections().collections}
+    counting.texts = 0
+    result = engine.run_reindex(deps)
+    assert result["outcome"] == "no_change" and result["version"] == 1
+    assert counting.texts == 0
+    assert {c.name for c in deps.store.client.get_collections().collections} == collections_before
+    assert [v.version for v in deps.state.list_versions("mall_knowledge")] == [1]
+
+
+def test_edit_add_delete_embeds_exactly_the_new_chunks(deps: Deps, counting: CountingEmbedder) -> None:
+    first = engine.run_reindex(deps)
+    old_points = payloads(deps, first["collection"])
+    path = docs(deps) / "coupon-rules.md"
+    path.write_text(path.read_text(encoding="utf-8") + "\n\n## 新增规则\n\n节日期间发放的专属优惠券仅限当月使用。\n", encoding="utf-8")
+    write_doc(deps.settings.root, "gift-card", "---\ntitle: 礼品卡说明\ncategory: 支付\n---\n# 礼品卡说明\n\n## 使用\n\n礼品卡可以在结算时抵扣全部金额，不找零。\n")
+    (docs(deps) / "member-rules.md").unlink()
+    drop_probes_for(deps, "member-rules")
+    counting.texts = 0
+
+    result = engine.run_reindex(deps)
+    assert result["outcome"] == "promoted", result["error"]
+    assert result["docs"] == {"added": 1, "changed": 1, "unchanged": 4, "removed": 1}
+    new_points = payloads(deps, result["collection"])
+    old_hashes = {p["chunk_hash"] for p in old_points.values()}
+    fresh = [p for p in new_points.values() if p["chunk_hash"] not in old_hashes]
+    assert result["chunks"]["embedded"] == len(fresh) == counting.texts
+    assert result["chunks"]["reused"] == len(new_points) - len(fresh)
+    assert result["chunks"]["reused"] > 0
+    # unchanged chunks keep their point IDs and their exact vectors
+    kept = set(old_points) & set(new_points)
+    assert len(kept) == result["chunks"]["reused"]
+    some_id = sorted(kept)[0]
+    old_vec = deps.store.retrieve(first["collection"], [some_id], vectors=True)[0].vector
+    new_vec = deps.store.retrieve(result["collection"], [some_id], vectors=True)[0].vector
+    assert old_vec == new_vec
+    # the deleted document is absent from the new version, still present in the old one (rollback)
+    assert not any(p["knowledge_key"] == "member-rules" for p in new_points.values())
+    assert any(p["knowledge_key"] == "member-rules" for p in old_points.values())
+    assert {p["version"] for p in new_points.values()} == {2}
+    assert deps.state.get_version("mall_knowledge", 1).status == "retired"
+    assert deps.store.exists(first["collection"])
+
+
+def test_failed_golden_set_leaves_the_alias_and_marks_the_version(deps: Deps, counting: CountingEmbedder) -> None:
+    first = engine.run_reindex(deps)
+    # replace the return policy with unrelated text: its probes can no longer hit
+    (docs(deps) / "return-policy.md").write_text("# 退换货政策\n\n本页面正在维护中。\n", encoding="utf-8")
+    result = engine.run_reindex(deps)
+    assert result["outcome"] == "failed"
+    assert "failed validation" in result["error"]
+    assert result["validation"]["regressions"] > 0
+    assert deps.store.alias_target("mall_knowledge") == first["collection"]
+    failed = deps.state.get_version("mall_knowledge", 2)
+    assert failed.status == "failed" and failed.failed_step == "validate" and "regression" in failed.error
+    assert deps.state.live_version("mall_knowledge").version == 1
+    assert deps.state.get_run  # the run record says why
+    runs = deps.state.list_runs("mall_knowledge")
+    assert runs[0]["outcome"] == "failed" and "regression" in runs[0]["error"]
+
+
+def test_probe_naming_a_missing_document_fails_with_its_id(deps: Deps, counting: CountingEmbedder) -> None:
+    engine.run_reindex(deps)
+    (docs(deps) / "payment-guide.md").unlink()
+    result = engine.run_reindex(deps)
+    assert result["outcome"] == "failed"
+    assert "payment-guide" in result["error"] and "not in the corpus" in result["error"]
+    assert deps.state.live_version("mall_knowledge").version == 1
+
+
+def test_compare_and_swap_refuses_when_the_alias_moved(deps: Deps, counting: CountingEmbedder) -> None:
+    from kb_reindex.build import build, create_version
+    from kb_reindex.plan import plan
+    from kb_reindex.promote import promote
+    from kb_reindex.validate import validate
+
+    engine.run_reindex(deps)
+    (docs(deps) / "shipping-policy.md").write_text(
+        (docs(deps) / "shipping-policy.md").read_text(encoding="utf-8") + "\n\n补充：偏远地区另行通知。\n", encoding="utf-8")
+    p = plan(deps)
+    created = create_version(deps, p)
+    build(deps, created["version"])
+    validate(deps, created["version"])
+    # someone else moves the alias meanwhile
+    deps.store.client.create_collection("intruder", vectors_config=__import__("qdrant_client").models.VectorParams(
+        size=1024, distance="Cosine"))
+    deps.store.swap_alias("mall_knowledge", to="intruder", expected_from=p["base_collection"])
+    with pytest.raises(AliasMovedError, match="alias moved by another run"):
+        promote(deps, created["version"])
+    assert deps.store.alias_target("mall_knowledge") == "intruder"
+    assert deps.state.get_version("mall_knowledge", 2).status == "failed"
+
+
+def test_rerun_after_embedder_crash_resumes_without_duplicates_or_repeated_embedding(
+    deps: Deps, counting: CountingEmbedder
+) -> None:
+    deps.settings = deps.settings.__class__(**{**deps.settings.__dict__, "embed_batch_size": 8})
+    counting.fail_after_batches = 3
+    crashed = engine.run_reindex(deps)
+    assert crashed["outcome"] == "failed" and "embedder crashed" in crashed["error"]
+    assert deps.store.alias_target("mall_knowledge") is None
+    version = deps.state.get_version("mall_knowledge", 1)
+    assert version.status == "failed" and version.failed_step == "build"
+    written = deps.store.count(version.collection)
+    assert written == 24
+
+    counting.fail_after_batches = None
+    counting.texts = 0
+    result = engine.run_reindex(deps)
+    assert result["outcome"] == "promoted", result["error"]
+    assert result["version"] == 1, "the unfinished version is resumed, not replaced"
+    assert counting.texts == result["chunks"]["total"] - written
+    assert deps.store.count(result["collection"]) == result["chunks"]["total"]
+
+
+def test_rerun_result_equals_a_clean_run(deps: Deps, counting: CountingEmbedder, settings, tmp_path) -> None:
+    from qdrant_client import QdrantClient
+
+    from kb_reindex.state import StateStore
+    from kb_reindex.store import KnowledgeStore
+
+    deps.settings = deps.settings.__class__(**{**deps.settings.__dict__, "embed_batch_size": 8})
+    counting.fail_after_batches = 2
+    engine.run_reindex(deps)
+    counting.fail_after_batches = None
+    resumed = engine.run_reindex(deps)
+
+    clean_settings = settings.__class__(**{**settings.__dict__, "state_url": f"sqlite:///{tmp_path}/clean.db"})
+    clean = Deps(settings=clean_settings, state=StateStore(clean_settings.state_url), store=KnowledgeStore(QdrantClient(":memory:")))
+    fresh = engine.run_reindex(clean)
+    assert payloads(deps, resumed["collection"]) == payloads(clean, fresh["collection"])
+
+
+def test_force_full_reuses_nothing(deps: Deps, counting: CountingEmbedder) -> None:
+    first = engine.run_reindex(deps)
+    counting.texts = 0
+    result = engine.run_reindex(deps, force_full=True)
+    assert result["outcome"] == "promoted"
+    assert result["chunks"]["reused"] == 0 and counting.texts == first["chunks"]["total"]
+
+
+def test_dry_run_writes_no_version_or_collection(deps: Deps, counting: CountingEmbedder) -> None:
+    result = engine.run_reindex(deps, dry_run=True)
+    assert result["outcome"] == "dry_run" and result["docs"]["added"] == 6
+    assert deps.state.list_versions("mall_knowledge") == []
+    assert deps.store.client.get_collections().collections == []
+
+
+def test_bad_document_fails_the_run_and_live_keeps_serving(deps: Deps, counting: CountingEmbedder) -> None:
+    first = engine.run_reindex(deps)
+    (docs(deps) / "broken.md").write_bytes(b"\xff\xfe\x00bad")
+    result = engine.run_reindex(deps)
+    assert result["outcome"] == "failed" and "broken.md" in result["error"]
+    assert deps.store.alias_target("mall_knowledge") == first["collection"]
+    assert len(deps.state.list_versions("mall_knowledge")) == 1
+
+
+def test_drifted_live_collection_blocks_the_plan(deps: Deps, counting: CountingEmbedder) -> None:
+    first = engine.run_reindex(deps)
+    some_id = next(iter(payloads(deps, first["collection"])))
+    deps.store.client.delete(first["collection"], points_selector=[some_id])
+    result = engine.run_reindex(deps, force_full=True)
+    assert result["outcome"] == "failed" and "manifest lists" in result["error"]
+    assert engine.status(deps)["problems"]
+
+
+def test_alias_not_matching_state_is_reported_and_reconciled(deps: Deps, counting: CountingEmbedder) -> None:
+    from kb_reindex.reconcile import reconcile
+
+    engine.run_reindex(deps)
+    (docs(deps) / "coupon-rules.md").write_text(
+        (docs(deps) / "coupon-rules.md").read_text(encoding="utf-8") + "\n\n补充条款。\n", encoding="utf-8")
+    second = engine.run_reindex(deps)
+    # simulate a crash after the alias moved back but before the state write
+    deps.store.swap_alias("mall_knowledge", to="mall_knowledge__hashing-ngram-v1__v1", expected_from=second["collection"])
+    with pytest.raises(StateDriftError, match="kb-reindex reconcile"):
+        from kb_reindex.plan import plan
+
+        plan(deps)
+    assert engine.status(deps)["problems"]
+    outcome = reconcile(deps)
+    assert outcome["changed"] and outcome["live_version"] == 1
+    assert deps.state.alias_events("mall_knowledge")[-1]["action"] == "reconcile"
+    assert not engine.status(deps)["problems"]
+
+
+def test_two_runs_never_take_the_same_version_number(deps: Deps, counting: CountingEmbedder) -> None:
+    from kb_reindex.build import create_version
+    from kb_reindex.plan import plan
+
+    p = plan(deps)
+    a = create_version(deps, {**p, "force_full": True})
+    b = create_version(deps, {**p, "force_full": True})
+    assert a["version"] != b["version"]
+    assert a["collection"] != b["collection"]
