@@ -22,7 +22,7 @@ os.environ["AIRFLOW__CORE__PLUGINS_FOLDER"] = str(REPO / "plugins")
 os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
 os.environ["AIRFLOW__LOGGING__LOGGING_LEVEL"] = "WARNING"
 for name in list(os.environ):
-    if name.startswith(("KB_", "AIRFLOW_CONN_")) or name == "OLLAMA_HOST":
+    if (name.startswith(("KB_", "AIRFLOW_CONN_")) and not name.startswith("KB_TEST_")) or name == "OLLAMA_HOST":
         del os.environ[name]
 
 from qdrant_client import QdrantClient  # noqa: E402

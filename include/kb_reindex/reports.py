@@ -27,7 +27,7 @@ def write_validation_report(reports_dir: Path, version: VersionRecord, result: d
         f"- model: `{version.embed_model}` ({version.embed_dim}-d, {version.distance})",
         f"- result: **{'PASSED' if result['passed'] else 'FAILED'}**",
         f"- hit@{result['k']}: {result['hit_rate']:.3f} (min {result['thresholds']['min_hit_rate']})"
-        + (f", live v{result['live_version']}: {result['live_hit_rate']:.3f}" if result["live_version"] else ""),
+        + (f", live v{result['live_version']} ({result.get('live_embed_model')}): {result['live_hit_rate']:.3f}" if result["live_version"] else ""),
         f"- MRR: {result['mrr']:.3f} (min {result['thresholds']['min_mrr']})"
         + (f", live: {result['live_mrr']:.3f}" if result["live_version"] else ""),
         f"- regressions: {result['regressions']} (max {result['thresholds']['max_regressions']})",

@@ -157,12 +157,15 @@ def _validate(deps: Deps, version: VersionRecord, *, min_hit_rate: float | None,
     structural_ok = all(c["passed"] for c in checks)
     candidate = run_probes(deps, version, golden) if structural_ok else []
 
+    # Live is scored with its own model. Same model: a probe lost against live is a regression. Another
+    # model (a migration): the ranks stand side by side, and only the absolute thresholds decide.
     baseline: VersionRecord | None = None
     if compare_live and version.base_version is not None:
         base = deps.state.get_version(version.alias, version.base_version)
-        if base and (base.embedder, base.embed_model, base.embed_dim) == (version.embedder, version.embed_model, version.embed_dim) \
-                and deps.store.exists(base.collection):
+        if base and base.status not in ("deleted", "failed") and deps.store.exists(base.collection):
             baseline = base
+    same_model = bool(baseline) and (baseline.embedder, baseline.embed_model, baseline.embed_dim) == (
+        version.embedder, version.embed_model, version.embed_dim)
     live_results = run_probes(deps, baseline, golden) if baseline and structural_ok else []
     live_rank = {r["probe"]: r["rank"] for r in live_results}
 
@@ -177,7 +180,7 @@ def _validate(deps: Deps, version: VersionRecord, *, min_hit_rate: float | None,
             "rank_live": on_live,
             "rank_candidate": r["rank"],
             "hit": r["rank"] is not None,
-            "regression": bool(baseline) and on_live is not None and r["rank"] is None,
+            "regression": same_model and on_live is not None and r["rank"] is None,
             "top": ",".join(r["top"]),
         })
     hit_rate, mrr = score([p["rank_candidate"] for p in probes])
@@ -208,6 +211,8 @@ def _validate(deps: Deps, version: VersionRecord, *, min_hit_rate: float | None,
         "mrr": round(mrr, 4),
         "regressions": regressions,
         "live_version": baseline.version if baseline else None,
+        "live_embed_model": baseline.embed_model if baseline else None,
+        "compared_as": "regression" if same_model else ("side_by_side" if baseline else None),
         "live_hit_rate": None if live_hit_rate is None else round(live_hit_rate, 4),
         "live_mrr": None if live_mrr is None else round(live_mrr, 4),
         "probes": probes,

@@ -1,0 +1,108 @@
+"""
+### knowledge_model_migration: rebuild the knowledge base with another embedding model
+
+Manual only. A migration is a full build into a new collection named by the new model
+(`<alias>__<model>__v<N>`): no vector is reused across models or dimensions. Validation uses the
+golden set's absolute thresholds (or the overrides below); the report shows old-model and new-model
+ranks side by side per probe.
+
+- **promote** on: the alias moves to the new model after validation (compare-and-swap), and later
+  reindexes keep using the new model.
+- **promote** off: a *shadow* version, built and validated only, kept until promoted or dropped.
+
+Rolling back a migration is an ordinary rollback (`knowledge_rollback`).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from airflow.sdk import Param, TriggerRule, dag, get_current_context, task
+
+from kb_reindex.assets import KNOWLEDGE_ALIAS, POOL
+
+
+def _run_id() -> str:
+    from kb_reindex.airflow_tasks import airflow_run_id
+
+    context = get_current_context()
+    return airflow_run_id(context["dag"].dag_id, context["run_id"])
+
+
+@dag(
+    schedule=None,
+    start_date=datetime(2026, 1, 1),
+    catchup=False,
+    max_active_runs=1,
+    doc_md=__doc__,
+    tags=["knowledge", "qdrant", "migration"],
+    params={
+        "embedder": Param("ollama", type="string", enum=["ollama", "hashing"], title="Embedder", section="Model"),
+        "model": Param("bge-m3", type="string", minLength=1, title="Model name", section="Model"),
+        "dimension": Param(None, type=["null", "integer"], minimum=1, title="Dimension",
+                           description="Empty: probed from the embedder.", section="Model"),
+        "promote": Param(True, type="boolean", title="Promote after validation",
+                         description="Off: build and validate a shadow version only.", section="Release"),
+        "min_hit_rate": Param(None, type=["null", "number"], minimum=0, maximum=1, title="Minimum hit rate",
+                              description="Empty: the golden set's value.", section="Release"),
+        "min_mrr": Param(None, type=["null", "number"], minimum=0, maximum=1, title="Minimum MRR",
+                         description="Empty: the golden set's value.", section="Release"),
+    },
+)
+def knowledge_model_migration():
+    @task
+    def plan(params: dict | None = None) -> dict:
+        from kb_reindex.airflow_tasks import plan_task
+
+        return plan_task(run_id=_run_id(), kind="migration", embedder=params["embedder"], model=params["model"],
+                         dim=params["dimension"])
+
+    @task(pool=POOL)
+    def create_version(plan: dict) -> dict:
+        from kb_reindex.airflow_tasks import create_version_task
+
+        return create_version_task(plan=plan, run_id=_run_id())
+
+    @task(pool=POOL, retries=3)
+    def build(version: dict) -> dict:
+        from kb_reindex.airflow_tasks import build_task
+
+        return build_task(version=version, run_id=_run_id())
+
+    @task(retries=0)
+    def validate(version: dict, params: dict | None = None) -> dict:
+        from kb_reindex.airflow_tasks import validate_task
+
+        return validate_task(version=version, run_id=_run_id(), min_hit_rate=params["min_hit_rate"],
+                             min_mrr=params["min_mrr"])
+
+    @task.branch
+    def release(params: dict | None = None) -> str:
+        return "promote" if params["promote"] else "keep_shadow"
+
+    @task(pool=POOL, outlets=[KNOWLEDGE_ALIAS])
+    def promote(plan: dict, version: dict) -> dict:
+        from kb_reindex.airflow_tasks import promote_task
+
+        return promote_task(plan=plan, version=version, run_id=_run_id())
+
+    @task
+    def keep_shadow(plan: dict, version: dict) -> dict:
+        from kb_reindex.airflow_tasks import finish_shadow_task
+
+        return finish_shadow_task(plan=plan, version=version, run_id=_run_id())
+
+    @task(pool=POOL, trigger_rule=TriggerRule.NONE_FAILED_MIN_ONE_SUCCESS)
+    def cleanup() -> dict:
+        from kb_reindex.airflow_tasks import cleanup_task
+
+        return cleanup_task()
+
+    planned = plan()
+    version = create_version(planned)
+    built = build(version)
+    checked = validate(version)
+    built >> checked >> release() >> [promote(planned, version), keep_shadow(planned, version)] >> cleanup()
+
+
+knowledge_model_migration()

@@ -1,0 +1,65 @@
+"""
+### knowledge_rollback: put the previous index back behind the alias (on-call)
+
+Manual only. Fill in the form:
+
+- **reason** (required): recorded in the alias history.
+- **to_version** (optional): leave empty for the version the alias pointed to before the current one.
+- **confirm**: must be ticked, or nothing happens.
+- **revalidate**: score the target on the golden set and report it (does not block a confirmed
+  rollback unless the target is structurally broken).
+
+The target is checked first: its collection exists, its point count and IDs equal its manifest, its
+dimension and distance match its record, and it is not `failed` or `deleted`. The switch is the same
+compare-and-swap as a promotion; the version rolled away from becomes `retired` and is kept.
+
+**Then pause the reindex** if the bad change is still in `knowledge/`: the next scheduled run plans
+against the rolled-back version and would build the change again:
+`airflow dags pause knowledge_reindex`. Without Airflow: `kb-reindex rollback --reason "..." --yes`.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from airflow.sdk import Param, dag, get_current_context, task
+
+from kb_reindex.assets import KNOWLEDGE_ALIAS, POOL
+
+
+@dag(
+    schedule=None,
+    start_date=datetime(2026, 1, 1),
+    catchup=False,
+    max_active_runs=1,
+    doc_md=__doc__,
+    tags=["knowledge", "qdrant", "on-call"],
+    params={
+        "reason": Param("", type="string", minLength=1, title="Reason",
+                        description="Why the rollback is needed; recorded in the alias history.", section="Rollback"),
+        "to_version": Param(None, type=["null", "integer"], minimum=1, title="Target version",
+                            description="Empty: the version before the current one.", section="Rollback"),
+        "confirm": Param(False, type="boolean", title="Confirm",
+                         description="Tick to really move the alias.", section="Rollback"),
+        "revalidate": Param(True, type="boolean", title="Score the target on the golden set",
+                            description="Reported only; does not block a confirmed rollback.", section="Checks"),
+    },
+)
+def knowledge_rollback():
+    @task(pool=POOL, retries=0, outlets=[KNOWLEDGE_ALIAS])
+    def rollback(params: dict | None = None) -> dict:
+        from kb_reindex.airflow_tasks import airflow_run_id, rollback_task
+
+        context = get_current_context()
+        return rollback_task(
+            run_id=airflow_run_id(context["dag"].dag_id, context["run_id"]),
+            to_version=params["to_version"],
+            reason=params["reason"],
+            confirm=params["confirm"],
+            revalidate=params["revalidate"],
+        )
+
+    rollback()
+
+
+knowledge_rollback()

@@ -1,0 +1,96 @@
+"""`kb-reindex` end to end on the embedded default (local-mode Qdrant on disk, SQLite)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kb_reindex.cli import main
+
+
+@pytest.fixture
+def cli_env(project: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("KB_PROJECT_ROOT", str(project))
+    return project
+
+
+def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, dict]:
+    code = main([*argv, "--json", "-q"])
+    out = capsys.readouterr().out
+    return code, json.loads(out)
+
+
+def test_run_status_query_history_as_json(cli_env: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, run = run_json(capsys, "run")
+    assert code == 0
+    assert run["outcome"] == "promoted" and run["version"] == 1
+    assert set(run) >= {"outcome", "version", "collection", "docs", "chunks", "validation", "error"}
+    assert set(run["docs"]) == {"added", "changed", "unchanged", "removed"}
+    assert set(run["chunks"]) == {"total", "embedded", "reused"}
+    assert set(run["validation"]) >= {"passed", "hit_rate", "mrr", "regressions"}
+    assert (cli_env / ".kb" / "qdrant").is_dir() and (cli_env / ".kb" / "state.db").is_file()
+
+    code, again = run_json(capsys, "run")
+    assert code == 0 and again["outcome"] == "no_change"
+
+    code, status = run_json(capsys, "status")
+    assert code == 0
+    assert status["alias"] == "mall_knowledge"
+    assert status["live"]["version"] == 1 and status["live"]["points"] == run["chunks"]["total"]
+    assert set(status["live"]) >= {"version", "collection", "points", "embed_model", "dim"}
+    assert set(status["versions"][0]) >= {"version", "collection", "status", "points", "embed_model", "dim"}
+
+    code, found = run_json(capsys, "query", "优惠券过期了还能恢复吗", "-k", "3")
+    assert code == 0 and len(found["results"]) == 3
+    assert found["results"][0]["knowledge_key"] == "coupon-rules"
+    assert set(found["results"][0]) >= {"knowledge_key", "title", "score", "text"}
+
+    code, history = run_json(capsys, "history")
+    assert [e["action"] for e in history["events"]] == ["promote"]
+
+
+def test_plan_and_dry_run_write_nothing(cli_env: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, plan = run_json(capsys, "plan")
+    assert code == 0 and plan["docs"]["added"] == 6 and not plan["no_change"]
+    code, dry = run_json(capsys, "run", "--dry-run")
+    assert code == 0 and dry["outcome"] == "dry_run"
+    code, status = run_json(capsys, "status")
+    assert status["live"] is None and status["versions"] == []
+
+
+def test_failed_run_exits_1_and_config_error_exits_2(cli_env: Path, capsys: pytest.CaptureFixture[str],
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    (cli_env / "knowledge" / "golden.yaml").write_text("k: 0\nprobes: []\n", encoding="utf-8")
+    code, run = run_json(capsys, "run")
+    assert code == 1 and run["outcome"] == "failed" and "'k' must be" in run["error"]
+    monkeypatch.setenv("KB_EMBEDDER", "word2vec")
+    code, failed = run_json(capsys, "status")
+    assert code == 2 and "KB_EMBEDDER='word2vec' is unknown" in failed["error"]
+
+
+def test_human_output_and_console_script(cli_env: Path) -> None:
+    script = Path(sys.executable).with_name("kb-reindex")
+    env = {**os.environ, "KB_PROJECT_ROOT": str(cli_env)}
+    done = subprocess.run([str(script), "run"], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "outcome: promoted" in done.stdout and "validation: passed" in done.stdout
+    bad = subprocess.run([str(script), "status"], env={**env, "KB_STATE_URL": "postgres://x"},
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "KB_STATE_URL" in bad.stderr
+    usage = subprocess.run([str(script), "frobnicate"], env=env, capture_output=True, text=True, timeout=60)
+    assert usage.returncode == 2
+
+
+def test_relative_paths_resolve_against_the_project_root(cli_env: Path, capsys: pytest.CaptureFixture[str],
+                                                          tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    code, _ = run_json(capsys, "run")
+    assert code == 0
+    assert (cli_env / ".kb" / "state.db").is_file() and not (elsewhere / ".kb").exists()

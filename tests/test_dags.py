@@ -1,0 +1,127 @@
+"""The DAGs: DagBag integrity, and `dag.test()` end to end on the embedded default."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+
+pytestmark = pytest.mark.airflow
+DAG_IDS = {"knowledge_reindex", "knowledge_rollback", "knowledge_model_migration"}
+
+
+@pytest.fixture(scope="session")
+def airflow_db() -> None:
+    """A migrated SQLite metadata DB and the Qdrant write pool, once per session."""
+    airflow = str(Path(sys.executable).with_name("airflow"))
+    for command in (
+        [airflow, "db", "migrate"],
+        [airflow, "pools", "set", "kb_qdrant_writes", "1", "Qdrant writes of kb-reindex"],
+    ):
+        done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=os.environ.copy())
+        assert done.returncode == 0, done.stderr[-3000:]
+
+
+@pytest.fixture(scope="session")
+def dagbag(airflow_db: None):
+    from airflow.dag_processing.dagbag import DagBag
+
+    return DagBag(dag_folder=str(REPO / "dags"))
+
+
+def test_dagbag_has_no_import_errors_and_every_dag_is_documented(dagbag) -> None:
+    assert dagbag.import_errors == {}
+    assert set(dagbag.dag_ids) == DAG_IDS
+    for dag_id in DAG_IDS:
+        dag = dagbag.get_dag(dag_id)
+        assert dag.doc_md and len(dag.doc_md) > 200, dag_id
+        assert dag.tags and "knowledge" in dag.tags
+        assert dag.max_active_runs == 1
+        assert not dag.catchup
+
+
+def test_reindex_dag_shape(dagbag) -> None:
+    dag = dagbag.get_dag("knowledge_reindex")
+    assert dag.schedule == "@daily" and dag.timetable.expression == "0 0 * * *"
+    assert set(dag.params) >= {"force_full_rebuild", "dry_run"}
+    order = ["plan", "has_changes", "create_version", "build_slices", "build", "validate", "promote", "cleanup"]
+    assert set(order) == set(dag.task_ids)
+    for task_id in ("create_version", "build", "promote", "cleanup"):
+        assert dag.get_task(task_id).pool == "kb_qdrant_writes"
+    assert dag.get_task("build").retries >= 1 and dag.get_task("validate").retries == 0
+    assert [o.uri for o in dag.get_task("promote").outlets] == ["qdrant://mall_knowledge/"]
+    assert dag.get_task("validate").upstream_task_ids >= {"build", "create_version"}
+
+
+def test_rollback_and_migration_are_manual(dagbag) -> None:
+    for dag_id in ("knowledge_rollback", "knowledge_model_migration"):
+        assert type(dagbag.get_dag(dag_id).timetable).__name__ == "NullTimetable"
+    assert set(dagbag.get_dag("knowledge_rollback").params) == {"reason", "to_version", "confirm", "revalidate"}
+    assert set(dagbag.get_dag("knowledge_model_migration").params) >= {"embedder", "model", "dimension", "promote"}
+
+
+def test_parsing_a_dag_does_not_import_heavy_libraries() -> None:
+    code = (
+        "import sys, importlib.util\n"
+        "for name in ['knowledge_reindex', 'knowledge_rollback', 'knowledge_model_migration']:\n"
+        f"    spec = importlib.util.spec_from_file_location(name, {str(REPO / 'dags')!r} + '/' + name + '.py')\n"
+        "    spec.loader.exec_module(importlib.util.module_from_spec(spec))\n"
+        "heavy = [m for m in ('qdrant_client', 'pandas', 'ollama', 'kb_reindex.engine') if m in sys.modules]\n"
+        "print(','.join(heavy))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=os.environ.copy())
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1:] in ([""], []), done.stdout
+
+
+def kb(project: Path, *argv: str) -> dict:
+    script = Path(sys.executable).with_name("kb-reindex")
+    done = subprocess.run([str(script), *argv, "--json", "-q"], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "KB_PROJECT_ROOT": str(project)})
+    assert done.stdout, done.stderr
+    return json.loads(done.stdout)
+
+
+@pytest.fixture
+def dag_env(project: Path, monkeypatch: pytest.MonkeyPatch, airflow_db: None) -> Path:
+    monkeypatch.setenv("KB_PROJECT_ROOT", str(project))
+    return project
+
+
+def run_dag(dagbag, dag_id: str, conf: dict | None = None):
+    from airflow.utils.state import DagRunState
+
+    dag = dagbag.get_dag(dag_id)
+    dag_run = dag.test(run_conf=conf or {})
+    states = {ti.task_id: ti.state for ti in dag_run.get_task_instances()}
+    return dag_run.state == DagRunState.SUCCESS, states
+
+
+def test_reindex_dag_end_to_end_then_no_change(dagbag, dag_env: Path) -> None:
+    ok, states = run_dag(dagbag, "knowledge_reindex")
+    assert ok, states
+    status = kb(dag_env, "status")
+    assert status["live"]["version"] == 1
+    history = kb(dag_env, "history")["events"]
+    assert history[0]["run_id"].startswith("airflow__knowledge_reindex__")
+
+    ok, states = run_dag(dagbag, "knowledge_reindex")
+    assert ok
+    assert states["has_changes"] == "success" and states["create_version"] == "skipped"
+    assert kb(dag_env, "status")["live"]["version"] == 1
+
+
+def test_reindex_dag_failed_validation_keeps_the_alias(dagbag, dag_env: Path) -> None:
+    assert run_dag(dagbag, "knowledge_reindex")[0]
+    (dag_env / "knowledge" / "docs" / "return-policy.md").write_text("# 退换货政策\n\n维护中。\n", encoding="utf-8")
+    ok, states = run_dag(dagbag, "knowledge_reindex")
+    assert not ok and states["validate"] == "failed" and states["promote"] in ("upstream_failed", None)
+    status = kb(dag_env, "status")
+    assert status["live"]["version"] == 1
+    assert {v["version"]: v["status"] for v in status["versions"]}[2] == "failed"

@@ -1,0 +1,98 @@
+"""The state store on SQLite and on the real MariaDB/MySQL server."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+
+from kb_reindex.errors import ConfigError, LockHeldError
+from kb_reindex.state import StateStore
+
+
+@pytest.fixture(params=["sqlite", "mysql"])
+def state(request: pytest.FixtureRequest, tmp_path: Path) -> StateStore:
+    url = f"sqlite:///{tmp_path}/state.db" if request.param == "sqlite" else request.getfixturevalue("mysql_url")
+    store = StateStore(url)
+    yield store
+    store.dispose()
+
+
+def new_version(state: StateStore, alias: str = "kb") -> object:
+    return state.allocate_version(
+        alias=alias, collection_for=lambda n: f"{alias}__m__v{n}", kind="reindex", embedder="hashing",
+        embed_model="m", embed_dim=8, distance="Cosine", chunking_version="c", corpus_fingerprint="f",
+    )
+
+
+def test_schema_is_created_on_first_use_and_versions_count_up(state: StateStore) -> None:
+    assert [new_version(state).version for _ in range(3)] == [1, 2, 3]
+    assert new_version(state, alias="other").version == 1
+    assert [v.version for v in state.list_versions("kb")] == [3, 2, 1]
+
+
+def test_concurrent_allocation_never_takes_a_number_twice(state: StateStore) -> None:
+    numbers: list[int] = []
+    errors: list[BaseException] = []
+
+    def worker() -> None:
+        try:
+            for _ in range(5):
+                numbers.append(new_version(state).version)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert sorted(numbers) == list(range(1, 21))
+
+
+def test_manifest_write_is_idempotent(state: StateStore) -> None:
+    version = new_version(state)
+    docs = [{"knowledge_key": "退货/政策", "source": "退货/政策.md", "title": "退货", "category": "售后", "tenant": "default",
+             "content_hash": "a" * 64, "chunk_count": 2}]
+    chunks = [{"point_id": f"00000000-0000-0000-0000-00000000000{i}", "knowledge_key": "退货/政策", "chunk_index": i,
+               "chunk_hash": str(i) * 64, "source_point_id": None} for i in range(2)]
+    state.write_manifest(version.id, docs, chunks)
+    state.write_manifest(version.id, docs, chunks)
+    assert state.manifest_documents(version.id)[0]["knowledge_key"] == "退货/政策"
+    assert [c["chunk_index"] for c in state.manifest_chunks(version.id)] == [0, 1]
+
+
+def test_switch_records_event_and_retires_previous(state: StateStore) -> None:
+    first, second = new_version(state), new_version(state)
+    state.record_switch(alias="kb", action="promote", to=first, previous=None, run_id="r1")
+    state.record_switch(alias="kb", action="promote", to=second, previous=state.live_version("kb"), run_id="r2")
+    assert state.live_version("kb").version == 2
+    assert state.get_version("kb", 1).status == "retired"
+    events = state.alias_events("kb")
+    assert [(e["from_version"], e["to_version"]) for e in events] == [(None, 1), (1, 2)]
+
+
+def test_runs_are_recorded_with_duration(state: StateStore) -> None:
+    state.start_run(run_id="r1", alias="kb", kind="reindex", trigger="cli")
+    state.finish_run("r1", outcome="promoted", chunks_embedded=3)
+    run = state.get_run("r1")
+    assert run["outcome"] == "promoted" and run["chunks_embedded"] == 3 and run["duration_s"] >= 0
+
+
+def test_lock_excludes_a_second_owner_until_released_or_expired(state: StateStore) -> None:
+    state.acquire_lock("reindex:kb", owner="a", ttl_s=60)
+    with pytest.raises(LockHeldError, match="held by a"):
+        state.acquire_lock("reindex:kb", owner="b", ttl_s=60)
+    state.release_lock("reindex:kb", owner="a")
+    state.acquire_lock("reindex:kb", owner="b", ttl_s=-1)  # already expired
+    state.acquire_lock("reindex:kb", owner="c", ttl_s=60)
+    with pytest.raises(LockHeldError):
+        state.acquire_lock("reindex:kb", owner="b", ttl_s=60)
+
+
+def test_unreachable_state_db_is_a_config_error_without_password() -> None:
+    with pytest.raises(ConfigError) as error:
+        StateStore("mysql+pymysql://kb:hunter2@127.0.0.1:1/kb")
+    assert "unreachable" in str(error.value) and "hunter2" not in str(error.value)
