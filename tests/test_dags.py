@@ -125,3 +125,67 @@ def test_reindex_dag_failed_validation_keeps_the_alias(dagbag, dag_env: Path) ->
     status = kb(dag_env, "status")
     assert status["live"]["version"] == 1
     assert {v["version"]: v["status"] for v in status["versions"]}[2] == "failed"
+
+
+def cli_versions(project: Path, count: int) -> None:
+    """`count` promoted versions through the CLI path (same engine, no Airflow)."""
+    from kb_reindex import engine
+    from kb_reindex.config import Settings
+    from kb_reindex.runtime import open_deps
+
+    for n in range(count):
+        if n:
+            path = project / "knowledge" / "docs" / "coupon-rules.md"
+            path.write_text(path.read_text(encoding="utf-8") + f"\n\n补充条款{n}：仅限线上使用。\n", encoding="utf-8")
+        with open_deps(Settings.from_env()) as deps:
+            assert engine.run_reindex(deps)["outcome"] == "promoted"
+
+
+def test_rollback_dag_to_previous_and_to_chosen_version(dagbag, dag_env: Path) -> None:
+    cli_versions(dag_env, 3)
+    ok, states = run_dag(dagbag, "knowledge_rollback", {"reason": "bad coupon text", "confirm": True})
+    assert ok, states
+    assert kb(dag_env, "status")["live"]["version"] == 2
+    ok, _ = run_dag(dagbag, "knowledge_rollback", {"reason": "further back", "confirm": True, "to_version": 1,
+                                                      "revalidate": False})
+    assert ok
+    status = kb(dag_env, "status")
+    assert status["live"]["version"] == 1
+    events = kb(dag_env, "history")["events"]
+    assert [e["action"] for e in events[-2:]] == ["rollback", "rollback"]
+    assert events[-1]["reason"] == "further back" and events[-1]["run_id"].startswith("airflow__knowledge_rollback__")
+
+
+def test_rollback_dag_refuses_without_confirm_or_with_a_failed_target(dagbag, dag_env: Path) -> None:
+    cli_versions(dag_env, 2)
+    ok, states = run_dag(dagbag, "knowledge_rollback", {"reason": "no confirm", "confirm": False})
+    assert not ok and states["rollback"] == "failed"
+    assert kb(dag_env, "status")["live"]["version"] == 2
+
+    from kb_reindex.config import Settings
+    from kb_reindex.state import StateStore
+
+    state = StateStore(Settings.from_env().state_url)
+    state.update_version(state.get_version("mall_knowledge", 1).id, status="failed")
+    state.dispose()
+    ok, states = run_dag(dagbag, "knowledge_rollback", {"reason": "to failed", "confirm": True, "to_version": 1})
+    assert not ok
+    assert kb(dag_env, "status")["live"]["version"] == 2
+
+
+def test_migration_dag_with_promote_and_as_shadow(dagbag, dag_env: Path) -> None:
+    cli_versions(dag_env, 1)
+    ok, states = run_dag(dagbag, "knowledge_model_migration",
+                         {"embedder": "hashing", "model": "hashing-ngram-v4", "dimension": 512, "promote": False})
+    assert ok, states
+    assert states["keep_shadow"] == "success" and states["promote"] == "skipped"
+    status = kb(dag_env, "status")
+    assert status["live"]["version"] == 1
+    assert {v["version"]: v["status"] for v in status["versions"]}[2] == "ready"
+
+    ok, states = run_dag(dagbag, "knowledge_model_migration",
+                         {"embedder": "hashing", "model": "hashing-ngram-v5", "dimension": 768, "promote": True})
+    assert ok, states
+    live = kb(dag_env, "status")["live"]
+    assert (live["version"], live["embed_model"], live["dim"]) == (3, "hashing-ngram-v5", 768)
+    assert kb(dag_env, "history")["events"][-1]["action"] == "migrate"

@@ -1,0 +1,185 @@
+"""Operator workflows through the engine: rollback, model migration, history, retention, MySQL state."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from qdrant_client import QdrantClient
+
+from kb_reindex import engine
+from kb_reindex.errors import ConfigError, RollbackRefused
+from kb_reindex.promote import cleanup, retention_victims, rollback_target
+from kb_reindex.reader import search_knowledge
+from kb_reindex.runtime import Deps
+from kb_reindex.state import StateStore
+from kb_reindex.store import KnowledgeStore
+
+ALIAS = "mall_knowledge"
+
+
+def edit(deps: Deps, key: str, extra: str) -> None:
+    path = deps.settings.knowledge_dir / f"{key}.md"
+    path.write_text(path.read_text(encoding="utf-8") + f"\n\n{extra}\n", encoding="utf-8")
+
+
+def three_versions(deps: Deps) -> None:
+    assert engine.run_reindex(deps)["outcome"] == "promoted"
+    edit(deps, "coupon-rules", "补充一：优惠券不可兑换现金。")
+    assert engine.run_reindex(deps)["outcome"] == "promoted"
+    edit(deps, "shipping-policy", "补充二：大件商品送货上门。")
+    assert engine.run_reindex(deps)["outcome"] == "promoted"
+
+
+def test_rollback_to_previous_then_to_a_chosen_version(deps: Deps) -> None:
+    three_versions(deps)
+    assert rollback_target(deps).version == 2
+    result = engine.run_rollback(deps, reason="bad shipping text")
+    assert (result["from_version"], result["to_version"], result["outcome"]) == (3, 2, "rolled_back")
+    assert result["validation"]["passed"]
+    assert deps.store.alias_target(ALIAS) == result["collection"]
+    assert deps.state.get_version(ALIAS, 3).status == "retired"
+    assert deps.store.exists(deps.state.get_version(ALIAS, 3).collection)
+
+    chosen = engine.run_rollback(deps, reason="back to the first", to_version=1)
+    assert chosen["to_version"] == 1
+    events = engine.history(deps)
+    assert [e["action"] for e in events] == ["promote", "promote", "promote", "rollback", "rollback"]
+    assert events[-1]["reason"] == "back to the first" and events[-1]["from_version"] == 2
+
+
+@pytest.mark.parametrize("damage", ["missing", "failed", "deleted", "short"])
+def test_rollback_refuses_a_broken_target_and_nothing_moves(deps: Deps, damage: str) -> None:
+    three_versions(deps)
+    target = deps.state.get_version(ALIAS, 2)
+    if damage == "missing":
+        deps.store.delete_collection(target.collection)
+    elif damage in ("failed", "deleted"):
+        deps.state.update_version(target.id, status=damage)
+    else:
+        points, _ = deps.store.client.scroll(target.collection, limit=1)
+        deps.store.client.delete(target.collection, points_selector=[points[0].id])
+    with pytest.raises(RollbackRefused):
+        engine.run_rollback(deps, reason="test", to_version=2)
+    assert deps.state.live_version(ALIAS).version == 3
+    assert deps.store.alias_target(ALIAS) == deps.state.get_version(ALIAS, 3).collection
+
+
+def test_rollback_needs_a_reason_and_a_known_target(deps: Deps) -> None:
+    three_versions(deps)
+    with pytest.raises(RollbackRefused, match="reason"):
+        engine.run_rollback(deps, reason="  ")
+    with pytest.raises(RollbackRefused, match="no version 9"):
+        engine.run_rollback(deps, reason="x", to_version=9)
+    with pytest.raises(RollbackRefused, match="already live"):
+        engine.run_rollback(deps, reason="x", to_version=3)
+
+
+def test_reindex_after_rollback_plans_against_the_rolled_back_version(deps: Deps) -> None:
+    three_versions(deps)
+    engine.run_rollback(deps, reason="revert shipping")
+    result = engine.run_reindex(deps)
+    # the files still hold the change of v3: it is rebuilt on top of v2, visibly, not silently re-promoted as v3
+    assert result["outcome"] == "promoted" and result["version"] == 4
+    assert result["plan"]["base_version"] == 2
+    assert result["docs"]["changed"] == 1
+
+
+def test_migration_to_another_dimension_with_promote(deps: Deps) -> None:
+    first = engine.run_reindex(deps)
+    result = engine.run_reindex(deps, kind="migration", embedder="hashing", model="hashing-ngram-v2", dim=384, min_hit_rate=0.85)
+    assert result["outcome"] == "promoted", result["error"]
+    assert result["chunks"]["reused"] == 0 and result["chunks"]["embedded"] == first["chunks"]["total"]
+    assert result["collection"] == f"{ALIAS}__hashing-ngram-v2__v2"
+    live = deps.state.live_version(ALIAS)
+    assert (live.embed_model, live.embed_dim, live.kind) == ("hashing-ngram-v2", 384, "migration")
+    assert deps.store.shape(result["collection"]).dim == 384
+    assert engine.history(deps)[-1]["action"] == "migrate"
+    validation = deps.state.get_version(ALIAS, 2).validation
+    assert validation["compared_as"] == "side_by_side" and validation["regressions"] == 0
+    assert all("rank_live" in p and "rank_candidate" in p for p in validation["probes"])
+
+    # later reindexes keep the live model, whatever the configured default says
+    edit(deps, "coupon-rules", "补充：新人券仅限首单。")
+    again = engine.run_reindex(deps)
+    assert again["outcome"] == "promoted"
+    assert deps.state.get_version(ALIAS, 3).embed_model == "hashing-ngram-v2"
+    assert again["chunks"]["reused"] > 0
+
+    # the reader embeds with the live model and refuses a caller on another one
+    found = search_knowledge(deps, "优惠券可以叠加使用吗", k=2)
+    assert found["embed_model"] == "hashing-ngram-v2" and found["results"]
+    with pytest.raises(ConfigError, match="serves 'hashing-ngram-v2'"):
+        search_knowledge(deps, "退货", expect_model="hashing-ngram-v1")
+    with pytest.raises(ConfigError, match="384-d"):
+        search_knowledge(deps, "退货", expect_dim=1024)
+
+
+def test_shadow_migration_is_built_validated_and_kept(deps: Deps) -> None:
+    first = engine.run_reindex(deps)
+    shadow = engine.run_reindex(deps, kind="migration", embedder="hashing", model="hashing-ngram-v3", dim=512,
+                                promote_version=False)
+    assert shadow["outcome"] == "shadow"
+    assert deps.store.alias_target(ALIAS) == first["collection"]
+    assert deps.state.get_version(ALIAS, 2).status == "ready"
+    cleanup(deps)
+    assert deps.state.get_version(ALIAS, 2).status == "ready" and deps.store.exists(shadow["collection"])
+
+
+def test_retention_keeps_live_newest_retired_and_rollback_target(deps: Deps) -> None:
+    deps.settings = deps.settings.__class__(**{**deps.settings.__dict__, "keep_versions": 0})
+    three_versions(deps)
+    edit(deps, "payment-guide", "补充三：支持数字人民币。")
+    assert engine.run_reindex(deps)["version"] == 4  # its cleanup already ran with keep=0
+    statuses = {v.version: v.status for v in deps.state.list_versions(ALIAS)}
+    assert statuses == {4: "live", 3: "retired", 2: "deleted", 1: "deleted"}
+    # roll back to v3, then v4 is the newest retired and v3 live: nothing else may go
+    engine.run_rollback(deps, reason="test")
+    cleanup(deps)
+    statuses = {v.version: v.status for v in deps.state.list_versions(ALIAS)}
+    assert statuses[3] == "live" and statuses[4] == "retired"
+    for version in (3, 4):
+        assert deps.store.exists(deps.state.get_version(ALIAS, version).collection)
+    # manifests of deleted versions are kept for audit
+    assert deps.state.manifest_chunks(deps.state.get_version(ALIAS, 1).id)
+
+
+def test_retention_victims_never_include_protected_versions(deps: Deps) -> None:
+    three_versions(deps)
+    versions = deps.state.list_versions(ALIAS)
+    target = rollback_target(deps)
+    victims = retention_victims(versions, keep=0, protected={target.id})
+    assert {v.version for v in victims} == {1}
+    assert all(v.status != "live" for v in victims)
+
+
+def test_full_run_with_state_on_mysql(settings, mysql_url: str) -> None:
+    mysql_settings = settings.__class__(**{**settings.__dict__, "state_url": mysql_url})
+    state = StateStore(mysql_url)
+    deps = Deps(settings=mysql_settings, state=state, store=KnowledgeStore(QdrantClient(":memory:")))
+    try:
+        three_versions(deps)
+        assert engine.run_reindex(deps)["outcome"] == "no_change"
+        engine.run_rollback(deps, reason="mysql")
+        assert state.live_version(ALIAS).version == 2
+        assert [e["action"] for e in state.alias_events(ALIAS)][-1] == "rollback"
+    finally:
+        state.dispose()
+
+
+def test_failed_build_versions_are_dropped_by_gc(deps: Deps, monkeypatch: pytest.MonkeyPatch) -> None:
+    engine.run_reindex(deps)
+    edit(deps, "coupon-rules", "补充：测试。")
+
+    def broken(self, version):  # noqa: ANN001
+        raise RuntimeError("embedder down")
+
+    monkeypatch.setattr(Deps, "embedder_for", broken)
+    assert engine.run_reindex(deps)["outcome"] == "failed"
+    failed = deps.state.get_version(ALIAS, 2)
+    assert failed.status == "failed" and deps.store.exists(failed.collection)
+    monkeypatch.undo()
+    result = cleanup(deps)
+    assert [d["version"] for d in result["deleted"]] == [2]
+    assert not deps.store.exists(failed.collection)
+    assert deps.state.live_version(ALIAS).version == 1
