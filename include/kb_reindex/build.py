@@ -19,7 +19,7 @@ from kb_reindex.errors import EmbeddingError, KbError, StoreError
 from kb_reindex.plan import Prepared, prepare
 from kb_reindex.runtime import Deps
 from kb_reindex.sources import Document
-from kb_reindex.state import VersionRecord
+from kb_reindex.state import VersionRecord, utcnow
 from kb_reindex.store import DISTANCE, collection_name
 
 log = logging.getLogger(__name__)
@@ -38,10 +38,26 @@ def _same_plan(version: VersionRecord, plan: dict[str, Any]) -> bool:
     )
 
 
-def _resumable(deps: Deps, plan: dict[str, Any]) -> VersionRecord | None:
-    """An unfinished version of exactly this plan: rerunning continues it instead of starting over."""
+def _owned_by_another_active_run(deps: Deps, version: VersionRecord, run_id: str | None) -> bool:
+    if not version.run_id or version.run_id == run_id:
+        return False
+    owner = deps.state.get_run(version.run_id)
+    if owner is None or owner["outcome"] != "running":
+        return False
+    age = (utcnow() - owner["started_at"]).total_seconds()
+    return age < deps.settings.lock_ttl_s
+
+
+def _resumable(deps: Deps, plan: dict[str, Any], run_id: str | None) -> VersionRecord | None:
+    """An unfinished version of exactly this plan: rerunning continues it instead of starting over.
+
+    Not one that another run is still building: two concurrent runs build two versions, and the
+    compare-and-swap lets exactly one of them be promoted.
+    """
     for version in deps.state.list_versions(plan["alias"], statuses=["building", "failed"]):
         if version.status == "failed" and version.failed_step not in RESUMABLE_STEPS:
+            continue
+        if _owned_by_another_active_run(deps, version, run_id):
             continue
         if _same_plan(version, plan) and not plan["force_full"]:
             return version
@@ -63,7 +79,7 @@ def create_version(deps: Deps, plan: dict[str, Any], *, run_id: str | None = Non
     if now["fingerprint"] != plan["fingerprint"]:
         raise KbError("the knowledge folder changed since this run planned; start a new run so the plan matches the files")
 
-    version = _resumable(deps, plan)
+    version = _resumable(deps, plan, run_id)
     if version is None:
         dim = plan["embed_dim"]
         if dim is None:

@@ -99,6 +99,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KbError as exc:
         _fail(args, str(exc), type(exc).__name__)
         return 1
+    except Exception as exc:  # noqa: BLE001 - the CLI must answer in its own format, with the traceback logged
+        log.exception("kb_reindex: unexpected error")
+        _fail(args, f"{type(exc).__name__}: {exc}", "unexpected")
+        return 1
 
 
 def _fail(args: argparse.Namespace, message: str, kind: str) -> None:

@@ -48,6 +48,15 @@ def _int(env: Mapping[str, str], name: str, default: int, *, minimum: int) -> in
     return value
 
 
+def _bool(env: Mapping[str, str], name: str) -> bool:
+    raw = env.get(name, "").strip().lower()
+    if raw in ("", "0", "false", "no", "off"):
+        return False
+    if raw in ("1", "true", "yes", "on"):
+        return True
+    raise ConfigError(f"{name}={raw!r} is not a boolean (true/false)")
+
+
 @dataclass(frozen=True)
 class Settings:
     """Everything a reindex needs to know; secrets are kept out of ``repr``."""
@@ -73,6 +82,7 @@ class Settings:
     copy_batch_size: int
     max_doc_bytes: int
     lock_ttl_s: int
+    block_on_instructions: bool = False
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> Settings:
@@ -127,6 +137,7 @@ class Settings:
             copy_batch_size=_int(env, "KB_COPY_BATCH_SIZE", 256, minimum=1),
             max_doc_bytes=_int(env, "KB_MAX_DOC_BYTES", 2_000_000, minimum=1),
             lock_ttl_s=_int(env, "KB_LOCK_TTL", 3600, minimum=10),
+            block_on_instructions=_bool(env, "KB_BLOCK_ON_INSTRUCTIONS"),
         )
         return replace(settings, **overrides) if overrides else settings
 

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import json
 import logging
-import socket
 import os
+import socket
+import uuid
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields
@@ -144,7 +145,8 @@ def utcnow() -> datetime:
 
 
 def default_lock_owner() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}"
+    """Unique per acquisition: two threads of one process are two owners."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
 @dataclass

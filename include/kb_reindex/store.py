@@ -17,6 +17,7 @@ from qdrant_client import QdrantClient, models
 
 from kb_reindex.config import Settings
 from kb_reindex.errors import AliasMovedError, StoreError
+from kb_reindex.embedding import redact_url
 
 log = logging.getLogger(__name__)
 
@@ -181,6 +182,13 @@ def open_store(settings: Settings, *, client: QdrantClient | None = None) -> Ite
     """A store for one step. A client we opened is closed after, which frees local mode's folder lock."""
     own = client is None
     store = KnowledgeStore(client or make_client(settings))
+    try:
+        store.client.get_collections()
+    except Exception as exc:
+        if own:
+            store.close()
+        where = redact_url(settings.qdrant_url) if settings.qdrant_url else str(settings.qdrant_path)
+        raise StoreError(f"Qdrant at {where} is unreachable ({type(exc).__name__}); the live alias was not touched") from None
     try:
         yield store
     finally:

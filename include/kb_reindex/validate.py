@@ -199,6 +199,10 @@ def _validate(deps: Deps, version: VersionRecord, *, min_hit_rate: float | None,
             lost = [p["probe"] for p in probes if p["regression"]]
             failures.append(f"{regressions} regression(s) against live v{baseline.version if baseline else '?'} "
                             f"(max {golden.max_regressions}): {', '.join(lost)}")
+    flagged = scan_instructions(deps, version)
+    if flagged and deps.settings.block_on_instructions:
+        failures.append(f"{len(flagged)} instruction-like line(s) in the knowledge text (KB_BLOCK_ON_INSTRUCTIONS); "
+                        f"first: {flagged[0]['source']}:{flagged[0]['line']}")
     result = {
         "version": version.version,
         "collection": version.collection,
@@ -216,7 +220,7 @@ def _validate(deps: Deps, version: VersionRecord, *, min_hit_rate: float | None,
         "live_hit_rate": None if live_hit_rate is None else round(live_hit_rate, 4),
         "live_mrr": None if live_mrr is None else round(live_mrr, 4),
         "probes": probes,
-        "flagged_instructions": scan_instructions(deps, version),
+        "flagged_instructions": flagged,
     }
     from kb_reindex.reports import write_validation_report
 

@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# airflow-init: one-shot bootstrap of the Airflow side, run on every `docker compose up` (idempotent).
+#   1. metadata DB schema          airflow db migrate
+#   2. admin login                 SimpleAuthManager password file from AIRFLOW_ADMIN_PASSWORD
+#   3. pool                        kb_qdrant_writes, 1 slot: one writer to Qdrant at a time
+#   4. Connections                 qdrant_default, kb_state, ollama_default (recreated from .env)
+#   5. smoke check                 kb-reindex status: state DB and Qdrant reachable with these secrets
+# The Connection ids are the ones include/kb_reindex/airflow_tasks.py reads.
+set -euo pipefail
+
+: "${AIRFLOW_ADMIN_PASSWORD:?AIRFLOW_ADMIN_PASSWORD is not set}"
+: "${QDRANT_API_KEY:?QDRANT_API_KEY is not set}"
+: "${KB_STATE_DB_PASSWORD:?KB_STATE_DB_PASSWORD is not set}"
+: "${AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE:?AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE is not set}"
+
+echo "airflow-init: migrating the metadata database"
+airflow db migrate
+
+echo "airflow-init: admin password for ${AIRFLOW_ADMIN_USER:-admin}"
+# JSON written by Python, so any character in the password is safe. Rewritten on every run: a new
+# AIRFLOW_ADMIN_PASSWORD takes effect on the next `up` (restart airflow-apiserver).
+python - <<'PY'
+import json, os, pathlib
+
+path = pathlib.Path(os.environ["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE"])
+path.parent.mkdir(parents=True, exist_ok=True)
+path.write_text(json.dumps({os.environ.get("AIRFLOW_ADMIN_USER", "admin"): os.environ["AIRFLOW_ADMIN_PASSWORD"]}) + "\n")
+path.chmod(0o600)
+PY
+
+echo "airflow-init: pool kb_qdrant_writes"
+airflow pools set kb_qdrant_writes 1 "Serialises writes to the Qdrant knowledge store"
+
+# `connections add` refuses an existing id: delete first, so values changed in .env are applied.
+echo "airflow-init: connections"
+airflow connections delete qdrant_default > /dev/null 2>&1 || true
+airflow connections add qdrant_default \
+    --conn-type qdrant \
+    --conn-host qdrant \
+    --conn-port 6333 \
+    --conn-password "${QDRANT_API_KEY}" \
+    --conn-extra '{"grpc_port": 6334}' \
+    --conn-description "Qdrant (compose service qdrant); password = API key"
+
+airflow connections delete kb_state > /dev/null 2>&1 || true
+airflow connections add kb_state \
+    --conn-type mysql \
+    --conn-host mysql \
+    --conn-port 3306 \
+    --conn-schema kb_state \
+    --conn-login "${KB_STATE_DB_USER:-kb_state}" \
+    --conn-password "${KB_STATE_DB_PASSWORD}" \
+    --conn-description "kb-reindex state DB (used as mysql+pymysql)"
+
+# No password: the compose ollama has no auth. For an Ollama behind a proxy, the password is sent as
+# a bearer token.
+airflow connections delete ollama_default > /dev/null 2>&1 || true
+airflow connections add ollama_default \
+    --conn-type http \
+    --conn-host ollama \
+    --conn-port 11434 \
+    --conn-description "Ollama embeddings (compose service ollama)"
+
+echo "airflow-init: smoke check"
+kb-reindex status
+
+echo "airflow-init: done"
