@@ -32,34 +32,40 @@ echo "airflow-init: pool kb_qdrant_writes"
 airflow pools set kb_qdrant_writes 1 "Serialises writes to the Qdrant knowledge store"
 
 # `connections add` refuses an existing id: delete first, so values changed in .env are applied.
+# --conn-json rather than --conn-type: for a type no installed provider registers, --conn-type silently
+# stores "generic", and kb_state must stay "mysql" (airflow_tasks.state_url_from_connection).
+conn_json() {
+    python - "$@" <<'PY'
+import json, sys
+
+fields = dict(arg.split("=", 1) for arg in sys.argv[1:])
+if "extra" in fields:
+    fields["extra"] = json.loads(fields["extra"])
+print(json.dumps(fields))
+PY
+}
+
 echo "airflow-init: connections"
 airflow connections delete qdrant_default > /dev/null 2>&1 || true
-airflow connections add qdrant_default \
-    --conn-type qdrant \
-    --conn-host qdrant \
-    --conn-port 6333 \
-    --conn-password "${QDRANT_API_KEY}" \
-    --conn-extra '{"grpc_port": 6334}' \
-    --conn-description "Qdrant (compose service qdrant); password = API key"
+airflow connections add qdrant_default --conn-json "$(conn_json \
+    conn_type=qdrant host=qdrant port=6333 \
+    password="${QDRANT_API_KEY}" \
+    extra='{"grpc_port": 6334}' \
+    description="Qdrant (compose service qdrant); password = API key")"
 
 airflow connections delete kb_state > /dev/null 2>&1 || true
-airflow connections add kb_state \
-    --conn-type mysql \
-    --conn-host mysql \
-    --conn-port 3306 \
-    --conn-schema kb_state \
-    --conn-login "${KB_STATE_DB_USER:-kb_state}" \
-    --conn-password "${KB_STATE_DB_PASSWORD}" \
-    --conn-description "kb-reindex state DB (used as mysql+pymysql)"
+airflow connections add kb_state --conn-json "$(conn_json \
+    conn_type=mysql host=mysql port=3306 schema=kb_state \
+    login="${KB_STATE_DB_USER:-kb_state}" \
+    password="${KB_STATE_DB_PASSWORD}" \
+    description="kb-reindex state DB (used as mysql+pymysql)")"
 
-# No password: the compose ollama has no auth. For an Ollama behind a proxy, the password is sent as
-# a bearer token.
+# No password: the compose ollama has no auth. For an Ollama behind a proxy, the Connection's password
+# is sent as a bearer token.
 airflow connections delete ollama_default > /dev/null 2>&1 || true
-airflow connections add ollama_default \
-    --conn-type http \
-    --conn-host ollama \
-    --conn-port 11434 \
-    --conn-description "Ollama embeddings (compose service ollama)"
+airflow connections add ollama_default --conn-json "$(conn_json \
+    conn_type=http host=ollama port=11434 \
+    description="Ollama embeddings (compose service ollama)")"
 
 echo "airflow-init: smoke check"
 kb-reindex status
