@@ -85,7 +85,9 @@ def kb(project: Path, *argv: str) -> dict:
     done = subprocess.run([str(script), *argv, "--json", "-q"], capture_output=True, text=True, timeout=120,
                           env={**os.environ, "KB_PROJECT_ROOT": str(project)})
     assert done.stdout, done.stderr
-    return json.loads(done.stdout)
+    data = json.loads(done.stdout)
+    assert "error" not in data or data.get("outcome") != "failed", data["error"]
+    return data
 
 
 @pytest.fixture

@@ -289,3 +289,34 @@ def test_two_runs_never_take_the_same_version_number(deps: Deps, counting: Count
     b = create_version(deps, {**p, "force_full": True})
     assert a["version"] != b["version"]
     assert a["collection"] != b["collection"]
+
+
+def test_reports_written_as_markdown_csv_and_html_with_a_plot(deps: Deps, counting: CountingEmbedder) -> None:
+    engine.run_reindex(deps)
+    (docs(deps) / "coupon-rules.md").write_text(
+        (docs(deps) / "coupon-rules.md").read_text(encoding="utf-8") + "\n\n补充：券不退现。\n", encoding="utf-8")
+    result = engine.run_reindex(deps)
+    folder = Path(result["validation"]["report"]).parent
+    assert folder.name == "v2"
+    html = (folder / "validation.html").read_text(encoding="utf-8")
+    assert "data:image/png;base64," in html and "return-window" in html
+    markdown = (folder / "validation.md").read_text(encoding="utf-8")
+    assert "| probe | query | expected | rank_live | rank_candidate | hit | regression |" in markdown
+    import pandas as pd
+
+    table = pd.read_csv(folder / "validation.csv")
+    assert len(table) == 45 and {"rank_live", "rank_candidate", "regression"} <= set(table.columns)
+    assert not table["regression"].any()
+
+
+def test_status_reports_metrics(deps: Deps, counting: CountingEmbedder) -> None:
+    engine.run_reindex(deps)
+    (docs(deps) / "coupon-rules.md").write_text(
+        (docs(deps) / "coupon-rules.md").read_text(encoding="utf-8") + "\n\n补充：券不退现。\n", encoding="utf-8")
+    second = engine.run_reindex(deps)
+    metrics = engine.status(deps)["metrics"]
+    assert metrics["runs"] == 2 and metrics["run_success_rate"] == 1.0
+    assert metrics["last_changed_chunks"] == second["chunks"]["embedded"]
+    total = second["chunks"]["embedded"] + second["chunks"]["reused"]
+    assert metrics["last_embedding_reuse_rate"] == round(second["chunks"]["reused"] / total, 4)
+    assert metrics["last_source_to_searchable_s"] is not None and metrics["last_source_to_searchable_s"] >= 0

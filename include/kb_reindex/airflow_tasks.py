@@ -99,7 +99,14 @@ def step(deps: Deps, run_id: str) -> Iterator[None]:
     try:
         yield
     except KbError as exc:
+        from kb_reindex import metrics
+        from kb_reindex.errors import EmbeddingError
+
         deps.state.finish_run(run_id, outcome="failed", error=str(exc))
+        if isinstance(exc, AliasMovedError):
+            metrics.incr("alias_switch.failures", alias=deps.settings.alias)
+        if isinstance(exc, EmbeddingError):
+            metrics.incr("embedding.batch_failures", alias=deps.settings.alias)
         if isinstance(exc, PERMANENT):
             raise AirflowFailException(f"{type(exc).__name__}: {exc}") from None
         raise

@@ -31,9 +31,13 @@ def empty_result(outcome: str = "failed") -> dict[str, Any]:
     }
 
 
-def run_counters(plan: dict[str, Any]) -> dict[str, int]:
+def run_counters(plan: dict[str, Any]) -> dict[str, Any]:
+    from datetime import UTC, datetime
+
     docs, chunks = plan["docs"], plan["chunks"]
+    changed_at = plan.get("source_changed_at")
     return {
+        "source_changed_at": datetime.fromtimestamp(changed_at, UTC).replace(tzinfo=None) if changed_at else None,
         "docs_added": docs["added"], "docs_changed": docs["changed"], "docs_unchanged": docs["unchanged"],
         "docs_removed": docs["removed"], "chunks_total": chunks["total"], "chunks_embedded": chunks["embedded"],
         "chunks_reused": chunks["reused"],
@@ -183,12 +187,24 @@ def metrics(deps: Deps) -> dict[str, Any]:
     changed = [r for r in finished if r["outcome"] == "promoted"]
     last = changed[0] if changed else None
     total = (last["chunks_embedded"] + last["chunks_reused"]) if last else 0
+    ready = deps.state.list_versions(deps.settings.alias, statuses=["ready"])
+    from kb_reindex.state import utcnow
+
+    newest_ready = max((v.ready_at or v.updated_at for v in ready), default=None)
+    latency = None
+    if last and last["source_changed_at"] and last["finished_at"]:
+        latency = round((last["finished_at"] - last["source_changed_at"]).total_seconds(), 3)
     return {
         "runs": len(finished),
         "run_success_rate": round(len(succeeded) / len(finished), 4) if finished else None,
         "last_run_duration_s": round(finished[0]["duration_s"], 3) if finished and finished[0]["duration_s"] is not None else None,
         "last_changed_chunks": last["chunks_embedded"] if last else None,
         "last_embedding_reuse_rate": round(last["chunks_reused"] / total, 4) if last and total else None,
+        "failed_runs": sum(1 for r in finished if r["outcome"] == "failed"),
+        "alias_switch_failures": sum(1 for r in finished if r["error"] and "alias moved" in r["error"]),
+        "embedding_failures": sum(1 for r in finished if r["error"] and ("Ollama" in r["error"] or "embedder" in r["error"])),
+        "ready_unpromoted_age_s": round((utcnow() - newest_ready).total_seconds(), 1) if newest_ready else None,
+        "last_source_to_searchable_s": latency,
     }
 
 

@@ -98,6 +98,8 @@ def prepare(
     unchanged = sorted(k for k in keys if k in live_docs and live_docs[k] == keys[k])
     removed = sorted(k for k in live_docs if k not in keys)
     reused = sum(1 for c in chunks if c.chunk_hash in reuse)
+    touched = [settings.knowledge_dir / d.source for d in documents if d.knowledge_key in set(added) | set(changed)]
+    changed_at = max((p.stat().st_mtime for p in touched if p.exists()), default=None)
 
     no_change = (
         kind == "reindex"
@@ -122,6 +124,8 @@ def prepare(
         "docs": {"added": len(added), "changed": len(changed), "unchanged": len(unchanged), "removed": len(removed)},
         "doc_keys": {"added": added[:50], "changed": changed[:50], "removed": removed[:50]},
         "chunks": {"total": len(chunks), "embedded": len(chunks) - reused, "reused": reused},
+        # newest modification time of an added or changed document: the start of source-to-searchable latency
+        "source_changed_at": changed_at,
     }
     return Prepared(plan=plan, documents=documents, chunks=chunks, reuse=reuse, live=live)
 

@@ -49,6 +49,58 @@ def write_validation_report(reports_dir: Path, version: VersionRecord, result: d
     return path
 
 
+def write_html_report(reports_dir: Path, version: VersionRecord, result: dict[str, Any],
+                      history: list[dict[str, Any]]) -> Path:
+    """`validation.html`: the same tables, plus hit rate and MRR across versions as an embedded plot."""
+    import base64
+    import html
+    import io
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import matplotlib.ticker
+
+    folder = reports_dir / version.alias / f"v{version.version}"
+    folder.mkdir(parents=True, exist_ok=True)
+    points = sorted((h for h in history if h.get("hit_rate") is not None), key=lambda h: h["version"])
+    figure, axis = plt.subplots(figsize=(6.4, 3.2), dpi=100)
+    axis.plot([p["version"] for p in points], [p["hit_rate"] for p in points], marker="o", label=f"hit@{result['k']}")
+    axis.plot([p["version"] for p in points], [p["mrr"] for p in points], marker="s", label="MRR")
+    axis.axhline(result["thresholds"]["min_hit_rate"], linestyle=":", color="grey")
+    axis.set_xlabel("version")
+    axis.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+    axis.set_ylim(0, 1.05)
+    axis.set_title(f"{version.alias}: golden-set scores by version")
+    axis.legend(loc="lower right")
+    buffer = io.BytesIO()
+    figure.tight_layout()
+    figure.savefig(buffer, format="png")
+    plt.close(figure)
+    plot = base64.b64encode(buffer.getvalue()).decode("ascii")
+    probes = pd.DataFrame(result["probes"], columns=["probe", "query", "expected", "rank_live", "rank_candidate",
+                                                     "hit", "regression"])
+    checks = pd.DataFrame(result["checks"], columns=["check", "passed", "detail"])
+    flagged = pd.DataFrame(result.get("flagged_instructions") or [], columns=["source", "line", "text"])
+    verdict = "PASSED" if result["passed"] else "FAILED"
+    body = f"""<!doctype html><html><head><meta charset="utf-8"><title>{html.escape(version.alias)} v{version.version}</title>
+<style>body{{font-family:sans-serif;margin:2em}}table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;padding:2px 6px}}</style>
+</head><body><h1>Validation of {html.escape(version.alias)} v{version.version}: {verdict}</h1>
+<p>collection <code>{html.escape(version.collection)}</code>, model <code>{html.escape(version.embed_model)}</code>
+({version.embed_dim}-d), hit@{result['k']} {result['hit_rate']:.3f}, MRR {result['mrr']:.3f},
+regressions {result['regressions']}</p>
+<ul>{''.join(f'<li>{html.escape(f)}</li>' for f in result['failures'])}</ul>
+<img alt="hit rate and MRR by version" src="data:image/png;base64,{plot}">
+<h2>Structural checks</h2>{checks.to_html(index=False)}
+<h2>Golden probes</h2>{probes.to_html(index=False, na_rep="-")}
+<h2>Instruction-like text ({len(flagged)})</h2>{flagged.to_html(index=False) if len(flagged) else '<p>None found.</p>'}
+</body></html>"""
+    path = folder / "validation.html"
+    path.write_text(body, encoding="utf-8")
+    return path
+
+
 def _markdown(frame: pd.DataFrame) -> str:
     """A pipe table without the optional `tabulate` dependency."""
     if frame.empty:

@@ -109,6 +109,7 @@ runs = sa.Table(
     sa.Column("chunks_embedded", sa.Integer, nullable=False, server_default="0"),
     sa.Column("chunks_reused", sa.Integer, nullable=False, server_default="0"),
     sa.Column("duration_s", sa.Float),
+    sa.Column("source_changed_at", Timestamp),
     sa.Column("error", sa.Text),
     sa.Column("started_at", Timestamp, nullable=False),
     sa.Column("finished_at", Timestamp),
@@ -367,6 +368,12 @@ class StateStore:
                     outcome=outcome, error=error[:4000] if error else None, finished_at=now, duration_s=duration, **counters
                 )
             )
+            alias = conn.execute(sa.select(runs.c.alias).where(runs.c.run_id == run_id)).scalar()
+        if alias is not None:
+            from kb_reindex import metrics
+
+            metrics.run_finished(alias=alias, outcome=outcome, duration_s=duration,
+                                 embedded=counters.get("chunks_embedded", 0), reused=counters.get("chunks_reused", 0))
 
     def get_run(self, run_id: str) -> dict[str, Any] | None:
         with self.engine.connect() as conn:

@@ -222,9 +222,13 @@ def _validate(deps: Deps, version: VersionRecord, *, min_hit_rate: float | None,
         "probes": probes,
         "flagged_instructions": flagged,
     }
-    from kb_reindex.reports import write_validation_report
+    from kb_reindex.reports import write_html_report, write_validation_report
 
     result["report"] = str(write_validation_report(deps.settings.reports_dir, version, result))
+    history = [{"version": v.version, "hit_rate": (v.validation or {}).get("hit_rate"), "mrr": (v.validation or {}).get("mrr")}
+               for v in deps.state.list_versions(version.alias) if v.id != version.id]
+    history.append({"version": version.version, "hit_rate": result["hit_rate"], "mrr": result["mrr"]})
+    result["report_html"] = str(write_html_report(deps.settings.reports_dir, version, result, history))
     return result
 
 

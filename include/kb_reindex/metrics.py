@@ -1,0 +1,44 @@
+"""Metrics through Airflow's Stats (StatsD or OpenTelemetry, whichever the deployment enables).
+
+Outside Airflow (the CLI) there is no metrics backend and these calls do nothing; the same numbers
+are always available from `kb-reindex status --json`.
+"""
+
+from __future__ import annotations
+
+import logging
+
+log = logging.getLogger(__name__)
+PREFIX = "kb_reindex"
+
+
+def _stats():  # noqa: ANN202 - Airflow's Stats facade, or None
+    try:
+        from airflow.sdk.observability.stats import Stats
+    except Exception:  # noqa: BLE001 - no Airflow here: metrics are optional
+        return None
+    return Stats
+
+
+def incr(name: str, count: int = 1, *, alias: str) -> None:
+    stats = _stats()
+    if stats is not None:
+        stats.incr(f"{PREFIX}.{name}", count, tags={"alias": alias})
+
+
+def gauge(name: str, value: float, *, alias: str) -> None:
+    stats = _stats()
+    if stats is not None:
+        stats.gauge(f"{PREFIX}.{name}", value, tags={"alias": alias})
+
+
+def run_finished(*, alias: str, outcome: str, duration_s: float | None, embedded: int = 0, reused: int = 0) -> None:
+    """One call per finished run: outcome counter, duration, changed chunks and reuse rate."""
+    incr(f"run.{outcome}", alias=alias)
+    if duration_s is not None:
+        gauge("run.duration_s", duration_s, alias=alias)
+    if outcome == "promoted":
+        gauge("chunks.changed", embedded, alias=alias)
+        total = embedded + reused
+        if total:
+            gauge("embedding.reuse_rate", reused / total, alias=alias)
