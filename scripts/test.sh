@@ -12,4 +12,11 @@ if command -v mariadbd > /dev/null || [ -x /usr/sbin/mariadbd ]; then
     done
   fi
 fi
+# The page test drives Debian's Chromium; install it where we may (root with apt), as CI does.
+if ! command -v chromium > /dev/null || ! command -v chromedriver > /dev/null; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get > /dev/null; then
+    (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver) > .apt-chromium.log 2>&1 \
+      || echo "could not install chromium (see .apt-chromium.log); the browser test will be skipped"
+  fi
+fi
 exec .venv/bin/python -m pytest "$@"

@@ -248,6 +248,7 @@ def _fill(deps: Deps, version: VersionRecord, only: list[str] | None) -> dict[st
                                     dim=version.embed_dim, source=f"collection {version.base_collection}")
             deps.store.upsert(version.collection, [point(r, v) for r, v in zip(batch, checked)])
             progress.add(len(batch))
+            deps.state.update_version(version.id, points_written=progress.done)
 
     if to_embed:
         embedder = deps.embedder_for(version)
@@ -261,6 +262,7 @@ def _fill(deps: Deps, version: VersionRecord, only: list[str] | None) -> dict[st
                                     source=f"embedder {embedder.model!r}")
             deps.store.upsert(version.collection, [point(r, v) for r, v in zip(batch, vectors)])
             progress.add(len(batch))
+            deps.state.update_version(version.id, points_written=progress.done)
 
     written = deps.store.count(version.collection)
     deps.state.update_version(version.id, points_written=written)

@@ -144,11 +144,13 @@ def status(deps: Deps) -> dict[str, Any]:
     live = deps.state.live_version(alias)
     target = rollback_target(deps) if live else None
     versions = []
+    collections = store.collection_names()
     for v in deps.state.list_versions(alias):
-        exists = store.exists(v.collection) if v.status != "deleted" else False
+        exists = v.collection in collections and v.status != "deleted"
         versions.append({
             "version": v.version, "collection": v.collection, "status": v.status, "kind": v.kind,
             "points": store.count(v.collection) if exists else None, "points_expected": v.points_expected,
+            "points_written": v.points_written,
             "embedder": v.embedder, "embed_model": v.embed_model, "dim": v.embed_dim,
             "hit_rate": (v.validation or {}).get("hit_rate"), "mrr": (v.validation or {}).get("mrr"),
             "created_at": v.created_at.isoformat(timespec="seconds") + "Z",

@@ -7,6 +7,7 @@ In Airflow the client comes from the `qdrant_default` Connection through the pro
 from __future__ import annotations
 
 import logging
+import time
 import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -31,18 +32,23 @@ class CollectionShape:
     points: int
 
 
-def make_client(settings: Settings) -> QdrantClient:
+def make_client(settings: Settings, *, wait_s: float = 10.0) -> QdrantClient:
     if settings.qdrant_url:
         return QdrantClient(url=settings.qdrant_url, api_key=settings.qdrant_api_key, timeout=60)
     assert settings.qdrant_path is not None
     settings.qdrant_path.mkdir(parents=True, exist_ok=True)
-    try:
-        return QdrantClient(path=str(settings.qdrant_path))
-    except RuntimeError as exc:
-        raise StoreError(
-            f"local Qdrant store {settings.qdrant_path} is in use by another process ({exc}); local mode allows "
-            "one process at a time: wait for it, or use a Qdrant server (KB_QDRANT_URL)"
-        ) from None
+    # Local mode admits one client per folder; another step's client is usually about to close.
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            return QdrantClient(path=str(settings.qdrant_path))
+        except RuntimeError as exc:
+            if time.monotonic() >= deadline:
+                raise StoreError(
+                    f"local Qdrant store {settings.qdrant_path} is in use by another process ({exc}); local mode "
+                    "allows one client at a time: wait for it, or use a Qdrant server (KB_QDRANT_URL)"
+                ) from None
+            time.sleep(0.1)
 
 
 def collection_name(alias: str, model: str, version: int) -> str:
