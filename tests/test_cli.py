@@ -94,3 +94,30 @@ def test_relative_paths_resolve_against_the_project_root(cli_env: Path, capsys: 
     code, _ = run_json(capsys, "run")
     assert code == 0
     assert (cli_env / ".kb" / "state.db").is_file() and not (elsewhere / ".kb").exists()
+
+
+def test_rollback_and_migrate_commands(cli_env: Path, capsys: pytest.CaptureFixture[str],
+                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    assert run_json(capsys, "run")[0] == 0
+    doc = cli_env / "knowledge" / "docs" / "coupon-rules.md"
+    doc.write_text(doc.read_text(encoding="utf-8") + "\n\n补充：券不可转让。\n", encoding="utf-8")
+    assert run_json(capsys, "run")[1]["version"] == 2
+
+    monkeypatch.setattr("sys.stdin", open("/dev/null"))  # noqa: SIM115 - no terminal: confirmation impossible
+    code, refused = run_json(capsys, "rollback", "--reason", "test")
+    assert code == 2 and "--yes" in refused["error"]
+
+    code, rolled = run_json(capsys, "rollback", "--reason", "bad coupon text", "--yes")
+    assert code == 0
+    assert (rolled["outcome"], rolled["from_version"], rolled["to_version"]) == ("rolled_back", 2, 1)
+    assert rolled["collection"].endswith("__v1")
+    code, status = run_json(capsys, "status")
+    assert status["live"]["version"] == 1 and status["rollback_target"] == 2
+
+    code, migrated = run_json(capsys, "migrate", "--embedder", "hashing", "--model", "hashing-ngram-v2", "--dim", "512",
+                              "--no-promote")
+    assert code == 0 and migrated["outcome"] == "shadow"
+    assert set(migrated) >= {"outcome", "version", "collection", "docs", "chunks", "validation", "error"}
+    assert migrated["chunks"]["reused"] == 0
+    code, history = run_json(capsys, "history")
+    assert [(e["action"], e["reason"]) for e in history["events"]][-1] == ("rollback", "bad coupon text")

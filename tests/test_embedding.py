@@ -111,3 +111,22 @@ def test_ollama_connection_refused_names_the_host_without_credentials() -> None:
         embedder.embed(["a"])
     assert f"127.0.0.1:{port}" in str(error.value) and "connection refused" in str(error.value)
     assert "topsecret" not in str(error.value)
+
+
+def test_real_ollama_when_one_answers() -> None:
+    """Opt-in: KB_TEST_OLLAMA_HOST=http://host:11434 (with bge-m3 pulled) runs this against a real server."""
+    import os
+
+    import httpx
+
+    host = os.environ.get("KB_TEST_OLLAMA_HOST")
+    if not host:
+        pytest.skip("KB_TEST_OLLAMA_HOST not set (no Ollama server on this machine)")
+    try:
+        httpx.get(f"{host}/api/version", timeout=2).raise_for_status()
+    except httpx.HTTPError as exc:
+        pytest.skip(f"no Ollama answering at {host}: {type(exc).__name__}")
+    embedder = OllamaEmbedder(host=host, model=os.environ.get("KB_TEST_OLLAMA_MODEL", "bge-m3"))
+    query, related, unrelated = embedder.embed(["签收后几天可以退货", "商品签收后7天内可申请无理由退货", "积分有效期为一年"])
+    assert embedder.dimension == len(query)
+    assert cosine(query, related) > cosine(query, unrelated)

@@ -183,3 +183,19 @@ def test_failed_build_versions_are_dropped_by_gc(deps: Deps, monkeypatch: pytest
     assert [d["version"] for d in result["deleted"]] == [2]
     assert not deps.store.exists(failed.collection)
     assert deps.state.live_version(ALIAS).version == 1
+
+
+def test_shadow_version_is_dropped_only_explicitly_and_live_or_target_never(deps: Deps) -> None:
+    from kb_reindex.errors import KbError
+    from kb_reindex.promote import drop_version
+
+    three_versions(deps)
+    shadow = engine.run_reindex(deps, kind="migration", embedder="hashing", model="hashing-ngram-v9", dim=512,
+                                promote_version=False)
+    with pytest.raises(KbError, match="is live"):
+        drop_version(deps, 3)
+    with pytest.raises(KbError, match="rollback target"):
+        drop_version(deps, 2)
+    dropped = drop_version(deps, shadow["version"])
+    assert dropped["collection_dropped"] and not deps.store.exists(shadow["collection"])
+    assert deps.state.get_version(ALIAS, shadow["version"]).status == "deleted"

@@ -5,7 +5,8 @@
 #   3. pool                        kb_qdrant_writes, 1 slot: one writer to Qdrant at a time
 #   4. Connections                 qdrant_default, kb_state, ollama_default (recreated from .env)
 #   5. smoke check                 kb-reindex status: state DB and Qdrant reachable with these secrets
-# The Connection ids are the ones include/kb_reindex/airflow_tasks.py reads.
+# The Connection ids are the ones include/kb_reindex/airflow_tasks.py reads. A failure here (exit != 0)
+# keeps every other Airflow service from starting: `docker compose logs airflow-init` says why.
 set -euo pipefail
 
 : "${AIRFLOW_ADMIN_PASSWORD:?AIRFLOW_ADMIN_PASSWORD is not set}"

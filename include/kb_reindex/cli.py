@@ -52,6 +52,8 @@ def _parser() -> argparse.ArgumentParser:
     mig.add_argument("--min-hit-rate", type=float)
     mig.add_argument("--min-mrr", type=float)
     sub.add_parser("reconcile", parents=[common], help="record what the alias serves when state disagrees")
+    drop = sub.add_parser("drop", parents=[common], help="drop a kept version (e.g. a shadow migration)")
+    drop.add_argument("--version", type=int, required=True)
     return parser
 
 
@@ -185,6 +187,12 @@ def _dispatch(args: argparse.Namespace) -> int:
             return 0
         if args.command == "rollback":
             return _rollback(args, deps)
+        if args.command == "drop":
+            from kb_reindex.promote import drop_version
+
+            result = drop_version(deps, args.version)
+            _print(args, result, f"dropped v{result['version']} ({result['collection']}, was {result['was']})")
+            return 0
         if args.command == "reconcile":
             from kb_reindex.reconcile import reconcile
 

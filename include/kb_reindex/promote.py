@@ -127,6 +127,26 @@ def cleanup(deps: Deps) -> dict[str, Any]:
     return {"deleted": deleted, "rollback_target": target.version if target else None}
 
 
+def drop_version(deps: Deps, version_number: int) -> dict[str, Any]:
+    """Explicitly drop a kept version (e.g. a shadow migration): never the live one or the rollback target."""
+    alias = deps.settings.alias
+    with deps.state.lock(alias_lock_name(alias), ttl_s=300):
+        version = deps.state.get_version(alias, version_number)
+        if version is None:
+            raise KbError(f"version {version_number} of {alias} does not exist")
+        target = rollback_target(deps)
+        if version.status == "live" or deps.store.alias_target(alias) == version.collection:
+            raise KbError(f"v{version.version} is live; roll back or promote another version first")
+        if target is not None and target.id == version.id:
+            raise KbError(f"v{version.version} is the rollback target; it is kept")
+        if version.status == "building":
+            raise KbError(f"v{version.version} is still building")
+        dropped = deps.store.delete_collection(version.collection)
+        deps.state.update_version(version.id, status="deleted", deleted_at=utcnow())
+    return {"version": version.version, "collection": version.collection, "was": version.status,
+            "collection_dropped": dropped}
+
+
 def rollback(
     deps: Deps,
     *,
