@@ -15,18 +15,12 @@ Rolling back a migration is an ordinary rollback (`knowledge_rollback`).
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 
-from airflow.sdk import Param, TriggerRule, dag, get_current_context, task
+from airflow.sdk import Param, TriggerRule, dag, task
 
-from kb_reindex.assets import KNOWLEDGE_ALIAS, POOL
+from kb_reindex.dag_support import KNOWLEDGE_ALIAS, POOL, current_run_id
 
-
-def _run_id() -> str:
-    from kb_reindex.airflow_tasks import airflow_run_id
-
-    context = get_current_context()
-    return airflow_run_id(context["dag"].dag_id, context["run_id"])
 
 
 @dag(
@@ -36,6 +30,7 @@ def _run_id() -> str:
     max_active_runs=1,
     doc_md=__doc__,
     tags=["knowledge", "qdrant", "migration"],
+    default_args={"retries": 2, "retry_delay": timedelta(minutes=1), "retry_exponential_backoff": True},
     params={
         "embedder": Param("ollama", type="string", enum=["ollama", "hashing"], title="Embedder", section="Model"),
         "model": Param("bge-m3", type="string", minLength=1, title="Model name", section="Model"),
@@ -54,26 +49,26 @@ def knowledge_model_migration():
     def plan(params: dict | None = None) -> dict:
         from kb_reindex.airflow_tasks import plan_task
 
-        return plan_task(run_id=_run_id(), kind="migration", embedder=params["embedder"], model=params["model"],
+        return plan_task(run_id=current_run_id(), kind="migration", embedder=params["embedder"], model=params["model"],
                          dim=params["dimension"])
 
     @task(pool=POOL)
     def create_version(plan: dict) -> dict:
         from kb_reindex.airflow_tasks import create_version_task
 
-        return create_version_task(plan=plan, run_id=_run_id())
+        return create_version_task(plan=plan, run_id=current_run_id())
 
     @task(pool=POOL, retries=3)
     def build(version: dict) -> dict:
         from kb_reindex.airflow_tasks import build_task
 
-        return build_task(version=version, run_id=_run_id())
+        return build_task(version=version, run_id=current_run_id())
 
-    @task(retries=0)
+    @task
     def validate(version: dict, params: dict | None = None) -> dict:
         from kb_reindex.airflow_tasks import validate_task
 
-        return validate_task(version=version, run_id=_run_id(), min_hit_rate=params["min_hit_rate"],
+        return validate_task(version=version, run_id=current_run_id(), min_hit_rate=params["min_hit_rate"],
                              min_mrr=params["min_mrr"])
 
     @task.branch
@@ -84,13 +79,13 @@ def knowledge_model_migration():
     def promote(plan: dict, version: dict) -> dict:
         from kb_reindex.airflow_tasks import promote_task
 
-        return promote_task(plan=plan, version=version, run_id=_run_id())
+        return promote_task(plan=plan, version=version, run_id=current_run_id())
 
     @task
     def keep_shadow(plan: dict, version: dict) -> dict:
         from kb_reindex.airflow_tasks import finish_shadow_task
 
-        return finish_shadow_task(plan=plan, version=version, run_id=_run_id())
+        return finish_shadow_task(plan=plan, version=version, run_id=current_run_id())
 
     @task(pool=POOL, trigger_rule=TriggerRule.NONE_FAILED_MIN_ONE_SUCCESS)
     def cleanup() -> dict:

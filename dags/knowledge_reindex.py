@@ -23,16 +23,10 @@ from __future__ import annotations
 import os
 from datetime import datetime, timedelta
 
-from airflow.sdk import Param, dag, get_current_context, task
+from airflow.sdk import Param, dag, task
 
-from kb_reindex.assets import KNOWLEDGE_ALIAS, POOL
+from kb_reindex.dag_support import KNOWLEDGE_ALIAS, POOL, current_run_id
 
-
-def _run_id() -> str:
-    from kb_reindex.airflow_tasks import airflow_run_id
-
-    context = get_current_context()
-    return airflow_run_id(context["dag"].dag_id, context["run_id"])
 
 
 @dag(
@@ -57,19 +51,19 @@ def knowledge_reindex():
     def plan(params: dict | None = None) -> dict:
         from kb_reindex.airflow_tasks import plan_task
 
-        return plan_task(run_id=_run_id(), force_full=params["force_full_rebuild"])
+        return plan_task(run_id=current_run_id(), force_full=params["force_full_rebuild"])
 
     @task.short_circuit
     def has_changes(plan: dict, params: dict | None = None) -> bool:
         from kb_reindex.airflow_tasks import should_build_task
 
-        return should_build_task(plan=plan, dry_run=params["dry_run"], run_id=_run_id())
+        return should_build_task(plan=plan, dry_run=params["dry_run"], run_id=current_run_id())
 
     @task(pool=POOL)
     def create_version(plan: dict) -> dict:
         from kb_reindex.airflow_tasks import create_version_task
 
-        return create_version_task(plan=plan, run_id=_run_id())
+        return create_version_task(plan=plan, run_id=current_run_id())
 
     @task
     def build_slices(version: dict, params: dict | None = None) -> list[dict]:
@@ -81,19 +75,19 @@ def knowledge_reindex():
     def build(work: dict) -> dict:
         from kb_reindex.airflow_tasks import build_task
 
-        return build_task(version=work, run_id=_run_id(), point_ids=work["point_ids"])
+        return build_task(version=work, run_id=current_run_id(), window=(work["offset"], work["limit"]))
 
-    @task(retries=0)
+    @task
     def validate(version: dict) -> dict:
         from kb_reindex.airflow_tasks import validate_task
 
-        return validate_task(version=version, run_id=_run_id())
+        return validate_task(version=version, run_id=current_run_id())
 
     @task(pool=POOL, outlets=[KNOWLEDGE_ALIAS])
     def promote(plan: dict, version: dict) -> dict:
         from kb_reindex.airflow_tasks import promote_task
 
-        return promote_task(plan=plan, version=version, run_id=_run_id())
+        return promote_task(plan=plan, version=version, run_id=current_run_id())
 
     @task(pool=POOL)
     def cleanup() -> dict:

@@ -22,9 +22,9 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from airflow.sdk import Param, dag, get_current_context, task
+from airflow.sdk import Param, dag, task
 
-from kb_reindex.assets import KNOWLEDGE_ALIAS, POOL
+from kb_reindex.dag_support import KNOWLEDGE_ALIAS, POOL, current_run_id
 
 
 @dag(
@@ -48,11 +48,10 @@ from kb_reindex.assets import KNOWLEDGE_ALIAS, POOL
 def knowledge_rollback():
     @task(pool=POOL, retries=0, outlets=[KNOWLEDGE_ALIAS])
     def rollback(params: dict | None = None) -> dict:
-        from kb_reindex.airflow_tasks import airflow_run_id, rollback_task
+        from kb_reindex.airflow_tasks import rollback_task
 
-        context = get_current_context()
         return rollback_task(
-            run_id=airflow_run_id(context["dag"].dag_id, context["run_id"]),
+            run_id=current_run_id(),
             to_version=params["to_version"],
             reason=params["reason"],
             confirm=params["confirm"],

@@ -72,3 +72,12 @@ def test_editing_one_section_changes_only_its_chunks() -> None:
 def test_chunking_version_names_its_parameters() -> None:
     assert chunking_version(500, 50) != chunking_version(400, 50)
     assert "500" in chunking_version(500, 50)
+
+
+def test_split_sentences_keep_their_spaces_and_line_breaks() -> None:
+    body = "Returns are accepted within 7 days. Items must be unused and in the original box.\n- first item line\n- second item line"
+    chunks = chunk_document(doc(f"## Rules\n{body}", title="Returns"), chunk_size=80, overlap=0)
+    assert len(chunks) > 1
+    assert "".join(c.text.split("\n", 1)[1] for c in chunks).replace(" ", "").replace("\n", "") == body.replace(" ", "").replace("\n", "")
+    assert any("within 7 days. " in c.text or c.text.endswith("within 7 days.") for c in chunks)
+    assert all("days.Items" not in c.text and "line- second" not in c.text for c in chunks)

@@ -112,7 +112,7 @@ def test_rollback_and_migrate_commands(cli_env: Path, capsys: pytest.CaptureFixt
     assert (rolled["outcome"], rolled["from_version"], rolled["to_version"]) == ("rolled_back", 2, 1)
     assert rolled["collection"].endswith("__v1")
     code, status = run_json(capsys, "status")
-    assert status["live"]["version"] == 1 and status["rollback_target"] == 2
+    assert status["live"]["version"] == 1 and status["rollback_target"] is None  # nothing preceded v1
 
     code, migrated = run_json(capsys, "migrate", "--embedder", "hashing", "--model", "hashing-ngram-v2", "--dim", "512",
                               "--no-promote")

@@ -577,7 +577,7 @@ def test_init_connections_are_idempotent(init_commands: list[list[str]]) -> None
 
 def test_init_migrates_and_creates_the_pool(init_commands: list[list[str]]) -> None:
     from kb_reindex import airflow_tasks
-    from kb_reindex.assets import POOL
+    from kb_reindex.dag_support import POOL
 
     assert POOL == airflow_tasks.POOL
     assert ["airflow", "db", "migrate"] in init_commands

@@ -54,7 +54,8 @@ def test_reindex_dag_shape(dagbag) -> None:
     assert set(order) == set(dag.task_ids)
     for task_id in ("create_version", "build", "promote", "cleanup"):
         assert dag.get_task(task_id).pool == "kb_qdrant_writes"
-    assert dag.get_task("build").retries >= 1 and dag.get_task("validate").retries == 0
+    # transient steps retry; validation failures raise AirflowFailException, which never retries
+    assert dag.get_task("build").retries >= 1 and dag.get_task("validate").retries >= 1
     assert [o.uri for o in dag.get_task("promote").outlets] == ["qdrant://mall_knowledge/"]
     assert dag.get_task("validate").upstream_task_ids >= {"build", "create_version"}
 

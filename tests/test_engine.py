@@ -285,10 +285,17 @@ def test_two_runs_never_take_the_same_version_number(deps: Deps, counting: Count
     from kb_reindex.plan import plan
 
     p = plan(deps)
-    a = create_version(deps, {**p, "force_full": True})
-    b = create_version(deps, {**p, "force_full": True})
+    for run_id in ("run-a", "run-b"):
+        deps.state.start_run(run_id=run_id, alias="mall_knowledge", kind="reindex", trigger="airflow")
+    a = create_version(deps, {**p, "force_full": True}, run_id="run-a")
+    b = create_version(deps, {**p, "force_full": True}, run_id="run-b")
     assert a["version"] != b["version"]
     assert a["collection"] != b["collection"]
+    # once run-a has ended, a rerun of the same forced plan resumes its version instead of a third
+    deps.state.finish_run("run-a", outcome="failed", error="x")
+    deps.state.start_run(run_id="run-c", alias="mall_knowledge", kind="reindex", trigger="cli")
+    c = create_version(deps, {**p, "force_full": True}, run_id="run-c")
+    assert c["resumed"] and c["version"] == a["version"]
 
 
 def test_reports_written_as_markdown_csv_and_html_with_a_plot(deps: Deps, counting: CountingEmbedder) -> None:

@@ -199,3 +199,78 @@ def test_shadow_version_is_dropped_only_explicitly_and_live_or_target_never(deps
     dropped = drop_version(deps, shadow["version"])
     assert dropped["collection_dropped"] and not deps.store.exists(shadow["collection"])
     assert deps.state.get_version(ALIAS, shadow["version"]).status == "deleted"
+
+
+def test_rollback_is_not_blocked_by_a_golden_set_naming_newer_documents(deps: Deps) -> None:
+    from conftest import write_doc
+
+    engine.run_reindex(deps)
+    write_doc(deps.settings.root, "gift-card", "# 礼品卡\n\n## 使用\n\n礼品卡结算时可抵扣全部金额。\n")
+    golden = deps.settings.golden_set
+    golden.write_text(golden.read_text(encoding="utf-8")
+                      + "  - id: gift-card-use\n    query: 礼品卡怎么用\n    expected: [gift-card]\n", encoding="utf-8")
+    assert engine.run_reindex(deps)["outcome"] == "promoted"
+    result = engine.run_rollback(deps, reason="gift card text is wrong")
+    assert result["to_version"] == 1 and deps.state.live_version(ALIAS).version == 1
+    assert result["validation"]["passed"] is None and "gift-card" in result["validation"]["error"]
+    assert deps.state.get_version(ALIAS, 1).status == "live"
+
+
+def test_after_a_rollback_the_default_target_is_not_the_version_rolled_away_from(deps: Deps) -> None:
+    three_versions(deps)
+    engine.run_rollback(deps, reason="v3 bad")
+    assert rollback_target(deps).version == 1
+    engine.run_rollback(deps, reason="v2 bad too")
+    assert deps.state.live_version(ALIAS).version == 1
+
+
+def test_fixing_the_golden_set_after_a_failed_validation_resumes_without_embedding(deps: Deps,
+                                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    import yaml
+
+    engine.run_reindex(deps)
+    edit(deps, "coupon-rules", "补充：券不可转让。")
+    golden = deps.settings.golden_set
+    data = yaml.safe_load(golden.read_text(encoding="utf-8"))
+    good = yaml.safe_dump(data, allow_unicode=True)
+    data["min_mrr"] = 1.0  # an impossible bar
+    golden.write_text(yaml.safe_dump(data, allow_unicode=True), encoding="utf-8")
+    failed = engine.run_reindex(deps)
+    assert failed["outcome"] == "failed" and deps.state.get_version(ALIAS, 2).failed_step == "validate"
+    golden.write_text(good, encoding="utf-8")
+
+    calls = {"texts": 0}
+    original = Deps.embedder_for
+
+    def counting(self: Deps, version):  # noqa: ANN001
+        embedder = original(self, version)
+        embed = embedder.embed
+
+        def counted(texts):  # noqa: ANN001
+            calls["texts"] += sum(1 for t in texts if "补充：券不可转让" in t)
+            return embed(texts)
+
+        embedder.embed = counted
+        return embedder
+
+    monkeypatch.setattr(Deps, "embedder_for", counting)
+    again = engine.run_reindex(deps)
+    assert again["outcome"] == "promoted" and again["version"] == 2
+    assert calls["texts"] == 0, "the changed chunk was not embedded a second time"
+
+
+def test_gc_drops_a_build_abandoned_by_a_run_that_ended(deps: Deps) -> None:
+    from kb_reindex.build import create_version
+    from kb_reindex.plan import plan
+
+    engine.run_reindex(deps)
+    edit(deps, "coupon-rules", "补充：测试。")
+    deps.state.start_run(run_id="crashed", alias=ALIAS, kind="reindex", trigger="airflow")
+    created = create_version(deps, plan(deps), run_id="crashed")
+    assert deps.state.get_version(ALIAS, 2).status == "building"
+    cleanup(deps)
+    assert deps.state.get_version(ALIAS, 2).status == "building", "its run may still be retrying"
+    deps.state.finish_run("crashed", outcome="failed", error="worker lost")
+    result = cleanup(deps)
+    assert [d["version"] for d in result["deleted"]] == [2]
+    assert not deps.store.exists(created["collection"])

@@ -442,3 +442,19 @@ def test_instruction_like_text_is_listed_and_optionally_blocks(deps: Deps) -> No
     blocked = engine.run_reindex(deps)
     assert blocked["outcome"] == "failed" and "KB_BLOCK_ON_INSTRUCTIONS" in blocked["error"]
     assert deps.state.live_version(ALIAS).version == 1
+
+
+def test_migration_without_a_dimension_probes_the_new_model(project: Path) -> None:
+    bge = HashingEmbedder(model="bge-m3", dim=1024)
+    mini = HashingEmbedder(model="mini", dim=64)
+    models = [FakeModel(name="bge-m3", dim=1024, embed=lambda _m, t: bge.embed_one(t)),
+              FakeModel(name="mini", dim=64, embed=lambda _m, t: mini.embed_one(t))]
+    with FakeOllamaServer(models) as server:
+        settings = settings_for(project, KB_EMBEDDER="ollama", OLLAMA_HOST=server.url, KB_EMBED_DIM="1024")
+        deps = Deps(settings=settings, state=StateStore(settings.state_url), store=KnowledgeStore(QdrantClient(":memory:")))
+        assert engine.run_reindex(deps)["outcome"] == "promoted"
+        result = engine.run_reindex(deps, kind="migration", embedder="ollama", model="mini", min_hit_rate=0.5, min_mrr=0.3)
+        assert result["outcome"] == "promoted", result["error"]
+        assert deps.store.shape(result["collection"]).dim == 64
+        assert deps.state.live_version(ALIAS).embed_dim == 64
+        deps.state.dispose()

@@ -120,3 +120,9 @@ def test_long_line_without_punctuation_is_chunked(tmp_path: Path) -> None:
     (document,) = load_corpus(docs_dir(tmp_path))
     chunks = chunk_document(document, chunk_size=500, overlap=50)
     assert len(chunks) >= 40 and all(len(c.text) <= 500 for c in chunks)
+
+
+def test_values_longer_than_the_state_columns_are_refused_with_the_file(tmp_path: Path) -> None:
+    write_doc(tmp_path, "long-title", "# " + "很长的标题" * 120 + "\n正文。")
+    with pytest.raises(SourceError, match=r"long-title.md: title is 600 characters, over the limit of 512"):
+        load_corpus(docs_dir(tmp_path))

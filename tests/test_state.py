@@ -96,3 +96,11 @@ def test_unreachable_state_db_is_a_config_error_without_password() -> None:
     with pytest.raises(ConfigError) as error:
         StateStore("mysql+pymysql://kb:hunter2@127.0.0.1:1/kb")
     assert "unreachable" in str(error.value) and "hunter2" not in str(error.value)
+
+
+def test_keys_differing_only_by_accent_are_distinct(state: StateStore) -> None:
+    version = new_version(state)
+    docs = [{"knowledge_key": key, "source": f"{key}.md", "title": key, "category": "c", "tenant": "t",
+             "content_hash": "a" * 64, "chunk_count": 0} for key in ("café", "cafe")]
+    state.write_manifest(version.id, docs, [])
+    assert sorted(d["knowledge_key"] for d in state.manifest_documents(version.id)) == ["cafe", "café"]

@@ -55,6 +55,8 @@ def state_url_from_connection(conn: Any) -> str:
             query={"charset": "utf8mb4"},
         ).render_as_string(hide_password=False)
     if conn.conn_type == "sqlite":
+        if not (conn.host or conn.schema):
+            raise ConfigError(f"connection {STATE_CONN_ID} (sqlite) names no database file: set its host to the path")
         return f"sqlite:///{conn.host or conn.schema}"
     raise ConfigError(f"connection {STATE_CONN_ID} has type {conn.conn_type!r}; use mysql or sqlite")
 
@@ -91,9 +93,20 @@ def task_deps() -> Iterator[Deps]:
         yield deps
 
 
+def _last_try() -> bool:
+    """True when Airflow will not retry this task again (a retried step's run is still in progress)."""
+    from airflow.sdk import get_current_context
+
+    try:
+        ti = get_current_context()["ti"]
+        return ti.try_number > ti.max_tries
+    except Exception:  # noqa: BLE001 - outside a task context: treat as final
+        return True
+
+
 @contextmanager
 def step(deps: Deps, run_id: str) -> Iterator[None]:
-    """Record the run as failed and decide whether Airflow should retry."""
+    """Record the run as failed (when it really ends) and decide whether Airflow should retry."""
     from airflow.sdk.exceptions import AirflowFailException
 
     try:
@@ -102,7 +115,8 @@ def step(deps: Deps, run_id: str) -> Iterator[None]:
         from kb_reindex import metrics
         from kb_reindex.errors import EmbeddingError
 
-        deps.state.finish_run(run_id, outcome="failed", error=str(exc))
+        if isinstance(exc, PERMANENT) or _last_try():
+            deps.state.finish_run(run_id, outcome="failed", error=str(exc))
         if isinstance(exc, AliasMovedError):
             metrics.incr("alias_switch.failures", alias=deps.settings.alias)
         if isinstance(exc, EmbeddingError):
@@ -111,12 +125,9 @@ def step(deps: Deps, run_id: str) -> Iterator[None]:
             raise AirflowFailException(f"{type(exc).__name__}: {exc}") from None
         raise
     except Exception as exc:
-        deps.state.finish_run(run_id, outcome="failed", error=f"{type(exc).__name__}: {exc}")
+        if _last_try():
+            deps.state.finish_run(run_id, outcome="failed", error=f"{type(exc).__name__}: {exc}")
         raise
-
-
-def airflow_run_id(dag_id: str, run_id: str) -> str:
-    return f"airflow__{dag_id}__{run_id}"
 
 
 # --- knowledge_reindex & knowledge_model_migration ---------------------------------------------------
@@ -156,20 +167,21 @@ def create_version_task(*, plan: dict[str, Any], run_id: str) -> dict[str, Any]:
 
 
 def build_slices_task(*, version: dict[str, Any], slice_size: int) -> list[dict[str, Any]]:
-    """Point-ID slices of the version's manifest, for dynamic task mapping of the build."""
+    """(offset, limit) windows over the version's manifest, for dynamic task mapping of the build."""
     with task_deps() as deps:
         record = deps.state.get_version(deps.settings.alias, version["version"])
-        assert record is not None
-        ids = [row["point_id"] for row in deps.state.manifest_chunks(record.id)]
-    return [{"version": version["version"], "point_ids": ids[i : i + slice_size]}
-            for i in range(0, len(ids), slice_size)] or [{"version": version["version"], "point_ids": []}]
+        if record is None:
+            raise ConfigError(f"version {version['version']} does not exist")
+        total = record.points_expected
+    return [{"version": version["version"], "offset": start, "limit": slice_size}
+            for start in range(0, max(total, 1), slice_size)]
 
 
-def build_task(*, version: dict[str, Any], run_id: str, point_ids: list[str] | None = None) -> dict[str, Any]:
+def build_task(*, version: dict[str, Any], run_id: str, window: tuple[int, int] | None = None) -> dict[str, Any]:
     from kb_reindex.build import build
 
     with task_deps() as deps, step(deps, run_id):
-        return build(deps, version["version"], run_id=run_id, point_ids=point_ids)
+        return build(deps, version["version"], run_id=run_id, window=window)
 
 
 def validate_task(*, version: dict[str, Any], run_id: str, min_hit_rate: float | None = None,

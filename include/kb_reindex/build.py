@@ -24,7 +24,7 @@ from kb_reindex.store import DISTANCE, collection_name
 
 log = logging.getLogger(__name__)
 
-RESUMABLE_STEPS = ("create", "build")
+RESUMABLE_STEPS = ("create", "build", "validate")
 
 
 def _same_plan(version: VersionRecord, plan: dict[str, Any]) -> bool:
@@ -41,7 +41,12 @@ def _same_plan(version: VersionRecord, plan: dict[str, Any]) -> bool:
 def _owned_by_another_active_run(deps: Deps, version: VersionRecord, run_id: str | None) -> bool:
     if not version.run_id or version.run_id == run_id:
         return False
-    owner = deps.state.get_run(version.run_id)
+    return run_is_active(deps, version.run_id)
+
+
+def run_is_active(deps: Deps, run_id: str) -> bool:
+    """A run still working (or retrying) within the lock TTL; its version must not be taken or deleted."""
+    owner = deps.state.get_run(run_id)
     if owner is None or owner["outcome"] != "running":
         return False
     age = (utcnow() - owner["started_at"]).total_seconds()
@@ -59,7 +64,8 @@ def _resumable(deps: Deps, plan: dict[str, Any], run_id: str | None) -> VersionR
             continue
         if _owned_by_another_active_run(deps, version, run_id):
             continue
-        if _same_plan(version, plan) and not plan["force_full"]:
+        # a forced (or migration) plan reuses nothing, so only a version built the same way fits it
+        if _same_plan(version, plan) and (not plan["force_full"] or version.chunks_reused == 0):
             return version
     return None
 
@@ -110,8 +116,9 @@ def create_version(deps: Deps, plan: dict[str, Any], *, run_id: str | None = Non
     try:
         _write_manifest(deps, version, prepared)
         deps.store.create_collection(version.collection, dim=version.embed_dim)
-    except KbError as exc:
-        deps.state.mark_failed(version.id, step="create", error=str(exc))
+    except Exception as exc:
+        deps.state.mark_failed(version.id, step="create", error=str(exc) if isinstance(exc, KbError)
+                               else f"{type(exc).__name__}: {exc}")
         raise
     log.info(
         "kb_reindex: v%d -> collection %s (%d-d %s, %d points planned)",
@@ -175,8 +182,10 @@ class _Progress:
                  self.label, self.done, self.total, 100.0 * self.done / max(self.total, 1), rate, eta)
 
 
-def build(deps: Deps, version_number: int, *, run_id: str | None = None, point_ids: list[str] | None = None) -> dict[str, Any]:
-    """Fill the version's collection; `point_ids` limits the work to one slice (for mapped tasks)."""
+def build(deps: Deps, version_number: int, *, run_id: str | None = None,
+          window: tuple[int, int] | None = None) -> dict[str, Any]:
+    """Fill the version's collection; `window` (offset, limit) into the manifest limits the work to one
+    slice, so mapped tasks each take a part and hand only two numbers through XCom."""
     alias = deps.settings.alias
     version = deps.state.get_version(alias, version_number)
     if version is None:
@@ -191,13 +200,13 @@ def build(deps: Deps, version_number: int, *, run_id: str | None = None, point_i
     if version.status == "failed":
         deps.state.update_version(version.id, status="building", error=None, failed_step=None)
     try:
-        return _fill(deps, version, point_ids)
+        return _fill(deps, version, window)
     except Exception as exc:
         deps.state.mark_failed(version.id, step="build", error=f"{type(exc).__name__}: {exc}")
         raise
 
 
-def _fill(deps: Deps, version: VersionRecord, only: list[str] | None) -> dict[str, Any]:
+def _fill(deps: Deps, version: VersionRecord, window: tuple[int, int] | None) -> dict[str, Any]:
     from kb_reindex.chunking import chunk_document, chunking_version
     from kb_reindex.sources import corpus_fingerprint, load_corpus
 
@@ -215,11 +224,13 @@ def _fill(deps: Deps, version: VersionRecord, only: list[str] | None) -> dict[st
     manifest = deps.state.manifest_chunks(version.id)
     if {row["point_id"] for row in manifest} != set(chunks):
         raise KbError(f"v{version.version}'s manifest does not match the chunks of the current files; start a new run")
-    if only is not None:
-        wanted = set(only)
-        manifest = [row for row in manifest if row["point_id"] in wanted]
-
-    existing = deps.store.existing_ids(version.collection)
+    if window is not None:
+        offset, limit = window
+        manifest = manifest[offset : offset + limit]
+        existing = {str(r.id) for batch in batched([row["point_id"] for row in manifest], settings.copy_batch_size)
+                    for r in deps.store.retrieve(version.collection, batch, payload=False)}
+    else:
+        existing = deps.store.existing_ids(version.collection)
     to_copy = [row for row in manifest if row["source_point_id"] and row["point_id"] not in existing]
     to_embed = [row for row in manifest if not row["source_point_id"] and row["point_id"] not in existing]
     skipped = len(manifest) - len(to_copy) - len(to_embed)
@@ -231,6 +242,13 @@ def _fill(deps: Deps, version: VersionRecord, only: list[str] | None) -> dict[st
     def point(row: dict[str, Any], vector: list[float]) -> models.PointStruct:
         chunk = chunks[row["point_id"]]
         return models.PointStruct(id=row["point_id"], vector=vector, payload=payload_for(chunk, by_key[chunk.knowledge_key], version))
+
+    def record_progress(count: int) -> None:
+        """Build progress for the page: absolute for a whole build, added up across mapped slices."""
+        if window is None:
+            deps.state.update_version(version.id, points_written=progress.done)
+        else:
+            deps.state.add_points_written(version.id, count)
 
     if to_copy:
         if not version.base_collection or not deps.store.exists(version.base_collection):
@@ -248,7 +266,7 @@ def _fill(deps: Deps, version: VersionRecord, only: list[str] | None) -> dict[st
                                     dim=version.embed_dim, source=f"collection {version.base_collection}")
             deps.store.upsert(version.collection, [point(r, v) for r, v in zip(batch, checked)])
             progress.add(len(batch))
-            deps.state.update_version(version.id, points_written=progress.done)
+            record_progress(len(batch))
 
     if to_embed:
         embedder = deps.embedder_for(version)
@@ -262,7 +280,7 @@ def _fill(deps: Deps, version: VersionRecord, only: list[str] | None) -> dict[st
                                     source=f"embedder {embedder.model!r}")
             deps.store.upsert(version.collection, [point(r, v) for r, v in zip(batch, vectors)])
             progress.add(len(batch))
-            deps.state.update_version(version.id, points_written=progress.done)
+            record_progress(len(batch))
 
     written = deps.store.count(version.collection)
     deps.state.update_version(version.id, points_written=written)

@@ -15,10 +15,11 @@ from dataclasses import dataclass
 
 from kb_reindex.sources import Document, sha256_text
 
-CHUNKER_NAME = "md-sections-v1"
+CHUNKER_NAME = "md-sections-v2"
 POINT_ID_NAMESPACE = uuid.UUID("6f0b7c7e-2d0a-5b8e-9f4c-6b62a1d3c0de")
 _HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
-_SENTENCE_END = re.compile(r"(?<=[。！？；!?;])|(?<=\.)\s+|\n")
+# Zero-width: splitting keeps every character, so sentences rejoin to exactly the original text.
+_SENTENCE_END = re.compile(r"(?<=[。！？；!?;\n])|(?<=\.)(?=\s)")
 MIN_CHUNK_CHARS = 2
 
 
@@ -63,10 +64,9 @@ def _sections(body: str) -> list[tuple[str, str]]:
 
 
 def _sentences(paragraph: str, limit: int) -> list[str]:
-    pieces = [p for p in _SENTENCE_END.split(paragraph) if p and p.strip()]
+    """Sentences with their own punctuation and whitespace; one longer than `limit` is cut at `limit`."""
     out: list[str] = []
-    for piece in pieces:
-        piece = piece.strip()
+    for piece in _SENTENCE_END.split(paragraph):
         while len(piece) > limit:
             out.append(piece[:limit])
             piece = piece[limit:]
@@ -91,13 +91,12 @@ def _tail(text: str, overlap: int) -> str:
     """The last whole sentences of `text` within `overlap` chars; else its last `overlap` chars."""
     if overlap <= 0:
         return ""
-    sentences = [s for s in _SENTENCE_END.split(text) if s and s.strip()]
     tail = ""
-    for sentence in reversed(sentences):
-        candidate = sentence.strip() + tail
-        if len(candidate) > overlap:
+    for sentence in reversed(_SENTENCE_END.split(text)):
+        if len(sentence) + len(tail) > overlap:
             break
-        tail = candidate
+        tail = sentence + tail
+    tail = tail.lstrip()
     return tail or text[-overlap:]
 
 
@@ -110,7 +109,7 @@ def _pack(units: list[tuple[str, int]], size: int, overlap: int) -> list[str]:
         if current and len(current) + len(joiner) + len(unit) > size:
             chunks.append(current)
             carried = _tail(current, overlap)
-            current = f"{carried}{unit}" if carried and len(carried) + len(unit) <= size else unit
+            current = f"{carried}{unit}" if carried and len(carried) + len(unit) <= size else unit.lstrip()
         else:
             current = f"{current}{joiner}{unit}"
         last_paragraph = paragraph
@@ -124,7 +123,8 @@ def chunk_document(doc: Document, *, chunk_size: int = 500, overlap: int = 50) -
     for section, text in _sections(doc.body):
         body_budget = max(chunk_size - len(doc.title) - len(section) - 4, chunk_size // 2)
         for body in _pack(_units(text, body_budget), body_budget, overlap):
-            if len(body.strip()) < MIN_CHUNK_CHARS:
+            body = body.strip()
+            if len(body) < MIN_CHUNK_CHARS:
                 continue
             header = f"{doc.title} > {section}" if section else doc.title
             chunk_text = f"{header}\n{body}"

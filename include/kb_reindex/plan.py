@@ -75,7 +75,8 @@ def prepare(
     else:
         embedder = embedder or settings.embedder
         model = model or settings.embed_model
-        dim = dim if dim is not None else (settings.embed_dim if embedder == settings.embedder else None)
+        same_model = (embedder, model) == (settings.embedder, settings.embed_model)
+        dim = dim if dim is not None else (settings.embed_dim if same_model else None)
         if embedder == "hashing" and dim is None:
             dim = 1024
 

@@ -75,12 +75,18 @@ def promote(deps: Deps, version_number: int, *, run_id: str | None = None) -> di
 
 
 def rollback_target(deps: Deps) -> VersionRecord | None:
-    """The version the alias pointed to before the current one, from the alias history."""
+    """The version the alias pointed to before the current one became live, from the alias history.
+
+    Rollback events are passed over: after rolling v5 back to v4, the target is what preceded v4,
+    not the bad v5 just rolled away from.
+    """
     alias = deps.settings.alias
     live = deps.state.live_version(alias)
     if live is None:
         return None
     for event in reversed(deps.state.alias_events(alias)):
+        if event["action"] == "rollback":
+            continue
         if event["to_version"] == live.version and event["from_version"] is not None:
             candidate = deps.state.get_version(alias, event["from_version"])
             if candidate is not None and candidate.status not in ("failed", "deleted"):
@@ -113,10 +119,19 @@ def cleanup(deps: Deps) -> dict[str, Any]:
     with deps.state.lock(alias_lock_name(alias), ttl_s=300):
         target = rollback_target(deps)
         serving = deps.store.alias_target(alias)
+        from kb_reindex.build import run_is_active
+
         versions = deps.state.list_versions(alias)
         protected = {v.id for v in versions if v.collection == serving}
         if target is not None:
             protected.add(target.id)
+        # a failed or unfinished build whose run may still retry is left alone; an abandoned one goes
+        protected |= {v.id for v in versions if v.status in ("failed", "building") and v.run_id
+                      and run_is_active(deps, v.run_id)}
+        for v in versions:
+            if v.status == "building" and v.id not in protected:
+                deps.state.mark_failed(v.id, step="build", error="abandoned: its run ended without finishing the build")
+        versions = deps.state.list_versions(alias)
         deleted = []
         for victim in retention_victims(versions, keep=deps.settings.keep_versions, protected=protected):
             dropped = deps.store.delete_collection(victim.collection)
@@ -179,8 +194,15 @@ def rollback(
         raise RollbackRefused(f"v{target.version} ({target.collection}) is not whole: " + "; ".join(problems))
     scores = None
     if revalidate:
-        result = validate(deps, target.version, compare_live=False, raise_on_failure=False)
-        scores = {"passed": result["passed"], "hit_rate": result["hit_rate"], "mrr": result["mrr"], "report": result["report"]}
+        # Scores are for the record: a golden set that names newer documents, a bad file in the folder
+        # or an embedder outage must not stand between on-call and a structurally whole version.
+        try:
+            result = validate(deps, target.version, compare_live=False, raise_on_failure=False)
+            scores = {"passed": result["passed"], "hit_rate": result["hit_rate"], "mrr": result["mrr"],
+                      "report": result["report"]}
+        except KbError as exc:
+            scores = {"passed": None, "error": str(exc)}
+            log.warning("kb_reindex: re-scoring v%d failed (%s); rolling back anyway", target.version, exc)
     switch_alias(deps, target, expected_from=live.collection, action="rollback", run_id=run_id, reason=reason.strip())
     log.info("kb_reindex: rolled %s back from v%d to v%d (%s)", alias, live.version, target.version, reason.strip())
     return {"outcome": "rolled_back", "from_version": live.version, "to_version": target.version,

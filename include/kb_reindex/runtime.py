@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from qdrant_client import QdrantClient
 
@@ -20,7 +20,7 @@ class Deps:
     settings: Settings
     state: StateStore
     store: KnowledgeStore
-    ollama_headers: dict[str, str] | None = None
+    ollama_headers: dict[str, str] | None = field(default=None, repr=False)
 
     def embedder_for(self, version: VersionRecord) -> Embedder:
         """The model a version was built with, reached through this deployment's connection settings."""

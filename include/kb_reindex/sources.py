@@ -16,6 +16,8 @@ import yaml
 from kb_reindex.errors import SourceError
 
 FRONT_MATTER_FIELDS = ("title", "category", "tenant")
+# the state DB's column sizes: refuse here, with the file named, rather than fail inside MySQL
+MAX_LENGTHS = {"knowledge_key": 255, "source": 512, "title": 512, "category": 128, "tenant": 128}
 DEFAULT_CATEGORY = "general"
 DEFAULT_TENANT = "default"
 
@@ -106,7 +108,7 @@ def read_document(path: Path, docs_dir: Path, *, max_bytes: int) -> Document:
     meta, body = _split_front_matter(text, source)
     if not body.strip():
         raise SourceError(f"{source}: has front matter but no content")
-    return Document(
+    document = Document(
         knowledge_key=knowledge_key_for(path, docs_dir),
         source=source,
         title=meta.get("title") or _first_h1(body) or path.stem,
@@ -115,6 +117,11 @@ def read_document(path: Path, docs_dir: Path, *, max_bytes: int) -> Document:
         body=body,
         content_hash=sha256_text(text),
     )
+    for name, limit in MAX_LENGTHS.items():
+        value = getattr(document, name)
+        if len(value) > limit:
+            raise SourceError(f"{source}: {name} is {len(value)} characters, over the limit of {limit}: {value[:40]!r}...")
+    return document
 
 
 def discover(docs_dir: Path) -> list[Path]:

@@ -29,6 +29,9 @@ log = logging.getLogger(__name__)
 STATUSES = ("building", "ready", "live", "retired", "failed", "deleted")
 
 metadata = sa.MetaData()
+# MySQL: exact (binary) comparison of keys, as Python compares them; 'café' and 'cafe' are two documents.
+MYSQL_TABLE = {"mysql_charset": "utf8mb4", "mysql_collate": "utf8mb4_bin", "mariadb_charset": "utf8mb4",
+               "mariadb_collate": "utf8mb4_bin"}
 Timestamp = sa.DateTime().with_variant(mysql.DATETIME(fsp=6), "mysql", "mariadb")
 LongText = sa.Text().with_variant(mysql.LONGTEXT(), "mysql", "mariadb")
 
@@ -65,6 +68,7 @@ versions = sa.Table(
     sa.Column("retired_at", Timestamp),
     sa.Column("deleted_at", Timestamp),
     sa.UniqueConstraint("alias", "version", name="uq_kb_versions_alias_version"),
+    **MYSQL_TABLE,
 )
 
 manifest_documents = sa.Table(
@@ -78,6 +82,7 @@ manifest_documents = sa.Table(
     sa.Column("tenant", sa.String(128), nullable=False),
     sa.Column("content_hash", sa.String(64), nullable=False),
     sa.Column("chunk_count", sa.Integer, nullable=False),
+    **MYSQL_TABLE,
 )
 
 manifest_chunks = sa.Table(
@@ -90,6 +95,7 @@ manifest_chunks = sa.Table(
     sa.Column("chunk_hash", sa.String(64), nullable=False),
     sa.Column("source_point_id", sa.String(36)),
     sa.Index("ix_kb_manifest_chunks_hash", "version_id", "chunk_hash"),
+    **MYSQL_TABLE,
 )
 
 runs = sa.Table(
@@ -113,6 +119,7 @@ runs = sa.Table(
     sa.Column("error", sa.Text),
     sa.Column("started_at", Timestamp, nullable=False),
     sa.Column("finished_at", Timestamp),
+    **MYSQL_TABLE,
 )
 
 alias_events = sa.Table(
@@ -128,6 +135,7 @@ alias_events = sa.Table(
     sa.Column("run_id", sa.String(255)),
     sa.Column("reason", sa.Text),
     sa.Column("at", Timestamp, nullable=False),
+    **MYSQL_TABLE,
 )
 
 locks = sa.Table(
@@ -137,6 +145,7 @@ locks = sa.Table(
     sa.Column("owner", sa.String(255), nullable=False),
     sa.Column("acquired_at", Timestamp, nullable=False),
     sa.Column("expires_at", Timestamp, nullable=False),
+    **MYSQL_TABLE,
 )
 
 
@@ -208,11 +217,14 @@ class StateStore:
         try:
             metadata.create_all(self.engine, checkfirst=True)
         except sa.exc.OperationalError as exc:
+            if "already exists" in str(exc.orig):  # MySQL 1050: another process created a table first
+                metadata.create_all(self.engine, checkfirst=True)
+                return
             raise ConfigError(
                 f"state DB at {self.display_url} is unreachable or refused the schema (KB_STATE_URL): "
                 f"{_first_line(exc.orig)}"
             ) from None
-        except sa.exc.IntegrityError:
+        except (sa.exc.IntegrityError, sa.exc.ProgrammingError):
             metadata.create_all(self.engine, checkfirst=True)  # another process created it first
 
     @staticmethod
@@ -308,6 +320,11 @@ class StateStore:
         columns["updated_at"] = utcnow()
         with self.engine.begin() as conn:
             conn.execute(versions.update().where(versions.c.id == version_id).values(**columns))
+
+    def add_points_written(self, version_id: int, count: int) -> None:
+        with self.engine.begin() as conn:
+            conn.execute(versions.update().where(versions.c.id == version_id)
+                         .values(points_written=versions.c.points_written + count, updated_at=utcnow()))
 
     def mark_failed(self, version_id: int, *, step: str, error: str) -> None:
         self.update_version(version_id, status="failed", failed_step=step, error=error[:4000])

@@ -1,0 +1,78 @@
+"""The benchmark's smoke run (tiny corpus, seconds), so bench/run.py cannot rot.
+
+The full benchmark is run by hand (`.venv/bin/python bench/run.py`); its latest table is in the README.
+The smoke run needs the benchmark's extra packages (bench/requirements.txt) and is skipped without them.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("langchain_core")
+pytest.importorskip("langchain_classic.indexes")
+pytest.importorskip("langchain_qdrant")
+pytest.importorskip("matplotlib")
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "bench"))
+
+import report  # noqa: E402  (bench/report.py: the scenario and target names the benchmark promises)
+
+
+def test_smoke_benchmark_reports_every_scenario_peer_and_target(tmp_path: Path) -> None:
+    out = tmp_path / "results"
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "run.py"), "--smoke", "--out", str(out), "--workdir", str(tmp_path / "work")],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr[-6000:]
+
+    data = json.loads((out / "latest.json").read_text(encoding="utf-8"))
+    assert data["meta"]["smoke"] is True
+    sizes = data["sizes"]
+    assert len(sizes) >= 2
+    ollama_sizes = set(data["meta"]["ollama_sizes"])
+    seen_peers = set()
+    for entry in sizes:
+        embedders = ["hashing"] + (["ollama"] if entry["docs"] in ollama_sizes else [])
+        for embedder in embedders:
+            runs = entry[embedder]
+            for name in report.SCENARIOS[embedder]:
+                assert name in runs, f"{entry['docs']} docs/{embedder}: scenario {name} missing"
+                row = runs[name]
+                assert row["wall_s"] > 0 and row["peak_rss_mb"] > 0
+                for key in ("chunk_texts_embedded", "embed_requests", "vector_writes"):
+                    assert key in row
+                seen_peers.add(name.split(".")[0])
+            # what the scenarios promise regardless of speed
+            assert runs["kb.noop"]["outcome"] == "no_change" and runs["kb.noop"]["vector_writes"] == 0
+            assert runs["kb.noop"]["chunk_texts_embedded"] == 0
+            assert runs["kb.incremental"]["outcome"] == "promoted" and runs["kb.incremental"]["points_copied"] > 0
+            assert runs["full_rebuild.incremental"]["chunks_reused"] == 0
+            assert runs["kb.rollback"]["outcome"] == "rolled_back"
+            if embedder == "ollama":  # the fake server saw exactly what our counters saw
+                inc = runs["kb.incremental"]
+                assert inc["server_texts_embedded"] == inc["chunk_texts_embedded"] + inc["query_texts_embedded"]
+        assert entry["corpus"]["new_chunk_hashes_after_edit"] > 0
+    assert seen_peers == set(report.PEERS)
+
+    targets = data["targets"]
+    assert set(targets) == set(report.TARGET_KEYS)
+    for key in report.TARGET_KEYS:
+        assert "passed" in targets[key] and "target" in targets[key]
+    # deterministic targets hold even at smoke scale; timing targets are only reported
+    assert targets["P1"]["passed"] is True, targets["P1"]
+    assert targets["P6"]["passed"] is True, targets["P6"]
+    assert targets["P5"]["docs"] == sorted(data["meta"]["sizes"])[:2]
+
+    markdown = (out / "latest.md").read_text(encoding="utf-8")
+    assert "| scenario | peer | wall s |" in markdown and "## Targets" in markdown
+    for key in report.TARGET_KEYS:
+        assert f"| {key} " in markdown
+    assert (out / "scaling.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not list(out.glob("*.tmp"))
