@@ -1,0 +1,486 @@
+"""The benchmark's workers: each runs one peer's scenarios on one corpus size in its own process.
+
+- `kb`: our engine (`kb_reindex.engine.run_reindex`, blue-green): full build, no-op, incremental,
+  rollback; the full-rebuild peer (`run --force-full`) on the no-op and on the incremental corpus; the
+  backend's raw bulk upsert of the same points; a promotion with 4 threads reading through the alias.
+- `langchain`: LangChain's indexing API (`index()`, SQLRecordManager, cleanup="incremental",
+  QdrantVectorStore), in place, on the same chunk texts (`kb_reindex.chunking`), the same embedder and
+  the same local-mode Qdrant (`:memory:`).
+
+Each worker writes one JSON file; `run.py` starts them (one subprocess per peer and size, so the peak
+RSS of one never includes another's) and assembles the report.
+"""
+
+from __future__ import annotations
+
+import gc
+import hashlib
+import json
+import logging
+import os
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import corpus as corpus_mod  # noqa: E402
+from measure import BenchDeps, CountingStore, Meter, MeterRef, PeakRss, phase_timers, ru_maxrss_mb  # noqa: E402
+
+OLLAMA_MODEL = "bge-m3"
+DIM = 1024
+READERS = 4
+READER_PAUSE_S = 0.005  # think time between one reader's queries
+READER_QUERIES = ["规则编号 R00001 适用于哪些情况？", "退货申请需要在签收后几天内提交", "coupons with store promotions",
+                  "运费券怎么使用"]
+
+
+class Scenarios:
+    """Runs named scenarios, each with a fresh meter and its own peak-RSS window."""
+
+    def __init__(self, meter_ref: MeterRef, server: Any = None) -> None:
+        self.meter_ref = meter_ref
+        self.server = server
+        self.results: dict[str, dict[str, Any]] = {}
+
+    def run(self, name: str, fn: Callable[[Meter], dict[str, Any]]) -> dict[str, Any]:
+        meter = self.meter_ref.fresh()
+        if self.server is not None:
+            self.server.reset_counters()
+        peak = PeakRss().start()
+        started = time.perf_counter()
+        extra = fn(meter)
+        wall = time.perf_counter() - started
+        peak.stop()
+        row: dict[str, Any] = {"wall_s": round(wall, 4), **meter.as_dict(),
+                               "peak_rss_mb": round(peak.peak_mb, 1), "rss_start_mb": round(peak.start_mb, 1),
+                               "rss_delta_mb": round(peak.peak_mb - peak.start_mb, 1), "rss_method": peak.method}
+        if self.server is not None:
+            row["server_texts_embedded"] = self.server.embedded_texts
+            row["server_embed_requests"] = self.server.embed_requests
+        row.update(extra)
+        self.results[name] = row
+        print(f"  {name:<34} {wall:8.2f} s  embedded {meter.chunk_texts:>7}  writes {meter.points_upserted:>7}  "
+              f"peak {peak.peak_mb:7.0f} MB", file=sys.stderr, flush=True)
+        return row
+
+
+def fake_ollama(ms: float) -> Any:
+    from kb_reindex.testing.ollama_server import FakeModel, FakeOllamaServer, FaultPlan
+
+    return FakeOllamaServer([FakeModel(name=OLLAMA_MODEL, dim=DIM)],
+                            faults=FaultPlan(delay_per_text_s=ms / 1000.0)).start()
+
+
+# --- our engine ----------------------------------------------------------------------------------
+
+
+def run_kb(job: dict[str, Any]) -> dict[str, Any]:
+    from qdrant_client import QdrantClient
+
+    from kb_reindex import engine
+    from kb_reindex.config import Settings
+    from kb_reindex.golden import load_golden_set
+    from kb_reindex.state import StateStore
+
+    size, seed, embedder = job["size"], job["seed"], job["embedder"]
+    base = corpus_mod.generate(size, seed)
+    mutated, mutation = corpus_mod.mutate(base, seed)
+    root = corpus_mod.write_project(Path(job["workdir"]) / f"kb-{embedder}-{size}", base, mutation)
+    docs_dir = root / "knowledge" / "docs"
+
+    server = fake_ollama(job["ollama_ms"]) if embedder == "ollama" else None
+    env = {"KB_PROJECT_ROOT": str(root), "KB_EMBEDDER": embedder, "KB_EMBED_DIM": str(DIM)}
+    if server is not None:
+        env.update(OLLAMA_HOST=server.url, KB_EMBED_MODEL=OLLAMA_MODEL)
+    settings = Settings.from_env(env)
+    client = QdrantClient(":memory:")
+    state = StateStore(settings.state_url)
+    meter_ref = MeterRef()
+    queries = {p.query for p in load_golden_set(settings.golden_set).probes}
+    deps = BenchDeps(settings=settings, state=state, store=CountingStore(client, meter_ref), meter_ref=meter_ref,
+                     queries=queries)
+    sc = Scenarios(meter_ref, server)
+
+    def reindex(**options: Any) -> Callable[[Meter], dict[str, Any]]:
+        def go(meter: Meter) -> dict[str, Any]:
+            result = engine.run_reindex(deps, **options)
+            if result["outcome"] not in ("promoted", "no_change"):
+                raise RuntimeError(f"run_reindex {options}: {result['outcome']}: {result['error']}")
+            return summarize_run(result, meter)
+        return go
+
+    warm = warmup(env, root.parent / f"{root.name}-warmup")
+    quiet_logs()
+    profile = job.get("profile")
+    with phase_timers(meter_ref):
+        sc.run("kb.full_build", reindex())
+        sc.run("kb.noop", reindex())
+        sc.run("full_rebuild.noop", reindex(force_full=True))
+        corpus_mod.write(mutated, docs_dir)
+        if profile:
+            sc.run("kb.incremental", profiled(reindex(), Path(profile)))
+        else:
+            sc.run("kb.incremental", reindex())
+
+        def do_rollback(meter: Meter) -> dict[str, Any]:
+            result = engine.run_rollback(deps, reason="benchmark rollback")
+            return {"outcome": result["outcome"], "from_version": result["from_version"],
+                    "to_version": result["to_version"], "swap_s": round(max(meter.swap_s, default=0.0), 6)}
+
+        sc.run("kb.rollback", do_rollback)
+        sc.run("full_rebuild.incremental", reindex(force_full=True))
+        if job.get("raw", True) and embedder == "hashing":
+            sc.run("raw.upsert", lambda meter: raw_bulk_upsert(deps, meter, copy_batch=settings.copy_batch_size))
+        if job.get("readers", True) and embedder == "hashing":
+            one_more = mutated.copy()
+            key = sorted(one_more.docs)[len(one_more.docs) // 2]
+            one_more.docs[key] = one_more.docs[key].rstrip("\n") + "\n\n补充说明：节假日期间以上时限顺延。\n"
+            corpus_mod.write(one_more, docs_dir)
+            sc.run("kb.promotion_under_readers", lambda meter: promotion_under_readers(deps, meter, reindex(),
+                                                                                 job.get("reader_pause_s")))
+    out = {"job": job, "scenarios": sc.results, "ru_maxrss_mb": round(ru_maxrss_mb(), 1),
+           "mutation": mutation.summary(), "warmup": warm}
+    if server is not None:
+        server.stop()
+    state.dispose()
+    client.close()
+    return out
+
+
+def warmup(env: dict[str, str], workdir: Path) -> dict[str, float]:
+    """A whole engine run on a 3-document throwaway project before anything is timed; says what it cost.
+
+    The first run in a process pays one-time costs that no later run does: lazy imports (Airflow's Stats
+    through `kb_reindex.metrics`, pandas, matplotlib for the HTML report) and first-use caches. Every CLI
+    process pays them once; here they would otherwise land on whichever scenario comes first.
+    """
+    from qdrant_client import QdrantClient
+
+    from kb_reindex import engine
+    from kb_reindex.config import Settings
+    from kb_reindex.runtime import Deps
+    from kb_reindex.state import StateStore
+    from kb_reindex.store import KnowledgeStore
+
+    started = time.perf_counter()
+    tiny = corpus_mod.generate(3, seed=1)
+    root = corpus_mod.write_project(workdir / "warmup", tiny, None)
+    settings = Settings.from_env({**env, "KB_PROJECT_ROOT": str(root)})
+    client = QdrantClient(":memory:")
+    state = StateStore(settings.state_url)
+    result = engine.run_reindex(Deps(settings=settings, state=state, store=KnowledgeStore(client)))
+    state.dispose()
+    client.close()
+    if result["outcome"] != "promoted":
+        raise RuntimeError(f"warm-up run failed: {result['error']}")
+    return {"first_run_s": round(time.perf_counter() - started, 3)}
+
+
+def summarize_run(result: dict[str, Any], meter: Meter) -> dict[str, Any]:
+    built = result.get("build") or {}
+    copied = int(built.get("copied", 0))
+    build_s = meter.phases.get("build", 0.0)
+    copy_s = max(build_s - meter.embed_s, 1e-9)
+    return {
+        "outcome": result["outcome"],
+        "version": result["version"],
+        "docs": result["docs"],
+        "chunks_total": result["chunks"]["total"],
+        "chunks_embedded": result["chunks"]["embedded"],
+        "chunks_reused": result["chunks"]["reused"],
+        "points_copied": copied,
+        # the copy path's rate: copied points over the build step's time outside the embedder
+        "copy_points_per_s": round(copied / copy_s, 1) if copied else None,
+        "validation": {k: (result.get("validation") or {}).get(k) for k in ("passed", "hit_rate", "mrr")},
+        "swap_s": round(max(meter.swap_s, default=0.0), 6),
+        "alias_update_s": round(max(meter.alias_update_s, default=0.0), 6),
+    }
+
+
+def profiled(fn: Callable[[Meter], dict[str, Any]], out: Path) -> Callable[[Meter], dict[str, Any]]:
+    def go(meter: Meter) -> dict[str, Any]:
+        from pyinstrument import Profiler
+
+        profiler = Profiler(interval=0.001)
+        profiler.start()
+        try:
+            return fn(meter)
+        finally:
+            profiler.stop()
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.with_suffix(".txt").write_text(profiler.output_text(unicode=True, color=False, show_all=False),
+                                               encoding="utf-8")
+            out.with_suffix(".html").write_text(profiler.output_html(), encoding="utf-8")
+    return go
+
+
+def raw_bulk_upsert(deps: BenchDeps, meter: Meter, *, copy_batch: int) -> dict[str, Any]:
+    """The backend's physical limit for the copy path: the live points (same IDs, vectors, payloads)
+    upserted into a fresh collection of the same shape in batches of KB_COPY_BATCH_SIZE; only the upsert
+    calls are timed. Then the same points read back by ID with vectors, as the copy path reads them."""
+    from qdrant_client import models
+
+    client = deps.store.client
+    live = deps.store.alias_target(deps.settings.alias)
+    assert live is not None
+    name = "bench_raw_upsert"
+    deps.store.delete_collection(name)
+    deps.store.create_collection(name, dim=DIM)
+    upsert_s = retrieve_s = 0.0
+    points = 0
+    ids: list[str] = []
+    offset = None
+    while True:
+        records, offset = client.scroll(live, limit=copy_batch, offset=offset, with_payload=True, with_vectors=True)
+        batch = [models.PointStruct(id=r.id, vector=r.vector, payload=r.payload) for r in records]
+        if batch:
+            started = time.perf_counter()
+            client.upsert(name, points=batch, wait=True)
+            upsert_s += time.perf_counter() - started
+            points += len(batch)
+            ids.extend(str(r.id) for r in records)
+        if offset is None:
+            break
+    for start in range(0, len(ids), copy_batch):
+        started = time.perf_counter()
+        client.retrieve(name, ids=ids[start:start + copy_batch], with_vectors=True, with_payload=False)
+        retrieve_s += time.perf_counter() - started
+    deps.store.delete_collection(name)
+    meter.points_upserted += points
+    meter.upsert_s += upsert_s
+    return {"points": points, "upsert_s": round(upsert_s, 4), "upsert_points_per_s": round(points / upsert_s, 1),
+            "retrieve_s": round(retrieve_s, 4), "retrieve_points_per_s": round(points / retrieve_s, 1),
+            "batch": copy_batch}
+
+
+def promotion_under_readers(deps: BenchDeps, meter: Meter, run: Callable[[Meter], dict[str, Any]],
+                            pause_s: float | None = None) -> dict[str, Any]:
+    """A reindex whose promotion (and the retention after it) happens while 4 threads search through the
+    alias with the reader API. Readers start when the promote step starts and read the old version for a
+    moment first; they stop once each has read the new one, after cleanup. The build and validation
+    before are not slowed down by them (that is not what P6 is about)."""
+    import kb_reindex.engine as engine
+    from kb_reindex.reader import search_knowledge
+    from kb_reindex.runtime import Deps
+    from kb_reindex.store import KnowledgeStore
+
+    # readers get their own, uncounted Deps over the same Qdrant client and state DB
+    reader_deps = Deps(settings=deps.settings, state=deps.state, store=KnowledgeStore(deps.store.client))
+    pause = pause_s or READER_PAUSE_S
+    stop = threading.Event()
+    lock = threading.Lock()
+    stats: dict[str, Any] = {"reads": 0, "failed": 0, "empty": 0, "max_latency_s": 0.0, "errors": []}
+    by_version: dict[int, int] = {}
+
+    def reader(query: str) -> None:
+        while not stop.is_set():
+            started = time.perf_counter()
+            try:
+                found = search_knowledge(reader_deps, query, k=4)
+                latency = time.perf_counter() - started
+                with lock:
+                    stats["reads"] += 1
+                    stats["max_latency_s"] = max(stats["max_latency_s"], latency)
+                    by_version[found["version"]] = by_version.get(found["version"], 0) + 1
+                    if not found["results"]:
+                        stats["empty"] += 1
+            except Exception as exc:  # noqa: BLE001 - every failure counts
+                with lock:
+                    stats["failed"] += 1
+                    if len(stats["errors"]) < 5:
+                        stats["errors"].append(f"{type(exc).__name__}: {exc}")
+            time.sleep(pause)
+
+    threads = [threading.Thread(target=reader, args=(q,), daemon=True) for q in READER_QUERIES[:READERS]]
+    original_promote = engine.promote
+
+    def wait_for_reads(count: int, version: int | None = None, limit_s: float = 10.0) -> None:
+        deadline = time.monotonic() + limit_s
+        while time.monotonic() < deadline:
+            with lock:
+                done = by_version.get(version, 0) if version is not None else stats["reads"]
+            if done >= count:
+                return
+            time.sleep(0.005)
+
+    def promote_under_readers(*args: Any, **kwargs: Any) -> Any:
+        for t in threads:
+            t.start()
+        wait_for_reads(2 * READERS)  # every reader is busy on the old version
+        return original_promote(*args, **kwargs)
+
+    engine.promote = promote_under_readers
+    row: dict[str, Any] | None = None
+    try:
+        row = run(meter)
+    finally:
+        engine.promote = original_promote
+        started = [t for t in threads if t.ident is not None]
+        if started:  # every reader also reads the new version before they stop
+            wait_for_reads(2 * READERS, version=row["version"] if row else None)
+        stop.set()
+        for t in started:
+            t.join()
+    row.update(readers=READERS, reads=stats["reads"], failed_reads=stats["failed"], empty_reads=stats["empty"],
+               reader_errors=stats["errors"], reader_max_latency_s=round(stats["max_latency_s"], 4),
+               reads_by_version={str(k): v for k, v in sorted(by_version.items())},
+               versions_seen=sorted(by_version), promote_s=round(meter.phases.get("promote", 0.0), 6))
+    return row
+
+
+# --- LangChain's indexing API --------------------------------------------------------------------
+
+
+def run_langchain(job: dict[str, Any]) -> dict[str, Any]:
+    from langchain_classic.indexes import SQLRecordManager, index
+    from langchain_core.documents import Document as LCDocument
+    from langchain_core.embeddings import Embeddings
+    from langchain_qdrant import QdrantVectorStore
+    from qdrant_client import QdrantClient, models
+
+    from kb_reindex.chunking import chunk_document
+    from kb_reindex.embedding import HashingEmbedder, OllamaEmbedder
+    from kb_reindex.sources import load_corpus
+
+    size, seed, embedder_kind = job["size"], job["seed"], job["embedder"]
+    base = corpus_mod.generate(size, seed)
+    mutated, mutation = corpus_mod.mutate(base, seed)
+    root = Path(job["workdir"]) / f"langchain-{embedder_kind}-{size}"
+    corpus_mod.write_project(root, base, mutation)
+    docs_dir = root / "knowledge" / "docs"
+
+    server = fake_ollama(job["ollama_ms"]) if embedder_kind == "ollama" else None
+    if server is not None:
+        inner: Any = OllamaEmbedder(host=server.url, model=OLLAMA_MODEL, dim=DIM, batch_size=32)
+    else:
+        inner = HashingEmbedder(dim=DIM)
+    meter_ref = MeterRef()
+
+    class CountedEmbeddings(Embeddings):
+        """LangChain's Embeddings over the very embedder our engine uses (same batching of 32 for Ollama)."""
+
+        def embed_documents(self, texts: list[str]) -> list[list[float]]:
+            meter = meter_ref.meter
+            started = time.perf_counter()
+            vectors = inner.embed(texts)
+            meter.embed_s += time.perf_counter() - started
+            meter.embed_requests += 1
+            meter.chunk_texts += len(texts)
+            return vectors
+
+        def embed_query(self, text: str) -> list[float]:
+            meter_ref.meter.query_texts += 1
+            return inner.embed([text])[0]
+
+    client = QdrantClient(":memory:")
+    upsert, delete = client.upsert, client.delete
+
+    def counted_upsert(collection_name: str, points: Any, **kwargs: Any) -> Any:
+        started = time.perf_counter()
+        try:
+            return upsert(collection_name, points=points, **kwargs)
+        finally:
+            meter = meter_ref.meter
+            meter.upsert_s += time.perf_counter() - started
+            meter.points_upserted += len(points)
+            meter.upsert_calls += 1
+
+    def counted_delete(collection_name: str, points_selector: Any, **kwargs: Any) -> Any:
+        ids = points_selector.points if isinstance(points_selector, models.PointIdsList) else points_selector
+        meter_ref.meter.points_deleted += len(ids) if isinstance(ids, list) else 0
+        return delete(collection_name, points_selector=points_selector, **kwargs)
+
+    client.upsert = counted_upsert  # type: ignore[method-assign]
+    client.delete = counted_delete  # type: ignore[method-assign]
+    collection = "langchain_knowledge"
+    client.create_collection(collection, vectors_config=models.VectorParams(size=DIM, distance=models.Distance.COSINE))
+    store = QdrantVectorStore(client=client, collection_name=collection, embedding=CountedEmbeddings())
+    records = SQLRecordManager(f"qdrant/{collection}", db_url=f"sqlite:///{root / 'records.db'}")
+    records.create_schema()
+
+    def documents() -> Iterator[LCDocument]:
+        for doc in load_corpus(docs_dir):
+            for chunk in chunk_document(doc):
+                yield LCDocument(page_content=chunk.text,
+                                 metadata={"source": doc.knowledge_key, "title": doc.title, "section": chunk.section})
+
+    def uuid_key(doc: LCDocument) -> str:
+        """LangChain's own content+metadata hash, in SHA-256, as a UUID (Qdrant IDs are UUIDs or ints)."""
+        content = hashlib.sha256(doc.page_content.encode("utf-8")).hexdigest()
+        meta = hashlib.sha256(json.dumps(doc.metadata, sort_keys=True).encode("utf-8")).hexdigest()
+        return str(uuid.uuid5(uuid.NAMESPACE_URL, content + meta))
+
+    def run_index(meter: Meter) -> dict[str, Any]:
+        result = index(documents(), records, store, cleanup="incremental", source_id_key="source",
+                       key_encoder=uuid_key)
+        count = client.count(collection, exact=True).count
+        return {"indexing_result": dict(result), "points_in_store": count}
+
+    # warm-up: the same calls on a 3-document throwaway collection, so first-use costs are not timed
+    warm_started = time.perf_counter()
+    warm_root = root.parent / f"{root.name}-warmup"
+    corpus_mod.write_project(warm_root, corpus_mod.generate(3, seed=1), None)
+    client.create_collection("warmup", vectors_config=models.VectorParams(size=DIM, distance=models.Distance.COSINE))
+    warm_records = SQLRecordManager("qdrant/warmup", db_url=f"sqlite:///{warm_root / 'records.db'}")
+    warm_records.create_schema()
+    warm_docs = [LCDocument(page_content=c.text, metadata={"source": d.knowledge_key, "title": d.title,
+                                                           "section": c.section})
+                 for d in load_corpus(warm_root / "knowledge" / "docs") for c in chunk_document(d)]
+    index(warm_docs, warm_records, QdrantVectorStore(client=client, collection_name="warmup",
+                                                     embedding=CountedEmbeddings()),
+          cleanup="incremental", source_id_key="source", key_encoder=uuid_key)
+    client.delete_collection("warmup")
+    warm = {"first_run_s": round(time.perf_counter() - warm_started, 3)}
+
+    sc = Scenarios(meter_ref, server)
+    sc.run("langchain.full_build", run_index)
+    sc.run("langchain.noop", run_index)
+    corpus_mod.write(mutated, docs_dir)
+    row = sc.run("langchain.incremental", run_index)
+    expected = sum(len(chunk_document(d)) for d in load_corpus(docs_dir))
+    row["points_expected"] = expected
+    row["stale_points"] = row["points_in_store"] - expected
+    out = {"job": job, "scenarios": sc.results, "ru_maxrss_mb": round(ru_maxrss_mb(), 1),
+           "mutation": mutation.summary(), "warmup": warm}
+    if server is not None:
+        server.stop()
+    client.close()
+    return out
+
+
+JOBS = {"kb": run_kb, "langchain": run_langchain}
+
+
+def quiet_logs() -> None:
+    """Progress logs per batch would cost time and flood stderr; importing Airflow may reconfigure logging."""
+    logging.basicConfig(level=logging.WARNING)
+    for name in ("kb_reindex", "httpx", "airflow"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def main(job_json: str) -> int:
+    """One worker process: one peer; one (size, embedder) task in a full run, all of the peer's in --smoke."""
+    quiet_logs()
+    job = json.loads(job_json)
+    runs = []
+    for task in job["tasks"]:
+        started = time.perf_counter()
+        result = JOBS[job["peer"]]({**job, **task})
+        result["job_wall_s"] = round(time.perf_counter() - started, 2)
+        result["peak_rss_mb"] = max(row["peak_rss_mb"] for row in result["scenarios"].values())
+        runs.append(result)
+        gc.collect()
+    out = Path(job["out"])
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"runs": runs}, ensure_ascii=False, indent=1), encoding="utf-8")
+    os.replace(tmp, out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1]))

@@ -1,0 +1,259 @@
+"""Benchmark: incremental blue-green reindexing against full rebuilds and LangChain's indexing API.
+
+    .venv/bin/pip install -c constraints.txt -r bench/requirements.txt
+    .venv/bin/python bench/run.py                                  # 500 and 2,000 docs; 20 ms Ollama at 500
+    .venv/bin/python bench/run.py --sizes 500,2000,20000           # + 20,000 docs (~100k chunks)
+    .venv/bin/python bench/run.py --smoke --out /tmp/bench         # tiny corpus, seconds (the test suite runs this)
+    .venv/bin/python bench/run.py --sizes 2000 --profile-size 2000 # + a pyinstrument profile of our incremental run
+
+Per size, each peer runs in its own subprocess (so peak RSS is its own) on the same deterministic corpus,
+the same embedder and the same local-mode Qdrant (`:memory:`): our engine (full build, no-op, incremental
+1% edited / 0.5% added / 0.5% deleted, rollback, a promotion under 4 readers), the full rebuild
+(`run --force-full`), LangChain `index()` (SQLRecordManager, cleanup="incremental", QdrantVectorStore,
+in place) and Qdrant's raw bulk upsert of the same points. Writes `<out>/latest.json`, `latest.md`,
+`scaling.png`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import corpus as corpus_mod  # noqa: E402
+import report  # noqa: E402
+
+DEFAULT_SIZES = "500,2000"
+SMOKE_SIZES = "8,80"
+
+
+def corpus_stats(size: int, seed: int, workdir: Path) -> dict[str, Any]:
+    """Chunk counts and the exact number of chunks the edit makes new (hash not in the base corpus)."""
+    from kb_reindex.chunking import chunk_document
+    from kb_reindex.sources import load_corpus
+
+    base = corpus_mod.generate(size, seed)
+    mutated, mutation = corpus_mod.mutate(base, seed)
+    stats: dict[str, Any] = {"docs": len(base.docs), "bytes": sum(len(t.encode("utf-8")) for t in base.docs.values()),
+                             "mutation": mutation.summary()}
+    hashes = []
+    for name, c in (("base", base), ("mutated", mutated)):
+        folder = workdir / f"stats-{size}-{name}"
+        corpus_mod.write(c, folder)
+        hashes.append([ch.chunk_hash for d in load_corpus(folder) for ch in chunk_document(d)])
+    live = set(hashes[0])
+    stats.update(chunks=len(hashes[0]), chunks_after_edit=len(hashes[1]),
+                 new_chunk_hashes_after_edit=sum(1 for h in hashes[1] if h not in live))
+    return stats
+
+
+def run_job(job: dict[str, Any], timeout: float) -> list[dict[str, Any]]:
+    started = time.perf_counter()
+    label = f"{job['peer']}/" + ",".join(f"{t['embedder']}@{t['size']}" for t in job["tasks"])
+    print(f"[bench] {label} ...", file=sys.stderr, flush=True)
+    proc = subprocess.run([sys.executable, str(HERE / "peers.py"), json.dumps(job)], timeout=timeout,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_worker_env(Path(job["workdir"])))
+    sys.stderr.write(proc.stderr[-20000:])
+    if proc.returncode != 0:
+        raise RuntimeError(f"benchmark worker {label} failed (exit {proc.returncode})")
+    runs = json.loads(Path(job["out"]).read_text(encoding="utf-8"))["runs"]
+    print(f"[bench] {label} done in {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
+    return runs
+
+
+def _worker_env(workdir: Path) -> dict[str, str]:
+    """The worker's settings come from the env mapping it builds; no KB_*/OLLAMA_HOST leaks in.
+
+    The engine imports Airflow's Stats when Airflow is installed; a scratch AIRFLOW_HOME keeps that
+    import from writing an airflow.cfg into ~/airflow.
+    """
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KB_") and k != "OLLAMA_HOST"}
+    env.setdefault("AIRFLOW_HOME", str(workdir / "airflow-home"))
+    env.setdefault("AIRFLOW__LOGGING__LOGGING_LEVEL", "WARNING")
+    env["PYTHONHASHSEED"] = "0"
+    return env
+
+
+def versions() -> dict[str, str]:
+    out = {}
+    for name in ("kb-reindex", "qdrant-client", "langchain-core", "langchain-classic", "langchain-qdrant", "SQLAlchemy",
+                 "ollama", "numpy"):
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = "not installed"
+    return out
+
+
+def machine() -> str:
+    cpus = os.cpu_count()
+    try:
+        mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+        return f"{platform.machine()} {cpus} CPU {mem:.0f} GiB {platform.system()}"
+    except (ValueError, OSError, AttributeError):
+        return f"{platform.machine()} {cpus} CPU {platform.system()}"
+
+
+def write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def parse_sizes(text: str) -> list[int]:
+    if text.strip().lower() == "none":
+        return []
+    sizes = sorted({int(part) for part in text.split(",") if part.strip()})
+    if not sizes or min(sizes) < 5:
+        raise argparse.ArgumentTypeError("sizes must be document counts of at least 5")
+    return sizes
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    parser.add_argument("--sizes", type=parse_sizes, default=None, help=f"document counts (default {DEFAULT_SIZES})")
+    parser.add_argument("--ollama-ms", type=float, default=None, help="fake Ollama cost per text in ms (default 20)")
+    parser.add_argument("--ollama-sizes", type=parse_sizes, default=None,
+                        help="sizes that also run the Ollama scenarios (default: the smallest size only; 'none')")
+    parser.add_argument("--out", type=Path, default=HERE / "results", help="results folder (default bench/results)")
+    parser.add_argument("--seed", type=int, default=corpus_mod.DEFAULT_SEED)
+    parser.add_argument("--smoke", action="store_true", help=f"tiny corpus (sizes {SMOKE_SIZES}, 1 ms/text), seconds")
+    parser.add_argument("--jobs", type=int, default=None,
+                        help="workers in parallel (default 1: timings must not share the CPU; --smoke uses 2)")
+    parser.add_argument("--profile-size", type=int, default=None,
+                        help="also profile our incremental run at this size (pyinstrument; not in the table)")
+    parser.add_argument("--timeout", type=float, default=3 * 3600, help="seconds per worker")
+    parser.add_argument("--workdir", type=Path, default=None, help="scratch folder (default: a temp folder)")
+    parser.add_argument("--merge", action="store_true",
+                        help="keep the other sizes of <out>/latest.json (e.g. add 20000 to a 500,2000 run)")
+    parser.add_argument("--render", action="store_true",
+                        help="only recompute targets, latest.md and scaling.png from <out>/latest.json")
+    args = parser.parse_args(argv)
+    if args.render:
+        render(json.loads((args.out / "latest.json").read_text(encoding="utf-8")), args.out)
+        return 0
+
+    sizes = args.sizes or parse_sizes(SMOKE_SIZES if args.smoke else DEFAULT_SIZES)
+    if not sizes:
+        parser.error("--sizes: give at least one size")
+    ollama_ms = args.ollama_ms if args.ollama_ms is not None else (1.0 if args.smoke else 20.0)
+    ollama_sizes = args.ollama_sizes if args.ollama_sizes is not None else [min(sizes)]
+    jobs_parallel = args.jobs or (2 if args.smoke else 1)
+    args.out.mkdir(parents=True, exist_ok=True)
+    command = "bench/run.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    started = time.perf_counter()
+
+    with tempfile.TemporaryDirectory(prefix="kb-bench-") as tmp:
+        workdir = args.workdir or Path(tmp)
+        workdir.mkdir(parents=True, exist_ok=True)
+        tasks = [{"size": size, "embedder": embedder} for size in sizes
+                 for embedder in ["hashing"] + (["ollama"] if size in ollama_sizes else [])]
+        # a full run gives every (peer, size, embedder) its own process, so each peak RSS is its own;
+        # --smoke runs all of a peer's tasks in one process (imports are most of a tiny run's time)
+        groups = [tasks] if args.smoke else [[task] for task in tasks]
+        common = {"seed": args.seed, "ollama_ms": ollama_ms, "workdir": str(workdir), "raw": True, "readers": True,
+                  "reader_pause_s": 0.02 if args.smoke else None}
+        jobs: list[dict[str, Any]] = []
+        for group in groups:
+            for peer in ("kb", "langchain"):
+                name = "-".join(f"{t['embedder']}{t['size']}" for t in group)
+                jobs.append({**common, "peer": peer, "tasks": group, "out": str(workdir / f"{peer}-{name}.json")})
+        if args.profile_size:
+            (workdir / "profile").mkdir(exist_ok=True)
+            jobs.append({**common, "peer": "kb", "tasks": [{"size": args.profile_size, "embedder": "hashing"}],
+                         "workdir": str(workdir / "profile"), "raw": False, "readers": False,
+                         "profile": str(args.out / f"profile-incremental-{args.profile_size}"),
+                         "out": str(workdir / f"profile-{args.profile_size}.json")})
+
+        stats = {size: corpus_stats(size, args.seed, workdir) for size in sizes}
+        with ThreadPoolExecutor(max_workers=jobs_parallel) as pool:
+            results = list(pool.map(lambda job: run_job(job, args.timeout), jobs))
+
+    entries = []
+    for size in sizes:
+        entry: dict[str, Any] = {"docs": size, "corpus": stats[size], "ollama_ms": ollama_ms}
+        for job, runs in zip(jobs, results):
+            if job.get("profile"):
+                continue
+            for result in runs:
+                if result["job"]["size"] != size:
+                    continue
+                peer, embedder = job["peer"], result["job"]["embedder"]
+                block = entry.setdefault(embedder, {})
+                block.update(result["scenarios"])
+                block[f"{peer}_peak_rss_mb"] = result["peak_rss_mb"]
+                block[f"{peer}_ru_maxrss_mb"] = result["ru_maxrss_mb"]
+                block[f"{peer}_job_wall_s"] = result["job_wall_s"]
+                if result.get("warmup"):
+                    block[f"{peer}_warmup"] = result["warmup"]
+        entries.append(entry)
+    run_meta = {"date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"), "command": command.strip(),
+                "total_s": round(time.perf_counter() - started, 1)}
+    for entry in entries:
+        entry["run"] = run_meta
+    data = {
+        "meta": {**run_meta, "machine": machine(), "python": platform.python_version(), "versions": versions(),
+                 "sizes": sizes, "ollama_sizes": ollama_sizes, "ollama_ms": ollama_ms, "seed": args.seed,
+                 "smoke": args.smoke, "qdrant": "local mode, :memory:"},
+        "scenarios": report.SCENARIOS,
+        "sizes": entries,
+    }
+    if args.profile_size:
+        profile = next(r for j, r in zip(jobs, results) if j.get("profile"))[0]
+        data["profile"] = {"size": args.profile_size, "text": str(args.out / f"profile-incremental-{args.profile_size}.txt"),
+                           "scenario": profile["scenarios"]["kb.incremental"]}
+    previous = args.out / "latest.json"
+    if args.merge and previous.exists():
+        data = merge(json.loads(previous.read_text(encoding="utf-8")), data)
+    render(data, args.out)
+    return 0
+
+
+def merge(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """Sizes of this run replace the same sizes of the previous results; the others are kept (same seed)."""
+    if old["meta"].get("seed") != new["meta"]["seed"] or old["meta"].get("smoke") != new["meta"]["smoke"]:
+        raise SystemExit("--merge: the previous results used another seed or smoke setting; not merging")
+    fresh = {e["docs"] for e in new["sizes"]}
+    kept = [e for e in old["sizes"] if e["docs"] not in fresh]
+    for entry in kept:
+        entry.setdefault("run", {"date": old["meta"]["date"], "command": old["meta"]["command"]})
+    merged = dict(new)
+    merged["sizes"] = sorted(kept + new["sizes"], key=lambda e: e["docs"])
+    merged["meta"] = {**new["meta"], "sizes": [e["docs"] for e in merged["sizes"]],
+                      "ollama_sizes": sorted(set(old["meta"].get("ollama_sizes", [])) | set(new["meta"]["ollama_sizes"])),
+                      "merged_from": sorted({e["run"]["command"] for e in merged["sizes"]})}
+    if "profile" in old and "profile" not in new:
+        merged["profile"] = old["profile"]
+    return merged
+
+
+def render(data: dict[str, Any], out: Path) -> None:
+    """Targets, latest.json, latest.md and scaling.png from the assembled results."""
+    data["targets"] = report.targets(data["sizes"])
+    write_atomic(out / "latest.json", json.dumps(data, ensure_ascii=False, indent=1))
+    md = report.markdown(data)
+    write_atomic(out / "latest.md", md)
+    tmp_png = out / "scaling.png.tmp"
+    report.plot(data, tmp_png)
+    os.replace(tmp_png, out / "scaling.png")
+    print(md)
+    print(f"[bench] wrote {out / 'latest.json'}, latest.md, scaling.png", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
