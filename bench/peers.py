@@ -226,26 +226,23 @@ def raw_bulk_upsert(deps: BenchDeps, meter: Meter, *, copy_batch: int) -> dict[s
     from qdrant_client import models
 
     client = deps.store.client
-    live = deps.store.alias_target(deps.settings.alias)
-    assert live is not None
+    live_version = deps.state.live_version(deps.settings.alias)
+    assert live_version is not None
+    live = live_version.collection
     name = "bench_raw_upsert"
     deps.store.delete_collection(name)
     deps.store.create_collection(name, dim=DIM)
     upsert_s = retrieve_s = 0.0
     points = 0
-    ids: list[str] = []
-    offset = None
-    while True:
-        records, offset = client.scroll(live, limit=copy_batch, offset=offset, with_payload=True, with_vectors=True)
+    # the live points by ID from its manifest (local mode's scroll re-sorts every ID for each page)
+    ids = [row["point_id"] for row in deps.state.manifest_chunks(live_version.id)]
+    for start in range(0, len(ids), copy_batch):
+        records = client.retrieve(live, ids=ids[start:start + copy_batch], with_payload=True, with_vectors=True)
         batch = [models.PointStruct(id=r.id, vector=r.vector, payload=r.payload) for r in records]
-        if batch:
-            started = time.perf_counter()
-            client.upsert(name, points=batch, wait=True)
-            upsert_s += time.perf_counter() - started
-            points += len(batch)
-            ids.extend(str(r.id) for r in records)
-        if offset is None:
-            break
+        started = time.perf_counter()
+        client.upsert(name, points=batch, wait=True)
+        upsert_s += time.perf_counter() - started
+        points += len(batch)
     for start in range(0, len(ids), copy_batch):
         started = time.perf_counter()
         client.retrieve(name, ids=ids[start:start + copy_batch], with_vectors=True, with_payload=False)
@@ -475,9 +472,14 @@ def main(job_json: str) -> int:
         result["peak_rss_mb"] = max(row["peak_rss_mb"] for row in result["scenarios"].values())
         runs.append(result)
         gc.collect()
+    import kb_reindex
+
+    where = str(Path(kb_reindex.__file__).resolve().parent)
+    if job.get("package") and not where.startswith(str(Path(job["package"]).resolve())):
+        raise RuntimeError(f"worker imported kb_reindex from {where}, not from the snapshot {job['package']}")
     out = Path(job["out"])
     tmp = out.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"runs": runs}, ensure_ascii=False, indent=1), encoding="utf-8")
+    tmp.write_text(json.dumps({"runs": runs, "kb_reindex_from": where}, ensure_ascii=False, indent=1), encoding="utf-8")
     os.replace(tmp, out)
     return 0
 

@@ -168,7 +168,8 @@ def markdown(data: dict[str, Any]) -> str:
     lines = [
         "# kb-reindex benchmark",
         "",
-        f"{meta['date']} · {meta['machine']} · Python {meta['python']} · qdrant-client {meta['versions'].get('qdrant-client')} "
+        f"{meta['date']} · kb_reindex sources sha256:{(meta.get('package') or {}).get('sha256', '?')} · "
+        f"{meta['machine']} · Python {meta['python']} · qdrant-client {meta['versions'].get('qdrant-client')} "
         f"(local mode, `:memory:`, every peer) · langchain-core {meta['versions'].get('langchain-core')} · "
         f"`{meta['command']}`",
         "",

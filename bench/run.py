@@ -60,12 +60,32 @@ def corpus_stats(size: int, seed: int, workdir: Path) -> dict[str, Any]:
     return stats
 
 
+def snapshot_package(folder: Path) -> dict[str, str]:
+    """Copy kb_reindex as it is now; every worker imports this copy (PYTHONPATH), so one run measures one
+    revision of the package even if someone edits include/ meanwhile. Its fingerprint goes into the results."""
+    import hashlib
+    import shutil
+
+    import kb_reindex
+
+    source = Path(kb_reindex.__file__).resolve().parent
+    target = folder / "kb_reindex"
+    if target.exists():
+        shutil.rmtree(target)
+    shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    digest = hashlib.sha256()
+    for path in sorted(target.rglob("*.py")):
+        digest.update(path.relative_to(folder).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return {"source": str(source), "snapshot": str(folder), "sha256": digest.hexdigest()[:16]}
+
+
 def run_job(job: dict[str, Any], timeout: float) -> list[dict[str, Any]]:
     started = time.perf_counter()
     label = f"{job['peer']}/" + ",".join(f"{t['embedder']}@{t['size']}" for t in job["tasks"])
     print(f"[bench] {label} ...", file=sys.stderr, flush=True)
     proc = subprocess.run([sys.executable, str(HERE / "peers.py"), json.dumps(job)], timeout=timeout,
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_worker_env(Path(job["workdir"])))
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          env=_worker_env(Path(job["workdir"]), job["package"]))
     sys.stderr.write(proc.stderr[-20000:])
     if proc.returncode != 0:
         raise RuntimeError(f"benchmark worker {label} failed (exit {proc.returncode})")
@@ -74,7 +94,7 @@ def run_job(job: dict[str, Any], timeout: float) -> list[dict[str, Any]]:
     return runs
 
 
-def _worker_env(workdir: Path) -> dict[str, str]:
+def _worker_env(workdir: Path, package: str) -> dict[str, str]:
     """The worker's settings come from the env mapping it builds; no KB_*/OLLAMA_HOST leaks in.
 
     The engine imports Airflow's Stats when Airflow is installed; a scratch AIRFLOW_HOME keeps that
@@ -82,6 +102,7 @@ def _worker_env(workdir: Path) -> dict[str, str]:
     """
     env = {k: v for k, v in os.environ.items() if not k.startswith("KB_") and k != "OLLAMA_HOST"}
     env.setdefault("AIRFLOW_HOME", str(workdir / "airflow-home"))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (package, env.get("PYTHONPATH", "")) if p)
     env.setdefault("AIRFLOW__LOGGING__LOGGING_LEVEL", "WARNING")
     env["PYTHONHASHSEED"] = "0"
     return env
@@ -179,7 +200,10 @@ def main(argv: list[str] | None = None) -> int:
                          "profile": str(args.out / f"profile-incremental-{args.profile_size}"),
                          "out": str(workdir / f"profile-{args.profile_size}.json")})
 
+        package = snapshot_package(workdir / "package")
         stats = {size: corpus_stats(size, args.seed, workdir) for size in sizes}
+        for job in jobs:
+            job["package"] = package["snapshot"]
         with ThreadPoolExecutor(max_workers=jobs_parallel) as pool:
             results = list(pool.map(lambda job: run_job(job, args.timeout), jobs))
 
@@ -202,11 +226,13 @@ def main(argv: list[str] | None = None) -> int:
                     block[f"{peer}_warmup"] = result["warmup"]
         entries.append(entry)
     run_meta = {"date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"), "command": command.strip(),
+                "package_sha256": package["sha256"],
                 "total_s": round(time.perf_counter() - started, 1)}
     for entry in entries:
         entry["run"] = run_meta
     data = {
-        "meta": {**run_meta, "machine": machine(), "python": platform.python_version(), "versions": versions(),
+        "meta": {**run_meta, "package": {"sha256": package["sha256"], "source": package["source"]},
+                 "machine": machine(), "python": platform.python_version(), "versions": versions(),
                  "sizes": sizes, "ollama_sizes": ollama_sizes, "ollama_ms": ollama_ms, "seed": args.seed,
                  "smoke": args.smoke, "qdrant": "local mode, :memory:"},
         "scenarios": report.SCENARIOS,
@@ -235,7 +261,11 @@ def merge(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
     merged["sizes"] = sorted(kept + new["sizes"], key=lambda e: e["docs"])
     merged["meta"] = {**new["meta"], "sizes": [e["docs"] for e in merged["sizes"]],
                       "ollama_sizes": sorted(set(old["meta"].get("ollama_sizes", [])) | set(new["meta"]["ollama_sizes"])),
-                      "merged_from": sorted({e["run"]["command"] for e in merged["sizes"]})}
+                      "merged_from": sorted({e["run"]["command"] for e in merged["sizes"]}),
+                      "package_revisions": sorted({str(e["run"].get("package_sha256")) for e in merged["sizes"]})}
+    if len(merged["meta"]["package_revisions"]) > 1:
+        print("[bench] warning: the merged sizes were measured on different kb_reindex revisions "
+              f"{merged['meta']['package_revisions']}; ratios across them compare different code", file=sys.stderr)
     if "profile" in old and "profile" not in new:
         merged["profile"] = old["profile"]
     return merged

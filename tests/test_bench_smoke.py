@@ -16,7 +16,6 @@ import pytest
 pytest.importorskip("langchain_core")
 pytest.importorskip("langchain_classic.indexes")
 pytest.importorskip("langchain_qdrant")
-pytest.importorskip("matplotlib")
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
