@@ -215,7 +215,6 @@ def profiled(fn: Callable[[Meter], dict[str, Any]], out: Path) -> Callable[[Mete
             out.parent.mkdir(parents=True, exist_ok=True)
             out.with_suffix(".txt").write_text(profiler.output_text(unicode=True, color=False, show_all=False),
                                                encoding="utf-8")
-            out.with_suffix(".html").write_text(profiler.output_html(), encoding="utf-8")
     return go
 
 

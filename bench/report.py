@@ -165,13 +165,15 @@ def _rate(name: str, row: dict[str, Any]) -> Any:
 
 def markdown(data: dict[str, Any]) -> str:
     meta = data["meta"]
+    commands = meta.get("merged_from") or [meta["command"]]
+    revisions = meta.get("package_revisions") or [(meta.get("package") or {}).get("sha256", "?")]
     lines = [
         "# kb-reindex benchmark",
         "",
-        f"{meta['date']} · kb_reindex sources sha256:{(meta.get('package') or {}).get('sha256', '?')} · "
+        f"{meta['date']} · kb_reindex sources sha256:{', '.join(revisions)} · "
         f"{meta['machine']} · Python {meta['python']} · qdrant-client {meta['versions'].get('qdrant-client')} "
         f"(local mode, `:memory:`, every peer) · langchain-core {meta['versions'].get('langchain-core')} · "
-        f"`{meta['command']}`",
+        + "; ".join(f"`{c}`" for c in commands) + (f" · {meta['note']}" if meta.get("note") else ""),
         "",
         "Embedders: **hashing** = the offline `HashingEmbedder` (near-free); **ollama** = our Ollama-protocol server "
         f"with {meta['ollama_ms']} ms per text, through the real `ollama` client. Embedded = chunk texts sent to the "
