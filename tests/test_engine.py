@@ -327,3 +327,37 @@ def test_status_reports_metrics(deps: Deps, counting: CountingEmbedder) -> None:
     total = second["chunks"]["embedded"] + second["chunks"]["reused"]
     assert metrics["last_embedding_reuse_rate"] == round(second["chunks"]["reused"] / total, 4)
     assert metrics["last_source_to_searchable_s"] is not None and metrics["last_source_to_searchable_s"] >= 0
+
+
+@pytest.mark.parametrize("tamper", ["missing", "extra", "swapped"])
+def test_validation_checks_every_point_id_against_the_manifest(deps: Deps, counting: CountingEmbedder, tamper: str) -> None:
+    import uuid
+
+    from qdrant_client import models
+
+    from kb_reindex.build import build, create_version
+    from kb_reindex.errors import ValidationFailed
+    from kb_reindex.plan import plan
+    from kb_reindex.validate import validate
+
+    created = create_version(deps, plan(deps))
+    build(deps, created["version"])
+    collection = created["collection"]
+    victim = deps.store.client.scroll(collection, limit=1, with_vectors=True)[0][0]
+    stranger = models.PointStruct(id=str(uuid.uuid4()), vector=victim.vector, payload=victim.payload)
+    if tamper in ("missing", "swapped"):
+        deps.store.client.delete(collection, points_selector=[victim.id])
+    if tamper in ("extra", "swapped"):
+        deps.store.client.upsert(collection, points=[stranger])
+
+    with pytest.raises(ValidationFailed) as failed:
+        validate(deps, created["version"])
+    message = str(failed.value)
+    if tamper == "missing":
+        assert f"point ids: 1 missing, 0 unexpected (e.g. {victim.id})" in message
+    elif tamper == "extra":
+        assert f"point ids: 0 missing, 1 unexpected (e.g. {stranger.id})" in message
+    else:  # same count, so only looking up every ID tells
+        assert "point count" not in message
+        assert "point ids: 1 missing, 1 unexpected" in message
+    assert deps.store.alias_target("mall_knowledge") is None

@@ -11,7 +11,7 @@ from typing import Any
 
 from kb_reindex.build import build, create_version
 from kb_reindex.errors import KbError
-from kb_reindex.plan import plan as make_plan
+from kb_reindex.plan import prepare_logged as make_plan
 from kb_reindex.promote import cleanup, promote, rollback, rollback_target
 from kb_reindex.runtime import Deps, new_run_id
 from kb_reindex.validate import validate
@@ -66,8 +66,10 @@ def run_reindex(
     deps.state.start_run(run_id=run_id, alias=alias, kind=kind, trigger=trigger)
     try:
         with deps.state.lock(f"reindex:{alias}", ttl_s=deps.settings.lock_ttl_s):
-            p = make_plan(deps, force_full=force_full or kind == "migration", kind=kind,
-                          embedder=embedder, model=model, dim=dim)
+            # one read of the files serves every step of this process; the DAG's tasks each read them again
+            prepared = make_plan(deps, force_full=force_full or kind == "migration", kind=kind,
+                                 embedder=embedder, model=model, dim=dim)
+            p = prepared.plan
             result.update(docs=p["docs"], chunks=p["chunks"], plan=p)
             counters = run_counters(p)
             if p["no_change"]:
@@ -80,12 +82,14 @@ def run_reindex(
                 result["outcome"] = "dry_run"
                 deps.state.finish_run(run_id, outcome="dry_run", **counters)
                 return result
-            created = create_version(deps, p, run_id=run_id)
+            created = create_version(deps, p, run_id=run_id, prepared=prepared)
             result.update(version=created["version"], collection=created["collection"])
             deps.state.update_run(run_id, version=created["version"])
-            built = build(deps, created["version"], run_id=run_id)
+            built = build(deps, created["version"], run_id=run_id, prepared=prepared)
             result["build"] = built
-            checked = validate(deps, created["version"], min_hit_rate=min_hit_rate, min_mrr=min_mrr)
+            checked = validate(deps, created["version"], min_hit_rate=min_hit_rate, min_mrr=min_mrr,
+                               documents=prepared.documents)
+            del prepared
             result["validation"] = validation_summary(checked)
             if promote_version:
                 promote(deps, created["version"], run_id=run_id)

@@ -1,18 +1,23 @@
 """Metrics through Airflow's Stats (StatsD or OpenTelemetry, whichever the deployment enables).
 
-Outside Airflow (the CLI) there is no metrics backend and these calls do nothing; the same numbers
+Outside Airflow (the CLI, where Airflow is not imported) there is no metrics backend and these calls do nothing; the same numbers
 are always available from `kb-reindex status --json`.
 """
 
 from __future__ import annotations
 
 import logging
+import sys
 
 log = logging.getLogger(__name__)
 PREFIX = "kb_reindex"
 
 
 def _stats():  # noqa: ANN202 - Airflow's Stats facade, or None
+    # Only where Airflow already runs this code: importing it from the CLI costs seconds and writes an
+    # airflow.cfg, for metrics that would go nowhere.
+    if "airflow.sdk" not in sys.modules:
+        return None
     try:
         from airflow.sdk.observability.stats import Stats
     except Exception:  # noqa: BLE001 - no Airflow here: metrics are optional

@@ -132,6 +132,11 @@ def prepare(
 
 
 def plan(deps: Deps, **options: Any) -> dict[str, Any]:
+    return prepare_logged(deps, **options).plan
+
+
+def prepare_logged(deps: Deps, **options: Any) -> Prepared:
+    """`prepare`, with the one-line summary an operator reads first in the log."""
     prepared = prepare(deps, **options)
     p = prepared.plan
     log.info(
@@ -139,4 +144,4 @@ def plan(deps: Deps, **options: Any) -> dict[str, Any]:
         p["alias"], p["docs"]["added"], p["docs"]["changed"], p["docs"]["unchanged"], p["docs"]["removed"],
         p["chunks"]["total"], p["chunks"]["embedded"], p["chunks"]["reused"], "; no change" if p["no_change"] else "",
     )
-    return p
+    return prepared

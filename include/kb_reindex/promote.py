@@ -219,7 +219,7 @@ def structural_problems(deps: Deps, version: VersionRecord) -> list[str]:
     problems = []
     if shape.points != len(manifest):
         problems.append(f"{shape.points} points, manifest lists {len(manifest)}")
-    elif store.existing_ids(version.collection) != manifest:
+    elif any(store.id_differences(version.collection, sorted(manifest), points=shape.points)):
         problems.append("point IDs differ from the manifest")
     if shape.dim != version.embed_dim:
         problems.append(f"dimension {shape.dim}, record says {version.embed_dim}")

@@ -131,6 +131,20 @@ class KnowledgeStore:
     def existing_ids(self, name: str) -> set[str]:
         return set(self.iter_ids(name))
 
+    def id_differences(self, name: str, expected: Sequence[str], *, points: int, batch: int = 1024) -> tuple[set[str], set[str]]:
+        """IDs of `expected` the collection lacks, and IDs it holds beyond them; `points` is its count.
+
+        Looked up by ID in batches: with as many points as IDs found, nothing is extra. Only then is the
+        whole collection listed, to name what is extra (local mode's scroll re-sorts every ID for each
+        page, so it stays off the path every healthy version takes)."""
+        found: set[str] = set()
+        for start in range(0, len(expected), batch):
+            found.update(str(r.id) for r in self.retrieve(name, expected[start:start + batch], payload=False))
+        missing = set(expected) - found
+        if points == len(found):
+            return missing, set()
+        return missing, self.existing_ids(name) - set(expected)
+
     def retrieve(self, name: str, ids: Sequence[str], *, vectors: bool = False, payload: bool = True) -> list[models.Record]:
         return self.client.retrieve(name, ids=list(ids), with_vectors=vectors, with_payload=payload)
 

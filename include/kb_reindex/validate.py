@@ -17,6 +17,7 @@ from typing import Any
 from kb_reindex.errors import GoldenSetError, KbError, ValidationFailed
 from kb_reindex.golden import GoldenSet, check_probe_keys, first_hit_rank, load_golden_set, score
 from kb_reindex.runtime import Deps
+from kb_reindex.sources import Document
 from kb_reindex.state import VersionRecord
 from kb_reindex.store import DISTANCE
 
@@ -55,9 +56,7 @@ def _structural(deps: Deps, version: VersionRecord, manifest: list[dict[str, Any
         return checks
     shape = store.shape(version.collection)
     check("point count", shape.points == len(manifest), f"{shape.points} points, manifest lists {len(manifest)}")
-    ids = store.existing_ids(version.collection)
-    expected = {row["point_id"] for row in manifest}
-    missing, extra = expected - ids, ids - expected
+    missing, extra = store.id_differences(version.collection, [row["point_id"] for row in manifest], points=shape.points)
     check("point ids", not missing and not extra,
           f"{len(missing)} missing, {len(extra)} unexpected" + (f" (e.g. {sorted(missing or extra)[0]})" if missing or extra else ""))
     check("dimension", shape.dim == version.embed_dim, f"{shape.dim}, expected {version.embed_dim}")
@@ -88,10 +87,12 @@ def _structural(deps: Deps, version: VersionRecord, manifest: list[dict[str, Any
     return checks
 
 
-def run_probes(deps: Deps, version: VersionRecord, golden: GoldenSet, *, collection: str | None = None) -> list[dict[str, Any]]:
-    """Rank of each probe's expected document among the top k of `collection` (default: the version's)."""
-    embedder = deps.embedder_for(version)
-    vectors = embedder.embed([p.query for p in golden.probes])
+def run_probes(deps: Deps, version: VersionRecord, golden: GoldenSet, *, collection: str | None = None,
+               vectors: list[list[float]] | None = None) -> list[dict[str, Any]]:
+    """Rank of each probe's expected document among the top k of `collection` (default: the version's).
+    `vectors`: the probes already embedded with this version's model."""
+    if vectors is None:
+        vectors = embed_probes(deps, version, golden)
     results = []
     for probe, vector in zip(golden.probes, vectors):
         hits = deps.store.search(collection or version.collection, vector, k=golden.k)
@@ -100,12 +101,18 @@ def run_probes(deps: Deps, version: VersionRecord, golden: GoldenSet, *, collect
     return results
 
 
-def scan_instructions(deps: Deps, version: VersionRecord) -> list[dict[str, Any]]:
+def embed_probes(deps: Deps, version: VersionRecord, golden: GoldenSet) -> list[list[float]]:
+    return deps.embedder_for(version).embed([p.query for p in golden.probes])
+
+
+def scan_instructions(deps: Deps, version: VersionRecord, documents: list[Document] | None = None) -> list[dict[str, Any]]:
     """Instruction-like lines in the knowledge text: counted and listed for a person, obeyed by nothing."""
     from kb_reindex.sources import load_corpus
 
+    if documents is None:
+        documents = load_corpus(deps.settings.knowledge_dir, max_bytes=deps.settings.max_doc_bytes)
     flagged = []
-    for doc in load_corpus(deps.settings.knowledge_dir, max_bytes=deps.settings.max_doc_bytes):
+    for doc in documents:
         for number, line in enumerate(doc.body.splitlines(), start=1):
             if any(p.search(line) for p in INSTRUCTION_PATTERNS):
                 flagged.append({"source": doc.source, "line": number, "text": line.strip()[:200]})
@@ -120,13 +127,16 @@ def validate(
     min_mrr: float | None = None,
     compare_live: bool = True,
     raise_on_failure: bool = True,
+    documents: list[Document] | None = None,
 ) -> dict[str, Any]:
+    """`documents`: the files this version was planned from, when the caller has them in memory."""
     alias = deps.settings.alias
     version = deps.state.get_version(alias, version_number)
     if version is None:
         raise KbError(f"version {version_number} of {alias} does not exist")
     try:
-        result = _validate(deps, version, min_hit_rate=min_hit_rate, min_mrr=min_mrr, compare_live=compare_live)
+        result = _validate(deps, version, min_hit_rate=min_hit_rate, min_mrr=min_mrr, compare_live=compare_live,
+                           documents=documents)
     except GoldenSetError as exc:
         if version.status in ("building", "ready"):
             deps.state.mark_failed(version.id, step="validate", error=str(exc))
@@ -149,13 +159,14 @@ def validate(
 
 
 def _validate(deps: Deps, version: VersionRecord, *, min_hit_rate: float | None, min_mrr: float | None,
-              compare_live: bool) -> dict[str, Any]:
+              compare_live: bool, documents: list[Document] | None) -> dict[str, Any]:
     golden = load_golden_set(deps.settings.golden_set)
     manifest = deps.state.manifest_chunks(version.id)
     check_probe_keys(golden, {d["knowledge_key"] for d in deps.state.manifest_documents(version.id)})
     checks = _structural(deps, version, manifest)
     structural_ok = all(c["passed"] for c in checks)
-    candidate = run_probes(deps, version, golden) if structural_ok else []
+    probe_vectors = embed_probes(deps, version, golden) if structural_ok else None
+    candidate = run_probes(deps, version, golden, vectors=probe_vectors) if structural_ok else []
 
     # Live is scored with its own model. Same model: a probe lost against live is a regression. Another
     # model (a migration): the ranks stand side by side, and only the absolute thresholds decide.
@@ -166,7 +177,8 @@ def _validate(deps: Deps, version: VersionRecord, *, min_hit_rate: float | None,
             baseline = base
     same_model = bool(baseline) and (baseline.embedder, baseline.embed_model, baseline.embed_dim) == (
         version.embedder, version.embed_model, version.embed_dim)
-    live_results = run_probes(deps, baseline, golden) if baseline and structural_ok else []
+    live_results = (run_probes(deps, baseline, golden, vectors=probe_vectors if same_model else None)
+                    if baseline and structural_ok else [])
     live_rank = {r["probe"]: r["rank"] for r in live_results}
 
     probes = []
@@ -199,7 +211,7 @@ def _validate(deps: Deps, version: VersionRecord, *, min_hit_rate: float | None,
             lost = [p["probe"] for p in probes if p["regression"]]
             failures.append(f"{regressions} regression(s) against live v{baseline.version if baseline else '?'} "
                             f"(max {golden.max_regressions}): {', '.join(lost)}")
-    flagged = scan_instructions(deps, version)
+    flagged = scan_instructions(deps, version, documents)
     if flagged and deps.settings.block_on_instructions:
         failures.append(f"{len(flagged)} instruction-like line(s) in the knowledge text (KB_BLOCK_ON_INSTRUCTIONS); "
                         f"first: {flagged[0]['source']}:{flagged[0]['line']}")
