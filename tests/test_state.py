@@ -92,6 +92,16 @@ def test_lock_excludes_a_second_owner_until_released_or_expired(state: StateStor
         state.acquire_lock("reindex:kb", owner="b", ttl_s=60)
 
 
+def test_lock_held_past_its_ttl_is_renewed_while_the_holder_works(state: StateStore) -> None:
+    import time
+
+    with state.lock("reindex:kb", owner="long-build", ttl_s=1.2):
+        time.sleep(3.0)  # well past the TTL: without the heartbeat the row would have expired
+        with pytest.raises(LockHeldError, match="held by long-build"):
+            state.acquire_lock("reindex:kb", owner="next-run", ttl_s=60)
+    state.acquire_lock("reindex:kb", owner="next-run", ttl_s=60)  # released on exit
+
+
 def test_unreachable_state_db_is_a_config_error_without_password() -> None:
     with pytest.raises(ConfigError) as error:
         StateStore("mysql+pymysql://kb:hunter2@127.0.0.1:1/kb")

@@ -10,6 +10,7 @@ import json
 import logging
 import os
 import socket
+import threading
 import uuid
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -451,7 +452,7 @@ class StateStore:
 
     # --- locks ----------------------------------------------------------------------------------
 
-    def acquire_lock(self, name: str, *, owner: str, ttl_s: int) -> None:
+    def acquire_lock(self, name: str, *, owner: str, ttl_s: float) -> None:
         """A lock row with owner and expiry: works the same on SQLite and MySQL, survives no crash forever."""
         now = utcnow()
         expires = now + timedelta(seconds=ttl_s)
@@ -481,13 +482,38 @@ class StateStore:
         with self.engine.begin() as conn:
             conn.execute(locks.delete().where(locks.c.name == name, locks.c.owner == owner))
 
+    def renew_lock(self, name: str, *, owner: str, ttl_s: float) -> bool:
+        """Push the expiry out again; False if the lock is no longer ours (it expired and was taken)."""
+        with self.engine.begin() as conn:
+            return conn.execute(
+                locks.update().where(locks.c.name == name, locks.c.owner == owner)
+                .values(expires_at=utcnow() + timedelta(seconds=ttl_s))
+            ).rowcount == 1
+
     @contextmanager
-    def lock(self, name: str, *, owner: str | None = None, ttl_s: int = 3600) -> Iterator[str]:
+    def lock(self, name: str, *, owner: str | None = None, ttl_s: float = 3600) -> Iterator[str]:
+        """Held for the whole block, however long: a heartbeat renews it every third of the TTL, so only a
+        holder that died (and stopped renewing) loses it to the next run."""
         owner = owner or default_lock_owner()
         self.acquire_lock(name, owner=owner, ttl_s=ttl_s)
+        stop = threading.Event()
+
+        def heartbeat() -> None:
+            while not stop.wait(ttl_s / 3):
+                try:
+                    if not self.renew_lock(name, owner=owner, ttl_s=ttl_s):
+                        log.error("kb_reindex: lock %r was lost (expired and taken by another run)", name)
+                        return
+                except Exception as exc:  # noqa: BLE001 - the next beat tries again; the TTL is the backstop
+                    log.warning("kb_reindex: renewing lock %r failed: %s", name, _first_line(exc))
+
+        beat = threading.Thread(target=heartbeat, name=f"lock-heartbeat:{name}", daemon=True)
+        beat.start()
         try:
             yield owner
         finally:
+            stop.set()
+            beat.join()
             self.release_lock(name, owner=owner)
 
 
