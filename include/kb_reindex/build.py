@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from qdrant_client import models
@@ -301,23 +302,35 @@ def _fill(deps: Deps, version: VersionRecord, window: tuple[int, int] | None,
             raise StoreError(f"live collection {version.base_collection} holds {live_dim}-d vectors; "
                              f"v{version.version} needs {version.embed_dim}. Rebuild with `kb-reindex run --force-full`")
         started = time.perf_counter()
-        for batch in batched(to_copy, settings.copy_batch_size):
-            sources = deps.store.retrieve(version.base_collection, [r["source_point_id"] for r in batch], vectors=True, payload=False)
-            vectors = {str(record.id): record.vector for record in sources}
-            missing = [r["source_point_id"] for r in batch if r["source_point_id"] not in vectors]
-            if missing:
-                raise StoreError(
-                    f"live collection {version.base_collection} lacks {len(missing)} point(s) its manifest lists "
-                    f"(first: {missing[0]}); it drifted. Rebuild with `kb-reindex run --force-full`"
-                )
-            # Vectors read back from a collection of the checked dimension were checked when first
-            # embedded; Qdrant stores no NaN. Only a missing vector could still slip through.
-            empty = [r["source_point_id"] for r in batch if not isinstance(vectors[r["source_point_id"]], list)]
-            if empty:
-                raise StoreError(f"live collection {version.base_collection} returned no vector for {empty[0]}; "
-                                 "rebuild with `kb-reindex run --force-full`")
-            deps.store.upsert(version.collection, [point(r, vectors[r["source_point_id"]]) for r in batch])
-            record_progress(len(batch))
+
+        def read(batch: list[dict[str, Any]]) -> list[models.Record]:
+            return deps.store.retrieve(version.base_collection, [r["source_point_id"] for r in batch],
+                                       vectors=True, payload=False)
+
+        # Read the next batch while this one is written: against a Qdrant server the two round trips
+        # overlap; in local mode they take turns, at the cost of one thread.
+        batches = list(batched(to_copy, settings.copy_batch_size))
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="kb-copy-read") as reader:
+            pending = reader.submit(read, batches[0])
+            for position, batch in enumerate(batches):
+                sources = pending.result()
+                if position + 1 < len(batches):
+                    pending = reader.submit(read, batches[position + 1])
+                vectors = {str(record.id): record.vector for record in sources}
+                missing = [r["source_point_id"] for r in batch if r["source_point_id"] not in vectors]
+                if missing:
+                    raise StoreError(
+                        f"live collection {version.base_collection} lacks {len(missing)} point(s) its manifest lists "
+                        f"(first: {missing[0]}); it drifted. Rebuild with `kb-reindex run --force-full`"
+                    )
+                # Vectors read back from a collection of the checked dimension were checked when first
+                # embedded; Qdrant stores no NaN. Only a missing vector could still slip through.
+                empty = [r["source_point_id"] for r in batch if not isinstance(vectors[r["source_point_id"]], list)]
+                if empty:
+                    raise StoreError(f"live collection {version.base_collection} returned no vector for {empty[0]}; "
+                                     "rebuild with `kb-reindex run --force-full`")
+                deps.store.upsert(version.collection, [point(r, vectors[r["source_point_id"]]) for r in batch])
+                record_progress(len(batch))
         copy_s = time.perf_counter() - started
 
     if to_embed:

@@ -43,6 +43,9 @@ INSTRUCTION_PATTERNS = [
     )
 ]
 
+# one pass over a whole document first: almost every document has no such line at all
+ANY_INSTRUCTION = re.compile("|".join(f"(?:{p.pattern})" for p in INSTRUCTION_PATTERNS), re.IGNORECASE)
+
 
 def _structural(deps: Deps, version: VersionRecord, manifest: list[dict[str, Any]]) -> list[dict[str, Any]]:
     checks: list[dict[str, Any]] = []
@@ -113,8 +116,10 @@ def scan_instructions(deps: Deps, version: VersionRecord, documents: list[Docume
         documents = load_corpus(deps.settings.knowledge_dir, max_bytes=deps.settings.max_doc_bytes)
     flagged = []
     for doc in documents:
+        if not ANY_INSTRUCTION.search(doc.body):
+            continue
         for number, line in enumerate(doc.body.splitlines(), start=1):
-            if any(p.search(line) for p in INSTRUCTION_PATTERNS):
+            if ANY_INSTRUCTION.search(line):
                 flagged.append({"source": doc.source, "line": number, "text": line.strip()[:200]})
     return flagged
 
