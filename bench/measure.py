@@ -1,8 +1,9 @@
 """Measuring without changing the code under test: peak RSS windows, counting wrappers, phase timers.
 
 - Peak RSS per scenario: Linux keeps the process's high-water mark (VmHWM); writing "5" to
-  /proc/self/clear_refs resets it, so each scenario's window reports its own peak. Where that is not
-  allowed a 5 ms psutil sampler does the same job, approximately.
+  /proc/<pid>/clear_refs resets it, so each scenario's window reports its own peak. Where that is not
+  allowed a 5 ms psutil sampler does the same job, approximately. The same window works for the store
+  sidecar's process (`PeakRss(pid)`), which models the Qdrant server's memory.
 - Embedding calls: every embedder the engine asks `Deps.embedder_for` for is wrapped; chunk texts and
   golden-probe queries are counted apart (validation embeds the probes, readers embed their queries).
 - Vector writes and copies: a `KnowledgeStore` subclass counts and times upserts and retrieves.
@@ -26,37 +27,38 @@ from kb_reindex.store import KnowledgeStore
 MB = 1024 * 1024
 
 
-def _status_kb(name: str) -> int | None:
+def _status_kb(name: str, pid: int | str = "self") -> int | None:
     try:
-        with open("/proc/self/status", encoding="ascii") as handle:
+        with open(f"/proc/{pid}/status", encoding="ascii") as handle:
             match = re.search(rf"^{name}:\s+(\d+) kB", handle.read(), re.MULTILINE)
     except OSError:
         return None
     return int(match.group(1)) if match else None
 
 
-def rss_mb() -> float:
-    kb = _status_kb("VmRSS")
+def rss_mb(pid: int | str = "self") -> float:
+    kb = _status_kb("VmRSS", pid)
     if kb is not None:
         return kb / 1024
     import psutil
 
-    return psutil.Process().memory_info().rss / MB
+    return psutil.Process(None if pid == "self" else int(pid)).memory_info().rss / MB
 
 
-def _reset_hwm() -> bool:
+def _reset_hwm(pid: int | str = "self") -> bool:
     try:
-        with open("/proc/self/clear_refs", "w", encoding="ascii") as handle:
+        with open(f"/proc/{pid}/clear_refs", "w", encoding="ascii") as handle:
             handle.write("5")
-        return _status_kb("VmHWM") is not None
+        return _status_kb("VmHWM", pid) is not None
     except OSError:
         return False
 
 
 class PeakRss:
-    """Peak RSS between start() and stop(), in MB."""
+    """Peak RSS between start() and stop(), in MB, of this process or of another one (`pid`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, pid: int | str = "self") -> None:
+        self.pid = pid
         self.start_mb = 0.0
         self.peak_mb = 0.0
         self.method = ""
@@ -64,8 +66,8 @@ class PeakRss:
         self._thread: threading.Thread | None = None
 
     def start(self) -> PeakRss:
-        self.start_mb = rss_mb()
-        if _reset_hwm():
+        self.start_mb = rss_mb(self.pid)
+        if _reset_hwm(self.pid):
             self.method = "VmHWM"
         else:
             self.method = "sampled"
@@ -76,16 +78,16 @@ class PeakRss:
 
     def _sample(self) -> None:
         while not self._stop.wait(0.005):
-            self.peak_mb = max(self.peak_mb, rss_mb())
+            self.peak_mb = max(self.peak_mb, rss_mb(self.pid))
 
     def stop(self) -> float:
         if self.method == "VmHWM":
-            self.peak_mb = (_status_kb("VmHWM") or 0) / 1024
+            self.peak_mb = (_status_kb("VmHWM", self.pid) or 0) / 1024
         else:
             self._stop.set()
             if self._thread:
                 self._thread.join()
-            self.peak_mb = max(self.peak_mb, rss_mb())
+            self.peak_mb = max(self.peak_mb, rss_mb(self.pid))
         return self.peak_mb
 
 
@@ -175,6 +177,7 @@ class CountingStore(KnowledgeStore):
     def __init__(self, client: Any, meter_ref: MeterRef) -> None:
         super().__init__(client)
         self.meter_ref = meter_ref
+        # an instance attribute shadows the method on a QdrantClient and on the sidecar's proxy alike
         update = client.update_collection_aliases
 
         def timed_update(*args: Any, **kwargs: Any) -> Any:

@@ -7,6 +7,10 @@
   QdrantVectorStore), in place, on the same chunk texts (`kb_reindex.chunking`), the same embedder and
   the same local-mode Qdrant (`:memory:`).
 
+The Qdrant store runs in a sidecar process (`sidecar.py`, the default) the way a Qdrant server runs
+apart from the engine, so a worker's peak RSS is the engine's (or LangChain's) own and the store's is
+measured separately; `--store inprocess` keeps local mode inside the worker, as before.
+
 Each worker writes one JSON file; `run.py` starts them (one subprocess per peer and size, so the peak
 RSS of one never includes another's) and assembles the report.
 """
@@ -23,6 +27,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import corpus as corpus_mod  # noqa: E402
 from measure import BenchDeps, CountingStore, Meter, MeterRef, PeakRss, phase_timers, ru_maxrss_mb  # noqa: E402
+from sidecar import qdrant_store  # noqa: E402
 
 OLLAMA_MODEL = "bge-m3"
 DIM = 1024
@@ -40,17 +46,20 @@ READER_QUERIES = ["规则编号 R00001 适用于哪些情况？", "退货申请�
 
 
 class Scenarios:
-    """Runs named scenarios, each with a fresh meter and its own peak-RSS window."""
+    """Runs named scenarios, each with a fresh meter and its own peak-RSS window (for the store sidecar
+    too, when there is one: the Qdrant server's memory, reported apart from the engine's)."""
 
-    def __init__(self, meter_ref: MeterRef, server: Any = None) -> None:
+    def __init__(self, meter_ref: MeterRef, server: Any = None, store_pid: int | None = None) -> None:
         self.meter_ref = meter_ref
         self.server = server
+        self.store_pid = store_pid
         self.results: dict[str, dict[str, Any]] = {}
 
     def run(self, name: str, fn: Callable[[Meter], dict[str, Any]]) -> dict[str, Any]:
         meter = self.meter_ref.fresh()
         if self.server is not None:
             self.server.reset_counters()
+        store_peak = PeakRss(self.store_pid).start() if self.store_pid is not None else None
         peak = PeakRss().start()
         started = time.perf_counter()
         extra = fn(meter)
@@ -59,13 +68,18 @@ class Scenarios:
         row: dict[str, Any] = {"wall_s": round(wall, 4), **meter.as_dict(),
                                "peak_rss_mb": round(peak.peak_mb, 1), "rss_start_mb": round(peak.start_mb, 1),
                                "rss_delta_mb": round(peak.peak_mb - peak.start_mb, 1), "rss_method": peak.method}
+        if store_peak is not None:
+            store_peak.stop()
+            row.update(store_peak_rss_mb=round(store_peak.peak_mb, 1), store_rss_start_mb=round(store_peak.start_mb, 1),
+                       store_rss_method=store_peak.method)
         if self.server is not None:
             row["server_texts_embedded"] = self.server.embedded_texts
             row["server_embed_requests"] = self.server.embed_requests
         row.update(extra)
         self.results[name] = row
+        store = f"  store {store_peak.peak_mb:7.0f} MB" if store_peak is not None else ""
         print(f"  {name:<34} {wall:8.2f} s  embedded {meter.chunk_texts:>7}  writes {meter.points_upserted:>7}  "
-              f"peak {peak.peak_mb:7.0f} MB", file=sys.stderr, flush=True)
+              f"peak {peak.peak_mb:7.0f} MB{store}", file=sys.stderr, flush=True)
         return row
 
 
@@ -80,31 +94,42 @@ def fake_ollama(ms: float) -> Any:
 
 
 def run_kb(job: dict[str, Any]) -> dict[str, Any]:
-    from qdrant_client import QdrantClient
-
-    from kb_reindex import engine
-    from kb_reindex.config import Settings
-    from kb_reindex.golden import load_golden_set
-    from kb_reindex.state import StateStore
-
     size, seed, embedder = job["size"], job["seed"], job["embedder"]
     base = corpus_mod.generate(size, seed)
     mutated, mutation = corpus_mod.mutate(base, seed)
     root = corpus_mod.write_project(Path(job["workdir"]) / f"kb-{embedder}-{size}", base, mutation)
-    docs_dir = root / "knowledge" / "docs"
 
     server = fake_ollama(job["ollama_ms"]) if embedder == "ollama" else None
     env = {"KB_PROJECT_ROOT": str(root), "KB_EMBEDDER": embedder, "KB_EMBED_DIM": str(DIM)}
     if server is not None:
         env.update(OLLAMA_HOST=server.url, KB_EMBED_MODEL=OLLAMA_MODEL)
+    try:
+        warm = warmup(env, root.parent / f"{root.name}-warmup", job["store"])
+        with qdrant_store(job["store"]) as (client, store_pid):
+            out = _kb_scenarios(job, env, root, mutated, client, store_pid, server)
+    finally:
+        if server is not None:
+            server.stop()
+    out.update(mutation=mutation.summary(), warmup=warm)
+    return out
+
+
+def _kb_scenarios(job: dict[str, Any], env: dict[str, str], root: Path, mutated: corpus_mod.Corpus, client: Any,
+                  store_pid: int | None, server: Any) -> dict[str, Any]:
+    from kb_reindex import engine
+    from kb_reindex.config import Settings
+    from kb_reindex.golden import load_golden_set
+    from kb_reindex.state import StateStore
+
+    embedder = job["embedder"]
+    docs_dir = root / "knowledge" / "docs"
     settings = Settings.from_env(env)
-    client = QdrantClient(":memory:")
     state = StateStore(settings.state_url)
     meter_ref = MeterRef()
     queries = {p.query for p in load_golden_set(settings.golden_set).probes}
     deps = BenchDeps(settings=settings, state=state, store=CountingStore(client, meter_ref), meter_ref=meter_ref,
                      queries=queries)
-    sc = Scenarios(meter_ref, server)
+    sc = Scenarios(meter_ref, server, store_pid)
 
     def reindex(**options: Any) -> Callable[[Meter], dict[str, Any]]:
         def go(meter: Meter) -> dict[str, Any]:
@@ -114,53 +139,48 @@ def run_kb(job: dict[str, Any]) -> dict[str, Any]:
             return summarize_run(result, meter)
         return go
 
-    warm = warmup(env, root.parent / f"{root.name}-warmup")
     quiet_logs()
     profile = job.get("profile")
-    with phase_timers(meter_ref):
-        sc.run("kb.full_build", reindex())
-        sc.run("kb.noop", reindex())
-        sc.run("full_rebuild.noop", reindex(force_full=True))
-        corpus_mod.write(mutated, docs_dir)
-        if profile:
-            sc.run("kb.incremental", profiled(reindex(), Path(profile)))
-        else:
-            sc.run("kb.incremental", reindex())
+    try:
+        with phase_timers(meter_ref):
+            sc.run("kb.full_build", reindex())
+            sc.run("kb.noop", reindex())
+            sc.run("full_rebuild.noop", reindex(force_full=True))
+            corpus_mod.write(mutated, docs_dir)
+            if profile:
+                sc.run("kb.incremental", profiled(reindex(), Path(profile)))
+            else:
+                sc.run("kb.incremental", reindex())
 
-        def do_rollback(meter: Meter) -> dict[str, Any]:
-            result = engine.run_rollback(deps, reason="benchmark rollback")
-            return {"outcome": result["outcome"], "from_version": result["from_version"],
-                    "to_version": result["to_version"], "swap_s": round(max(meter.swap_s, default=0.0), 6)}
+            def do_rollback(meter: Meter) -> dict[str, Any]:
+                result = engine.run_rollback(deps, reason="benchmark rollback")
+                return {"outcome": result["outcome"], "from_version": result["from_version"],
+                        "to_version": result["to_version"], "swap_s": round(max(meter.swap_s, default=0.0), 6)}
 
-        sc.run("kb.rollback", do_rollback)
-        sc.run("full_rebuild.incremental", reindex(force_full=True))
-        if job.get("raw", True) and embedder == "hashing":
-            sc.run("raw.upsert", lambda meter: raw_bulk_upsert(deps, meter, copy_batch=settings.copy_batch_size))
-        if job.get("readers", True) and embedder == "hashing":
-            one_more = mutated.copy()
-            key = sorted(one_more.docs)[len(one_more.docs) // 2]
-            one_more.docs[key] = one_more.docs[key].rstrip("\n") + "\n\n补充说明：节假日期间以上时限顺延。\n"
-            corpus_mod.write(one_more, docs_dir)
-            sc.run("kb.promotion_under_readers", lambda meter: promotion_under_readers(deps, meter, reindex(),
-                                                                                 job.get("reader_pause_s")))
-    out = {"job": job, "scenarios": sc.results, "ru_maxrss_mb": round(ru_maxrss_mb(), 1),
-           "mutation": mutation.summary(), "warmup": warm}
-    if server is not None:
-        server.stop()
-    state.dispose()
-    client.close()
-    return out
+            sc.run("kb.rollback", do_rollback)
+            sc.run("full_rebuild.incremental", reindex(force_full=True))
+            if job.get("raw", True) and embedder == "hashing":
+                sc.run("raw.upsert", lambda meter: raw_bulk_upsert(deps, meter, copy_batch=settings.copy_batch_size))
+            if job.get("readers", True) and embedder == "hashing":
+                one_more = mutated.copy()
+                key = sorted(one_more.docs)[len(one_more.docs) // 2]
+                one_more.docs[key] = one_more.docs[key].rstrip("\n") + "\n\n补充说明：节假日期间以上时限顺延。\n"
+                corpus_mod.write(one_more, docs_dir)
+                sc.run("kb.promotion_under_readers", lambda meter: promotion_under_readers(deps, meter, reindex(),
+                                                                                     job.get("reader_pause_s")))
+    finally:
+        state.dispose()
+    return {"job": job, "scenarios": sc.results, "ru_maxrss_mb": round(ru_maxrss_mb(), 1)}
 
 
-def warmup(env: dict[str, str], workdir: Path) -> dict[str, float]:
+def warmup(env: dict[str, str], workdir: Path, store: str) -> dict[str, float]:
     """A whole engine run on a 3-document throwaway project before anything is timed; says what it cost.
 
     The first run in a process pays one-time costs that no later run does: lazy imports (Airflow's Stats
     through `kb_reindex.metrics`, pandas, matplotlib for the HTML report) and first-use caches. Every CLI
-    process pays them once; here they would otherwise land on whichever scenario comes first.
+    process pays them once; here they would otherwise land on whichever scenario comes first. It uses a
+    store of the same kind (its own sidecar), so the proxy's first-use costs are paid here too.
     """
-    from qdrant_client import QdrantClient
-
     from kb_reindex import engine
     from kb_reindex.config import Settings
     from kb_reindex.runtime import Deps
@@ -171,11 +191,12 @@ def warmup(env: dict[str, str], workdir: Path) -> dict[str, float]:
     tiny = corpus_mod.generate(3, seed=1)
     root = corpus_mod.write_project(workdir / "warmup", tiny, None)
     settings = Settings.from_env({**env, "KB_PROJECT_ROOT": str(root)})
-    client = QdrantClient(":memory:")
-    state = StateStore(settings.state_url)
-    result = engine.run_reindex(Deps(settings=settings, state=state, store=KnowledgeStore(client)))
-    state.dispose()
-    client.close()
+    with qdrant_store(store) as (client, _):
+        state = StateStore(settings.state_url)
+        try:
+            result = engine.run_reindex(Deps(settings=settings, state=state, store=KnowledgeStore(client)))
+        finally:
+            state.dispose()
     if result["outcome"] != "promoted":
         raise RuntimeError(f"warm-up run failed: {result['error']}")
     return {"first_run_s": round(time.perf_counter() - started, 3)}
@@ -185,7 +206,10 @@ def summarize_run(result: dict[str, Any], meter: Meter) -> dict[str, Any]:
     built = result.get("build") or {}
     copied = int(built.get("copied", 0))
     build_s = meter.phases.get("build", 0.0)
-    copy_s = max(build_s - meter.embed_s, 1e-9)
+    outside_embed_s = max(build_s - meter.embed_s, 1e-9)
+    # the engine's own timing of its copy loop (read live vectors + write the new points), when it reports one
+    copy_loop_s = built.get("copy_s")
+    loop_rate = round(copied / copy_loop_s, 1) if copied and copy_loop_s else None
     return {
         "outcome": result["outcome"],
         "version": result["version"],
@@ -194,8 +218,12 @@ def summarize_run(result: dict[str, Any], meter: Meter) -> dict[str, Any]:
         "chunks_embedded": result["chunks"]["embedded"],
         "chunks_reused": result["chunks"]["reused"],
         "points_copied": copied,
-        # the copy path's rate: copied points over the build step's time outside the embedder
-        "copy_points_per_s": round(copied / copy_s, 1) if copied else None,
+        # over the whole build step outside the embedder: loading and chunking the corpus, the manifest,
+        # listing existing IDs, the copy loop, the embed loop's writes, the final count and state updates
+        "copy_points_per_s": round(copied / outside_embed_s, 1) if copied else None,
+        # the copy loop alone (retrieve live vectors + upsert the new points), as the engine times it
+        "copy_loop_s": round(copy_loop_s, 4) if copy_loop_s is not None else None,
+        "copy_loop_points_per_s": loop_rate,
         "validation": {k: (result.get("validation") or {}).get(k) for k in ("passed", "hit_rate", "mrr")},
         "swap_s": round(max(meter.swap_s, default=0.0), 6),
         "alias_update_s": round(max(meter.alias_update_s, default=0.0), 6),
@@ -333,11 +361,17 @@ def promotion_under_readers(deps: BenchDeps, meter: Meter, run: Callable[[Meter]
 
 
 def run_langchain(job: dict[str, Any]) -> dict[str, Any]:
+    """The LangChain peer; the fake Ollama server and the store sidecar are stopped on errors too."""
+    with ExitStack() as stack:
+        return _langchain(job, stack)
+
+
+def _langchain(job: dict[str, Any], stack: ExitStack) -> dict[str, Any]:
     from langchain_classic.indexes import SQLRecordManager, index
     from langchain_core.documents import Document as LCDocument
     from langchain_core.embeddings import Embeddings
     from langchain_qdrant import QdrantVectorStore
-    from qdrant_client import QdrantClient, models
+    from qdrant_client import models
 
     from kb_reindex.chunking import chunk_document
     from kb_reindex.embedding import HashingEmbedder, OllamaEmbedder
@@ -352,6 +386,7 @@ def run_langchain(job: dict[str, Any]) -> dict[str, Any]:
 
     server = fake_ollama(job["ollama_ms"]) if embedder_kind == "ollama" else None
     if server is not None:
+        stack.callback(server.stop)
         inner: Any = OllamaEmbedder(host=server.url, model=OLLAMA_MODEL, dim=DIM, batch_size=32)
     else:
         inner = HashingEmbedder(dim=DIM)
@@ -373,7 +408,8 @@ def run_langchain(job: dict[str, Any]) -> dict[str, Any]:
             meter_ref.meter.query_texts += 1
             return inner.embed([text])[0]
 
-    client = QdrantClient(":memory:")
+    # QdrantVectorStore only calls client methods (no isinstance check), so the sidecar's proxy serves
+    client, store_pid = stack.enter_context(qdrant_store(job["store"]))
     upsert, delete = client.upsert, client.delete
 
     def counted_upsert(collection_name: str, points: Any, **kwargs: Any) -> Any:
@@ -433,7 +469,7 @@ def run_langchain(job: dict[str, Any]) -> dict[str, Any]:
     client.delete_collection("warmup")
     warm = {"first_run_s": round(time.perf_counter() - warm_started, 3)}
 
-    sc = Scenarios(meter_ref, server)
+    sc = Scenarios(meter_ref, server, store_pid)
     sc.run("langchain.full_build", run_index)
     sc.run("langchain.noop", run_index)
     corpus_mod.write(mutated, docs_dir)
@@ -443,9 +479,6 @@ def run_langchain(job: dict[str, Any]) -> dict[str, Any]:
     row["stale_points"] = row["points_in_store"] - expected
     out = {"job": job, "scenarios": sc.results, "ru_maxrss_mb": round(ru_maxrss_mb(), 1),
            "mutation": mutation.summary(), "warmup": warm}
-    if server is not None:
-        server.stop()
-    client.close()
     return out
 
 
@@ -463,12 +496,16 @@ def main(job_json: str) -> int:
     """One worker process: one peer; one (size, embedder) task in a full run, all of the peer's in --smoke."""
     quiet_logs()
     job = json.loads(job_json)
+    job.setdefault("store", "sidecar")
     runs = []
     for task in job["tasks"]:
         started = time.perf_counter()
         result = JOBS[job["peer"]]({**job, **task})
         result["job_wall_s"] = round(time.perf_counter() - started, 2)
         result["peak_rss_mb"] = max(row["peak_rss_mb"] for row in result["scenarios"].values())
+        store_peaks = [row["store_peak_rss_mb"] for row in result["scenarios"].values() if "store_peak_rss_mb" in row]
+        result["store_peak_rss_mb"] = max(store_peaks) if store_peaks else None
+        result["store"] = job["store"]
         runs.append(result)
         gc.collect()
     import kb_reindex

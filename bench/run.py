@@ -5,9 +5,11 @@
     .venv/bin/python bench/run.py --sizes 500,2000,20000           # + 20,000 docs (~100k chunks)
     .venv/bin/python bench/run.py --smoke --out /tmp/bench         # tiny corpus, seconds (the test suite runs this)
     .venv/bin/python bench/run.py --sizes 2000 --profile-size 2000 # + a pyinstrument profile of our incremental run
+    .venv/bin/python bench/run.py --store inprocess                # local-mode Qdrant inside each worker
 
 Per size, each peer runs in its own subprocess (so peak RSS is its own) on the same deterministic corpus,
-the same embedder and the same local-mode Qdrant (`:memory:`): our engine (full build, no-op, incremental
+the same embedder and the same local-mode Qdrant (`:memory:`), which by default runs in a sidecar process
+of its own, as a Qdrant server would (`--store inprocess`: inside the worker, as before): our engine (full build, no-op, incremental
 1% edited / 0.5% added / 0.5% deleted, rollback, a promotion under 4 readers), the full rebuild
 (`run --force-full`), LangChain `index()` (SQLRecordManager, cleanup="incremental", QdrantVectorStore,
 in place) and Qdrant's raw bulk upsert of the same points. Writes `<out>/latest.json`, `latest.md`,
@@ -35,8 +37,11 @@ sys.path.insert(0, str(HERE))
 
 import corpus as corpus_mod  # noqa: E402
 import report  # noqa: E402
+from sidecar import STORE_KINDS  # noqa: E402
 
 DEFAULT_SIZES = "500,2000"
+QDRANT_WHERE = {"sidecar": "local mode, :memory:, in a sidecar process (bench/sidecar.py) like a server",
+                "inprocess": "local mode, :memory:, inside each worker process"}
 SMOKE_SIZES = "8,80"
 
 
@@ -157,6 +162,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="workers in parallel (default 1: timings must not share the CPU; --smoke uses 2)")
     parser.add_argument("--profile-size", type=int, default=None,
                         help="also profile our incremental run at this size (pyinstrument; not in the table)")
+    parser.add_argument("--store", choices=STORE_KINDS, default="sidecar",
+                        help="where local-mode Qdrant runs: 'sidecar' (default), a process of its own like a Qdrant "
+                             "server, so peak RSS is the engine's own; 'inprocess', inside each worker")
     parser.add_argument("--timeout", type=float, default=3 * 3600, help="seconds per worker")
     parser.add_argument("--workdir", type=Path, default=None, help="scratch folder (default: a temp folder)")
     parser.add_argument("--merge", action="store_true",
@@ -187,6 +195,7 @@ def main(argv: list[str] | None = None) -> int:
         # --smoke runs all of a peer's tasks in one process (imports are most of a tiny run's time)
         groups = [tasks] if args.smoke else [[task] for task in tasks]
         common = {"seed": args.seed, "ollama_ms": ollama_ms, "workdir": str(workdir), "raw": True, "readers": True,
+                  "store": args.store,
                   "reader_pause_s": 0.02 if args.smoke else None}
         jobs: list[dict[str, Any]] = []
         for group in groups:
@@ -220,13 +229,14 @@ def main(argv: list[str] | None = None) -> int:
                 block = entry.setdefault(embedder, {})
                 block.update(result["scenarios"])
                 block[f"{peer}_peak_rss_mb"] = result["peak_rss_mb"]
+                block[f"{peer}_store_peak_rss_mb"] = result.get("store_peak_rss_mb")
                 block[f"{peer}_ru_maxrss_mb"] = result["ru_maxrss_mb"]
                 block[f"{peer}_job_wall_s"] = result["job_wall_s"]
                 if result.get("warmup"):
                     block[f"{peer}_warmup"] = result["warmup"]
         entries.append(entry)
     run_meta = {"date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"), "command": command.strip(),
-                "package_sha256": package["sha256"],
+                "package_sha256": package["sha256"], "store": args.store,
                 "total_s": round(time.perf_counter() - started, 1)}
     for entry in entries:
         entry["run"] = run_meta
@@ -234,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
         "meta": {**run_meta, "package": {"sha256": package["sha256"], "source": package["source"]},
                  "machine": machine(), "python": platform.python_version(), "versions": versions(),
                  "sizes": sizes, "ollama_sizes": ollama_sizes, "ollama_ms": ollama_ms, "seed": args.seed,
-                 "smoke": args.smoke, "qdrant": "local mode, :memory:"},
+                 "smoke": args.smoke, "store": args.store, "qdrant": QDRANT_WHERE[args.store]},
         "scenarios": report.SCENARIOS,
         "sizes": entries,
     }
@@ -262,10 +272,14 @@ def merge(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
     merged["meta"] = {**new["meta"], "sizes": [e["docs"] for e in merged["sizes"]],
                       "ollama_sizes": sorted(set(old["meta"].get("ollama_sizes", [])) | set(new["meta"]["ollama_sizes"])),
                       "merged_from": sorted({e["run"]["command"] for e in merged["sizes"]}),
-                      "package_revisions": sorted({str(e["run"].get("package_sha256")) for e in merged["sizes"]})}
+                      "package_revisions": sorted({str(e["run"].get("package_sha256")) for e in merged["sizes"]}),
+                      "stores": sorted({str(e["run"].get("store", "inprocess")) for e in merged["sizes"]})}
     if len(merged["meta"]["package_revisions"]) > 1:
         print("[bench] warning: the merged sizes were measured on different kb_reindex revisions "
               f"{merged['meta']['package_revisions']}; ratios across them compare different code", file=sys.stderr)
+    if len(merged["meta"]["stores"]) > 1:
+        print(f"[bench] warning: the merged sizes ran with different stores {merged['meta']['stores']}; "
+              "peak RSS across them measures different things", file=sys.stderr)
     if "profile" in old and "profile" not in new:
         merged["profile"] = old["profile"]
     return merged

@@ -1,0 +1,179 @@
+"""A local-mode Qdrant in its own process, standing in for a Qdrant server.
+
+Local mode (`QdrantClient(":memory:")`) keeps every vector of every collection in the process that
+holds the client. In production the vectors live in the Qdrant server, not in the engine; running the
+store in a sidecar keeps the engine's peak RSS its own, and lets the store's memory be reported apart.
+
+The sidecar is a fresh interpreter (`python bench/sidecar.py`, not a fork of the worker, so its RSS is
+not the worker's copy-on-write pages) that serves one shared client through a
+`multiprocessing.managers` server on a Unix socket. The worker gets an AutoProxy: every public
+`QdrantClient` method, keyword arguments included, with results pickled back (pydantic models).
+Each thread that uses a proxy opens its own connection and the server answers each connection in
+its own thread, so concurrent readers behave as concurrent clients of one server.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from multiprocessing import connection as mp_connection
+from multiprocessing.managers import BaseManager, dispatch
+from pathlib import Path
+from typing import Any
+
+STORE_KINDS = ("sidecar", "inprocess")
+START_TIMEOUT_S = 60.0
+STOP_TIMEOUT_S = 10.0
+
+_shared_client: Any = None
+
+
+def _client() -> Any:
+    """The one client every proxy refers to (registered in the server process only)."""
+    return _shared_client
+
+
+class StoreManager(BaseManager):
+    """Serves `client()`: a proxy to the sidecar's one shared QdrantClient."""
+
+
+class Sidecar:
+    """A running sidecar: its pid (for /proc peak-RSS windows), a way to get proxies, a clean stop."""
+
+    def __init__(self, proc: subprocess.Popen[str], address: str, authkey: bytes, folder: tempfile.TemporaryDirectory[str]) -> None:
+        self.proc = proc
+        self.pid = proc.pid
+        self.address = address
+        self._authkey = authkey
+        self._folder = folder
+        self._manager = _ClientManager(address=address, authkey=authkey)
+        self._manager.connect()
+
+    def client(self) -> Any:
+        """A proxy to the shared client; several proxies all see the same collections."""
+        return self._manager.client()  # type: ignore[attr-defined]
+
+    def stop(self) -> None:
+        """Ask the server to exit; terminate, then kill, if it does not within a few seconds."""
+        if self.proc.poll() is None:
+            try:
+                conn = mp_connection.Client(self.address, authkey=self._authkey)
+                try:
+                    dispatch(conn, None, "shutdown")
+                finally:
+                    conn.close()
+            except (OSError, EOFError):
+                pass
+            try:
+                self.proc.wait(STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                self.proc.terminate()
+                try:
+                    self.proc.wait(STOP_TIMEOUT_S)
+                except subprocess.TimeoutExpired:
+                    self.proc.kill()
+                    self.proc.wait()
+        self._folder.cleanup()
+
+
+class _ClientManager(BaseManager):
+    """The worker's side: knows the typeid, not the callable."""
+
+
+_ClientManager.register("client")
+
+
+def start() -> Sidecar:
+    """Start a sidecar and wait until it accepts connections."""
+    folder = tempfile.TemporaryDirectory(prefix="kb-bench-store-")
+    address = str(Path(folder.name) / "store.sock")
+    authkey = secrets.token_bytes(32)
+    proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), address, str(os.getpid())],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdin is not None and proc.stdout is not None
+        proc.stdin.write(authkey.hex() + "\n")
+        proc.stdin.close()
+        ready: list[str] = []
+        reader = threading.Thread(target=lambda: ready.append(proc.stdout.readline()), daemon=True)  # type: ignore[union-attr]
+        reader.start()
+        reader.join(START_TIMEOUT_S)
+        if not ready or ready[0].strip() != "ready":
+            raise RuntimeError(f"store sidecar did not start (exit {proc.poll()}, said {ready[:1]!r})")
+        return Sidecar(proc, address, authkey, folder)
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        folder.cleanup()
+        raise
+
+
+@contextmanager
+def qdrant_store(kind: str) -> Iterator[tuple[Any, int | None]]:
+    """(client, store pid): a proxy to a sidecar's client, or an in-process client and None.
+
+    The sidecar is stopped when the block ends, on errors too.
+    """
+    if kind == "inprocess":
+        from qdrant_client import QdrantClient
+
+        client = QdrantClient(":memory:")
+        try:
+            yield client, None
+        finally:
+            client.close()
+        return
+    if kind != "sidecar":
+        raise ValueError(f"store kind must be one of {STORE_KINDS}, not {kind!r}")
+    sidecar = start()
+    try:
+        yield sidecar.client(), sidecar.pid
+    finally:
+        sidecar.stop()
+
+
+# --- the sidecar process -----------------------------------------------------------------------
+
+
+def client_methods(cls: type) -> tuple[str, ...]:
+    """The public methods of the client class. AutoProxy's default probes every attribute, and some
+    QdrantClient properties (`grpc_collections`) raise in local mode; properties are not proxied anyway."""
+    import inspect
+
+    return tuple(name for name, value in inspect.getmembers(cls, inspect.isfunction) if not name.startswith("_"))
+
+
+def _exit_with_parent(parent: int) -> None:
+    """A worker killed by run.py's timeout cannot stop us; exit once it is gone."""
+    while True:
+        if os.getppid() != parent:
+            os._exit(0)
+        time.sleep(0.5)
+
+
+def serve(address: str, parent: int, authkey: bytes) -> None:
+    global _shared_client
+    import warnings
+
+    from qdrant_client import QdrantClient
+
+    # the engine silences this around its own call, but it is raised here, in the store's process
+    warnings.filterwarnings("ignore", message="Payload indexes have no effect in the local Qdrant")
+
+    _shared_client = QdrantClient(":memory:")
+    StoreManager.register("client", callable=_client, exposed=client_methods(type(_shared_client)))
+    server = StoreManager(address=address, authkey=authkey).get_server()
+    threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True).start()
+    print("ready", flush=True)
+    server.serve_forever()
+
+
+if __name__ == "__main__":
+    serve(sys.argv[1], int(sys.argv[2]), bytes.fromhex(sys.stdin.readline().strip()))
