@@ -63,6 +63,16 @@ def test_plan_and_dry_run_write_nothing(cli_env: Path, capsys: pytest.CaptureFix
     assert status["live"] is None and status["versions"] == []
 
 
+def test_common_flags_go_before_or_after_the_command(cli_env: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    for argv in (["--json", "-q", "plan"], ["-q", "plan", "--json"], ["plan", "--json", "-q"]):
+        assert main(argv) == 0, argv
+        out = capsys.readouterr()
+        assert json.loads(out.out)["docs"]["added"] == 6, argv
+        assert "kb_reindex: plan for" not in out.err, f"{argv}: -q keeps info logs off stderr"
+
+
 def test_failed_run_exits_1_and_config_error_exits_2(cli_env: Path, capsys: pytest.CaptureFixture[str],
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     (cli_env / "knowledge" / "golden.yaml").write_text("k: 0\nprobes: []\n", encoding="utf-8")

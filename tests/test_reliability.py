@@ -174,6 +174,43 @@ def test_upsert_fails_mid_build_then_rerun_equals_a_clean_run(deps: Deps, settin
     assert snapshot(deps, resumed["collection"]) == clean_reference(deps.settings, tmp_path)
 
 
+def test_copy_read_fails_mid_copy_then_rerun_copies_only_the_rest(deps: Deps, settings: Settings,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """The copy loop reads batch n+1 while writing batch n: a failed read surfaces, and a rerun resumes."""
+    deps.settings = settings.__class__(**{**settings.__dict__, "copy_batch_size": 4})
+    first = engine.run_reindex(deps)
+    assert first["outcome"] == "promoted"
+    edit(deps, "coupon-rules", "第99条：优惠券过期后不予补发。")
+    real_retrieve = QdrantClient.retrieve
+    reads = {"n": 0, "fail_at": 3}
+
+    def retrieve(self: QdrantClient, collection_name: str, *args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("with_vectors") and collection_name == first["collection"]:  # the copy path's reads of live
+            reads["n"] += 1
+            if reads["n"] == reads["fail_at"]:
+                raise ConnectionError("Qdrant read timed out (injected)")
+        return real_retrieve(self, collection_name, *args, **kwargs)
+
+    monkeypatch.setattr(QdrantClient, "retrieve", retrieve)
+    failed = engine.run_reindex(deps)
+    assert failed["outcome"] == "failed" and "read timed out" in failed["error"]
+    assert deps.store.alias_target(ALIAS) == first["collection"]
+    version = deps.state.get_version(ALIAS, 2)
+    assert version.status == "failed" and version.failed_step == "build"
+    copied_before = deps.store.count(version.collection)
+    assert copied_before == 2 * 4, "the two batches read before the failure were written"
+    assert version.points_written == copied_before, "progress counts what was written before the failure"
+
+    reads.update(n=0, fail_at=-1)
+    resumed = engine.run_reindex(deps)
+    assert resumed["outcome"] == "promoted" and resumed["version"] == 2
+    built = resumed["build"]
+    assert built["skipped"] == copied_before
+    assert built["copied"] == version.chunks_reused - copied_before
+    assert reads["n"] == -(-built["copied"] // 4), "only the batches not yet copied are read again"
+    assert deps.store.count(resumed["collection"]) == version.points_expected
+
+
 @pytest.mark.parametrize("step", ["plan", "build", "validate", "promote"])
 def test_qdrant_unreachable_at_each_step_leaves_live_and_a_rerun_completes(
     deps: Deps, step: str, monkeypatch: pytest.MonkeyPatch

@@ -46,11 +46,21 @@ def _owned_by_another_active_run(deps: Deps, version: VersionRecord, run_id: str
     return run_is_active(deps, version.run_id)
 
 
+def reindex_lock_name(alias: str) -> str:
+    return f"reindex:{alias}"
+
+
 def run_is_active(deps: Deps, run_id: str) -> bool:
-    """A run still working (or retrying) within the lock TTL; its version must not be taken or deleted."""
+    """A run still working (or retrying); its version must not be taken or deleted.
+
+    Alive: it holds the reindex lock (a CLI run renews it for as long as it works), or it started
+    within the lock TTL (a DAG run's tasks hold no lock between them)."""
     owner = deps.state.get_run(run_id)
     if owner is None or owner["outcome"] != "running":
         return False
+    holder = deps.state.lock_held_by(reindex_lock_name(deps.settings.alias))
+    if holder is not None and holder.startswith(f"{run_id}@"):
+        return True
     age = (utcnow() - owner["started_at"]).total_seconds()
     return age < deps.settings.lock_ttl_s
 
@@ -294,59 +304,65 @@ def _fill(deps: Deps, version: VersionRecord, window: tuple[int, int] | None,
         unrecorded, last_recorded = 0, time.monotonic()
 
     copy_s = 0.0
-    if to_copy:
-        if not version.base_collection or not deps.store.exists(version.base_collection):
-            raise StoreError(f"v{version.version} copies vectors from {version.base_collection}, which no longer exists")
-        live_dim = deps.store.shape(version.base_collection).dim
-        if live_dim != version.embed_dim:
-            raise StoreError(f"live collection {version.base_collection} holds {live_dim}-d vectors; "
-                             f"v{version.version} needs {version.embed_dim}. Rebuild with `kb-reindex run --force-full`")
-        started = time.perf_counter()
+    try:
+        if to_copy:
+            if not version.base_collection or not deps.store.exists(version.base_collection):
+                raise StoreError(f"v{version.version} copies vectors from {version.base_collection}, which no longer exists")
+            live_dim = deps.store.dimension(version.base_collection)
+            if live_dim != version.embed_dim:
+                raise StoreError(f"live collection {version.base_collection} holds {live_dim}-d vectors; "
+                                 f"v{version.version} needs {version.embed_dim}. Rebuild with `kb-reindex run --force-full`")
+            started = time.perf_counter()
 
-        def read(batch: list[dict[str, Any]]) -> list[models.Record]:
-            return deps.store.retrieve(version.base_collection, [r["source_point_id"] for r in batch],
-                                       vectors=True, payload=False)
+            def read(batch: list[dict[str, Any]]) -> list[models.Record]:
+                return deps.store.retrieve(version.base_collection, [r["source_point_id"] for r in batch],
+                                           vectors=True, payload=False)
 
-        # Read the next batch while this one is written: against a Qdrant server the two round trips
-        # overlap; in local mode they take turns, at the cost of one thread.
-        batches = list(batched(to_copy, settings.copy_batch_size))
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="kb-copy-read") as reader:
-            pending = reader.submit(read, batches[0])
-            for position, batch in enumerate(batches):
-                sources = pending.result()
-                if position + 1 < len(batches):
-                    pending = reader.submit(read, batches[position + 1])
-                vectors = {str(record.id): record.vector for record in sources}
-                missing = [r["source_point_id"] for r in batch if r["source_point_id"] not in vectors]
-                if missing:
-                    raise StoreError(
-                        f"live collection {version.base_collection} lacks {len(missing)} point(s) its manifest lists "
-                        f"(first: {missing[0]}); it drifted. Rebuild with `kb-reindex run --force-full`"
-                    )
-                # Vectors read back from a collection of the checked dimension were checked when first
-                # embedded; Qdrant stores no NaN. Only a missing vector could still slip through.
-                empty = [r["source_point_id"] for r in batch if not isinstance(vectors[r["source_point_id"]], list)]
-                if empty:
-                    raise StoreError(f"live collection {version.base_collection} returned no vector for {empty[0]}; "
-                                     "rebuild with `kb-reindex run --force-full`")
-                deps.store.upsert(version.collection, [point(r, vectors[r["source_point_id"]]) for r in batch])
+            # Read the next batch while this one is written: against a Qdrant server the two round trips
+            # overlap; in local mode they take turns, at the cost of one thread.
+            batches = list(batched(to_copy, settings.copy_batch_size))
+            with ThreadPoolExecutor(max_workers=1, thread_name_prefix="kb-copy-read") as reader:
+                pending = reader.submit(read, batches[0])
+                for position, batch in enumerate(batches):
+                    sources = pending.result()
+                    if position + 1 < len(batches):
+                        pending = reader.submit(read, batches[position + 1])
+                    vectors = {str(record.id): record.vector for record in sources}
+                    missing = [r["source_point_id"] for r in batch if r["source_point_id"] not in vectors]
+                    if missing:
+                        raise StoreError(
+                            f"live collection {version.base_collection} lacks {len(missing)} point(s) its manifest lists "
+                            f"(first: {missing[0]}); it drifted. Rebuild with `kb-reindex run --force-full`"
+                        )
+                    # Vectors read back from a collection of the checked dimension were checked when first
+                    # embedded; Qdrant stores no NaN. Only a missing vector could still slip through.
+                    empty = [r["source_point_id"] for r in batch if not isinstance(vectors[r["source_point_id"]], list)]
+                    if empty:
+                        raise StoreError(f"live collection {version.base_collection} returned no vector for {empty[0]}; "
+                                         "rebuild with `kb-reindex run --force-full`")
+                    deps.store.upsert(version.collection, [point(r, vectors[r["source_point_id"]]) for r in batch])
+                    record_progress(len(batch))
+            copy_s = time.perf_counter() - started
+
+        if to_embed:
+            embedder = deps.embedder_for(version)
+            if embedder.dimension != version.embed_dim:
+                raise EmbeddingError(
+                    f"embedder {embedder.model!r} answers {embedder.dimension}-d vectors; v{version.version} needs {version.embed_dim}"
+                )
+            for batch in batched(to_embed, settings.embed_batch_size):
+                texts = [chunks[r["point_id"]].text for r in batch]
+                vectors = check_vectors(embedder.embed(texts), expected=len(batch), dim=version.embed_dim,
+                                        source=f"embedder {embedder.model!r}")
+                deps.store.upsert(version.collection, [point(r, v) for r, v in zip(batch, vectors)])
                 record_progress(len(batch))
-        copy_s = time.perf_counter() - started
+    finally:
+        # what was written before a failure counts too: a retry skips those points and never adds them
+        try:
+            record_progress(0, final=True)
+        except Exception as exc:  # noqa: BLE001 - progress is for display; the build's own error matters
+            log.warning("kb_reindex: could not record build progress of v%d: %s", version.version, exc)
 
-    if to_embed:
-        embedder = deps.embedder_for(version)
-        if embedder.dimension != version.embed_dim:
-            raise EmbeddingError(
-                f"embedder {embedder.model!r} answers {embedder.dimension}-d vectors; v{version.version} needs {version.embed_dim}"
-            )
-        for batch in batched(to_embed, settings.embed_batch_size):
-            texts = [chunks[r["point_id"]].text for r in batch]
-            vectors = check_vectors(embedder.embed(texts), expected=len(batch), dim=version.embed_dim,
-                                    source=f"embedder {embedder.model!r}")
-            deps.store.upsert(version.collection, [point(r, v) for r, v in zip(batch, vectors)])
-            record_progress(len(batch))
-
-    record_progress(0, final=True)
     written = deps.store.count(version.collection)
     deps.state.update_version(version.id, points_written=written)
     return {"version": version.version, "embedded": len(to_embed), "copied": len(to_copy), "skipped": skipped,

@@ -20,10 +20,17 @@ log = logging.getLogger("kb_reindex.cli")
 
 
 def _parser() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
-    common.add_argument("-q", "--quiet", action="store_true", help="only warnings and errors on stderr")
-    parser = argparse.ArgumentParser(prog="kb-reindex", description=__doc__.splitlines()[0])
+    def common_flags(default: Any) -> argparse.ArgumentParser:
+        flags = argparse.ArgumentParser(add_help=False)
+        flags.add_argument("--json", action="store_true", default=default, help="print one JSON object instead of tables")
+        flags.add_argument("-q", "--quiet", action="store_true", default=default, help="only warnings and errors on stderr")
+        return flags
+
+    # accepted before or after the command (`kb-reindex -q plan`, `kb-reindex plan -q`); the command's
+    # copy has no default, so it never resets what was given before the command
+    common = common_flags(argparse.SUPPRESS)
+    parser = argparse.ArgumentParser(prog="kb-reindex", description=__doc__.splitlines()[0],
+                                     parents=[common_flags(False)])
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     run = sub.add_parser("run", parents=[common], help="plan, build, validate and promote a new version")

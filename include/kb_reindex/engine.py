@@ -9,11 +9,12 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from kb_reindex.build import build, create_version
+from kb_reindex.build import build, create_version, reindex_lock_name
 from kb_reindex.errors import KbError
 from kb_reindex.plan import prepare_logged as make_plan
 from kb_reindex.promote import cleanup, promote, rollback, rollback_target
 from kb_reindex.runtime import Deps, new_run_id
+from kb_reindex.state import default_lock_owner
 from kb_reindex.validate import validate
 
 log = logging.getLogger(__name__)
@@ -65,7 +66,7 @@ def run_reindex(
     result = empty_result()
     deps.state.start_run(run_id=run_id, alias=alias, kind=kind, trigger=trigger)
     try:
-        with deps.state.lock(f"reindex:{alias}", ttl_s=deps.settings.lock_ttl_s):
+        with deps.state.lock(reindex_lock_name(alias), owner=default_lock_owner(run_id), ttl_s=deps.settings.lock_ttl_s):
             # one read of the files serves every step of this process; the DAG's tasks each read them again
             prepared = make_plan(deps, force_full=force_full or kind == "migration", kind=kind,
                                  embedder=embedder, model=model, dim=dim)

@@ -155,9 +155,11 @@ def utcnow() -> datetime:
     return datetime.now(UTC).replace(tzinfo=None)
 
 
-def default_lock_owner() -> str:
-    """Unique per acquisition: two threads of one process are two owners."""
-    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+def default_lock_owner(run_id: str | None = None) -> str:
+    """Unique per acquisition: two threads of one process are two owners. A run's own lock starts with
+    its run id, so others can tell that run is still alive while its heartbeat renews the lock."""
+    owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+    return f"{run_id}@{owner}"[:255] if run_id else owner
 
 
 @dataclass
@@ -479,6 +481,12 @@ class StateStore:
             f"lock {name!r} is held by {holder['owner']} since {holder['acquired_at']:%Y-%m-%d %H:%M:%S} UTC "
             f"(expires {holder['expires_at']:%H:%M:%S}); another run is working on this alias"
         )
+
+    def lock_held_by(self, name: str) -> str | None:
+        """The owner of an unexpired lock of that name, or None."""
+        with self.engine.connect() as conn:
+            row = conn.execute(sa.select(locks.c.owner).where(locks.c.name == name, locks.c.expires_at >= utcnow())).first()
+        return row[0] if row else None
 
     def release_lock(self, name: str, *, owner: str) -> None:
         with self.engine.begin() as conn:

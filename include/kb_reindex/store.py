@@ -88,6 +88,13 @@ class KnowledgeStore:
             points=self.count(name),
         )
 
+    def dimension(self, name: str) -> int:
+        """The collection's vector size, without counting its points."""
+        params = self.client.get_collection(name).config.params.vectors
+        if isinstance(params, dict):
+            raise StoreError(f"collection {name} uses named vectors; kb-reindex writes one unnamed vector")
+        return params.size
+
     def create_collection(self, name: str, *, dim: int) -> None:
         """Create, or accept an existing one only if it has exactly the shape we need."""
         if self.exists(name):
