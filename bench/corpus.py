@@ -199,6 +199,20 @@ def write(corpus: Corpus, docs_dir: Path) -> None:
             path.write_bytes(data)
 
 
+def mirror(src_dir: Path, docs_dir: Path) -> None:
+    """Make `docs_dir` hold exactly the files of `src_dir`: switches a worker to a corpus written
+    earlier, so the worker need not keep the corpus in memory while it is measured."""
+    docs_dir.mkdir(parents=True, exist_ok=True)
+    wanted = {path.name: path for path in src_dir.glob("*.md")}
+    for path in docs_dir.glob("*.md"):
+        if path.name not in wanted:
+            path.unlink()
+    for name, source in wanted.items():
+        data, path = source.read_bytes(), docs_dir / name
+        if not path.exists() or path.read_bytes() != data:
+            path.write_bytes(data)
+
+
 def golden_yaml(corpus: Corpus, mutation: Mutation | None, *, probes: int = 20, k: int = 4) -> str:
     """A permissive golden set: real probes (a question quoting a document's rule code), thresholds 0."""
     import yaml

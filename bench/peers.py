@@ -98,6 +98,15 @@ def run_kb(job: dict[str, Any]) -> dict[str, Any]:
     base = corpus_mod.generate(size, seed)
     mutated, mutation = corpus_mod.mutate(base, seed)
     root = corpus_mod.write_project(Path(job["workdir"]) / f"kb-{embedder}-{size}", base, mutation)
+    one_more = mutated.copy()
+    key = sorted(one_more.docs)[len(one_more.docs) // 2]
+    one_more.docs[key] = one_more.docs[key].rstrip("\n") + "\n\n补充说明：节假日期间以上时限顺延。\n"
+    variants = {"mutated": root.parent / f"{root.name}-mutated", "one_more": root.parent / f"{root.name}-one-more"}
+    corpus_mod.write(mutated, variants["mutated"])
+    corpus_mod.write(one_more, variants["one_more"])
+    # the corpus lives on disk from here: the worker's peak RSS is the engine's, not the generator's
+    del base, mutated, one_more
+    gc.collect()
 
     server = fake_ollama(job["ollama_ms"]) if embedder == "ollama" else None
     env = {"KB_PROJECT_ROOT": str(root), "KB_EMBEDDER": embedder, "KB_EMBED_DIM": str(DIM)}
@@ -106,7 +115,7 @@ def run_kb(job: dict[str, Any]) -> dict[str, Any]:
     try:
         warm = warmup(env, root.parent / f"{root.name}-warmup", job["store"])
         with qdrant_store(job["store"]) as (client, store_pid):
-            out = _kb_scenarios(job, env, root, mutated, client, store_pid, server)
+            out = _kb_scenarios(job, env, root, variants, client, store_pid, server)
     finally:
         if server is not None:
             server.stop()
@@ -114,7 +123,7 @@ def run_kb(job: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _kb_scenarios(job: dict[str, Any], env: dict[str, str], root: Path, mutated: corpus_mod.Corpus, client: Any,
+def _kb_scenarios(job: dict[str, Any], env: dict[str, str], root: Path, variants: dict[str, Path], client: Any,
                   store_pid: int | None, server: Any) -> dict[str, Any]:
     from kb_reindex import engine
     from kb_reindex.config import Settings
@@ -146,7 +155,7 @@ def _kb_scenarios(job: dict[str, Any], env: dict[str, str], root: Path, mutated:
             sc.run("kb.full_build", reindex())
             sc.run("kb.noop", reindex())
             sc.run("full_rebuild.noop", reindex(force_full=True))
-            corpus_mod.write(mutated, docs_dir)
+            corpus_mod.mirror(variants["mutated"], docs_dir)
             if profile:
                 sc.run("kb.incremental", profiled(reindex(), Path(profile)))
             else:
@@ -162,10 +171,7 @@ def _kb_scenarios(job: dict[str, Any], env: dict[str, str], root: Path, mutated:
             if job.get("raw", True) and embedder == "hashing":
                 sc.run("raw.upsert", lambda meter: raw_bulk_upsert(deps, meter, copy_batch=settings.copy_batch_size))
             if job.get("readers", True) and embedder == "hashing":
-                one_more = mutated.copy()
-                key = sorted(one_more.docs)[len(one_more.docs) // 2]
-                one_more.docs[key] = one_more.docs[key].rstrip("\n") + "\n\n补充说明：节假日期间以上时限顺延。\n"
-                corpus_mod.write(one_more, docs_dir)
+                corpus_mod.mirror(variants["one_more"], docs_dir)
                 sc.run("kb.promotion_under_readers", lambda meter: promotion_under_readers(deps, meter, reindex(),
                                                                                      job.get("reader_pause_s")))
     finally:
@@ -383,6 +389,10 @@ def _langchain(job: dict[str, Any], stack: ExitStack) -> dict[str, Any]:
     root = Path(job["workdir"]) / f"langchain-{embedder_kind}-{size}"
     corpus_mod.write_project(root, base, mutation)
     docs_dir = root / "knowledge" / "docs"
+    mutated_dir = root.parent / f"{root.name}-mutated"
+    corpus_mod.write(mutated, mutated_dir)
+    del base, mutated  # on disk from here, as for our engine's worker
+    gc.collect()
 
     server = fake_ollama(job["ollama_ms"]) if embedder_kind == "ollama" else None
     if server is not None:
@@ -472,7 +482,7 @@ def _langchain(job: dict[str, Any], stack: ExitStack) -> dict[str, Any]:
     sc = Scenarios(meter_ref, server, store_pid)
     sc.run("langchain.full_build", run_index)
     sc.run("langchain.noop", run_index)
-    corpus_mod.write(mutated, docs_dir)
+    corpus_mod.mirror(mutated_dir, docs_dir)
     row = sc.run("langchain.incremental", run_index)
     expected = sum(len(chunk_document(d)) for d in load_corpus(docs_dir))
     row["points_expected"] = expected

@@ -377,3 +377,22 @@ def test_a_run_holding_the_reindex_lock_stays_active_past_the_ttl(deps: Deps) ->
     with deps.state.lock(reindex_lock_name("mall_knowledge"), owner=default_lock_owner("long-build"), ttl_s=60):
         assert run_is_active(deps, "long-build")
         assert not run_is_active(deps, "another-run")
+
+
+def test_a_file_edited_after_the_plan_stops_the_build_by_name(deps: Deps, counting: CountingEmbedder) -> None:
+    """The plan holds chunk references, not texts: the build reads each file again, and a file whose
+    content is no longer the planned one stops it (the version would mix two states of the knowledge)."""
+    from kb_reindex.build import build, create_version
+    from kb_reindex.errors import KbError
+    from kb_reindex.plan import prepare
+
+    prepared = prepare(deps)
+    created = create_version(deps, prepared.plan, prepared=prepared)
+    path = docs(deps) / "shipping-policy.md"
+    path.write_text(path.read_text(encoding="utf-8") + "\n\n补充：偏远地区另行通知。\n", encoding="utf-8")
+    with pytest.raises(KbError, match=r"shipping-policy\.md changed after v1 was planned"):
+        build(deps, created["version"], prepared=prepared)
+    assert deps.state.get_version("mall_knowledge", 1).failed_step == "build"
+    assert deps.store.alias_target("mall_knowledge") is None
+    rerun = engine.run_reindex(deps)
+    assert rerun["outcome"] == "promoted" and rerun["version"] == 2

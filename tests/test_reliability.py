@@ -328,11 +328,16 @@ def test_two_dag_style_runs_without_the_run_lock_promote_exactly_once(deps: Deps
     assert len(deps.state.alias_events(ALIAS)) == 1
 
 
-def test_two_processes_at_once_exactly_one_promotes(project: Path) -> None:
+def test_two_processes_at_once_exactly_one_promotes(project: Path, ollama: FakeOllamaServer) -> None:
     """Separate processes, shared state DB, separate local Qdrant folders (local mode is one process per
     folder): the state-DB lock lets one build; the other stops with a clear message."""
+    from kb_reindex.testing.ollama_server import FaultPlan
+
+    # 50 chunks at 40 ms each: the first build lasts seconds, so the second process surely meets its lock
+    ollama.faults = FaultPlan(delay_per_text_s=0.04)
     script = Path(sys.executable).with_name("kb-reindex")
-    env = {**os.environ, "KB_PROJECT_ROOT": str(project), "KB_EMBED_BATCH_SIZE": "1"}
+    env = {**os.environ, "KB_PROJECT_ROOT": str(project), "KB_EMBED_BATCH_SIZE": "8", "KB_EMBEDDER": "ollama",
+           "OLLAMA_HOST": ollama.url}
     procs = [
         subprocess.Popen([str(script), "run", "-q"], env={**env, "KB_QDRANT_PATH": f".kb/qdrant-{i}"},
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -340,8 +345,8 @@ def test_two_processes_at_once_exactly_one_promotes(project: Path) -> None:
     ]
     outputs = [p.communicate(timeout=180) for p in procs]
     codes = sorted(p.returncode for p in procs)
-    assert codes == [0, 1], outputs
-    assert any("is held by" in out + err for out, err in outputs)
+    assert codes == [0, 1], [err[-3000:] for _out, err in outputs]
+    assert any("is held by" in out + err for out, err in outputs), outputs
 
 
 def test_readers_see_no_error_and_no_empty_result_through_the_swap(deps: Deps) -> None:

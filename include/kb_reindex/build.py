@@ -14,7 +14,8 @@ from typing import Any
 
 from qdrant_client import models
 
-from kb_reindex.chunking import Chunk
+from kb_reindex.chunking import Chunk, chunking_version
+from kb_reindex.corpus import CorpusScan, DocumentInfo, DocumentTexts, scan_corpus
 from kb_reindex.embedding import batched, check_vectors
 from kb_reindex.errors import EmbeddingError, KbError, StoreError
 from kb_reindex.plan import Prepared, prepare
@@ -140,25 +141,24 @@ def create_version(deps: Deps, plan: dict[str, Any], *, run_id: str | None = Non
         raise
     log.info(
         "kb_reindex: v%d -> collection %s (%d-d %s, %d points planned)",
-        version.version, version.collection, version.embed_dim, version.distance, len(prepared.chunks),
+        version.version, version.collection, version.embed_dim, version.distance, prepared.plan["chunks"]["total"],
     )
     return {"version": version.version, "collection": version.collection, "resumed": resumed,
             "embed_model": version.embed_model, "embed_dim": version.embed_dim}
 
 
 def _write_manifest(deps: Deps, version: VersionRecord, prepared: Prepared) -> None:
-    per_doc: dict[str, int] = {}
-    for chunk in prepared.chunks:
-        per_doc[chunk.knowledge_key] = per_doc.get(chunk.knowledge_key, 0) + 1
     documents = [
-        {"knowledge_key": d.knowledge_key, "source": d.source, "title": d.title, "category": d.category,
-         "tenant": d.tenant, "content_hash": d.content_hash, "chunk_count": per_doc.get(d.knowledge_key, 0)}
-        for d in prepared.documents
+        {"knowledge_key": d.info.knowledge_key, "source": d.info.source, "title": d.info.title,
+         "category": d.info.category, "tenant": d.info.tenant, "content_hash": d.info.content_hash,
+         "chunk_count": len(d.chunks)}
+        for d in prepared.scan.documents
     ]
+    reuse = prepared.reuse
     chunks = [
         {"point_id": c.point_id, "knowledge_key": c.knowledge_key, "chunk_index": c.chunk_index,
-         "chunk_hash": c.chunk_hash, "source_point_id": prepared.reuse.get(c.chunk_hash)}
-        for c in prepared.chunks
+         "chunk_hash": c.chunk_hash, "source_point_id": reuse.get(c.chunk_hash)}
+        for d in prepared.scan.documents for c in d.chunks
     ]
     deps.state.write_manifest(version.id, documents, chunks)
     reused = sum(1 for c in chunks if c["source_point_id"])
@@ -168,7 +168,7 @@ def _write_manifest(deps: Deps, version: VersionRecord, prepared: Prepared) -> N
     )
 
 
-def payload_for(chunk: Chunk, doc: Document, version: VersionRecord) -> dict[str, Any]:
+def payload_for(chunk: Chunk, doc: DocumentInfo | Document, version: VersionRecord) -> dict[str, Any]:
     return {
         "text": chunk.text,
         "knowledge_key": chunk.knowledge_key,
@@ -224,26 +224,23 @@ def build(deps: Deps, version_number: int, *, run_id: str | None = None,
         raise
 
 
-def _current_chunks(deps: Deps, version: VersionRecord, prepared: Prepared | None) -> tuple[list[Document], list[Chunk]]:
-    """The documents and chunks this version is built from: the caller's plan if it is this version's,
-    else the files as they are now, which must still be the ones planned."""
-    from kb_reindex.chunking import chunk_document, chunking_version
-    from kb_reindex.sources import corpus_fingerprint, load_corpus
-
+def _current_scan(deps: Deps, version: VersionRecord, prepared: Prepared | None) -> CorpusScan:
+    """The facts and chunk references this version is built from: the caller's plan if it is this
+    version's, else the files as they are now, which must still be the ones planned."""
     settings = deps.settings
     if chunking_version(settings.chunk_size, settings.chunk_overlap) != version.chunking_version:
         raise KbError(f"chunking settings differ from v{version.version}'s ({version.chunking_version}); start a new run")
-    if prepared is not None and prepared.plan["fingerprint"] == version.corpus_fingerprint \
-            and prepared.plan["chunking_version"] == version.chunking_version:
-        return prepared.documents, prepared.chunks
-    documents = load_corpus(settings.knowledge_dir, max_bytes=settings.max_doc_bytes)
-    if corpus_fingerprint(documents) != version.corpus_fingerprint:
+    if prepared is not None and prepared.scan.fingerprint == version.corpus_fingerprint \
+            and prepared.scan.chunking_version == version.chunking_version:
+        return prepared.scan
+    scan = scan_corpus(settings.knowledge_dir, max_bytes=settings.max_doc_bytes,
+                       chunk_size=settings.chunk_size, overlap=settings.chunk_overlap)
+    if scan.fingerprint != version.corpus_fingerprint:
         raise KbError(
             f"the knowledge folder changed after v{version.version} was planned; this version cannot be "
             "completed from the files as they are now. Start a new run"
         )
-    chunks = [c for d in documents for c in chunk_document(d, chunk_size=settings.chunk_size, overlap=settings.chunk_overlap)]
-    return documents, chunks
+    return scan
 
 
 def _already_written(deps: Deps, collection: str, point_ids: list[str]) -> set[str]:
@@ -260,12 +257,16 @@ def _already_written(deps: Deps, collection: str, point_ids: list[str]) -> set[s
 def _fill(deps: Deps, version: VersionRecord, window: tuple[int, int] | None,
           prepared: Prepared | None) -> dict[str, Any]:
     settings = deps.settings
-    documents, chunk_list = _current_chunks(deps, version, prepared)
-    by_key = {d.knowledge_key: d for d in documents}
-    chunks = {c.point_id: c for c in chunk_list}
+    scan = _current_scan(deps, version, prepared)
+    by_key = {d.knowledge_key: d for d in scan.infos}
+    planned = {c.point_id for d in scan.documents for c in d.chunks}
     manifest = deps.state.manifest_chunks(version.id)
-    if len(manifest) != len(chunks) or any(row["point_id"] not in chunks for row in manifest):
+    if len(manifest) != len(planned) or any(row["point_id"] not in planned for row in manifest):
         raise KbError(f"v{version.version}'s manifest does not match the chunks of the current files; start a new run")
+    del planned
+    texts = DocumentTexts(settings.knowledge_dir, by_key, max_bytes=settings.max_doc_bytes,
+                          chunk_size=settings.chunk_size, overlap=settings.chunk_overlap,
+                          version_label=f"v{version.version}")
     if window is not None:
         offset, limit = window
         manifest = manifest[offset : offset + limit]
@@ -281,7 +282,7 @@ def _fill(deps: Deps, version: VersionRecord, window: tuple[int, int] | None,
     def point(row: dict[str, Any], vector: list[float]) -> models.PointStruct:
         # IDs are UUID strings, vectors checked lists of floats, payloads plain JSON values: built by us,
         # so pydantic's per-field validation (a tenth of the copy path's time) is skipped
-        chunk = chunks[row["point_id"]]
+        chunk = texts.chunk(row["knowledge_key"], row["point_id"])
         return models.PointStruct.model_construct(
             id=row["point_id"], vector=vector, payload=payload_for(chunk, by_key[chunk.knowledge_key], version))
 
@@ -351,8 +352,8 @@ def _fill(deps: Deps, version: VersionRecord, window: tuple[int, int] | None,
                     f"embedder {embedder.model!r} answers {embedder.dimension}-d vectors; v{version.version} needs {version.embed_dim}"
                 )
             for batch in batched(to_embed, settings.embed_batch_size):
-                texts = [chunks[r["point_id"]].text for r in batch]
-                vectors = check_vectors(embedder.embed(texts), expected=len(batch), dim=version.embed_dim,
+                batch_texts = [texts.chunk(r["knowledge_key"], r["point_id"]).text for r in batch]
+                vectors = check_vectors(embedder.embed(batch_texts), expected=len(batch), dim=version.embed_dim,
                                         source=f"embedder {embedder.model!r}")
                 deps.store.upsert(version.collection, [point(r, v) for r, v in zip(batch, vectors)])
                 record_progress(len(batch))

@@ -89,7 +89,7 @@ def run_reindex(
             built = build(deps, created["version"], run_id=run_id, prepared=prepared)
             result["build"] = built
             checked = validate(deps, created["version"], min_hit_rate=min_hit_rate, min_mrr=min_mrr,
-                               documents=prepared.documents)
+                               scan=prepared.scan)
             del prepared
             result["validation"] = validation_summary(checked)
             if promote_version:

@@ -1,7 +1,8 @@
 """Step 1, plan: what changed since the live version, and which vectors can be carried over.
 
 The plan is a small JSON-able dict (it travels through XCom); the chunks themselves are recomputed by
-later steps from the same files and checked against the plan's corpus fingerprint.
+later steps from the same files and checked against the plan's corpus fingerprint. In one process the
+steps share the plan's `Prepared` (references and facts, never all the texts at once).
 """
 
 from __future__ import annotations
@@ -10,10 +11,9 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from kb_reindex.chunking import Chunk, chunk_document, chunking_version
+from kb_reindex.corpus import CorpusScan, scan_corpus
 from kb_reindex.errors import StateDriftError
 from kb_reindex.runtime import Deps
-from kb_reindex.sources import Document, corpus_fingerprint, load_corpus
 from kb_reindex.state import VersionRecord
 
 log = logging.getLogger(__name__)
@@ -21,11 +21,10 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class Prepared:
-    """The plan plus what it was computed from; never leaves the process."""
+    """The plan plus what it was computed from (facts and references, no texts); never leaves the process."""
 
     plan: dict[str, Any]
-    documents: list[Document]
-    chunks: list[Chunk]
+    scan: CorpusScan
     reuse: dict[str, str] = field(default_factory=dict)  # chunk_hash -> point id in the live collection
     live: VersionRecord | None = None
 
@@ -80,18 +79,20 @@ def prepare(
         if embedder == "hashing" and dim is None:
             dim = 1024
 
-    documents = load_corpus(settings.knowledge_dir, max_bytes=settings.max_doc_bytes)
-    chunks = [c for doc in documents for c in chunk_document(doc, chunk_size=settings.chunk_size, overlap=settings.chunk_overlap)]
-    fingerprint = corpus_fingerprint(documents)
-    cv = chunking_version(settings.chunk_size, settings.chunk_overlap)
+    scan = scan_corpus(settings.knowledge_dir, max_bytes=settings.max_doc_bytes,
+                       chunk_size=settings.chunk_size, overlap=settings.chunk_overlap)
+    documents = scan.infos
+    chunks = scan.chunk_refs()
+    fingerprint = scan.fingerprint
+    cv = scan.chunking_version
 
     live_docs: dict[str, str] = {}
     reuse: dict[str, str] = {}
     if live is not None:
-        live_docs = {d["knowledge_key"]: d["content_hash"] for d in deps.state.manifest_documents(live.id)}
+        live_docs = deps.state.manifest_document_hashes(live.id)
         same_vectors = (live.embedder, live.embed_model, live.embed_dim, live.chunking_version) == (embedder, model, dim, cv)
         if same_vectors and not force_full and kind == "reindex":
-            reuse = {c["chunk_hash"]: c["point_id"] for c in deps.state.manifest_chunks(live.id)}
+            reuse = deps.state.manifest_reuse_map(live.id)
 
     keys = {d.knowledge_key: d.content_hash for d in documents}
     added = sorted(k for k in keys if k not in live_docs)
@@ -128,7 +129,7 @@ def prepare(
         # newest modification time of an added or changed document: the start of source-to-searchable latency
         "source_changed_at": changed_at,
     }
-    return Prepared(plan=plan, documents=documents, chunks=chunks, reuse=reuse, live=live)
+    return Prepared(plan=plan, scan=scan, reuse=reuse, live=live)
 
 
 def plan(deps: Deps, **options: Any) -> dict[str, Any]:

@@ -84,34 +84,23 @@ def _first_h1(body: str) -> str | None:
     return None
 
 
-_PARSED: dict[tuple[str, str], Document] = {}
-
-
-def read_document(path: Path, docs_dir: Path, *, max_bytes: int) -> Document:
-    """One file to one Document, or a SourceError that says what is wrong with it.
-
-    Parsed documents are remembered by path and the SHA-256 of their bytes: a run reads the folder in
-    several steps, and only changed bytes are parsed again (never a stale guess: the bytes decide).
-    """
-    source = path.relative_to(docs_dir).as_posix()
+def read_bytes(path: Path, source: str, *, max_bytes: int) -> bytes:
     size = path.stat().st_size
     if size > max_bytes:
         raise SourceError(
             f"{source}: file is {size:,} bytes, over the limit of {max_bytes:,} (KB_MAX_DOC_BYTES); "
             "split it into several documents"
         )
-    data = path.read_bytes()
-    key = (f"{docs_dir}\0{source}", hashlib.sha256(data).hexdigest())
-    if key in _PARSED:
-        return _PARSED[key]
-    document = _parse(path, source, data)
-    if len(_PARSED) > 100_000:
-        _PARSED.clear()
-    _PARSED[key] = document
-    return document
+    return path.read_bytes()
 
 
-def _parse(path: Path, source: str, data: bytes) -> Document:
+def read_document(path: Path, docs_dir: Path, *, max_bytes: int) -> Document:
+    """One file to one Document, or a SourceError that says what is wrong with it."""
+    source = path.relative_to(docs_dir).as_posix()
+    return parse_document(path, source, read_bytes(path, source, max_bytes=max_bytes))
+
+
+def parse_document(path: Path, source: str, data: bytes) -> Document:
     if b"\x00" in data:
         raise SourceError(f"{source}: contains NUL bytes; this looks like a binary file, not Markdown")
     try:

@@ -210,6 +210,25 @@ class VersionRecord:
         return out
 
 
+@contextmanager
+def _schema_guard(engine: sa.Engine) -> Iterator[None]:
+    """Two processes creating one new SQLite file at once: SQLite answers one of them "database is
+    locked" at once (no busy wait when a reader would have to become a writer), so they take turns on a
+    file lock beside the database. MySQL handles its own DDL races (see the retry in StateStore)."""
+    database = engine.url.database if engine.url.get_backend_name() == "sqlite" else None
+    if not database or database == ":memory:":
+        yield
+        return
+    import fcntl
+
+    with open(f"{database}.schema-lock", "a+b") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 class StateStore:
     """All reads and writes of the state DB. Short transactions; nothing held across embedding calls."""
 
@@ -218,7 +237,8 @@ class StateStore:
         self.engine = engine or self._make_engine(url)
         self.display_url = make_url(url).render_as_string(hide_password=True)
         try:
-            metadata.create_all(self.engine, checkfirst=True)
+            with _schema_guard(self.engine):
+                metadata.create_all(self.engine, checkfirst=True)
         except sa.exc.OperationalError as exc:
             if "already exists" in str(exc.orig):  # MySQL 1050: another process created a table first
                 metadata.create_all(self.engine, checkfirst=True)
@@ -351,6 +371,21 @@ class StateStore:
                 .order_by(manifest_documents.c.knowledge_key)
             ).mappings().all()
         return [dict(row) for row in rows]
+
+    def manifest_document_hashes(self, version_id: int) -> dict[str, str]:
+        """knowledge_key -> content_hash of the version's documents."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(sa.select(manifest_documents.c.knowledge_key, manifest_documents.c.content_hash)
+                                .where(manifest_documents.c.version_id == version_id))
+            return {key: value for key, value in rows}
+
+    def manifest_reuse_map(self, version_id: int) -> dict[str, str]:
+        """chunk_hash -> point_id of the version's chunks: which vectors a new version can copy."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(sa.select(manifest_chunks.c.chunk_hash, manifest_chunks.c.point_id)
+                                .where(manifest_chunks.c.version_id == version_id)
+                                .order_by(manifest_chunks.c.knowledge_key, manifest_chunks.c.chunk_index))
+            return {key: value for key, value in rows}
 
     def manifest_chunks(self, version_id: int) -> list[dict[str, Any]]:
         with self.engine.connect() as conn:

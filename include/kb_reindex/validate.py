@@ -10,14 +10,13 @@ from __future__ import annotations
 import hashlib
 import logging
 import random
-import re
 from pathlib import Path
 from typing import Any
 
 from kb_reindex.errors import GoldenSetError, KbError, ValidationFailed
 from kb_reindex.golden import GoldenSet, check_probe_keys, first_hit_rank, load_golden_set, score
 from kb_reindex.runtime import Deps
-from kb_reindex.sources import Document
+from kb_reindex.corpus import CorpusScan, scan_corpus
 from kb_reindex.state import VersionRecord
 from kb_reindex.store import DISTANCE
 
@@ -28,25 +27,6 @@ PAYLOAD_FIELDS = (
     "content_hash", "embed_model", "chunking_version", "version",
 )
 SAMPLE_SIZE = 64
-# Text in the knowledge base is data. Lines that read like instructions to an assistant are listed in the
-# report so a person looks at them; they are never acted on.
-INSTRUCTION_PATTERNS = [
-    re.compile(p, re.IGNORECASE)
-    for p in (
-        r"ignore (all |any )?(previous|prior|above) (instructions|rules)",
-        r"忽略(之前|以上|前面|上述)?的?(所有)?(规则|指令|指示|要求)",
-        r"(call|invoke|use) the \w+ tool",
-        r"调用.{0,6}(工具|tool)",
-        r"(输出|提供|告诉|发送).{0,8}(手机号|电话号码|身份证|密码|银行卡)",
-        r"(phone number|password|credit card number)s?\b.{0,20}(send|give|output|reveal)",
-        r"system prompt|系统提示",
-    )
-]
-
-# one pass over a whole document first: almost every document has no such line at all
-ANY_INSTRUCTION = re.compile("|".join(f"(?:{p.pattern})" for p in INSTRUCTION_PATTERNS), re.IGNORECASE)
-
-
 def _structural(deps: Deps, version: VersionRecord, manifest: list[dict[str, Any]]) -> list[dict[str, Any]]:
     checks: list[dict[str, Any]] = []
 
@@ -108,20 +88,13 @@ def embed_probes(deps: Deps, version: VersionRecord, golden: GoldenSet) -> list[
     return deps.embedder_for(version).embed([p.query for p in golden.probes])
 
 
-def scan_instructions(deps: Deps, version: VersionRecord, documents: list[Document] | None = None) -> list[dict[str, Any]]:
+def scan_instructions(deps: Deps, version: VersionRecord, scan: CorpusScan | None = None) -> list[dict[str, Any]]:
     """Instruction-like lines in the knowledge text: counted and listed for a person, obeyed by nothing."""
-    from kb_reindex.sources import load_corpus
-
-    if documents is None:
-        documents = load_corpus(deps.settings.knowledge_dir, max_bytes=deps.settings.max_doc_bytes)
-    flagged = []
-    for doc in documents:
-        if not ANY_INSTRUCTION.search(doc.body):
-            continue
-        for number, line in enumerate(doc.body.splitlines(), start=1):
-            if ANY_INSTRUCTION.search(line):
-                flagged.append({"source": doc.source, "line": number, "text": line.strip()[:200]})
-    return flagged
+    if scan is None:
+        settings = deps.settings
+        scan = scan_corpus(settings.knowledge_dir, max_bytes=settings.max_doc_bytes,
+                           chunk_size=settings.chunk_size, overlap=settings.chunk_overlap)
+    return scan.flagged_lines()
 
 
 def validate(
@@ -132,16 +105,16 @@ def validate(
     min_mrr: float | None = None,
     compare_live: bool = True,
     raise_on_failure: bool = True,
-    documents: list[Document] | None = None,
+    scan: CorpusScan | None = None,
 ) -> dict[str, Any]:
-    """`documents`: the files this version was planned from, when the caller has them in memory."""
+    """`scan`: the files this version was planned from, when the caller has them in this process."""
     alias = deps.settings.alias
     version = deps.state.get_version(alias, version_number)
     if version is None:
         raise KbError(f"version {version_number} of {alias} does not exist")
     try:
         result = _validate(deps, version, min_hit_rate=min_hit_rate, min_mrr=min_mrr, compare_live=compare_live,
-                           documents=documents)
+                           scan=scan)
     except GoldenSetError as exc:
         if version.status in ("building", "ready"):
             deps.state.mark_failed(version.id, step="validate", error=str(exc))
@@ -164,7 +137,7 @@ def validate(
 
 
 def _validate(deps: Deps, version: VersionRecord, *, min_hit_rate: float | None, min_mrr: float | None,
-              compare_live: bool, documents: list[Document] | None) -> dict[str, Any]:
+              compare_live: bool, scan: CorpusScan | None) -> dict[str, Any]:
     golden = load_golden_set(deps.settings.golden_set)
     manifest = deps.state.manifest_chunks(version.id)
     check_probe_keys(golden, {d["knowledge_key"] for d in deps.state.manifest_documents(version.id)})
@@ -216,7 +189,7 @@ def _validate(deps: Deps, version: VersionRecord, *, min_hit_rate: float | None,
             lost = [p["probe"] for p in probes if p["regression"]]
             failures.append(f"{regressions} regression(s) against live v{baseline.version if baseline else '?'} "
                             f"(max {golden.max_regressions}): {', '.join(lost)}")
-    flagged = scan_instructions(deps, version, documents)
+    flagged = scan_instructions(deps, version, scan)
     if flagged and deps.settings.block_on_instructions:
         failures.append(f"{len(flagged)} instruction-like line(s) in the knowledge text (KB_BLOCK_ON_INSTRUCTIONS); "
                         f"first: {flagged[0]['source']}:{flagged[0]['line']}")
