@@ -21,7 +21,7 @@ from kb_reindex.errors import EmbeddingError, KbError, StoreError
 from kb_reindex.plan import Prepared, prepare
 from kb_reindex.runtime import Deps
 from kb_reindex.sources import Document
-from kb_reindex.state import VersionRecord, utcnow
+from kb_reindex.state import ManifestRef, VersionRecord, utcnow
 from kb_reindex.store import DISTANCE, collection_name
 
 log = logging.getLogger(__name__)
@@ -155,16 +155,18 @@ def _write_manifest(deps: Deps, version: VersionRecord, prepared: Prepared) -> N
         for d in prepared.scan.documents
     ]
     reuse = prepared.reuse
-    chunks = [
+    # rows are made as they are inserted, a batch at a time, never all at once
+    chunks = (
         {"point_id": c.point_id, "knowledge_key": c.knowledge_key, "chunk_index": c.chunk_index,
          "chunk_hash": c.chunk_hash, "source_point_id": reuse.get(c.chunk_hash)}
         for d in prepared.scan.documents for c in d.chunks
-    ]
+    )
     deps.state.write_manifest(version.id, documents, chunks)
-    reused = sum(1 for c in chunks if c["source_point_id"])
+    total = sum(len(d.chunks) for d in prepared.scan.documents)
+    reused = sum(1 for d in prepared.scan.documents for c in d.chunks if c.chunk_hash in reuse)
     deps.state.update_version(
-        version.id, docs_count=len(documents), points_expected=len(chunks),
-        chunks_reused=reused, chunks_embedded=len(chunks) - reused,
+        version.id, docs_count=len(documents), points_expected=total,
+        chunks_reused=reused, chunks_embedded=total - reused,
     )
 
 
@@ -260,8 +262,8 @@ def _fill(deps: Deps, version: VersionRecord, window: tuple[int, int] | None,
     scan = _current_scan(deps, version, prepared)
     by_key = {d.knowledge_key: d for d in scan.infos}
     planned = {c.point_id for d in scan.documents for c in d.chunks}
-    manifest = deps.state.manifest_chunks(version.id)
-    if len(manifest) != len(planned) or any(row["point_id"] not in planned for row in manifest):
+    manifest = deps.state.manifest_refs(version.id)
+    if len(manifest) != len(planned) or any(row.point_id not in planned for row in manifest):
         raise KbError(f"v{version.version}'s manifest does not match the chunks of the current files; start a new run")
     del planned
     texts = DocumentTexts(settings.knowledge_dir, by_key, max_bytes=settings.max_doc_bytes,
@@ -270,21 +272,21 @@ def _fill(deps: Deps, version: VersionRecord, window: tuple[int, int] | None,
     if window is not None:
         offset, limit = window
         manifest = manifest[offset : offset + limit]
-    existing = _already_written(deps, version.collection, [row["point_id"] for row in manifest])
-    to_copy = [row for row in manifest if row["source_point_id"] and row["point_id"] not in existing]
-    to_embed = [row for row in manifest if not row["source_point_id"] and row["point_id"] not in existing]
+    existing = _already_written(deps, version.collection, [row.point_id for row in manifest])
+    to_copy = [row for row in manifest if row.source_point_id and row.point_id not in existing]
+    to_embed = [row for row in manifest if not row.source_point_id and row.point_id not in existing]
     skipped = len(manifest) - len(to_copy) - len(to_embed)
     if skipped:
         log.info("kb_reindex: v%d resumes: %d points already written are skipped", version.version, skipped)
     progress = _Progress(f"build v{version.version}", len(manifest))
     progress.done = skipped
 
-    def point(row: dict[str, Any], vector: list[float]) -> models.PointStruct:
+    def point(row: ManifestRef, vector: list[float]) -> models.PointStruct:
         # IDs are UUID strings, vectors checked lists of floats, payloads plain JSON values: built by us,
         # so pydantic's per-field validation (a tenth of the copy path's time) is skipped
-        chunk = texts.chunk(row["knowledge_key"], row["point_id"])
+        chunk = texts.chunk(row.knowledge_key, row.point_id)
         return models.PointStruct.model_construct(
-            id=row["point_id"], vector=vector, payload=payload_for(chunk, by_key[chunk.knowledge_key], version))
+            id=row.point_id, vector=vector, payload=payload_for(chunk, by_key[chunk.knowledge_key], version))
 
     unrecorded = 0
     last_recorded = time.monotonic()
@@ -315,8 +317,8 @@ def _fill(deps: Deps, version: VersionRecord, window: tuple[int, int] | None,
                                  f"v{version.version} needs {version.embed_dim}. Rebuild with `kb-reindex run --force-full`")
             started = time.perf_counter()
 
-            def read(batch: list[dict[str, Any]]) -> list[models.Record]:
-                return deps.store.retrieve(version.base_collection, [r["source_point_id"] for r in batch],
+            def read(batch: list[ManifestRef]) -> list[models.Record]:
+                return deps.store.retrieve(version.base_collection, [r.source_point_id for r in batch],
                                            vectors=True, payload=False)
 
             # Read the next batch while this one is written: against a Qdrant server the two round trips
@@ -329,7 +331,7 @@ def _fill(deps: Deps, version: VersionRecord, window: tuple[int, int] | None,
                     if position + 1 < len(batches):
                         pending = reader.submit(read, batches[position + 1])
                     vectors = {str(record.id): record.vector for record in sources}
-                    missing = [r["source_point_id"] for r in batch if r["source_point_id"] not in vectors]
+                    missing = [r.source_point_id for r in batch if r.source_point_id not in vectors]
                     if missing:
                         raise StoreError(
                             f"live collection {version.base_collection} lacks {len(missing)} point(s) its manifest lists "
@@ -337,11 +339,11 @@ def _fill(deps: Deps, version: VersionRecord, window: tuple[int, int] | None,
                         )
                     # Vectors read back from a collection of the checked dimension were checked when first
                     # embedded; Qdrant stores no NaN. Only a missing vector could still slip through.
-                    empty = [r["source_point_id"] for r in batch if not isinstance(vectors[r["source_point_id"]], list)]
+                    empty = [r.source_point_id for r in batch if not isinstance(vectors[r.source_point_id], list)]
                     if empty:
                         raise StoreError(f"live collection {version.base_collection} returned no vector for {empty[0]}; "
                                          "rebuild with `kb-reindex run --force-full`")
-                    deps.store.upsert(version.collection, [point(r, vectors[r["source_point_id"]]) for r in batch])
+                    deps.store.upsert(version.collection, [point(r, vectors[r.source_point_id]) for r in batch])
                     record_progress(len(batch))
             copy_s = time.perf_counter() - started
 
@@ -352,7 +354,7 @@ def _fill(deps: Deps, version: VersionRecord, window: tuple[int, int] | None,
                     f"embedder {embedder.model!r} answers {embedder.dimension}-d vectors; v{version.version} needs {version.embed_dim}"
                 )
             for batch in batched(to_embed, settings.embed_batch_size):
-                batch_texts = [texts.chunk(r["knowledge_key"], r["point_id"]).text for r in batch]
+                batch_texts = [texts.chunk(r.knowledge_key, r.point_id).text for r in batch]
                 vectors = check_vectors(embedder.embed(batch_texts), expected=len(batch), dim=version.embed_dim,
                                         source=f"embedder {embedder.model!r}")
                 deps.store.upsert(version.collection, [point(r, v) for r, v in zip(batch, vectors)])

@@ -16,8 +16,9 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields
 from datetime import UTC, datetime, timedelta
+from itertools import islice
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import mysql
@@ -210,6 +211,12 @@ class VersionRecord:
         return out
 
 
+class ManifestRef(NamedTuple):
+    point_id: str
+    knowledge_key: str
+    source_point_id: str | None
+
+
 @contextmanager
 def _schema_guard(engine: sa.Engine) -> Iterator[None]:
     """Two processes creating one new SQLite file at once: SQLite answers one of them "database is
@@ -354,15 +361,26 @@ class StateStore:
 
     # --- manifest -------------------------------------------------------------------------------
 
-    def write_manifest(self, version_id: int, documents: list[dict[str, Any]], chunks: list[dict[str, Any]]) -> None:
+    def write_manifest(self, version_id: int, documents: list[dict[str, Any]], chunks: Iterable[dict[str, Any]]) -> None:
         """Replace the version's manifest in one transaction, so a retried step never doubles it."""
+        rows = iter(chunks)
         with self.engine.begin() as conn:
             conn.execute(manifest_chunks.delete().where(manifest_chunks.c.version_id == version_id))
             conn.execute(manifest_documents.delete().where(manifest_documents.c.version_id == version_id))
             if documents:
                 conn.execute(manifest_documents.insert(), [{"version_id": version_id, **d} for d in documents])
-            for start in range(0, len(chunks), 5000):
-                conn.execute(manifest_chunks.insert(), [{"version_id": version_id, **c} for c in chunks[start : start + 5000]])
+            while batch := [{"version_id": version_id, **c} for c in islice(rows, 5000)]:
+                conn.execute(manifest_chunks.insert(), batch)
+
+    def manifest_refs(self, version_id: int) -> list[ManifestRef]:
+        """(point_id, knowledge_key, source_point_id) of every chunk, in manifest order: what a build needs."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                sa.select(manifest_chunks.c.point_id, manifest_chunks.c.knowledge_key, manifest_chunks.c.source_point_id)
+                .where(manifest_chunks.c.version_id == version_id)
+                .order_by(manifest_chunks.c.knowledge_key, manifest_chunks.c.chunk_index)
+            )
+            return [ManifestRef(*row) for row in rows]
 
     def manifest_documents(self, version_id: int) -> list[dict[str, Any]]:
         with self.engine.connect() as conn:
