@@ -396,3 +396,33 @@ def test_a_file_edited_after_the_plan_stops_the_build_by_name(deps: Deps, counti
     assert deps.store.alias_target("mall_knowledge") is None
     rerun = engine.run_reindex(deps)
     assert rerun["outcome"] == "promoted" and rerun["version"] == 2
+
+
+def test_live_is_searched_again_only_when_the_golden_set_changed(deps: Deps, counting: CountingEmbedder,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Live's ranks come from its own validation record while the probes are the same ones."""
+    first = engine.run_reindex(deps)
+    searched: list[str] = []
+    real_search = type(deps.store).search
+
+    def search(self, name: str, vector, **kwargs):  # noqa: ANN001, ANN202
+        searched.append(name)
+        return real_search(self, name, vector, **kwargs)
+
+    monkeypatch.setattr(type(deps.store), "search", search)
+    (docs(deps) / "shipping-policy.md").write_text(
+        (docs(deps) / "shipping-policy.md").read_text(encoding="utf-8") + "\n\n补充：偏远地区另行通知。\n", encoding="utf-8")
+    second = engine.run_reindex(deps)
+    assert second["outcome"] == "promoted"
+    assert first["collection"] not in searched and second["collection"] in searched
+    recorded = deps.state.get_version("mall_knowledge", 1).validation
+    assert second["validation"]["live_hit_rate"] == recorded["hit_rate"]
+
+    golden = deps.settings.golden_set
+    golden.write_text(golden.read_text(encoding="utf-8").replace("k: 4", "k: 5"), encoding="utf-8")
+    (docs(deps) / "shipping-policy.md").write_text(
+        (docs(deps) / "shipping-policy.md").read_text(encoding="utf-8") + "\n\n补充：港澳台另计。\n", encoding="utf-8")
+    searched.clear()
+    third = engine.run_reindex(deps)
+    assert third["outcome"] == "promoted"
+    assert second["collection"] in searched, "another k: live is scored again"

@@ -215,7 +215,7 @@ def structural_problems(deps: Deps, version: VersionRecord) -> list[str]:
     if not store.exists(version.collection):
         return [f"collection {version.collection} does not exist"]
     shape = store.shape(version.collection)
-    manifest = {row["point_id"] for row in deps.state.manifest_chunks(version.id)}
+    manifest = {row.point_id for row in deps.state.manifest_refs(version.id)}
     problems = []
     if shape.points != len(manifest):
         problems.append(f"{shape.points} points, manifest lists {len(manifest)}")

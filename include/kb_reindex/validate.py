@@ -8,6 +8,7 @@ same model, on live too, so a change that makes answers worse is caught as a reg
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import random
 from pathlib import Path
@@ -17,7 +18,7 @@ from kb_reindex.errors import GoldenSetError, KbError, ValidationFailed
 from kb_reindex.golden import GoldenSet, check_probe_keys, first_hit_rank, load_golden_set, score
 from kb_reindex.runtime import Deps
 from kb_reindex.corpus import CorpusScan, scan_corpus
-from kb_reindex.state import VersionRecord
+from kb_reindex.state import ManifestRef, VersionRecord
 from kb_reindex.store import DISTANCE
 
 log = logging.getLogger(__name__)
@@ -27,7 +28,7 @@ PAYLOAD_FIELDS = (
     "content_hash", "embed_model", "chunking_version", "version",
 )
 SAMPLE_SIZE = 64
-def _structural(deps: Deps, version: VersionRecord, manifest: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _structural(deps: Deps, version: VersionRecord, manifest: list[ManifestRef]) -> list[dict[str, Any]]:
     checks: list[dict[str, Any]] = []
 
     def check(name: str, passed: bool, detail: str) -> None:
@@ -39,13 +40,14 @@ def _structural(deps: Deps, version: VersionRecord, manifest: list[dict[str, Any
         return checks
     shape = store.shape(version.collection)
     check("point count", shape.points == len(manifest), f"{shape.points} points, manifest lists {len(manifest)}")
-    missing, extra = store.id_differences(version.collection, [row["point_id"] for row in manifest], points=shape.points)
+    missing, extra = store.id_differences(version.collection, [row.point_id for row in manifest], points=shape.points)
     check("point ids", not missing and not extra,
           f"{len(missing)} missing, {len(extra)} unexpected" + (f" (e.g. {sorted(missing or extra)[0]})" if missing or extra else ""))
     check("dimension", shape.dim == version.embed_dim, f"{shape.dim}, expected {version.embed_dim}")
     check("distance", shape.distance == version.distance == DISTANCE.value, f"{shape.distance}, expected {version.distance}")
 
-    sample = random.Random(version.version).sample(manifest, min(SAMPLE_SIZE, len(manifest)))
+    picked = random.Random(version.version).sample(manifest, min(SAMPLE_SIZE, len(manifest)))
+    sample = deps.state.manifest_chunks(version.id, point_ids=[row.point_id for row in picked]) if picked else []
     records = {str(r.id): r for r in store.retrieve(version.collection, [row["point_id"] for row in sample], vectors=True)} if sample else {}
     problems: list[str] = []
     for row in sample:
@@ -82,6 +84,24 @@ def run_probes(deps: Deps, version: VersionRecord, golden: GoldenSet, *, collect
         keys = [str((h.payload or {}).get("knowledge_key")) for h in hits]
         results.append({"probe": probe.id, "rank": first_hit_rank(keys, probe.expected), "top": keys})
     return results
+
+
+def golden_fingerprint(golden: GoldenSet) -> str:
+    """What decides a version's ranks besides its collection: k and every probe's id, query and answer."""
+    text = json.dumps([golden.k, [[p.id, p.query, list(p.expected)] for p in golden.probes]], ensure_ascii=False)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def recorded_ranks(baseline: VersionRecord, golden: GoldenSet, fingerprint: str) -> dict[str, int | None] | None:
+    """Live's ranks from its own validation, when that scored the same probes: a promoted collection is
+    never written again, so searching it again would give the same answers (and costs a search per probe)."""
+    recorded = baseline.validation or {}
+    if recorded.get("probes_fingerprint") != fingerprint:
+        return None
+    ranks = {p["probe"]: p["rank_candidate"] for p in recorded.get("probes") or []}
+    if any(p.id not in ranks for p in golden.probes):
+        return None
+    return {p.id: ranks[p.id] for p in golden.probes}
 
 
 def embed_probes(deps: Deps, version: VersionRecord, golden: GoldenSet) -> list[list[float]]:
@@ -139,9 +159,10 @@ def validate(
 def _validate(deps: Deps, version: VersionRecord, *, min_hit_rate: float | None, min_mrr: float | None,
               compare_live: bool, scan: CorpusScan | None) -> dict[str, Any]:
     golden = load_golden_set(deps.settings.golden_set)
-    manifest = deps.state.manifest_chunks(version.id)
+    manifest = deps.state.manifest_refs(version.id)
     check_probe_keys(golden, {d["knowledge_key"] for d in deps.state.manifest_documents(version.id)})
     checks = _structural(deps, version, manifest)
+    del manifest
     structural_ok = all(c["passed"] for c in checks)
     probe_vectors = embed_probes(deps, version, golden) if structural_ok else None
     candidate = run_probes(deps, version, golden, vectors=probe_vectors) if structural_ok else []
@@ -155,9 +176,12 @@ def _validate(deps: Deps, version: VersionRecord, *, min_hit_rate: float | None,
             baseline = base
     same_model = bool(baseline) and (baseline.embedder, baseline.embed_model, baseline.embed_dim) == (
         version.embedder, version.embed_model, version.embed_dim)
-    live_results = (run_probes(deps, baseline, golden, vectors=probe_vectors if same_model else None)
-                    if baseline and structural_ok else [])
-    live_rank = {r["probe"]: r["rank"] for r in live_results}
+    probes_fingerprint = golden_fingerprint(golden)
+    live_rank = recorded_ranks(baseline, golden, probes_fingerprint) if baseline and structural_ok else None
+    if live_rank is None:
+        live_results = (run_probes(deps, baseline, golden, vectors=probe_vectors if same_model else None)
+                        if baseline and structural_ok else [])
+        live_rank = {r["probe"]: r["rank"] for r in live_results}
 
     probes = []
     by_id = {p.id: p for p in golden.probes}
@@ -210,6 +234,7 @@ def _validate(deps: Deps, version: VersionRecord, *, min_hit_rate: float | None,
         "live_hit_rate": None if live_hit_rate is None else round(live_hit_rate, 4),
         "live_mrr": None if live_mrr is None else round(live_mrr, 4),
         "probes": probes,
+        "probes_fingerprint": probes_fingerprint,
         "flagged_instructions": flagged,
     }
     from kb_reindex.reports import write_html_report, write_validation_report
