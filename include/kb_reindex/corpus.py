@@ -5,8 +5,9 @@ source, title, category, tenant, content hash), its chunks' references (key, ind
 and its instruction-like lines. The build reads a document's text again when it writes that
 document's points (`DocumentTexts`), and checks that the file still has the planned content hash.
 
-Scans are remembered per file path and SHA-256 of its bytes for the life of the process, pruned to
-the files of the latest scan: the steps of one run, and a no-op run after it, parse nothing twice.
+One scan serves every step of a CLI run (through `plan.Prepared`); an Airflow task scans again in its own
+process. Nothing is cached between runs: a CLI or task process runs once, and a cache would only hold
+memory in the processes that run many (the benchmark's no-op would look faster than any real one).
 """
 
 from __future__ import annotations
@@ -84,9 +85,6 @@ class CorpusScan:
                 for d in self.documents for number, text in d.flagged]
 
 
-_SCANNED: dict[tuple[str, str, str], ScannedDocument] = {}
-
-
 def info_of(doc: Document) -> DocumentInfo:
     return DocumentInfo(knowledge_key=doc.knowledge_key, source=doc.source, title=doc.title,
                         category=doc.category, tenant=doc.tenant, content_hash=doc.content_hash)
@@ -119,22 +117,13 @@ def scan_corpus(docs_dir: Path, *, max_bytes: int, chunk_size: int, overlap: int
     cv = chunking_version(chunk_size, overlap)
     scanned: list[ScannedDocument] = []
     errors: list[str] = []
-    seen: set[tuple[str, str, str]] = set()
     for path in discover(docs_dir):
         source = path.relative_to(docs_dir).as_posix()
         try:
-            data = read_bytes(path, source, max_bytes=max_bytes)
-            key = (f"{docs_dir}\0{source}", hashlib.sha256(data).hexdigest(), cv)
-            entry = _SCANNED.get(key)
-            if entry is None:
-                entry = _scan_document(parse_document(path, source, data), chunk_size=chunk_size, overlap=overlap)
-                _SCANNED[key] = entry
-            seen.add(key)
-            scanned.append(entry)
+            document = parse_document(path, source, read_bytes(path, source, max_bytes=max_bytes))
+            scanned.append(_scan_document(document, chunk_size=chunk_size, overlap=overlap))
         except SourceError as exc:
             errors.append(str(exc))
-    for stale in set(_SCANNED) - seen:
-        del _SCANNED[stale]
     by_key: dict[str, list[str]] = {}
     for entry in scanned:
         by_key.setdefault(entry.info.knowledge_key.casefold(), []).append(entry.info.source)
