@@ -114,3 +114,27 @@ def test_keys_differing_only_by_accent_are_distinct(state: StateStore) -> None:
              "content_hash": "a" * 64, "chunk_count": 0} for key in ("café", "cafe")]
     state.write_manifest(version.id, docs, [])
     assert sorted(d["knowledge_key"] for d in state.manifest_documents(version.id)) == ["cafe", "café"]
+
+
+def test_schema_lock_that_cannot_be_opened_does_not_stop_the_state_db(tmp_path: Path,
+                                                                     caplog: pytest.LogCaptureFixture) -> None:
+    (tmp_path / "state.db.schema-lock").mkdir()  # in the way: cannot be opened as a file
+    store = StateStore(f"sqlite:///{tmp_path}/state.db")
+    assert store.list_versions("kb") == []
+    assert "no schema lock beside" in caplog.text
+    store.dispose()
+    StateStore(f"sqlite:///{tmp_path}/state.db").dispose()  # schema complete: no lock needed at all
+
+
+def test_processes_creating_one_sqlite_state_db_at_once_all_succeed(tmp_path: Path) -> None:
+    """A race: without the schema lock about one round in five ends in 'database is locked'."""
+    import subprocess
+    import sys
+
+    code = "import sys; from kb_reindex.state import StateStore; StateStore(sys.argv[1]).dispose()"
+    for attempt in range(4):
+        url = f"sqlite:///{tmp_path}/fresh-{attempt}/state.db"
+        procs = [subprocess.Popen([sys.executable, "-c", code, url], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True) for _ in range(8)]
+        outputs = [p.communicate(timeout=60) for p in procs]
+        assert [p.returncode for p in procs] == [0] * 8, [err[-500:] for _out, err in outputs if err]

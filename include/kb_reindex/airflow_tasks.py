@@ -19,6 +19,7 @@ from kb_reindex.errors import (
     GoldenSetError,
     KbError,
     RollbackRefused,
+    SourceChangedError,
     SourceError,
     StateDriftError,
     ValidationFailed,
@@ -31,7 +32,8 @@ QDRANT_CONN_ID = "qdrant_default"
 STATE_CONN_ID = "kb_state"
 OLLAMA_CONN_ID = "ollama_default"
 POOL = "kb_qdrant_writes"
-PERMANENT = (ValidationFailed, AliasMovedError, StateDriftError, SourceError, GoldenSetError, ConfigError, RollbackRefused)
+PERMANENT = (ValidationFailed, AliasMovedError, StateDriftError, SourceError, SourceChangedError, GoldenSetError,
+             ConfigError, RollbackRefused)
 
 
 def _connection(conn_id: str) -> Any | None:

@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import NamedTuple
 
 from kb_reindex.chunking import Chunk, chunk_document, chunking_version
-from kb_reindex.errors import KbError, SourceError
-from kb_reindex.sources import Document, discover, knowledge_key_for, parse_document, read_bytes
+from kb_reindex.errors import KbError, SourceChangedError, SourceError
+from kb_reindex.sources import Document, discover, parse_document, read_bytes
 
 # Text in the knowledge base is data. Lines that read like instructions to an assistant are listed in the
 # validation report so a person looks at them; they are never acted on.
@@ -124,6 +124,8 @@ def scan_corpus(docs_dir: Path, *, max_bytes: int, chunk_size: int, overlap: int
             scanned.append(_scan_document(document, chunk_size=chunk_size, overlap=overlap))
         except SourceError as exc:
             errors.append(str(exc))
+        except OSError as exc:  # vanished or unreadable between listing and reading
+            errors.append(f"{source}: cannot be read ({exc.strerror or type(exc).__name__})")
     by_key: dict[str, list[str]] = {}
     for entry in scanned:
         by_key.setdefault(entry.info.knowledge_key.casefold(), []).append(entry.info.source)
@@ -166,14 +168,14 @@ class DocumentTexts:
     def _load(self, knowledge_key: str) -> None:
         info = self.infos[knowledge_key]
         path = self.docs_dir / info.source
-        changed = KbError(f"{info.source} changed after {self.version_label} was planned; this version cannot "
-                          "be completed from the files as they are now. Start a new run")
+        changed = SourceChangedError(f"{info.source} changed after {self.version_label} was planned; this version "
+                                     "cannot be completed from the files as they are now. Start a new run")
         try:
             data = read_bytes(path, info.source, max_bytes=self.max_bytes)
         except (OSError, SourceError):
             raise changed from None
         document = parse_document(path, info.source, data)
-        if document.content_hash != info.content_hash or knowledge_key_for(info.source) != knowledge_key:
+        if document.content_hash != info.content_hash:
             raise changed
         self._key = knowledge_key
         self._chunks = {c.point_id: c for c in chunk_document(document, chunk_size=self.chunk_size, overlap=self.overlap)}

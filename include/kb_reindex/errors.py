@@ -20,6 +20,12 @@ class SourceError(KbError):
     step = "plan"
 
 
+class SourceChangedError(KbError):
+    """The files changed after the plan: this version cannot be completed from them; a new run can."""
+
+    step = "build"
+
+
 class GoldenSetError(KbError):
     """The golden set file is malformed or names documents that do not exist."""
 

@@ -100,7 +100,8 @@ def prepare(
     unchanged = sorted(k for k in keys if k in live_docs and live_docs[k] == keys[k])
     removed = sorted(k for k in live_docs if k not in keys)
     reused = sum(1 for c in chunks if c.chunk_hash in reuse)
-    touched = [settings.knowledge_dir / d.source for d in documents if d.knowledge_key in set(added) | set(changed)]
+    touched_keys = set(added) | set(changed)
+    touched = [settings.knowledge_dir / d.source for d in documents if d.knowledge_key in touched_keys]
     changed_at = max((p.stat().st_mtime for p in touched if p.exists()), default=None)
 
     no_change = (

@@ -223,17 +223,31 @@ def _schema_guard(engine: sa.Engine) -> Iterator[None]:
     locked" at once (no busy wait when a reader would have to become a writer), so they take turns on a
     file lock beside the database. MySQL handles its own DDL races (see the retry in StateStore)."""
     database = engine.url.database if engine.url.get_backend_name() == "sqlite" else None
-    if not database or database == ":memory:":
+    if not database or database == ":memory:" or engine.url.query.get("uri") or _schema_complete(engine):
         yield
         return
-    import fcntl
+    try:
+        import fcntl
 
-    with open(f"{database}.schema-lock", "a+b") as handle:
+        # read-only is enough for flock, so users sharing a group-writable DB folder do not lock each other out
+        handle = os.open(f"{database}.schema-lock", os.O_RDONLY | os.O_CREAT, 0o666)
+    except (ImportError, OSError) as exc:
+        log.warning("kb_reindex: no schema lock beside %s (%s); creating the schema without it", database, exc)
+        yield
+        return
+    try:
         fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+        yield
+    finally:
+        os.close(handle)  # releases the lock
+
+
+def _schema_complete(engine: sa.Engine) -> bool:
+    try:
+        existing = set(sa.inspect(engine).get_table_names())
+    except sa.exc.OperationalError:
+        return False
+    return all(table.name in existing for table in metadata.sorted_tables)
 
 
 class StateStore:

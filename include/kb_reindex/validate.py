@@ -96,7 +96,7 @@ def recorded_ranks(baseline: VersionRecord, golden: GoldenSet, fingerprint: str)
     """Live's ranks from its own validation, when that scored the same probes: a promoted collection is
     never written again, so searching it again would give the same answers (and costs a search per probe)."""
     recorded = baseline.validation or {}
-    if recorded.get("probes_fingerprint") != fingerprint:
+    if recorded.get("probes_fingerprint") != fingerprint or recorded.get("collection") != baseline.collection:
         return None
     ranks = {p["probe"]: p["rank_candidate"] for p in recorded.get("probes") or []}
     if any(p.id not in ranks for p in golden.probes):
@@ -178,6 +178,13 @@ def _validate(deps: Deps, version: VersionRecord, *, min_hit_rate: float | None,
         version.embedder, version.embed_model, version.embed_dim)
     probes_fingerprint = golden_fingerprint(golden)
     live_rank = recorded_ranks(baseline, golden, probes_fingerprint) if baseline and structural_ok else None
+    if live_rank is not None and same_model and probe_vectors and golden.probes:
+        # one search with today's vectors: if the model's answers drifted since live was scored
+        # (e.g. new weights under the same tag), the record no longer compares like with like
+        first = golden.probes[0]
+        hits = deps.store.search(baseline.collection, probe_vectors[0], k=golden.k)
+        if first_hit_rank([str((h.payload or {}).get("knowledge_key")) for h in hits], first.expected) != live_rank[first.id]:
+            live_rank = None
     if live_rank is None:
         live_results = (run_probes(deps, baseline, golden, vectors=probe_vectors if same_model else None)
                         if baseline and structural_ok else [])
