@@ -12,7 +12,6 @@ memory in the processes that run many (the benchmark's no-op would look faster t
 
 from __future__ import annotations
 
-import hashlib
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +19,7 @@ from typing import NamedTuple
 
 from kb_reindex.chunking import Chunk, chunk_document, chunking_version
 from kb_reindex.errors import KbError, SourceChangedError, SourceError
-from kb_reindex.sources import Document, discover, parse_document, read_bytes
+from kb_reindex.sources import Document, corpus_fingerprint, iter_corpus, parse_document, read_bytes
 
 # Text in the knowledge base is data. Lines that read like instructions to an assistant are listed in the
 # validation report so a person looks at them; they are never acted on.
@@ -103,42 +102,14 @@ def _scan_document(doc: Document, *, chunk_size: int, overlap: int) -> ScannedDo
     return ScannedDocument(info=info_of(doc), chunks=chunks, flagged=flag_instructions(doc.body))
 
 
-def corpus_fingerprint_of(infos: list[DocumentInfo]) -> str:
-    """One hash for the whole corpus: equal fingerprints mean nothing to reindex."""
-    digest = hashlib.sha256()
-    for info in sorted(infos, key=lambda d: d.knowledge_key):
-        digest.update(f"{info.knowledge_key}\0{info.content_hash}\n".encode())
-    return digest.hexdigest()
-
-
 def scan_corpus(docs_dir: Path, *, max_bytes: int, chunk_size: int, overlap: int) -> CorpusScan:
-    """Every document's facts and chunk references, sorted by key. Errors from all files are reported
-    together, as `sources.load_corpus` does."""
-    cv = chunking_version(chunk_size, overlap)
-    scanned: list[ScannedDocument] = []
-    errors: list[str] = []
-    for path in discover(docs_dir):
-        source = path.relative_to(docs_dir).as_posix()
-        try:
-            document = parse_document(path, source, read_bytes(path, source, max_bytes=max_bytes))
-            scanned.append(_scan_document(document, chunk_size=chunk_size, overlap=overlap))
-        except SourceError as exc:
-            errors.append(str(exc))
-        except OSError as exc:  # vanished or unreadable between listing and reading
-            errors.append(f"{source}: cannot be read ({exc.strerror or type(exc).__name__})")
-    by_key: dict[str, list[str]] = {}
-    for entry in scanned:
-        by_key.setdefault(entry.info.knowledge_key.casefold(), []).append(entry.info.source)
-    for sources in by_key.values():
-        if len(sources) > 1:
-            errors.append(f"{' and '.join(sources)}: map to the same knowledge_key; rename one of them")
-    if errors:
-        raise SourceError(f"{len(errors)} knowledge document(s) cannot be indexed:\n  " + "\n  ".join(errors))
-    if not scanned:
-        raise SourceError(f"knowledge folder {docs_dir} holds no .md documents")
+    """Every document's facts and chunk references, sorted by key; each body is dropped once scanned.
+    Errors as `sources.load_corpus` reports them."""
+    scanned = [_scan_document(document, chunk_size=chunk_size, overlap=overlap)
+               for document in iter_corpus(docs_dir, max_bytes=max_bytes)]
     scanned.sort(key=lambda d: d.info.knowledge_key)
-    infos = [d.info for d in scanned]
-    return CorpusScan(documents=scanned, fingerprint=corpus_fingerprint_of(infos), chunking_version=cv)
+    return CorpusScan(documents=scanned, fingerprint=corpus_fingerprint([d.info for d in scanned]),
+                      chunking_version=chunking_version(chunk_size, overlap))
 
 
 class DocumentTexts:

@@ -9,7 +9,9 @@ from __future__ import annotations
 import hashlib
 import unicodedata
 from dataclasses import dataclass
+from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Protocol
 
 import yaml
 
@@ -21,6 +23,11 @@ _YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when pre
 MAX_LENGTHS = {"knowledge_key": 255, "source": 512, "title": 512, "category": 128, "tenant": 128}
 DEFAULT_CATEGORY = "general"
 DEFAULT_TENANT = "default"
+
+
+class HasContentHash(Protocol):
+    knowledge_key: str
+    content_hash: str
 
 
 @dataclass(frozen=True)
@@ -153,29 +160,40 @@ def discover(docs_dir: Path) -> list[Path]:
     return found
 
 
-def load_corpus(docs_dir: Path, *, max_bytes: int = 2_000_000) -> list[Document]:
-    """Every document, sorted by key. Errors from all files are reported together."""
-    documents: list[Document] = []
+def iter_corpus(docs_dir: Path, *, max_bytes: int = 2_000_000) -> Iterator[Document]:
+    """Every document, one at a time in folder order, so a caller keeps only what it needs of each.
+    Errors from all files are reported together, once every file was read."""
     errors: list[str] = []
+    by_key: dict[str, list[str]] = {}
+    count = 0
     for path in discover(docs_dir):
+        source = path.relative_to(docs_dir).as_posix()
         try:
-            documents.append(read_document(path, docs_dir, max_bytes=max_bytes))
+            document = read_document(path, docs_dir, max_bytes=max_bytes)
         except SourceError as exc:
             errors.append(str(exc))
-    by_key: dict[str, list[str]] = {}
-    for doc in documents:
-        by_key.setdefault(doc.knowledge_key.casefold(), []).append(doc.source)
+            continue
+        except OSError as exc:  # vanished or unreadable between listing and reading
+            errors.append(f"{source}: cannot be read ({exc.strerror or type(exc).__name__})")
+            continue
+        by_key.setdefault(document.knowledge_key.casefold(), []).append(document.source)
+        count += 1
+        yield document
     for sources in by_key.values():
         if len(sources) > 1:
             errors.append(f"{' and '.join(sources)}: map to the same knowledge_key; rename one of them")
     if errors:
         raise SourceError(f"{len(errors)} knowledge document(s) cannot be indexed:\n  " + "\n  ".join(errors))
-    if not documents:
+    if not count:
         raise SourceError(f"knowledge folder {docs_dir} holds no .md documents")
-    return sorted(documents, key=lambda d: d.knowledge_key)
 
 
-def corpus_fingerprint(documents: list[Document]) -> str:
+def load_corpus(docs_dir: Path, *, max_bytes: int = 2_000_000) -> list[Document]:
+    """Every document, sorted by key. Errors from all files are reported together."""
+    return sorted(iter_corpus(docs_dir, max_bytes=max_bytes), key=lambda d: d.knowledge_key)
+
+
+def corpus_fingerprint(documents: Iterable[HasContentHash]) -> str:
     """One hash for the whole corpus: equal fingerprints mean nothing to reindex."""
     digest = hashlib.sha256()
     for doc in sorted(documents, key=lambda d: d.knowledge_key):
