@@ -22,6 +22,7 @@ import hashlib
 import json
 import logging
 import os
+import subprocess
 import sys
 import threading
 import time
@@ -82,6 +83,32 @@ class Scenarios:
               f"peak {peak.peak_mb:7.0f} MB{store}", file=sys.stderr, flush=True)
         return row
 
+    def run_child(self, name: str, spec: dict[str, Any]) -> dict[str, Any]:
+        """Scenario `name` in a fresh process (`peers.py --scenario`); it times and measures its own run, this
+        process adds the store's peak RSS and the fake Ollama server's counters over the same window."""
+        if self.server is not None:
+            self.server.reset_counters()
+        store_peak = PeakRss(self.store_pid).start() if self.store_pid is not None else None
+        out = Path(spec["scratch"]) / "row.json"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        started = time.perf_counter()
+        proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--scenario", str(out)],
+                              input=json.dumps(spec), text=True, stdout=subprocess.DEVNULL)
+        process_wall = time.perf_counter() - started
+        if proc.returncode != 0:
+            raise RuntimeError(f"scenario {name} failed in its process (exit {proc.returncode}); its stderr is above")
+        row = json.loads(out.read_text(encoding="utf-8"))
+        row["process_wall_s"] = round(process_wall, 3)
+        if store_peak is not None:
+            store_peak.stop()
+            row.update(store_peak_rss_mb=round(store_peak.peak_mb, 1), store_rss_start_mb=round(store_peak.start_mb, 1),
+                       store_rss_method=store_peak.method)
+        if self.server is not None:
+            row["server_texts_embedded"] = self.server.embedded_texts
+            row["server_embed_requests"] = self.server.embed_requests
+        self.results[name] = row
+        return row
+
 
 def fake_ollama(ms: float) -> Any:
     from kb_reindex.testing.ollama_server import FakeModel, FakeOllamaServer, FaultPlan
@@ -113,9 +140,13 @@ def run_kb(job: dict[str, Any]) -> dict[str, Any]:
     if server is not None:
         env.update(OLLAMA_HOST=server.url, KB_EMBED_MODEL=OLLAMA_MODEL)
     try:
-        warm = warmup(env, root.parent / f"{root.name}-warmup", job["store"])
-        with qdrant_store(job["store"]) as (client, store_pid):
-            out = _kb_scenarios(job, env, root, variants, client, store_pid, server)
+        with qdrant_store(job["store"]) as store:
+            if store.address is None:  # the store lives in this worker: every scenario runs here too
+                warm = warmup(env, root.parent / f"{root.name}-warmup", store.client)
+                out = _kb_scenarios_in_process(job, env, root, variants, store, server)
+            else:
+                warm = {"per_scenario_process": True}
+                out = _kb_scenarios_in_processes(job, env, root, variants, store, server)
     finally:
         if server is not None:
             server.stop()
@@ -123,22 +154,32 @@ def run_kb(job: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _kb_scenarios(job: dict[str, Any], env: dict[str, str], root: Path, variants: dict[str, Path], client: Any,
-                  store_pid: int | None, server: Any) -> dict[str, Any]:
-    from kb_reindex import engine
+def kb_scenario_plan(job: dict[str, Any]) -> list[str]:
+    """The engine's scenarios in order; `mirror:<variant>` steps replace the knowledge folder in between."""
+    hashing = job["embedder"] == "hashing"
+    return ["kb.full_build", "kb.noop", "full_rebuild.noop", "mirror:mutated", "kb.incremental", "kb.rollback",
+            "full_rebuild.incremental",
+            *(["raw.upsert"] if job.get("raw", True) and hashing else []),
+            *(["mirror:one_more", "kb.promotion_under_readers"] if job.get("readers", True) and hashing else [])]
+
+
+def engine_deps(env: dict[str, str], client: Any) -> tuple[BenchDeps, MeterRef]:
+    """The engine's Deps over `client`, with a counting store and embedder; the caller disposes deps.state."""
     from kb_reindex.config import Settings
     from kb_reindex.golden import load_golden_set
     from kb_reindex.state import StateStore
 
-    embedder = job["embedder"]
-    docs_dir = root / "knowledge" / "docs"
     settings = Settings.from_env(env)
-    state = StateStore(settings.state_url)
     meter_ref = MeterRef()
     queries = {p.query for p in load_golden_set(settings.golden_set).probes}
-    deps = BenchDeps(settings=settings, state=state, store=CountingStore(client, meter_ref), meter_ref=meter_ref,
-                     queries=queries)
-    sc = Scenarios(meter_ref, server, store_pid)
+    deps = BenchDeps(settings=settings, state=StateStore(settings.state_url), store=CountingStore(client, meter_ref),
+                     meter_ref=meter_ref, queries=queries)
+    return deps, meter_ref
+
+
+def engine_scenario(name: str, deps: BenchDeps, job: dict[str, Any]) -> Callable[[Meter], dict[str, Any]]:
+    """What scenario `name` runs: the same engine functions the CLI calls."""
+    from kb_reindex import engine
 
     def reindex(**options: Any) -> Callable[[Meter], dict[str, Any]]:
         def go(meter: Meter) -> dict[str, Any]:
@@ -148,45 +189,95 @@ def _kb_scenarios(job: dict[str, Any], env: dict[str, str], root: Path, variants
             return summarize_run(result, meter)
         return go
 
+    def rollback(meter: Meter) -> dict[str, Any]:
+        result = engine.run_rollback(deps, reason="benchmark rollback")
+        return {"outcome": result["outcome"], "from_version": result["from_version"],
+                "to_version": result["to_version"], "swap_s": round(max(meter.swap_s, default=0.0), 6)}
+
+    if name in ("kb.full_build", "kb.noop"):
+        return reindex()
+    if name == "kb.incremental":
+        return profiled(reindex(), Path(job["profile"])) if job.get("profile") else reindex()
+    if name.startswith("full_rebuild."):
+        return reindex(force_full=True)
+    if name == "kb.rollback":
+        return rollback
+    if name == "raw.upsert":
+        return lambda meter: raw_bulk_upsert(deps, meter, copy_batch=deps.settings.copy_batch_size)
+    if name == "kb.promotion_under_readers":
+        return lambda meter: promotion_under_readers(deps, meter, reindex(), job.get("reader_pause_s"))
+    raise ValueError(f"unknown benchmark scenario {name!r}")
+
+
+def _kb_scenarios_in_process(job: dict[str, Any], env: dict[str, str], root: Path, variants: dict[str, Path],
+                             store: Any, server: Any) -> dict[str, Any]:
+    """`--store inprocess`: every scenario in this worker, after one warm-up run."""
+    deps, meter_ref = engine_deps(env, store.client)
+    sc = Scenarios(meter_ref, server, store.pid)
     quiet_logs()
-    profile = job.get("profile")
     try:
         with phase_timers(meter_ref):
-            sc.run("kb.full_build", reindex())
-            sc.run("kb.noop", reindex())
-            sc.run("full_rebuild.noop", reindex(force_full=True))
-            corpus_mod.mirror(variants["mutated"], docs_dir)
-            if profile:
-                sc.run("kb.incremental", profiled(reindex(), Path(profile)))
-            else:
-                sc.run("kb.incremental", reindex())
-
-            def do_rollback(meter: Meter) -> dict[str, Any]:
-                result = engine.run_rollback(deps, reason="benchmark rollback")
-                return {"outcome": result["outcome"], "from_version": result["from_version"],
-                        "to_version": result["to_version"], "swap_s": round(max(meter.swap_s, default=0.0), 6)}
-
-            sc.run("kb.rollback", do_rollback)
-            sc.run("full_rebuild.incremental", reindex(force_full=True))
-            if job.get("raw", True) and embedder == "hashing":
-                sc.run("raw.upsert", lambda meter: raw_bulk_upsert(deps, meter, copy_batch=settings.copy_batch_size))
-            if job.get("readers", True) and embedder == "hashing":
-                corpus_mod.mirror(variants["one_more"], docs_dir)
-                sc.run("kb.promotion_under_readers", lambda meter: promotion_under_readers(deps, meter, reindex(),
-                                                                                     job.get("reader_pause_s")))
+            for step in kb_scenario_plan(job):
+                if step.startswith("mirror:"):
+                    corpus_mod.mirror(variants[step.split(":", 1)[1]], root / "knowledge" / "docs")
+                else:
+                    sc.run(step, engine_scenario(step, deps, job))
     finally:
-        state.dispose()
+        deps.state.dispose()
     return {"job": job, "scenarios": sc.results, "ru_maxrss_mb": round(ru_maxrss_mb(), 1)}
 
 
-def warmup(env: dict[str, str], workdir: Path, store: str) -> dict[str, float]:
+def _kb_scenarios_in_processes(job: dict[str, Any], env: dict[str, str], root: Path, variants: dict[str, Path],
+                               store: Any, server: Any) -> dict[str, Any]:
+    """Store in a sidecar: each scenario in a fresh process of its own, as each CLI run or Airflow task is.
+
+    A process that ran the earlier scenarios keeps memory from them (freed objects leave the allocator's
+    arenas resident); a fresh one per scenario makes each peak RSS that run's own. Each child first makes a
+    throwaway engine run on 3 documents under another alias (imports, first-use caches) before it is timed.
+    """
+    sc = Scenarios(MeterRef(), server, store.pid)
+    scratch = root.parent / f"{root.name}-children"
+    scratch.mkdir(exist_ok=True)
+    for number, step in enumerate(kb_scenario_plan(job)):
+        if step.startswith("mirror:"):
+            corpus_mod.mirror(variants[step.split(":", 1)[1]], root / "knowledge" / "docs")
+            continue
+        spec = {"name": step, "job": job, "env": env, "store_address": store.address,
+                "store_authkey": store.authkey_hex, "scratch": str(scratch / f"{number:02d}")}
+        sc.run_child(step, spec)
+    return {"job": job, "scenarios": sc.results, "ru_maxrss_mb": round(ru_maxrss_mb(), 1)}
+
+
+def run_scenario_child(spec: dict[str, Any]) -> dict[str, Any]:
+    """One engine scenario in this (fresh) process against the worker's store sidecar; returns its row."""
+    from sidecar import connect
+
+    quiet_logs()
+    client = connect(spec["store_address"], spec["store_authkey"])
+    scratch = Path(spec["scratch"])
+    warm = warmup(spec["env"], scratch, client, alias=f"bench_warmup_{os.getpid()}")
+    deps, meter_ref = engine_deps(spec["env"], client)
+    try:
+        with phase_timers(meter_ref):
+            row = Scenarios(meter_ref).run(spec["name"], engine_scenario(spec["name"], deps, spec["job"]))
+    finally:
+        deps.state.dispose()
+    row.update(process_warmup_s=warm["first_run_s"], process_peak_rss_mb=round(ru_maxrss_mb(), 1))
+    return row
+
+
+def warmup(env: dict[str, str], workdir: Path, client: Any, *, alias: str = "mall_knowledge") -> dict[str, float]:
     """A whole engine run on a 3-document throwaway project before anything is timed; says what it cost.
 
-    The first run in a process pays one-time costs that no later run does: lazy imports (Airflow's Stats
-    through `kb_reindex.metrics`, pandas, matplotlib for the HTML report) and first-use caches. Every CLI
-    process pays them once; here they would otherwise land on whichever scenario comes first. It uses a
-    store of the same kind (its own sidecar), so the proxy's first-use costs are paid here too.
+    The first run in a process pays one-time costs that no later run does: lazy imports (pandas,
+    matplotlib for the HTML report, the Ollama client) and first-use caches. Every CLI process pays them
+    once; here they would otherwise land on the scenario being measured. It runs against `client` (the
+    same kind of store the scenarios use) under its own alias and state DB, with the offline embedder (the
+    fake Ollama server counts what the scenario embeds), and deletes its collections afterwards.
     """
+    import importlib
+
+    importlib.import_module("ollama")  # the Ollama embedder's import, paid here rather than in the timed run
     from kb_reindex import engine
     from kb_reindex.config import Settings
     from kb_reindex.runtime import Deps
@@ -196,15 +287,19 @@ def warmup(env: dict[str, str], workdir: Path, store: str) -> dict[str, float]:
     started = time.perf_counter()
     tiny = corpus_mod.generate(3, seed=1)
     root = corpus_mod.write_project(workdir / "warmup", tiny, None)
-    settings = Settings.from_env({**env, "KB_PROJECT_ROOT": str(root)})
-    with qdrant_store(store) as (client, _):
-        state = StateStore(settings.state_url)
-        try:
-            result = engine.run_reindex(Deps(settings=settings, state=state, store=KnowledgeStore(client)))
-        finally:
-            state.dispose()
+    warm_env = {k: v for k, v in env.items() if k not in ("OLLAMA_HOST", "KB_EMBED_MODEL")}
+    settings = Settings.from_env({**warm_env, "KB_PROJECT_ROOT": str(root), "KB_EMBEDDER": "hashing",
+                                  "KB_ALIAS": alias})
+    state = StateStore(settings.state_url)
+    try:
+        result = engine.run_reindex(Deps(settings=settings, state=state, store=KnowledgeStore(client)))
+    finally:
+        state.dispose()
     if result["outcome"] != "promoted":
         raise RuntimeError(f"warm-up run failed: {result['error']}")
+    for collection in client.get_collections().collections:
+        if collection.name.startswith(f"{alias}__"):
+            client.delete_collection(collection.name)
     return {"first_run_s": round(time.perf_counter() - started, 3)}
 
 
@@ -419,7 +514,8 @@ def _langchain(job: dict[str, Any], stack: ExitStack) -> dict[str, Any]:
             return inner.embed([text])[0]
 
     # QdrantVectorStore only calls client methods (no isinstance check), so the sidecar's proxy serves
-    client, store_pid = stack.enter_context(qdrant_store(job["store"]))
+    store_handle = stack.enter_context(qdrant_store(job["store"]))
+    client, store_pid = store_handle.client, store_handle.pid
     upsert, delete = client.upsert, client.delete
 
     def counted_upsert(collection_name: str, points: Any, **kwargs: Any) -> Any:
@@ -530,5 +626,16 @@ def main(job_json: str) -> int:
     return 0
 
 
+def scenario_main(out: str) -> int:
+    """`peers.py --scenario <row.json>`: one engine scenario in this process; its spec comes on stdin."""
+    row = run_scenario_child(json.loads(sys.stdin.read()))
+    tmp = Path(out).with_suffix(".tmp")
+    tmp.write_text(json.dumps(row, ensure_ascii=False), encoding="utf-8")
+    os.replace(tmp, out)
+    return 0
+
+
 if __name__ == "__main__":
+    if sys.argv[1] == "--scenario":
+        raise SystemExit(scenario_main(sys.argv[2]))
     raise SystemExit(main(sys.argv[1]))

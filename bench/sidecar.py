@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from multiprocessing import connection as mp_connection
 from multiprocessing.managers import BaseManager, dispatch
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 STORE_KINDS = ("sidecar", "inprocess")
 START_TIMEOUT_S = 60.0
@@ -51,7 +51,7 @@ class Sidecar:
         self.proc = proc
         self.pid = proc.pid
         self.address = address
-        self._authkey = authkey
+        self.authkey = authkey
         self._folder = folder
         self._manager = _ClientManager(address=address, authkey=authkey)
         self._manager.connect()
@@ -64,7 +64,7 @@ class Sidecar:
         """Ask the server to exit; terminate, then kill, if it does not within a few seconds."""
         if self.proc.poll() is None:
             try:
-                conn = mp_connection.Client(self.address, authkey=self._authkey)
+                conn = mp_connection.Client(self.address, authkey=self.authkey)
                 try:
                     dispatch(conn, None, "shutdown")
                 finally:
@@ -88,6 +88,23 @@ class _ClientManager(BaseManager):
 
 
 _ClientManager.register("client")
+
+
+class StoreHandle(NamedTuple):
+    """What `qdrant_store` gives: a client, the store's pid (None in process), and, for a sidecar, where
+    another process connects to the same store (`connect`)."""
+
+    client: Any
+    pid: int | None
+    address: str | None = None
+    authkey_hex: str | None = None
+
+
+def connect(address: str, authkey_hex: str) -> Any:
+    """A proxy to a running sidecar's shared client, from any process that has its address and key."""
+    manager = _ClientManager(address=address, authkey=bytes.fromhex(authkey_hex))
+    manager.connect()
+    return manager.client()  # type: ignore[attr-defined]
 
 
 def start() -> Sidecar:
@@ -116,8 +133,8 @@ def start() -> Sidecar:
 
 
 @contextmanager
-def qdrant_store(kind: str) -> Iterator[tuple[Any, int | None]]:
-    """(client, store pid): a proxy to a sidecar's client, or an in-process client and None.
+def qdrant_store(kind: str) -> Iterator[StoreHandle]:
+    """A proxy to a sidecar's client (with its pid and address), or an in-process client.
 
     The sidecar is stopped when the block ends, on errors too.
     """
@@ -126,7 +143,7 @@ def qdrant_store(kind: str) -> Iterator[tuple[Any, int | None]]:
 
         client = QdrantClient(":memory:")
         try:
-            yield client, None
+            yield StoreHandle(client, None)
         finally:
             client.close()
         return
@@ -134,7 +151,7 @@ def qdrant_store(kind: str) -> Iterator[tuple[Any, int | None]]:
         raise ValueError(f"store kind must be one of {STORE_KINDS}, not {kind!r}")
     sidecar = start()
     try:
-        yield sidecar.client(), sidecar.pid
+        yield StoreHandle(sidecar.client(), sidecar.pid, sidecar.address, sidecar.authkey.hex())
     finally:
         sidecar.stop()
 

@@ -6,9 +6,10 @@ import threading
 from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
 
 from kb_reindex.errors import ConfigError, LockHeldError
-from kb_reindex.state import StateStore
+from kb_reindex.state import SQLITE_DEFAULT_CACHE, StateStore
 
 
 @pytest.fixture(params=["sqlite", "mysql"])
@@ -62,6 +63,22 @@ def test_manifest_write_is_idempotent(state: StateStore) -> None:
     state.write_manifest(version.id, docs, chunks)
     assert state.manifest_documents(version.id)[0]["knowledge_key"] == "退货/政策"
     assert [c["chunk_index"] for c in state.manifest_chunks(version.id)] == [0, 1]
+
+
+def test_manifest_write_that_fails_keeps_the_old_manifest_and_gives_back_the_sqlite_cache(tmp_path: Path) -> None:
+    state = StateStore(f"sqlite:///{tmp_path}/state.db")
+    try:
+        version = new_version(state)
+        row = {"knowledge_key": "k", "chunk_index": 0, "chunk_hash": "0" * 64, "source_point_id": None}
+        state.write_manifest(version.id, [], [{"point_id": "p1", **row}])
+        with pytest.raises(sa.exc.IntegrityError):
+            state.write_manifest(version.id, [], [{"point_id": "p2", **row}, {"point_id": "p2", **row}])
+        assert [c["point_id"] for c in state.manifest_chunks(version.id)] == ["p1"]
+        assert state.engine.pool.checkedin() == 1  # the connection that wrote, back in the pool
+        with state.engine.connect() as conn:
+            assert conn.exec_driver_sql("PRAGMA cache_size").scalar() == SQLITE_DEFAULT_CACHE
+    finally:
+        state.dispose()
 
 
 def test_switch_records_event_and_retires_previous(state: StateStore) -> None:
@@ -131,7 +148,7 @@ def test_processes_creating_one_sqlite_state_db_at_once_all_succeed(tmp_path: Pa
     import subprocess
     import sys
 
-    code = "import sys; from kb_reindex.state import StateStore; StateStore(sys.argv[1]).dispose()"
+    code = "import sys; from kb_reindex.state import SQLITE_DEFAULT_CACHE, StateStore; StateStore(sys.argv[1]).dispose()"
     for attempt in range(4):
         url = f"sqlite:///{tmp_path}/fresh-{attempt}/state.db"
         procs = [subprocess.Popen([sys.executable, "-c", code, url], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
