@@ -41,6 +41,7 @@ from sidecar import qdrant_store  # noqa: E402
 OLLAMA_MODEL = "bge-m3"
 DIM = 1024
 READERS = 4
+SCENARIO_TIMEOUT_S = 3 * 3600  # one scenario's process; run.py's --timeout bounds the whole worker
 READER_PAUSE_S = 0.005  # think time between one reader's queries
 READER_QUERIES = ["规则编号 R00001 适用于哪些情况？", "退货申请需要在签收后几天内提交", "coupons with store promotions",
                   "运费券怎么使用"]
@@ -92,8 +93,13 @@ class Scenarios:
         out = Path(spec["scratch"]) / "row.json"
         out.parent.mkdir(parents=True, exist_ok=True)
         started = time.perf_counter()
-        proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--scenario", str(out)],
-                              input=json.dumps(spec), text=True, stdout=subprocess.DEVNULL)
+        spec = {**spec, "spawned_at": time.time()}
+        try:
+            proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--scenario", str(out)],
+                                  input=json.dumps(spec), text=True, stdout=subprocess.DEVNULL,
+                                  timeout=spec["job"].get("scenario_timeout_s", SCENARIO_TIMEOUT_S))
+        except subprocess.TimeoutExpired:  # subprocess.run has killed it
+            raise RuntimeError(f"scenario {name} ran past its timeout and was killed") from None
         process_wall = time.perf_counter() - started
         if proc.returncode != 0:
             raise RuntimeError(f"scenario {name} failed in its process (exit {proc.returncode}); its stderr is above")
@@ -142,7 +148,7 @@ def run_kb(job: dict[str, Any]) -> dict[str, Any]:
     try:
         with qdrant_store(job["store"]) as store:
             if store.address is None:  # the store lives in this worker: every scenario runs here too
-                warm = warmup(env, root.parent / f"{root.name}-warmup", store.client)
+                warm = warmup(env, root.parent / f"{root.name}-warmup", store.client, alias="bench_warmup")
                 out = _kb_scenarios_in_process(job, env, root, variants, store, server)
             else:
                 warm = {"per_scenario_process": True}
@@ -249,9 +255,21 @@ def _kb_scenarios_in_processes(job: dict[str, Any], env: dict[str, str], root: P
 
 
 def run_scenario_child(spec: dict[str, Any]) -> dict[str, Any]:
-    """One engine scenario in this (fresh) process against the worker's store sidecar; returns its row."""
-    from sidecar import connect
+    """One engine scenario in this (fresh) process against the worker's store sidecar; returns its row.
 
+    `process_startup_s`: from the worker starting this process to here, with what the `kb-reindex` CLI
+    imports for a run (the interpreter, the engine, qdrant-client, SQLAlchemy): what a fresh CLI process pays
+    before its run starts, reported next to the run's own time.
+    """
+    import importlib
+
+    from sidecar import connect, exit_with_parent
+
+    for module in ("kb_reindex.cli", "kb_reindex.engine"):  # the CLI's own imports, counted as startup
+        importlib.import_module(module)
+
+    startup_s = time.time() - spec["spawned_at"]
+    threading.Thread(target=exit_with_parent, args=(os.getppid(),), daemon=True).start()
     quiet_logs()
     client = connect(spec["store_address"], spec["store_authkey"])
     scratch = Path(spec["scratch"])
@@ -262,11 +280,12 @@ def run_scenario_child(spec: dict[str, Any]) -> dict[str, Any]:
             row = Scenarios(meter_ref).run(spec["name"], engine_scenario(spec["name"], deps, spec["job"]))
     finally:
         deps.state.dispose()
-    row.update(process_warmup_s=warm["first_run_s"], process_peak_rss_mb=round(ru_maxrss_mb(), 1))
+    row.update(process_startup_s=round(startup_s, 3), process_warmup_s=warm["first_run_s"],
+               process_peak_rss_mb=round(ru_maxrss_mb(), 1))
     return row
 
 
-def warmup(env: dict[str, str], workdir: Path, client: Any, *, alias: str = "mall_knowledge") -> dict[str, float]:
+def warmup(env: dict[str, str], workdir: Path, client: Any, *, alias: str) -> dict[str, float]:
     """A whole engine run on a 3-document throwaway project before anything is timed; says what it cost.
 
     The first run in a process pays one-time costs that no later run does: lazy imports (pandas,
@@ -275,9 +294,10 @@ def warmup(env: dict[str, str], workdir: Path, client: Any, *, alias: str = "mal
     same kind of store the scenarios use) under its own alias and state DB, with the offline embedder (the
     fake Ollama server counts what the scenario embeds), and deletes its collections afterwards.
     """
-    import importlib
+    if env.get("KB_EMBEDDER") == "ollama":
+        import importlib
 
-    importlib.import_module("ollama")  # the Ollama embedder's import, paid here rather than in the timed run
+        importlib.import_module("ollama")  # the Ollama embedder's import, paid here rather than in the timed run
     from kb_reindex import engine
     from kb_reindex.config import Settings
     from kb_reindex.runtime import Deps
@@ -636,6 +656,9 @@ def scenario_main(out: str) -> int:
 
 
 if __name__ == "__main__":
-    if sys.argv[1] == "--scenario":
+    if len(sys.argv) == 3 and sys.argv[1] == "--scenario":
         raise SystemExit(scenario_main(sys.argv[2]))
+    if len(sys.argv) != 2:
+        raise SystemExit("usage: peers.py '<job JSON>' | peers.py --scenario <row.json> (spec on stdin); "
+                         "bench/run.py starts these")
     raise SystemExit(main(sys.argv[1]))

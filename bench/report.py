@@ -85,6 +85,7 @@ def targets(sizes: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     noop = _sc(by_docs[at], "hashing", "kb.noop") if at is not None else None
     out["P3"] = {"target": f"no-op over {P3_DOCS} docs <= 2 s and 0 vector writes", "docs": at,
                  "wall_s": noop["wall_s"] if noop else None, "vector_writes": noop["vector_writes"] if noop else None,
+                 "process_startup_s": noop.get("process_startup_s") if noop else None,
                  "passed": bool(noop) and noop["wall_s"] <= 2.0 and noop["vector_writes"] == 0}
     if at != P3_DOCS:
         out["P3"]["note"] = f"measured at {at} docs ({P3_DOCS} not in this run)"
@@ -95,8 +96,13 @@ def targets(sizes: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
         kb, full = _sc(e, "ollama", "kb.incremental"), _sc(e, "ollama", "full_rebuild.incremental")
         if kb and full:
             speedup = full["wall_s"] / kb["wall_s"]
-            checks.append({"docs": e["docs"], "ms_per_text": e["ollama_ms"], "incremental_s": kb["wall_s"],
-                           "full_rebuild_s": full["wall_s"], "speedup": round(speedup, 2), "passed": speedup >= 10})
+            check = {"docs": e["docs"], "ms_per_text": e["ollama_ms"], "incremental_s": kb["wall_s"],
+                     "full_rebuild_s": full["wall_s"], "speedup": round(speedup, 2), "passed": speedup >= 10}
+            if kb.get("process_startup_s") is not None and full.get("process_startup_s") is not None:
+                # as two fresh CLI processes: each also pays its start (interpreter, imports)
+                check["speedup_with_startup"] = round((full["wall_s"] + full["process_startup_s"])
+                                                      / (kb["wall_s"] + kb["process_startup_s"]), 2)
+            checks.append(check)
     out["P4"] = {"target": "incremental >= 10x faster than full rebuild at the Ollama cost per text", "checks": checks,
                  "passed": _all_passed(checks)}
 
@@ -126,6 +132,9 @@ def targets(sizes: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
                      "incremental_rss_delta_mb": [inc_small["rss_delta_mb"], inc_big["rss_delta_mb"]],
                      "incremental_rss_delta_ratio": round(delta_ratio, 2) if delta_ratio else None,
                      "worker_peak_rss_mb": [small["hashing"].get("kb_peak_rss_mb"), big["hashing"].get("kb_peak_rss_mb")],
+                     "fresh_process": all((x["hashing"].get("kb_warmup") or {}).get("per_scenario_process")
+                                          for x in (small, big)),
+                     "rss_start_mb": [inc_small.get("rss_start_mb"), inc_big.get("rss_start_mb")],
                      "store_peak_rss_mb": store_rss if all(v is not None for v in store_rss) else None,
                      "store_peak_rss_ratio": (round(store_rss[1] / store_rss[0], 2)
                                               if all(v for v in store_rss) else None),
@@ -233,8 +242,12 @@ def markdown(data: dict[str, Any]) -> str:
         "loop** = points copied over the engine's own timing of its copy loop (`copy_s`: retrieving live vectors "
         "and upserting the new points, nothing else; – when the engine does not report it); raw = the "
         "upsert-only rate of the same points in the same batches (in both columns). "
-        "**peak RSS** = the high-water mark of the engine's (or LangChain's) worker process during that "
-        "scenario; **store peak RSS** = the same for the process holding local-mode Qdrant "
+        + ("**peak RSS** = the high-water mark, during that scenario, of the process running it: for our engine "
+           "(kb rows, the raw upsert) a fresh process per scenario, as each `kb-reindex` command and Airflow task "
+           "runs, warmed up by a 3-document run first; for LangChain its worker, after the same kind of warm-up; "
+           if stores == ["sidecar"] else
+           "**peak RSS** = the high-water mark of the engine's (or LangChain's) worker process during that scenario; ")
+        + "**store peak RSS** = the same for the process holding local-mode Qdrant "
         + ("(the sidecar, i.e. the Qdrant server's memory; it holds every kept collection)."
            if stores == ["sidecar"] else
            "(– where Qdrant ran inside the worker: then peak RSS includes every vector of every collection)."),
@@ -283,17 +296,25 @@ def markdown(data: dict[str, Any]) -> str:
     p3 = t["P3"]
     lines.append(_target_line(f"P3 no-op over {P3_DOCS:,} docs ≤ 2 s, 0 writes", p3,
                               f"{p3['docs']:,} docs: {_fmt(p3['wall_s'])} s, {p3['vector_writes']} writes"
+                              + (f"; a fresh process also pays {p3['process_startup_s']:.2f} s to start (interpreter, "
+                                 f"the CLI's imports: qdrant-client, SQLAlchemy), {_fmt(p3['wall_s'] + p3['process_startup_s'])} s "
+                                 "in all" if p3.get("process_startup_s") is not None else "")
                               + (f" ({p3['note']})" if p3.get("note") else "")))
     lines.append(_target_line("P4 incremental ≥ 10× faster than full rebuild at Ollama cost", t["P4"],
                               "; ".join(f"{c['docs']:,} @ {c['ms_per_text']} ms: {c['full_rebuild_s']:.1f} s / "
-                                        f"{c['incremental_s']:.2f} s = {c['speedup']:.1f}×" for c in t["P4"]["checks"])))
+                                        f"{c['incremental_s']:.2f} s = {c['speedup']:.1f}×"
+                                        + (f" ({c['speedup_with_startup']:.1f}× counting each process's start)"
+                                           if c.get("speedup_with_startup") else "")
+                                        for c in t["P4"]["checks"])))
     p5 = t["P5"]
     if p5.get("docs"):
         store = p5.get("store", "inprocess")
+        where = "a fresh process per run, " if p5.get("fresh_process") else ""
         measured = (f"{p5['docs'][0]:,} → {p5['docs'][1]:,} docs ({p5['chunk_ratio']}× chunks): incremental time "
                     f"{p5['time_ratio']}×, engine process peak RSS {p5['peak_rss_mb'][0]:,.0f} → "
-                    f"{p5['peak_rss_mb'][1]:,.0f} MB = {p5['peak_rss_ratio']}× (the run's own growth above the process "
-                    f"baseline: {p5['incremental_rss_delta_mb'][0]:,.0f} → {p5['incremental_rss_delta_mb'][1]:,.0f} MB)")
+                    f"{p5['peak_rss_mb'][1]:,.0f} MB = {p5['peak_rss_ratio']}× ({where}the run's own growth above "
+                    f"where it started: {p5['incremental_rss_delta_mb'][0]:,.0f} → "
+                    f"{p5['incremental_rss_delta_mb'][1]:,.0f} MB)")
         if p5.get("store_peak_rss_mb"):
             a, b = p5["store_peak_rss_mb"]
             measured += (f"; the RSS check is on the engine process only; Qdrant store sidecar (not judged) "

@@ -167,8 +167,9 @@ def client_methods(cls: type) -> tuple[str, ...]:
     return tuple(name for name, value in inspect.getmembers(cls, inspect.isfunction) if not name.startswith("_"))
 
 
-def _exit_with_parent(parent: int) -> None:
-    """A worker killed by run.py's timeout cannot stop us; exit once it is gone."""
+def exit_with_parent(parent: int) -> None:
+    """A worker killed by run.py's timeout cannot stop its sidecar or scenario processes; they exit once
+    it is gone (run in a daemon thread)."""
     while True:
         if os.getppid() != parent:
             os._exit(0)
@@ -187,7 +188,7 @@ def serve(address: str, parent: int, authkey: bytes) -> None:
     _shared_client = QdrantClient(":memory:")
     StoreManager.register("client", callable=_client, exposed=client_methods(type(_shared_client)))
     server = StoreManager(address=address, authkey=authkey).get_server()
-    threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True).start()
+    threading.Thread(target=exit_with_parent, args=(parent,), daemon=True).start()
     print("ready", flush=True)
     server.serve_forever()
 

@@ -112,6 +112,15 @@ def scan_corpus(docs_dir: Path, *, max_bytes: int, chunk_size: int, overlap: int
                       chunking_version=chunking_version(chunk_size, overlap))
 
 
+def instruction_lines(docs_dir: Path, *, max_bytes: int) -> list[dict[str, object]]:
+    """The instruction-like lines of every document, as `CorpusScan.flagged_lines` lists them, without
+    chunking anything: for a step that has no scan of its own (an Airflow validate task, a rollback)."""
+    found = [(doc.knowledge_key, doc.source, flag_instructions(doc.body))
+             for doc in iter_corpus(docs_dir, max_bytes=max_bytes)]
+    found.sort(key=lambda item: item[0])
+    return [{"source": source, "line": number, "text": text} for _, source, flagged in found for number, text in flagged]
+
+
 class DocumentTexts:
     """The chunks (with texts) of one document at a time, read again from its file for the build.
 

@@ -17,7 +17,7 @@ from typing import Any
 from kb_reindex.errors import GoldenSetError, KbError, ValidationFailed
 from kb_reindex.golden import GoldenSet, check_probe_keys, first_hit_rank, load_golden_set, score
 from kb_reindex.runtime import Deps
-from kb_reindex.corpus import CorpusScan, scan_corpus
+from kb_reindex.corpus import CorpusScan, instruction_lines
 from kb_reindex.state import ManifestRef, VersionRecord
 from kb_reindex.store import DISTANCE
 
@@ -111,9 +111,7 @@ def embed_probes(deps: Deps, version: VersionRecord, golden: GoldenSet) -> list[
 def scan_instructions(deps: Deps, version: VersionRecord, scan: CorpusScan | None = None) -> list[dict[str, Any]]:
     """Instruction-like lines in the knowledge text: counted and listed for a person, obeyed by nothing."""
     if scan is None:
-        settings = deps.settings
-        scan = scan_corpus(settings.knowledge_dir, max_bytes=settings.max_doc_bytes,
-                           chunk_size=settings.chunk_size, overlap=settings.chunk_overlap)
+        return instruction_lines(deps.settings.knowledge_dir, max_bytes=deps.settings.max_doc_bytes)
     return scan.flagged_lines()
 
 
