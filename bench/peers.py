@@ -70,13 +70,7 @@ class Scenarios:
         row: dict[str, Any] = {"wall_s": round(wall, 4), **meter.as_dict(),
                                "peak_rss_mb": round(peak.peak_mb, 1), "rss_start_mb": round(peak.start_mb, 1),
                                "rss_delta_mb": round(peak.peak_mb - peak.start_mb, 1), "rss_method": peak.method}
-        if store_peak is not None:
-            store_peak.stop()
-            row.update(store_peak_rss_mb=round(store_peak.peak_mb, 1), store_rss_start_mb=round(store_peak.start_mb, 1),
-                       store_rss_method=store_peak.method)
-        if self.server is not None:
-            row["server_texts_embedded"] = self.server.embedded_texts
-            row["server_embed_requests"] = self.server.embed_requests
+        self._add_store_and_server(row, store_peak)
         row.update(extra)
         self.results[name] = row
         store = f"  store {store_peak.peak_mb:7.0f} MB" if store_peak is not None else ""
@@ -105,6 +99,12 @@ class Scenarios:
             raise RuntimeError(f"scenario {name} failed in its process (exit {proc.returncode}); its stderr is above")
         row = json.loads(out.read_text(encoding="utf-8"))
         row["process_wall_s"] = round(process_wall, 3)
+        self._add_store_and_server(row, store_peak)
+        self.results[name] = row
+        return row
+
+    def _add_store_and_server(self, row: dict[str, Any], store_peak: PeakRss | None) -> None:
+        """The store's peak RSS and the fake Ollama server's counters over the scenario's window."""
         if store_peak is not None:
             store_peak.stop()
             row.update(store_peak_rss_mb=round(store_peak.peak_mb, 1), store_rss_start_mb=round(store_peak.start_mb, 1),
@@ -112,8 +112,6 @@ class Scenarios:
         if self.server is not None:
             row["server_texts_embedded"] = self.server.embedded_texts
             row["server_embed_requests"] = self.server.embed_requests
-        self.results[name] = row
-        return row
 
 
 def fake_ollama(ms: float) -> Any:

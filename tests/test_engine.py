@@ -448,3 +448,46 @@ def test_live_is_searched_again_only_when_the_golden_set_changed(deps: Deps, cou
     assert third["outcome"] == "promoted"
     probes = len(load_golden_set(golden).probes)
     assert searched.count(second["collection"]) == probes, "another k: live is scored again, every probe"
+
+
+def test_a_build_slice_adds_only_what_it_wrote_and_validation_records_the_count(deps: Deps, counting: CountingEmbedder) -> None:
+    """Mapped slices run at once: one that ends must not set the collection's count (which includes the
+    points another slice wrote but has not added yet), or the progress passes 100 % when that one adds them."""
+    from kb_reindex.build import build, create_version
+    from kb_reindex.plan import prepare
+    from kb_reindex.validate import validate
+
+    prepared = prepare(deps)
+    created = create_version(deps, prepared.plan, prepared=prepared)
+    total = prepared.plan["chunks"]["total"]
+    first, rest = total // 2, total - total // 2
+    build(deps, created["version"], window=(0, first), prepared=prepared)
+    # the first slice's writes, not yet added by it (as if it were still running)
+    deps.state.update_version(deps.state.get_version("mall_knowledge", created["version"]).id, points_written=0)
+    build(deps, created["version"], window=(first, rest), prepared=prepared)
+    assert deps.state.get_version("mall_knowledge", created["version"]).points_written == rest
+    validate(deps, created["version"])
+    version = deps.state.get_version("mall_knowledge", created["version"])
+    assert version.status == "ready" and version.points_written == total == deps.store.count(created["collection"])
+
+
+def test_a_manifest_that_does_not_match_the_files_stops_the_build(deps: Deps, counting: CountingEmbedder) -> None:
+    import sqlalchemy as sa
+
+    from kb_reindex.build import build, create_version
+    from kb_reindex.errors import KbError
+    from kb_reindex.plan import prepare
+    from kb_reindex.state import manifest_chunks
+
+    prepared = prepare(deps)
+    created = create_version(deps, prepared.plan, prepared=prepared)
+    version = deps.state.get_version("mall_knowledge", created["version"])
+    with deps.state.engine.begin() as conn:  # one row's ID is not one the files give
+        first = conn.execute(sa.select(manifest_chunks.c.point_id).where(manifest_chunks.c.version_id == version.id)
+                             .limit(1)).scalar_one()
+        conn.execute(manifest_chunks.update().where(manifest_chunks.c.version_id == version.id,
+                                                    manifest_chunks.c.point_id == first)
+                     .values(point_id="00000000-0000-0000-0000-000000000000"))
+    with pytest.raises(KbError, match="manifest does not match the chunks of the current files"):
+        build(deps, created["version"], prepared=prepared)
+    assert deps.store.count(created["collection"]) == 0

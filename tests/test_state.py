@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import threading
+from contextlib import closing
 from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
 
 from kb_reindex.errors import ConfigError, LockHeldError
-from kb_reindex.state import SQLITE_DEFAULT_CACHE, StateStore
+from kb_reindex.state import StateStore
 
 
 @pytest.fixture(params=["sqlite", "mysql"])
@@ -65,20 +66,27 @@ def test_manifest_write_is_idempotent(state: StateStore) -> None:
     assert [c["chunk_index"] for c in state.manifest_chunks(version.id)] == [0, 1]
 
 
-def test_manifest_write_that_fails_keeps_the_old_manifest_and_gives_back_the_sqlite_cache(tmp_path: Path) -> None:
-    state = StateStore(f"sqlite:///{tmp_path}/state.db")
-    try:
-        version = new_version(state)
-        row = {"knowledge_key": "k", "chunk_index": 0, "chunk_hash": "0" * 64, "source_point_id": None}
-        state.write_manifest(version.id, [], [{"point_id": "p1", **row}])
-        with pytest.raises(sa.exc.IntegrityError):
-            state.write_manifest(version.id, [], [{"point_id": "p2", **row}, {"point_id": "p2", **row}])
-        assert [c["point_id"] for c in state.manifest_chunks(version.id)] == ["p1"]
-        assert state.engine.pool.checkedin() == 1  # the connection that wrote, back in the pool
-        with state.engine.connect() as conn:
-            assert conn.exec_driver_sql("PRAGMA cache_size").scalar() == SQLITE_DEFAULT_CACHE
-    finally:
-        state.dispose()
+def test_manifest_write_that_fails_keeps_the_old_manifest(state: StateStore) -> None:
+    version = new_version(state)
+    row = {"knowledge_key": "k", "chunk_index": 0, "chunk_hash": "0" * 64, "source_point_id": None}
+    state.write_manifest(version.id, [], [{"point_id": "p1", **row}])
+    with pytest.raises(sa.exc.IntegrityError):
+        state.write_manifest(version.id, [], [{"point_id": "p2", **row}, {"point_id": "p2", **row}])
+    assert [c["point_id"] for c in state.manifest_chunks(version.id)] == ["p1"]
+
+
+def test_manifest_refs_stream_in_manifest_order_and_give_the_connection_back(state: StateStore) -> None:
+    version = new_version(state)
+    rows = [{"point_id": f"p{i:02d}", "knowledge_key": f"k{i % 3}", "chunk_index": i // 3, "chunk_hash": f"{i:064d}",
+             "source_point_id": f"s{i:02d}" if i % 2 else None} for i in range(12)]
+    state.write_manifest(version.id, [], rows)
+    expected = [(r["point_id"], r["knowledge_key"], r["source_point_id"])
+                for r in sorted(rows, key=lambda r: (r["knowledge_key"], r["chunk_index"]))]
+    assert [tuple(r) for r in state.iter_manifest_refs(version.id)] == expected
+    assert [tuple(r) for r in state.manifest_refs(version.id)] == expected
+    with closing(state.iter_manifest_refs(version.id)) as refs:  # a caller that stops at the first row
+        assert tuple(next(refs)) == expected[0]
+    assert state.engine.pool.checkedout() == 0
 
 
 def test_switch_records_event_and_retires_previous(state: StateStore) -> None:
@@ -148,7 +156,7 @@ def test_processes_creating_one_sqlite_state_db_at_once_all_succeed(tmp_path: Pa
     import subprocess
     import sys
 
-    code = "import sys; from kb_reindex.state import SQLITE_DEFAULT_CACHE, StateStore; StateStore(sys.argv[1]).dispose()"
+    code = "import sys; from kb_reindex.state import StateStore; StateStore(sys.argv[1]).dispose()"
     for attempt in range(4):
         url = f"sqlite:///{tmp_path}/fresh-{attempt}/state.db"
         procs = [subprocess.Popen([sys.executable, "-c", code, url], stdout=subprocess.PIPE, stderr=subprocess.PIPE,

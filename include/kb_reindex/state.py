@@ -36,9 +36,6 @@ MYSQL_TABLE = {"mysql_charset": "utf8mb4", "mysql_collate": "utf8mb4_bin", "mari
                "mariadb_collate": "utf8mb4_bin"}
 Timestamp = sa.DateTime().with_variant(mysql.DATETIME(fsp=6), "mysql", "mariadb")
 LongText = sa.Text().with_variant(mysql.LONGTEXT(), "mysql", "mariadb")
-# SQLite page cache for writing a manifest (KiB), and the default it goes back to (pages, negative = KiB)
-MANIFEST_SQLITE_CACHE_KIB = 65536
-SQLITE_DEFAULT_CACHE = -2000
 
 versions = sa.Table(
     "kb_versions",
@@ -381,37 +378,27 @@ class StateStore:
     def write_manifest(self, version_id: int, documents: list[dict[str, Any]], chunks: Iterable[dict[str, Any]]) -> None:
         """Replace the version's manifest in one transaction, so a retried step never doubles it."""
         rows = iter(chunks)
-        with self.engine.connect() as conn:
-            sqlite = conn.dialect.name == "sqlite"
-            if sqlite:
-                # Point IDs and chunk hashes land at random places in both indexes: past ~20k rows SQLite's
-                # default 2 MB page cache spills and rereads pages (100k rows: 1.9 s, 1.4 s with 64 MB).
-                # The bigger cache is for this transaction only and given back after it.
-                conn.exec_driver_sql(f"PRAGMA cache_size=-{MANIFEST_SQLITE_CACHE_KIB}")
-                conn.commit()  # ends SQLAlchemy's autobegun transaction; the pragma holds for the connection
-            try:
-                with conn.begin():
-                    conn.execute(manifest_chunks.delete().where(manifest_chunks.c.version_id == version_id))
-                    conn.execute(manifest_documents.delete().where(manifest_documents.c.version_id == version_id))
-                    if documents:
-                        conn.execute(manifest_documents.insert(), [{"version_id": version_id, **d} for d in documents])
-                    while batch := [{"version_id": version_id, **c} for c in islice(rows, 5000)]:
-                        conn.execute(manifest_chunks.insert(), batch)
-            finally:
-                if sqlite:
-                    conn.exec_driver_sql(f"PRAGMA cache_size={SQLITE_DEFAULT_CACHE}")
-                    conn.exec_driver_sql("PRAGMA shrink_memory")
-                    conn.commit()
+        with self.engine.begin() as conn:
+            conn.execute(manifest_chunks.delete().where(manifest_chunks.c.version_id == version_id))
+            conn.execute(manifest_documents.delete().where(manifest_documents.c.version_id == version_id))
+            if documents:
+                conn.execute(manifest_documents.insert(), [{"version_id": version_id, **d} for d in documents])
+            while batch := [{"version_id": version_id, **c} for c in islice(rows, 5000)]:
+                conn.execute(manifest_chunks.insert(), batch)
 
     def manifest_refs(self, version_id: int) -> list[ManifestRef]:
         """(point_id, knowledge_key, source_point_id) of every chunk, in manifest order: what a build needs."""
+        return list(self.iter_manifest_refs(version_id))
+
+    def iter_manifest_refs(self, version_id: int) -> Iterator[ManifestRef]:
+        """`manifest_refs` a few thousand rows at a time (a server-side cursor on MySQL), for a caller that
+        keeps less than every row as it came; consume it whole, it holds a connection until then."""
+        query = (sa.select(manifest_chunks.c.point_id, manifest_chunks.c.knowledge_key, manifest_chunks.c.source_point_id)
+                 .where(manifest_chunks.c.version_id == version_id)
+                 .order_by(manifest_chunks.c.knowledge_key, manifest_chunks.c.chunk_index))
         with self.engine.connect() as conn:
-            rows = conn.execute(
-                sa.select(manifest_chunks.c.point_id, manifest_chunks.c.knowledge_key, manifest_chunks.c.source_point_id)
-                .where(manifest_chunks.c.version_id == version_id)
-                .order_by(manifest_chunks.c.knowledge_key, manifest_chunks.c.chunk_index)
-            )
-            return [ManifestRef(*row) for row in rows]
+            for row in conn.execution_options(yield_per=5000).execute(query):
+                yield ManifestRef(*row)
 
     def manifest_documents(self, version_id: int) -> list[dict[str, Any]]:
         with self.engine.connect() as conn:

@@ -17,7 +17,7 @@ from typing import Any
 from kb_reindex.errors import GoldenSetError, KbError, ValidationFailed
 from kb_reindex.golden import GoldenSet, check_probe_keys, first_hit_rank, load_golden_set, score
 from kb_reindex.runtime import Deps
-from kb_reindex.corpus import CorpusScan, instruction_lines
+from kb_reindex.corpus import instruction_lines
 from kb_reindex.state import ManifestRef, VersionRecord
 from kb_reindex.store import DISTANCE
 
@@ -39,6 +39,8 @@ def _structural(deps: Deps, version: VersionRecord, manifest: list[ManifestRef])
         check("collection exists", False, f"{version.collection} is missing")
         return checks
     shape = store.shape(version.collection)
+    if version.status == "building":  # mapped build slices only add up what each wrote; this is the count
+        deps.state.update_version(version.id, points_written=shape.points)
     check("point count", shape.points == len(manifest), f"{shape.points} points, manifest lists {len(manifest)}")
     missing, extra = store.id_differences(version.collection, [row.point_id for row in manifest], points=shape.points)
     check("point ids", not missing and not extra,
@@ -108,13 +110,6 @@ def embed_probes(deps: Deps, version: VersionRecord, golden: GoldenSet) -> list[
     return deps.embedder_for(version).embed([p.query for p in golden.probes])
 
 
-def scan_instructions(deps: Deps, version: VersionRecord, scan: CorpusScan | None = None) -> list[dict[str, Any]]:
-    """Instruction-like lines in the knowledge text: counted and listed for a person, obeyed by nothing."""
-    if scan is None:
-        return instruction_lines(deps.settings.knowledge_dir, max_bytes=deps.settings.max_doc_bytes)
-    return scan.flagged_lines()
-
-
 def validate(
     deps: Deps,
     version_number: int,
@@ -123,16 +118,17 @@ def validate(
     min_mrr: float | None = None,
     compare_live: bool = True,
     raise_on_failure: bool = True,
-    scan: CorpusScan | None = None,
+    flagged: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """`scan`: the files this version was planned from, when the caller has them in this process."""
+    """`flagged`: the instruction-like lines of the files this version was planned from
+    (`CorpusScan.flagged_lines()`), when the caller has them in this process; else the files are read."""
     alias = deps.settings.alias
     version = deps.state.get_version(alias, version_number)
     if version is None:
         raise KbError(f"version {version_number} of {alias} does not exist")
     try:
         result = _validate(deps, version, min_hit_rate=min_hit_rate, min_mrr=min_mrr, compare_live=compare_live,
-                           scan=scan)
+                           flagged=flagged)
     except GoldenSetError as exc:
         if version.status in ("building", "ready"):
             deps.state.mark_failed(version.id, step="validate", error=str(exc))
@@ -155,7 +151,7 @@ def validate(
 
 
 def _validate(deps: Deps, version: VersionRecord, *, min_hit_rate: float | None, min_mrr: float | None,
-              compare_live: bool, scan: CorpusScan | None) -> dict[str, Any]:
+              compare_live: bool, flagged: list[dict[str, Any]] | None) -> dict[str, Any]:
     golden = load_golden_set(deps.settings.golden_set)
     manifest = deps.state.manifest_refs(version.id)
     check_probe_keys(golden, {d["knowledge_key"] for d in deps.state.manifest_documents(version.id)})
@@ -218,7 +214,8 @@ def _validate(deps: Deps, version: VersionRecord, *, min_hit_rate: float | None,
             lost = [p["probe"] for p in probes if p["regression"]]
             failures.append(f"{regressions} regression(s) against live v{baseline.version if baseline else '?'} "
                             f"(max {golden.max_regressions}): {', '.join(lost)}")
-    flagged = scan_instructions(deps, version, scan)
+    if flagged is None:
+        flagged = instruction_lines(deps.settings.knowledge_dir, max_bytes=deps.settings.max_doc_bytes)
     if flagged and deps.settings.block_on_instructions:
         failures.append(f"{len(flagged)} instruction-like line(s) in the knowledge text (KB_BLOCK_ON_INSTRUCTIONS); "
                         f"first: {flagged[0]['source']}:{flagged[0]['line']}")
