@@ -93,12 +93,20 @@ def test_first_run_builds_validates_and_promotes(deps: Deps, counting: CountingE
     assert (event["action"], event["from_version"], event["to_version"]) == ("promote", None, 1)
 
 
-def test_second_run_without_changes_writes_nothing(deps: Deps, counting: CountingEmbedder) -> None:
-    engine.run_reindex(deps)
+def test_second_run_without_changes_writes_nothing(deps: Deps, counting: CountingEmbedder,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    first = engine.run_reindex(deps)
     collections_before = {c.name for c in deps.store.client.get_collections().collections}
     counting.texts = 0
+
+    def no_chunk_rows(*_args: object) -> None:
+        raise AssertionError("a run with nothing to build read live's chunk rows")
+
+    monkeypatch.setattr(deps.state, "manifest_reuse_map", no_chunk_rows)
     result = engine.run_reindex(deps)
     assert result["outcome"] == "no_change" and result["version"] == 1
+    total = first["chunks"]["total"]
+    assert result["plan"]["chunks"] == {"total": total, "embedded": 0, "reused": total}
     assert counting.texts == 0
     assert {c.name for c in deps.store.client.get_collections().collections} == collections_before
     assert [v.version for v in deps.state.list_versions("mall_knowledge")] == [1]

@@ -86,24 +86,6 @@ def prepare(
     fingerprint = scan.fingerprint
     cv = scan.chunking_version
 
-    live_docs: dict[str, str] = {}
-    reuse: dict[str, str] = {}
-    if live is not None:
-        live_docs = deps.state.manifest_document_hashes(live.id)
-        same_vectors = (live.embedder, live.embed_model, live.embed_dim, live.chunking_version) == (embedder, model, dim, cv)
-        if same_vectors and not force_full and kind == "reindex":
-            reuse = deps.state.manifest_reuse_map(live.id)
-
-    keys = {d.knowledge_key: d.content_hash for d in documents}
-    added = sorted(k for k in keys if k not in live_docs)
-    changed = sorted(k for k in keys if k in live_docs and live_docs[k] != keys[k])
-    unchanged = sorted(k for k in keys if k in live_docs and live_docs[k] == keys[k])
-    removed = sorted(k for k in live_docs if k not in keys)
-    reused = sum(1 for c in chunks if c.chunk_hash in reuse)
-    touched_keys = set(added) | set(changed)
-    touched = [settings.knowledge_dir / d.source for d in documents if d.knowledge_key in touched_keys]
-    changed_at = max((p.stat().st_mtime for p in touched if p.exists()), default=None)
-
     no_change = (
         kind == "reindex"
         and not force_full
@@ -111,6 +93,26 @@ def prepare(
         and live.corpus_fingerprint == fingerprint
         and live.chunking_version == cv
     )
+    live_docs: dict[str, str] = {}
+    reuse: dict[str, str] = {}
+    if live is not None:
+        live_docs = deps.state.manifest_document_hashes(live.id)
+        same_vectors = (live.embedder, live.embed_model, live.embed_dim, live.chunking_version) == (embedder, model, dim, cv)
+        # nothing will be built when nothing changed: the routine no-op never reads live's chunk rows
+        if same_vectors and not force_full and kind == "reindex" and not no_change:
+            reuse = deps.state.manifest_reuse_map(live.id)
+
+    keys = {d.knowledge_key: d.content_hash for d in documents}
+    added = sorted(k for k in keys if k not in live_docs)
+    changed = sorted(k for k in keys if k in live_docs and live_docs[k] != keys[k])
+    unchanged = sorted(k for k in keys if k in live_docs and live_docs[k] == keys[k])
+    removed = sorted(k for k in live_docs if k not in keys)
+    # no change: the same files cut the same way, so every chunk is one of live's
+    reused = len(chunks) if no_change else sum(1 for c in chunks if c.chunk_hash in reuse)
+    touched_keys = set(added) | set(changed)
+    touched = [settings.knowledge_dir / d.source for d in documents if d.knowledge_key in touched_keys]
+    changed_at = max((p.stat().st_mtime for p in touched if p.exists()), default=None)
+
     plan = {
         "alias": settings.alias,
         "kind": kind,
