@@ -235,3 +235,68 @@ def test_reindex_dag_uses_airflow_connections(dagbag, dag_env: Path, mysql_url: 
     finally:
         state.dispose()
     assert not (dag_env / ".kb" / "state.db").exists(), "the kb_state Connection replaced the SQLite default"
+
+
+def test_the_page_runs_in_airflows_api_server_and_rolls_back_as_the_signed_in_user(airflow_db: None, project: Path,
+                                                                                  tmp_path: Path) -> None:
+    """The plugin in a real `airflow api-server`: the page is mounted and linked under Browse, and its
+    rollback button triggers knowledge_rollback through Airflow's API with the login cookie (`_token`)."""
+    import signal
+    import socket
+    import time
+    from urllib.parse import quote
+
+    import httpx
+
+    airflow = str(Path(sys.executable).with_name("airflow"))
+    done = subprocess.run([airflow, "dags", "reserialize"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    base = f"http://127.0.0.1:{port}"
+    env = {**os.environ, "KB_PROJECT_ROOT": str(project), "KB_AIRFLOW_API_URL": base}
+    log = (tmp_path / "api-server.log").open("w")
+    server = subprocess.Popen([airflow, "api-server", "--host", "127.0.0.1", "--port", str(port)], env=env,
+                              stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            assert server.poll() is None, (tmp_path / "api-server.log").read_text()[-3000:]
+            try:
+                if httpx.get(f"{base}/api/v2/monitor/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, "api-server did not start in 180 s"
+            time.sleep(1)
+        passwords = json.loads((Path(os.environ["AIRFLOW_HOME"]) / "simple_auth_manager_passwords.json.generated")
+                               .read_text(encoding="utf-8"))
+        user, password = next(iter(passwords.items()))
+        token = httpx.post(f"{base}/auth/token", json={"username": user, "password": password}).json()["access_token"]
+        bearer = {"Authorization": f"Bearer {token}"}
+
+        page = httpx.get(f"{base}/knowledge-index/ui")
+        assert page.status_code == 200 and "Knowledge index" in page.text
+        plugins = httpx.get(f"{base}/api/v2/plugins", headers=bearer).json()["plugins"]
+        ours = next(p for p in plugins if p["name"] == "knowledge_index")
+        assert ours["external_views"][0]["href"] == "knowledge-index/ui"
+        assert ours["external_views"][0]["category"] == "browse"
+
+        rollback = f"{base}/knowledge-index/api/rollback"
+        assert httpx.post(rollback, json={"reason": "check"}).status_code == 401
+        triggered = httpx.post(rollback, json={"reason": "api-server check"}, cookies={"_token": token})
+        assert triggered.status_code == 200, triggered.text
+        run_id = triggered.json()["dag_run_id"]
+        runs = f"{base}/api/v2/dags/knowledge_rollback/dagRuns"
+        run = httpx.get(f"{runs}/{quote(run_id, safe='')}", headers=bearer).json()
+        assert run["conf"] == {"to_version": None, "reason": "api-server check", "confirm": True}
+        httpx.delete(f"{runs}/{quote(run_id, safe='')}", headers=bearer)  # no scheduler here to run it
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+        log.close()

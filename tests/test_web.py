@@ -106,6 +106,17 @@ def test_status_reports_and_rollback_authorisation(site: tuple[Settings, FakeAir
     assert client.get("/api/status").json()["live"]["version"] == 2
 
 
+def test_rollback_when_the_airflow_api_does_not_answer_says_so_and_changes_nothing(
+        site: tuple[Settings, FakeAirflowApi]) -> None:
+    settings, _airflow = site
+    nowhere = f"http://127.0.0.1:{free_port()}"
+    client = TestClient(create_app(settings_factory=lambda: settings, airflow_api_url=nowhere))
+    answer = client.post("/api/rollback", json={"to_version": 2, "reason": "x"}, cookies={"_token": GOOD})
+    assert answer.status_code == 502
+    assert nowhere in answer.json()["detail"] and "KB_AIRFLOW_API_URL" in answer.json()["detail"]
+    assert client.get("/api/status").json()["live"]["version"] == 3
+
+
 def test_plugin_registers_the_page() -> None:
     import importlib.util
 

@@ -76,12 +76,17 @@ def create_app(
         token = _caller_token(request)
         if not token:
             raise HTTPException(401, "sign in to Airflow first: rollback runs as you, through the Airflow API")
-        async with httpx.AsyncClient(timeout=30) as client:
-            answer = await client.post(
-                f"{api_url}/api/v2/dags/{ROLLBACK_DAG}/dagRuns",
-                headers={"Authorization": f"Bearer {token}"},
-                json={"logical_date": None, "conf": {"to_version": to_version, "reason": reason, "confirm": True}},
-            )
+        try:
+            async with httpx.AsyncClient(timeout=30) as client:
+                answer = await client.post(
+                    f"{api_url}/api/v2/dags/{ROLLBACK_DAG}/dagRuns",
+                    headers={"Authorization": f"Bearer {token}"},
+                    json={"logical_date": None, "conf": {"to_version": to_version, "reason": reason, "confirm": True}},
+                )
+        except httpx.HTTPError as exc:
+            raise HTTPException(502, f"Airflow API at {api_url} (KB_AIRFLOW_API_URL) did not answer: "
+                                     f"{type(exc).__name__}: {exc}; nothing was triggered, the alias is unchanged. "
+                                     "On-call can run `kb-reindex rollback` instead") from None
         if answer.status_code in (401, 403):
             raise HTTPException(answer.status_code, "Airflow refused: you may not trigger knowledge_rollback")
         if answer.status_code >= 400:
