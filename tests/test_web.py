@@ -113,8 +113,30 @@ def test_rollback_when_the_airflow_api_does_not_answer_says_so_and_changes_nothi
     client = TestClient(create_app(settings_factory=lambda: settings, airflow_api_url=nowhere))
     answer = client.post("/api/rollback", json={"to_version": 2, "reason": "x"}, cookies={"_token": GOOD})
     assert answer.status_code == 502
-    assert nowhere in answer.json()["detail"] and "KB_AIRFLOW_API_URL" in answer.json()["detail"]
+    assert nowhere in answer.json()["detail"] and "nothing was triggered" in answer.json()["detail"]
     assert client.get("/api/status").json()["live"]["version"] == 3
+
+
+def test_rollback_whose_request_got_no_answer_says_a_run_may_exist(site: tuple[Settings, FakeAirflowApi]) -> None:
+    """Airflow may have created the run before the connection broke: on-call must check, not click again."""
+    settings, _airflow = site
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+
+    def hang_up() -> None:
+        connection, _ = listener.accept()
+        connection.recv(65536)
+        connection.close()
+
+    threading.Thread(target=hang_up, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+        client = TestClient(create_app(settings_factory=lambda: settings, airflow_api_url=url))
+        answer = client.post("/api/rollback", json={"to_version": 2, "reason": "x"}, cookies={"_token": GOOD})
+    finally:
+        listener.close()
+    assert answer.status_code == 502 and "may have been created" in answer.json()["detail"]
 
 
 def test_plugin_registers_the_page() -> None:

@@ -221,9 +221,11 @@ class ManifestRef(NamedTuple):
 def _schema_guard(engine: sa.Engine) -> Iterator[None]:
     """Two processes creating one new SQLite file at once: SQLite answers one of them "database is
     locked" at once (no busy wait when a reader would have to become a writer), so they take turns on a
-    file lock beside the database. MySQL handles its own DDL races (see the retry in StateStore)."""
+    file lock beside the database. The lock is taken before the first connection, whose WAL pragma
+    already writes to a new file; held for the schema check (milliseconds once the schema exists).
+    MySQL handles its own DDL races (see the retry in StateStore)."""
     database = engine.url.database if engine.url.get_backend_name() == "sqlite" else None
-    if not database or database == ":memory:" or engine.url.query.get("uri") or _schema_complete(engine):
+    if not database or database == ":memory:" or engine.url.query.get("uri"):
         yield
         return
     try:
@@ -240,14 +242,6 @@ def _schema_guard(engine: sa.Engine) -> Iterator[None]:
         yield
     finally:
         os.close(handle)  # releases the lock
-
-
-def _schema_complete(engine: sa.Engine) -> bool:
-    try:
-        existing = set(sa.inspect(engine).get_table_names())
-    except sa.exc.OperationalError:
-        return False
-    return all(table.name in existing for table in metadata.sorted_tables)
 
 
 class StateStore:

@@ -39,7 +39,8 @@ def _structural(deps: Deps, version: VersionRecord, manifest: list[ManifestRef])
         check("collection exists", False, f"{version.collection} is missing")
         return checks
     shape = store.shape(version.collection)
-    if version.status == "building":  # mapped build slices only add up what each wrote; this is the count
+    if version.status in ("building", "ready", "failed") and version.points_written != shape.points:
+        # mapped build slices only add up what each wrote; this is the count
         deps.state.update_version(version.id, points_written=shape.points)
     check("point count", shape.points == len(manifest), f"{shape.points} points, manifest lists {len(manifest)}")
     missing, extra = store.id_differences(version.collection, [row.point_id for row in manifest], points=shape.points)

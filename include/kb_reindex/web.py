@@ -83,10 +83,14 @@ def create_app(
                     headers={"Authorization": f"Bearer {token}"},
                     json={"logical_date": None, "conf": {"to_version": to_version, "reason": reason, "confirm": True}},
                 )
-        except httpx.HTTPError as exc:
-            raise HTTPException(502, f"Airflow API at {api_url} (KB_AIRFLOW_API_URL) did not answer: "
+        except (httpx.ConnectError, httpx.ConnectTimeout, httpx.InvalidURL) as exc:
+            raise HTTPException(502, f"Airflow API at {api_url} (KB_AIRFLOW_API_URL) could not be reached: "
                                      f"{type(exc).__name__}: {exc}; nothing was triggered, the alias is unchanged. "
                                      "On-call can run `kb-reindex rollback` instead") from None
+        except httpx.HTTPError as exc:  # the request may have arrived: a second rollback must not follow blindly
+            raise HTTPException(502, f"Airflow API at {api_url} (KB_AIRFLOW_API_URL) gave no answer: "
+                                     f"{type(exc).__name__}: {exc}; a knowledge_rollback run may have been created. "
+                                     "Check its runs (or `kb-reindex status`) before trying again") from None
         if answer.status_code in (401, 403):
             raise HTTPException(answer.status_code, "Airflow refused: you may not trigger knowledge_rollback")
         if answer.status_code >= 400:
