@@ -118,6 +118,19 @@ def test_reindex_dag_end_to_end_then_no_change(dagbag, dag_env: Path) -> None:
     assert ok
     assert states["has_changes"] == "success" and states["create_version"] == "skipped"
     assert kb(dag_env, "status")["live"]["version"] == 1
+    # recorded as the CLI records a no-op: nothing embedded, nothing reused, because nothing was built
+    from kb_reindex import engine
+    from kb_reindex.config import Settings
+    from kb_reindex.runtime import open_deps
+
+    with open_deps(Settings.from_env({"KB_PROJECT_ROOT": str(dag_env)})) as deps:
+        last = deps.state.list_runs(deps.settings.alias, limit=1)[0]
+        assert last["outcome"] == "no_change" and last["chunks_total"] > 0
+        assert (last["chunks_embedded"], last["chunks_reused"]) == (0, 0)
+        assert engine.run_reindex(deps)["outcome"] == "no_change"
+        cli = deps.state.list_runs(deps.settings.alias, limit=1)[0]
+        assert {k: cli[k] for k in ("chunks_total", "chunks_embedded", "chunks_reused", "docs_unchanged")} == \
+            {k: last[k] for k in ("chunks_total", "chunks_embedded", "chunks_reused", "docs_unchanged")}
 
 
 def test_reindex_dag_failed_validation_keeps_the_alias(dagbag, dag_env: Path) -> None:

@@ -148,13 +148,14 @@ def plan_task(*, run_id: str, kind: str = "reindex", force_full: bool = False, e
 
 def should_build_task(*, plan: dict[str, Any], dry_run: bool, run_id: str) -> bool:
     """False ends the run here (short-circuit): nothing changed, or only a dry run was asked for."""
-    from kb_reindex.engine import run_counters
+    from kb_reindex.engine import no_change_counters, run_counters
 
     if not plan["no_change"] and not dry_run:
         return True
     with task_deps() as deps:
         outcome = "no_change" if plan["no_change"] else "dry_run"
-        deps.state.finish_run(run_id, outcome=outcome, version=plan["base_version"], **run_counters(plan))
+        counters = no_change_counters(plan) if plan["no_change"] else run_counters(plan)
+        deps.state.finish_run(run_id, outcome=outcome, version=plan["base_version"], **counters)
         log.info("kb_reindex: %s; nothing is built", outcome)
     return False
 

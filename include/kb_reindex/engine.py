@@ -33,6 +33,12 @@ def empty_result(outcome: str = "failed") -> dict[str, Any]:
     }
 
 
+def no_change_counters(plan: dict[str, Any]) -> dict[str, Any]:
+    """What a run that found nothing to build records, from the CLI and the DAG alike: no chunk was
+    embedded or reused, because nothing was built."""
+    return {"docs_unchanged": plan["docs"]["unchanged"], "chunks_total": plan["chunks"]["total"]}
+
+
 def run_counters(plan: dict[str, Any]) -> dict[str, Any]:
     from datetime import UTC, datetime
 
@@ -77,8 +83,7 @@ def run_reindex(
             if p["no_change"]:
                 result.update(outcome="no_change", version=p["base_version"], collection=p["base_collection"])
                 result["chunks"] = {"total": p["chunks"]["total"], "embedded": 0, "reused": 0}
-                deps.state.finish_run(run_id, outcome="no_change", version=p["base_version"], docs_unchanged=p["docs"]["unchanged"],
-                                      chunks_total=p["chunks"]["total"])
+                deps.state.finish_run(run_id, outcome="no_change", version=p["base_version"], **no_change_counters(p))
                 return result
             if dry_run:
                 result["outcome"] = "dry_run"
