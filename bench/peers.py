@@ -167,6 +167,15 @@ def kb_scenario_plan(job: dict[str, Any]) -> list[str]:
             *(["mirror:one_more", "kb.promotion_under_readers"] if job.get("readers", True) and hashing else [])]
 
 
+def kb_steps(job: dict[str, Any], root: Path, variants: dict[str, Path]) -> Iterator[tuple[int, str]]:
+    """(position, scenario) in order; the knowledge folder is replaced in between where the plan says."""
+    for number, step in enumerate(kb_scenario_plan(job)):
+        if step.startswith("mirror:"):
+            corpus_mod.mirror(variants[step.split(":", 1)[1]], root / "knowledge" / "docs")
+        else:
+            yield number, step
+
+
 def engine_deps(env: dict[str, str], client: Any) -> tuple[BenchDeps, MeterRef]:
     """The engine's Deps over `client`, with a counting store and embedder; the caller disposes deps.state."""
     from kb_reindex.config import Settings
@@ -221,11 +230,8 @@ def _kb_scenarios_in_process(job: dict[str, Any], env: dict[str, str], root: Pat
     quiet_logs()
     try:
         with phase_timers(meter_ref):
-            for step in kb_scenario_plan(job):
-                if step.startswith("mirror:"):
-                    corpus_mod.mirror(variants[step.split(":", 1)[1]], root / "knowledge" / "docs")
-                else:
-                    sc.run(step, engine_scenario(step, deps, job))
+            for _number, step in kb_steps(job, root, variants):
+                sc.run(step, engine_scenario(step, deps, job))
     finally:
         deps.state.dispose()
     return {"job": job, "scenarios": sc.results, "ru_maxrss_mb": round(ru_maxrss_mb(), 1)}
@@ -242,10 +248,7 @@ def _kb_scenarios_in_processes(job: dict[str, Any], env: dict[str, str], root: P
     sc = Scenarios(MeterRef(), server, store.pid)
     scratch = root.parent / f"{root.name}-children"
     scratch.mkdir(exist_ok=True)
-    for number, step in enumerate(kb_scenario_plan(job)):
-        if step.startswith("mirror:"):
-            corpus_mod.mirror(variants[step.split(":", 1)[1]], root / "knowledge" / "docs")
-            continue
+    for number, step in kb_steps(job, root, variants):
         spec = {"name": step, "job": job, "env": env, "store_address": store.address,
                 "store_authkey": store.authkey_hex, "scratch": str(scratch / f"{number:02d}")}
         sc.run_child(step, spec)

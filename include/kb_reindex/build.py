@@ -265,19 +265,18 @@ def _fill(deps: Deps, version: VersionRecord, window: tuple[int, int] | None,
     # Each manifest row is checked against the scan and keeps the scan's own ID and key strings, not the
     # database's copies of them (at 100k chunks, 15 MB less for the length of the build).
     planned = {c.point_id: c.point_id for d in scan.documents for c in d.chunks}
-    keys = {key: key for key in by_key}
     manifest: list[ManifestRef] = []
     matches = True
     with closing(deps.state.iter_manifest_refs(version.id)) as rows:
         for row in rows:
-            point_id = planned.get(row.point_id)
-            if point_id is None or row.knowledge_key not in keys:
+            point_id, info = planned.get(row.point_id), by_key.get(row.knowledge_key)
+            if point_id is None or info is None:
                 matches = False
                 break
-            manifest.append(ManifestRef(point_id, keys[row.knowledge_key], row.source_point_id))
+            manifest.append(ManifestRef(point_id, info.knowledge_key, row.source_point_id))
     if not matches or len(manifest) != len(planned):
         raise KbError(f"v{version.version}'s manifest does not match the chunks of the current files; start a new run")
-    del planned, keys
+    del planned
     texts = DocumentTexts(settings.knowledge_dir, by_key, max_bytes=settings.max_doc_bytes,
                           chunk_size=settings.chunk_size, overlap=settings.chunk_overlap,
                           version_label=f"v{version.version}")

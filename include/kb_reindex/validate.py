@@ -14,10 +14,10 @@ import random
 from pathlib import Path
 from typing import Any
 
+from kb_reindex.corpus import instruction_lines
 from kb_reindex.errors import GoldenSetError, KbError, ValidationFailed
 from kb_reindex.golden import GoldenSet, check_probe_keys, first_hit_rank, load_golden_set, score
 from kb_reindex.runtime import Deps
-from kb_reindex.corpus import instruction_lines
 from kb_reindex.state import ManifestRef, VersionRecord
 from kb_reindex.store import DISTANCE
 
