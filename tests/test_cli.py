@@ -55,10 +55,10 @@ def test_run_status_query_history_as_json(cli_env: Path, capsys: pytest.CaptureF
 
 
 def test_plan_and_dry_run_write_nothing(cli_env: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, dry = run_json(capsys, "run", "--dry-run")
+    assert code == 0 and dry["outcome"] == "dry_run" and dry["docs"]["added"] == 6
     code, plan = run_json(capsys, "plan")
     assert code == 0 and plan["docs"]["added"] == 6 and not plan["no_change"]
-    code, dry = run_json(capsys, "run", "--dry-run")
-    assert code == 0 and dry["outcome"] == "dry_run"
     code, status = run_json(capsys, "status")
     assert status["live"] is None and status["versions"] == []
 
@@ -66,6 +66,8 @@ def test_plan_and_dry_run_write_nothing(cli_env: Path, capsys: pytest.CaptureFix
 def test_common_flags_go_before_or_after_the_command(cli_env: Path, capsys: pytest.CaptureFixture[str]) -> None:
     import json
 
+    assert main(["run", "--dry-run", "-q"]) == 0  # plan reads the state DB a run creates
+    capsys.readouterr()
     for argv in (["--json", "-q", "plan"], ["-q", "plan", "--json"], ["plan", "--json", "-q"]):
         assert main(argv) == 0, argv
         out = capsys.readouterr()

@@ -268,22 +268,47 @@ def test_drifted_live_collection_blocks_the_plan(deps: Deps, counting: CountingE
     assert engine.status(deps)["problems"]
 
 
-def test_alias_not_matching_state_is_reported_and_reconciled(deps: Deps, counting: CountingEmbedder) -> None:
+def test_alias_moved_back_by_hand_is_recorded_as_a_rollback_never_by_reconcile(deps: Deps, counting: CountingEmbedder) -> None:
+    """Reconcile never records a version older than live: that is a rollback, and the advice says so."""
     from kb_reindex.reconcile import reconcile
 
     engine.run_reindex(deps)
     (docs(deps) / "coupon-rules.md").write_text(
         (docs(deps) / "coupon-rules.md").read_text(encoding="utf-8") + "\n\n补充条款。\n", encoding="utf-8")
     second = engine.run_reindex(deps)
-    # simulate a crash after the alias moved back but before the state write
+    # the alias moved back by hand (or by a rollback that crashed before its state write)
     deps.store.swap_alias("mall_knowledge", to="mall_knowledge__hashing-ngram-v1__v1", expected_from=second["collection"])
+    with pytest.raises(StateDriftError, match="rollback --to-version 1"):
+        from kb_reindex.plan import plan
+
+        plan(deps)
+    assert any("rollback --to-version 1" in p for p in engine.status(deps)["problems"])
+    with pytest.raises(StateDriftError, match="rollback --to-version 1"):
+        reconcile(deps)
+    assert deps.state.live_version("mall_knowledge").version == 2
+    done = engine.run_rollback(deps, reason="moved back by hand", to_version=1, revalidate=False)
+    assert done["to_version"] == 1
+    assert deps.state.alias_events("mall_knowledge")[-1]["action"] == "rollback"
+    assert not engine.status(deps)["problems"]
+
+
+def test_alias_moved_forward_before_the_state_write_is_reconciled(deps: Deps, counting: CountingEmbedder,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    from kb_reindex.reconcile import reconcile
+
+    engine.run_reindex(deps)
+    (docs(deps) / "coupon-rules.md").write_text(
+        (docs(deps) / "coupon-rules.md").read_text(encoding="utf-8") + "\n\n补充条款。\n", encoding="utf-8")
+    monkeypatch.setattr(deps.state, "record_switch", lambda **_: (_ for _ in ()).throw(RuntimeError("crash")))
+    assert engine.run_reindex(deps)["outcome"] == "failed"
+    monkeypatch.undo()
+    assert deps.store.alias_target("mall_knowledge").endswith("__v2")
     with pytest.raises(StateDriftError, match="kb-reindex reconcile"):
         from kb_reindex.plan import plan
 
         plan(deps)
-    assert engine.status(deps)["problems"]
     outcome = reconcile(deps)
-    assert outcome["changed"] and outcome["live_version"] == 1
+    assert outcome["changed"] and outcome["live_version"] == 2
     assert deps.state.alias_events("mall_knowledge")[-1]["action"] == "reconcile"
     assert not engine.status(deps)["problems"]
 

@@ -289,7 +289,13 @@ class SlowEmbedder(HashingEmbedder):
         return super().embed(texts)
 
 
-def test_two_runs_at_once_exactly_one_promotes(deps: Deps, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("wait_s", [0, 30])
+def test_two_runs_at_once_exactly_one_promotes(deps: Deps, monkeypatch: pytest.MonkeyPatch, wait_s: int) -> None:
+    """The second run waits up to KB_LOCK_WAIT for the first: then it finds nothing to change; without a
+    wait it stops at once, naming who holds the alias."""
+    from dataclasses import replace
+
+    deps.settings = replace(deps.settings, lock_wait_s=wait_s)
     monkeypatch.setattr(Deps, "embedder_for", lambda self, v: SlowEmbedder(model=v.embed_model, dim=v.embed_dim))
     results: list[dict[str, Any]] = []
 
@@ -303,10 +309,14 @@ def test_two_runs_at_once_exactly_one_promotes(deps: Deps, monkeypatch: pytest.M
     for t in threads:
         t.join()
     outcomes = sorted(r["outcome"] for r in results)
+    assert [v.version for v in deps.state.list_versions(ALIAS)] == [1]
+    if wait_s:
+        assert outcomes == ["no_change", "promoted"]
+        return
     assert outcomes == ["failed", "promoted"]
     loser = next(r for r in results if r["outcome"] == "failed")
-    assert "lock 'reindex:mall_knowledge' is held" in loser["error"]
-    assert [v.version for v in deps.state.list_versions(ALIAS)] == [1]
+    assert "another run is working on mall_knowledge: cli__reindex__" in loser["error"]
+    assert "since" in loser["error"] and "kb-reindex unlock" in loser["error"]
 
 
 def test_two_dag_style_runs_without_the_run_lock_promote_exactly_once(deps: Deps) -> None:
@@ -337,7 +347,7 @@ def test_two_processes_at_once_exactly_one_promotes(project: Path, ollama: FakeO
     ollama.faults = FaultPlan(delay_per_text_s=0.04)
     script = Path(sys.executable).with_name("kb-reindex")
     env = {**os.environ, "KB_PROJECT_ROOT": str(project), "KB_EMBED_BATCH_SIZE": "8", "KB_EMBEDDER": "ollama",
-           "OLLAMA_HOST": ollama.url}
+           "OLLAMA_HOST": ollama.url, "KB_LOCK_WAIT": "0"}
     procs = [
         subprocess.Popen([str(script), "run", "-q"], env={**env, "KB_QDRANT_PATH": f".kb/qdrant-{i}"},
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -346,7 +356,7 @@ def test_two_processes_at_once_exactly_one_promotes(project: Path, ollama: FakeO
     outputs = [p.communicate(timeout=180) for p in procs]
     codes = sorted(p.returncode for p in procs)
     assert codes == [0, 1], [err[-3000:] for _out, err in outputs]
-    assert any("is held by" in out + err for out, err in outputs), outputs
+    assert any("another run is working on mall_knowledge" in out + err for out, err in outputs), outputs
 
 
 def test_readers_see_no_error_and_no_empty_result_through_the_swap(deps: Deps) -> None:

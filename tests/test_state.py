@@ -108,7 +108,7 @@ def test_runs_are_recorded_with_duration(state: StateStore) -> None:
 
 def test_lock_excludes_a_second_owner_until_released_or_expired(state: StateStore) -> None:
     state.acquire_lock("reindex:kb", owner="a", ttl_s=60)
-    with pytest.raises(LockHeldError, match="held by a"):
+    with pytest.raises(LockHeldError, match="working on kb: a, since"):
         state.acquire_lock("reindex:kb", owner="b", ttl_s=60)
     state.release_lock("reindex:kb", owner="a")
     state.acquire_lock("reindex:kb", owner="b", ttl_s=-1)  # already expired
@@ -122,7 +122,7 @@ def test_lock_held_past_its_ttl_is_renewed_while_the_holder_works(state: StateSt
 
     with state.lock("reindex:kb", owner="long-build", ttl_s=1.2):
         time.sleep(3.0)  # well past the TTL: without the heartbeat the row would have expired
-        with pytest.raises(LockHeldError, match="held by long-build"):
+        with pytest.raises(LockHeldError, match="working on kb: long-build"):
             state.acquire_lock("reindex:kb", owner="next-run", ttl_s=60)
     state.acquire_lock("reindex:kb", owner="next-run", ttl_s=60)  # released on exit
 

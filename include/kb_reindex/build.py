@@ -135,7 +135,7 @@ def create_version(deps: Deps, plan: dict[str, Any], *, run_id: str | None = Non
 
     try:
         _write_manifest(deps, version, prepared)
-        deps.store.create_collection(version.collection, dim=version.embed_dim)
+        deps.store.create_collection(version.collection, dim=version.embed_dim, metadata=collection_metadata(version))
     except Exception as exc:
         deps.state.mark_failed(version.id, step="create", error=str(exc) if isinstance(exc, KbError)
                                else f"{type(exc).__name__}: {exc}")
@@ -146,6 +146,13 @@ def create_version(deps: Deps, plan: dict[str, Any], *, run_id: str | None = Non
     )
     return {"version": version.version, "collection": version.collection, "resumed": resumed,
             "embed_model": version.embed_model, "embed_dim": version.embed_dim}
+
+
+def collection_metadata(version: VersionRecord) -> dict[str, Any]:
+    """Written on the collection: enough to rebuild the version's record if the state DB is lost."""
+    return {"kb_alias": version.alias, "kb_version": version.version, "kind": version.kind,
+            "embedder": version.embedder, "embed_model": version.embed_model, "embed_dim": version.embed_dim,
+            "chunking_version": version.chunking_version, "corpus_fingerprint": version.corpus_fingerprint}
 
 
 def _write_manifest(deps: Deps, version: VersionRecord, prepared: Prepared) -> None:

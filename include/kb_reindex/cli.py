@@ -19,6 +19,13 @@ from kb_reindex.errors import ConfigError, KbError
 log = logging.getLogger("kb_reindex.cli")
 
 
+#: commands that never create a state DB or a local Qdrant folder: they read (unlock only deletes a lock row)
+NO_CREATE = frozenset({"status", "history", "plan", "unlock"})
+#: commands that change state or the alias take the alias's lock here; run, migrate and rollback take it
+#: inside the engine, as their DAG tasks do
+LOCKED = frozenset({"validate", "gc", "drop", "reconcile"})
+
+
 def _parser() -> argparse.ArgumentParser:
     def common_flags(default: Any) -> argparse.ArgumentParser:
         flags = argparse.ArgumentParser(add_help=False)
@@ -58,7 +65,14 @@ def _parser() -> argparse.ArgumentParser:
     mig.add_argument("--no-promote", action="store_true", help="build and validate only (a shadow version)")
     mig.add_argument("--min-hit-rate", type=float)
     mig.add_argument("--min-mrr", type=float)
-    sub.add_parser("reconcile", parents=[common], help="record what the alias serves when state disagrees")
+    rec = sub.add_parser("reconcile", parents=[common], help="record what the alias serves when state disagrees")
+    rec.add_argument("--rebuild-state", action="store_true",
+                     help="rebuild a lost, empty or replaced state DB from the collections in Qdrant")
+    rec.add_argument("--replace", action="store_true",
+                     help="with --rebuild-state: replace the versions the state DB holds for this alias")
+    unlock = sub.add_parser("unlock", parents=[common], help="break this alias's lock (on-call; recorded)")
+    unlock.add_argument("--reason", required=True, help="why (recorded in the history)")
+    unlock.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     drop = sub.add_parser("drop", parents=[common], help="drop a kept version (e.g. a shadow migration)")
     drop.add_argument("--version", type=int, required=True)
     return parser
@@ -125,7 +139,20 @@ def _dispatch(args: argparse.Namespace) -> int:
     from kb_reindex.runtime import open_deps
 
     settings = Settings.from_env()
-    with open_deps(settings) as deps:
+    if args.command == "query":
+        from kb_reindex.reader import search_knowledge
+        from kb_reindex.runtime import open_reader
+
+        # Qdrant alone: the assistant's path keeps answering while the state DB is lost, locked or down
+        with open_reader(settings) as reader:
+            found = search_knowledge(reader, args.text, k=args.k, tenant=args.tenant)
+        rows = [{**r, "text": (r["text"] or "").replace("\n", " ")[:60]} for r in found["results"]]
+        _print(args, found, _table(rows, ["score", "knowledge_key", "title", "text"]))
+        return 0
+    with open_deps(settings, create=args.command not in NO_CREATE) as deps:
+        if args.command in LOCKED:
+            with engine.exclusive(deps):
+                return _dispatch_locked(args, deps)
         if args.command == "run":
             result = engine.run_reindex(deps, force_full=args.force_full, dry_run=args.dry_run)
             result.pop("plan", None)
@@ -155,6 +182,9 @@ def _dispatch(args: argparse.Namespace) -> int:
             rows = [{**v, "status": v["status"] + (" *rollback target" if v["rollback_target"] else "")} for v in s["versions"]]
             human = "\n".join([head, "", _table(rows, ["version", "status", "collection", "points", "embed_model", "dim",
                                                         "hit_rate", "mrr", "created_at"])]
+                              + ([f"\nlocks:\n{_table(s['locks'], ['name', 'owner', 'since', 'expires', 'owner_alive'])}"]
+                                 if s["locks"] else [])
+                              + [f"NOTE: {n}" for n in s["notes"]]
                               + [f"PROBLEM: {p}" for p in s["problems"]])
             _print(args, s, human)
             return 1 if s["problems"] else 0
@@ -163,50 +193,94 @@ def _dispatch(args: argparse.Namespace) -> int:
             _print(args, {"alias": settings.alias, "events": events},
                    _table(events, ["at", "action", "from_version", "to_version", "run_id", "reason"]))
             return 0
-        if args.command == "validate":
-            from kb_reindex.validate import validate
-
-            number = args.version
-            if number is None:
-                live = deps.state.live_version(settings.alias)
-                if live is None:
-                    raise ConfigError("no live version; name one with --version")
-                number = live.version
-            result = validate(deps, number, raise_on_failure=False)
-            summary = engine.validation_summary(result)
-            _print(args, {"version": number, **summary, "checks": result["checks"]},
-                   f"v{number}: {'passed' if result['passed'] else 'FAILED'}  hit rate {result['hit_rate']}  "
-                   f"MRR {result['mrr']}  report {result['report']}"
-                   + "".join(f"\n  failure: {f}" for f in result["failures"]))
-            return 0 if result["passed"] else 1
-        if args.command == "query":
-            from kb_reindex.reader import search_knowledge
-
-            found = search_knowledge(deps, args.text, k=args.k, tenant=args.tenant)
-            rows = [{**r, "text": (r["text"] or "").replace("\n", " ")[:60]} for r in found["results"]]
-            _print(args, found, _table(rows, ["score", "knowledge_key", "title", "text"]))
-            return 0
-        if args.command == "gc":
-            from kb_reindex.promote import cleanup
-
-            result = cleanup(deps)
-            _print(args, result, _table(result["deleted"], ["version", "collection", "was"]))
-            return 0
+        if args.command == "unlock":
+            return _unlock(args, deps)
         if args.command == "rollback":
             return _rollback(args, deps)
-        if args.command == "drop":
-            from kb_reindex.promote import drop_version
-
-            result = drop_version(deps, args.version)
-            _print(args, result, f"dropped v{result['version']} ({result['collection']}, was {result['was']})")
-            return 0
-        if args.command == "reconcile":
-            from kb_reindex.reconcile import reconcile
-
-            result = reconcile(deps)
-            _print(args, result, result["message"])
-            return 0
     raise ConfigError(f"unknown command {args.command}")  # pragma: no cover - argparse rejects it first
+
+
+def _dispatch_locked(args: argparse.Namespace, deps: Any) -> int:
+    """Commands that change state or the alias, run under the alias's lock (`engine.exclusive`)."""
+    from kb_reindex import engine
+
+    settings = deps.settings
+    if args.command == "validate":
+        from kb_reindex.validate import validate
+
+        number = args.version
+        if number is None:
+            live = deps.state.live_version(settings.alias)
+            if live is None:
+                raise ConfigError("no live version; name one with --version")
+            number = live.version
+        result = validate(deps, number, raise_on_failure=False)
+        summary = engine.validation_summary(result)
+        _print(args, {"version": number, **summary, "checks": result["checks"]},
+               f"v{number}: {'passed' if result['passed'] else 'FAILED'}  hit rate {result['hit_rate']}  "
+               f"MRR {result['mrr']}  report {result['report']}"
+               + "".join(f"\n  failure: {f}" for f in result["failures"]))
+        return 0 if result["passed"] else 1
+    if args.command == "gc":
+        from kb_reindex.promote import cleanup
+
+        result = cleanup(deps)
+        _print(args, result, _table(result["deleted"], ["version", "collection", "was"]))
+        return 0
+    if args.command == "drop":
+        from kb_reindex.promote import drop_version
+
+        result = drop_version(deps, args.version)
+        _print(args, result, f"v{result['version']} ({result['collection']}) was already deleted"
+               if result.get("already_deleted") else
+               f"dropped v{result['version']} ({result['collection']}, was {result['was']})")
+        return 0
+    if args.command == "reconcile":
+        from kb_reindex.reconcile import reconcile
+
+        if args.rebuild_state:
+            from kb_reindex.reconcile import rebuild_state
+
+            result = rebuild_state(deps, replace=args.replace)
+        elif args.replace:
+            raise ConfigError("--replace goes with --rebuild-state")
+        else:
+            result = reconcile(deps)
+        _print(args, result, result["message"])
+        return 0
+    raise ConfigError(f"unknown command {args.command}")  # pragma: no cover - argparse rejects it first
+
+
+def _unlock(args: argparse.Namespace, deps: Any) -> int:
+    from kb_reindex.build import reindex_lock_name
+    from kb_reindex.promote import alias_lock_name
+    from kb_reindex.state import default_lock_owner
+
+    alias = deps.settings.alias
+    held = deps.state.list_locks(subject=alias)
+    if not held:
+        _print(args, {"alias": alias, "broken": []}, f"{alias}: no lock is held")
+        return 0
+    if not args.yes:
+        if not sys.stdin.isatty():
+            raise ConfigError("unlock needs confirmation: pass --yes when not running in a terminal")
+        for row in held:
+            print(f"{row['name']}: held by {row['owner']} since {row['acquired_at']:%Y-%m-%d %H:%M:%S} UTC")
+        if input("Break these locks? Type 'yes': ").strip().lower() != "yes":
+            print("nothing changed")
+            return 0
+    broken = []
+    for name in (reindex_lock_name(alias), alias_lock_name(alias)):
+        holder = deps.state.break_lock(name, by=default_lock_owner(), reason=args.reason.strip())
+        if holder is not None:
+            broken.append({"name": name, "owner": holder["owner"],
+                           "since": holder["acquired_at"].isoformat(timespec="seconds") + "Z"})
+            if any(row["name"] == name and row["owner_alive"] for row in held):
+                log.warning("kb_reindex: %s was held by %s, whose process is still alive: it will stop before it "
+                            "promotes anything", name, holder["owner"])
+    _print(args, {"alias": alias, "broken": broken},
+           "\n".join(f"broke {b['name']} (held by {b['owner']} since {b['since']})" for b in broken))
+    return 0
 
 
 def _rollback(args: argparse.Namespace, deps: Any) -> int:

@@ -83,6 +83,7 @@ class Settings:
     max_doc_bytes: int
     lock_ttl_s: int
     block_on_instructions: bool = False
+    lock_wait_s: int = 30
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> Settings:
@@ -138,6 +139,7 @@ class Settings:
             max_doc_bytes=_int(env, "KB_MAX_DOC_BYTES", 2_000_000, minimum=1),
             lock_ttl_s=_int(env, "KB_LOCK_TTL", 3600, minimum=10),
             block_on_instructions=_bool(env, "KB_BLOCK_ON_INSTRUCTIONS"),
+            lock_wait_s=_int(env, "KB_LOCK_WAIT", 30, minimum=0),
         )
         return replace(settings, **overrides) if overrides else settings
 

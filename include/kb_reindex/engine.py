@@ -7,18 +7,41 @@ the result says what failed and why.
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
 from kb_reindex.build import build, create_version, reindex_lock_name
-from kb_reindex.errors import KbError
+from kb_reindex.errors import KbError, LockHeldError
 from kb_reindex.plan import prepare_logged as make_plan
 from kb_reindex.promote import cleanup, promote, rollback, rollback_target
+from kb_reindex.reconcile import drift_advice
 from kb_reindex.runtime import Deps, new_run_id
-from kb_reindex.state import default_lock_owner
+from kb_reindex.state import VersionRecord, default_lock_owner, lock_owner_alive
 from kb_reindex.validate import validate
 
 log = logging.getLogger(__name__)
+
+
+@contextmanager
+def exclusive(deps: Deps, *, run_id: str | None = None) -> Iterator[str]:
+    """The alias's one lock, taken by every command that changes state or the alias (run, migrate,
+    rollback, reconcile, drop, gc, validate): waited for up to KB_LOCK_WAIT seconds, then refused by name."""
+    settings = deps.settings
+    with deps.state.lock(reindex_lock_name(settings.alias), owner=default_lock_owner(run_id),
+                         ttl_s=settings.lock_ttl_s, wait_s=settings.lock_wait_s) as owner:
+        yield owner
+
+
+def ensure_lock_held(deps: Deps, owner: str) -> None:
+    """Before anything the readers see moves: a lock broken by on-call (or lost) stops this run here."""
+    if not deps.state.holds_lock(reindex_lock_name(deps.settings.alias), owner=owner):
+        raise LockHeldError(
+            f"this run no longer holds the lock on {deps.settings.alias} (broken with `kb-reindex unlock`, or "
+            "expired and taken); nothing was promoted"
+        )
 
 
 def empty_result(outcome: str = "failed") -> dict[str, Any]:
@@ -73,7 +96,7 @@ def run_reindex(
     result = empty_result()
     deps.state.start_run(run_id=run_id, alias=alias, kind=kind, trigger=trigger)
     try:
-        with deps.state.lock(reindex_lock_name(alias), owner=default_lock_owner(run_id), ttl_s=deps.settings.lock_ttl_s):
+        with exclusive(deps, run_id=run_id) as owner:
             # one read of the files serves every step of this process; the DAG's tasks each read them again
             prepared = make_plan(deps, force_full=force_full or kind == "migration", kind=kind,
                                  embedder=embedder, model=model, dim=dim)
@@ -102,6 +125,7 @@ def run_reindex(
             checked = validate(deps, created["version"], min_hit_rate=min_hit_rate, min_mrr=min_mrr, flagged=flagged)
             result["validation"] = validation_summary(checked)
             if promote_version:
+                ensure_lock_held(deps, owner)
                 promote(deps, created["version"], run_id=run_id)
                 result["outcome"] = "promoted"
             else:
@@ -142,7 +166,8 @@ def run_rollback(deps: Deps, *, reason: str, to_version: int | None = None, run_
     run_id = run_id or new_run_id("rollback")
     deps.state.start_run(run_id=run_id, alias=alias, kind="rollback", trigger=trigger)
     try:
-        result = rollback(deps, reason=reason, to_version=to_version, run_id=run_id, revalidate=revalidate)
+        with exclusive(deps, run_id=run_id):
+            result = rollback(deps, reason=reason, to_version=to_version, run_id=run_id, revalidate=revalidate)
     except KbError as exc:
         deps.state.finish_run(run_id, outcome="failed", error=str(exc))
         raise
@@ -150,12 +175,47 @@ def run_rollback(deps: Deps, *, reason: str, to_version: int | None = None, run_
     return result
 
 
+def _consistent_view(deps: Deps, *, attempts: int = 6, pause_s: float = 0.25) -> tuple[VersionRecord | None, str | None, bool]:
+    """(live in the state DB, collection behind the alias, promotion in progress).
+
+    A promotion moves the alias, then writes the state, under the alias lock: read half-way, the two
+    disagree for a moment. Both are read, then the state again; a disagreement while the alias lock is
+    held by a live process is re-read a few times and, if it lasts, reported as a promotion in progress."""
+    from kb_reindex.promote import alias_lock_name
+
+    alias = deps.settings.alias
+    live, serving, moving = None, None, False
+    for attempt in range(attempts):
+        live = deps.state.live_version(alias)
+        serving = deps.store.alias_target(alias)
+        again = deps.state.live_version(alias)
+        stable = (live.id if live else None) == (again.id if again else None)
+        live = again
+        if stable and serving == (live.collection if live else None):
+            return live, serving, False
+        holder = deps.state.lock_held_by(alias_lock_name(alias))
+        moving = not stable or (holder is not None and lock_owner_alive(holder) is not False)
+        if not moving:
+            return live, serving, False
+        if attempt < attempts - 1:
+            time.sleep(pause_s)
+    return live, serving, moving
+
+
+def lock_view(deps: Deps) -> list[dict[str, Any]]:
+    return [
+        {"name": row["name"], "owner": row["owner"], "since": row["acquired_at"].isoformat(timespec="seconds") + "Z",
+         "expires": row["expires_at"].isoformat(timespec="seconds") + "Z", "expired": row["expired"],
+         "owner_alive": {True: "yes", False: "no", None: "unknown (another host)"}[row["owner_alive"]]}
+        for row in deps.state.list_locks(subject=deps.settings.alias)
+    ]
+
+
 def status(deps: Deps) -> dict[str, Any]:
-    """What serves now, every version, and whether Qdrant agrees with the state DB."""
+    """What serves now, every version, held locks, and whether Qdrant agrees with the state DB."""
     alias = deps.settings.alias
     store = deps.store
-    serving = store.alias_target(alias)
-    live = deps.state.live_version(alias)
+    live, serving, promotion_in_progress = _consistent_view(deps)
     target = rollback_target(deps) if live else None
     versions = []
     collections = store.collection_names()
@@ -173,14 +233,22 @@ def status(deps: Deps) -> dict[str, Any]:
             "serving": v.collection == serving,
             "error": v.error,
         })
-    problems = []
+    problems, notes = [], []
     if serving != (live.collection if live else None):
-        problems.append(f"alias {alias} points to {serving or 'nothing'} but the state DB says live is "
-                        f"{live.collection if live else 'nothing'}; run `kb-reindex reconcile`")
+        if promotion_in_progress:
+            notes.append(f"promotion in progress: alias {alias} is moving to {serving or 'nothing'}; "
+                         "run `kb-reindex status` again in a moment")
+        else:
+            problems.append(drift_advice(deps, serving, live))
     for v in versions:
         if v["status"] in ("live", "ready", "retired") and v["points"] != v["points_expected"]:
             problems.append(f"v{v['version']} ({v['collection']}) holds {v['points']} points, manifest lists "
                             f"{v['points_expected']}")
+    locks = lock_view(deps)
+    for held in locks:
+        if held["owner_alive"] == "no" and not held["expired"]:
+            notes.append(f"lock {held['name']} is held by {held['owner']}, whose process is gone: the next command "
+                         "takes it over")
     live_info = None
     if live is not None:
         row = next(v for v in versions if v["version"] == live.version)
@@ -191,7 +259,9 @@ def status(deps: Deps) -> dict[str, Any]:
         "live": live_info,
         "rollback_target": target.version if target else None,
         "versions": versions,
+        "locks": locks,
         "problems": problems,
+        "notes": notes,
         "metrics": metrics(deps),
     }
 
@@ -225,9 +295,21 @@ def metrics(deps: Deps) -> dict[str, Any]:
 
 
 def history(deps: Deps) -> list[dict[str, Any]]:
-    return [
-        {"at": e["at"].isoformat(timespec="seconds") + "Z", "action": e["action"], "from_version": e["from_version"],
+    """Every alias move, and every lock broken by on-call or taken over from a dead process, in time order."""
+    from kb_reindex.promote import alias_lock_name
+
+    alias = deps.settings.alias
+    moves = [
+        {"at": e["at"], "action": e["action"], "from_version": e["from_version"],
          "to_version": e["to_version"], "from_collection": e["from_collection"], "to_collection": e["to_collection"],
          "run_id": e["run_id"], "reason": e["reason"]}
-        for e in deps.state.alias_events(deps.settings.alias)
+        for e in deps.state.alias_events(alias)
     ]
+    locks = [
+        {"at": e["at"], "action": "unlock" if e["action"] == "unlock" else "lock-takeover", "from_version": None,
+         "to_version": None, "from_collection": None, "to_collection": None, "run_id": None,
+         "reason": f"{e['name']} held by {e['owner']}, broken by {e['by']}: {e['reason']}"}
+        for e in deps.state.lock_events(names=[reindex_lock_name(alias), alias_lock_name(alias)])
+    ]
+    events = sorted(moves + locks, key=lambda e: e["at"])
+    return [{**e, "at": e["at"].isoformat(timespec="seconds") + "Z"} for e in events]

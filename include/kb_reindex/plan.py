@@ -36,11 +36,9 @@ def check_live_consistency(deps: Deps) -> VersionRecord | None:
     target = deps.store.alias_target(alias)
     expected = live.collection if live else None
     if target != expected:
-        raise StateDriftError(
-            f"alias {alias} points to {target or 'nothing'} but the state DB says live is "
-            f"{f'v{live.version} ({live.collection})' if live else 'nothing'}. Nothing was changed. "
-            f"Inspect with `kb-reindex status`, then run `kb-reindex reconcile` to record what Qdrant serves"
-        )
+        from kb_reindex.reconcile import drift_advice
+
+        raise StateDriftError(f"nothing was changed: {drift_advice(deps, target, live)}")
     if live is not None:
         points = deps.store.count(live.collection) if deps.store.exists(live.collection) else 0
         if points != live.points_expected:

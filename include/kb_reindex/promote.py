@@ -35,7 +35,7 @@ def switch_alias(
     the target: the state side is completed instead of failing.
     """
     alias = deps.settings.alias
-    with deps.state.lock(alias_lock_name(alias), ttl_s=300):
+    with deps.state.lock(alias_lock_name(alias), ttl_s=300, wait_s=deps.settings.lock_wait_s):
         previous = deps.state.live_version(alias)
         current = deps.store.alias_target(alias)
         if current == target.collection and (previous is None or previous.id != target.id):
@@ -65,8 +65,11 @@ def promote(deps: Deps, version_number: int, *, run_id: str | None = None) -> di
     except (AliasMovedError, StoreError) as exc:
         deps.state.mark_failed(version.id, step="promote", error=str(exc))
         raise
-    log.info("kb_reindex: promoted v%d (%s); previous v%s kept for rollback", version.version, version.collection,
-             previous.version if previous else "-")
+    if previous is not None:
+        log.info("kb_reindex: promoted v%d (%s); previous v%d kept for rollback", version.version, version.collection,
+                 previous.version)
+    else:
+        log.info("kb_reindex: promoted v%d (%s), the first version behind %s", version.version, version.collection, alias)
     return {"version": version.version, "collection": version.collection,
             "previous_version": previous.version if previous else None, "already_live": False}
 
@@ -116,7 +119,7 @@ def retention_victims(
 
 def cleanup(deps: Deps) -> dict[str, Any]:
     alias = deps.settings.alias
-    with deps.state.lock(alias_lock_name(alias), ttl_s=300):
+    with deps.state.lock(alias_lock_name(alias), ttl_s=300, wait_s=deps.settings.lock_wait_s):
         target = rollback_target(deps)
         serving = deps.store.alias_target(alias)
         from kb_reindex.build import run_is_active
@@ -145,7 +148,7 @@ def cleanup(deps: Deps) -> dict[str, Any]:
 def drop_version(deps: Deps, version_number: int) -> dict[str, Any]:
     """Explicitly drop a kept version (e.g. a shadow migration): never the live one or the rollback target."""
     alias = deps.settings.alias
-    with deps.state.lock(alias_lock_name(alias), ttl_s=300):
+    with deps.state.lock(alias_lock_name(alias), ttl_s=300, wait_s=deps.settings.lock_wait_s):
         version = deps.state.get_version(alias, version_number)
         if version is None:
             raise KbError(f"version {version_number} of {alias} does not exist")
@@ -156,6 +159,9 @@ def drop_version(deps: Deps, version_number: int) -> dict[str, Any]:
             raise KbError(f"v{version.version} is the rollback target; it is kept")
         if version.status == "building":
             raise KbError(f"v{version.version} is still building")
+        if version.status == "deleted":
+            return {"version": version.version, "collection": version.collection, "was": "deleted",
+                    "collection_dropped": False, "already_deleted": True}
         dropped = deps.store.delete_collection(version.collection)
         deps.state.update_version(version.id, status="deleted", deleted_at=utcnow())
     return {"version": version.version, "collection": version.collection, "was": version.status,

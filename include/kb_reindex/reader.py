@@ -7,14 +7,45 @@ The tenant filter comes from the caller's context (an argument the service sets)
 
 from __future__ import annotations
 
-from typing import Any
+import re
+from typing import Any, Protocol
 
+from kb_reindex.config import Settings
+from kb_reindex.embedding import make_embedder
 from kb_reindex.errors import ConfigError, KbError
-from kb_reindex.runtime import Deps
+from kb_reindex.store import KnowledgeStore
+
+
+class ReaderDeps(Protocol):
+    """What reading needs: a `runtime.Deps`, or `runtime.ReaderDeps` when the state DB is not opened."""
+
+    settings: Settings
+    store: KnowledgeStore
+    ollama_headers: dict[str, str] | None
+
+
+def serving_model(store: KnowledgeStore, alias: str) -> dict[str, Any]:
+    """What the alias serves and how its vectors were made, from Qdrant alone: the collection's metadata,
+    or (for collections made before it was written) its dimension and a point's payload."""
+    collection = store.alias_target(alias)
+    if collection is None:
+        raise KbError(f"knowledge base {alias} has no live version yet: the alias does not exist; run `kb-reindex run` first")
+    meta = store.collection_metadata(collection)
+    model = meta.get("embed_model")
+    if model is None:
+        sample = next(store.iter_payloads(collection, fields=["embed_model"], page=1), None)
+        model = (sample[1].get("embed_model") if sample else None)
+    if model is None:
+        raise KbError(f"{alias} serves {collection}, which names no embedding model (no metadata, no points); "
+                      "it cannot be queried safely")
+    embedder = meta.get("embedder") or ("hashing" if model.startswith("hashing") else "ollama")
+    match = re.search(r"__v(\d+)$", collection)
+    return {"collection": collection, "embedder": embedder, "embed_model": model, "embed_dim": store.dimension(collection),
+            "version": meta.get("kb_version") or (int(match.group(1)) if match else None)}
 
 
 def search_knowledge(
-    deps: Deps,
+    deps: ReaderDeps,
     text: str,
     *,
     k: int = 4,
@@ -22,24 +53,28 @@ def search_knowledge(
     expect_model: str | None = None,
     expect_dim: int | None = None,
 ) -> dict[str, Any]:
+    """Search through the alias. Needs only Qdrant and the embedder: the assistant keeps answering while the
+    state DB is lost, locked or down."""
     if not text or not text.strip():
         raise ConfigError("query text is empty")
     if k < 1:
         raise ConfigError(f"k={k} must be at least 1")
     alias = deps.settings.alias
-    live = deps.state.live_version(alias)
-    if live is None or deps.store.alias_target(alias) is None:
-        raise KbError(f"knowledge base {alias} has no live version yet; run `kb-reindex run` first")
-    if expect_model is not None and expect_model != live.embed_model:
-        raise ConfigError(f"caller embeds with {expect_model!r} but {alias} v{live.version} serves {live.embed_model!r}")
-    if expect_dim is not None and expect_dim != live.embed_dim:
-        raise ConfigError(f"caller expects {expect_dim}-d vectors but {alias} v{live.version} is {live.embed_dim}-d")
-    vector = deps.embedder_for(live).embed([text])[0]
+    live = serving_model(deps.store, alias)
+    if expect_model is not None and expect_model != live["embed_model"]:
+        raise ConfigError(f"caller embeds with {expect_model!r} but {alias} v{live['version']} serves {live['embed_model']!r}")
+    if expect_dim is not None and expect_dim != live["embed_dim"]:
+        raise ConfigError(f"caller expects {expect_dim}-d vectors but {alias} v{live['version']} is {live['embed_dim']}-d")
+    embedder = make_embedder(
+        deps.settings.with_embedder(embedder=live["embedder"], model=live["embed_model"], dim=live["embed_dim"]),
+        headers=deps.ollama_headers,
+    )
+    vector = embedder.embed([text])[0]
     hits = deps.store.search(alias, vector, k=k, tenant=tenant)
     return {
         "alias": alias,
-        "version": live.version,
-        "embed_model": live.embed_model,
+        "version": live["version"],
+        "embed_model": live["embed_model"],
         "results": [
             {
                 "knowledge_key": (h.payload or {}).get("knowledge_key"),

@@ -1,37 +1,197 @@
-"""Make the state DB agree with what the alias really serves, explicitly and on the record.
+"""Make the state DB agree with what Qdrant holds, explicitly and on the record.
 
-Used after a crash between the alias move and the state write, or a manual alias change. Qdrant's
-alias is what readers see, so it is the truth; the state is corrected and the correction is an event.
+`reconcile` is for a crash between the alias move and the state write, or a manual alias change: Qdrant's
+alias is what readers see, so it is the truth for which version is live. `rebuild_state` is for a lost,
+empty or replaced state DB: Qdrant holds every version's points, and their payloads hold the manifest.
+Both run under the alias lock a promotion holds, so they never read a promotion half-way.
 """
 
 from __future__ import annotations
 
+import logging
+import re
+from collections import defaultdict
+from types import SimpleNamespace
 from typing import Any
 
-from kb_reindex.errors import StateDriftError
+from kb_reindex.errors import ConfigError, StateDriftError, StoreError
 from kb_reindex.runtime import Deps
+from kb_reindex.sources import corpus_fingerprint
+from kb_reindex.state import VersionRecord, utcnow
+
+log = logging.getLogger(__name__)
+
+#: payload fields a point of ours carries that the manifest is rebuilt from
+MANIFEST_FIELDS = ("knowledge_key", "chunk_index", "chunk_hash", "content_hash", "source", "title", "category",
+                   "tenant", "embed_model", "chunking_version")
+
+
+def drift_advice(deps: Deps, serving: str | None, live: VersionRecord | None) -> str:
+    """What to do when the alias and the state DB disagree: one command that gets out, never a loop."""
+    alias = deps.settings.alias
+    said = f"alias {alias} points to {serving or 'nothing'} but the state DB says live is " + (
+        f"v{live.version} ({live.collection})" if live else "nothing")
+    known = deps.state.list_versions(alias)
+    if serving is not None and not known:
+        return (f"{said}, and the state DB knows no version of {alias} (lost or replaced?): rebuild it from Qdrant "
+                "with `kb-reindex reconcile --rebuild-state`")
+    if serving is None:
+        return (f"{said}: put the alias back with `kb-reindex rollback --to-version "
+                f"{live.version if live else 'N'} --reason ...` after checking the collection")
+    usable = next((v for v in known if v.collection == serving and v.status != "deleted"), None)
+    if usable is None:
+        return (f"{said}, a collection the state DB does not know as a usable version: point the alias at a known "
+                "version (`kb-reindex rollback --to-version N --reason ...`), or, if the state DB is stale, rebuild "
+                "it from Qdrant with `kb-reindex reconcile --rebuild-state --replace`")
+    if live is not None and usable.version < live.version:
+        return (f"{said}: the alias was moved back to an older version (a rollback that crashed before its state "
+                f"write, or by hand). Record it as a rollback: `kb-reindex rollback --to-version {usable.version} "
+                "--reason ...`")
+    return f"{said}; run `kb-reindex reconcile` to record what Qdrant serves"
 
 
 def reconcile(deps: Deps, *, run_id: str | None = None) -> dict[str, Any]:
+    from kb_reindex.promote import alias_lock_name
+
     alias = deps.settings.alias
-    serving = deps.store.alias_target(alias)
-    live = deps.state.live_version(alias)
-    if serving == (live.collection if live else None):
-        return {"changed": False, "message": f"{alias}: state and Qdrant agree (serving {serving or 'nothing'})"}
-    if serving is None:
-        raise StateDriftError(
-            f"alias {alias} points to nothing but the state DB says v{live.version if live else '?'} is live; "
-            f"restore it with `kb-reindex rollback --to-version {live.version if live else 'N'} --reason ...` "
-            "after checking the collection"
-        )
-    target = next((v for v in deps.state.list_versions(alias) if v.collection == serving), None)
-    if target is None or target.status in ("deleted",):
-        raise StateDriftError(
-            f"alias {alias} points to {serving}, which the state DB does not know as a usable version; "
-            "point the alias back at a known version (kb-reindex rollback --to-version N) before reindexing"
-        )
-    deps.state.record_switch(alias=alias, action="reconcile", to=target, previous=live, run_id=run_id,
-                             reason=f"alias found pointing at {serving}; state said {live.collection if live else 'nothing'}")
+    with deps.state.lock(alias_lock_name(alias), ttl_s=300, wait_s=deps.settings.lock_wait_s):
+        serving = deps.store.alias_target(alias)
+        live = deps.state.live_version(alias)
+        if serving == (live.collection if live else None):
+            return {"changed": False, "message": f"{alias}: state and Qdrant agree (serving {serving or 'nothing'})"}
+        target = next((v for v in deps.state.list_versions(alias) if v.collection == serving), None)
+        if serving is None or target is None or target.status == "deleted" or (
+                live is not None and target.version < live.version):
+            # never record a version older than live as live: that is a rollback, and recorded as one
+            raise StateDriftError(drift_advice(deps, serving, live))
+        deps.state.record_switch(alias=alias, action="reconcile", to=target, previous=live, run_id=run_id,
+                                 reason=f"alias found pointing at {serving}; state said "
+                                        f"{live.collection if live else 'nothing'}")
     return {"changed": True, "live_version": target.version, "previous_version": live.version if live else None,
             "message": f"{alias}: recorded v{target.version} ({serving}) as live"
                        + (f"; v{live.version} retired" if live else "")}
+
+
+# --- rebuild the state DB from Qdrant ---------------------------------------------------------------
+
+
+def version_collections(deps: Deps) -> list[tuple[int, str]]:
+    """(N, name) of every collection named `<alias>__<model>__v<N>`, oldest first."""
+    pattern = re.compile(rf"^{re.escape(deps.settings.alias)}__[a-z0-9-]+__v(\d+)$")
+    found = [(int(m.group(1)), name) for name in deps.store.collection_names() if (m := pattern.match(name))]
+    return sorted(found)
+
+
+def read_version(deps: Deps, name: str) -> dict[str, Any]:
+    """Everything a version record and its manifest hold, read back from one collection.
+
+    Model, embedder and chunking come from the collection's metadata (written at creation); collections
+    made before that carry model and chunking on every point, and the embedder is told by the model name
+    (the offline embedder's models are named `hashing-*`)."""
+    store = deps.store
+    meta = store.collection_metadata(name)
+    dim = store.dimension(name)
+    distance = store.shape(name).distance
+    documents: dict[str, dict[str, Any]] = {}
+    chunks: list[dict[str, Any]] = []
+    seen: dict[str, set[str]] = defaultdict(set)
+    problems: list[str] = []
+    for point_id, payload in store.iter_payloads(name, fields=list(MANIFEST_FIELDS)):
+        absent = [f for f in ("knowledge_key", "chunk_index", "chunk_hash", "content_hash") if payload.get(f) is None]
+        if absent:
+            problems.append(f"point {point_id} has no {', '.join(absent)} in its payload")
+            break
+        key = payload["knowledge_key"]
+        for field_name in ("embed_model", "chunking_version"):
+            if payload.get(field_name) is not None:
+                seen[field_name].add(str(payload[field_name]))
+        doc = documents.setdefault(key, {
+            "knowledge_key": key, "source": payload.get("source") or f"{key}.md", "title": payload.get("title") or key,
+            "category": payload.get("category") or "", "tenant": payload.get("tenant") or "",
+            "content_hash": payload["content_hash"], "chunk_count": 0})
+        if doc["content_hash"] != payload["content_hash"]:
+            problems.append(f"document {key} has points of two contents ({doc['content_hash'][:12]}, "
+                            f"{payload['content_hash'][:12]})")
+            break
+        doc["chunk_count"] += 1
+        chunks.append({"point_id": point_id, "knowledge_key": key, "chunk_index": int(payload["chunk_index"]),
+                       "chunk_hash": payload["chunk_hash"], "source_point_id": None})
+    for field_name in ("embed_model", "chunking_version"):
+        if len(seen[field_name]) > 1:
+            problems.append(f"points disagree on {field_name}: {', '.join(sorted(seen[field_name]))}")
+    model = meta.get("embed_model") or next(iter(seen["embed_model"]), None)
+    chunking = meta.get("chunking_version") or next(iter(seen["chunking_version"]), None)
+    if not chunks:
+        problems.append("it holds no points")
+    if model is None or chunking is None:
+        problems.append("neither its metadata nor its points name the embedding model and chunking")
+    embedder = meta.get("embedder") or ("hashing" if (model or "").startswith("hashing") else "ollama")
+    return {
+        "kind": meta.get("kind") or "reindex", "embedder": embedder, "embed_model": model or "unknown",
+        "embed_dim": dim, "distance": distance, "chunking_version": chunking or "unknown",
+        "corpus_fingerprint": corpus_fingerprint(SimpleNamespace(**d) for d in documents.values()),
+        "documents": sorted(documents.values(), key=lambda d: d["knowledge_key"]), "chunks": chunks,
+        "problems": problems,
+    }
+
+
+def rebuild_state(deps: Deps, *, replace: bool = False, run_id: str | None = None) -> dict[str, Any]:
+    """Versions, manifests and the live version of this alias, from Qdrant alone, recorded as one event.
+
+    The live version is the alias's target; every other version is retired (kept, a rollback target by
+    number), or failed when its points cannot give a whole manifest (retention then drops it). Which
+    version preceded live is not guessed: a rollback names its target with --to-version."""
+    from kb_reindex.promote import alias_lock_name
+
+    alias = deps.settings.alias
+    with deps.state.lock(alias_lock_name(alias), ttl_s=300, wait_s=deps.settings.lock_wait_s):
+        known = deps.state.list_versions(alias)
+        if known and not replace:
+            raise ConfigError(
+                f"the state DB at {deps.state.display_url} already holds {len(known)} versions of {alias}; "
+                "`kb-reindex reconcile` settles an alias that moved. To replace them with what Qdrant holds, "
+                "pass --replace (alias history and runs are kept)"
+            )
+        found = version_collections(deps)
+        serving = deps.store.alias_target(alias)
+        if not found:
+            raise ConfigError(f"Qdrant holds no collection named {alias}__<model>__v<N>: nothing to rebuild the "
+                              "state DB from (check KB_ALIAS and the Qdrant location)")
+        if serving is not None and serving not in {name for _, name in found}:
+            raise StateDriftError(f"alias {alias} points to {serving}, which is not a version collection of "
+                                  f"{alias}; point it at one before rebuilding the state")
+        read = [(number, name, read_version(deps, name)) for number, name in found]
+        for number, name, facts in read:
+            if name == serving and facts["problems"]:
+                raise StoreError(f"the live collection {name} cannot give a manifest: {'; '.join(facts['problems'])}"
+                                 "; nothing was recorded")
+        if known:
+            deps.state.forget_versions(alias)
+        rebuilt, live = [], None
+        now = utcnow()
+        for number, name, facts in read:
+            status = "live" if name == serving else ("failed" if facts["problems"] else "retired")
+            record = deps.state.insert_version(
+                alias=alias, version=number, collection=name, status=status, kind=facts["kind"],
+                embedder=facts["embedder"], embed_model=facts["embed_model"], embed_dim=facts["embed_dim"],
+                distance=facts["distance"], chunking_version=facts["chunking_version"],
+                corpus_fingerprint=facts["corpus_fingerprint"], docs_count=len(facts["documents"]),
+                points_expected=len(facts["chunks"]), points_written=len(facts["chunks"]),
+                error=("rebuilt from Qdrant: " + "; ".join(facts["problems"])) if facts["problems"] else None,
+                failed_step="rebuild" if facts["problems"] else None,
+                promoted_at=now if status == "live" else None, retired_at=now if status == "retired" else None,
+            )
+            if not facts["problems"]:
+                deps.state.write_manifest(record.id, facts["documents"], facts["chunks"])
+            live = record if status == "live" else live
+            rebuilt.append({"version": number, "collection": name, "status": status, "points": len(facts["chunks"]),
+                            "embed_model": facts["embed_model"], "dim": facts["embed_dim"],
+                            "problems": facts["problems"]})
+        if live is not None:
+            deps.state.add_alias_event(alias=alias, action="rebuild-state", to=live, previous=None, run_id=run_id,
+                                       reason=f"state DB rebuilt from Qdrant: {len(rebuilt)} versions")
+    log.info("kb_reindex: state of %s rebuilt from Qdrant: %d versions, live v%s", alias, len(rebuilt),
+             live.version if live else "-")
+    return {"changed": True, "rebuilt": rebuilt, "live_version": live.version if live else None,
+            "message": f"{alias}: state rebuilt from Qdrant: {len(rebuilt)} versions"
+                       + (f", v{live.version} live" if live else ", nothing behind the alias")}

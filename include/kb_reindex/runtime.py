@@ -30,14 +30,30 @@ class Deps:
         )
 
 
+@dataclass
+class ReaderDeps:
+    """What reading through the alias needs: no state DB (it may be lost, locked or down)."""
+
+    settings: Settings
+    store: KnowledgeStore
+    ollama_headers: dict[str, str] | None = field(default=None, repr=False)
+
+
+@contextmanager
+def open_reader(settings: Settings, *, client: QdrantClient | None = None) -> Iterator[ReaderDeps]:
+    with open_store(settings, client=client, create=False) as store:
+        yield ReaderDeps(settings=settings, store=store)
+
+
 @contextmanager
 def open_deps(
-    settings: Settings, *, client: QdrantClient | None = None, state: StateStore | None = None
+    settings: Settings, *, client: QdrantClient | None = None, state: StateStore | None = None, create: bool = True
 ) -> Iterator[Deps]:
+    """`create=False` for read-only commands: neither a state DB nor a local Qdrant folder is made."""
     own_state = state is None
-    state = state or StateStore(settings.state_url)
+    state = state or StateStore(settings.state_url, create=create)
     try:
-        with open_store(settings, client=client) as store:
+        with open_store(settings, client=client, create=create) as store:
             yield Deps(settings=settings, state=state, store=store)
     finally:
         if own_state:

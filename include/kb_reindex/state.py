@@ -11,6 +11,7 @@ import logging
 import os
 import socket
 import threading
+import time
 import uuid
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -140,6 +141,19 @@ alias_events = sa.Table(
     **MYSQL_TABLE,
 )
 
+lock_events = sa.Table(
+    "kb_lock_events",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("name", sa.String(128), nullable=False),
+    sa.Column("action", sa.String(16), nullable=False),
+    sa.Column("owner", sa.String(255), nullable=False),
+    sa.Column("by", sa.String(255), nullable=False),
+    sa.Column("reason", sa.Text),
+    sa.Column("at", Timestamp, nullable=False),
+    **MYSQL_TABLE,
+)
+
 locks = sa.Table(
     "kb_locks",
     metadata,
@@ -247,32 +261,62 @@ def _schema_guard(engine: sa.Engine) -> Iterator[None]:
 class StateStore:
     """All reads and writes of the state DB. Short transactions; nothing held across embedding calls."""
 
-    def __init__(self, url: str, *, engine: sa.Engine | None = None) -> None:
+    def __init__(self, url: str, *, engine: sa.Engine | None = None, create: bool = True) -> None:
+        """`create=False` (read-only commands) never makes a database: a missing one, or one without our
+        tables, is an error naming it, so a typo in KB_STATE_URL is not answered from a fresh empty DB."""
         self.url = url
-        self.engine = engine or self._make_engine(url)
-        self.display_url = make_url(url).render_as_string(hide_password=True)
+        self.engine = engine or self._make_engine(url, create=create)
+        self.display_url = self.engine.url.render_as_string(hide_password=True)
         try:
+            if not create:
+                self._require_schema()
+                return
             with _schema_guard(self.engine):
                 metadata.create_all(self.engine, checkfirst=True)
         except sa.exc.OperationalError as exc:
             if "already exists" in str(exc.orig):  # MySQL 1050: another process created a table first
                 metadata.create_all(self.engine, checkfirst=True)
                 return
+            self.engine.dispose()
             raise ConfigError(
                 f"state DB at {self.display_url} is unreachable or refused the schema (KB_STATE_URL): "
                 f"{_first_line(exc.orig)}"
             ) from None
         except (sa.exc.IntegrityError, sa.exc.ProgrammingError):
             metadata.create_all(self.engine, checkfirst=True)  # another process created it first
+        except sa.exc.DatabaseError as exc:  # SQLite: "file is not a database" (truncated or overwritten)
+            self.engine.dispose()
+            raise ConfigError(
+                f"state DB at {self.display_url} is not a usable database ({_first_line(exc.orig)}). Nothing was "
+                "changed. Restore it from a backup, or move it aside and rebuild it from Qdrant: "
+                "`kb-reindex reconcile --rebuild-state`"
+            ) from None
+
+    def _require_schema(self) -> None:
+        present = set(sa.inspect(self.engine).get_table_names())
+        missing = sorted({versions.name, alias_events.name} - present)
+        if missing:
+            self.engine.dispose()
+            raise ConfigError(
+                f"no kb-reindex state in the state DB at {self.display_url} (tables {', '.join(missing)} missing): "
+                "check KB_STATE_URL; if the state DB was lost, rebuild it from Qdrant with "
+                "`kb-reindex reconcile --rebuild-state`"
+            )
 
     @staticmethod
-    def _make_engine(url: str) -> sa.Engine:
+    def _make_engine(url: str, *, create: bool = True) -> sa.Engine:
         try:
             parsed = make_url(url)
         except sa.exc.ArgumentError:
             raise ConfigError("KB_STATE_URL is not a SQLAlchemy URL (sqlite:///path or mysql+pymysql://...)") from None
         if parsed.get_backend_name() == "sqlite":
             if parsed.database and parsed.database != ":memory:":
+                if not create and not Path(parsed.database).is_file():
+                    raise ConfigError(
+                        f"no state DB at {parsed.database} (KB_STATE_URL); nothing has been built with this "
+                        "configuration yet, or the path is wrong. `kb-reindex run` creates it; if it was lost "
+                        "while Qdrant still holds the versions: `kb-reindex reconcile --rebuild-state`"
+                    )
                 Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
             engine = sa.create_engine(parsed, connect_args={"timeout": 30})
 
@@ -318,6 +362,22 @@ class StateStore:
                     continue
                 return self.version_by_id(result.inserted_primary_key[0], conn=conn)
         raise KbError(f"could not allocate a version number for alias {alias!r} after 20 attempts")
+
+    def insert_version(self, *, alias: str, version: int, **columns: Any) -> VersionRecord:
+        """A version with a known number (rebuilt from Qdrant), not allocated."""
+        now = utcnow()
+        with self.engine.begin() as conn:
+            result = conn.execute(versions.insert().values(alias=alias, version=version, created_at=now,
+                                                           updated_at=now, **columns))
+            return self.version_by_id(result.inserted_primary_key[0], conn=conn)
+
+    def forget_versions(self, alias: str) -> None:
+        """Drop this alias's version rows and manifests (a state being replaced); history and runs stay."""
+        with self.engine.begin() as conn:
+            ids = sa.select(versions.c.id).where(versions.c.alias == alias).scalar_subquery()
+            conn.execute(manifest_chunks.delete().where(manifest_chunks.c.version_id.in_(ids)))
+            conn.execute(manifest_documents.delete().where(manifest_documents.c.version_id.in_(ids)))
+            conn.execute(versions.delete().where(versions.c.alias == alias))
 
     def version_by_id(self, version_id: int, *, conn: sa.Connection | None = None) -> VersionRecord:
         query = sa.select(versions).where(versions.c.id == version_id)
@@ -513,6 +573,14 @@ class StateStore:
                 .values(status="live", promoted_at=now, updated_at=now, error=None, failed_step=None)
             )
 
+    def add_alias_event(self, *, alias: str, action: str, to: VersionRecord, previous: VersionRecord | None,
+                        run_id: str | None, reason: str | None = None) -> None:
+        with self.engine.begin() as conn:
+            conn.execute(alias_events.insert().values(
+                alias=alias, action=action, from_collection=previous.collection if previous else None,
+                to_collection=to.collection, from_version=previous.version if previous else None,
+                to_version=to.version, run_id=run_id, reason=reason, at=utcnow()))
+
     def alias_events(self, alias: str) -> list[dict[str, Any]]:
         with self.engine.connect() as conn:
             rows = conn.execute(
@@ -522,14 +590,28 @@ class StateStore:
 
     # --- locks ----------------------------------------------------------------------------------
 
-    def acquire_lock(self, name: str, *, owner: str, ttl_s: float) -> None:
-        """A lock row with owner and expiry: works the same on SQLite and MySQL, survives no crash forever."""
+    def acquire_lock(self, name: str, *, owner: str, ttl_s: float, wait_s: float = 0.0) -> None:
+        """A lock row with owner and expiry: works the same on SQLite and MySQL, survives no crash forever.
+
+        Taken over at once when its owner process is gone from this host (kill -9 leaves a row behind), after
+        its TTL when held from another host; otherwise waited for up to `wait_s`, then refused by name."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            holder = self._try_lock(name, owner=owner, ttl_s=ttl_s)
+            if holder is None:
+                return
+            if time.monotonic() >= deadline:
+                raise LockHeldError(describe_lock_holder(name, holder))
+            time.sleep(min(0.25, max(deadline - time.monotonic(), 0.01)))
+
+    def _try_lock(self, name: str, *, owner: str, ttl_s: float) -> dict[str, Any] | None:
+        """Take the lock if free, expired, ours, or left by a dead process; else the holder's row."""
         now = utcnow()
         expires = now + timedelta(seconds=ttl_s)
         with self.engine.begin() as conn:
             try:
                 conn.execute(locks.insert().values(name=name, owner=owner, acquired_at=now, expires_at=expires))
-                return
+                return None
             except sa.exc.IntegrityError:
                 pass
         with self.engine.begin() as conn:
@@ -539,20 +621,67 @@ class StateStore:
                 .values(owner=owner, acquired_at=now, expires_at=expires)
             ).rowcount
             if taken == 1:
-                return
+                return None
             holder = conn.execute(sa.select(locks).where(locks.c.name == name)).mappings().first()
         if holder is None:
-            return self.acquire_lock(name, owner=owner, ttl_s=ttl_s)
-        raise LockHeldError(
-            f"lock {name!r} is held by {holder['owner']} since {holder['acquired_at']:%Y-%m-%d %H:%M:%S} UTC "
-            f"(expires {holder['expires_at']:%H:%M:%S}); another run is working on this alias"
-        )
+            return self._try_lock(name, owner=owner, ttl_s=ttl_s)
+        holder = dict(holder)
+        if lock_owner_alive(holder["owner"], since=holder["acquired_at"]) is False:
+            with self.engine.begin() as conn:
+                taken = conn.execute(
+                    locks.update().where(locks.c.name == name, locks.c.owner == holder["owner"])
+                    .values(owner=owner, acquired_at=now, expires_at=expires)
+                ).rowcount
+                if taken == 1:
+                    conn.execute(lock_events.insert().values(
+                        name=name, action="takeover", owner=holder["owner"], by=owner, at=now,
+                        reason=f"owner process is gone (held since {holder['acquired_at']:%Y-%m-%d %H:%M:%S} UTC)"))
+            if taken == 1:
+                log.warning("kb_reindex: lock %r was held by %s, whose process is gone; taken over by %s",
+                            name, holder["owner"], owner)
+                return None
+            return self._try_lock(name, owner=owner, ttl_s=ttl_s)
+        return holder
 
     def lock_held_by(self, name: str) -> str | None:
         """The owner of an unexpired lock of that name, or None."""
         with self.engine.connect() as conn:
             row = conn.execute(sa.select(locks.c.owner).where(locks.c.name == name, locks.c.expires_at >= utcnow())).first()
         return row[0] if row else None
+
+    def holds_lock(self, name: str, *, owner: str) -> bool:
+        with self.engine.connect() as conn:
+            return conn.execute(sa.select(locks.c.owner).where(locks.c.name == name, locks.c.owner == owner)).first() is not None
+
+    def list_locks(self, *, subject: str | None = None) -> list[dict[str, Any]]:
+        """Every lock row (for `status`), with whether its owner still lives, as far as this host can tell."""
+        with self.engine.connect() as conn:
+            rows = [dict(r) for r in conn.execute(sa.select(locks).order_by(locks.c.name)).mappings()]
+        if subject is not None:
+            rows = [r for r in rows if r["name"].split(":", 1)[-1] == subject]
+        now = utcnow()
+        for row in rows:
+            row["expired"] = row["expires_at"] < now
+            row["owner_alive"] = lock_owner_alive(row["owner"], since=row["acquired_at"])
+        return rows
+
+    def break_lock(self, name: str, *, by: str, reason: str) -> dict[str, Any] | None:
+        """On-call's way out: delete the lock whoever holds it, and record who broke it and why."""
+        now = utcnow()
+        with self.engine.begin() as conn:
+            holder = conn.execute(sa.select(locks).where(locks.c.name == name)).mappings().first()
+            if holder is None:
+                return None
+            conn.execute(locks.delete().where(locks.c.name == name, locks.c.owner == holder["owner"]))
+            conn.execute(lock_events.insert().values(name=name, action="unlock", owner=holder["owner"], by=by,
+                                                     reason=reason, at=now))
+        return dict(holder)
+
+    def lock_events(self, *, names: Iterable[str]) -> list[dict[str, Any]]:
+        with self.engine.connect() as conn:
+            rows = conn.execute(sa.select(lock_events).where(lock_events.c.name.in_(list(names)))
+                                .order_by(lock_events.c.id)).mappings().all()
+        return [dict(row) for row in rows]
 
     def release_lock(self, name: str, *, owner: str) -> None:
         with self.engine.begin() as conn:
@@ -567,18 +696,18 @@ class StateStore:
             ).rowcount == 1
 
     @contextmanager
-    def lock(self, name: str, *, owner: str | None = None, ttl_s: float = 3600) -> Iterator[str]:
+    def lock(self, name: str, *, owner: str | None = None, ttl_s: float = 3600, wait_s: float = 0.0) -> Iterator[str]:
         """Held for the whole block, however long: a heartbeat renews it every third of the TTL, so only a
         holder that died (and stopped renewing) loses it to the next run."""
         owner = owner or default_lock_owner()
-        self.acquire_lock(name, owner=owner, ttl_s=ttl_s)
+        self.acquire_lock(name, owner=owner, ttl_s=ttl_s, wait_s=wait_s)
         stop = threading.Event()
 
         def heartbeat() -> None:
             while not stop.wait(ttl_s / 3):
                 try:
                     if not self.renew_lock(name, owner=owner, ttl_s=ttl_s):
-                        log.error("kb_reindex: lock %r was lost (expired and taken by another run)", name)
+                        log.error("kb_reindex: lock %r was lost (expired and taken, or broken by on-call)", name)
                         return
                 except Exception as exc:  # noqa: BLE001 - the next beat tries again; the TTL is the backstop
                     log.warning("kb_reindex: renewing lock %r failed: %s", name, _first_line(exc))
@@ -591,6 +720,56 @@ class StateStore:
             stop.set()
             beat.join()
             self.release_lock(name, owner=owner)
+
+
+def parse_lock_owner(owner: str) -> tuple[str | None, int | None]:
+    """(host, pid) from an owner made by `default_lock_owner`: `[run_id@]host:pid:nonce`."""
+    _, _, tail = owner.rpartition("@")
+    parts = tail.split(":")
+    if len(parts) != 3 or not parts[1].isdigit():
+        return None, None
+    return parts[0], int(parts[1])
+
+
+def _process_started_at(pid: int) -> datetime | None:
+    """A process's start time from /proc (Linux), to tell a reused PID from the lock's owner."""
+    try:
+        ticks = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+        boot = next(int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
+                    if line.startswith("btime "))
+        return datetime.fromtimestamp(boot + ticks / os.sysconf("SC_CLK_TCK"), UTC).replace(tzinfo=None)
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+
+
+def lock_owner_alive(owner: str, *, since: datetime | None = None) -> bool | None:
+    """True/False when this host can tell (the owner ran here), None for another host or an unknown owner.
+
+    A PID that lives but started after the lock was taken is another process that reused the number."""
+    host, pid = parse_lock_owner(owner)
+    if host is None or pid is None or host != socket.gethostname():
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # alive, owned by another user
+    started = _process_started_at(pid)
+    if since is not None and started is not None and started > since + timedelta(seconds=2):
+        return False
+    return True
+
+
+def describe_lock_holder(name: str, holder: dict[str, Any]) -> str:
+    subject = name.split(":", 1)[-1]
+    alive = lock_owner_alive(holder["owner"], since=holder["acquired_at"])
+    host, _ = parse_lock_owner(holder["owner"])
+    where = {True: "its process is alive on this host", False: "its process is gone"}.get(
+        alive, f"held from host {host}" if host else "held by an owner of unknown host")
+    return (f"another run is working on {subject}: {holder['owner']}, since {holder['acquired_at']:%Y-%m-%d %H:%M:%S} "
+            f"UTC (lock {name!r}, expires {holder['expires_at']:%Y-%m-%d %H:%M:%S} UTC; {where}). Wait for it; if it "
+            f"is stuck, stop that process, or break the lock: `kb-reindex unlock --reason ... --yes`")
 
 
 def _first_line(exc: BaseException | None) -> str:

@@ -17,7 +17,7 @@ from typing import Any
 from qdrant_client import QdrantClient, models
 
 from kb_reindex.config import Settings
-from kb_reindex.errors import AliasMovedError, StoreError
+from kb_reindex.errors import AliasMovedError, ConfigError, StoreError
 from kb_reindex.embedding import redact_url
 
 log = logging.getLogger(__name__)
@@ -32,10 +32,17 @@ class CollectionShape:
     points: int
 
 
-def make_client(settings: Settings, *, wait_s: float = 10.0) -> QdrantClient:
+def make_client(settings: Settings, *, wait_s: float = 10.0, create: bool = True) -> QdrantClient:
+    """`create=False` (read-only commands) never makes a local store: a wrong KB_QDRANT_PATH is named, not
+    answered from a fresh empty folder."""
     if settings.qdrant_url:
         return QdrantClient(url=settings.qdrant_url, api_key=settings.qdrant_api_key, timeout=60)
     assert settings.qdrant_path is not None
+    if not create and not (settings.qdrant_path / "meta.json").is_file():
+        raise ConfigError(
+            f"no Qdrant store at {settings.qdrant_path} (KB_QDRANT_PATH): nothing has been built with this "
+            "configuration yet, or the path is wrong; `kb-reindex run` creates it"
+        )
     settings.qdrant_path.mkdir(parents=True, exist_ok=True)
     # Local mode admits one client per folder; another step's client is usually about to close.
     deadline = time.monotonic() + wait_s
@@ -95,8 +102,24 @@ class KnowledgeStore:
             raise StoreError(f"collection {name} uses named vectors; kb-reindex writes one unnamed vector")
         return params.size
 
-    def create_collection(self, name: str, *, dim: int) -> None:
-        """Create, or accept an existing one only if it has exactly the shape we need."""
+    def collection_metadata(self, name: str) -> dict[str, Any]:
+        """What kb-reindex wrote on the collection at creation (model, embedder, chunking, version)."""
+        return dict(self.client.get_collection(name).config.metadata or {})
+
+    def iter_payloads(self, name: str, *, fields: list[str], page: int = 4096) -> Iterator[tuple[str, dict[str, Any]]]:
+        offset: Any = None
+        while True:
+            records, offset = self.client.scroll(name, limit=page, offset=offset, with_vectors=False,
+                                                 with_payload=models.PayloadSelectorInclude(include=fields))
+            for record in records:
+                yield str(record.id), record.payload or {}
+            if offset is None:
+                return
+
+    def create_collection(self, name: str, *, dim: int, metadata: dict[str, Any] | None = None) -> None:
+        """Create, or accept an existing one only if it has exactly the shape we need.
+
+        `metadata` describes the version, so the state DB can be rebuilt from Qdrant alone."""
         if self.exists(name):
             shape = self.shape(name)
             if shape.dim != dim or shape.distance != DISTANCE.value:
@@ -107,7 +130,8 @@ class KnowledgeStore:
             return
         if self.alias_target(name) is not None:
             raise StoreError(f"{name} is already an alias name; a collection cannot take it")
-        self.client.create_collection(name, vectors_config=models.VectorParams(size=dim, distance=DISTANCE))
+        self.client.create_collection(name, vectors_config=models.VectorParams(size=dim, distance=DISTANCE),
+                                      metadata=metadata)
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Payload indexes have no effect in the local Qdrant")
             self.client.create_payload_index(name, "knowledge_key", models.PayloadSchemaType.KEYWORD)
@@ -205,10 +229,10 @@ class KnowledgeStore:
 
 
 @contextmanager
-def open_store(settings: Settings, *, client: QdrantClient | None = None) -> Iterator[KnowledgeStore]:
+def open_store(settings: Settings, *, client: QdrantClient | None = None, create: bool = True) -> Iterator[KnowledgeStore]:
     """A store for one step. A client we opened is closed after, which frees local mode's folder lock."""
     own = client is None
-    store = KnowledgeStore(client or make_client(settings))
+    store = KnowledgeStore(client or make_client(settings, create=create))
     try:
         store.client.get_collections()
     except Exception as exc:

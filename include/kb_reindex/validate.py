@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from kb_reindex.corpus import instruction_lines
-from kb_reindex.errors import GoldenSetError, KbError, ValidationFailed
+from kb_reindex.errors import ConfigError, GoldenSetError, KbError, ValidationFailed
 from kb_reindex.golden import GoldenSet, check_probe_keys, first_hit_rank, load_golden_set, score
 from kb_reindex.runtime import Deps
 from kb_reindex.state import ManifestRef, VersionRecord
@@ -127,6 +127,10 @@ def validate(
     version = deps.state.get_version(alias, version_number)
     if version is None:
         raise KbError(f"version {version_number} of {alias} does not exist")
+    if version.status == "deleted":
+        raise ConfigError(f"v{version.version} of {alias} was deleted"
+                          + (f" at {version.deleted_at:%Y-%m-%d %H:%M:%S} UTC" if version.deleted_at else "")
+                          + f": its collection {version.collection} is gone, there is nothing to validate")
     try:
         result = _validate(deps, version, min_hit_rate=min_hit_rate, min_mrr=min_mrr, compare_live=compare_live,
                            flagged=flagged)
