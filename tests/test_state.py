@@ -117,6 +117,86 @@ def test_lock_excludes_a_second_owner_until_released_or_expired(state: StateStor
         state.acquire_lock("reindex:kb", owner="b", ttl_s=60)
 
 
+def _dead_pid() -> int:
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_lock_of_a_dead_process_on_this_host_is_taken_over_at_once_and_recorded(state: StateStore) -> None:
+    import socket
+
+    dead = f"cli__reindex__crashed@{socket.gethostname()}:{_dead_pid()}:abcd1234"
+    state.acquire_lock("reindex:kb", owner=dead, ttl_s=3600)
+    state.acquire_lock("reindex:kb", owner="next-run", ttl_s=60)  # no wait for the TTL
+    assert state.lock_held_by("reindex:kb") == "next-run"
+    [event] = state.lock_events(names=["reindex:kb"])
+    assert event["action"] == "takeover" and event["owner"] == dead and event["by"] == "next-run"
+
+
+def test_lock_of_a_live_process_or_another_host_is_not_taken_over(state: StateStore) -> None:
+    import os
+    import socket
+
+    from kb_reindex.state import default_lock_owner
+
+    mine = default_lock_owner("run-a")  # this process: alive
+    state.acquire_lock("reindex:kb", owner=mine, ttl_s=3600)
+    with pytest.raises(LockHeldError, match="its process is alive on this host"):
+        state.acquire_lock("reindex:kb", owner="next-run", ttl_s=60)
+    state.release_lock("reindex:kb", owner=mine)
+    elsewhere = f"run-b@{socket.gethostname()}-other:{os.getpid()}:abcd1234"
+    state.acquire_lock("reindex:kb", owner=elsewhere, ttl_s=3600)
+    with pytest.raises(LockHeldError, match="held from host"):
+        state.acquire_lock("reindex:kb", owner="next-run", ttl_s=60)
+    assert state.lock_events(names=["reindex:kb"]) == []
+
+
+def test_lock_whose_pid_was_reused_by_a_newer_process_is_taken_over(state: StateStore) -> None:
+    """This process's PID, but the lock is older than the process: the PID belongs to someone else now."""
+    import os
+    import socket
+    from datetime import timedelta
+
+    from kb_reindex.state import locks, utcnow
+
+    long_ago = utcnow() - timedelta(days=3)
+    with state.engine.begin() as conn:
+        conn.execute(locks.insert().values(name="reindex:kb", owner=f"old@{socket.gethostname()}:{os.getpid()}:ab",
+                                           acquired_at=long_ago, expires_at=utcnow() + timedelta(hours=1)))
+    state.acquire_lock("reindex:kb", owner="next-run", ttl_s=60)
+    assert state.lock_held_by("reindex:kb") == "next-run"
+
+
+def test_lock_is_waited_for_a_bounded_time(state: StateStore) -> None:
+    import time
+
+    from kb_reindex.state import default_lock_owner
+
+    holder = default_lock_owner("run-a")
+    state.acquire_lock("reindex:kb", owner=holder, ttl_s=60)
+    threading.Timer(0.8, lambda: state.release_lock("reindex:kb", owner=holder)).start()
+    started = time.monotonic()
+    state.acquire_lock("reindex:kb", owner="patient", ttl_s=60, wait_s=10)
+    assert 0.5 < time.monotonic() - started < 5
+    started = time.monotonic()
+    with pytest.raises(LockHeldError, match="another run is working on kb: patient"):
+        state.acquire_lock("reindex:kb", owner="impatient", ttl_s=60, wait_s=0.5)
+    assert time.monotonic() - started >= 0.5
+
+
+def test_break_lock_is_recorded(state: StateStore) -> None:
+    state.acquire_lock("reindex:kb", owner="stuck", ttl_s=60)
+    assert state.break_lock("reindex:kb", by="on-call", reason="hung build")["owner"] == "stuck"
+    assert state.lock_held_by("reindex:kb") is None
+    [event] = state.lock_events(names=["reindex:kb"])
+    assert (event["action"], event["owner"], event["by"], event["reason"]) == ("unlock", "stuck", "on-call", "hung build")
+    assert state.break_lock("reindex:kb", by="on-call", reason="again") is None
+
+
 def test_lock_held_past_its_ttl_is_renewed_while_the_holder_works(state: StateStore) -> None:
     import time
 
