@@ -340,3 +340,43 @@ def test_plan_on_a_state_db_that_knows_nothing_points_to_rebuild(deps: Deps, tmp
     deps.state = StateStore(f"sqlite:///{tmp_path}/fresh.db")
     with pytest.raises(StateDriftError, match="reconcile --rebuild-state"):
         plan(deps)
+
+
+# --- rollback only to versions that served; shadows go live only by promotion -------------------------
+
+
+def test_rollback_never_reaches_a_shadow_that_never_served(cli_env: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli(capsys, "run")[0] == 0
+    code, shadow, _ = cli(capsys, "migrate", "--embedder", "hashing", "--model", "hashing-small", "--dim", "256",
+                          "--no-promote", "--min-hit-rate", "0", "--min-mrr", "0")
+    assert code == 0 and shadow["outcome"] == "shadow"
+    code, status, _ = cli(capsys, "status")
+    row = next(v for v in status["versions"] if v["version"] == shadow["version"])
+    assert row["shadow"] and not row["rollback_allowed"]
+    code, out, _ = cli(capsys, "rollback", "--to-version", str(shadow["version"]), "--reason", "x", "--yes")
+    assert code != 0 and "never served" in out["error"] and f"promote --version {shadow['version']}" in out["error"]
+    assert cli(capsys, "status")[1]["live"]["version"] == 1
+
+    code, promoted, _ = cli(capsys, "promote", "--version", str(shadow["version"]), "--yes")
+    assert code == 0 and promoted["dim"] == 256 and promoted["previous_version"] == 1
+    code, history, _ = cli(capsys, "history")
+    assert history["events"][-1]["action"] == "migrate" and "shadow" in history["events"][-1]["reason"]
+    # undoing a migration is a rollback across models: allowed, v1 served before
+    code, back, _ = cli(capsys, "rollback", "--reason", "undo the migration", "--yes")
+    assert code == 0 and back["to_version"] == 1
+    code, status, _ = cli(capsys, "status")
+    assert {v["version"]: v["rollback_allowed"] for v in status["versions"]} == {1: False, shadow["version"]: True}
+
+
+def test_a_rebuilt_state_knows_which_versions_served(cli_env: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli(capsys, "run")[0] == 0
+    code, shadow, _ = cli(capsys, "migrate", "--embedder", "hashing", "--model", "hashing-small", "--dim", "256",
+                          "--no-promote", "--min-hit-rate", "0", "--min-mrr", "0")
+    edit(cli_env)
+    assert cli(capsys, "run")[1]["version"] == 3
+    remove_state_db(cli_env)
+    assert cli(capsys, "reconcile", "--rebuild-state")[0] == 0
+    code, out, _ = cli(capsys, "rollback", "--to-version", str(shadow["version"]), "--reason", "x", "--yes")
+    assert code != 0 and "never served" in out["error"]
+    code, back, _ = cli(capsys, "rollback", "--to-version", "1", "--reason", "x", "--yes")
+    assert code == 0 and back["to_version"] == 1

@@ -23,7 +23,7 @@ log = logging.getLogger("kb_reindex.cli")
 NO_CREATE = frozenset({"status", "history", "plan", "unlock"})
 #: commands that change state or the alias take the alias's lock here; run, migrate and rollback take it
 #: inside the engine, as their DAG tasks do
-LOCKED = frozenset({"validate", "gc", "drop", "reconcile"})
+LOCKED = frozenset({"validate", "gc", "drop", "reconcile", "promote"})
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -65,6 +65,10 @@ def _parser() -> argparse.ArgumentParser:
     mig.add_argument("--no-promote", action="store_true", help="build and validate only (a shadow version)")
     mig.add_argument("--min-hit-rate", type=float)
     mig.add_argument("--min-mrr", type=float)
+    prom = sub.add_parser("promote", parents=[common],
+                          help="put a shadow version behind the alias, after validating it again")
+    prom.add_argument("--version", type=int, required=True)
+    prom.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     rec = sub.add_parser("reconcile", parents=[common], help="record what the alias serves when state disagrees")
     rec.add_argument("--rebuild-state", action="store_true",
                      help="rebuild a lost, empty or replaced state DB from the collections in Qdrant")
@@ -203,6 +207,7 @@ def _dispatch(args: argparse.Namespace) -> int:
 def _dispatch_locked(args: argparse.Namespace, deps: Any) -> int:
     """Commands that change state or the alias, run under the alias's lock (`engine.exclusive`)."""
     from kb_reindex import engine
+    from kb_reindex.runtime import new_run_id
 
     settings = deps.settings
     if args.command == "validate":
@@ -234,6 +239,22 @@ def _dispatch_locked(args: argparse.Namespace, deps: Any) -> int:
         _print(args, result, f"v{result['version']} ({result['collection']}) was already deleted"
                if result.get("already_deleted") else
                f"dropped v{result['version']} ({result['collection']}, was {result['was']})")
+        return 0
+    if args.command == "promote":
+        from kb_reindex.promote import promote_shadow
+
+        shadow = deps.state.get_version(settings.alias, args.version)
+        if shadow is not None and not args.yes:
+            if not sys.stdin.isatty():
+                raise ConfigError("promote needs confirmation: pass --yes when not running in a terminal")
+            print(f"alias {settings.alias} -> v{shadow.version} ({shadow.collection}, {shadow.embed_model} "
+                  f"{shadow.embed_dim}-d, never served)")
+            if input("Validate it again and switch the alias? Type 'yes': ").strip().lower() != "yes":
+                print("nothing changed")
+                return 0
+        result = promote_shadow(deps, args.version, run_id=new_run_id("promote"))
+        _print(args, result, f"promoted v{result['version']} ({result['collection']}, {result['embed_model']} "
+                             f"{result['dim']}-d); v{result['previous_version'] or '-'} kept for rollback")
         return 0
     if args.command == "reconcile":
         from kb_reindex.reconcile import reconcile

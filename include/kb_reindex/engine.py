@@ -16,7 +16,7 @@ from typing import Any
 from kb_reindex.build import build, create_version, reindex_lock_name
 from kb_reindex.errors import KbError, LockHeldError
 from kb_reindex.plan import prepare_logged as make_plan
-from kb_reindex.promote import cleanup, promote, rollback, rollback_target
+from kb_reindex.promote import cleanup, has_served, promote, rollback, rollback_target
 from kb_reindex.reconcile import drift_advice
 from kb_reindex.runtime import Deps, new_run_id
 from kb_reindex.state import VersionRecord, default_lock_owner, lock_owner_alive
@@ -230,6 +230,9 @@ def status(deps: Deps) -> dict[str, Any]:
             "created_at": v.created_at.isoformat(timespec="seconds") + "Z",
             "promoted_at": v.promoted_at.isoformat(timespec="seconds") + "Z" if v.promoted_at else None,
             "rollback_target": bool(target and target.id == v.id),
+            # where a rollback may go (served before, kept), and a shadow that only a promotion may put live
+            "rollback_allowed": v.status in ("retired", "ready") and has_served(v),
+            "shadow": v.status == "ready" and not has_served(v),
             "serving": v.collection == serving,
             "error": v.error,
         })

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from kb_reindex.errors import AliasMovedError, KbError, RollbackRefused, StoreError
+from kb_reindex.errors import AliasMovedError, ConfigError, KbError, RollbackRefused, StoreError
 from kb_reindex.runtime import Deps
 from kb_reindex.state import VersionRecord, utcnow
 
@@ -45,7 +45,12 @@ def switch_alias(
         if previous is not None and previous.id == target.id:
             return None
         deps.state.record_switch(alias=alias, action=action, to=target, previous=previous, run_id=run_id, reason=reason)
-        return previous
+    try:
+        deps.store.mark_served(target.collection, at=utcnow().isoformat(timespec="seconds") + "Z")
+    except Exception as exc:  # noqa: BLE001 - the move is done and recorded; only the Qdrant-side note is missing
+        log.warning("kb_reindex: could not note on %s that it served (%s: %s); the state DB has it, a state "
+                    "rebuilt from Qdrant would not", target.collection, type(exc).__name__, exc)
+    return previous
 
 
 def promote(deps: Deps, version_number: int, *, run_id: str | None = None) -> dict[str, Any]:
@@ -74,7 +79,42 @@ def promote(deps: Deps, version_number: int, *, run_id: str | None = None) -> di
             "previous_version": previous.version if previous else None, "already_live": False}
 
 
+def promote_shadow(deps: Deps, version_number: int, *, run_id: str | None = None) -> dict[str, Any]:
+    """Put a shadow (built and validated, never served) behind the alias on purpose: validated again
+    against what serves now, then the same compare-and-swap, from the version live at this moment."""
+    from kb_reindex.validate import validate
+
+    alias = deps.settings.alias
+    version = deps.state.get_version(alias, version_number)
+    if version is None:
+        raise ConfigError(f"version {version_number} of {alias} does not exist")
+    if version.status != "ready":
+        hint = " (a rollback returns to a version that served)" if version.status == "retired" else ""
+        raise ConfigError(f"v{version.version} is {version.status}; only a ready shadow version can be promoted{hint}")
+    live = deps.state.live_version(alias)
+    validate(deps, version.version)
+    previous = switch_alias(deps, version, expected_from=live.collection if live else None,
+                            action="migrate" if version.kind == "migration" else "promote", run_id=run_id,
+                            reason="explicit promotion of a shadow version")
+    log.info("kb_reindex: promoted shadow v%d (%s, %s %d-d)", version.version, version.collection,
+             version.embed_model, version.embed_dim)
+    return {"version": version.version, "collection": version.collection, "embed_model": version.embed_model,
+            "dim": version.embed_dim, "previous_version": previous.version if previous else None}
+
+
 # --- rollback ------------------------------------------------------------------------------------
+
+
+def has_served(version: VersionRecord) -> bool:
+    """Served behind the alias at some point: every move to live stamps `promoted_at`."""
+    return version.promoted_at is not None
+
+
+def rollback_candidates(deps: Deps) -> list[VersionRecord]:
+    """Versions a rollback may reach: kept, not live, and served before (any model: that undoes a migration)."""
+    return [v for v in deps.state.list_versions(deps.settings.alias)
+            if v.status in ("retired", "ready") and has_served(v)]
+
 
 
 def rollback_target(deps: Deps) -> VersionRecord | None:
@@ -195,6 +235,12 @@ def rollback(
         raise RollbackRefused(f"v{target.version} is already live")
     if target.status in ("failed", "deleted", "building"):
         raise RollbackRefused(f"v{target.version} is {target.status}; only a complete, kept version can serve")
+    if not has_served(target):
+        raise RollbackRefused(
+            f"v{target.version} ({target.embed_model}, {target.embed_dim}-d) never served behind {alias}: a rollback "
+            "returns only to a version that served before. A shadow goes live through a promotion that validates "
+            f"it again: `kb-reindex promote --version {target.version}`"
+        )
     problems = structural_problems(deps, target)
     if problems:
         raise RollbackRefused(f"v{target.version} ({target.collection}) is not whole: " + "; ".join(problems))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import re
+from datetime import datetime
 from collections import defaultdict
 from types import SimpleNamespace
 from typing import Any
@@ -131,16 +132,27 @@ def read_version(deps: Deps, name: str) -> dict[str, Any]:
         "embed_dim": dim, "distance": distance, "chunking_version": chunking or "unknown",
         "corpus_fingerprint": corpus_fingerprint(SimpleNamespace(**d) for d in documents.values()),
         "documents": sorted(documents.values(), key=lambda d: d["knowledge_key"]), "chunks": chunks,
-        "problems": problems,
+        "problems": problems, "served_at": _served_at(meta),
     }
+
+
+def _served_at(meta: dict[str, Any]) -> datetime | None:
+    """When the collection last served behind the alias, as noted on it at each move (None: never, or made
+    before the note existed)."""
+    if not meta.get("served"):
+        return None
+    try:
+        return datetime.fromisoformat(str(meta.get("last_served_at", "")).rstrip("Z"))
+    except ValueError:
+        return utcnow()
 
 
 def rebuild_state(deps: Deps, *, replace: bool = False, run_id: str | None = None) -> dict[str, Any]:
     """Versions, manifests and the live version of this alias, from Qdrant alone, recorded as one event.
 
-    The live version is the alias's target; every other version is retired (kept, a rollback target by
-    number), or failed when its points cannot give a whole manifest (retention then drops it). Which
-    version preceded live is not guessed: a rollback names its target with --to-version."""
+    The live version is the alias's target; every other version is retired (kept; a rollback may return to
+    it by number if the collection notes it served), or failed when its points cannot give a whole manifest
+    (retention then drops it). Which version preceded live is not guessed: a rollback names its target."""
     from kb_reindex.promote import alias_lock_name
 
     alias = deps.settings.alias
@@ -179,7 +191,8 @@ def rebuild_state(deps: Deps, *, replace: bool = False, run_id: str | None = Non
                 points_expected=len(facts["chunks"]), points_written=len(facts["chunks"]),
                 error=("rebuilt from Qdrant: " + "; ".join(facts["problems"])) if facts["problems"] else None,
                 failed_step="rebuild" if facts["problems"] else None,
-                promoted_at=now if status == "live" else None, retired_at=now if status == "retired" else None,
+                promoted_at=now if status == "live" else facts["served_at"],
+                retired_at=now if status == "retired" else None,
             )
             if not facts["problems"]:
                 deps.state.write_manifest(record.id, facts["documents"], facts["chunks"])

@@ -116,6 +116,11 @@ class KnowledgeStore:
             if offset is None:
                 return
 
+    def mark_served(self, name: str, *, at: str) -> None:
+        """Record on the collection that it served behind the alias: a rebuilt state DB knows which
+        versions a rollback may return to."""
+        self.client.update_collection(name, metadata={"served": True, "last_served_at": at})
+
     def create_collection(self, name: str, *, dim: int, metadata: dict[str, Any] | None = None) -> None:
         """Create, or accept an existing one only if it has exactly the shape we need.
 
