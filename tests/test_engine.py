@@ -324,6 +324,28 @@ def test_reports_written_as_markdown_csv_and_html_with_a_plot(deps: Deps, counti
     assert not table["regression"].any()
 
 
+def test_report_ranks_are_whole_numbers_when_a_probe_misses(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from kb_reindex.reports import write_html_report, write_validation_report
+
+    version = SimpleNamespace(alias="kb", version=3, collection="kb__m__v3", embed_model="m", embed_dim=8,
+                              distance="Cosine")
+    probe = {"query": "q", "expected": "a", "hit": True, "regression": False, "top": "a"}
+    result = {
+        "passed": False, "failures": [], "k": 4, "hit_rate": 0.5, "mrr": 0.5, "regressions": 0, "live_version": None,
+        "thresholds": {"min_hit_rate": 0.9, "min_mrr": 0.7, "max_regressions": 0}, "checks": [],
+        "probes": [{**probe, "probe": "found", "rank_live": None, "rank_candidate": 1},
+                   {**probe, "probe": "missed", "rank_live": None, "rank_candidate": None, "hit": False}],
+    }
+    markdown = write_validation_report(tmp_path, version, result).read_text(encoding="utf-8")
+    assert "| found | q | a |  | 1 | True | False |" in markdown
+    csv = (tmp_path / "kb" / "v3" / "validation.csv").read_text(encoding="utf-8").splitlines()
+    assert csv[1] == "found,q,a,,1,True,False,a" and csv[2] == "missed,q,a,,,False,False,a"
+    html = write_html_report(tmp_path, version, result, []).read_text(encoding="utf-8")
+    assert "<td>1</td>" in html and "1.0" not in html
+
+
 def test_status_reports_metrics(deps: Deps, counting: CountingEmbedder) -> None:
     engine.run_reindex(deps)
     (docs(deps) / "coupon-rules.md").write_text(
