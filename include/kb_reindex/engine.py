@@ -11,7 +11,7 @@ from dataclasses import replace
 from typing import Any
 
 from kb_reindex.build import build, create_version, reindex_lock_name
-from kb_reindex.errors import KbError
+from kb_reindex.errors import ConfigError, KbError
 from kb_reindex.plan import prepare_logged as make_plan
 from kb_reindex.promote import cleanup, promote, rollback, rollback_target
 from kb_reindex.runtime import Deps, new_run_id
@@ -30,6 +30,7 @@ def empty_result(outcome: str = "failed") -> dict[str, Any]:
         "chunks": {"total": 0, "embedded": 0, "reused": 0},
         "validation": None,
         "error": None,
+        "error_kind": None,
     }
 
 
@@ -111,7 +112,10 @@ def run_reindex(
         message = str(exc) if isinstance(exc, KbError) else f"{type(exc).__name__}: {exc}"
         if not isinstance(exc, KbError):
             log.exception("kb_reindex: unexpected error")
-        result.update(outcome="failed", error=message)
+        # named as the CLI names an error: "config" is a setting to fix (exit 2)
+        kind_of_error = ("config" if isinstance(exc, ConfigError)
+                         else type(exc).__name__ if isinstance(exc, KbError) else "unexpected")
+        result.update(outcome="failed", error=message, error_kind=kind_of_error)
         if result.get("version") is not None:
             v = deps.state.get_version(alias, result["version"])
             if v is not None and v.validation:
