@@ -31,7 +31,7 @@ def test_run_status_query_history_as_json(cli_env: Path, capsys: pytest.CaptureF
     assert run["outcome"] == "promoted" and run["version"] == 1
     assert set(run) >= {"outcome", "version", "collection", "docs", "chunks", "validation", "error"}
     assert set(run["docs"]) == {"added", "changed", "unchanged", "removed"}
-    assert set(run["chunks"]) == {"total", "embedded", "reused"}
+    assert set(run["chunks"]) == {"total", "embedded", "copied", "skipped", "planned_embed", "planned_reuse"}
     assert set(run["validation"]) >= {"passed", "hit_rate", "mrr", "regressions"}
     assert (cli_env / ".kb" / "qdrant").is_dir() and (cli_env / ".kb" / "state.db").is_file()
 
@@ -128,7 +128,7 @@ def test_rollback_and_migrate_commands(cli_env: Path, capsys: pytest.CaptureFixt
                               "--no-promote")
     assert code == 0 and migrated["outcome"] == "shadow"
     assert set(migrated) >= {"outcome", "version", "collection", "docs", "chunks", "validation", "error"}
-    assert migrated["chunks"]["reused"] == 0
+    assert migrated["chunks"]["copied"] == 0
     code, history = run_json(capsys, "history")
     assert [(e["action"], e["reason"]) for e in history["events"]][-1] == ("rollback", "bad coupon text")
 

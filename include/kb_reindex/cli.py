@@ -103,7 +103,8 @@ def _run_human(r: dict[str, Any]) -> str:
     lines = [
         f"outcome: {r['outcome']}" + (f"  version: v{r['version']}  collection: {r['collection']}" if r.get("version") else ""),
         f"docs: +{d['added']} added, ~{d['changed']} changed, ={d['unchanged']} unchanged, -{d['removed']} removed",
-        f"chunks: {c['total']} total, {c['embedded']} embedded, {c['reused']} reused",
+        f"chunks: {c['total']} total; this run: {c['embedded']} embedded, {c['copied']} copied, "
+        f"{c['skipped']} skipped (already written); planned: {c['planned_embed']} to embed, {c['planned_reuse']} to reuse",
     ]
     if r.get("validation"):
         v = r["validation"]
@@ -177,11 +178,12 @@ def _dispatch(args: argparse.Namespace) -> int:
             _print(args, result, _run_human(result))
             return _run_exit_code(result)
         if args.command == "plan":
+            from kb_reindex.build import BuildCounts
             from kb_reindex.plan import plan
 
             p = plan(deps)
             human = _run_human({**engine.empty_result("no_change" if p["no_change"] else "would_build"),
-                                "docs": p["docs"], "chunks": p["chunks"]})
+                                "docs": p["docs"], "chunks": engine.chunk_counts(p, BuildCounts())})
             _print(args, p, human + f"\nmodel: {p['embedder']}/{p['embed_model']}  live: v{p['base_version'] or '-'}")
             return 0
         if args.command == "status":
