@@ -338,7 +338,7 @@ def summarize_run(result: dict[str, Any], meter: Meter) -> dict[str, Any]:
         "docs": result["docs"],
         "chunks_total": result["chunks"]["total"],
         "chunks_embedded": result["chunks"]["embedded"],
-        "chunks_reused": result["chunks"]["reused"],
+        "chunks_reused": result["chunks"]["copied"],
         "points_copied": copied,
         # over the whole build step outside the embedder: loading and chunking the corpus, the manifest,
         # listing existing IDs, the copy loop, the embed loop's writes, the final count and state updates

@@ -19,6 +19,18 @@ def test_sections_are_split_by_heading_and_carry_their_path() -> None:
     assert [c.chunk_index for c in chunks] == [0, 1, 2]
 
 
+def test_an_h1_that_differs_from_the_title_is_indexed_in_every_chunk_of_its_sections() -> None:
+    body = "# 七天无理由退货说明\n\n开头说明。\n\n## 退货时限\n签收后7天内可退。"
+    chunks = chunk_document(doc(body, title="退换货政策"))
+    assert [c.section for c in chunks] == ["七天无理由退货说明", "七天无理由退货说明 > 退货时限"]
+    assert all(c.text.startswith("退换货政策 > 七天无理由退货说明") for c in chunks)
+
+
+def test_an_h1_equal_to_the_title_is_not_repeated_so_its_chunks_keep_their_hashes() -> None:
+    chunks = chunk_document(doc("# 退换货政策\n\n开头说明。\n\n## 退货时限\n签收后7天内可退。"))
+    assert [c.text for c in chunks] == ["退换货政策\n开头说明。", "退换货政策 > 退货时限\n签收后7天内可退。"]
+
+
 def test_long_paragraph_is_cut_at_chinese_sentence_ends_within_size() -> None:
     chunks = chunk_document(doc(f"## 规则\n{LONG_PARAGRAPH}"), chunk_size=200, overlap=30)
     assert len(chunks) > 3

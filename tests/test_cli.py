@@ -31,7 +31,7 @@ def test_run_status_query_history_as_json(cli_env: Path, capsys: pytest.CaptureF
     assert run["outcome"] == "promoted" and run["version"] == 1
     assert set(run) >= {"outcome", "version", "collection", "docs", "chunks", "validation", "error"}
     assert set(run["docs"]) == {"added", "changed", "unchanged", "removed"}
-    assert set(run["chunks"]) == {"total", "embedded", "reused"}
+    assert set(run["chunks"]) == {"total", "embedded", "copied", "skipped", "planned_embed", "planned_reuse"}
     assert set(run["validation"]) >= {"passed", "hit_rate", "mrr", "regressions"}
     assert (cli_env / ".kb" / "qdrant").is_dir() and (cli_env / ".kb" / "state.db").is_file()
 
@@ -130,6 +130,86 @@ def test_rollback_and_migrate_commands(cli_env: Path, capsys: pytest.CaptureFixt
                               "--no-promote")
     assert code == 0 and migrated["outcome"] == "shadow"
     assert set(migrated) >= {"outcome", "version", "collection", "docs", "chunks", "validation", "error"}
-    assert migrated["chunks"]["reused"] == 0
+    assert migrated["chunks"]["copied"] == 0
     code, history = run_json(capsys, "history")
     assert [(e["action"], e["reason"]) for e in history["events"]][-1] == ("rollback", "bad coupon text")
+
+
+def test_usage_errors_exit_2_and_answer_in_json_when_asked(cli_env: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    for argv in (["plan", "--bogus", "--json"], ["--json", "frobnicate"], ["rollback", "--json"]):
+        assert main(argv) == 2, argv
+        out = capsys.readouterr()
+        answer = json.loads(out.out)
+        assert answer["outcome"] == "failed" and answer["error_kind"] == "usage", argv
+        assert "usage:" in out.err, argv
+    assert main(["plan", "--bogus"]) == 2
+    assert capsys.readouterr().out == "", "without --json, usage errors go to stderr only"
+
+
+def test_missing_knowledge_folder_is_a_configuration_error(cli_env: Path, capsys: pytest.CaptureFixture[str],
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KB_KNOWLEDGE_DIR", str(cli_env / "no-such-folder"))
+    for command in ("plan", "run"):
+        code, answer = run_json(capsys, command)
+        assert code == 2 and answer["outcome"] == "failed" and answer["error_kind"] == "config", command
+        assert "no-such-folder" in answer["error"] and "KB_KNOWLEDGE_DIR" in answer["error"], command
+
+
+def test_a_version_that_does_not_exist_is_a_usage_error(cli_env: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    for argv in (["validate", "--version", "9"], ["drop", "--version", "9"],
+                 ["rollback", "--to-version", "9", "--reason", "r", "--yes"]):
+        code, answer = run_json(capsys, *argv)
+        assert code == 2 and answer["error_kind"] == "config", argv
+        assert f"{argv[1]} 9" in answer["error"] and "no version 9" in answer["error"], argv
+
+
+class _Terminal:
+    """stdin as a terminal where the operator types `answer`."""
+
+    def __init__(self, answer: str) -> None:
+        self.answer = answer
+
+    def isatty(self) -> bool:
+        return True
+
+    def readline(self) -> str:
+        return self.answer
+
+
+def test_declining_the_rollback_prompt_changes_nothing_and_is_not_a_failure(
+        cli_env: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    assert run_json(capsys, "run")[0] == 0
+    monkeypatch.setattr("sys.stdin", _Terminal("n\n"))
+    code, answer = run_json(capsys, "rollback", "--reason", "test", "--to-version", "1")
+    assert code == 0 and answer == {"outcome": "cancelled", "changed": False, "message": "nothing changed"}
+    assert main(["rollback", "--reason", "test", "--to-version", "1", "-q"]) == 0
+    out = capsys.readouterr().out
+    assert "Switch the alias?" in out and out.rstrip().endswith("nothing changed")
+    code, history = run_json(capsys, "history")
+    assert [e["action"] for e in history["events"]] == ["promote"]
+
+
+def test_whole_numbers_print_as_whole_numbers_in_tables(cli_env: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert run_json(capsys, "run")[0] == 0
+    doc = cli_env / "knowledge" / "docs" / "coupon-rules.md"
+    doc.write_text(doc.read_text(encoding="utf-8") + "\n\n补充：券不可转让。\n", encoding="utf-8")
+    assert run_json(capsys, "run")[0] == 0
+    assert main(["history", "-q"]) == 0
+    rows = capsys.readouterr().out.splitlines()[1:]
+    # the first promotion comes from no version (None): the column must not turn into floats
+    assert [row.split()[2:4] for row in rows] == [["-", "1"], ["1", "2"]], rows
+
+
+def test_console_script_answers_usage_errors_in_json_and_ends_quietly_on_a_closed_pipe(cli_env: Path) -> None:
+    script = Path(sys.executable).with_name("kb-reindex")
+    env = {**os.environ, "KB_PROJECT_ROOT": str(cli_env)}
+    usage = subprocess.run([str(script), "frobnicate", "--json"], env=env, capture_output=True, text=True, timeout=60)
+    assert usage.returncode == 2 and json.loads(usage.stdout)["error_kind"] == "usage"
+
+    # the reader is gone before the command writes a byte: as `kb-reindex history | head -1` when head is done
+    reader = subprocess.Popen([str(script), "history"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    reader.stdout.close()
+    stderr = reader.stderr.read().decode()
+    reader.wait(timeout=60)
+    assert "Traceback" not in stderr and "BrokenPipeError" not in stderr and "Exception ignored" not in stderr, stderr
+    assert reader.returncode == 1

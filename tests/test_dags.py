@@ -124,7 +124,10 @@ def test_reindex_dag_end_to_end_then_no_change(dagbag, dag_env: Path) -> None:
     from kb_reindex.runtime import open_deps
 
     with open_deps(Settings.from_env({"KB_PROJECT_ROOT": str(dag_env)})) as deps:
-        last = deps.state.list_runs(deps.settings.alias, limit=1)[0]
+        first, last = deps.state.list_runs(deps.settings.alias, limit=2)[::-1]
+        # the mapped build tasks added what they wrote to the run's record: every chunk, once
+        assert first["outcome"] == "promoted" and (first["chunks_embedded"], first["chunks_reused"]) == \
+            (first["chunks_total"], 0)
         assert last["outcome"] == "no_change" and last["chunks_total"] > 0
         assert (last["chunks_embedded"], last["chunks_reused"]) == (0, 0)
         assert engine.run_reindex(deps)["outcome"] == "no_change"

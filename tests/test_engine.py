@@ -79,7 +79,8 @@ def test_first_run_builds_validates_and_promotes(deps: Deps, counting: CountingE
     assert result["collection"] == "mall_knowledge__hashing-ngram-v1__v1"
     assert result["docs"] == {"added": 6, "changed": 0, "unchanged": 0, "removed": 0}
     total = result["chunks"]["total"]
-    assert result["chunks"] == {"total": total, "embedded": total, "reused": 0}
+    assert result["chunks"] == {"total": total, "embedded": total, "copied": 0, "skipped": 0,
+                                "planned_embed": total, "planned_reuse": 0}
     assert counting.texts == total
     assert deps.store.alias_target("mall_knowledge") == result["collection"]
     assert deps.store.count(result["collection"]) == total
@@ -129,11 +130,11 @@ def test_edit_add_delete_embeds_exactly_the_new_chunks(deps: Deps, counting: Cou
     old_hashes = {p["chunk_hash"] for p in old_points.values()}
     fresh = [p for p in new_points.values() if p["chunk_hash"] not in old_hashes]
     assert result["chunks"]["embedded"] == len(fresh) == counting.texts
-    assert result["chunks"]["reused"] == len(new_points) - len(fresh)
-    assert result["chunks"]["reused"] > 0
+    assert result["chunks"]["copied"] == len(new_points) - len(fresh)
+    assert result["chunks"]["copied"] > 0
     # unchanged chunks keep their point IDs and their exact vectors
     kept = set(old_points) & set(new_points)
-    assert len(kept) == result["chunks"]["reused"]
+    assert len(kept) == result["chunks"]["copied"]
     some_id = sorted(kept)[0]
     old_vec = deps.store.retrieve(first["collection"], [some_id], vectors=True)[0].vector
     new_vec = deps.store.retrieve(result["collection"], [some_id], vectors=True)[0].vector
@@ -217,6 +218,52 @@ def test_rerun_after_embedder_crash_resumes_without_duplicates_or_repeated_embed
     assert deps.store.count(result["collection"]) == result["chunks"]["total"]
 
 
+def test_a_run_failing_on_its_first_embed_batch_reports_nothing_embedded(deps: Deps, counting: CountingEmbedder) -> None:
+    counting.fail_after_batches = 0
+    failed = engine.run_reindex(deps)
+    assert failed["outcome"] == "failed" and "embedder crashed" in failed["error"]
+    total = failed["chunks"]["total"]
+    assert failed["chunks"] == {"total": total, "embedded": 0, "copied": 0, "skipped": 0,
+                                "planned_embed": total, "planned_reuse": 0}
+    row = deps.state.list_runs("mall_knowledge")[0]
+    assert (row["outcome"], row["chunks_embedded"], row["chunks_reused"]) == ("failed", 0, 0)
+
+
+def test_a_resumed_run_reports_what_it_did_not_what_was_planned(deps: Deps, counting: CountingEmbedder) -> None:
+    deps.settings = deps.settings.__class__(**{**deps.settings.__dict__, "embed_batch_size": 8})
+    counting.fail_after_batches = 3
+    failed = engine.run_reindex(deps)
+    assert failed["outcome"] == "failed" and failed["chunks"]["embedded"] == 24
+    assert deps.state.list_runs("mall_knowledge")[0]["chunks_embedded"] == 24
+
+    counting.fail_after_batches = None
+    resumed = engine.run_reindex(deps)
+    total = resumed["chunks"]["total"]
+    assert resumed["outcome"] == "promoted" and resumed["version"] == 1
+    assert resumed["chunks"] == {"total": total, "embedded": total - 24, "copied": 0, "skipped": 24,
+                                 "planned_embed": total, "planned_reuse": 0}
+    row = deps.state.list_runs("mall_knowledge")[0]
+    assert (row["outcome"], row["chunks_embedded"], row["chunks_reused"]) == ("promoted", total - 24, 0)
+
+
+def test_build_slices_add_what_they_wrote_to_their_run_record(deps: Deps, counting: CountingEmbedder) -> None:
+    """As the DAG's mapped build tasks do, each in its own process: the run record adds up their writes."""
+    from kb_reindex.build import build, create_version
+    from kb_reindex.plan import plan
+
+    engine.run_reindex(deps)
+    path = docs(deps) / "coupon-rules.md"
+    path.write_text(path.read_text(encoding="utf-8") + "\n\n补充：券不可转让。\n", encoding="utf-8")
+    deps.state.start_run(run_id="dag-run", alias="mall_knowledge", kind="reindex", trigger="airflow")
+    planned = plan(deps)
+    created = create_version(deps, planned, run_id="dag-run")
+    total = planned["chunks"]["total"]
+    slices = [build(deps, created["version"], run_id="dag-run", window=(start, 10)) for start in range(0, total, 10)]
+    row = deps.state.get_run("dag-run")
+    assert row["chunks_embedded"] == sum(s["embedded"] for s in slices) == planned["chunks"]["embedded"]
+    assert row["chunks_reused"] == sum(s["copied"] for s in slices) == planned["chunks"]["reused"]
+
+
 def test_rerun_result_equals_a_clean_run(deps: Deps, counting: CountingEmbedder, settings, tmp_path) -> None:
     from qdrant_client import QdrantClient
 
@@ -240,7 +287,7 @@ def test_force_full_reuses_nothing(deps: Deps, counting: CountingEmbedder) -> No
     counting.texts = 0
     result = engine.run_reindex(deps, force_full=True)
     assert result["outcome"] == "promoted"
-    assert result["chunks"]["reused"] == 0 and counting.texts == first["chunks"]["total"]
+    assert result["chunks"]["copied"] == 0 and counting.texts == first["chunks"]["total"]
 
 
 def test_dry_run_writes_no_version_or_collection(deps: Deps, counting: CountingEmbedder) -> None:
@@ -349,6 +396,28 @@ def test_reports_written_as_markdown_csv_and_html_with_a_plot(deps: Deps, counti
     assert not table["regression"].any()
 
 
+def test_report_ranks_are_whole_numbers_when_a_probe_misses(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from kb_reindex.reports import write_html_report, write_validation_report
+
+    version = SimpleNamespace(alias="kb", version=3, collection="kb__m__v3", embed_model="m", embed_dim=8,
+                              distance="Cosine")
+    probe = {"query": "q", "expected": "a", "hit": True, "regression": False, "top": "a"}
+    result = {
+        "passed": False, "failures": [], "k": 4, "hit_rate": 0.5, "mrr": 0.5, "regressions": 0, "live_version": None,
+        "thresholds": {"min_hit_rate": 0.9, "min_mrr": 0.7, "max_regressions": 0}, "checks": [],
+        "probes": [{**probe, "probe": "found", "rank_live": None, "rank_candidate": 1},
+                   {**probe, "probe": "missed", "rank_live": None, "rank_candidate": None, "hit": False}],
+    }
+    markdown = write_validation_report(tmp_path, version, result).read_text(encoding="utf-8")
+    assert "| found | q | a |  | 1 | True | False |" in markdown
+    csv = (tmp_path / "kb" / "v3" / "validation.csv").read_text(encoding="utf-8").splitlines()
+    assert csv[1] == "found,q,a,,1,True,False,a" and csv[2] == "missed,q,a,,,False,False,a"
+    html = write_html_report(tmp_path, version, result, []).read_text(encoding="utf-8")
+    assert "<td>1</td>" in html and "1.0" not in html
+
+
 def test_status_reports_metrics(deps: Deps, counting: CountingEmbedder) -> None:
     engine.run_reindex(deps)
     (docs(deps) / "coupon-rules.md").write_text(
@@ -357,8 +426,8 @@ def test_status_reports_metrics(deps: Deps, counting: CountingEmbedder) -> None:
     metrics = engine.status(deps)["metrics"]
     assert metrics["runs"] == 2 and metrics["run_success_rate"] == 1.0
     assert metrics["last_changed_chunks"] == second["chunks"]["embedded"]
-    total = second["chunks"]["embedded"] + second["chunks"]["reused"]
-    assert metrics["last_embedding_reuse_rate"] == round(second["chunks"]["reused"] / total, 4)
+    total = second["chunks"]["embedded"] + second["chunks"]["copied"]
+    assert metrics["last_embedding_reuse_rate"] == round(second["chunks"]["copied"] / total, 4)
     assert metrics["last_source_to_searchable_s"] is not None and metrics["last_source_to_searchable_s"] >= 0
 
 

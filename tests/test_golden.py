@@ -60,3 +60,64 @@ def test_rank_and_scores() -> None:
     assert hit_rate == 0.75
     assert mrr == pytest.approx((1 + 0.5 + 0.25) / 4)
     assert score([]) == (0.0, 0.0)
+
+
+def _edit_golden(path: Path, **fields: object) -> None:
+    import yaml
+
+    data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    data.update(fields)
+    path.write_text(yaml.safe_dump(data, allow_unicode=True), encoding="utf-8")
+
+
+def test_plan_command_reports_a_bad_threshold_with_file_and_field(project: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from kb_reindex.cli import main
+
+    monkeypatch.setenv("KB_PROJECT_ROOT", str(project))
+    golden = project / "knowledge" / "golden.yaml"
+    _edit_golden(golden, min_hit_rate=1.5)
+    code = main(["plan", "--json", "-q"])
+    answer = json.loads(capsys.readouterr().out)
+    assert code == 1 and answer["outcome"] == "failed"
+    assert str(golden) in answer["error"] and "'min_hit_rate' must be a number from 0 to 1" in answer["error"]
+
+
+def test_run_with_a_bad_golden_set_stops_before_any_version_exists(deps) -> None:  # noqa: ANN001
+    from kb_reindex import engine
+
+    _edit_golden(deps.settings.golden_set, k=0)
+    result = engine.run_reindex(deps)
+    assert result["outcome"] == "failed" and "'k' must be a whole number" in result["error"]
+    assert result["version"] is None and deps.state.list_versions(deps.settings.alias) == []
+    assert not deps.store.collection_names()
+    assert deps.state.list_runs(deps.settings.alias)[0]["outcome"] == "failed"
+
+
+def test_plan_refuses_a_probe_expecting_a_document_not_in_the_files(deps) -> None:  # noqa: ANN001
+    from kb_reindex.plan import plan
+
+    (deps.settings.knowledge_dir / "payment-guide.md").unlink()
+    with pytest.raises(GoldenSetError) as error:
+        plan(deps)
+    message = str(error.value)
+    assert str(deps.settings.golden_set) in message and "'expected'" in message and "-> payment-guide" in message
+
+
+def test_airflow_plan_task_fails_for_good_on_a_bad_golden_set(project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from kb_reindex import airflow_tasks
+    from kb_reindex.config import Settings
+    from kb_reindex.runtime import open_deps
+
+    monkeypatch.setenv("KB_PROJECT_ROOT", str(project))
+    monkeypatch.setattr(airflow_tasks, "_connection", lambda conn_id: None)  # no Airflow Connections defined
+    _edit_golden(project / "knowledge" / "golden.yaml", min_mrr=1.5)
+    with pytest.raises(AirflowFailException, match="GoldenSetError: .*golden.yaml: 'min_mrr'"):
+        airflow_tasks.plan_task(run_id="airflow__plan__golden")
+    with open_deps(Settings.from_env()) as deps:
+        assert deps.state.get_run("airflow__plan__golden")["outcome"] == "failed"
+        assert deps.state.list_versions(deps.settings.alias) == []

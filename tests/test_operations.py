@@ -89,7 +89,7 @@ def test_migration_to_another_dimension_with_promote(deps: Deps) -> None:
     first = engine.run_reindex(deps)
     result = engine.run_reindex(deps, kind="migration", embedder="hashing", model="hashing-ngram-v2", dim=384, min_hit_rate=0.85)
     assert result["outcome"] == "promoted", result["error"]
-    assert result["chunks"]["reused"] == 0 and result["chunks"]["embedded"] == first["chunks"]["total"]
+    assert result["chunks"]["copied"] == 0 and result["chunks"]["embedded"] == first["chunks"]["total"]
     assert result["collection"] == f"{ALIAS}__hashing-ngram-v2__v2"
     live = deps.state.live_version(ALIAS)
     assert (live.embed_model, live.embed_dim, live.kind) == ("hashing-ngram-v2", 384, "migration")
@@ -104,7 +104,7 @@ def test_migration_to_another_dimension_with_promote(deps: Deps) -> None:
     again = engine.run_reindex(deps)
     assert again["outcome"] == "promoted"
     assert deps.state.get_version(ALIAS, 3).embed_model == "hashing-ngram-v2"
-    assert again["chunks"]["reused"] > 0
+    assert again["chunks"]["copied"] > 0
 
     # the reader embeds with the live model and refuses a caller on another one
     found = search_knowledge(deps, "优惠券可以叠加使用吗", k=2)

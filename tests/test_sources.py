@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from kb_reindex.errors import SourceError
+from kb_reindex.errors import ConfigError, SourceError
 from kb_reindex.sources import corpus_fingerprint, load_corpus
 
 from conftest import write_doc
@@ -93,6 +93,32 @@ def test_symlink_inside_the_folder_is_accepted(tmp_path: Path) -> None:
     assert [d.knowledge_key for d in load_corpus(docs_dir(tmp_path))] == ["alias", "real"]
 
 
+def test_symlinked_folder_outside_the_knowledge_folder_is_refused_by_name(tmp_path: Path) -> None:
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (outside / "policy.md").write_text("外部的规则。", encoding="utf-8")
+    write_doc(tmp_path, "good", "内容。")
+    os.symlink(outside, docs_dir(tmp_path) / "shared")
+    with pytest.raises(SourceError, match="shared: is a link to .*elsewhere, outside the knowledge folder"):
+        load_corpus(docs_dir(tmp_path))
+
+
+def test_symlinked_folder_inside_is_followed_like_a_linked_file(tmp_path: Path) -> None:
+    write_doc(tmp_path, "faq/refund", "内容。")
+    os.symlink(docs_dir(tmp_path) / "faq", docs_dir(tmp_path) / "help")
+    assert [d.knowledge_key for d in load_corpus(docs_dir(tmp_path))] == ["faq/refund", "help/refund"]
+
+
+def test_folder_link_that_loops_and_dangling_link_are_refused_by_name(tmp_path: Path) -> None:
+    write_doc(tmp_path, "faq/refund", "内容。")
+    os.symlink(docs_dir(tmp_path), docs_dir(tmp_path) / "faq" / "again")
+    os.symlink(tmp_path / "gone.md", docs_dir(tmp_path) / "gone.md")
+    with pytest.raises(SourceError) as error:
+        load_corpus(docs_dir(tmp_path))
+    assert "faq/again: is a link to" in str(error.value) and "a folder that contains it" in str(error.value)
+    assert "gone.md: is a link to" in str(error.value) and "which does not exist" in str(error.value)
+
+
 def test_two_files_mapping_to_one_key_are_refused(tmp_path: Path) -> None:
     write_doc(tmp_path, "coupon", "内容一。")
     (docs_dir(tmp_path) / "coupon.MD").write_text("内容二。", encoding="utf-8")
@@ -108,9 +134,31 @@ def test_all_bad_files_are_reported_together(tmp_path: Path) -> None:
     assert "2 knowledge document(s)" in str(error.value) and "a.md" in str(error.value) and "b.md" in str(error.value)
 
 
+def test_a_refused_link_does_not_hide_the_other_bad_files(tmp_path: Path) -> None:
+    secret = tmp_path / "outside.md"
+    secret.write_text("不该被索引。", encoding="utf-8")
+    write_doc(tmp_path, "good", "内容。")
+    os.symlink(secret, docs_dir(tmp_path) / "link.md")
+    write_doc(tmp_path, "empty", "")
+    (docs_dir(tmp_path) / "gbk.md").write_bytes("退货".encode("gbk"))
+    (docs_dir(tmp_path) / "image.md").write_bytes(b"\x89PNG\x00")
+    (docs_dir(tmp_path) / "front.md").write_text("---\ntitle: [x\n---\n正文", encoding="utf-8")
+    (docs_dir(tmp_path) / "huge.md").write_text("长" * 2000, encoding="utf-8")
+    write_doc(tmp_path, "Good", "内容。")
+    with pytest.raises(SourceError) as error:
+        load_corpus(docs_dir(tmp_path), max_bytes=1000)
+    lines = str(error.value).splitlines()
+    assert lines[0].startswith("7 knowledge document(s) cannot be indexed")
+    for expected in ("link.md: is a link", "empty.md: file is empty", "gbk.md: not valid UTF-8",
+                     "image.md: contains NUL bytes", "front.md: front matter is not valid YAML",
+                     "huge.md: file is 6,000 bytes", "map to the same knowledge_key"):
+        assert any(expected in line for line in lines[1:]), expected
+
+
 def test_missing_folder_names_the_setting(tmp_path: Path) -> None:
-    with pytest.raises(SourceError, match="KB_KNOWLEDGE_DIR"):
+    with pytest.raises(SourceError, match="KB_KNOWLEDGE_DIR") as error:
         load_corpus(tmp_path / "nope")
+    assert isinstance(error.value, ConfigError), "a setting to fix: the CLI exits 2"
 
 
 def test_long_line_without_punctuation_is_chunked(tmp_path: Path) -> None:

@@ -202,7 +202,8 @@ def promote_task(*, plan: dict[str, Any], version: dict[str, Any], run_id: str) 
 
     with task_deps() as deps, step(deps, run_id):
         result = promote(deps, version["version"], run_id=run_id)
-        deps.state.finish_run(run_id, outcome="promoted", version=version["version"], **run_counters(plan))
+        deps.state.finish_run(run_id, outcome="promoted", version=version["version"], **run_counters(plan),
+                              **_built_so_far(deps, run_id))
         return result
 
 
@@ -210,8 +211,15 @@ def finish_shadow_task(*, plan: dict[str, Any], version: dict[str, Any], run_id:
     from kb_reindex.engine import run_counters
 
     with task_deps() as deps:
-        deps.state.finish_run(run_id, outcome="shadow", version=version["version"], **run_counters(plan))
+        deps.state.finish_run(run_id, outcome="shadow", version=version["version"], **run_counters(plan),
+                              **_built_so_far(deps, run_id))
     return {"version": version["version"], "promoted": False}
+
+
+def _built_so_far(deps: Deps, run_id: str) -> dict[str, int]:
+    """What the build tasks of this run wrote, as they added it to the run's record (not the plan's figures)."""
+    row = deps.state.get_run(run_id) or {}
+    return {"chunks_embedded": row.get("chunks_embedded") or 0, "chunks_reused": row.get("chunks_reused") or 0}
 
 
 def cleanup_task() -> dict[str, Any]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from contextlib import closing
 from typing import Any
 
@@ -29,6 +30,16 @@ log = logging.getLogger(__name__)
 
 RESUMABLE_STEPS = ("create", "build", "validate")
 PROGRESS_EVERY_S = 1.0
+
+
+@dataclass
+class BuildCounts:
+    """What one build call did, kept up to date as batches are written: a build that fails still says
+    what it wrote (a resumed run skips what an earlier one wrote and must not count it again)."""
+
+    embedded: int = 0
+    copied: int = 0
+    skipped: int = 0
 
 
 def _same_plan(version: VersionRecord, plan: dict[str, Any]) -> bool:
@@ -210,16 +221,22 @@ class _Progress:
 
 
 def build(deps: Deps, version_number: int, *, run_id: str | None = None,
-          window: tuple[int, int] | None = None, prepared: Prepared | None = None) -> dict[str, Any]:
+          window: tuple[int, int] | None = None, prepared: Prepared | None = None,
+          counts: BuildCounts | None = None) -> dict[str, Any]:
     """Fill the version's collection; `window` (offset, limit) into the manifest limits the work to one
     slice, so mapped tasks each take a part and hand only two numbers through XCom. `prepared` saves
-    reading and chunking the files again when it is the plan this version was created from."""
+    reading and chunking the files again when it is the plan this version was created from.
+
+    What is written is added to `counts` (when given) and to run `run_id`'s record as it goes, so both
+    say what this build did even when it fails; slices and retries each add their own."""
+    counts = counts if counts is not None else BuildCounts()
     alias = deps.settings.alias
     version = deps.state.get_version(alias, version_number)
     if version is None:
         raise KbError(f"version {version_number} of {alias} does not exist")
     if version.status in ("ready", "live", "retired"):
         log.info("kb_reindex: v%d is already %s; nothing to build", version.version, version.status)
+        counts.skipped += version.points_expected
         return {"version": version.version, "embedded": 0, "copied": 0, "skipped": version.points_expected}
     if version.status == "failed" and version.failed_step not in RESUMABLE_STEPS:
         raise KbError(f"v{version.version} failed at {version.failed_step} ({version.error}); it cannot be rebuilt")
@@ -228,7 +245,7 @@ def build(deps: Deps, version_number: int, *, run_id: str | None = None,
     if version.status == "failed":
         deps.state.update_version(version.id, status="building", error=None, failed_step=None)
     try:
-        return _fill(deps, version, window, prepared)
+        return _fill(deps, version, window, prepared, run_id, counts)
     except Exception as exc:
         deps.state.mark_failed(version.id, step="build", error=f"{type(exc).__name__}: {exc}")
         raise
@@ -265,7 +282,7 @@ def _already_written(deps: Deps, collection: str, point_ids: list[str]) -> set[s
 
 
 def _fill(deps: Deps, version: VersionRecord, window: tuple[int, int] | None,
-          prepared: Prepared | None) -> dict[str, Any]:
+          prepared: Prepared | None, run_id: str | None, counts: BuildCounts) -> dict[str, Any]:
     settings = deps.settings
     scan = _current_scan(deps, version, prepared)
     by_key = {d.knowledge_key: d for d in scan.infos}
@@ -294,6 +311,7 @@ def _fill(deps: Deps, version: VersionRecord, window: tuple[int, int] | None,
     to_copy = [row for row in manifest if row.source_point_id and row.point_id not in existing]
     to_embed = [row for row in manifest if not row.source_point_id and row.point_id not in existing]
     skipped = len(manifest) - len(to_copy) - len(to_embed)
+    counts.skipped += skipped
     if skipped:
         log.info("kb_reindex: v%d resumes: %d points already written are skipped", version.version, skipped)
     progress = _Progress(f"build v{version.version}", len(manifest))
@@ -307,14 +325,21 @@ def _fill(deps: Deps, version: VersionRecord, window: tuple[int, int] | None,
             id=row.point_id, vector=vector, payload=payload_for(chunk, by_key[chunk.knowledge_key], version))
 
     unrecorded = 0
+    run_unrecorded = BuildCounts()  # embedded and copied, not yet added to the run's record
     last_recorded = time.monotonic()
 
-    def record_progress(count: int, *, final: bool = False) -> None:
+    def record_progress(count: int, *, embedded: bool = False, final: bool = False) -> None:
         """Build progress for the page and the log, at most once a second: absolute for a whole build,
-        added up across mapped slices."""
+        added up across mapped slices. The run's record adds what this call wrote."""
         nonlocal unrecorded, last_recorded
         progress.done += count
         unrecorded += count
+        if embedded:
+            counts.embedded += count
+            run_unrecorded.embedded += count
+        else:
+            counts.copied += count
+            run_unrecorded.copied += count
         if not unrecorded or (not final and time.monotonic() - last_recorded < PROGRESS_EVERY_S):
             return
         progress.report()
@@ -322,6 +347,9 @@ def _fill(deps: Deps, version: VersionRecord, window: tuple[int, int] | None,
             deps.state.update_version(version.id, points_written=progress.done)
         else:
             deps.state.add_points_written(version.id, unrecorded)
+        if run_id is not None:
+            deps.state.add_run_chunks(run_id, embedded=run_unrecorded.embedded, reused=run_unrecorded.copied)
+            run_unrecorded.embedded = run_unrecorded.copied = 0
         unrecorded, last_recorded = 0, time.monotonic()
 
     copy_s = 0.0
@@ -376,7 +404,7 @@ def _fill(deps: Deps, version: VersionRecord, window: tuple[int, int] | None,
                 vectors = check_vectors(embedder.embed([c.text for c in batch_chunks]), expected=len(batch),
                                         dim=version.embed_dim, source=f"embedder {embedder.model!r}")
                 deps.store.upsert(version.collection, [point(r, v, c) for r, v, c in zip(batch, vectors, batch_chunks)])
-                record_progress(len(batch))
+                record_progress(len(batch), embedded=True)
     finally:
         # what was written before a failure counts too: a retry skips those points and never adds them
         try:

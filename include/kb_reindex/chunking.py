@@ -43,8 +43,11 @@ def point_id_for(knowledge_key: str, chunk_index: int, chunk_hash: str) -> str:
     return str(uuid.uuid5(POINT_ID_NAMESPACE, f"{knowledge_key}\x1f{chunk_index}\x1f{chunk_hash}"))
 
 
-def _sections(body: str) -> list[tuple[str, str]]:
-    """(section path, text) pairs in document order; the path joins the heading trail with ' > '."""
+def _sections(body: str, doc_title: str) -> list[tuple[str, str]]:
+    """(section path, text) pairs in document order; the path joins the heading trail with ' > '.
+
+    An H1 that is the document's title is left out (every chunk's header starts with the title); one
+    that differs from it (a front matter `title` of its own) stays in the path, so its words are indexed."""
     trail: list[tuple[int, str]] = []
     sections: list[tuple[str, list[str]]] = [("", [])]
     in_fence = False
@@ -55,8 +58,7 @@ def _sections(body: str) -> list[tuple[str, str]]:
         if match:
             level, title = len(match.group(1)), match.group(2)
             trail = [(lvl, t) for lvl, t in trail if lvl < level] + [(level, title)]
-            # the H1 is the document title and is already in every chunk's header
-            path = " > ".join(t for lvl, t in trail if lvl > 1)
+            path = " > ".join(t for lvl, t in trail if lvl > 1 or t.strip() != doc_title.strip())
             sections.append((path, []))
         else:
             sections[-1][1].append(line)
@@ -120,7 +122,7 @@ def _pack(units: list[tuple[str, int]], size: int, overlap: int) -> list[str]:
 
 def chunk_document(doc: Document, *, chunk_size: int = 500, overlap: int = 50) -> list[Chunk]:
     chunks: list[Chunk] = []
-    for section, text in _sections(doc.body):
+    for section, text in _sections(doc.body, doc.title):
         body_budget = max(chunk_size - len(doc.title) - len(section) - 4, chunk_size // 2)
         for body in _pack(_units(text, body_budget), body_budget, overlap):
             body = body.strip()

@@ -7,11 +7,13 @@ Human tables by default; `--json` prints one JSON object on stdout (logs go to s
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
+import os
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from kb_reindex.config import Settings
 from kb_reindex.errors import ConfigError, KbError
@@ -26,7 +28,21 @@ NO_CREATE = frozenset({"status", "history", "plan", "unlock"})
 LOCKED = frozenset({"validate", "gc", "drop", "reconcile", "promote"})
 
 
-def _parser() -> argparse.ArgumentParser:
+class _Parser(argparse.ArgumentParser):
+    """argparse, except that with `--json` a usage error is answered as JSON on stdout too (still exit 2)."""
+
+    def __init__(self, *args: Any, json_answer: bool = False, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.json_answer = json_answer
+
+    def error(self, message: str) -> NoReturn:
+        if self.json_answer:
+            print(json.dumps({"outcome": "failed", "error": f"{self.prog}: {message}", "error_kind": "usage"},
+                             ensure_ascii=False))
+        super().error(message)
+
+
+def _parser(*, json_answer: bool = False) -> argparse.ArgumentParser:
     def common_flags(default: Any) -> argparse.ArgumentParser:
         flags = argparse.ArgumentParser(add_help=False)
         flags.add_argument("--json", action="store_true", default=default, help="print one JSON object instead of tables")
@@ -36,9 +52,10 @@ def _parser() -> argparse.ArgumentParser:
     # accepted before or after the command (`kb-reindex -q plan`, `kb-reindex plan -q`); the command's
     # copy has no default, so it never resets what was given before the command
     common = common_flags(argparse.SUPPRESS)
-    parser = argparse.ArgumentParser(prog="kb-reindex", description=__doc__.splitlines()[0],
-                                     parents=[common_flags(False)])
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    parser = _Parser(prog="kb-reindex", description=__doc__.splitlines()[0], parents=[common_flags(False)],
+                     json_answer=json_answer)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                                parser_class=functools.partial(_Parser, json_answer=json_answer))
 
     run = sub.add_parser("run", parents=[common], help="plan, build, validate and promote a new version")
     run.add_argument("--force-full", action="store_true", help="embed every chunk; reuse no vector")
@@ -83,12 +100,13 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _table(rows: list[dict[str, Any]], columns: list[str]) -> str:
+    """Each value as it is (`50`, not the `50.0` pandas makes of an int column holding a None); None as `-`."""
     import pandas as pd
 
     if not rows:
         return "(none)"
-    frame = pd.DataFrame(rows, columns=columns).astype(object).where(lambda f: f.notna(), "-")
-    return frame.to_string(index=False)
+    cells = [["-" if row.get(name) is None else str(row.get(name)) for name in columns] for row in rows]
+    return pd.DataFrame(cells, columns=columns, dtype=object).to_string(index=False)
 
 
 def _print(args: argparse.Namespace, data: dict[str, Any], human: str) -> None:
@@ -103,7 +121,8 @@ def _run_human(r: dict[str, Any]) -> str:
     lines = [
         f"outcome: {r['outcome']}" + (f"  version: v{r['version']}  collection: {r['collection']}" if r.get("version") else ""),
         f"docs: +{d['added']} added, ~{d['changed']} changed, ={d['unchanged']} unchanged, -{d['removed']} removed",
-        f"chunks: {c['total']} total, {c['embedded']} embedded, {c['reused']} reused",
+        f"chunks: {c['total']} total; this run: {c['embedded']} embedded, {c['copied']} copied, "
+        f"{c['skipped']} skipped (already written); planned: {c['planned_embed']} to embed, {c['planned_reuse']} to reuse",
     ]
     if r.get("validation"):
         v = r["validation"]
@@ -115,7 +134,24 @@ def _run_human(r: dict[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    """Exit codes: 0 success or no change, 1 a failed run, 2 a usage or configuration error."""
+    try:
+        code = _main(list(sys.argv[1:] if argv is None else argv))
+        sys.stdout.flush()  # a closed pipe shows here, inside the handler, not at interpreter exit
+        return code
+    except BrokenPipeError:
+        # `kb-reindex history | head -1`: the reader has gone; nothing left to say to it. Python would
+        # flush stdout again at exit and fail again, so it is pointed at devnull (as the Python docs advise).
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
+
+
+def _main(argv: list[str]) -> int:
+    try:
+        args = _parser(json_answer="--json" in argv).parse_args(argv)
+    except SystemExit as stop:  # a usage error (2) or --help (0), already answered by argparse
+        return stop.code if isinstance(stop.code, int) else 2
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(message)s")
     try:
@@ -126,6 +162,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KbError as exc:
         _fail(args, str(exc), type(exc).__name__)
         return 1
+    except BrokenPipeError:
+        raise
     except Exception as exc:  # noqa: BLE001 - the CLI must answer in its own format, with the traceback logged
         log.exception("kb_reindex: unexpected error")
         _fail(args, f"{type(exc).__name__}: {exc}", "unexpected")
@@ -161,7 +199,7 @@ def _dispatch(args: argparse.Namespace) -> int:
             result = engine.run_reindex(deps, force_full=args.force_full, dry_run=args.dry_run)
             result.pop("plan", None)
             _print(args, result, _run_human(result))
-            return 1 if result["outcome"] == "failed" else 0
+            return _run_exit_code(result)
         if args.command == "migrate":
             result = engine.run_reindex(
                 deps, kind="migration", embedder=args.embedder, model=args.model, dim=args.dim,
@@ -169,13 +207,14 @@ def _dispatch(args: argparse.Namespace) -> int:
             )
             result.pop("plan", None)
             _print(args, result, _run_human(result))
-            return 1 if result["outcome"] == "failed" else 0
+            return _run_exit_code(result)
         if args.command == "plan":
+            from kb_reindex.build import BuildCounts
             from kb_reindex.plan import plan
 
             p = plan(deps)
             human = _run_human({**engine.empty_result("no_change" if p["no_change"] else "would_build"),
-                                "docs": p["docs"], "chunks": p["chunks"]})
+                                "docs": p["docs"], "chunks": engine.chunk_counts(p, BuildCounts())})
             _print(args, p, human + f"\nmodel: {p['embedder']}/{p['embed_model']}  live: v{p['base_version'] or '-'}")
             return 0
         if args.command == "status":
@@ -219,6 +258,7 @@ def _dispatch_locked(args: argparse.Namespace, deps: Any) -> int:
             if live is None:
                 raise ConfigError("no live version; name one with --version")
             number = live.version
+        _existing_version(deps, number, "--version")
         result = validate(deps, number, raise_on_failure=False)
         summary = engine.validation_summary(result)
         _print(args, {"version": number, **summary, "checks": result["checks"]},
@@ -235,6 +275,7 @@ def _dispatch_locked(args: argparse.Namespace, deps: Any) -> int:
     if args.command == "drop":
         from kb_reindex.promote import drop_version
 
+        _existing_version(deps, args.version, "--version")
         result = drop_version(deps, args.version)
         _print(args, result, f"v{result['version']} ({result['collection']}) was already deleted"
                if result.get("already_deleted") else
@@ -252,6 +293,7 @@ def _dispatch_locked(args: argparse.Namespace, deps: Any) -> int:
             if input("Validate it again and switch the alias? Type 'yes': ").strip().lower() != "yes":
                 print("nothing changed")
                 return 0
+        _existing_version(deps, args.version, "--version")
         result = promote_shadow(deps, args.version, run_id=new_run_id("promote"))
         _print(args, result, f"promoted v{result['version']} ({result['collection']}, {result['embed_model']} "
                              f"{result['dim']}-d); v{result['previous_version'] or '-'} kept for rollback")
@@ -304,20 +346,40 @@ def _unlock(args: argparse.Namespace, deps: Any) -> int:
     return 0
 
 
+def _run_exit_code(result: dict[str, Any]) -> int:
+    """A run stopped by a setting (e.g. no knowledge folder) is a configuration error, not a failed run."""
+    if result["outcome"] != "failed":
+        return 0
+    return 2 if result.get("error_kind") == "config" else 1
+
+
+def _existing_version(deps: Any, number: int, flag: str) -> None:
+    """A version number that names nothing is a usage error (exit 2), said before anything is touched."""
+    if deps.state.get_version(deps.settings.alias, number) is None:
+        raise ConfigError(f"{flag} {number}: {deps.settings.alias} has no version {number}; "
+                          "`kb-reindex status` lists the versions")
+
+
 def _rollback(args: argparse.Namespace, deps: Any) -> int:
     from kb_reindex import engine
     from kb_reindex.promote import rollback_target
 
     live = deps.state.live_version(deps.settings.alias)
+    if args.to_version is not None:
+        _existing_version(deps, args.to_version, "--to-version")
     target = deps.state.get_version(deps.settings.alias, args.to_version) if args.to_version else rollback_target(deps)
     if not args.yes:
         if not sys.stdin.isatty():
             raise ConfigError("rollback needs confirmation: pass --yes when not running in a terminal")
+        # the question goes to stderr with --json: stdout carries only the one JSON answer
+        ask = sys.stderr if args.json else sys.stdout
         print(f"alias {deps.settings.alias}: v{live.version if live else '-'} -> "
-              f"v{target.version if target else '?'} ({target.collection if target else 'no target'})")
-        if input("Switch the alias? Type 'yes': ").strip().lower() != "yes":
-            print("nothing changed")
-            return 1
+              f"v{target.version if target else '?'} ({target.collection if target else 'no target'})", file=ask)
+        print("Switch the alias? Type 'yes': ", end="", file=ask, flush=True)
+        if sys.stdin.readline().strip().lower() != "yes":
+            # declining is an answer, not a failure
+            _print(args, {"outcome": "cancelled", "changed": False, "message": "nothing changed"}, "nothing changed")
+            return 0
     result = engine.run_rollback(deps, reason=args.reason, to_version=args.to_version,
                                  revalidate=not args.no_revalidate)
     _print(args, result, f"rolled back: v{result['from_version']} -> v{result['to_version']} ({result['collection']})")

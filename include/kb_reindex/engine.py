@@ -13,8 +13,8 @@ from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
-from kb_reindex.build import build, create_version, reindex_lock_name
-from kb_reindex.errors import KbError, LockHeldError
+from kb_reindex.build import BuildCounts, build, create_version, reindex_lock_name
+from kb_reindex.errors import ConfigError, KbError, LockHeldError
 from kb_reindex.plan import prepare_logged as make_plan
 from kb_reindex.promote import cleanup, has_served, promote, rollback, rollback_target
 from kb_reindex.reconcile import drift_advice
@@ -50,10 +50,24 @@ def empty_result(outcome: str = "failed") -> dict[str, Any]:
         "version": None,
         "collection": None,
         "docs": {"added": 0, "changed": 0, "unchanged": 0, "removed": 0},
-        "chunks": {"total": 0, "embedded": 0, "reused": 0},
+        "chunks": chunk_counts(None, BuildCounts()),
         "validation": None,
         "error": None,
+        "error_kind": None,
     }
+
+
+def chunk_counts(plan: dict[str, Any] | None, done: BuildCounts) -> dict[str, int]:
+    """What this run did (`embedded`, `copied`, `skipped` as already written by an earlier attempt),
+    beside what the plan expected (`planned_embed`, `planned_reuse`): a resumed or failed run differs."""
+    planned = plan["chunks"] if plan else {"total": 0, "embedded": 0, "reused": 0}
+    return {"total": planned["total"], "embedded": done.embedded, "copied": done.copied, "skipped": done.skipped,
+            "planned_embed": planned["embedded"], "planned_reuse": planned["reused"]}
+
+
+def built_counters(done: BuildCounts) -> dict[str, int]:
+    """The run record's chunk columns: `chunks_embedded` embedded and `chunks_reused` copied by this run."""
+    return {"chunks_embedded": done.embedded, "chunks_reused": done.copied}
 
 
 def no_change_counters(plan: dict[str, Any]) -> dict[str, Any]:
@@ -70,8 +84,7 @@ def run_counters(plan: dict[str, Any]) -> dict[str, Any]:
     return {
         "source_changed_at": datetime.fromtimestamp(changed_at, UTC).replace(tzinfo=None) if changed_at else None,
         "docs_added": docs["added"], "docs_changed": docs["changed"], "docs_unchanged": docs["unchanged"],
-        "docs_removed": docs["removed"], "chunks_total": chunks["total"], "chunks_embedded": chunks["embedded"],
-        "chunks_reused": chunks["reused"],
+        "docs_removed": docs["removed"], "chunks_total": chunks["total"],
     }
 
 
@@ -94,6 +107,7 @@ def run_reindex(
     alias = deps.settings.alias
     run_id = run_id or new_run_id(kind)
     result = empty_result()
+    done = BuildCounts()
     deps.state.start_run(run_id=run_id, alias=alias, kind=kind, trigger=trigger)
     try:
         with exclusive(deps, run_id=run_id) as owner:
@@ -101,11 +115,10 @@ def run_reindex(
             prepared = make_plan(deps, force_full=force_full or kind == "migration", kind=kind,
                                  embedder=embedder, model=model, dim=dim)
             p = prepared.plan
-            result.update(docs=p["docs"], chunks=p["chunks"], plan=p)
+            result.update(docs=p["docs"], chunks=chunk_counts(p, done), plan=p)
             counters = run_counters(p)
             if p["no_change"]:
                 result.update(outcome="no_change", version=p["base_version"], collection=p["base_collection"])
-                result["chunks"] = {"total": p["chunks"]["total"], "embedded": 0, "reused": 0}
                 deps.state.finish_run(run_id, outcome="no_change", version=p["base_version"], **no_change_counters(p))
                 return result
             if dry_run:
@@ -118,8 +131,9 @@ def run_reindex(
             prepared = replace(prepared, reuse={})
             result.update(version=created["version"], collection=created["collection"])
             deps.state.update_run(run_id, version=created["version"])
-            built = build(deps, created["version"], run_id=run_id, prepared=prepared)
+            built = build(deps, created["version"], run_id=run_id, prepared=prepared, counts=done)
             result["build"] = built
+            result["chunks"] = chunk_counts(p, done)
             flagged = prepared.scan.flagged_lines()
             del prepared
             checked = validate(deps, created["version"], min_hit_rate=min_hit_rate, min_mrr=min_mrr, flagged=flagged)
@@ -135,15 +149,22 @@ def run_reindex(
         message = str(exc) if isinstance(exc, KbError) else f"{type(exc).__name__}: {exc}"
         if not isinstance(exc, KbError):
             log.exception("kb_reindex: unexpected error")
-        result.update(outcome="failed", error=message)
+        # named as the CLI names an error: "config" is a setting to fix (exit 2)
+        kind_of_error = ("config" if isinstance(exc, ConfigError)
+                         else type(exc).__name__ if isinstance(exc, KbError) else "unexpected")
+        result.update(outcome="failed", error=message, error_kind=kind_of_error)
+        if "plan" in result:
+            result["chunks"] = chunk_counts(result["plan"], done)
         if result.get("version") is not None:
             v = deps.state.get_version(alias, result["version"])
             if v is not None and v.validation:
                 result["validation"] = validation_summary(v.validation)
-        deps.state.finish_run(run_id, outcome="failed", error=message, version=result.get("version"))
+        deps.state.finish_run(run_id, outcome="failed", error=message, version=result.get("version"),
+                              **built_counters(done))
         log.error("kb_reindex: %s run %s failed: %s", kind, run_id, message)
         return result
-    deps.state.finish_run(run_id, outcome=result["outcome"], version=result["version"], **counters)
+    deps.state.finish_run(run_id, outcome=result["outcome"], version=result["version"], **counters,
+                          **built_counters(done))
     return result
 
 

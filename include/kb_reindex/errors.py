@@ -20,6 +20,10 @@ class SourceError(KbError):
     step = "plan"
 
 
+class KnowledgeFolderMissing(SourceError, ConfigError):
+    """KB_KNOWLEDGE_DIR names no folder: a setting to fix (exit 2), found while reading the sources."""
+
+
 class SourceChangedError(KbError):
     """The files changed after the plan: this version cannot be completed from them; a new run can."""
 

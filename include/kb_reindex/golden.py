@@ -85,14 +85,24 @@ def load_golden_set(path: Path) -> GoldenSet:
     )
 
 
-def check_probe_keys(golden: GoldenSet, keys: set[str]) -> None:
+def check_probe_keys(golden: GoldenSet, keys: set[str], *, where: str | None = None) -> None:
     """A probe that names a missing document can never hit: say which one instead of scoring it."""
     missing = [f"{p.id} -> {', '.join(e for e in p.expected if e not in keys)}" for p in golden.probes
                if any(e not in keys for e in p.expected)]
     if missing:
         raise GoldenSetError(
-            f"{len(missing)} golden probe(s) name knowledge_keys that are not in the corpus: " + "; ".join(missing)
+            (f"{where}: " if where else "")
+            + f"{len(missing)} golden probe(s) name knowledge_keys in 'expected' that are not in the corpus: "
+            + "; ".join(missing)
         )
+
+
+def check_golden_set(path: Path, keys: set[str]) -> GoldenSet:
+    """The golden set as the plan sees it: well-formed, and every expected key among the documents being
+    planned. Checked before a version exists, so a threshold of 1.5 is not found after a full build."""
+    golden = load_golden_set(path)
+    check_probe_keys(golden, keys, where=str(path))
+    return golden
 
 
 def first_hit_rank(ranked_keys: Sequence[str], expected: Sequence[str]) -> int | None:

@@ -13,6 +13,7 @@ from typing import Any
 
 from kb_reindex.corpus import CorpusScan, scan_corpus
 from kb_reindex.errors import StateDriftError
+from kb_reindex.golden import check_golden_set
 from kb_reindex.runtime import Deps
 from kb_reindex.state import VersionRecord
 
@@ -80,6 +81,9 @@ def prepare(
     scan = scan_corpus(settings.knowledge_dir, max_bytes=settings.max_doc_bytes,
                        chunk_size=settings.chunk_size, overlap=settings.chunk_overlap)
     documents = scan.infos
+    # only the plan checks the golden set against today's files: a rollback to an older version must
+    # not be blocked by probes that name documents added since
+    check_golden_set(settings.golden_set, {d.knowledge_key for d in documents})
     chunks = scan.chunk_refs()
     fingerprint = scan.fingerprint
     cv = scan.chunking_version

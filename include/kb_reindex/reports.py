@@ -14,10 +14,8 @@ def write_validation_report(reports_dir: Path, version: VersionRecord, result: d
     """Write `<reports>/<alias>/v<N>/validation.{csv,md}` and return the Markdown path."""
     folder = reports_dir / version.alias / f"v{version.version}"
     folder.mkdir(parents=True, exist_ok=True)
-    probes = pd.DataFrame(
-        result["probes"],
-        columns=["probe", "query", "expected", "rank_live", "rank_candidate", "hit", "regression", "top"],
-    )
+    probes = _probe_frame(result["probes"], ["probe", "query", "expected", "rank_live", "rank_candidate", "hit",
+                                             "regression", "top"])
     probes.to_csv(folder / "validation.csv", index=False)
     checks = pd.DataFrame(result["checks"], columns=["check", "passed", "detail"])
     lines = [
@@ -79,8 +77,8 @@ def write_html_report(reports_dir: Path, version: VersionRecord, result: dict[st
     figure.savefig(buffer, format="png")
     plt.close(figure)
     plot = base64.b64encode(buffer.getvalue()).decode("ascii")
-    probes = pd.DataFrame(result["probes"], columns=["probe", "query", "expected", "rank_live", "rank_candidate",
-                                                     "hit", "regression"])
+    probes = _probe_frame(result["probes"], ["probe", "query", "expected", "rank_live", "rank_candidate", "hit",
+                                             "regression"])
     checks = pd.DataFrame(result["checks"], columns=["check", "passed", "detail"])
     flagged = pd.DataFrame(result.get("flagged_instructions") or [], columns=["source", "line", "text"])
     verdict = "PASSED" if result["passed"] else "FAILED"
@@ -99,6 +97,14 @@ regressions {result['regressions']}</p>
     path = folder / "validation.html"
     path.write_text(body, encoding="utf-8")
     return path
+
+
+def _probe_frame(probes: list[dict[str, Any]], columns: list[str]) -> pd.DataFrame:
+    """Ranks as whole numbers: a rank column with a miss (None) would otherwise become float (`1.0`)."""
+    frame = pd.DataFrame(probes, columns=columns)
+    for name in ("rank_live", "rank_candidate"):
+        frame[name] = frame[name].astype("Int64")
+    return frame
 
 
 def _markdown(frame: pd.DataFrame) -> str:

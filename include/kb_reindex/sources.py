@@ -7,6 +7,7 @@ knowledge is better than serving today's with a policy silently missing.
 from __future__ import annotations
 
 import hashlib
+import os
 import unicodedata
 from dataclasses import dataclass
 from collections.abc import Iterable, Iterator
@@ -15,7 +16,7 @@ from typing import Protocol
 
 import yaml
 
-from kb_reindex.errors import SourceError
+from kb_reindex.errors import KnowledgeFolderMissing, SourceError
 
 FRONT_MATTER_FIELDS = ("title", "category", "tenant")
 _YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when present: same rules, much faster
@@ -139,34 +140,59 @@ def parse_document(path: Path, source: str, data: bytes) -> Document:
     return document
 
 
-def discover(docs_dir: Path) -> list[Path]:
-    """Markdown files under docs_dir, sorted; links that leave the folder are refused."""
+def discover(docs_dir: Path) -> tuple[list[Path], list[str]]:
+    """Markdown files under docs_dir (sorted), and a problem line for every link that cannot be followed.
+
+    A link that stays inside the folder is read as what it points to, under its own name, like any file
+    (a folder link's documents are then indexed twice, once under each path). A link leading outside the
+    folder, a link to nothing, and a folder link that loops back are refused by name: serving knowledge
+    with documents silently missing is worse than not serving the new version at all.
+    """
     if not docs_dir.is_dir():
-        raise SourceError(f"knowledge folder {docs_dir} does not exist or is not a folder (KB_KNOWLEDGE_DIR)")
+        raise KnowledgeFolderMissing(f"knowledge folder {docs_dir} does not exist or is not a folder (KB_KNOWLEDGE_DIR)")
     root = docs_dir.resolve()
     found: list[Path] = []
-    for path in sorted(docs_dir.rglob("*")):
-        if path.suffix.lower() != ".md" or any(part.startswith(".") for part in path.relative_to(docs_dir).parts):
-            continue
-        target = path.resolve()
-        if path.is_symlink() or target != path.absolute():
-            if not target.is_relative_to(root):
-                raise SourceError(
-                    f"{path.relative_to(docs_dir).as_posix()}: is a link to {target}, outside the knowledge "
-                    f"folder {root}; refused"
-                )
-        if target.is_file():
-            found.append(path)
-    return found
+    problems: list[str] = []
+
+    def walk(folder: Path, walking: tuple[Path, ...]) -> None:
+        """`walking`: the real folders being walked, outermost first; a link back into one would loop."""
+        with os.scandir(folder) as entries:
+            names = sorted(entry.name for entry in entries if not entry.name.startswith("."))
+        for name in names:
+            path = folder / name
+            is_markdown = path.suffix.lower() == ".md"
+            if path.is_symlink():
+                source = path.relative_to(docs_dir).as_posix()
+                target = path.resolve()
+                if not target.exists():
+                    if is_markdown or not path.suffix:  # a document, or most likely a folder of them
+                        problems.append(f"{source}: is a link to {target}, which does not exist; refused")
+                    continue
+                if not (target.is_dir() or is_markdown):
+                    continue
+                if not target.is_relative_to(root):
+                    problems.append(f"{source}: is a link to {target}, outside the knowledge folder {root}; refused")
+                    continue
+                if target.is_dir() and any(real.is_relative_to(target) for real in walking):
+                    problems.append(f"{source}: is a link to {target}, a folder that contains it; refused "
+                                    "(following it would never end)")
+                    continue
+            if path.is_dir():
+                walk(path, (*walking, path.resolve()))
+            elif is_markdown and path.is_file():
+                found.append(path)
+
+    walk(docs_dir, (root,))
+    return sorted(found), problems
 
 
 def iter_corpus(docs_dir: Path, *, max_bytes: int = 2_000_000) -> Iterator[Document]:
     """Every document, one at a time in folder order, so a caller keeps only what it needs of each.
     Errors from all files are reported together, once every file was read."""
-    errors: list[str] = []
+    paths, errors = discover(docs_dir)
     by_key: dict[str, list[str]] = {}
     count = 0
-    for path in discover(docs_dir):
+    for path in paths:
         source = path.relative_to(docs_dir).as_posix()
         try:
             document = read_document(path, docs_dir, max_bytes=max_bytes)

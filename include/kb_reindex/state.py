@@ -496,7 +496,7 @@ class StateStore:
         with self.engine.begin() as conn:
             exists = conn.execute(sa.select(runs.c.run_id).where(runs.c.run_id == run_id)).first()
             values = {"alias": alias, "kind": kind, "trigger": trigger, "outcome": "running", "started_at": now,
-                      "finished_at": None, "error": None}
+                      "finished_at": None, "error": None, "chunks_embedded": 0, "chunks_reused": 0}
             if exists:
                 conn.execute(runs.update().where(runs.c.run_id == run_id).values(**values))
             else:
@@ -505,6 +505,13 @@ class StateStore:
     def update_run(self, run_id: str, **columns: Any) -> None:
         with self.engine.begin() as conn:
             conn.execute(runs.update().where(runs.c.run_id == run_id).values(**columns))
+
+    def add_run_chunks(self, run_id: str, *, embedded: int, reused: int) -> None:
+        """Count what a build of this run wrote: `chunks_embedded` embedded, `chunks_reused` copied from live.
+        Added, not set: mapped build slices and retried tasks each add what they wrote."""
+        with self.engine.begin() as conn:
+            conn.execute(runs.update().where(runs.c.run_id == run_id).values(
+                chunks_embedded=runs.c.chunks_embedded + embedded, chunks_reused=runs.c.chunks_reused + reused))
 
     def finish_run(self, run_id: str, *, outcome: str, error: str | None = None, **counters: Any) -> None:
         now = utcnow()
