@@ -16,6 +16,7 @@ from kb_reindex.plan import prepare_logged as make_plan
 from kb_reindex.promote import cleanup, promote, rollback, rollback_target
 from kb_reindex.runtime import Deps, new_run_id
 from kb_reindex.state import default_lock_owner
+from kb_reindex.store import describe_qdrant_failure
 from kb_reindex.validate import validate
 
 log = logging.getLogger(__name__)
@@ -111,6 +112,8 @@ def run_reindex(
         message = str(exc) if isinstance(exc, KbError) else f"{type(exc).__name__}: {exc}"
         if not isinstance(exc, KbError):
             log.exception("kb_reindex: unexpected error")
+            # over the wire the Qdrant client says neither which server nor, often, what in one line
+            message = describe_qdrant_failure(exc, deps.settings, deps.store.client) or message
         result.update(outcome="failed", error=message)
         if result.get("version") is not None:
             v = deps.state.get_version(alias, result["version"])
