@@ -615,7 +615,8 @@ class _Handler(BaseHTTPRequestHandler):
                     self.connection.shutdown(socket.SHUT_RDWR)
                     return
                 if fault.status is not None:
-                    raise _HttpError(fault.status, f"Service internal error: injected fault #{fault.id} on {op}")
+                    kind = "Service internal error" if fault.status >= 500 else "Bad request"
+                    raise _HttpError(fault.status, f"{kind}: injected fault #{fault.id} on {op}")
             if path not in _OPEN_PATHS and (refused := self._authorised()) is not None:
                 record.status = 401
                 self._send_text(401, refused)
@@ -828,6 +829,7 @@ class QdrantServerProcess:
                 self.process.kill()
                 self.process.wait()
         self._close_pipes()
+        self._stderr_path.unlink(missing_ok=True)  # start() writes it again
 
     def kill(self) -> None:
         """SIGKILL, as a crash: no cleanup in the server."""
