@@ -22,7 +22,7 @@ from kb_reindex import engine
 from kb_reindex.build import build, create_version
 from kb_reindex.config import Settings
 from kb_reindex.embedding import HashingEmbedder
-from kb_reindex.errors import StoreError
+from kb_reindex.errors import ConfigError
 from kb_reindex.plan import plan
 from kb_reindex.promote import promote
 from kb_reindex.reader import search_knowledge
@@ -241,8 +241,9 @@ def test_qdrant_unreachable_at_each_step_leaves_live_and_a_rerun_completes(
 
 
 def test_unreachable_qdrant_server_is_a_clear_error(project: Path) -> None:
+    """Nothing listening is configuration (a wrong KB_QDRANT_URL or a server not started): ConfigError."""
     settings = settings_for(project, KB_QDRANT_URL="http://127.0.0.1:9", KB_QDRANT_API_KEY="qdrant-secret-key")
-    with pytest.raises(StoreError, match=r"Qdrant at http://127.0.0.1:9 is unreachable") as error:
+    with pytest.raises(ConfigError, match=r"Qdrant at http://127.0.0.1:9 is unreachable") as error:
         with open_deps(settings):
             pass
     assert "qdrant-secret-key" not in str(error.value)

@@ -22,6 +22,7 @@ from kb_reindex.errors import (
     SourceChangedError,
     SourceError,
     StateDriftError,
+    StoreUnreachable,
     ValidationFailed,
 )
 from kb_reindex.runtime import Deps, open_deps
@@ -117,13 +118,14 @@ def step(deps: Deps, run_id: str) -> Iterator[None]:
         from kb_reindex import metrics
         from kb_reindex.errors import EmbeddingError
 
-        if isinstance(exc, PERMANENT) or _last_try():
+        permanent = isinstance(exc, PERMANENT) and not isinstance(exc, StoreUnreachable)
+        if permanent or _last_try():
             deps.state.finish_run(run_id, outcome="failed", error=str(exc))
         if isinstance(exc, AliasMovedError):
             metrics.incr("alias_switch.failures", alias=deps.settings.alias)
         if isinstance(exc, EmbeddingError):
             metrics.incr("embedding.batch_failures", alias=deps.settings.alias)
-        if isinstance(exc, PERMANENT):
+        if permanent:
             raise AirflowFailException(f"{type(exc).__name__}: {exc}") from None
         raise
     except Exception as exc:

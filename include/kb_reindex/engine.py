@@ -20,6 +20,7 @@ from kb_reindex.promote import cleanup, has_served, promote, rollback, rollback_
 from kb_reindex.reconcile import drift_advice
 from kb_reindex.runtime import Deps, new_run_id
 from kb_reindex.state import VersionRecord, default_lock_owner, lock_owner_alive
+from kb_reindex.store import describe_qdrant_failure
 from kb_reindex.validate import validate
 
 log = logging.getLogger(__name__)
@@ -149,6 +150,8 @@ def run_reindex(
         message = str(exc) if isinstance(exc, KbError) else f"{type(exc).__name__}: {exc}"
         if not isinstance(exc, KbError):
             log.exception("kb_reindex: unexpected error")
+            # over the wire the Qdrant client says neither which server nor, often, what in one line
+            message = describe_qdrant_failure(exc, deps.settings, deps.store.client) or message
         # named as the CLI names an error: "config" is a setting to fix (exit 2)
         kind_of_error = ("config" if isinstance(exc, ConfigError)
                          else type(exc).__name__ if isinstance(exc, KbError) else "unexpected")

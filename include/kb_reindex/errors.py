@@ -14,6 +14,11 @@ class ConfigError(KbError):
     """A setting or argument is wrong; the CLI exits 2."""
 
 
+class StoreUnreachable(ConfigError):
+    """Nothing answers at the configured Qdrant URL: a setting to check from the CLI (exit 2), but in
+    Airflow a server restarting for a minute, so its tasks retry it."""
+
+
 class SourceError(KbError):
     """A knowledge document cannot be used as it is."""
 

@@ -17,7 +17,7 @@ from typing import Any
 from qdrant_client import QdrantClient, models
 
 from kb_reindex.config import Settings
-from kb_reindex.errors import AliasMovedError, ConfigError, StoreError
+from kb_reindex.errors import AliasMovedError, ConfigError, KbError, StoreError, StoreUnreachable
 from kb_reindex.embedding import redact_url
 
 log = logging.getLogger(__name__)
@@ -233,20 +233,91 @@ class KnowledgeStore:
         self.client.close()
 
 
+# The remote client checks the server version in a background thread and warns when it cannot; open_store
+# probes the server itself right after and reports that in one line, so that warning is only noise. Its
+# warning about a key sent over plain http becomes one log line instead of a multi-line warning.
+_VERSION_CHECK_WARNING = "Failed to obtain server version"
+_INSECURE_KEY_WARNING = "Api key is used with an insecure connection"
+
+
 @contextmanager
 def open_store(settings: Settings, *, client: QdrantClient | None = None, create: bool = True) -> Iterator[KnowledgeStore]:
-    """A store for one step. A client we opened is closed after, which frees local mode's folder lock."""
+    """A store for one step. A client we opened is closed after, which frees local mode's folder lock.
+
+    A server that refuses the connection or the API key is a configuration error (the CLI exits 2); one that
+    answers too slowly or fails otherwise is a StoreError. Messages name the URL, never the key."""
     own = client is None
-    store = KnowledgeStore(client or make_client(settings, create=create))
+    if own:
+        warnings.filterwarnings("ignore", message=_VERSION_CHECK_WARNING, category=UserWarning)
+        if settings.qdrant_url and settings.qdrant_api_key and settings.qdrant_url.lower().startswith("http://"):
+            warnings.filterwarnings("ignore", message=_INSECURE_KEY_WARNING, category=UserWarning)
+            log.warning("kb_reindex: the Qdrant API key is sent unencrypted to %s (plain http)",
+                        redact_url(settings.qdrant_url))
+        client = make_client(settings, create=create)
+    assert client is not None
+    store = KnowledgeStore(client)
     try:
         store.client.get_collections()
     except Exception as exc:
         if own:
             store.close()
-        where = redact_url(settings.qdrant_url) if settings.qdrant_url else str(settings.qdrant_path)
-        raise StoreError(f"Qdrant at {where} is unreachable ({type(exc).__name__}); the live alias was not touched") from None
+        raise _open_error(exc, settings, client) from None
     try:
         yield store
     finally:
         if own:
             store.close()
+
+
+def _where(settings: Settings, client: QdrantClient | None) -> str:
+    """The server for messages: the URL without credentials, or the local-mode folder."""
+    url = settings.qdrant_url or (client.init_options.get("url") if client is not None else None)
+    return redact_url(url) if url else str(settings.qdrant_path)
+
+
+def _open_error(exc: Exception, settings: Settings, client: QdrantClient) -> KbError:
+    """One line for a store that cannot be used: refused key or connection -> ConfigError, else StoreError."""
+    import httpx
+    from qdrant_client.http.exceptions import ResponseHandlingException, UnexpectedResponse
+
+    where = _where(settings, client)
+    untouched = "the live alias was not touched"
+    if isinstance(exc, UnexpectedResponse) and exc.status_code in (401, 403):
+        if settings.qdrant_api_key or client.init_options.get("api_key"):
+            return ConfigError(f"Qdrant at {where} refused the API key (HTTP {exc.status_code}): check "
+                               f"KB_QDRANT_API_KEY; {untouched}")
+        return ConfigError(f"Qdrant at {where} requires an API key (HTTP {exc.status_code}): set "
+                           f"KB_QDRANT_API_KEY; {untouched}")
+    cause = exc.source if isinstance(exc, ResponseHandlingException) else exc
+    if isinstance(cause, httpx.ConnectError):
+        return StoreUnreachable(f"Qdrant at {where} is unreachable: connection refused or host unknown; check "
+                           f"KB_QDRANT_URL and that the server runs; {untouched}")
+    return StoreError(f"{describe_qdrant_failure(exc, settings, client) or f'Qdrant at {where} is unreachable'}; "
+                      f"{untouched}")
+
+
+def describe_qdrant_failure(exc: BaseException, settings: Settings, client: QdrantClient | None = None) -> str | None:
+    """One line naming the server for a failure of the remote client's HTTP call, or None for anything else.
+
+    The client's own messages are several lines of raw response, or just the transport's words, without
+    saying which server; a failed run records this instead."""
+    import httpx
+    from qdrant_client.http.exceptions import ResponseHandlingException, UnexpectedResponse
+
+    where = _where(settings, client)
+    if isinstance(exc, UnexpectedResponse):
+        try:
+            detail = str(exc.structured()["status"]["error"])
+        except Exception:  # noqa: BLE001 - not Qdrant's error envelope: show the start of the raw answer
+            detail = exc.content[:200].decode("utf-8", "replace")
+        detail = " ".join(detail.split())
+        return f"Qdrant at {where} answered HTTP {exc.status_code} {exc.reason_phrase}" + (f": {detail}" if detail else "")
+    cause = exc.source if isinstance(exc, ResponseHandlingException) else exc
+    if isinstance(cause, httpx.TimeoutException):
+        return f"Qdrant at {where} is unreachable: no answer in time ({type(cause).__name__})"
+    if isinstance(cause, httpx.TransportError):
+        words = " ".join(str(cause).split()) or "no details"
+        return f"Qdrant at {where} is unreachable: {type(cause).__name__}: {words}"
+    if isinstance(exc, ResponseHandlingException):
+        return f"Qdrant at {where} sent an answer the client could not read: {type(cause).__name__}: {cause}"
+    return None
