@@ -60,6 +60,14 @@ def deps(settings: Settings) -> Iterator[Deps]:
     client.close()
 
 
+def init_embedded(root: Path) -> None:
+    """An empty state DB and local Qdrant store under `root`, as the first writing command leaves them:
+    read-only commands (plan, status, history) refuse to create them."""
+    settings = settings_for(root)
+    StateStore(settings.state_url).dispose()
+    QdrantClient(path=str(settings.qdrant_path)).close()
+
+
 def write_doc(root: Path, key: str, text: str) -> Path:
     path = root / "knowledge" / "docs" / f"{key}.md"
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -12,6 +12,8 @@ import pytest
 
 from kb_reindex.cli import main
 
+from conftest import init_embedded
+
 
 @pytest.fixture
 def cli_env(project: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
@@ -148,6 +150,7 @@ def test_usage_errors_exit_2_and_answer_in_json_when_asked(cli_env: Path, capsys
 
 def test_missing_knowledge_folder_is_a_configuration_error(cli_env: Path, capsys: pytest.CaptureFixture[str],
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    init_embedded(cli_env)
     monkeypatch.setenv("KB_KNOWLEDGE_DIR", str(cli_env / "no-such-folder"))
     for command in ("plan", "run"):
         code, answer = run_json(capsys, command)
@@ -207,6 +210,7 @@ def test_console_script_answers_usage_errors_in_json_and_ends_quietly_on_a_close
     assert usage.returncode == 2 and json.loads(usage.stdout)["error_kind"] == "usage"
 
     # the reader is gone before the command writes a byte: as `kb-reindex history | head -1` when head is done
+    init_embedded(cli_env)
     reader = subprocess.Popen([str(script), "history"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     reader.stdout.close()
     stderr = reader.stderr.read().decode()

@@ -76,7 +76,10 @@ def test_plan_command_reports_a_bad_threshold_with_file_and_field(project: Path,
 
     from kb_reindex.cli import main
 
+    from conftest import init_embedded
+
     monkeypatch.setenv("KB_PROJECT_ROOT", str(project))
+    init_embedded(project)
     golden = project / "knowledge" / "golden.yaml"
     _edit_golden(golden, min_hit_rate=1.5)
     code = main(["plan", "--json", "-q"])

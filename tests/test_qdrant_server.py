@@ -218,7 +218,7 @@ def test_two_cli_runs_at_once_promote_exactly_once(project: Path, qdrant_server:
     """`kb-reindex run` as two fresh processes started together (env only: project root, server URL, key);
     a slow first upsert keeps the winner building while the other arrives."""
     qdrant_server.add_fault("upsert", delay_s=3, count=1)
-    env = cli_env(project, qdrant_server)
+    env = cli_env(project, qdrant_server, KB_LOCK_WAIT="0")  # the loser stops at once instead of waiting
     runs = [subprocess.Popen([str(CLI), "run", "--json", "-q"], env=env, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
     answers = [run.communicate(timeout=120) for run in runs]
@@ -227,7 +227,7 @@ def test_two_cli_runs_at_once_promote_exactly_once(project: Path, qdrant_server:
     outcomes = sorted(r["outcome"] for r in results)
     assert outcomes == ["failed", "promoted"], [r.get("error") for r in results]
     loser = next(r for r in results if r["outcome"] == "failed")
-    assert "another run is working on this alias" in loser["error"] or "alias moved" in loser["error"]
+    assert "another run is working on mall_knowledge" in loser["error"] or "alias moved" in loser["error"]
     assert sorted(run.returncode for run in runs) == [0, 1]
     assert all(API_KEY not in err for _, err in answers)
     assert [r["status"] for r in qdrant_server.requests() if r["op"] == "update_aliases"] == [200]
