@@ -17,18 +17,6 @@ DAG_IDS = {"knowledge_reindex", "knowledge_rollback", "knowledge_model_migration
 
 
 @pytest.fixture(scope="session")
-def airflow_db() -> None:
-    """A migrated SQLite metadata DB and the Qdrant write pool, once per session."""
-    airflow = str(Path(sys.executable).with_name("airflow"))
-    for command in (
-        [airflow, "db", "migrate"],
-        [airflow, "pools", "set", "kb_qdrant_writes", "1", "Qdrant writes of kb-reindex"],
-    ):
-        done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=os.environ.copy())
-        assert done.returncode == 0, done.stderr[-3000:]
-
-
-@pytest.fixture(scope="session")
 def dagbag(airflow_db: None):
     from airflow.dag_processing.dagbag import DagBag
 
@@ -252,8 +240,9 @@ def test_reindex_dag_uses_airflow_connections(dagbag, dag_env: Path, mysql_url: 
 
 def test_the_page_runs_in_airflows_api_server_and_rolls_back_as_the_signed_in_user(airflow_db: None, project: Path,
                                                                                   tmp_path: Path) -> None:
-    """The plugin in a real `airflow api-server`: the page is mounted and linked under Browse, and its
-    rollback button triggers knowledge_rollback through Airflow's API with the login cookie (`_token`)."""
+    """The plugin in a real `airflow api-server`: the page is mounted and linked under Browse, every route
+    is behind Airflow's login, and its rollback button triggers knowledge_rollback through Airflow's API
+    with the login cookie (`_token`)."""
     import signal
     import socket
     import time
@@ -264,6 +253,7 @@ def test_the_page_runs_in_airflows_api_server_and_rolls_back_as_the_signed_in_us
     airflow = str(Path(sys.executable).with_name("airflow"))
     done = subprocess.run([airflow, "dags", "reserialize"], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
+    assert kb(project, "run")["outcome"] == "promoted"  # v1 and its validation report, for the report route
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -289,8 +279,21 @@ def test_the_page_runs_in_airflows_api_server_and_rolls_back_as_the_signed_in_us
         token = httpx.post(f"{base}/auth/token", json={"username": user, "password": password}).json()["access_token"]
         bearer = {"Authorization": f"Bearer {token}"}
 
-        page = httpx.get(f"{base}/knowledge-index/ui")
-        assert page.status_code == 200 and "Knowledge index" in page.text
+        routes = [("GET", "ui"), ("GET", "api/status"), ("GET", "reports/v1/validation.html"),
+                  ("GET", "reports/v1/validation.csv")]
+        for method, route in routes:
+            url = f"{base}/knowledge-index/{route}"
+            anonymous = httpx.request(method, url)
+            if route == "ui":  # the browser is sent to Airflow's login, and back to the page afterwards
+                assert anonymous.status_code == 307, anonymous.text
+                login = anonymous.headers["location"]
+                assert login.startswith("/auth/login?next=") and quote(url, safe="") in login
+                assert httpx.get(f"{base}{login}").status_code == 200
+            else:
+                assert anonymous.status_code == 401, (route, anonymous.text)
+            signed_in = httpx.request(method, url, cookies={"_token": token})
+            assert signed_in.status_code == 200, (route, signed_in.text)
+        assert "Knowledge index" in httpx.get(f"{base}/knowledge-index/ui", cookies={"_token": token}).text
         plugins = httpx.get(f"{base}/api/v2/plugins", headers=bearer).json()["plugins"]
         ours = next(p for p in plugins if p["name"] == "knowledge_index")
         assert ours["external_views"][0]["href"] == "knowledge-index/ui"
