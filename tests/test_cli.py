@@ -131,3 +131,17 @@ def test_rollback_and_migrate_commands(cli_env: Path, capsys: pytest.CaptureFixt
     assert migrated["chunks"]["reused"] == 0
     code, history = run_json(capsys, "history")
     assert [(e["action"], e["reason"]) for e in history["events"]][-1] == ("rollback", "bad coupon text")
+
+
+def test_migrate_refuses_a_model_its_embedder_cannot_serve_and_defaults_to_the_embedders_own(
+        cli_env: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert run_json(capsys, "run")[0] == 0
+    code, refused = run_json(capsys, "migrate", "--embedder", "hashing", "--model", "bge-m3", "--no-promote")
+    assert code == 2 and refused["error_kind"] == "config"
+    assert "'bge-m3'" in refused["error"] and "hashing embedder" in refused["error"]
+    code, status = run_json(capsys, "status")
+    assert [v["version"] for v in status["versions"]] == [1]  # nothing built, nothing named after bge-m3
+
+    code, migrated = run_json(capsys, "migrate", "--embedder", "hashing", "--dim", "512", "--no-promote")
+    assert code == 0 and migrated["outcome"] == "shadow"
+    assert migrated["collection"] == "mall_knowledge__hashing-ngram-v1__v2"

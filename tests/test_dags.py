@@ -34,6 +34,23 @@ def test_dagbag_has_no_import_errors_and_every_dag_is_documented(dagbag) -> None
         assert not dag.catchup
 
 
+def test_every_param_of_every_dag_is_described(dagbag) -> None:
+    """The trigger form is what on-call reads under pressure: each field says what it does."""
+    for dag_id in DAG_IDS:
+        for name, param in dagbag.get_dag(dag_id).params.items():
+            assert len(param.description or "") > 15, (dag_id, name)
+            assert param.schema.get("title") and param.schema.get("section"), (dag_id, name)
+
+
+def test_migration_model_follows_the_embedder(dagbag) -> None:
+    from kb_reindex.config import DEFAULT_MODELS
+
+    params = dagbag.get_dag("knowledge_model_migration").params
+    assert params["model"] is None  # empty: the embedder's default
+    description = params.get_param("model").description
+    assert all(model in description for model in DEFAULT_MODELS.values())
+
+
 def test_reindex_dag_shape(dagbag) -> None:
     dag = dagbag.get_dag("knowledge_reindex")
     assert dag.schedule == "@daily" and dag.timetable.expression == "0 0 * * *"
@@ -193,6 +210,21 @@ def test_migration_dag_with_promote_and_as_shadow(dagbag, dag_env: Path) -> None
     live = kb(dag_env, "status")["live"]
     assert (live["version"], live["embed_model"], live["dim"]) == (3, "hashing-ngram-v5", 768)
     assert kb(dag_env, "history")["events"][-1]["action"] == "migrate"
+
+
+def test_migration_dag_refuses_a_model_the_embedder_cannot_serve_and_defaults_to_its_own(dagbag, dag_env: Path) -> None:
+    """Seen: embedder hashing with the form's old default bge-m3 built `mall_knowledge__bge-m3__v5` from
+    hashing vectors."""
+    cli_versions(dag_env, 1)
+    ok, states = run_dag(dagbag, "knowledge_model_migration", {"embedder": "hashing", "model": "bge-m3", "promote": True})
+    assert not ok and states["plan"] == "failed" and states["create_version"] in ("upstream_failed", None)
+    assert [v["version"] for v in kb(dag_env, "status")["versions"]] == [1]
+
+    ok, states = run_dag(dagbag, "knowledge_model_migration",
+                         {"embedder": "hashing", "model": None, "dimension": 512, "promote": False})
+    assert ok, states
+    shadow = {v["version"]: v for v in kb(dag_env, "status")["versions"]}[2]
+    assert (shadow["embed_model"], shadow["collection"]) == ("hashing-ngram-v1", "mall_knowledge__hashing-ngram-v1__v2")
 
 
 def test_reindex_dag_uses_airflow_connections(dagbag, dag_env: Path, mysql_url: str, monkeypatch: pytest.MonkeyPatch,
