@@ -1,4 +1,4 @@
-.PHONY: setup demo test bench clean
+.PHONY: setup demo test bench clean airflow airflow-stop
 
 setup:
 	bash scripts/setup.sh
@@ -11,6 +11,12 @@ test: setup
 
 bench: setup
 	.venv/bin/python bench/run.py
+
+airflow: setup
+	bash scripts/airflow.sh
+
+airflow-stop:
+	bash scripts/airflow-stop.sh
 
 clean:
 	rm -rf .kb .airflow .kb-demo.log .airflow-migrate.log

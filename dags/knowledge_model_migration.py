@@ -19,6 +19,7 @@ from datetime import datetime, timedelta
 
 from airflow.sdk import Param, TriggerRule, dag, task
 
+from kb_reindex.config import DEFAULT_MODELS
 from kb_reindex.dag_support import KNOWLEDGE_ALIAS, POOL, current_run_id
 
 
@@ -32,8 +33,15 @@ from kb_reindex.dag_support import KNOWLEDGE_ALIAS, POOL, current_run_id
     tags=["knowledge", "qdrant", "migration"],
     default_args={"retries": 2, "retry_delay": timedelta(minutes=1), "retry_exponential_backoff": True},
     params={
-        "embedder": Param("ollama", type="string", enum=["ollama", "hashing"], title="Embedder", section="Model"),
-        "model": Param("bge-m3", type="string", minLength=1, title="Model name", section="Model"),
+        "embedder": Param("ollama", type="string", enum=["ollama", "hashing"], title="Embedder",
+                          description="ollama: the Ollama server of the ollama_default Connection (production); "
+                                      "hashing: offline and deterministic, for tests and demos.", section="Model"),
+        "model": Param(None, type=["null", "string"], title="Model name",
+                       description="Empty: the embedder's default ("
+                                   + ", ".join(f"{kind}: {name}" for kind, name in DEFAULT_MODELS.items())
+                                   + "). It must be a model the embedder serves, checked before anything is built: "
+                                     "hashing serves only its own hashing-* names, Ollama only models it has pulled.",
+                       section="Model"),
         "dimension": Param(None, type=["null", "integer"], minimum=1, title="Dimension",
                            description="Empty: probed from the embedder.", section="Model"),
         "promote": Param(True, type="boolean", title="Promote after validation",

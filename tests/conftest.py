@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -31,6 +33,19 @@ from kb_reindex.config import Settings  # noqa: E402
 from kb_reindex.runtime import Deps  # noqa: E402
 from kb_reindex.state import StateStore  # noqa: E402
 from kb_reindex.store import KnowledgeStore  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def airflow_db() -> None:
+    """A migrated SQLite metadata DB and the Qdrant write pool, once per session (DAG runs, and the page's
+    login checks: Airflow looks up revoked tokens and DAG teams there)."""
+    airflow = str(Path(sys.executable).with_name("airflow"))
+    for command in (
+        [airflow, "db", "migrate"],
+        [airflow, "pools", "set", "kb_qdrant_writes", "1", "Qdrant writes of kb-reindex"],
+    ):
+        done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=os.environ.copy())
+        assert done.returncode == 0, done.stderr[-3000:]
 
 
 @pytest.fixture

@@ -217,3 +217,17 @@ def test_console_script_answers_usage_errors_in_json_and_ends_quietly_on_a_close
     reader.wait(timeout=60)
     assert "Traceback" not in stderr and "BrokenPipeError" not in stderr and "Exception ignored" not in stderr, stderr
     assert reader.returncode == 1
+
+
+def test_migrate_refuses_a_model_its_embedder_cannot_serve_and_defaults_to_the_embedders_own(
+        cli_env: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert run_json(capsys, "run")[0] == 0
+    code, refused = run_json(capsys, "migrate", "--embedder", "hashing", "--model", "bge-m3", "--no-promote")
+    assert code == 2 and refused["error_kind"] == "config"
+    assert "'bge-m3'" in refused["error"] and "hashing embedder" in refused["error"]
+    code, status = run_json(capsys, "status")
+    assert [v["version"] for v in status["versions"]] == [1]  # nothing built, nothing named after bge-m3
+
+    code, migrated = run_json(capsys, "migrate", "--embedder", "hashing", "--dim", "512", "--no-promote")
+    assert code == 0 and migrated["outcome"] == "shadow"
+    assert migrated["collection"] == "mall_knowledge__hashing-ngram-v1__v2"

@@ -17,18 +17,6 @@ DAG_IDS = {"knowledge_reindex", "knowledge_rollback", "knowledge_model_migration
 
 
 @pytest.fixture(scope="session")
-def airflow_db() -> None:
-    """A migrated SQLite metadata DB and the Qdrant write pool, once per session."""
-    airflow = str(Path(sys.executable).with_name("airflow"))
-    for command in (
-        [airflow, "db", "migrate"],
-        [airflow, "pools", "set", "kb_qdrant_writes", "1", "Qdrant writes of kb-reindex"],
-    ):
-        done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=os.environ.copy())
-        assert done.returncode == 0, done.stderr[-3000:]
-
-
-@pytest.fixture(scope="session")
 def dagbag(airflow_db: None):
     from airflow.dag_processing.dagbag import DagBag
 
@@ -44,6 +32,23 @@ def test_dagbag_has_no_import_errors_and_every_dag_is_documented(dagbag) -> None
         assert dag.tags and "knowledge" in dag.tags
         assert dag.max_active_runs == 1
         assert not dag.catchup
+
+
+def test_every_param_of_every_dag_is_described(dagbag) -> None:
+    """The trigger form is what on-call reads under pressure: each field says what it does."""
+    for dag_id in DAG_IDS:
+        for name, param in dagbag.get_dag(dag_id).params.items():
+            assert len(param.description or "") > 15, (dag_id, name)
+            assert param.schema.get("title") and param.schema.get("section"), (dag_id, name)
+
+
+def test_migration_model_follows_the_embedder(dagbag) -> None:
+    from kb_reindex.config import DEFAULT_MODELS
+
+    params = dagbag.get_dag("knowledge_model_migration").params
+    assert params["model"] is None  # empty: the embedder's default
+    description = params.get_param("model").description
+    assert all(model in description for model in DEFAULT_MODELS.values())
 
 
 def test_reindex_dag_shape(dagbag) -> None:
@@ -210,6 +215,21 @@ def test_migration_dag_with_promote_and_as_shadow(dagbag, dag_env: Path) -> None
     assert kb(dag_env, "history")["events"][-1]["action"] == "migrate"
 
 
+def test_migration_dag_refuses_a_model_the_embedder_cannot_serve_and_defaults_to_its_own(dagbag, dag_env: Path) -> None:
+    """Seen: embedder hashing with the form's old default bge-m3 built `mall_knowledge__bge-m3__v5` from
+    hashing vectors."""
+    cli_versions(dag_env, 1)
+    ok, states = run_dag(dagbag, "knowledge_model_migration", {"embedder": "hashing", "model": "bge-m3", "promote": True})
+    assert not ok and states["plan"] == "failed" and states["create_version"] in ("upstream_failed", None)
+    assert [v["version"] for v in kb(dag_env, "status")["versions"]] == [1]
+
+    ok, states = run_dag(dagbag, "knowledge_model_migration",
+                         {"embedder": "hashing", "model": None, "dimension": 512, "promote": False})
+    assert ok, states
+    shadow = {v["version"]: v for v in kb(dag_env, "status")["versions"]}[2]
+    assert (shadow["embed_model"], shadow["collection"]) == ("hashing-ngram-v1", "mall_knowledge__hashing-ngram-v1__v2")
+
+
 def test_reindex_dag_uses_airflow_connections(dagbag, dag_env: Path, mysql_url: str, monkeypatch: pytest.MonkeyPatch,
                                               tmp_path: Path) -> None:
     """kb_state on the real MariaDB, ollama_default on our Ollama server over HTTP, qdrant_default through
@@ -255,8 +275,9 @@ def test_reindex_dag_uses_airflow_connections(dagbag, dag_env: Path, mysql_url: 
 
 def test_the_page_runs_in_airflows_api_server_and_rolls_back_as_the_signed_in_user(airflow_db: None, project: Path,
                                                                                   tmp_path: Path) -> None:
-    """The plugin in a real `airflow api-server`: the page is mounted and linked under Browse, and its
-    rollback button triggers knowledge_rollback through Airflow's API with the login cookie (`_token`)."""
+    """The plugin in a real `airflow api-server`: the page is mounted and linked under Browse, every route
+    is behind Airflow's login, and its rollback button triggers knowledge_rollback through Airflow's API
+    with the login cookie (`_token`)."""
     import signal
     import socket
     import time
@@ -267,6 +288,7 @@ def test_the_page_runs_in_airflows_api_server_and_rolls_back_as_the_signed_in_us
     airflow = str(Path(sys.executable).with_name("airflow"))
     done = subprocess.run([airflow, "dags", "reserialize"], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
+    assert kb(project, "run")["outcome"] == "promoted"  # v1 and its validation report, for the report route
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -292,8 +314,21 @@ def test_the_page_runs_in_airflows_api_server_and_rolls_back_as_the_signed_in_us
         token = httpx.post(f"{base}/auth/token", json={"username": user, "password": password}).json()["access_token"]
         bearer = {"Authorization": f"Bearer {token}"}
 
-        page = httpx.get(f"{base}/knowledge-index/ui")
-        assert page.status_code == 200 and "Knowledge index" in page.text
+        routes = [("GET", "ui"), ("GET", "api/status"), ("GET", "reports/v1/validation.html"),
+                  ("GET", "reports/v1/validation.csv")]
+        for method, route in routes:
+            url = f"{base}/knowledge-index/{route}"
+            anonymous = httpx.request(method, url)
+            if route == "ui":  # the browser is sent to Airflow's login, and back to the page afterwards
+                assert anonymous.status_code == 307, anonymous.text
+                login = anonymous.headers["location"]
+                assert login.startswith("/auth/login?next=") and quote(url, safe="") in login
+                assert httpx.get(f"{base}{login}").status_code == 200
+            else:
+                assert anonymous.status_code == 401, (route, anonymous.text)
+            signed_in = httpx.request(method, url, cookies={"_token": token})
+            assert signed_in.status_code == 200, (route, signed_in.text)
+        assert "Knowledge index" in httpx.get(f"{base}/knowledge-index/ui", cookies={"_token": token}).text
         plugins = httpx.get(f"{base}/api/v2/plugins", headers=bearer).json()["plugins"]
         ours = next(p for p in plugins if p["name"] == "knowledge_index")
         assert ours["external_views"][0]["href"] == "knowledge-index/ui"

@@ -9,8 +9,9 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from kb_reindex.embedding import HashingEmbedder, OllamaEmbedder, check_vectors, redact_url
-from kb_reindex.errors import EmbeddingError
+from kb_reindex.config import Settings
+from kb_reindex.embedding import HashingEmbedder, OllamaEmbedder, check_model_served, check_vectors, redact_url
+from kb_reindex.errors import ConfigError, EmbeddingError, ModelNotServed
 from kb_reindex.testing.ollama_server import FakeModel, FakeOllamaServer
 
 
@@ -130,3 +131,17 @@ def test_real_ollama_when_one_answers() -> None:
     query, related, unrelated = embedder.embed(["签收后几天可以退货", "商品签收后7天内可申请无理由退货", "积分有效期为一年"])
     assert embedder.dimension == len(query)
     assert cosine(query, related) > cosine(query, unrelated)
+
+
+def test_a_model_the_embedder_cannot_serve_is_refused_as_a_usage_error(server: FakeOllamaServer) -> None:
+    """A collection is named after its model: hashing vectors must never be labelled bge-m3."""
+    settings = Settings.from_env({"OLLAMA_HOST": server.url})
+    check_model_served(settings, embedder="hashing", model="hashing-ngram-v7")
+    with pytest.raises(ModelNotServed, match=r"hashing embedder cannot serve model 'bge-m3'") as refused:
+        check_model_served(settings, embedder="hashing", model="bge-m3")
+    assert isinstance(refused.value, ConfigError)  # the CLI exits 2, the DAG fails without retrying
+
+    check_model_served(settings, embedder="ollama", model="bge-m3")  # the server has it
+    with pytest.raises(ModelNotServed, match=r"'nomic-embed-text' is not on the Ollama server"):
+        check_model_served(settings, embedder="ollama", model="nomic-embed-text")
+    check_model_served(settings, embedder="ollama", model="nomic-embed-text", ask_server=False)

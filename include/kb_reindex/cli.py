@@ -77,7 +77,7 @@ def _parser(*, json_answer: bool = False) -> argparse.ArgumentParser:
     rb.add_argument("--no-revalidate", action="store_true", help="skip the golden-set scores of the target")
     mig = sub.add_parser("migrate", parents=[common], help="full build with another embedding model")
     mig.add_argument("--embedder", required=True, choices=["hashing", "ollama"])
-    mig.add_argument("--model", required=True)
+    mig.add_argument("--model", help="default: the embedder's own (hashing-ngram-v1, bge-m3)")
     mig.add_argument("--dim", type=int, help="vector size (default: probed from the embedder)")
     mig.add_argument("--no-promote", action="store_true", help="build and validate only (a shadow version)")
     mig.add_argument("--min-hit-rate", type=float)
@@ -201,8 +201,14 @@ def _dispatch(args: argparse.Namespace) -> int:
             _print(args, result, _run_human(result))
             return _run_exit_code(result)
         if args.command == "migrate":
+            from kb_reindex.config import model_or_default
+            from kb_reindex.embedding import check_model_served
+
+            model = model_or_default(args.embedder, args.model)
+            # a model the embedder cannot serve is a usage error (exit 2), refused before a run is recorded
+            check_model_served(settings, embedder=args.embedder, model=model)
             result = engine.run_reindex(
-                deps, kind="migration", embedder=args.embedder, model=args.model, dim=args.dim,
+                deps, kind="migration", embedder=args.embedder, model=model, dim=args.dim,
                 promote_version=not args.no_promote, min_hit_rate=args.min_hit_rate, min_mrr=args.min_mrr,
             )
             result.pop("plan", None)

@@ -19,6 +19,14 @@ DEFAULT_MODELS = {"hashing": "hashing-ngram-v1", "ollama": "bge-m3"}
 ALIAS_PATTERN = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_\-]{0,62}$")
 
 
+def model_or_default(embedder: str, model: str | None) -> str:
+    """The model named, or when none is, the embedder's own default: never another embedder's (hashing
+    vectors in a collection named after bge-m3)."""
+    if embedder not in DEFAULT_MODELS:
+        raise ConfigError(f"embedder {embedder!r} is unknown; choose one of {', '.join(EMBEDDERS)}")
+    return (model or "").strip() or DEFAULT_MODELS[embedder]
+
+
 def project_root(env: Mapping[str, str] | None = None) -> Path:
     """The folder holding `knowledge/` and `dags/`; the anchor for every relative path."""
     env = os.environ if env is None else env

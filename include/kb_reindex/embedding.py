@@ -19,8 +19,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 import numpy as np
 
-from kb_reindex.config import Settings
-from kb_reindex.errors import ConfigError, EmbeddingError
+from kb_reindex.config import DEFAULT_MODELS, Settings
+from kb_reindex.errors import ConfigError, EmbeddingError, ModelNotServed
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +67,9 @@ def check_vectors(vectors: Sequence[Sequence[float]], *, expected: int, dim: int
 
 
 # --- offline hashing embedder -------------------------------------------------------------------
+
+#: the hashing embedder's own model names; any other name would label hashing vectors as a real model's
+HASHING_MODEL_PREFIX = "hashing-"
 
 _CJK = r"\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff"
 _TOKENS = re.compile(rf"[{_CJK}]+|[a-z0-9]+(?:\.[0-9]+)?")
@@ -204,7 +207,7 @@ class OllamaEmbedder:
                 return list(self._client.embed(model=self.model, input=texts).embeddings)
             except ollama.ResponseError as exc:
                 if exc.status_code == 404:
-                    raise EmbeddingError(
+                    raise ModelNotServed(
                         f"embedding model {self.model!r} is not on the Ollama server at {where}; "
                         f"run `ollama pull {self.model}` there"
                     ) from None
@@ -219,6 +222,26 @@ class OllamaEmbedder:
                 last = f"{type(exc).__name__}"
             log.warning("kb_reindex: Ollama at %s failed (%s); attempt %d of %d", where, last, attempt + 1, self._retries + 1)
         raise EmbeddingError(f"Ollama at {where} failed after {self._retries + 1} attempts: {last}")
+
+
+def check_model_served(settings: Settings, *, embedder: str, model: str, headers: dict[str, str] | None = None,
+                       ask_server: bool = True) -> None:
+    """Refuse, before anything is built, a model the embedder cannot serve: a collection is named after its
+    model, so its vectors must be that model's. The offline hashing embedder serves only its own
+    `hashing-*` names; for Ollama the server decides (one probe text; `ask_server=False` leaves it to the
+    build's own dimension probe)."""
+    if embedder == "hashing":
+        if not model.startswith(HASHING_MODEL_PREFIX):
+            raise ModelNotServed(
+                f"the hashing embedder cannot serve model {model!r}: it computes its own offline vectors and "
+                f"serves only models named {HASHING_MODEL_PREFIX}* (default {DEFAULT_MODELS['hashing']}). "
+                f"Use --embedder ollama for {model!r}, or leave the model empty for the embedder's default"
+            )
+    elif embedder == "ollama":
+        if ask_server:  # a model the server does not have raises ModelNotServed ("run `ollama pull ...`")
+            make_embedder(settings.with_embedder(embedder="ollama", model=model, dim=None), headers=headers).dimension
+    else:
+        raise ConfigError(f"embedder {embedder!r} is unknown; choose hashing or ollama")
 
 
 def make_embedder(settings: Settings, *, headers: dict[str, str] | None = None) -> Embedder:

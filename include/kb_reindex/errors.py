@@ -47,6 +47,10 @@ class EmbeddingError(KbError):
     step = "build"
 
 
+class ModelNotServed(ConfigError, EmbeddingError):
+    """The embedder cannot serve the model asked for: nothing may be built and named after that model."""
+
+
 class StoreError(KbError):
     """Qdrant refused, or holds something this run cannot safely use."""
 

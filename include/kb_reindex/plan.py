@@ -11,7 +11,9 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+from kb_reindex.config import model_or_default
 from kb_reindex.corpus import CorpusScan, scan_corpus
+from kb_reindex.embedding import check_model_served
 from kb_reindex.errors import StateDriftError
 from kb_reindex.golden import check_golden_set
 from kb_reindex.runtime import Deps
@@ -72,7 +74,12 @@ def prepare(
         embedder, model, dim = live.embedder, live.embed_model, live.embed_dim
     else:
         embedder = embedder or settings.embedder
-        model = model or settings.embed_model
+        # a migration's empty model is its embedder's default; a first build uses the configured model
+        model = model_or_default(embedder, model) if kind == "migration" else (model or settings.embed_model)
+        # before anything is built or named after the model; Ollama is asked here for migrations only (a
+        # first build probes the dimension when it creates its collection)
+        check_model_served(settings, embedder=embedder, model=model, headers=deps.ollama_headers,
+                           ask_server=kind == "migration")
         same_model = (embedder, model) == (settings.embedder, settings.embed_model)
         dim = dim if dim is not None else (settings.embed_dim if same_model else None)
         if embedder == "hashing" and dim is None:

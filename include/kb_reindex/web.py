@@ -1,9 +1,12 @@
 """The "Knowledge index" page: a FastAPI app the Airflow plugin mounts on the API server.
 
 It shows what the alias serves, every version with its scores, build progress, the alias history and
-the reports, and offers a rollback button. The button does not move anything itself: it triggers the
-`knowledge_rollback` DAG through Airflow's REST API *with the caller's own token*, so Airflow's
-authorization decides; only users who may trigger DAGs can roll back.
+the reports, and offers a rollback button. Every route is behind Airflow's login, checked by Airflow's own
+API dependency (`get_user`: the auth manager validates the JWT of the `Authorization: Bearer` header or the
+`_token` cookie): anonymous JSON and report requests get 401, the page redirects to the auth manager's
+login, as Airflow's UI does. The button does not move anything itself: the caller must be allowed to
+create runs of `knowledge_rollback` (Airflow's `requires_access_dag`), and the DAG is triggered through
+Airflow's REST API *with the caller's own token*, so Airflow's authorization decides twice.
 """
 
 from __future__ import annotations
@@ -16,8 +19,8 @@ from collections.abc import Callable
 from typing import Any
 
 import httpx
-from fastapi import FastAPI, HTTPException, Request
-from fastapi.responses import FileResponse, HTMLResponse, JSONResponse
+from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse, Response
 
 from kb_reindex.config import Settings
 
@@ -46,15 +49,22 @@ def create_app(
     settings_factory: Callable[[], Settings] = Settings.from_env,
     airflow_api_url: str | None = None,
 ) -> FastAPI:
+    # Airflow's own checks, imported here (not at module import) because only the API server needs them
+    from airflow.api_fastapi.app import get_auth_manager
+    from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity
+    from airflow.api_fastapi.core_api.security import bearer_scheme, get_user, requires_access_dag
+
     app = FastAPI(title="Knowledge index", docs_url=None, redoc_url=None)
     api_url = (airflow_api_url or os.environ.get("KB_AIRFLOW_API_URL", "http://localhost:8080")).rstrip("/")
+    signed_in = [Depends(get_user)]
+    may_trigger_rollback = [Depends(requires_access_dag("POST", DagAccessEntity.RUN, param_dag_id=ROLLBACK_DAG))]
 
-    @app.get("/api/status")
+    @app.get("/api/status", dependencies=signed_in)
     async def status() -> JSONResponse:
         data = await asyncio.to_thread(_snapshot, settings_factory())
         return JSONResponse(json.loads(json.dumps(data, default=str)))
 
-    @app.get("/reports/v{version}/{name}")
+    @app.get("/reports/v{version}/{name}", dependencies=signed_in)
     async def report(version: int, name: str) -> FileResponse:
         if name not in ("validation.html", "validation.md", "validation.csv"):
             raise HTTPException(404, "unknown report")
@@ -64,7 +74,7 @@ def create_app(
             raise HTTPException(404, f"no {name} for v{version}")
         return FileResponse(path)
 
-    @app.post("/api/rollback")
+    @app.post("/api/rollback", dependencies=may_trigger_rollback)
     async def rollback(request: Request) -> JSONResponse:
         body = await request.json()
         reason = str(body.get("reason") or "").strip()
@@ -99,7 +109,15 @@ def create_app(
         return JSONResponse({"dag_id": ROLLBACK_DAG, "dag_run_id": run.get("dag_run_id"), "state": run.get("state")})
 
     @app.get("/ui", response_class=HTMLResponse)
-    async def page() -> HTMLResponse:
+    async def page(request: Request) -> Response:
+        """A browser without a valid login is sent to the auth manager's login page and back, as Airflow's
+        UI does (its API answers 401 and the UI redirects): a bare 401 would strand on-call on a blank page."""
+        try:
+            await get_user(request, None, await bearer_scheme(request))
+        except HTTPException as refused:
+            if refused.status_code not in (401, 403):
+                raise
+            return RedirectResponse(get_auth_manager().get_url_login(next_url=str(request.url)))
         return HTMLResponse(PAGE.replace("{{alias}}", html.escape(settings_factory().alias)))
 
     return app
@@ -127,7 +145,9 @@ table{border-collapse:collapse;margin:.5em 0 1.5em}td,th{border:1px solid #ccc;p
 <script>
 function cell(text){const td=document.createElement('td');td.textContent=text==null?'-':String(text);return td;}
 async function load(){
-  const r=await fetch('api/status');const s=await r.json();
+  const r=await fetch('api/status');
+  if(r.status===401||r.status===403){location.reload();return;}  // login expired: back through Airflow's login
+  const s=await r.json();
   document.getElementById('serving').textContent = s.live
     ? `serving v${s.live.version} (${s.live.collection}, ${s.live.points} points, ${s.live.embed_model} ${s.live.dim}-d)`
     : 'nothing is served yet';
