@@ -65,14 +65,33 @@ def settings(project: Path) -> Settings:
     return settings_for(project)
 
 
+@pytest.fixture(params=["local", "server"])
+def store_kind(request: pytest.FixtureRequest) -> str:
+    """Where the engine's tests run: qdrant-client's local mode, and the Qdrant-protocol test server
+    through the real remote client (`kb_reindex.testing.qdrant_server`), the path production takes."""
+    return request.param
+
+
 @pytest.fixture
-def deps(settings: Settings) -> Iterator[Deps]:
-    """Engine dependencies on an in-memory Qdrant and a SQLite file."""
-    client = QdrantClient(":memory:")
+def deps(settings: Settings, store_kind: str, tmp_path: Path) -> Iterator[Deps]:
+    """Engine dependencies on a fresh Qdrant (in memory, or the test server over HTTP) and a SQLite file."""
+    from dataclasses import replace
+
+    server = None
+    if store_kind == "server":
+        from kb_reindex.testing.qdrant_server import FakeQdrantServer
+
+        server = FakeQdrantServer(tmp_path / "qdrant-server").start()
+        settings = replace(settings, qdrant_url=server.url, qdrant_path=None)
+        client = QdrantClient(url=server.url, timeout=30)
+    else:
+        client = QdrantClient(":memory:")
     state = StateStore(settings.state_url)
     yield Deps(settings=settings, state=state, store=KnowledgeStore(client))
     state.dispose()
     client.close()
+    if server is not None:
+        server.stop()
 
 
 def init_embedded(root: Path) -> None:

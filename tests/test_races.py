@@ -157,3 +157,37 @@ def test_four_reader_processes_see_no_error_and_no_empty_result_through_a_promot
         seen = json.loads(out.strip().splitlines()[-1])
         assert seen["errors"] == 0 and seen["empty"] == 0, err[-2000:]
         assert seen["reads"] > 5 and seen["versions"][-1] == 2
+
+
+@pytest.mark.parametrize("store", ["embedded", "server"])
+def test_a_run_killed_mid_build_leaves_live_serving_and_the_next_run_resumes_at_once(
+        project: Path, slow_ollama: FakeOllamaServer, tmp_path: Path, store: str) -> None:
+    """kill -9 of a real `kb-reindex run`: its lock is taken over at once (its process is gone), the alias
+    never moved, and the rerun continues the same version instead of starting another."""
+    server = start_process(tmp_path / "qdrant-server") if store == "server" else None
+    try:
+        env = env_for(project, server, slow_ollama) if server else {
+            **{k: v for k, v in os.environ.items() if not k.startswith("KB_") or k.startswith("KB_TEST_")},
+            "KB_PROJECT_ROOT": str(project), "KB_EMBEDDER": "ollama", "OLLAMA_HOST": slow_ollama.url,
+            "KB_EMBED_BATCH_SIZE": "4"}
+        assert cli(env, "run")[1]["outcome"] == "promoted"
+        edit_every_doc(project)
+        slow_ollama.faults = FaultPlan(delay_per_text_s=0.1)
+        before = slow_ollama.embedded_texts
+        victim = subprocess.Popen([str(CLI), "run", "-q"], env=env, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL)
+        wait_for(lambda: slow_ollama.embedded_texts - before >= 12, 60, "the build to embed a few batches")
+        victim.kill()
+        victim.wait()
+        slow_ollama.faults = FaultPlan()
+        code, status = cli(env, "status")
+        assert status["live"]["version"] == 1 and status["serving_collection"].endswith("__v1")
+        assert [lock["owner_alive"] for lock in status["locks"]] == ["no"]
+        code, rerun = cli({**env, "KB_LOCK_WAIT": "0"}, "run")
+        assert code == 0 and rerun["outcome"] == "promoted" and rerun["version"] == 2, rerun
+        assert rerun["chunks"]["skipped"] > 0, "the rerun resumed the killed build"
+        history = cli(env, "history")[1]["events"]
+        assert [e["action"] for e in history] == ["promote", "lock-takeover", "promote"]
+    finally:
+        if server is not None:
+            server.stop()

@@ -155,16 +155,16 @@ def test_ollama_model_missing_fails_the_plan_clearly_and_live_is_untouched(ollam
 def test_upsert_fails_mid_build_then_rerun_equals_a_clean_run(deps: Deps, settings: Settings, tmp_path: Path,
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     deps.settings = settings.__class__(**{**settings.__dict__, "embed_batch_size": 8})
-    real_upsert = QdrantClient.upsert
+    real_upsert = deps.store.client.upsert
     calls = {"n": 0}
 
-    def upsert(self: QdrantClient, *args: Any, **kwargs: Any) -> Any:
+    def upsert(*args: Any, **kwargs: Any) -> Any:
         calls["n"] += 1
         if calls["n"] == 3:
             raise ConnectionError("Qdrant connection reset (injected)")
-        return real_upsert(self, *args, **kwargs)
+        return real_upsert(*args, **kwargs)
 
-    monkeypatch.setattr(QdrantClient, "upsert", upsert)
+    monkeypatch.setattr(deps.store.client, "upsert", upsert)  # the engine's client, not the test server's own
     failed = engine.run_reindex(deps)
     assert failed["outcome"] == "failed" and "connection reset" in failed["error"]
     assert deps.store.alias_target(ALIAS) is None
@@ -181,17 +181,18 @@ def test_copy_read_fails_mid_copy_then_rerun_copies_only_the_rest(deps: Deps, se
     first = engine.run_reindex(deps)
     assert first["outcome"] == "promoted"
     edit(deps, "coupon-rules", "第99条：优惠券过期后不予补发。")
-    real_retrieve = QdrantClient.retrieve
+    real_retrieve = deps.store.client.retrieve
     reads = {"n": 0, "fail_at": 3}
 
-    def retrieve(self: QdrantClient, collection_name: str, *args: Any, **kwargs: Any) -> Any:
+    def retrieve(collection_name: str, *args: Any, **kwargs: Any) -> Any:
         if kwargs.get("with_vectors") and collection_name == first["collection"]:  # the copy path's reads of live
             reads["n"] += 1
             if reads["n"] == reads["fail_at"]:
                 raise ConnectionError("Qdrant read timed out (injected)")
-        return real_retrieve(self, collection_name, *args, **kwargs)
+        return real_retrieve(collection_name, *args, **kwargs)
 
-    monkeypatch.setattr(QdrantClient, "retrieve", retrieve)
+    # this client only: the test server's own local-mode client must not count (or fail) the same reads
+    monkeypatch.setattr(deps.store.client, "retrieve", retrieve)
     failed = engine.run_reindex(deps)
     assert failed["outcome"] == "failed" and "read timed out" in failed["error"]
     assert deps.store.alias_target(ALIAS) == first["collection"]
@@ -218,15 +219,15 @@ def test_qdrant_unreachable_at_each_step_leaves_live_and_a_rerun_completes(
     first = engine.run_reindex(deps)
     edit(deps, "payment-guide", "补充：支持先用后付。")
     methods = {"plan": "get_aliases", "build": "retrieve", "validate": "query_points", "promote": "update_collection_aliases"}
-    real = getattr(QdrantClient, methods[step])
+    real = getattr(deps.store.client, methods[step])
     ready = {"armed": step == "plan"}
 
-    def unreachable(self: QdrantClient, *args: Any, **kwargs: Any) -> Any:
+    def unreachable(*args: Any, **kwargs: Any) -> Any:
         if ready["armed"]:
             raise ConnectionError("Qdrant unreachable (injected)")
-        return real(self, *args, **kwargs)
+        return real(*args, **kwargs)
 
-    monkeypatch.setattr(QdrantClient, methods[step], unreachable)
+    monkeypatch.setattr(deps.store.client, methods[step], unreachable)
     if step != "plan":
         ready["armed"] = True
     result = engine.run_reindex(deps)
