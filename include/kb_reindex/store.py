@@ -342,10 +342,12 @@ def open_store(settings: Settings, *, client: QdrantClient | None = None, create
     own = client is None
     if own:
         warnings.filterwarnings("ignore", message=_VERSION_CHECK_WARNING, category=UserWarning)
-        if settings.qdrant_url and settings.qdrant_api_key and settings.qdrant_url.lower().startswith("http://"):
+        plain_url = bool(settings.qdrant_url) and settings.qdrant_url.lower().startswith("http://")
+        plain_host = bool(settings.qdrant_host) and not settings.qdrant_url and settings.qdrant_https is False
+        if settings.qdrant_api_key and (plain_url or plain_host):
             warnings.filterwarnings("ignore", message=_INSECURE_KEY_WARNING, category=UserWarning)
             log.warning("kb_reindex: the Qdrant API key is sent unencrypted to %s (plain http)",
-                        redact_url(settings.qdrant_url))
+                        _where(settings, None))
         client = make_client(settings, create=create)
     assert client is not None
     store = KnowledgeStore(client)
