@@ -175,7 +175,9 @@ class CountingStore(KnowledgeStore):
     """The package's KnowledgeStore, counting and timing what crosses to Qdrant."""
 
     def __init__(self, client: Any, meter_ref: MeterRef) -> None:
-        super().__init__(client)
+        # every store of this benchmark is local mode, in the worker or behind the sidecar's proxy (which
+        # hides the client the store would tell it from): no index to restore or wait for
+        super().__init__(client, local=True)
         self.meter_ref = meter_ref
         # an instance attribute shadows the method on a QdrantClient and on the sidecar's proxy alike
         update = client.update_collection_aliases

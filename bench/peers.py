@@ -313,7 +313,7 @@ def warmup(env: dict[str, str], workdir: Path, client: Any, *, alias: str) -> di
                                   "KB_ALIAS": alias})
     state = StateStore(settings.state_url)
     try:
-        result = engine.run_reindex(Deps(settings=settings, state=state, store=KnowledgeStore(client)))
+        result = engine.run_reindex(Deps(settings=settings, state=state, store=KnowledgeStore(client, local=True)))
     finally:
         state.dispose()
     if result["outcome"] != "promoted":
@@ -416,7 +416,8 @@ def promotion_under_readers(deps: BenchDeps, meter: Meter, run: Callable[[Meter]
     from kb_reindex.store import KnowledgeStore
 
     # readers get their own, uncounted Deps over the same Qdrant client and state DB
-    reader_deps = Deps(settings=deps.settings, state=deps.state, store=KnowledgeStore(deps.store.client))
+    reader_deps = Deps(settings=deps.settings, state=deps.state,
+                       store=KnowledgeStore(deps.store.client, local=deps.store.is_local))
     pause = pause_s or READER_PAUSE_S
     stop = threading.Event()
     lock = threading.Lock()

@@ -232,38 +232,31 @@ def test_migration_dag_refuses_a_model_the_embedder_cannot_serve_and_defaults_to
 
 def test_reindex_dag_uses_airflow_connections(dagbag, dag_env: Path, mysql_url: str, monkeypatch: pytest.MonkeyPatch,
                                               tmp_path: Path) -> None:
-    """kb_state on the real MariaDB, ollama_default on our Ollama server over HTTP, qdrant_default through
-    the provider's QdrantHook (its client is swapped for local mode at the hook boundary: no server here)."""
+    """kb_state on the real MariaDB, ollama_default on our Ollama server over HTTP, qdrant_default on our
+    Qdrant-protocol server over REST (the Connection's host, port and API key, mapped as the QdrantHook does)."""
     from urllib.parse import urlsplit
-
-    from airflow.providers.qdrant.hooks.qdrant import QdrantHook
-    from qdrant_client import QdrantClient
 
     from kb_reindex.embedding import HashingEmbedder
     from kb_reindex.state import StateStore
     from kb_reindex.testing.ollama_server import FakeModel, FakeOllamaServer
+    from kb_reindex.testing.qdrant_server import FakeQdrantServer
 
     embedder = HashingEmbedder(model="bge-m3", dim=1024)
-    hooks: list[tuple[str, str | None]] = []
-
-    def local_client(self: QdrantHook) -> QdrantClient:
-        connection = self.get_connection(self.conn_id)
-        hooks.append((connection.host, connection.password))
-        return QdrantClient(path=str(tmp_path / "qdrant-behind-hook"))
-
-    monkeypatch.setattr(QdrantHook, "get_conn", local_client)
     db = urlsplit(mysql_url)
-    with FakeOllamaServer([FakeModel(name="bge-m3", dim=1024, embed=lambda _m, t: embedder.embed_one(t))]) as ollama:
+    with FakeOllamaServer([FakeModel(name="bge-m3", dim=1024, embed=lambda _m, t: embedder.embed_one(t))]) as ollama, \
+            FakeQdrantServer(tmp_path / "qdrant-behind-connection", api_key="s3cr3t-key") as qdrant:
         port = urlsplit(ollama.url).port
         monkeypatch.setenv("AIRFLOW_CONN_KB_STATE", f"mysql://{db.username}@{db.hostname}:{db.port}{db.path}")
         monkeypatch.setenv("AIRFLOW_CONN_OLLAMA_DEFAULT", f"http://127.0.0.1:{port}")
-        monkeypatch.setenv("AIRFLOW_CONN_QDRANT_DEFAULT", "qdrant://:s3cr3t-key@qdrant.internal:6333")
+        monkeypatch.setenv("AIRFLOW_CONN_QDRANT_DEFAULT",
+                           f"qdrant://:s3cr3t-key@127.0.0.1:{urlsplit(qdrant.url).port}?https=false")
         monkeypatch.setenv("KB_EMBEDDER", "ollama")
         monkeypatch.setenv("OLLAMA_HOST", "http://127.0.0.1:9")  # the Connection must win over this
         ok, states = run_dag(dagbag, "knowledge_reindex")
         assert ok, states
         assert ollama.embedded_texts > 0
-    assert hooks and hooks[0] == ("qdrant.internal", "s3cr3t-key")
+        assert {"create_collection", "upsert", "update_aliases"} <= {r.op for r in qdrant.requests()}
+        assert all(r.status == 200 for r in qdrant.requests()), "every request carried the Connection's key"
     state = StateStore(mysql_url)
     try:
         live = state.live_version("mall_knowledge")

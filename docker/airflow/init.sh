@@ -47,11 +47,13 @@ PY
 }
 
 echo "airflow-init: connections"
+# https false: the compose Qdrant speaks plain http, and the client assumes https whenever an API key is
+# given without it. timeout: seconds per request (the client's own default is 5).
 airflow connections delete qdrant_default > /dev/null 2>&1 || true
 airflow connections add qdrant_default --conn-json "$(conn_json \
     conn_type=qdrant host=qdrant port=6333 \
     password="${QDRANT_API_KEY}" \
-    extra='{"grpc_port": 6334}' \
+    extra='{"grpc_port": 6334, "https": false, "timeout": 120}' \
     description="Qdrant (compose service qdrant); password = API key")"
 
 airflow connections delete kb_state > /dev/null 2>&1 || true

@@ -72,6 +72,63 @@ def ollama_from_connection(conn: Any) -> tuple[str, dict[str, str] | None]:
     return host, headers
 
 
+def qdrant_overrides(conn: Any, *, root: Any) -> dict[str, Any]:
+    """`qdrant_default` as Settings fields, so `store.make_client` builds the client as for the CLI.
+
+    The mapping is the provider's `QdrantHook.get_conn` (host, port, password as API key; extras url,
+    grpc_port, prefer_gprc, https, prefix) plus what the hook drops: `timeout` (its client would wait the
+    client's 5 s default, too short for a bulk upsert or a snapshot), the correctly spelt `prefer_grpc`, and
+    `collection_config`. Calling the hook would build a second client the settings could not reach."""
+    from kb_reindex.collection_config import load_collection_config
+
+    extra = conn.extra_dejson or {}
+    where = f"connection {QDRANT_CONN_ID}"
+
+    def flag(*names: str) -> bool | None:
+        for name in names:
+            value = extra.get(name)
+            if value is None or value == "":
+                continue
+            if isinstance(value, bool):
+                return value
+            if str(value).strip().lower() in ("1", "true", "yes", "on"):
+                return True
+            if str(value).strip().lower() in ("0", "false", "no", "off"):
+                return False
+            raise ConfigError(f"{where}: extra {name}={value!r} is not a boolean (true/false)")
+        return None
+
+    def whole(name: str, default: int, *, minimum: int, maximum: int | None = None) -> int:
+        value = extra.get(name)
+        if value is None or value == "":
+            return default
+        try:
+            number = int(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{where}: extra {name}={value!r} is not an integer") from None
+        if number < minimum or (maximum is not None and number > maximum):
+            raise ConfigError(f"{where}: extra {name}={number} must be between {minimum} and {maximum or 'any'}")
+        return number
+
+    url = str(extra.get("url") or "").strip() or None
+    overrides: dict[str, Any] = {
+        "qdrant_url": url,
+        "qdrant_host": None if url else (conn.host or "localhost"),
+        "qdrant_port": conn.port or 6333,
+        "qdrant_path": None,
+        "qdrant_api_key": conn.password or None,
+        "qdrant_https": flag("https"),
+        "qdrant_prefix": str(extra.get("prefix") or "").strip().strip("/") or None,
+        "qdrant_prefer_grpc": bool(flag("prefer_grpc", "prefer_gprc")),
+        "qdrant_grpc_port": whole("grpc_port", 6334, minimum=1, maximum=65535),
+        "qdrant_timeout_s": whole("timeout", 60, minimum=1),
+    }
+    if extra.get("collection_config") not in (None, ""):
+        overrides["collection_config"] = load_collection_config(
+            extra["collection_config"], source=f"{where}: extra collection_config", root=root)
+    return overrides
+
+
 @contextmanager
 def task_deps() -> Iterator[Deps]:
     """Settings from the environment, overridden by the Connections that are defined."""
@@ -82,16 +139,13 @@ def task_deps() -> Iterator[Deps]:
         overrides["state_url"] = state_url_from_connection(state_conn)
     if (ollama_conn := _connection(OLLAMA_CONN_ID)) is not None:
         overrides["ollama_host"], headers = ollama_from_connection(ollama_conn)
-    client = None
-    if _connection(QDRANT_CONN_ID) is not None:
-        from airflow.providers.qdrant.hooks.qdrant import QdrantHook
-
-        client = QdrantHook(conn_id=QDRANT_CONN_ID).conn
+    if (qdrant_conn := _connection(QDRANT_CONN_ID)) is not None:
+        overrides.update(qdrant_overrides(qdrant_conn, root=settings.root))
     if overrides:
         from dataclasses import replace
 
         settings = replace(settings, **overrides)
-    with open_deps(settings, client=client) as deps:
+    with open_deps(settings) as deps:
         deps.ollama_headers = headers
         yield deps
 

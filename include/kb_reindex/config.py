@@ -11,6 +11,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from kb_reindex.errors import ConfigError
 
@@ -57,12 +58,49 @@ def _int(env: Mapping[str, str], name: str, default: int, *, minimum: int) -> in
 
 
 def _bool(env: Mapping[str, str], name: str) -> bool:
+    return bool(_optional_bool(env, name))
+
+
+def _optional_bool(env: Mapping[str, str], name: str) -> bool | None:
+    """None when unset: the Qdrant client then decides (e.g. https follows the URL's scheme)."""
     raw = env.get(name, "").strip().lower()
-    if raw in ("", "0", "false", "no", "off"):
+    if not raw:
+        return None
+    if raw in ("0", "false", "no", "off"):
         return False
     if raw in ("1", "true", "yes", "on"):
         return True
     raise ConfigError(f"{name}={raw!r} is not a boolean (true/false)")
+
+
+def _qdrant_url(env: Mapping[str, str], https: bool | None) -> str | None:
+    url = env.get("KB_QDRANT_URL", "").strip() or None
+    if url is None:
+        return None
+    scheme = url.split("://", 1)[0].lower() if "://" in url else None
+    if scheme is not None and scheme not in ("http", "https"):
+        raise ConfigError(f"KB_QDRANT_URL={url.split('@')[-1]!r} must start with http:// or https://")
+    if scheme is not None and https is not None and https != (scheme == "https"):
+        # the client silently lets the URL's scheme win; a contradiction is a mistake worth naming
+        raise ConfigError(f"KB_QDRANT_HTTPS={'true' if https else 'false'} contradicts the {scheme}:// scheme of "
+                          "KB_QDRANT_URL; drop one of them")
+    return url
+
+
+def _port(env: Mapping[str, str], name: str, default: int) -> int:
+    value = _int(env, name, default, minimum=1)
+    if value > 65535:
+        raise ConfigError(f"{name}={value} is not a port (1-65535)")
+    return value
+
+
+def _collection_config(env: Mapping[str, str], root: Path) -> dict[str, Any] | None:
+    raw = env.get("KB_QDRANT_COLLECTION_CONFIG", "").strip()
+    if not raw:
+        return None
+    from kb_reindex.collection_config import load_collection_config  # qdrant-client's models: only when set
+
+    return load_collection_config(raw, source="KB_QDRANT_COLLECTION_CONFIG", root=root)
 
 
 @dataclass(frozen=True)
@@ -92,6 +130,19 @@ class Settings:
     lock_ttl_s: int
     block_on_instructions: bool = False
     lock_wait_s: int = 30
+    # Qdrant client options beyond the URL and key (the QdrantHook's options, and the timeout it lacks);
+    # host/port come only from an Airflow Connection that names a host instead of a URL
+    qdrant_https: bool | None = None
+    qdrant_prefix: str | None = None
+    qdrant_prefer_grpc: bool = False
+    qdrant_grpc_port: int = 6334
+    qdrant_timeout_s: int = 60
+    qdrant_host: str | None = None
+    qdrant_port: int = 6333
+    # validated collection settings (kb_reindex.collection_config), None: inherit from live
+    collection_config: dict[str, Any] | None = field(default=None, hash=False)
+    index_wait_s: int = 600
+    snapshot_before_drop: bool = False
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> Settings:
@@ -106,7 +157,8 @@ class Settings:
         embedder = env.get("KB_EMBEDDER", "hashing").strip().lower()
         if embedder not in EMBEDDERS:
             raise ConfigError(f"KB_EMBEDDER={embedder!r} is unknown; choose one of {', '.join(EMBEDDERS)}")
-        qdrant_url = env.get("KB_QDRANT_URL", "").strip() or None
+        qdrant_https = _optional_bool(env, "KB_QDRANT_HTTPS")
+        qdrant_url = _qdrant_url(env, qdrant_https)
         qdrant_path = None if qdrant_url else _resolve(root, env.get("KB_QDRANT_PATH", ".kb/qdrant"))
         state_url = env.get("KB_STATE_URL", "").strip() or f"sqlite:///{_resolve(root, '.kb/state.db')}"
         if not state_url.startswith(("sqlite", "mysql")):
@@ -148,8 +200,21 @@ class Settings:
             lock_ttl_s=_int(env, "KB_LOCK_TTL", 3600, minimum=10),
             block_on_instructions=_bool(env, "KB_BLOCK_ON_INSTRUCTIONS"),
             lock_wait_s=_int(env, "KB_LOCK_WAIT", 30, minimum=0),
+            qdrant_https=qdrant_https,
+            qdrant_prefix=env.get("KB_QDRANT_PREFIX", "").strip().strip("/") or None,
+            qdrant_prefer_grpc=_bool(env, "KB_QDRANT_PREFER_GRPC"),
+            qdrant_grpc_port=_port(env, "KB_QDRANT_GRPC_PORT", 6334),
+            qdrant_timeout_s=_int(env, "KB_QDRANT_TIMEOUT", 60, minimum=1),
+            collection_config=_collection_config(env, root),
+            index_wait_s=_int(env, "KB_INDEX_WAIT_S", 600, minimum=0),
+            snapshot_before_drop=_bool(env, "KB_SNAPSHOT_BEFORE_DROP"),
         )
         return replace(settings, **overrides) if overrides else settings
+
+    @property
+    def qdrant_remote(self) -> bool:
+        """A Qdrant server (URL or host) rather than local mode."""
+        return bool(self.qdrant_url or self.qdrant_host)
 
     def with_embedder(self, *, embedder: str, model: str, dim: int | None) -> Settings:
         """The same deployment with another embedding model: used by reindex (live model) and migration."""

@@ -259,6 +259,9 @@ def status(deps: Deps) -> dict[str, Any]:
             "shadow": v.status == "ready" and not has_served(v),
             "serving": v.collection == serving,
             "error": v.error,
+            # the settings it was created with (collection metadata); None for a dropped or older collection
+            "collection_config": store.collection_metadata(v.collection).get("collection_config") if exists else None,
+            "snapshot": (v.validation or {}).get("snapshot"),
         })
     problems, notes = [], []
     if serving != (live.collection if live else None):

@@ -177,10 +177,9 @@ def cleanup(deps: Deps) -> dict[str, Any]:
         versions = deps.state.list_versions(alias)
         deleted = []
         for victim in retention_victims(versions, keep=deps.settings.keep_versions, protected=protected):
-            dropped = deps.store.delete_collection(victim.collection)
-            deps.state.update_version(victim.id, status="deleted", deleted_at=utcnow())
+            dropped, snapshot = _drop_collection(deps, victim)
             deleted.append({"version": victim.version, "collection": victim.collection, "was": victim.status,
-                            "collection_dropped": dropped})
+                            "collection_dropped": dropped, "snapshot": snapshot})
             log.info("kb_reindex: retention deleted v%d (%s, was %s)", victim.version, victim.collection, victim.status)
     return {"deleted": deleted, "rollback_target": target.version if target else None}
 
@@ -202,10 +201,34 @@ def drop_version(deps: Deps, version_number: int) -> dict[str, Any]:
         if version.status == "deleted":
             return {"version": version.version, "collection": version.collection, "was": "deleted",
                     "collection_dropped": False, "already_deleted": True}
-        dropped = deps.store.delete_collection(version.collection)
-        deps.state.update_version(version.id, status="deleted", deleted_at=utcnow())
+        dropped, snapshot = _drop_collection(deps, version)
     return {"version": version.version, "collection": version.collection, "was": version.status,
-            "collection_dropped": dropped}
+            "collection_dropped": dropped, "snapshot": snapshot}
+
+
+def _drop_collection(deps: Deps, version: VersionRecord) -> tuple[bool, str | None]:
+    """Delete a version's collection and mark it deleted; with KB_SNAPSHOT_BEFORE_DROP, snapshot it first.
+
+    The snapshot's name is kept where the version's record already holds JSON about it: its `validation`
+    under `snapshot` (with the collection and the time), shown by `kb-reindex status --json`. A failed
+    snapshot keeps the collection: nothing is dropped without the copy that was asked for."""
+    snapshot = None
+    if deps.settings.snapshot_before_drop and deps.store.exists(version.collection):
+        try:
+            snapshot = deps.store.snapshot(version.collection)
+        except KbError:
+            raise
+        except Exception as exc:
+            raise StoreError(f"snapshot of {version.collection} (v{version.version}) failed, so it is not dropped: "
+                             f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}") from None
+        taken = {"name": snapshot, "collection": version.collection,
+                 "at": utcnow().isoformat(timespec="seconds") + "Z"}
+        deps.state.update_version(version.id, validation={**(version.validation or {}), "snapshot": taken})
+        log.info("kb_reindex: snapshot %s of %s (v%d) taken before dropping it", snapshot, version.collection,
+                 version.version)
+    dropped = deps.store.delete_collection(version.collection)
+    deps.state.update_version(version.id, status="deleted", deleted_at=utcnow())
+    return dropped, snapshot
 
 
 def rollback(

@@ -33,10 +33,18 @@ class CollectionShape:
 
 
 def make_client(settings: Settings, *, wait_s: float = 10.0, create: bool = True) -> QdrantClient:
-    """`create=False` (read-only commands) never makes a local store: a wrong KB_QDRANT_PATH is named, not
+    """The one place a client is built: the CLI's settings come from the environment, an Airflow task's
+    from the `qdrant_default` Connection (airflow_tasks.qdrant_overrides) or the same environment.
+
+    `create=False` (read-only commands) never makes a local store: a wrong KB_QDRANT_PATH is named, not
     answered from a fresh empty folder."""
-    if settings.qdrant_url:
-        return QdrantClient(url=settings.qdrant_url, api_key=settings.qdrant_api_key, timeout=60)
+    if settings.qdrant_remote:
+        return QdrantClient(
+            url=settings.qdrant_url, host=None if settings.qdrant_url else settings.qdrant_host,
+            port=settings.qdrant_port, api_key=settings.qdrant_api_key, https=settings.qdrant_https,
+            prefix=settings.qdrant_prefix, prefer_grpc=settings.qdrant_prefer_grpc,
+            grpc_port=settings.qdrant_grpc_port, timeout=settings.qdrant_timeout_s,
+        )
     assert settings.qdrant_path is not None
     if not create and not (settings.qdrant_path / "meta.json").is_file():
         raise ConfigError(
@@ -69,11 +77,23 @@ def model_slug(model: str) -> str:
     return "-".join(part for part in slug.split("-") if part) or "model"
 
 
-class KnowledgeStore:
-    """Thin, explicit operations over one client; every failure says which collection or alias."""
+INDEX_POLL_S = 0.5
+PAYLOAD_INDEXES = ("knowledge_key", "tenant", "category")  # keyword: the reader filters on them
 
-    def __init__(self, client: QdrantClient) -> None:
+
+class KnowledgeStore:
+    """Thin, explicit operations over one client; every failure says which collection or alias.
+
+    `local`: local mode (no server), detected from the client unless given; a proxy that hides its client
+    (the benchmark's sidecar) says so explicitly."""
+
+    def __init__(self, client: QdrantClient, *, local: bool | None = None) -> None:
         self.client = client
+        if local is None:
+            from qdrant_client.local.qdrant_local import QdrantLocal
+
+            local = isinstance(getattr(client, "_client", None), QdrantLocal)
+        self.is_local = local
 
     # --- collections ---------------------------------------------------------------------------
 
@@ -121,10 +141,18 @@ class KnowledgeStore:
         versions a rollback may return to."""
         self.client.update_collection(name, metadata={"served": True, "last_served_at": at})
 
-    def create_collection(self, name: str, *, dim: int, metadata: dict[str, Any] | None = None) -> None:
+    def collection_info(self, name: str) -> models.CollectionInfo:
+        return self.client.get_collection(name)
+
+    def create_collection(self, name: str, *, dim: int, metadata: dict[str, Any] | None = None,
+                          config: dict[str, Any] | None = None) -> None:
         """Create, or accept an existing one only if it has exactly the shape we need.
 
-        `metadata` describes the version, so the state DB can be rebuilt from Qdrant alone."""
+        `metadata` describes the version, so the state DB can be rebuilt from Qdrant alone; `config` holds
+        its settings (kb_reindex.collection_config). On a server the HNSW graph is deferred (`m=0`) for the
+        bulk load; `restore_indexing` turns it on. Local mode ignores all of it: it builds no index."""
+        from kb_reindex.collection_config import create_arguments
+
         if self.exists(name):
             shape = self.shape(name)
             if shape.dim != dim or shape.distance != DISTANCE.value:
@@ -135,12 +163,53 @@ class KnowledgeStore:
             return
         if self.alias_target(name) is not None:
             raise StoreError(f"{name} is already an alias name; a collection cannot take it")
-        self.client.create_collection(name, vectors_config=models.VectorParams(size=dim, distance=DISTANCE),
-                                      metadata=metadata)
+        arguments = create_arguments(config or {}, dim=dim, distance=DISTANCE, defer_indexing=not self.is_local)
+        self.client.create_collection(name, metadata=metadata, **arguments)
+        # payload indexes before the points, as Qdrant advises: each point is indexed as it arrives
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Payload indexes have no effect in the local Qdrant")
-            self.client.create_payload_index(name, "knowledge_key", models.PayloadSchemaType.KEYWORD)
-            self.client.create_payload_index(name, "tenant", models.PayloadSchemaType.KEYWORD)
+            for field_name in PAYLOAD_INDEXES:
+                self.client.create_payload_index(name, field_name, models.PayloadSchemaType.KEYWORD)
+
+    def restore_indexing(self, name: str, *, m: int) -> bool:
+        """Give a bulk-loaded collection its HNSW graph degree back; True if a PATCH was needed. Idempotent,
+        so a resumed build or a second validation restores it too."""
+        current = self.collection_info(name).config.hnsw_config
+        if current is not None and current.m == m:
+            return False
+        self.client.update_collection(name, hnsw_config=models.HnswConfigDiff(m=m))
+        log.info("kb_reindex: %s: HNSW m=%d restored after the bulk load; Qdrant builds the index now", name, m)
+        return True
+
+    def wait_until_indexed(self, name: str, *, wait_s: float, m: int | None) -> models.CollectionInfo:
+        """Until Qdrant reports the collection green with its optimizers ok and, where it builds an index
+        at all, the index covering every point; a StoreError naming the collection and the wait otherwise."""
+        deadline = time.monotonic() + wait_s
+        waited = False
+        while True:
+            info = self.collection_info(name)
+            ready, state = index_state(info, m=m)
+            if ready:
+                if waited:
+                    log.info("kb_reindex: %s is indexed: %s", name, state)
+                return info
+            if time.monotonic() >= deadline:
+                raise StoreError(
+                    f"collection {name} is not ready for queries after {wait_s:g} s (KB_INDEX_WAIT_S): {state}; "
+                    "it stays unvalidated and the alias was not moved: run again to keep waiting, or raise "
+                    "KB_INDEX_WAIT_S"
+                )
+            if not waited:
+                log.info("kb_reindex: waiting up to %g s for Qdrant to index %s: %s", wait_s, name, state)
+                waited = True
+            time.sleep(min(INDEX_POLL_S, max(deadline - time.monotonic(), 0.0)))
+
+    def snapshot(self, name: str) -> str:
+        """A server-side snapshot of the collection (Qdrant's snapshots folder); its name."""
+        description = self.client.create_snapshot(name, wait=True)
+        if description is None or not description.name:
+            raise StoreError(f"Qdrant created no snapshot of {name}; it is not dropped")
+        return description.name
 
     def delete_collection(self, name: str) -> bool:
         if not self.exists(name):
@@ -233,6 +302,30 @@ class KnowledgeStore:
         self.client.close()
 
 
+def index_state(info: models.CollectionInfo, *, m: int | None) -> tuple[bool, str]:
+    """(ready for validation's queries, a one-line account of why not).
+
+    Qdrant builds a segment's HNSW index only once its vectors pass `indexing_threshold` (KB); a small
+    collection stays on full scan, green and complete without any indexed vector. Full coverage is waited
+    for only when the segments are, on average, past that size, so the wait never expects an index Qdrant
+    will not build (vectors counted as float32)."""
+    points = info.points_count or 0
+    indexed = info.indexed_vectors_count or 0
+    optimizer = info.optimizer_status
+    optimizer_ok = optimizer == models.OptimizersStatusOneOf.OK
+    green = info.status == models.CollectionStatus.GREEN
+    threshold_kb = info.config.optimizer_config.indexing_threshold if info.config.optimizer_config else None
+    vectors = info.config.params.vectors
+    dim = vectors.size if isinstance(vectors, models.VectorParams) else 0
+    per_segment_kb = points * dim * 4 / 1024 / max(info.segments_count or 1, 1)
+    index_expected = bool(m) and bool(threshold_kb) and per_segment_kb >= float(threshold_kb or 0)
+    covered = indexed >= points
+    optimizer_text = "ok" if optimizer_ok else getattr(optimizer, "error", str(optimizer))
+    state = (f"status {getattr(info.status, 'value', info.status)}, optimizer {optimizer_text}, {indexed} of {points} "
+             f"vectors indexed" + ("" if index_expected else " (below the indexing threshold: none expected)"))
+    return green and optimizer_ok and (covered or not index_expected), state
+
+
 # The remote client checks the server version in a background thread and warns when it cannot; open_store
 # probes the server itself right after and reports that in one line, so that warning is only noise. Its
 # warning about a key sent over plain http becomes one log line instead of a multi-line warning.
@@ -249,13 +342,19 @@ def open_store(settings: Settings, *, client: QdrantClient | None = None, create
     own = client is None
     if own:
         warnings.filterwarnings("ignore", message=_VERSION_CHECK_WARNING, category=UserWarning)
-        if settings.qdrant_url and settings.qdrant_api_key and settings.qdrant_url.lower().startswith("http://"):
+        plain_url = bool(settings.qdrant_url) and settings.qdrant_url.lower().startswith("http://")
+        plain_host = bool(settings.qdrant_host) and not settings.qdrant_url and settings.qdrant_https is False
+        if settings.qdrant_api_key and (plain_url or plain_host):
             warnings.filterwarnings("ignore", message=_INSECURE_KEY_WARNING, category=UserWarning)
             log.warning("kb_reindex: the Qdrant API key is sent unencrypted to %s (plain http)",
-                        redact_url(settings.qdrant_url))
+                        _where(settings, None))
         client = make_client(settings, create=create)
     assert client is not None
     store = KnowledgeStore(client)
+    if settings.snapshot_before_drop and store.is_local:
+        if own:
+            store.close()
+        raise ConfigError("KB_SNAPSHOT_BEFORE_DROP needs a Qdrant server (KB_QDRANT_URL); local mode has no snapshots")
     try:
         store.client.get_collections()
     except Exception as exc:
@@ -270,9 +369,13 @@ def open_store(settings: Settings, *, client: QdrantClient | None = None, create
 
 
 def _where(settings: Settings, client: QdrantClient | None) -> str:
-    """The server for messages: the URL without credentials, or the local-mode folder."""
+    """The server for messages: the URL without credentials, host:port, or the local-mode folder."""
     url = settings.qdrant_url or (client.init_options.get("url") if client is not None else None)
-    return redact_url(url) if url else str(settings.qdrant_path)
+    if url:
+        return redact_url(url)
+    if settings.qdrant_host:
+        return f"{settings.qdrant_host}:{settings.qdrant_port}"
+    return str(settings.qdrant_path)
 
 
 def _open_error(exc: Exception, settings: Settings, client: QdrantClient) -> KbError:

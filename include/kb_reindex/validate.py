@@ -131,6 +131,14 @@ def validate(
         raise ConfigError(f"v{version.version} of {alias} was deleted"
                           + (f" at {version.deleted_at:%Y-%m-%d %H:%M:%S} UTC" if version.deleted_at else "")
                           + f": its collection {version.collection} is gone, there is nothing to validate")
+    from kb_reindex.build import finish_bulk_load
+
+    try:
+        finish_bulk_load(deps, version)
+    except KbError as exc:
+        if version.status == "building":  # a kept version re-checked while Qdrant re-indexes it stays as it is
+            deps.state.mark_failed(version.id, step="validate", error=str(exc))
+        raise
     try:
         result = _validate(deps, version, min_hit_rate=min_hit_rate, min_mrr=min_mrr, compare_live=compare_live,
                            flagged=flagged)

@@ -14,12 +14,19 @@ What it is, exactly:
   nothing runs in parallel, so this measures no server's throughput;
 * none of a real server's indexing (HNSW, payload indexes, optimizers: accepted and recorded only),
   sharding, replication, write-ahead log, or persistence/consistency guarantees; ``wait=false``
-  writes are done before the answer anyway. Collection status is always "green".
+  writes are done before the answer anyway. Collection status is "green" with every point indexed
+  (``indexed_vectors_count`` = points), unless :meth:`FakeQdrantServer.hold_indexing` makes the next N
+  ``get_collection`` answers "yellow" with nothing indexed, as a server still building its index would;
+  ``get_collection`` reports the HNSW, optimizer, quantization, shard and replication settings the
+  collection was created or PATCHed with (local mode itself ignores them);
+* ``POST /collections/{name}/snapshots`` answers a snapshot description with a fresh name, but stores
+  nothing: there is nothing to download or recover.
 
 Test hooks: an API key (401 like Qdrant when missing or wrong), fault injection per operation or
 per ``METHOD /path-glob`` (HTTP status, delay, dropped connection; next N requests or persistent),
 and a log of every request. Both are reachable from Python (:class:`FakeQdrantServer`) and over HTTP
-(``GET/POST/DELETE /__faults``, ``GET/DELETE /__requests``; these admin paths need no key). Standard
+(``GET/POST/DELETE /__faults``, ``GET/DELETE /__requests``, ``POST /__indexing``; these admin paths need
+no key). Standard
 library plus qdrant-client.
 
 Run standalone::
@@ -219,6 +226,7 @@ _ROUTES: list[tuple[str, re.Pattern[str], str]] = [
         ("POST", f"/collections/{_NAME}/points/query", "query"),
         ("POST", f"/collections/{_NAME}/points/delete", "delete_points"),
         ("PUT", f"/collections/{_NAME}/index", "create_index"),
+        ("POST", f"/collections/{_NAME}/snapshots", "create_snapshot"),
         ("DELETE", f"/collections/{_NAME}/index/(?P<field_name>[^/]+)", "delete_index"),
     ]
 ]
@@ -264,6 +272,9 @@ class _Backend:
         self.path = path
         self.lock = threading.Lock()
         self.collection_updates: dict[str, dict[str, Any]] = {}  # PATCH settings local mode ignores
+        self.indexing_held = 0  # get_collection answers still to report `indexing_status` (hold_indexing)
+        self.indexing_status = models.CollectionStatus.YELLOW
+        self.snapshots_taken = 0
         path.mkdir(parents=True, exist_ok=True)
         self.client = QdrantClient(path=str(path))
 
@@ -293,9 +304,15 @@ class _Backend:
         return self.client.get_collections()
 
     def _op_get_collection(self, p: dict[str, str], _q: dict[str, str], _b: Any) -> Any:
+        """Local mode's answer, with what a server would report instead: the settings the collection was
+        created or patched with, every point indexed, and green unless :meth:`hold_indexing` says otherwise."""
         info = self.client.get_collection(p["name"])
-        info = info.model_copy(update={"status": models.CollectionStatus.GREEN,
-                                       "optimizer_status": models.OptimizersStatusOneOf.OK})
+        status, indexed = models.CollectionStatus.GREEN, info.points_count or 0
+        if self.indexing_held > 0:
+            self.indexing_held -= 1
+            status, indexed = self.indexing_status, 0
+        info = info.model_copy(update={"status": status, "optimizer_status": models.OptimizersStatusOneOf.OK,
+                                       "indexed_vectors_count": indexed})
         real_name = self._resolve(p["name"])
         recorded = self.collection_updates.get(real_name, {})
         config_updates: dict[str, Any] = {}
@@ -303,6 +320,13 @@ class _Backend:
             if key in recorded and getattr(info.config, attr, None) is not None:
                 current = getattr(info.config, attr)
                 config_updates[attr] = current.model_copy(update=recorded[key])
+        if "quantization_config" in recorded:
+            config_updates["quantization_config"] = pydantic.TypeAdapter(models.QuantizationConfig).validate_python(
+                recorded["quantization_config"])
+        params = {key: recorded[key] for key in ("shard_number", "replication_factor", "write_consistency_factor",
+                                                 "on_disk_payload") if key in recorded}
+        if params:
+            config_updates["params"] = info.config.params.model_copy(update=params)
         if config_updates:
             info = info.model_copy(update={"config": info.config.model_copy(update=config_updates)})
         return info
@@ -339,6 +363,17 @@ class _Backend:
         for key, value in request.model_dump(exclude_none=True, exclude={"vectors", "sparse_vectors", "metadata"}).items():
             recorded[key] = {**recorded.get(key, {}), **value} if isinstance(value, dict) else value
         return True
+
+    def _op_create_snapshot(self, p: dict[str, str], _q: dict[str, str], _b: Any) -> Any:
+        """A snapshot's description, as Qdrant answers; nothing is stored (local mode has no snapshots), so
+        tests check that one was asked for and named, not that it restores."""
+        name = self._resolve(p["name"])
+        if name not in self._collection_names():
+            raise _not_found(p["name"])
+        self.snapshots_taken += 1
+        stamp = time.strftime("%Y-%m-%d-%H-%M-%S", time.gmtime())
+        return models.SnapshotDescription(name=f"{name}-{self.snapshots_taken}-{stamp}.snapshot",
+                                          creation_time=time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()), size=0)
 
     def _op_delete_collection(self, p: dict[str, str], _q: dict[str, str], _b: Any) -> Any:
         self.collection_updates.pop(p["name"], None)
@@ -663,6 +698,14 @@ class _Handler(BaseHTTPRequestHandler):
             elif path == "/__faults" and self.command == "DELETE":
                 fake.faults.clear()
                 self._send_json(200, True)
+            elif path == "/__indexing" and self.command == "POST":
+                if not isinstance(body, dict) or set(body) - {"calls", "status"} or not isinstance(body.get("calls"), int):
+                    raise _HttpError(400, 'hold indexing with {"calls": N, "status": "yellow"}')
+                try:
+                    fake.hold_indexing(body["calls"], status=body.get("status", "yellow"))
+                except ValueError as exc:
+                    raise _HttpError(400, str(exc)) from None
+                self._send_json(200, True)
             elif path == "/__requests" and self.command == "GET":
                 self._send_json(200, [asdict(r) for r in fake.requests()])
             elif path == "/__requests" and self.command == "DELETE":
@@ -712,6 +755,18 @@ class FakeQdrantServer:
     def clear_requests(self) -> None:
         with self._log_lock:
             self._requests.clear()
+
+    def hold_indexing(self, calls: int, *, status: str = "yellow") -> None:
+        """The next `calls` get_collection answers report `status` and no indexed vector: a server still
+        indexing (yellow) or stuck (grey, red). 0 releases it."""
+        backend = self._backend
+        if backend is None:
+            raise RuntimeError("the server is not started")
+        if calls < 0:
+            raise ValueError(f"calls={calls} must be at least 0")
+        with backend.lock:
+            backend.indexing_status = models.CollectionStatus(status)
+            backend.indexing_held = calls
 
     def start(self) -> FakeQdrantServer:
         if self._thread is not None:
@@ -877,6 +932,9 @@ class QdrantServerProcess:
 
     def requests(self) -> list[dict[str, Any]]:
         return self._admin("GET", "/__requests")
+
+    def hold_indexing(self, calls: int, *, status: str = "yellow") -> None:
+        self._admin("POST", "/__indexing", {"calls": calls, "status": status})
 
     def clear_requests(self) -> None:
         self._admin("DELETE", "/__requests")
