@@ -174,10 +174,11 @@ class MeterRef:
 class CountingStore(KnowledgeStore):
     """The package's KnowledgeStore, counting and timing what crosses to Qdrant."""
 
-    def __init__(self, client: Any, meter_ref: MeterRef) -> None:
-        # every store of this benchmark is local mode, in the worker or behind the sidecar's proxy (which
-        # hides the client the store would tell it from): no index to restore or wait for
-        super().__init__(client, local=True)
+    def __init__(self, client: Any, meter_ref: MeterRef, *, local: bool | None = True) -> None:
+        # local mode in the worker or behind the sidecar's proxy (which hides the client the store would
+        # tell it from): no index to restore or wait for. None: told from the client, as with the Qdrant
+        # test server's remote client, which the engine treats as a server's (deferred index, restored)
+        super().__init__(client, local=local)
         self.meter_ref = meter_ref
         # an instance attribute shadows the method on a QdrantClient and on the sidecar's proxy alike
         update = client.update_collection_aliases

@@ -9,7 +9,9 @@
 
 The Qdrant store runs in a sidecar process (`sidecar.py`, the default) the way a Qdrant server runs
 apart from the engine, so a worker's peak RSS is the engine's (or LangChain's) own and the store's is
-measured separately; `--store inprocess` keeps local mode inside the worker, as before.
+measured separately; `--store inprocess` keeps local mode inside the worker, as before; `--store server`
+runs our Qdrant-protocol test server and every client reaches it over REST (`KB_QDRANT_URL`), with the
+server's own per-request timings beside each scenario and a breakdown of the copy path's time on the wire.
 
 Each worker writes one JSON file; `run.py` starts them (one subprocess per peer and size, so the peak
 RSS of one never includes another's) and assembles the report.
@@ -36,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import corpus as corpus_mod  # noqa: E402
 from measure import BenchDeps, CountingStore, Meter, MeterRef, PeakRss, phase_timers, ru_maxrss_mb  # noqa: E402
-from sidecar import qdrant_store  # noqa: E402
+from sidecar import qdrant_store, server_requests  # noqa: E402
 
 OLLAMA_MODEL = "bge-m3"
 DIM = 1024
@@ -51,16 +53,20 @@ class Scenarios:
     """Runs named scenarios, each with a fresh meter and its own peak-RSS window (for the store sidecar
     too, when there is one: the Qdrant server's memory, reported apart from the engine's)."""
 
-    def __init__(self, meter_ref: MeterRef, server: Any = None, store_pid: int | None = None) -> None:
+    def __init__(self, meter_ref: MeterRef, server: Any = None, store_pid: int | None = None,
+                 store_url: str | None = None) -> None:
         self.meter_ref = meter_ref
         self.server = server
         self.store_pid = store_pid
+        self.store_url = store_url  # the Qdrant test server's, whose request log says what it spent
         self.results: dict[str, dict[str, Any]] = {}
 
     def run(self, name: str, fn: Callable[[Meter], dict[str, Any]]) -> dict[str, Any]:
         meter = self.meter_ref.fresh()
         if self.server is not None:
             self.server.reset_counters()
+        if self.store_url is not None:
+            server_requests(self.store_url, clear=True)
         store_peak = PeakRss(self.store_pid).start() if self.store_pid is not None else None
         peak = PeakRss().start()
         started = time.perf_counter()
@@ -83,6 +89,8 @@ class Scenarios:
         process adds the store's peak RSS and the fake Ollama server's counters over the same window."""
         if self.server is not None:
             self.server.reset_counters()
+        if self.store_url is not None:
+            server_requests(self.store_url, clear=True)
         store_peak = PeakRss(self.store_pid).start() if self.store_pid is not None else None
         out = Path(spec["scratch"]) / "row.json"
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -112,6 +120,22 @@ class Scenarios:
         if self.server is not None:
             row["server_texts_embedded"] = self.server.embedded_texts
             row["server_embed_requests"] = self.server.embed_requests
+        if self.store_url is not None:
+            row["qdrant_requests"] = summarise_requests(server_requests(self.store_url))
+
+
+def summarise_requests(log: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The test server's requests by "operation collection": how many, the server's whole handling time
+    (body decoding, the operation, answer encoding) and the part inside local mode itself."""
+    out: dict[str, dict[str, Any]] = {}
+    for record in log:
+        key = f"{record['op']} {record['collection']}" if record.get("collection") else record["op"]
+        total = out.setdefault(key, {"requests": 0, "handle_s": 0.0, "store_s": 0.0})
+        total["requests"] += 1
+        total["handle_s"] += record.get("handle_s") or 0.0
+        total["store_s"] += record.get("store_s") or 0.0
+    return {key: {**v, "handle_s": round(v["handle_s"], 4), "store_s": round(v["store_s"], 4)}
+            for key, v in sorted(out.items())}
 
 
 def fake_ollama(ms: float) -> Any:
@@ -145,7 +169,9 @@ def run_kb(job: dict[str, Any]) -> dict[str, Any]:
         env.update(OLLAMA_HOST=server.url, KB_EMBED_MODEL=OLLAMA_MODEL)
     try:
         with qdrant_store(job["store"]) as store:
-            if store.address is None:  # the store lives in this worker: every scenario runs here too
+            if store.url is not None:  # the engine reaches the test server as it reaches Qdrant in production
+                env["KB_QDRANT_URL"] = store.url
+            if store.address is None and store.url is None:  # the store lives in this worker: scenarios too
                 warm = warmup(env, root.parent / f"{root.name}-warmup", store.client, alias="bench_warmup")
                 out = _kb_scenarios_in_process(job, env, root, variants, store, server)
             else:
@@ -161,9 +187,11 @@ def run_kb(job: dict[str, Any]) -> dict[str, Any]:
 def kb_scenario_plan(job: dict[str, Any]) -> list[str]:
     """The engine's scenarios in order; `mirror:<variant>` steps replace the knowledge folder in between."""
     hashing = job["embedder"] == "hashing"
+    wire = job.get("store") == "server"
     return ["kb.full_build", "kb.noop", "full_rebuild.noop", "mirror:mutated", "kb.incremental", "kb.rollback",
             "full_rebuild.incremental",
             *(["raw.upsert"] if job.get("raw", True) and hashing else []),
+            *(["wire.costs"] if job.get("raw", True) and hashing and wire else []),
             *(["mirror:one_more", "kb.promotion_under_readers"] if job.get("readers", True) and hashing else [])]
 
 
@@ -176,8 +204,9 @@ def kb_steps(job: dict[str, Any], root: Path, variants: dict[str, Path]) -> Iter
             yield number, step
 
 
-def engine_deps(env: dict[str, str], client: Any) -> tuple[BenchDeps, MeterRef]:
-    """The engine's Deps over `client`, with a counting store and embedder; the caller disposes deps.state."""
+def engine_deps(env: dict[str, str], client: Any, *, local: bool | None = True) -> tuple[BenchDeps, MeterRef]:
+    """The engine's Deps over `client`, with a counting store and embedder; the caller disposes deps.state.
+    `local=None`: told from the client (the test server's remote client is a server's)."""
     from kb_reindex.config import Settings
     from kb_reindex.golden import load_golden_set
     from kb_reindex.state import StateStore
@@ -185,8 +214,8 @@ def engine_deps(env: dict[str, str], client: Any) -> tuple[BenchDeps, MeterRef]:
     settings = Settings.from_env(env)
     meter_ref = MeterRef()
     queries = {p.query for p in load_golden_set(settings.golden_set).probes}
-    deps = BenchDeps(settings=settings, state=StateStore(settings.state_url), store=CountingStore(client, meter_ref),
-                     meter_ref=meter_ref, queries=queries)
+    deps = BenchDeps(settings=settings, state=StateStore(settings.state_url),
+                     store=CountingStore(client, meter_ref, local=local), meter_ref=meter_ref, queries=queries)
     return deps, meter_ref
 
 
@@ -217,6 +246,8 @@ def engine_scenario(name: str, deps: BenchDeps, job: dict[str, Any]) -> Callable
         return rollback
     if name == "raw.upsert":
         return lambda meter: raw_bulk_upsert(deps, meter, copy_batch=deps.settings.copy_batch_size)
+    if name == "wire.costs":
+        return lambda meter: wire_costs(deps, copy_batch=deps.settings.copy_batch_size)
     if name == "kb.promotion_under_readers":
         return lambda meter: promotion_under_readers(deps, meter, reindex(), job.get("reader_pause_s"))
     raise ValueError(f"unknown benchmark scenario {name!r}")
@@ -245,12 +276,12 @@ def _kb_scenarios_in_processes(job: dict[str, Any], env: dict[str, str], root: P
     arenas resident); a fresh one per scenario makes each peak RSS that run's own. Each child first makes a
     throwaway engine run on 3 documents under another alias (imports, first-use caches) before it is timed.
     """
-    sc = Scenarios(MeterRef(), server, store.pid)
+    sc = Scenarios(MeterRef(), server, store.pid, store.url)
     scratch = root.parent / f"{root.name}-children"
     scratch.mkdir(exist_ok=True)
     for number, step in kb_steps(job, root, variants):
         spec = {"name": step, "job": job, "env": env, "store_address": store.address,
-                "store_authkey": store.authkey_hex, "scratch": str(scratch / f"{number:02d}")}
+                "store_authkey": store.authkey_hex, "store_url": store.url, "scratch": str(scratch / f"{number:02d}")}
         sc.run_child(step, spec)
     return {"job": job, "scenarios": sc.results, "ru_maxrss_mb": round(ru_maxrss_mb(), 1)}
 
@@ -272,10 +303,17 @@ def run_scenario_child(spec: dict[str, Any]) -> dict[str, Any]:
     startup_s = time.time() - spec["spawned_at"]
     threading.Thread(target=exit_with_parent, args=(os.getppid(),), daemon=True).start()
     quiet_logs()
-    client = connect(spec["store_address"], spec["store_authkey"])
+    local: bool | None = True
+    if spec.get("store_url"):  # the Qdrant test server: the client the CLI builds, from KB_QDRANT_URL
+        from kb_reindex.config import Settings
+        from kb_reindex.store import make_client
+
+        client, local = make_client(Settings.from_env(spec["env"])), None
+    else:
+        client = connect(spec["store_address"], spec["store_authkey"])
     scratch = Path(spec["scratch"])
-    warm = warmup(spec["env"], scratch, client, alias=f"bench_warmup_{os.getpid()}")
-    deps, meter_ref = engine_deps(spec["env"], client)
+    warm = warmup(spec["env"], scratch, client, alias=f"bench_warmup_{os.getpid()}", local=local)
+    deps, meter_ref = engine_deps(spec["env"], client, local=local)
     try:
         with phase_timers(meter_ref):
             row = Scenarios(meter_ref).run(spec["name"], engine_scenario(spec["name"], deps, spec["job"]))
@@ -286,7 +324,7 @@ def run_scenario_child(spec: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
-def warmup(env: dict[str, str], workdir: Path, client: Any, *, alias: str) -> dict[str, float]:
+def warmup(env: dict[str, str], workdir: Path, client: Any, *, alias: str, local: bool | None = True) -> dict[str, float]:
     """A whole engine run on a 3-document throwaway project before anything is timed; says what it cost.
 
     The first run in a process pays one-time costs that no later run does: lazy imports (pandas,
@@ -313,7 +351,7 @@ def warmup(env: dict[str, str], workdir: Path, client: Any, *, alias: str) -> di
                                   "KB_ALIAS": alias})
     state = StateStore(settings.state_url)
     try:
-        result = engine.run_reindex(Deps(settings=settings, state=state, store=KnowledgeStore(client, local=True)))
+        result = engine.run_reindex(Deps(settings=settings, state=state, store=KnowledgeStore(client, local=local)))
     finally:
         state.dispose()
     if result["outcome"] != "promoted":
@@ -402,6 +440,57 @@ def raw_bulk_upsert(deps: BenchDeps, meter: Meter, *, copy_batch: int) -> dict[s
     return {"points": points, "upsert_s": round(upsert_s, 4), "upsert_points_per_s": round(points / upsert_s, 1),
             "retrieve_s": round(retrieve_s, 4), "retrieve_points_per_s": round(points / retrieve_s, 1),
             "batch": copy_batch}
+
+
+WIRE_REPEATS = 5  # encode/decode timings per batch: the median of these
+WIRE_PINGS = 30  # cheap requests (count on an empty collection) for the per-request latency
+
+
+def wire_costs(deps: BenchDeps, *, copy_batch: int) -> dict[str, Any]:
+    """Where the copy path's time goes over REST, in parts the server's request log cannot see: the
+    remote client's own JSON work on one batch of KB_COPY_BATCH_SIZE live points, done exactly as the client
+    does it (`jsonable_encoder` of the `PointsList` an upsert sends; `parse_response` of a retrieve's answer
+    of the same points with vectors, as the copy reads them), and the latency of one cheap request (count on
+    an empty collection). The server's side (its JSON, local mode's time) is in its request log."""
+    import statistics
+
+    from qdrant_client import models
+    from qdrant_client.common.response_parsing import parse_response
+    from qdrant_client.http.api.points_api import jsonable_encoder
+
+    client = deps.store.client
+    live_version = deps.state.live_version(deps.settings.alias)
+    assert live_version is not None
+    ids = [row["point_id"] for row in deps.state.manifest_chunks(live_version.id)][:copy_batch]
+    records = client.retrieve(live_version.collection, ids=ids, with_vectors=True, with_payload=True)
+    points = [models.PointStruct.model_construct(id=r.id, vector=r.vector, payload=r.payload) for r in records]
+    answer = json.dumps({"result": [r.model_copy(update={"payload": None}).model_dump(mode="json", exclude_none=True)
+                                    for r in records], "status": "ok", "time": 0.001}).encode("utf-8")
+
+    def median_s(fn: Callable[[], Any]) -> tuple[float, Any]:
+        times, result = [], None
+        for _ in range(WIRE_REPEATS):
+            started = time.perf_counter()
+            result = fn()
+            times.append(time.perf_counter() - started)
+        return statistics.median(times), result
+
+    encode_s, body = median_s(lambda: jsonable_encoder(models.PointsList(points=points)))
+    decode_s, parsed = median_s(lambda: parse_response(answer, models.InlineResponse20017))
+    assert len(parsed.result) == len(records)
+    ping = "bench_wire_ping"
+    deps.store.delete_collection(ping)
+    client.create_collection(ping, vectors_config=models.VectorParams(size=4, distance=models.Distance.COSINE))
+    latencies = []
+    for _ in range(WIRE_PINGS):
+        started = time.perf_counter()
+        client.count(ping, exact=True)
+        latencies.append(time.perf_counter() - started)
+    deps.store.delete_collection(ping)
+    return {"batch": copy_batch, "points": len(points), "encode_upsert_s": round(encode_s, 5),
+            "upsert_request_bytes": len(body), "decode_retrieve_s": round(decode_s, 5),
+            "retrieve_answer_bytes": len(answer), "round_trip_s": round(statistics.median(latencies), 6),
+            "round_trip_max_s": round(max(latencies), 6), "pings": WIRE_PINGS}
 
 
 def promotion_under_readers(deps: BenchDeps, meter: Meter, run: Callable[[Meter], dict[str, Any]],
@@ -597,7 +686,7 @@ def _langchain(job: dict[str, Any], stack: ExitStack) -> dict[str, Any]:
     client.delete_collection("warmup")
     warm = {"first_run_s": round(time.perf_counter() - warm_started, 3)}
 
-    sc = Scenarios(meter_ref, server, store_pid)
+    sc = Scenarios(meter_ref, server, store_pid, store_handle.url)
     sc.run("langchain.full_build", run_index)
     sc.run("langchain.noop", run_index)
     corpus_mod.mirror(mutated_dir, docs_dir)

@@ -41,6 +41,8 @@ from sidecar import STORE_KINDS  # noqa: E402
 
 DEFAULT_SIZES = "500,2000"
 QDRANT_WHERE = {"sidecar": "local mode, :memory:, in a sidecar process (bench/sidecar.py) like a server",
+                "server": "the Qdrant-protocol test server (kb_reindex.testing.qdrant_server: REST over one local-mode "
+                          ":memory: client) in a process of its own; every client is the remote one (KB_QDRANT_URL)",
                 "inprocess": "local mode, :memory:, inside each worker process"}
 SMOKE_SIZES = "8,80"
 

@@ -10,6 +10,11 @@ not the worker's copy-on-write pages) that serves one shared client through a
 `QdrantClient` method, keyword arguments included, with results pickled back (pydantic models).
 Each thread that uses a proxy opens its own connection and the server answers each connection in
 its own thread, so concurrent readers behave as concurrent clients of one server.
+
+`--store server` runs our Qdrant-protocol test server instead (`kb_reindex.testing.qdrant_server`: Qdrant's
+REST API over one local-mode client, `:memory:` like the other stores), as a process of its own
+on a free port; the engine reaches it through `KB_QDRANT_URL` and `store.make_client`, i.e. the real remote
+client over HTTP/JSON, exactly as in production (REST; the test server speaks no gRPC).
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from multiprocessing.managers import BaseManager, dispatch
 from pathlib import Path
 from typing import Any, NamedTuple
 
-STORE_KINDS = ("sidecar", "inprocess")
+STORE_KINDS = ("sidecar", "inprocess", "server")
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 10.0
 
@@ -92,12 +97,13 @@ _ClientManager.register("client")
 
 class StoreHandle(NamedTuple):
     """What `qdrant_store` gives: a client, the store's pid (None in process), and, for a sidecar, where
-    another process connects to the same store (`connect`)."""
+    another process connects to the same store (`connect`); for the test server, its URL."""
 
     client: Any
     pid: int | None
     address: str | None = None
     authkey_hex: str | None = None
+    url: str | None = None
 
 
 def connect(address: str, authkey_hex: str) -> Any:
@@ -147,6 +153,16 @@ def qdrant_store(kind: str) -> Iterator[StoreHandle]:
         finally:
             client.close()
         return
+    if kind == "server":
+        with qdrant_server() as (url, pid):
+            from qdrant_client import QdrantClient
+
+            client = QdrantClient(url=url, timeout=120)
+            try:
+                yield StoreHandle(client, pid, url=url)
+            finally:
+                client.close()
+        return
     if kind != "sidecar":
         raise ValueError(f"store kind must be one of {STORE_KINDS}, not {kind!r}")
     sidecar = start()
@@ -154,6 +170,64 @@ def qdrant_store(kind: str) -> Iterator[StoreHandle]:
         yield StoreHandle(sidecar.client(), sidecar.pid, sidecar.address, sidecar.authkey.hex())
     finally:
         sidecar.stop()
+
+
+@contextmanager
+def qdrant_server() -> Iterator[tuple[str, int]]:
+    """Our Qdrant-protocol test server in a process of its own, on a free port, in memory: (URL, pid).
+
+    In memory (`--path :memory:`) as the other stores are: on a folder, local mode commits each point to
+    SQLite by itself (about 3 ms a point here), which would time that commit rather than the wire.
+
+    Started through this file (`--qdrant-server`) rather than `qdrant_server.start_process`, so that it
+    also exits by itself if the worker that started it dies (a timed-out worker is killed, not stopped)."""
+    import urllib.request
+
+    proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--qdrant-server", ":memory:",
+                             str(os.getpid())],
+                            stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+    try:
+        assert proc.stdout is not None
+        said: list[str] = []
+        reader = threading.Thread(target=lambda: said.append(proc.stdout.readline()), daemon=True)  # type: ignore[union-attr]
+        reader.start()
+        reader.join(START_TIMEOUT_S)
+        url = said[0].split()[4] if said and said[0].startswith("qdrant test double at ") else None
+        if url is None:
+            raise RuntimeError(f"qdrant test server did not start (exit {proc.poll()}, said {said[:1]!r})")
+        with urllib.request.urlopen(url + "/", timeout=10) as answer:
+            answer.read()
+        yield url, proc.pid
+    finally:
+        if proc.poll() is None:
+            proc.terminate()  # SIGTERM: the server closes its local-mode client and exits
+            try:
+                proc.wait(STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
+def server_requests(url: str, *, clear: bool = False) -> list[dict[str, Any]]:
+    """The test server's request log (each with `handle_s`, `store_s`); `clear` empties it instead."""
+    import json
+    import urllib.request
+
+    request = urllib.request.Request(url + "/__requests", method="DELETE" if clear else "GET")
+    with urllib.request.urlopen(request, timeout=60) as answer:
+        log = json.loads(answer.read())
+    return [] if clear else log
+
+
+def serve_qdrant(folder: str, parent: int) -> None:
+    """`sidecar.py --qdrant-server DIR PARENT_PID`: the test server on a free port, until SIGTERM or the
+    worker's death."""
+    from kb_reindex.testing.qdrant_server import main as qdrant_server_main
+
+    threading.Thread(target=exit_with_parent, args=(parent,), daemon=True).start()
+    qdrant_server_main(["--port", "0", "--path", folder])
 
 
 # --- the sidecar process -----------------------------------------------------------------------
@@ -194,4 +268,7 @@ def serve(address: str, parent: int, authkey: bytes) -> None:
 
 
 if __name__ == "__main__":
-    serve(sys.argv[1], int(sys.argv[2]), bytes.fromhex(sys.stdin.readline().strip()))
+    if sys.argv[1] == "--qdrant-server":
+        serve_qdrant(sys.argv[2], int(sys.argv[3]))
+    else:
+        serve(sys.argv[1], int(sys.argv[2]), bytes.fromhex(sys.stdin.readline().strip()))

@@ -10,6 +10,8 @@ What it is, exactly:
   (collections, aliases, points upsert/retrieve/scroll/count/query/delete, payload indexes, ``GET /``),
   parsed and answered with qdrant-client's own REST models, so answers have the shapes a real server's do;
 * backed by ONE ``QdrantClient(path=DIR)``: data survives a restart of the server on the same folder;
+  ``path=":memory:"`` keeps it in memory instead (gone with the process), for measurements: local mode
+  on a folder commits every point to SQLite on its own, so writes there time that commit, not the API;
 * every access to that client is serialised by one lock: concurrent clients are served safely, but
   nothing runs in parallel, so this measures no server's throughput;
 * none of a real server's indexing (HNSW, payload indexes, optimizers: accepted and recorded only),
@@ -165,7 +167,12 @@ class FaultPlan:
 
 @dataclass
 class RequestRecord:
-    """One request as the server saw it; ``status`` is 0 for a dropped connection."""
+    """One request as the server saw it; ``status`` is 0 for a dropped connection.
+
+    Timings, so a benchmark can tell the store's time from the wire's: ``handle_s`` from the request's
+    first line read to its answer written (reading and decoding the body, the operation, encoding and
+    sending the answer; None until answered), ``store_s`` the part of it spent inside the local-mode
+    client's own calls (not the wait for the lock, not the REST models' validation)."""
 
     method: str
     path: str
@@ -175,6 +182,8 @@ class RequestRecord:
     body: Any
     status: int = 0
     at: float = field(default_factory=time.time)
+    handle_s: float | None = None
+    store_s: float | None = None
 
 
 def _summarise(value: Any, depth: int = 0) -> Any:
@@ -265,6 +274,30 @@ def _flag(query: dict[str, str], name: str, default: bool) -> bool:
     return default if raw is None else raw.lower() in ("true", "1", "yes")
 
 
+class _TimedClient:
+    """The local-mode client, adding the time of every method call to the backend's ``store_s`` (under the
+    backend's lock, so one request at a time)."""
+
+    def __init__(self, client: QdrantClient, backend: _Backend) -> None:
+        self._client = client
+        self._backend = backend
+
+    def __getattr__(self, name: str) -> Any:
+        attribute = getattr(self._client, name)
+        if not callable(attribute):
+            return attribute
+        backend = self._backend
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return attribute(*args, **kwargs)
+            finally:
+                backend.store_s += time.perf_counter() - started
+
+        return timed
+
+
 class _Backend:
     """The local-mode client behind one lock, and the operations the routes map to."""
 
@@ -275,22 +308,33 @@ class _Backend:
         self.indexing_held = 0  # get_collection answers still to report `indexing_status` (hold_indexing)
         self.indexing_status = models.CollectionStatus.YELLOW
         self.snapshots_taken = 0
-        path.mkdir(parents=True, exist_ok=True)
-        self.client = QdrantClient(path=str(path))
+        self.store_s = 0.0  # time inside the local-mode client for the request being served
+        if str(path) == ":memory:":
+            local = QdrantClient(":memory:")
+        else:
+            path.mkdir(parents=True, exist_ok=True)
+            local = QdrantClient(path=str(path))
+        self.client: Any = _TimedClient(local, self)
 
     def close(self) -> None:
         with self.lock:
             self.client.close()
 
-    def call(self, op: str, params: dict[str, str], query: dict[str, str], body: Any) -> Any:
+    def call(self, op: str, params: dict[str, str], query: dict[str, str], body: Any,
+             record: RequestRecord | None = None) -> Any:
+        """Serve one operation under the lock; ``record.store_s`` gets the local-mode client's share."""
         handler: Callable[[dict[str, str], dict[str, str], Any], Any] = getattr(self, f"_op_{op}")
         with self.lock:
+            self.store_s = 0.0
             try:
                 return handler(params, query, body)
             except _HttpError:
                 raise
             except ValueError as exc:
                 raise _translate(exc, params.get("name")) from None
+            finally:
+                if record is not None:
+                    record.store_s = self.store_s
 
     # -- service & collections --
 
@@ -658,7 +702,7 @@ class _Handler(BaseHTTPRequestHandler):
                 return
             if routed is None:
                 raise _HttpError(404, f"Not found: {self.command} {path}")
-            result = fake._backend_call(op, params, query, body)
+            result = fake._backend_call(op, params, query, body, record)
             record.status = 200
             if op == "health":
                 self._send_text(200, result)
@@ -676,6 +720,9 @@ class _Handler(BaseHTTPRequestHandler):
             record.status = 500
             self._send_json(500, {"status": {"error": f"Service internal error: {type(exc).__name__}: {exc}"},
                                   "time": time.perf_counter() - started})
+        finally:
+            if record.status:  # answered (a dropped connection keeps None)
+                record.handle_s = time.perf_counter() - started
 
     def _admin(self, path: str) -> None:
         """Test controls: /__faults (GET list, POST add, DELETE clear), /__requests (GET, DELETE)."""
@@ -808,11 +855,12 @@ class FakeQdrantServer:
         with self._log_lock:
             self._requests.append(record)
 
-    def _backend_call(self, op: str, params: dict[str, str], query: dict[str, str], body: Any) -> Any:
+    def _backend_call(self, op: str, params: dict[str, str], query: dict[str, str], body: Any,
+                      record: RequestRecord | None = None) -> Any:
         backend = self._backend
         if backend is None:
             raise ConnectionAbortedError("server is stopping")
-        return backend.call(op, params, query, body)
+        return backend.call(op, params, query, body, record)
 
 
 # --- as a separate process ---------------------------------------------------------------------------
@@ -961,7 +1009,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--host", default="127.0.0.1", help="bind address (default: 127.0.0.1)")
     parser.add_argument("--port", type=int, default=6333, help="port, 0 = any free port (default: 6333)")
-    parser.add_argument("--path", required=True, help="local-mode folder holding the data")
+    parser.add_argument("--path", required=True, help="local-mode folder holding the data (:memory:: none, in memory)")
     parser.add_argument("--api-key", default=None,
                         help="require this API key (default: $KB_TEST_QDRANT_API_KEY, else none)")
     args = parser.parse_args(argv)
