@@ -218,7 +218,8 @@ def _loop_rate(name: str, row: dict[str, Any]) -> Any:
 
 
 STORE_WHERE = {"sidecar": "in a sidecar process of its own, like a Qdrant server",
-               "inprocess": "inside each worker process"}
+               "inprocess": "inside each worker process",
+               "server": "in our Qdrant-protocol test server, reached over REST by the remote client"}
 
 LANGCHAIN_NOOP_NOTE = (
     "LangChain re-embeds {n:,} chunks on a run where nothing changed: with cleanup=\"incremental\" `index()` "
@@ -265,39 +266,7 @@ def markdown(data: dict[str, Any]) -> str:
         "",
     ]
     for entry in data["sizes"]:
-        c = entry["corpus"]
-        lines += [f"## {entry['docs']:,} docs · {c['chunks']:,} chunks "
-                  f"(edit: {c['mutation']['edited']} edited, {c['mutation']['added']} added, {c['mutation']['deleted']} deleted "
-                  f"→ {c['new_chunk_hashes_after_edit']} new chunk hashes)", ""]
-        for embedder in ("hashing", "ollama"):
-            runs = entry.get(embedder)
-            if not runs:
-                continue
-            title = "hashing embedder" if embedder == "hashing" else f"Ollama protocol, {entry['ollama_ms']} ms/text"
-            lines += [f"**{title}**", "",
-                      "| scenario | peer | wall s | embedded | reused | embed calls | vector writes | "
-                      "copied/s, build step | copied/s, copy loop | peak RSS MB | store peak RSS MB |",
-                      "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]
-            for name in ORDER:
-                row = runs.get(name)
-                if not row:
-                    continue
-                scenario, peer = LABELS[name]
-                wall = row["upsert_s"] if name == "raw.upsert" else row["wall_s"]
-                lines.append(
-                    f"| {scenario} | {peer} | {_fmt(wall)} | {_fmt(row['chunk_texts_embedded'])} | "
-                    f"{_fmt(_reused(name, row))} | {_fmt(row['embed_requests'])} | {_fmt(row['vector_writes'])} | "
-                    f"{_fmt(_rate(name, row), 0)} | {_fmt(_loop_rate(name, row), 0)} | {_fmt(row['peak_rss_mb'], 0)} | "
-                    f"{_fmt(row.get('store_peak_rss_mb'), 0)} |")
-            noop = runs.get("langchain.noop")
-            if noop and noop.get("chunk_texts_embedded"):
-                lines += ["", LANGCHAIN_NOOP_NOTE.format(n=noop["chunk_texts_embedded"], batch=LANGCHAIN_BATCH)]
-            lc = runs.get("langchain.incremental")
-            if lc and lc.get("stale_points"):
-                lines += ["", f"LangChain after the incremental run: {lc['points_in_store']:,} points in the store for "
-                          f"{lc['points_expected']:,} chunks: {lc['stale_points']:,} stale points of deleted documents "
-                          "(cleanup=\"incremental\" only cleans sources it sees)."]
-            lines.append("")
+        lines += _size_tables(entry)
     t = data["targets"]
     lines += ["## Targets", "", "| target | result | measured |", "|---|---|---|"]
     lines.append(_target_line("P1 incremental embeds exactly the new chunks, ≤ LangChain", t["P1"],
@@ -348,7 +317,51 @@ def markdown(data: dict[str, Any]) -> str:
                                         f"alias request {c['alias_update_ms']} ms, CAS+swap {c['swap_ms']} ms, promote "
                                         f"step {c['promote_step_ms']} ms" for c in t["P6"]["checks"])))
     lines.append("")
+    if data.get("wire"):
+        lines += wire_markdown(data["wire"], data["sizes"])
+    elif meta.get("store") == "server":  # a server run on its own: its tables are above
+        lines += wire_markdown(data, [], tables=False)
     return "\n".join(lines)
+
+
+def _size_tables(entry: dict[str, Any], *, heading: str = "##", store_label: str = "Qdrant local mode") -> list[str]:
+    """One size's heading and a table per embedder (the local-mode and the over-the-wire sections alike)."""
+    lines: list[str] = []
+    c = entry["corpus"]
+    lines += [f"{heading} {entry['docs']:,} docs · {c['chunks']:,} chunks "
+              f"(edit: {c['mutation']['edited']} edited, {c['mutation']['added']} added, {c['mutation']['deleted']} deleted "
+              f"→ {c['new_chunk_hashes_after_edit']} new chunk hashes)", ""]
+    for embedder in ("hashing", "ollama"):
+        runs = entry.get(embedder)
+        if not runs:
+            continue
+        title = "hashing embedder" if embedder == "hashing" else f"Ollama protocol, {entry['ollama_ms']} ms/text"
+        lines += [f"**{title}**", "",
+                  "| scenario | peer | wall s | embedded | reused | embed calls | vector writes | "
+                  "copied/s, build step | copied/s, copy loop | peak RSS MB | store peak RSS MB |",
+                  "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]
+        for name in ORDER:
+            row = runs.get(name)
+            if not row:
+                continue
+            scenario, peer = LABELS[name]
+            peer = store_label if name == "raw.upsert" else peer
+            wall = row["upsert_s"] if name == "raw.upsert" else row["wall_s"]
+            lines.append(
+                f"| {scenario} | {peer} | {_fmt(wall)} | {_fmt(row['chunk_texts_embedded'])} | "
+                f"{_fmt(_reused(name, row))} | {_fmt(row['embed_requests'])} | {_fmt(row['vector_writes'])} | "
+                f"{_fmt(_rate(name, row), 0)} | {_fmt(_loop_rate(name, row), 0)} | {_fmt(row['peak_rss_mb'], 0)} | "
+                f"{_fmt(row.get('store_peak_rss_mb'), 0)} |")
+        noop = runs.get("langchain.noop")
+        if noop and noop.get("chunk_texts_embedded"):
+            lines += ["", LANGCHAIN_NOOP_NOTE.format(n=noop["chunk_texts_embedded"], batch=LANGCHAIN_BATCH)]
+        lc = runs.get("langchain.incremental")
+        if lc and lc.get("stale_points"):
+            lines += ["", f"LangChain after the incremental run: {lc['points_in_store']:,} points in the store for "
+                      f"{lc['points_expected']:,} chunks: {lc['stale_points']:,} stale points of deleted documents "
+                      "(cleanup=\"incremental\" only cleans sources it sees)."]
+        lines.append("")
+    return lines
 
 
 def _p2(check: dict[str, Any]) -> str:
@@ -418,3 +431,163 @@ def plot(data: dict[str, Any], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110, format="png")
     plt.close(fig)
+
+
+# --- over the wire (--store server) -----------------------------------------------------------------
+
+WIRE_CEILING_TARGET = 0.9  # the copy loop against the same server's own read + write of the same points
+
+
+def wire_copy_checks(sizes: list[dict[str, Any]]) -> dict[str, Any]:
+    """Over REST: the engine's copy loop against the test server's own read + write of the same points."""
+    checks = []
+    for e in sizes:
+        kb, raw = _sc(e, "hashing", "kb.incremental"), _sc(e, "hashing", "raw.upsert")
+        loop = (kb or {}).get("copy_loop_points_per_s")
+        if not (kb and raw and loop and raw.get("retrieve_points_per_s")):
+            continue
+        ceiling = 1.0 / (1.0 / raw["upsert_points_per_s"] + 1.0 / raw["retrieve_points_per_s"])
+        checks.append({"docs": e["docs"], "copy_loop_points_per_s": loop,
+                       "raw_upsert_points_per_s": raw["upsert_points_per_s"],
+                       "raw_retrieve_points_per_s": raw["retrieve_points_per_s"],
+                       "raw_read_write_points_per_s": round(ceiling, 1), "of_read_write": round(loop / ceiling, 3),
+                       "of_raw_upsert": round(loop / raw["upsert_points_per_s"], 3),
+                       "passed": loop / ceiling >= WIRE_CEILING_TARGET})
+    return {"target": f"copy loop over REST >= {WIRE_CEILING_TARGET}x the same server's read + write of the same "
+                      "points (retrieve by ID with vectors, then upsert into a fresh collection)",
+            "checks": checks, "passed": _all_passed(checks)}
+
+
+def _requests(row: dict[str, Any], op: str, collection: str) -> dict[str, float]:
+    found = (row.get("qdrant_requests") or {}).get(f"{op} {collection}") or {}
+    return {"requests": found.get("requests", 0), "handle_s": found.get("handle_s", 0.0),
+            "store_s": found.get("store_s", 0.0)}
+
+
+def _copy_collections(row: dict[str, Any]) -> tuple[str | None, str | None]:
+    """(live, new) of an incremental run from the server's log: the new version's collection ends in
+    __v<version>; the live one is the other kb collection it read with retrieves."""
+    new = live = None
+    for key in row.get("qdrant_requests") or {}:
+        op, _, name = key.partition(" ")
+        if op == "upsert" and name.endswith(f"__v{row.get('version')}"):
+            new = name
+    for key in row.get("qdrant_requests") or {}:
+        op, _, name = key.partition(" ")
+        if op == "retrieve" and name != new and not name.startswith("bench_"):
+            live = name
+    return live, new
+
+
+def wire_time_split(entry: dict[str, Any]) -> dict[str, Any] | None:
+    """Where the copy path's time goes over REST, for the raw read + write of the same points (sequential,
+    so the parts add up) and for the engine's copy loop (which reads the next batch while writing this one,
+    so client and server work overlap and the parts may add up to more than the loop's time)."""
+    runs = entry.get("hashing") or {}
+    raw, costs, inc = runs.get("raw.upsert"), runs.get("wire.costs"), runs.get("kb.incremental")
+    if not raw or not costs or not costs.get("points"):
+        return None
+    per_point_encode = costs["encode_upsert_s"] / costs["points"]
+    per_point_decode = costs["decode_retrieve_s"] / costs["points"]
+
+    def split(total_s: float, points: int, reads: dict[str, float], writes: dict[str, float]) -> dict[str, Any]:
+        requests = reads["requests"] + writes["requests"]
+        store = reads["store_s"] + writes["store_s"]
+        server_rest = reads["handle_s"] + writes["handle_s"] - store
+        encode, decode = per_point_encode * points, per_point_decode * points
+        return {"total_s": round(total_s, 4), "points": points, "requests": requests,
+                "server_store_s": round(store, 4), "server_http_json_s": round(server_rest, 4),
+                "client_json_encode_s": round(encode, 4), "client_json_decode_s": round(decode, 4),
+                "rest_s": round(total_s - store - server_rest - encode - decode, 4),
+                "round_trips_s": round(costs["round_trip_s"] * requests, 4)}
+
+    out: dict[str, Any] = {"docs": entry["docs"], "batch": costs["batch"],
+                           "encode_upsert_ms_per_batch": round(costs["encode_upsert_s"] * 1000, 2),
+                           "decode_retrieve_ms_per_batch": round(costs["decode_retrieve_s"] * 1000, 2),
+                           "batch_points": costs["points"], "upsert_request_kb": round(costs["upsert_request_bytes"] / 1024),
+                           "retrieve_answer_kb": round(costs["retrieve_answer_bytes"] / 1024),
+                           "round_trip_ms": round(costs["round_trip_s"] * 1000, 3)}
+    ping = _requests(costs, "count", "bench_wire_ping")
+    if ping["requests"]:
+        out["round_trip_server_ms"] = round(ping["handle_s"] / ping["requests"] * 1000, 3)
+    out["raw"] = split(raw["upsert_s"] + raw["retrieve_s"], raw["points"],
+                       _requests(raw, "retrieve", "bench_raw_upsert"), _requests(raw, "upsert", "bench_raw_upsert"))
+    if inc and inc.get("copy_loop_s"):
+        live, new = _copy_collections(inc)
+        if live and new:
+            out["copy_loop"] = split(inc["copy_loop_s"], inc["points_copied"], _requests(inc, "retrieve", live),
+                                     _requests(inc, "upsert", new))
+            out["copy_loop"]["note"] = (f"retrieves of {live} and every upsert into {new} (also the "
+                                        f"{inc['chunks_embedded']} newly embedded points)")
+    return out
+
+
+WIRE_ROWS = [("server_store_s", "server: local mode itself (the store)"),
+             ("server_http_json_s", "server: the rest of its handling (JSON decode, REST model validation, JSON "
+                                    "encode, HTTP; Python)"),
+             ("client_json_encode_s", "client: JSON encoding of the upserts (`jsonable_encoder`, timed per batch)"),
+             ("client_json_decode_s", "client: JSON decoding of the retrieves' answers (`parse_response`, per batch)"),
+             ("rest_s", "the rest: HTTP round trips, moving the bytes, httpx, building the points")]
+
+
+def wire_markdown(wire: dict[str, Any], local_sizes: list[dict[str, Any]], *, tables: bool = True) -> list[str]:
+    """The over-the-wire section of latest.md: the server run's tables, P2 against the server's own ceiling
+    next to local mode's, and where the copy path's time goes."""
+    meta = wire["meta"]
+    commands = meta.get("merged_from") or [meta["command"]]
+    lines = ["", "## Over the wire: the Qdrant test server over REST (`--store server`)", "",
+             f"{meta['date']} · kb_reindex sources sha256:{(meta.get('package') or {}).get('sha256', '?')} · "
+             + "; ".join(f"`{c}`" for c in commands), "",
+             "Every client is the real remote `QdrantClient(url=...)` over HTTP/JSON: the engine's comes from "
+             "`KB_QDRANT_URL` through `store.make_client`, as in production, and treats the store as a server "
+             "(HNSW deferred for the bulk load, restored, index wait); LangChain's `QdrantVectorStore` gets a "
+             "`QdrantClient(url=...)`. The server is our test double (`kb_reindex.testing.qdrant_server`, one "
+             "process, Python's HTTP server over one in-memory local-mode client behind one lock: every request "
+             "is served alone), so absolute rates are this Python server's, not Qdrant's; the ratios compare "
+             "paths over the same wire and store. **gRPC cannot be measured here**: the test server speaks REST "
+             "only (`prefer_grpc` would need a real Qdrant).", ""]
+    for entry in wire["sizes"] if tables else []:
+        lines += _size_tables(entry, heading="###", store_label="Qdrant test server, REST")
+    p2 = wire_copy_checks(wire["sizes"])
+    local_by_docs = {e["docs"]: e for e in local_sizes}
+    lines += ["**Copy path over REST** (target: copy loop ≥ "
+              f"{WIRE_CEILING_TARGET}× the server's own read + write of the same points)", "",
+              "| docs | store | copy loop pts/s | raw upsert pts/s | raw read by ID pts/s | read + write ceiling pts/s | "
+              "copy loop / ceiling | result |", "|--:|---|--:|--:|--:|--:|--:|---|"]
+    for check in p2["checks"]:
+        lines.append(f"| {check['docs']:,} | test server, REST | {check['copy_loop_points_per_s']:,.0f} | "
+                     f"{check['raw_upsert_points_per_s']:,.0f} | {check['raw_retrieve_points_per_s']:,.0f} | "
+                     f"{check['raw_read_write_points_per_s']:,.0f} | {check['of_read_write']:.2f}× | "
+                     f"{'**pass**' if check['passed'] else '**FAIL**'} |")
+        local = wire_copy_checks([local_by_docs[check["docs"]]]) if check["docs"] in local_by_docs else None
+        for lc in (local or {}).get("checks", []):
+            store = (local_by_docs[check["docs"]].get("run") or {}).get("store", "local mode")
+            lines.append(f"| {lc['docs']:,} | local mode ({store}), for comparison | {lc['copy_loop_points_per_s']:,.0f} | "
+                         f"{lc['raw_upsert_points_per_s']:,.0f} | {lc['raw_retrieve_points_per_s']:,.0f} | "
+                         f"{lc['raw_read_write_points_per_s']:,.0f} | {lc['of_read_write']:.2f}× | – |")
+    for entry in wire["sizes"]:
+        split = wire_time_split(entry)
+        if not split:
+            continue
+        raw, loop = split["raw"], split.get("copy_loop")
+        lines += ["", f"**Where the copy path's time goes over REST, {entry['docs']:,} docs** (batches of "
+                  f"{split['batch']}: an upsert request of {split['batch_points']} points is "
+                  f"{split['upsert_request_kb']:,} KB of JSON, {split['encode_upsert_ms_per_batch']} ms to encode; "
+                  f"a retrieve answer {split['retrieve_answer_kb']:,} KB, {split['decode_retrieve_ms_per_batch']} ms "
+                  f"to decode; a cheap request (count on an empty collection) takes {split['round_trip_ms']} ms "
+                  f"end to end" + (f", {split['round_trip_server_ms']} ms of it in the server" if
+                                   split.get("round_trip_server_ms") is not None else "") + ")", "",
+                  "| part | raw read + write, s | share | copy loop, s | share |", "|---|--:|--:|--:|--:|"]
+        for key, label in WIRE_ROWS:
+            lines.append(f"| {label} | {raw[key]:.3f} | {raw[key] / raw['total_s']:.0%} | "
+                         + (f"{loop[key]:.3f} | {loop[key] / loop['total_s']:.0%} |" if loop else "– | – |"))
+        lines.append(f"| **measured on the client** ({raw['points']:,} points, {raw['requests']} requests"
+                     + (f"; copy loop {loop['points']:,} points, {loop['requests']} requests" if loop else "")
+                     + f") | **{raw['total_s']:.3f}** | 100% | " + (f"**{loop['total_s']:.3f}** | 100% |" if loop else "– | – |"))
+        lines += ["", f"Per-request fixed cost: {split['round_trip_ms']} ms × {raw['requests']} requests = "
+                  f"{raw['round_trips_s']:.3f} s of the raw read + write (inside \"the rest\"). The copy loop reads "
+                  "the next batch while it writes this one, so its parts overlap and can add up to more than its "
+                  "time (a negative rest); the server serves one request at a time, so its rows are a floor. "
+                  + (f"Server rows of the copy loop: {loop['note']}." if loop else "")]
+    lines.append("")
+    return lines

@@ -261,8 +261,23 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+WIRE_STORE = "server"
+
+
 def merge(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
-    """Sizes of this run replace the same sizes of the previous results; the others are kept (same seed)."""
+    """Sizes of this run replace the same sizes of the previous results; the others are kept (same seed).
+
+    The over-the-wire results (`--store server`) are kept apart, under "wire", so that merging them into a
+    local-mode run adds a section beside its rows and replaces none of them (and the other way round)."""
+    new_wire = new["meta"].get("store") == WIRE_STORE
+    old_wire = set(old["meta"].get("stores") or [old["meta"].get("store")]) == {WIRE_STORE}
+    if new_wire and not old_wire:
+        kept = dict(old)
+        kept["wire"] = merge(old["wire"], new) if old.get("wire") else new
+        return kept
+    if not new_wire and old_wire:
+        return {**new, "wire": old}
+    wire = old.get("wire")
     if old["meta"].get("seed") != new["meta"]["seed"] or old["meta"].get("smoke") != new["meta"]["smoke"]:
         raise SystemExit("--merge: the previous results used another seed or smoke setting; not merging")
     fresh = {e["docs"] for e in new["sizes"]}
@@ -284,12 +299,21 @@ def merge(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
               "peak RSS across them measures different things", file=sys.stderr)
     if "profile" in old and "profile" not in new:
         merged["profile"] = old["profile"]
+    if wire and not new_wire:
+        merged["wire"] = wire
     return merged
 
 
 def render(data: dict[str, Any], out: Path) -> None:
     """Targets, latest.json, latest.md and scaling.png from the assembled results."""
     data["targets"] = report.targets(data["sizes"])
+    if data.get("wire"):  # the over-the-wire run's own targets, its copy-vs-ceiling check, where the time goes
+        wire = data["wire"]
+        wire["targets"] = {**report.targets(wire["sizes"]), "P2_wire": report.wire_copy_checks(wire["sizes"])}
+        wire["time_split"] = [s for s in (report.wire_time_split(e) for e in wire["sizes"]) if s]
+    elif data["meta"].get("store") == WIRE_STORE:  # a server run written on its own
+        data["targets_wire"] = {"P2_wire": report.wire_copy_checks(data["sizes"])}
+        data["time_split"] = [s for s in (report.wire_time_split(e) for e in data["sizes"]) if s]
     write_atomic(out / "latest.json", json.dumps(data, ensure_ascii=False, indent=1))
     md = report.markdown(data)
     write_atomic(out / "latest.md", md)
