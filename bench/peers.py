@@ -130,11 +130,11 @@ def summarise_requests(log: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     for record in log:
         key = f"{record['op']} {record['collection']}" if record.get("collection") else record["op"]
-        total = out.setdefault(key, {"requests": 0, "handle_s": 0.0, "store_s": 0.0})
+        total = out.setdefault(key, {"requests": 0, "handle_s": 0.0, "store_s": 0.0, "lock_wait_s": 0.0})
         total["requests"] += 1
-        total["handle_s"] += record.get("handle_s") or 0.0
-        total["store_s"] += record.get("store_s") or 0.0
-    return {key: {**v, "handle_s": round(v["handle_s"], 4), "store_s": round(v["store_s"], 4)}
+        for field in ("handle_s", "store_s", "lock_wait_s"):
+            total[field] += record.get(field) or 0.0
+    return {key: {**v, **{f: round(v[f], 4) for f in ("handle_s", "store_s", "lock_wait_s")}}
             for key, v in sorted(out.items())}
 
 
@@ -171,9 +171,17 @@ def run_kb(job: dict[str, Any]) -> dict[str, Any]:
         with qdrant_store(job["store"]) as store:
             if store.url is not None:  # the engine reaches the test server as it reaches Qdrant in production
                 env["KB_QDRANT_URL"] = store.url
-            if store.address is None and store.url is None:  # the store lives in this worker: scenarios too
-                warm = warmup(env, root.parent / f"{root.name}-warmup", store.client, alias="bench_warmup")
-                out = _kb_scenarios_in_process(job, env, root, variants, store, server)
+            # a store in this worker runs every scenario here too; so does a --smoke run's, but for its first
+            # sidecar task (bench/run.py sets scenario_processes), which keeps the per-process path tested
+            if (store.address is None and store.url is None) or not job.get("scenario_processes", True):
+                client, local = store.client, True
+                if store.url is not None:  # the client the CLI builds, from KB_QDRANT_URL
+                    from kb_reindex.config import Settings
+                    from kb_reindex.store import make_client
+
+                    client, local = make_client(Settings.from_env(env)), None
+                warm = warmup(env, root.parent / f"{root.name}-warmup", client, alias="bench_warmup", local=local)
+                out = _kb_scenarios_in_process(job, env, root, variants, store, server, client, local)
             else:
                 warm = {"per_scenario_process": True}
                 out = _kb_scenarios_in_processes(job, env, root, variants, store, server)
@@ -254,10 +262,10 @@ def engine_scenario(name: str, deps: BenchDeps, job: dict[str, Any]) -> Callable
 
 
 def _kb_scenarios_in_process(job: dict[str, Any], env: dict[str, str], root: Path, variants: dict[str, Path],
-                             store: Any, server: Any) -> dict[str, Any]:
-    """`--store inprocess`: every scenario in this worker, after one warm-up run."""
-    deps, meter_ref = engine_deps(env, store.client)
-    sc = Scenarios(meter_ref, server, store.pid)
+                             store: Any, server: Any, client: Any, local: bool | None) -> dict[str, Any]:
+    """`--store inprocess` (and --smoke): every scenario in this worker, after one warm-up run."""
+    deps, meter_ref = engine_deps(env, client, local=local)
+    sc = Scenarios(meter_ref, server, store.pid, store.url)
     quiet_logs()
     try:
         with phase_timers(meter_ref):

@@ -461,7 +461,7 @@ def wire_copy_checks(sizes: list[dict[str, Any]]) -> dict[str, Any]:
 def _requests(row: dict[str, Any], op: str, collection: str) -> dict[str, float]:
     found = (row.get("qdrant_requests") or {}).get(f"{op} {collection}") or {}
     return {"requests": found.get("requests", 0), "handle_s": found.get("handle_s", 0.0),
-            "store_s": found.get("store_s", 0.0)}
+            "store_s": found.get("store_s", 0.0), "lock_wait_s": found.get("lock_wait_s", 0.0)}
 
 
 def _copy_collections(row: dict[str, Any]) -> tuple[str | None, str | None]:
@@ -493,12 +493,14 @@ def wire_time_split(entry: dict[str, Any]) -> dict[str, Any] | None:
     def split(total_s: float, points: int, reads: dict[str, float], writes: dict[str, float]) -> dict[str, Any]:
         requests = reads["requests"] + writes["requests"]
         store = reads["store_s"] + writes["store_s"]
-        server_rest = reads["handle_s"] + writes["handle_s"] - store
+        waited = reads["lock_wait_s"] + writes["lock_wait_s"]  # one request waiting for the other: not work
+        server_rest = reads["handle_s"] + writes["handle_s"] - store - waited
         encode, decode = per_point_encode * points, per_point_decode * points
         return {"total_s": round(total_s, 4), "points": points, "requests": requests,
                 "server_store_s": round(store, 4), "server_http_json_s": round(server_rest, 4),
                 "client_json_encode_s": round(encode, 4), "client_json_decode_s": round(decode, 4),
                 "rest_s": round(total_s - store - server_rest - encode - decode, 4),
+                "server_lock_wait_s": round(waited, 4),
                 "round_trips_s": round(costs["round_trip_s"] * requests, 4)}
 
     out: dict[str, Any] = {"docs": entry["docs"], "batch": costs["batch"],

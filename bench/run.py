@@ -196,6 +196,9 @@ def main(argv: list[str] | None = None) -> int:
         # a full run gives every (peer, size, embedder) its own process, so each peak RSS is its own;
         # --smoke runs all of a peer's tasks in one process (imports are most of a tiny run's time)
         groups = [tasks] if args.smoke else [[task] for task in tasks]
+        if args.smoke:  # seconds, not minutes: a fresh process per kb scenario only for the first task (the
+            for task in tasks:  # sidecar's per-scenario path stays tested); the others run in their worker
+                task["scenario_processes"] = args.store == "sidecar" and task is tasks[0]
         common = {"seed": args.seed, "ollama_ms": ollama_ms, "workdir": str(workdir), "raw": True, "readers": True,
                   "store": args.store,
                   "reader_pause_s": 0.02 if args.smoke else None}
@@ -215,6 +218,7 @@ def main(argv: list[str] | None = None) -> int:
         stats = {size: corpus_stats(size, args.seed, workdir) for size in sizes}
         for job in jobs:
             job["package"] = package["snapshot"]
+
         with ThreadPoolExecutor(max_workers=jobs_parallel) as pool:
             results = list(pool.map(lambda job: run_job(job, args.timeout), jobs))
 

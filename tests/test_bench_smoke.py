@@ -24,6 +24,7 @@ import report  # noqa: E402  (bench/report.py: the scenario and target names the
 
 
 def test_smoke_benchmark_reports_every_scenario_peer_and_target(tmp_path: Path) -> None:
+    """The local-mode smoke run, then the over-the-wire one (`--store server`) merged into its results."""
     out = tmp_path / "results"
     proc = subprocess.run(
         [sys.executable, str(REPO / "bench" / "run.py"), "--smoke", "--out", str(out), "--workdir", str(tmp_path / "work")],
@@ -75,3 +76,29 @@ def test_smoke_benchmark_reports_every_scenario_peer_and_target(tmp_path: Path) 
         assert f"| {key} " in markdown
     assert (out / "scaling.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert not list(out.glob("*.tmp"))
+
+    # over the wire: the Qdrant test server as the store, merged beside the local-mode rows, not over them
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "run.py"), "--smoke", "--store", "server", "--sizes", "8",
+         "--ollama-sizes", "none", "--merge", "--out", str(out), "--workdir", str(tmp_path / "work-wire")],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    merged = json.loads((out / "latest.json").read_text(encoding="utf-8"))
+    assert [e["docs"] for e in merged["sizes"]] == [e["docs"] for e in sizes]
+    assert merged["meta"]["store"] == "sidecar" and merged["sizes"][0]["hashing"] == sizes[0]["hashing"]
+    wire = merged["wire"]
+    assert wire["meta"]["store"] == "server" and [e["docs"] for e in wire["sizes"]] == [8]
+    runs = wire["sizes"][0]["hashing"]
+    for name in report.SCENARIOS["hashing"]:
+        assert name in runs, f"over the wire: scenario {name} missing"
+        assert runs[name]["qdrant_requests"], f"{name}: the test server logged no request"
+    assert runs["kb.incremental"]["outcome"] == "promoted" and runs["kb.incremental"]["points_copied"] > 0
+    # the engine took the store for a server (reached over REST): the bulk load's index was restored
+    assert any(key.startswith("update_collection ") for key in runs["kb.full_build"]["qdrant_requests"])
+    assert runs["wire.costs"]["encode_upsert_s"] > 0 and runs["wire.costs"]["round_trip_s"] > 0
+    assert wire["targets"]["P1"]["passed"] is True and wire["targets"]["P6"]["passed"] is True
+    assert wire["targets"]["P2_wire"]["checks"] and wire["time_split"][0]["raw"]["server_store_s"] > 0
+    markdown = (out / "latest.md").read_text(encoding="utf-8")
+    assert "## Over the wire" in markdown and "gRPC cannot be measured here" in markdown
+    assert "Where the copy path's time goes over REST" in markdown

@@ -172,7 +172,8 @@ class RequestRecord:
     Timings, so a benchmark can tell the store's time from the wire's: ``handle_s`` from the request's
     first line read to its answer written (reading and decoding the body, the operation, encoding and
     sending the answer; None until answered), ``store_s`` the part of it spent inside the local-mode
-    client's own calls (not the wait for the lock, not the REST models' validation)."""
+    client's own calls (not the REST models' validation), ``lock_wait_s`` the part spent waiting for
+    another request to be served (one at a time)."""
 
     method: str
     path: str
@@ -184,6 +185,7 @@ class RequestRecord:
     at: float = field(default_factory=time.time)
     handle_s: float | None = None
     store_s: float | None = None
+    lock_wait_s: float | None = None
 
 
 def _summarise(value: Any, depth: int = 0) -> Any:
@@ -324,7 +326,10 @@ class _Backend:
              record: RequestRecord | None = None) -> Any:
         """Serve one operation under the lock; ``record.store_s`` gets the local-mode client's share."""
         handler: Callable[[dict[str, str], dict[str, str], Any], Any] = getattr(self, f"_op_{op}")
+        waiting = time.perf_counter()
         with self.lock:
+            if record is not None:
+                record.lock_wait_s = time.perf_counter() - waiting
             self.store_s = 0.0
             try:
                 return handler(params, query, body)
