@@ -188,6 +188,7 @@ def test_a_run_killed_mid_build_leaves_live_serving_and_the_next_run_resumes_at_
         assert rerun["chunks"]["skipped"] > 0, "the rerun resumed the killed build"
         history = cli(env, "history")[1]["events"]
         assert [e["action"] for e in history] == ["promote", "lock-takeover", "promote"]
+        assert cli(env, "status")[1]["metrics"]["failed_runs"] == 1, "the killed run is on record as failed"
     finally:
         if server is not None:
             server.stop()

@@ -66,14 +66,16 @@ def reindex_lock_name(alias: str) -> str:
 def run_is_active(deps: Deps, run_id: str) -> bool:
     """A run still working (or retrying); its version must not be taken or deleted.
 
-    Alive: it holds the reindex lock (a CLI run renews it for as long as it works), or it started
-    within the lock TTL (a DAG run's tasks hold no lock between them)."""
+    Alive: it holds the reindex lock (a CLI run renews it for as long as it works, so a CLI run without
+    it is gone), or, for a DAG run, whose tasks hold no lock between them, it started within the lock TTL."""
     owner = deps.state.get_run(run_id)
     if owner is None or owner["outcome"] != "running":
         return False
     holder = deps.state.lock_held_by(reindex_lock_name(deps.settings.alias))
     if holder is not None and holder.startswith(f"{run_id}@"):
         return True
+    if run_id.startswith("cli__"):
+        return False  # a CLI run holds the alias's lock for as long as it lives: without it, it is gone
     age = (utcnow() - owner["started_at"]).total_seconds()
     return age < deps.settings.lock_ttl_s
 

@@ -643,6 +643,11 @@ class StateStore:
                     conn.execute(lock_events.insert().values(
                         name=name, action="takeover", owner=holder["owner"], by=owner, at=now,
                         reason=f"owner process is gone (held since {holder['acquired_at']:%Y-%m-%d %H:%M:%S} UTC)"))
+                    dead_run, _, _ = holder["owner"].rpartition("@")
+                    if dead_run:  # its run record would say "running" forever
+                        conn.execute(runs.update().where(runs.c.run_id == dead_run, runs.c.outcome == "running")
+                                     .values(outcome="failed", finished_at=now,
+                                             error=f"its process ended without finishing (lock taken over by {owner})"))
             if taken == 1:
                 log.warning("kb_reindex: lock %r was held by %s, whose process is gone; taken over by %s",
                             name, holder["owner"], owner)
