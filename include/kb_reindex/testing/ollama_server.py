@@ -18,14 +18,15 @@ import argparse
 import hashlib
 import json
 import math
-import socket
 import struct
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
+
+from kb_reindex.testing.http_server import ConnectionTrackingServer
 
 __all__ = [
     "EmbedFn",
@@ -126,42 +127,9 @@ class _HttpError(Exception):
         self.message = message
 
 
-class _Server(ThreadingHTTPServer):
-    """ThreadingHTTPServer that tracks live connections so stop() can really drop keep-alive clients."""
-
-    daemon_threads = True
-    allow_reuse_address = True
-    request_queue_size = 128  # socketserver's default of 5 resets bursts of concurrent clients
-
+class _Server(ConnectionTrackingServer):
     def __init__(self, address: tuple[str, int], fake: FakeOllamaServer, stopping: threading.Event) -> None:
-        self.fake = fake
-        self.stopping = stopping
-        self._conns: set[socket.socket] = set()
-        self._conns_lock = threading.Lock()
-        super().__init__(address, _Handler)
-
-    def process_request(self, request: Any, client_address: Any) -> None:
-        with self._conns_lock:
-            self._conns.add(request)
-        super().process_request(request, client_address)
-
-    def shutdown_request(self, request: Any) -> None:
-        with self._conns_lock:
-            self._conns.discard(request)
-        super().shutdown_request(request)
-
-    def drop_connections(self) -> None:
-        """Shut down every open client socket; idle keep-alive threads would otherwise keep serving."""
-        with self._conns_lock:
-            conns = list(self._conns)
-        for conn in conns:
-            try:
-                conn.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        """Stay quiet: clients that time out or vanish mid-answer are expected in these tests."""
+        super().__init__(address, _Handler, fake, stopping)
 
 
 class _Handler(BaseHTTPRequestHandler):

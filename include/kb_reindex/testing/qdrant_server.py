@@ -63,12 +63,14 @@ import warnings
 from collections import deque
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
 import pydantic
 from qdrant_client import QdrantClient, models
+
+from kb_reindex.testing.http_server import ConnectionTrackingServer
 
 __all__ = [
     "FaultRule",
@@ -549,41 +551,9 @@ def _translate(exc: ValueError, name: str | None) -> _HttpError:
 # --- HTTP --------------------------------------------------------------------------------------------
 
 
-class _Server(ThreadingHTTPServer):
-    """ThreadingHTTPServer that tracks live connections so stop() really drops them."""
-
-    daemon_threads = True
-    allow_reuse_address = True
-    request_queue_size = 128
-
+class _Server(ConnectionTrackingServer):
     def __init__(self, address: tuple[str, int], fake: FakeQdrantServer, stopping: threading.Event) -> None:
-        self.fake = fake
-        self.stopping = stopping
-        self._conns: set[socket.socket] = set()
-        self._conns_lock = threading.Lock()
-        super().__init__(address, _Handler)
-
-    def process_request(self, request: Any, client_address: Any) -> None:
-        with self._conns_lock:
-            self._conns.add(request)
-        super().process_request(request, client_address)
-
-    def shutdown_request(self, request: Any) -> None:
-        with self._conns_lock:
-            self._conns.discard(request)
-        super().shutdown_request(request)
-
-    def drop_connections(self) -> None:
-        with self._conns_lock:
-            conns = list(self._conns)
-        for conn in conns:
-            try:
-                conn.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        """Stay quiet: clients that time out or vanish are expected in these tests."""
+        super().__init__(address, _Handler, fake, stopping)
 
 
 class _Handler(BaseHTTPRequestHandler):
