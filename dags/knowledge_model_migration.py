@@ -10,7 +10,9 @@ ranks side by side per probe.
   reindexes keep using the new model.
 - **promote** off: a *shadow* version, built and validated only, kept until promoted or dropped.
 
-Rolling back a migration is an ordinary rollback (`knowledge_rollback`).
+Rolling back a migration is an ordinary rollback (`knowledge_rollback`). A shadow goes live later
+through `knowledge_promote_shadow` (validated again, never through a rollback). A promotion updates the
+alias Asset with `extra` {alias, action: "migrate", version, collection, model, dimension, previous_version}.
 """
 
 from __future__ import annotations
@@ -95,7 +97,8 @@ def knowledge_model_migration():
 
         return finish_shadow_task(plan=plan, version=version, run_id=current_run_id())
 
-    @task(pool=POOL, trigger_rule=TriggerRule.NONE_FAILED_MIN_ONE_SUCCESS)
+    # after a promotion, a kept shadow or a promotion that found the version already live; never after a failure
+    @task(pool=POOL, trigger_rule=TriggerRule.NONE_FAILED)
     def cleanup() -> dict:
         from kb_reindex.airflow_tasks import cleanup_task
 

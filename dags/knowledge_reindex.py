@@ -6,13 +6,17 @@ Runbook (also in the README):
 1. **plan**: hash every Markdown file in `knowledge/docs` and every chunk; diff against the live
    version's manifest. Nothing changed (docs, model, chunking) → the run stops here as `no_change`.
 2. **create_version**: allocate version N and create `<alias>__<model>__v<N>`; an unfinished build of the
-   same plan is resumed instead.
+   same plan is resumed instead. (Only this build path is skipped on no change: cleanup still runs.)
 3. **build** (mapped over slices of point IDs): copy vectors of unchanged chunks from live, embed the
    rest in batches. A retry skips points already written.
 4. **validate**: exact point count and IDs, dimension, payload sample, golden set (hit@k, MRR, no
    regression against live). Failure fails the run; the alias stays where it was.
 5. **promote**: compare-and-swap of the alias in one request; the previous version is kept for rollback.
-6. **cleanup**: retention (`KB_KEEP_VERSIONS`); never the live version or the rollback target.
+   It updates the alias Asset with `extra` {alias, action, version, collection, model, dimension,
+   previous_version}; a version already live moves nothing and the task is skipped (no Asset event).
+6. **cleanup**: retention (`KB_KEEP_VERSIONS`); never the live version or the rollback target. Runs after
+   a promotion *and* after a no-change plan (abandoned builds are reclaimed on a quiet knowledge base),
+   never after a failure, never on a dry run.
 
 Params: `force_full_rebuild` (embed everything, reuse nothing), `dry_run` (plan only).
 Pause this DAG before a rollback you want to stick: `airflow dags pause knowledge_reindex`.
@@ -23,7 +27,7 @@ from __future__ import annotations
 import os
 from datetime import datetime, timedelta
 
-from airflow.sdk import Param, dag, task
+from airflow.sdk import Param, TriggerRule, dag, task
 
 from kb_reindex.dag_support import KNOWLEDGE_ALIAS, POOL, current_run_id
 
@@ -53,7 +57,8 @@ def knowledge_reindex():
 
         return plan_task(run_id=current_run_id(), force_full=params["force_full_rebuild"])
 
-    @task.short_circuit
+    # skips only the build path; cleanup follows its own trigger rule
+    @task.short_circuit(ignore_downstream_trigger_rules=False)
     def has_changes(plan: dict, params: dict | None = None) -> bool:
         from kb_reindex.airflow_tasks import should_build_task
 
@@ -89,11 +94,11 @@ def knowledge_reindex():
 
         return promote_task(plan=plan, version=version, run_id=current_run_id())
 
-    @task(pool=POOL)
-    def cleanup() -> dict:
+    @task(pool=POOL, trigger_rule=TriggerRule.NONE_FAILED)
+    def cleanup(params: dict | None = None) -> dict:
         from kb_reindex.airflow_tasks import cleanup_task
 
-        return cleanup_task()
+        return cleanup_task(dry_run=params["dry_run"])
 
     planned = plan()
     version = create_version(planned)

@@ -13,7 +13,7 @@ import pytest
 from conftest import REPO
 
 pytestmark = pytest.mark.airflow
-DAG_IDS = {"knowledge_reindex", "knowledge_rollback", "knowledge_model_migration"}
+DAG_IDS = {"knowledge_reindex", "knowledge_rollback", "knowledge_model_migration", "knowledge_promote_shadow"}
 
 
 @pytest.fixture(scope="session")
@@ -65,17 +65,22 @@ def test_reindex_dag_shape(dagbag) -> None:
     assert dag.get_task("validate").upstream_task_ids >= {"build", "create_version"}
 
 
-def test_rollback_and_migration_are_manual(dagbag) -> None:
-    for dag_id in ("knowledge_rollback", "knowledge_model_migration"):
+def test_rollback_migration_and_shadow_promotion_are_manual(dagbag) -> None:
+    for dag_id in ("knowledge_rollback", "knowledge_model_migration", "knowledge_promote_shadow"):
         assert type(dagbag.get_dag(dag_id).timetable).__name__ == "NullTimetable"
     assert set(dagbag.get_dag("knowledge_rollback").params) == {"reason", "to_version", "confirm", "revalidate"}
     assert set(dagbag.get_dag("knowledge_model_migration").params) >= {"embedder", "model", "dimension", "promote"}
+    assert set(dagbag.get_dag("knowledge_promote_shadow").params) == {"version", "reason", "confirm"}
+    for dag_id, task_id in (("knowledge_reindex", "promote"), ("knowledge_model_migration", "promote"),
+                            ("knowledge_rollback", "rollback"), ("knowledge_promote_shadow", "promote_shadow")):
+        assert [o.uri for o in dagbag.get_dag(dag_id).get_task(task_id).outlets] == ["qdrant://mall_knowledge/"]
 
 
 def test_parsing_a_dag_does_not_import_heavy_libraries() -> None:
     code = (
         "import sys, importlib.util\n"
-        "for name in ['knowledge_reindex', 'knowledge_rollback', 'knowledge_model_migration']:\n"
+        "for name in ['knowledge_reindex', 'knowledge_rollback', 'knowledge_model_migration', "
+        "'knowledge_promote_shadow']:\n"
         f"    spec = importlib.util.spec_from_file_location(name, {str(REPO / 'dags')!r} + '/' + name + '.py')\n"
         "    spec.loader.exec_module(importlib.util.module_from_spec(spec))\n"
         "heavy = [m for m in ('qdrant_client', 'pandas', 'ollama', 'kb_reindex.engine') if m in sys.modules]\n"
@@ -102,13 +107,43 @@ def dag_env(project: Path, monkeypatch: pytest.MonkeyPatch, airflow_db: None) ->
     return project
 
 
+LAST_RUN: dict[str, str] = {}
+
+
 def run_dag(dagbag, dag_id: str, conf: dict | None = None):
     from airflow.utils.state import DagRunState
 
-    dag = dagbag.get_dag(dag_id)
+    from airflow.dag_processing.dagbag import DagBag
+
+    # a DAG object of its own per run: running tasks in-process, dag.test() leaves a run's conf in its tasks'
+    # params, and the next run of the same object would inherit it (seen: a dry run's `dry_run`)
+    dag = DagBag(dag_folder=str(REPO / "dags" / f"{dag_id}.py")).get_dag(dag_id)
     dag_run = dag.test(run_conf=conf or {})
+    LAST_RUN.update(dag_id=dag_id, run_id=dag_run.run_id)
     states = {ti.task_id: ti.state for ti in dag_run.get_task_instances()}
     return dag_run.state == DagRunState.SUCCESS, states
+
+
+def asset_events_of_last_run() -> list[dict]:
+    """The alias Asset's events the last `run_dag` emitted, as Airflow's metadata DB holds them."""
+    from airflow.models.asset import AssetEvent, AssetModel
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    with create_session() as session:
+        rows = session.execute(
+            select(AssetModel.uri, AssetEvent.extra, AssetEvent.source_task_id)
+            .join(AssetModel, AssetModel.id == AssetEvent.asset_id)
+            .where(AssetEvent.source_dag_id == LAST_RUN["dag_id"], AssetEvent.source_run_id == LAST_RUN["run_id"])
+        ).all()
+    return [{"uri": uri, "extra": extra, "task": task} for uri, extra, task in rows]
+
+
+def alias_extra(project: Path, action: str, version: int, previous: int | None) -> dict:
+    """The `extra` consumers get: what serves now and what it replaced."""
+    row = {v["version"]: v for v in kb(project, "status")["versions"]}[version]
+    return {"alias": "mall_knowledge", "action": action, "version": version, "collection": row["collection"],
+            "model": row["embed_model"], "dimension": row["dim"], "previous_version": previous}
 
 
 def test_reindex_dag_end_to_end_then_no_change(dagbag, dag_env: Path) -> None:
@@ -118,10 +153,14 @@ def test_reindex_dag_end_to_end_then_no_change(dagbag, dag_env: Path) -> None:
     assert status["live"]["version"] == 1
     history = kb(dag_env, "history")["events"]
     assert history[0]["run_id"].startswith("airflow__knowledge_reindex__")
+    assert asset_events_of_last_run() == [{"uri": "qdrant://mall_knowledge/", "task": "promote",
+                                           "extra": alias_extra(dag_env, "promote", 1, None)}]
 
     ok, states = run_dag(dagbag, "knowledge_reindex")
     assert ok
     assert states["has_changes"] == "success" and states["create_version"] == "skipped"
+    assert states["promote"] == "skipped" and states["cleanup"] == "success"
+    assert asset_events_of_last_run() == []  # nothing moved, nothing announced
     assert kb(dag_env, "status")["live"]["version"] == 1
     # recorded as the CLI records a no-op: nothing embedded, nothing reused, because nothing was built
     from kb_reindex import engine
@@ -146,9 +185,54 @@ def test_reindex_dag_failed_validation_keeps_the_alias(dagbag, dag_env: Path) ->
     (dag_env / "knowledge" / "docs" / "return-policy.md").write_text("# 退换货政策\n\n维护中。\n", encoding="utf-8")
     ok, states = run_dag(dagbag, "knowledge_reindex")
     assert not ok and states["validate"] == "failed" and states["promote"] in ("upstream_failed", None)
+    assert states["cleanup"] == "upstream_failed"  # a failure is looked at before anything is reclaimed
     status = kb(dag_env, "status")
     assert status["live"]["version"] == 1
     assert {v["version"]: v["status"] for v in status["versions"]}[2] == "failed"
+    assert asset_events_of_last_run() == []
+
+
+def test_reindex_dag_with_nothing_to_change_still_reclaims_abandoned_builds(dagbag, dag_env: Path) -> None:
+    """Seen: cleanup sat behind the no-change short-circuit, so a quiet knowledge base kept failed builds."""
+    assert run_dag(dagbag, "knowledge_reindex")[0]
+    doc = dag_env / "knowledge" / "docs" / "return-policy.md"
+    original = doc.read_text(encoding="utf-8")
+    doc.write_text("# 退换货政策\n\n维护中。\n", encoding="utf-8")
+    assert not run_dag(dagbag, "knowledge_reindex")[0]
+    assert {v["version"]: v["status"] for v in kb(dag_env, "status")["versions"]}[2] == "failed"
+    doc.write_text(original, encoding="utf-8")  # the bad edit reverted: nothing differs from live
+
+    ok, states = run_dag(dagbag, "knowledge_reindex")
+    assert ok, states
+    assert states["create_version"] == "skipped" and states["cleanup"] == "success"
+    versions = {v["version"]: v["status"] for v in kb(dag_env, "status")["versions"]}
+    assert versions == {1: "live", 2: "deleted"}
+
+    ok, states = run_dag(dagbag, "knowledge_reindex", {"dry_run": True})
+    assert ok and states["cleanup"] == "skipped"  # a dry run changes nothing, retention included
+
+
+def test_promote_that_finds_its_version_already_live_emits_no_asset_event(dagbag, dag_env: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another process promoted the version first: this run moved nothing, so it announces nothing,
+    and cleanup still runs."""
+    assert run_dag(dagbag, "knowledge_reindex")[0]
+    path = dag_env / "knowledge" / "docs" / "coupon-rules.md"
+    path.write_text(path.read_text(encoding="utf-8") + "\n\n补充：仅限线上。\n", encoding="utf-8")
+    from kb_reindex import promote as promote_module
+
+    real_promote = promote_module.promote
+
+    def promoted_first_by_someone_else(deps, version_number, *, run_id=None):
+        real_promote(deps, version_number, run_id="cli__someone-else")
+        return real_promote(deps, version_number, run_id=run_id)
+
+    monkeypatch.setattr(promote_module, "promote", promoted_first_by_someone_else)
+    ok, states = run_dag(dagbag, "knowledge_reindex")
+    assert ok, states
+    assert states["promote"] == "skipped" and states["cleanup"] == "success"
+    assert kb(dag_env, "status")["live"]["version"] == 2
+    assert asset_events_of_last_run() == []
 
 
 def cli_versions(project: Path, count: int) -> None:
@@ -170,6 +254,7 @@ def test_rollback_dag_to_previous_and_to_chosen_version(dagbag, dag_env: Path) -
     ok, states = run_dag(dagbag, "knowledge_rollback", {"reason": "bad coupon text", "confirm": True})
     assert ok, states
     assert kb(dag_env, "status")["live"]["version"] == 2
+    assert [e["extra"] for e in asset_events_of_last_run()] == [alias_extra(dag_env, "rollback", 2, 3)]
     ok, _ = run_dag(dagbag, "knowledge_rollback", {"reason": "further back", "confirm": True, "to_version": 1,
                                                       "revalidate": False})
     assert ok
@@ -185,6 +270,7 @@ def test_rollback_dag_refuses_without_confirm_or_with_a_failed_target(dagbag, da
     ok, states = run_dag(dagbag, "knowledge_rollback", {"reason": "no confirm", "confirm": False})
     assert not ok and states["rollback"] == "failed"
     assert kb(dag_env, "status")["live"]["version"] == 2
+    assert asset_events_of_last_run() == []
 
     from kb_reindex.config import Settings
     from kb_reindex.state import StateStore
@@ -213,6 +299,35 @@ def test_migration_dag_with_promote_and_as_shadow(dagbag, dag_env: Path) -> None
     live = kb(dag_env, "status")["live"]
     assert (live["version"], live["embed_model"], live["dim"]) == (3, "hashing-ngram-v5", 768)
     assert kb(dag_env, "history")["events"][-1]["action"] == "migrate"
+    assert [e["extra"] for e in asset_events_of_last_run()] == [alias_extra(dag_env, "migrate", 3, 1)]
+    assert alias_extra(dag_env, "migrate", 3, 1)["model"] == "hashing-ngram-v5"
+
+
+def test_promote_shadow_dag_promotes_a_shadow_and_refuses_a_retired_or_unknown_version(dagbag, dag_env: Path) -> None:
+    cli_versions(dag_env, 2)  # v1 retired (served), v2 live
+    ok, states = run_dag(dagbag, "knowledge_model_migration",
+                         {"embedder": "hashing", "model": "hashing-ngram-v4", "dimension": 512, "promote": False})
+    assert ok, states
+    assert {v["version"]: v["shadow"] for v in kb(dag_env, "status")["versions"]} == {1: False, 2: False, 3: True}
+
+    for conf in ({"version": 1, "reason": "retired: a rollback's job", "confirm": True},
+                 {"version": 9, "reason": "unknown", "confirm": True},
+                 {"version": 3, "reason": "not confirmed", "confirm": False}):
+        ok, states = run_dag(dagbag, "knowledge_promote_shadow", conf)
+        assert not ok and states["promote_shadow"] == "failed", conf
+        assert kb(dag_env, "status")["live"]["version"] == 2 and asset_events_of_last_run() == []
+
+    ok, states = run_dag(dagbag, "knowledge_promote_shadow", {"version": 3, "reason": "bge trial", "confirm": True})
+    assert ok, states
+    live = kb(dag_env, "status")["live"]
+    assert (live["version"], live["embed_model"], live["dim"]) == (3, "hashing-ngram-v4", 512)
+    last = kb(dag_env, "history")["events"][-1]
+    assert (last["action"], last["from_version"], last["reason"]) == ("migrate", 2, "bge trial")
+    assert last["run_id"].startswith("airflow__knowledge_promote_shadow__")
+    assert [e["extra"] for e in asset_events_of_last_run()] == [alias_extra(dag_env, "migrate", 3, 2)]
+    # it served now: from here on a rollback may return to it, and it is no shadow any more
+    ok, _ = run_dag(dagbag, "knowledge_promote_shadow", {"version": 3, "reason": "again", "confirm": True})
+    assert not ok
 
 
 def test_migration_dag_refuses_a_model_the_embedder_cannot_serve_and_defaults_to_its_own(dagbag, dag_env: Path) -> None:

@@ -253,14 +253,62 @@ def validate_task(*, version: dict[str, Any], run_id: str, min_hit_rate: float |
 
 
 def promote_task(*, plan: dict[str, Any], version: dict[str, Any], run_id: str) -> dict[str, Any]:
+    """Move the alias and announce it on the alias Asset. A version already live moved nothing: the task is
+    skipped (no Asset event; `cleanup` still runs), unless this very run moved it in an attempt that died
+    before reporting."""
+    from airflow.sdk.exceptions import AirflowSkipException
+
     from kb_reindex.engine import run_counters
     from kb_reindex.promote import promote
 
     with task_deps() as deps, step(deps, run_id):
         result = promote(deps, version["version"], run_id=run_id)
-        deps.state.finish_run(run_id, outcome="promoted", version=version["version"], **run_counters(plan),
-                              **_built_so_far(deps, run_id))
-        return result
+        moved_by_this_run = not result["already_live"] or _last_move_by(deps, version["version"]) == run_id
+        deps.state.finish_run(run_id, outcome="promoted" if moved_by_this_run else "no_change",
+                              version=version["version"], **run_counters(plan), **_built_so_far(deps, run_id))
+        if moved_by_this_run:
+            record = deps.state.get_version(deps.settings.alias, version["version"])
+            previous = result["previous_version"] if not result["already_live"] else _last_move_from(deps, record.version)
+            announce_alias_move(deps, action="migrate" if record.kind == "migration" else "promote", version=record,
+                                previous_version=previous)
+    if not moved_by_this_run:  # outside `step`: a skip is not a failure to record
+        raise AirflowSkipException(f"v{version['version']} is already live: the alias did not move")
+    return result
+
+
+def _last_move(deps: Deps, version_number: int) -> dict[str, Any] | None:
+    moves = [e for e in deps.state.alias_events(deps.settings.alias) if e["to_version"] == version_number]
+    return moves[-1] if moves else None
+
+
+def _last_move_by(deps: Deps, version_number: int) -> str | None:
+    move = _last_move(deps, version_number)
+    return move["run_id"] if move else None
+
+
+def _last_move_from(deps: Deps, version_number: int) -> int | None:
+    move = _last_move(deps, version_number)
+    return move["from_version"] if move else None
+
+
+def alias_move_extra(*, alias: str, action: str, version: Any, previous_version: int | None) -> dict[str, Any]:
+    """What an Asset event of the alias says moved: consumers (a cache warmer, an evaluation DAG) need not
+    ask the state DB which collection, model and dimension now serve."""
+    return {"alias": alias, "action": action, "version": version.version, "collection": version.collection,
+            "model": version.embed_model, "dimension": version.embed_dim, "previous_version": previous_version}
+
+
+def announce_alias_move(deps: Deps, *, action: str, version: Any, previous_version: int | None) -> dict[str, Any]:
+    """Set the `extra` of this task's outlet event for the alias Asset (emitted when the task succeeds)."""
+    from airflow.sdk import get_current_context
+
+    from kb_reindex.dag_support import KNOWLEDGE_ALIAS
+
+    extra = alias_move_extra(alias=deps.settings.alias, action=action, version=version,
+                             previous_version=previous_version)
+    get_current_context()["outlet_events"][KNOWLEDGE_ALIAS].extra = extra
+    log.info("kb_reindex: alias %s moved: %s", deps.settings.alias, extra)
+    return extra
 
 
 def finish_shadow_task(*, plan: dict[str, Any], version: dict[str, Any], run_id: str) -> dict[str, Any]:
@@ -278,9 +326,15 @@ def _built_so_far(deps: Deps, run_id: str) -> dict[str, int]:
     return {"chunks_embedded": row.get("chunks_embedded") or 0, "chunks_reused": row.get("chunks_reused") or 0}
 
 
-def cleanup_task() -> dict[str, Any]:
+def cleanup_task(*, dry_run: bool = False) -> dict[str, Any]:
+    """Retention after any run that did not fail: a quiet knowledge base reclaims abandoned builds too.
+    A dry run promised to change nothing, so it deletes nothing either."""
     from kb_reindex.promote import cleanup
 
+    if dry_run:
+        from airflow.sdk.exceptions import AirflowSkipException
+
+        raise AirflowSkipException("dry run: retention deletes nothing")
     with task_deps() as deps:
         return cleanup(deps)
 
@@ -297,9 +351,39 @@ def rollback_task(*, run_id: str, to_version: int | None, reason: str, confirm: 
         raise AirflowFailException("rollback not confirmed: set the 'confirm' param to true; nothing changed")
     with task_deps() as deps:
         try:
-            return run_rollback(deps, reason=reason, to_version=to_version, run_id=run_id, trigger="airflow",
-                                revalidate=revalidate)
+            result = run_rollback(deps, reason=reason, to_version=to_version, run_id=run_id, trigger="airflow",
+                                  revalidate=revalidate)
         except PERMANENT as exc:
             from airflow.sdk.exceptions import AirflowFailException
 
             raise AirflowFailException(f"{type(exc).__name__}: {exc}") from None
+        target = deps.state.get_version(deps.settings.alias, result["to_version"])
+        announce_alias_move(deps, action="rollback", version=target, previous_version=result["from_version"])
+        return result
+
+
+# --- knowledge_promote_shadow ------------------------------------------------------------------------
+
+
+def promote_shadow_task(*, run_id: str, version: int, reason: str, confirm: bool) -> dict[str, Any]:
+    """Put a shadow (built, validated, never served) live on purpose: validated again against what serves
+    now, under the alias's lock, and announced on the alias Asset. A retired or unknown version is refused:
+    a version that served goes back through a rollback."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from kb_reindex import engine
+    from kb_reindex.promote import promote_shadow
+
+    if not confirm:
+        raise AirflowFailException("promotion not confirmed: set the 'confirm' param to true; nothing changed")
+    if not reason or not reason.strip():
+        raise AirflowFailException("a promotion needs a reason (it is recorded in the alias history)")
+    with task_deps() as deps:
+        deps.state.start_run(run_id=run_id, alias=deps.settings.alias, kind="promote", trigger="airflow")
+        with step(deps, run_id), engine.exclusive(deps, run_id=run_id):
+            result = promote_shadow(deps, version, run_id=run_id, reason=reason.strip())
+        deps.state.finish_run(run_id, outcome="promoted", version=version)
+        record = deps.state.get_version(deps.settings.alias, version)
+        announce_alias_move(deps, action="migrate" if record.kind == "migration" else "promote", version=record,
+                            previous_version=result["previous_version"])
+        return result

@@ -79,7 +79,8 @@ def promote(deps: Deps, version_number: int, *, run_id: str | None = None) -> di
             "previous_version": previous.version if previous else None, "already_live": False}
 
 
-def promote_shadow(deps: Deps, version_number: int, *, run_id: str | None = None) -> dict[str, Any]:
+def promote_shadow(deps: Deps, version_number: int, *, run_id: str | None = None,
+                   reason: str = "explicit promotion of a shadow version") -> dict[str, Any]:
     """Put a shadow (built and validated, never served) behind the alias on purpose: validated again
     against what serves now, then the same compare-and-swap, from the version live at this moment."""
     from kb_reindex.validate import validate
@@ -95,7 +96,7 @@ def promote_shadow(deps: Deps, version_number: int, *, run_id: str | None = None
     validate(deps, version.version)
     previous = switch_alias(deps, version, expected_from=live.collection if live else None,
                             action="migrate" if version.kind == "migration" else "promote", run_id=run_id,
-                            reason="explicit promotion of a shadow version")
+                            reason=reason)
     log.info("kb_reindex: promoted shadow v%d (%s, %s %d-d)", version.version, version.collection,
              version.embed_model, version.embed_dim)
     return {"version": version.version, "collection": version.collection, "embed_model": version.embed_model,

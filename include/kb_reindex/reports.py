@@ -54,27 +54,13 @@ def write_html_report(reports_dir: Path, version: VersionRecord, result: dict[st
     import html
     import io
 
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import matplotlib.ticker
-
     folder = reports_dir / version.alias / f"v{version.version}"
     folder.mkdir(parents=True, exist_ok=True)
-    points = sorted((h for h in history if h.get("hit_rate") is not None), key=lambda h: h["version"])
-    figure, axis = plt.subplots(figsize=(6.4, 3.2), dpi=100)
-    axis.plot([p["version"] for p in points], [p["hit_rate"] for p in points], marker="o", label=f"hit@{result['k']}")
-    axis.plot([p["version"] for p in points], [p["mrr"] for p in points], marker="s", label="MRR")
-    axis.axhline(result["thresholds"]["min_hit_rate"], linestyle=":", color="grey")
-    axis.set_xlabel("version")
-    axis.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
-    axis.set_ylim(0, 1.05)
-    axis.set_title(f"{version.alias}: golden-set scores by version")
-    axis.legend(loc="lower right")
+    figure = score_figure(version.alias, history, k=result["k"], min_hit_rate=result["thresholds"]["min_hit_rate"])
     buffer = io.BytesIO()
-    figure.tight_layout()
     figure.savefig(buffer, format="png")
+    import matplotlib.pyplot as plt
+
     plt.close(figure)
     plot = base64.b64encode(buffer.getvalue()).decode("ascii")
     probes = _probe_frame(result["probes"], ["probe", "query", "expected", "rank_live", "rank_candidate", "hit",
@@ -97,6 +83,36 @@ regressions {result['regressions']}</p>
     path = folder / "validation.html"
     path.write_text(body, encoding="utf-8")
     return path
+
+
+def score_figure(alias: str, history: list[dict[str, Any]], *, k: int, min_hit_rate: float) -> Any:
+    """Hit rate and MRR by version. The x axis shows whole versions only: matplotlib's integer locator falls
+    back to fractional ticks (v0.950, v0.975, ...) when fewer than two integers lie in view, as with one version."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import matplotlib.ticker
+
+    points = sorted((h for h in history if h.get("hit_rate") is not None), key=lambda h: h["version"])
+    versions = [p["version"] for p in points]
+    figure, axis = plt.subplots(figsize=(6.4, 3.2), dpi=100)
+    axis.plot(versions, [p["hit_rate"] for p in points], marker="o", label=f"hit@{k}")
+    axis.plot(versions, [p["mrr"] for p in points], marker="s", label="MRR")
+    axis.axhline(min_hit_rate, linestyle=":", color="grey")
+    axis.set_xlabel("version")
+    if versions:
+        axis.set_xlim(min(versions) - 0.5, max(versions) + 0.5)
+    if len(versions) <= 12:
+        axis.xaxis.set_major_locator(matplotlib.ticker.FixedLocator(versions))
+    else:
+        axis.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True, min_n_ticks=1))
+    axis.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda value, _pos: f"v{value:.0f}"))
+    axis.set_ylim(0, 1.05)
+    axis.set_title(f"{alias}: golden-set scores by version")
+    axis.legend(loc="lower right")
+    figure.tight_layout()
+    return figure
 
 
 def _probe_frame(probes: list[dict[str, Any]], columns: list[str]) -> pd.DataFrame:
