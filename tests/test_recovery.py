@@ -292,9 +292,10 @@ def test_read_only_commands_never_create_a_state_db_or_a_qdrant_folder(cli_env: 
     monkeypatch.delenv("KB_STATE_URL")
     typo_store = cli_env / ".kb" / "qdrnat"
     monkeypatch.setenv("KB_QDRANT_PATH", str(typo_store))
-    for argv in (["status"], ["history"], ["plan"], ["query", "运费"]):
+    for argv in (["status"], ["plan"], ["query", "运费"]):
         code, out, _ = cli(capsys, *argv)
         assert code == 2 and f"no Qdrant store at {typo_store}" in out["error"], argv
+    assert cli(capsys, "history")[0] == 0, "history needs only the state DB"
     assert not typo_store.exists()
 
 
@@ -380,3 +381,91 @@ def test_a_rebuilt_state_knows_which_versions_served(cli_env: Path, capsys: pyte
     assert code != 0 and "never served" in out["error"]
     code, back, _ = cli(capsys, "rollback", "--to-version", "1", "--reason", "x", "--yes")
     assert code == 0 and back["to_version"] == 1
+
+
+# --- found in review: ways out that must exist ----------------------------------------------------------
+
+
+def test_a_deleted_alias_is_pointed_back_at_live_by_reconcile(deps: Deps) -> None:
+    from qdrant_client import models
+
+    from kb_reindex.reconcile import reconcile
+
+    engine.run_reindex(deps)
+    deps.store.client.update_collection_aliases(change_aliases_operations=[
+        models.DeleteAliasOperation(delete_alias=models.DeleteAlias(alias_name=ALIAS))])
+    [problem] = engine.status(deps)["problems"]
+    assert "points to nothing" in problem and "kb-reindex reconcile" in problem
+    outcome = reconcile(deps)
+    assert outcome["changed"] and deps.store.alias_target(ALIAS).endswith("__v1")
+    assert deps.state.alias_events(ALIAS)[-1]["action"] == "reconcile"
+    assert engine.status(deps)["problems"] == []
+
+
+def test_a_shadow_that_fails_its_recheck_stays_a_shadow(cli_env: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Re-checked by the thresholds it was built with; a failure leaves it ready, never failed (and dropped)."""
+    assert cli(capsys, "run")[0] == 0
+    code, shadow, _ = cli(capsys, "migrate", "--embedder", "hashing", "--model", "hashing-small", "--dim", "64",
+                          "--no-promote", "--min-hit-rate", "0", "--min-mrr", "0")
+    assert code == 0
+    golden = cli_env / "knowledge" / "golden.yaml"
+    assert next(v for v in cli(capsys, "status")[1]["versions"] if v["version"] == shadow["version"])["shadow"]
+    import yaml
+
+    # the golden set changed since: its re-check cannot pass
+
+    data = yaml.safe_load(golden.read_text(encoding="utf-8"))
+    data["probes"] = [{**p, "expected": ["no-such-doc-anywhere"]} for p in data["probes"][:1]] + data["probes"][1:]
+    golden.write_text(yaml.safe_dump(data, allow_unicode=True), encoding="utf-8")
+    code, out, _ = cli(capsys, "promote", "--version", str(shadow["version"]), "--yes")
+    assert code != 0
+    row = next(v for v in cli(capsys, "status")[1]["versions"] if v["version"] == shadow["version"])
+    assert row["status"] == "ready" and row["shadow"], "a failed re-check leaves the shadow as it was"
+    assert cli(capsys, "gc")[0] == 0
+    assert next(v for v in cli(capsys, "status")[1]["versions"] if v["version"] == shadow["version"])["points"]
+
+
+def test_unlock_works_while_the_stuck_process_holds_the_local_qdrant_folder(
+        cli_env: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from qdrant_client import QdrantClient
+
+    assert cli(capsys, "run")[0] == 0
+    holder = hold_lock_in_another_process(cli_env)
+    stuck = QdrantClient(path=str(cli_env / ".kb" / "qdrant"))  # as the stuck run keeps it open
+    try:
+        code, out, _ = cli(capsys, "unlock", "--reason", "hung", "--yes")
+        assert code == 0 and [b["name"] for b in out["broken"]] == [f"reindex:{ALIAS}"]
+        assert cli(capsys, "history")[0] == 0
+    finally:
+        stuck.close()
+        holder.kill()
+        holder.wait()
+
+
+def test_rebuilt_state_tells_served_shadow_and_unfinished_versions_apart(
+        cli_env: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """After a rebuild, retention keeps what a rollback may need: served versions stay retired, a validated
+    shadow stays a shadow (promotable), a build that never finished is failed and dropped."""
+    monkeypatch.setenv("KB_KEEP_VERSIONS", "1")
+    assert cli(capsys, "run")[0] == 0                                   # v1 served
+    edit(cli_env)
+    assert cli(capsys, "run")[1]["version"] == 2                        # v2 live
+    code, shadow, _ = cli(capsys, "migrate", "--embedder", "hashing", "--model", "hashing-wide", "--dim", "1024",
+                          "--no-promote")   # v3 shadow, good enough for the golden set's own thresholds
+    from qdrant_client import QdrantClient, models
+
+    client = QdrantClient(path=str(cli_env / ".kb" / "qdrant"))      # v4: a build that never finished
+    client.create_collection(f"{ALIAS}__hashing-ngram-v1__v4", metadata={"kb_version": 4, "embed_model": "hashing-ngram-v1",
+                             "chunking_version": "x", "embedder": "hashing"},
+                             vectors_config=models.VectorParams(size=1024, distance=models.Distance.COSINE))
+    client.close()
+    remove_state_db(cli_env)
+    code, rebuilt, _ = cli(capsys, "reconcile", "--rebuild-state")
+    assert code == 0
+    assert [(v["version"], v["status"]) for v in rebuilt["rebuilt"]] == [
+        (1, "retired"), (2, "live"), (3, "ready"), (4, "failed")]
+    assert cli(capsys, "gc")[0] == 0
+    versions = {v["version"]: v for v in cli(capsys, "status")[1]["versions"]}
+    assert versions[1]["status"] == "retired" and versions[4]["status"] == "deleted"
+    code, promoted, _ = cli(capsys, "promote", "--version", "3", "--yes")
+    assert code == 0 and promoted["embed_model"] == "hashing-wide"

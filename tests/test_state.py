@@ -127,9 +127,9 @@ def _dead_pid() -> int:
 
 
 def test_lock_of_a_dead_process_on_this_host_is_taken_over_at_once_and_recorded(state: StateStore) -> None:
-    import socket
+    from kb_reindex.state import default_lock_owner
 
-    dead = f"cli__reindex__crashed@{socket.gethostname()}:{_dead_pid()}:abcd1234"
+    dead = default_lock_owner("cli__reindex__crashed", pid=_dead_pid())
     state.acquire_lock("reindex:kb", owner=dead, ttl_s=3600)
     state.acquire_lock("reindex:kb", owner="next-run", ttl_s=60)  # no wait for the TTL
     assert state.lock_held_by("reindex:kb") == "next-run"
@@ -138,7 +138,6 @@ def test_lock_of_a_dead_process_on_this_host_is_taken_over_at_once_and_recorded(
 
 
 def test_lock_of_a_live_process_or_another_host_is_not_taken_over(state: StateStore) -> None:
-    import os
     import socket
 
     from kb_reindex.state import default_lock_owner
@@ -148,24 +147,28 @@ def test_lock_of_a_live_process_or_another_host_is_not_taken_over(state: StateSt
     with pytest.raises(LockHeldError, match="its process is alive on this host"):
         state.acquire_lock("reindex:kb", owner="next-run", ttl_s=60)
     state.release_lock("reindex:kb", owner=mine)
-    elsewhere = f"run-b@{socket.gethostname()}-other:{os.getpid()}:abcd1234"
+    elsewhere = default_lock_owner("run-b", pid=_dead_pid()).replace(socket.gethostname(), "another-host", 1)
     state.acquire_lock("reindex:kb", owner=elsewhere, ttl_s=3600)
-    with pytest.raises(LockHeldError, match="held from host"):
+    with pytest.raises(LockHeldError, match="held from host another-host"):
         state.acquire_lock("reindex:kb", owner="next-run", ttl_s=60)
-    assert state.lock_events(names=["reindex:kb"]) == []
+    state.break_lock("reindex:kb", by="test", reason="next case")
+    # same hostname, another PID namespace (a container with the host's name): its PIDs mean other processes
+    other_space = default_lock_owner("run-c", pid=_dead_pid()).rsplit(":", 1)[0] + ":0123456789"
+    state.acquire_lock("reindex:kb", owner=other_space, ttl_s=3600)
+    with pytest.raises(LockHeldError):
+        state.acquire_lock("reindex:kb", owner="next-run", ttl_s=60)
+    assert [e["action"] for e in state.lock_events(names=["reindex:kb"])] == ["unlock"]
 
 
 def test_lock_whose_pid_was_reused_by_a_newer_process_is_taken_over(state: StateStore) -> None:
     """This process's PID, but the lock is older than the process: the PID belongs to someone else now."""
-    import os
-    import socket
     from datetime import timedelta
 
-    from kb_reindex.state import locks, utcnow
+    from kb_reindex.state import default_lock_owner, locks, utcnow
 
     long_ago = utcnow() - timedelta(days=3)
     with state.engine.begin() as conn:
-        conn.execute(locks.insert().values(name="reindex:kb", owner=f"old@{socket.gethostname()}:{os.getpid()}:ab",
+        conn.execute(locks.insert().values(name="reindex:kb", owner=default_lock_owner("old"),
                                            acquired_at=long_ago, expires_at=utcnow() + timedelta(hours=1)))
     state.acquire_lock("reindex:kb", owner="next-run", ttl_s=60)
     assert state.lock_held_by("reindex:kb") == "next-run"

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from typing import Any
 
 from kb_reindex.config import Settings
@@ -129,9 +129,8 @@ def qdrant_overrides(conn: Any, *, root: Any) -> dict[str, Any]:
     return overrides
 
 
-@contextmanager
-def task_deps() -> Iterator[Deps]:
-    """Settings from the environment, overridden by the Connections that are defined."""
+def task_settings() -> tuple[Settings, dict[str, str] | None]:
+    """Settings from the environment, overridden by the Connections that are defined; Ollama's headers."""
     settings = Settings.from_env()
     overrides: dict[str, Any] = {}
     headers = None
@@ -145,9 +144,49 @@ def task_deps() -> Iterator[Deps]:
         from dataclasses import replace
 
         settings = replace(settings, **overrides)
+    return settings, headers
+
+
+@contextmanager
+def task_deps() -> Iterator[Deps]:
+    settings, headers = task_settings()
     with open_deps(settings) as deps:
         deps.ollama_headers = headers
         yield deps
+
+
+@contextmanager
+def task_step(run_id: str) -> Iterator[Deps]:
+    """`task_deps` inside `step`: an error while opening the stores (Qdrant down, a bad Connection) is decided
+    like one in the step's body: recorded on the run when final, a permanent one not retried."""
+    stack = ExitStack()
+    try:
+        deps = stack.enter_context(task_deps())
+    except KbError as exc:
+        stack.close()
+        _opening_failed(run_id, exc)
+        raise
+    with stack, step(deps, run_id):
+        yield deps
+
+
+def _opening_failed(run_id: str, exc: KbError) -> None:
+    from airflow.sdk.exceptions import AirflowFailException
+
+    permanent = isinstance(exc, PERMANENT) and not isinstance(exc, StoreUnreachable)
+    if permanent or _last_try():
+        try:
+            from kb_reindex.state import StateStore
+
+            state = StateStore(task_settings()[0].state_url, create=False)
+            try:
+                state.finish_run(run_id, outcome="failed", error=str(exc))
+            finally:
+                state.dispose()
+        except KbError as unrecorded:  # the state DB itself is what failed: Airflow's log is the record
+            log.warning("kb_reindex: run %s failed and could not be recorded: %s", run_id, unrecorded)
+    if permanent:
+        raise AirflowFailException(f"{type(exc).__name__}: {exc}") from None
 
 
 def _last_try() -> bool:
@@ -219,7 +258,7 @@ def should_build_task(*, plan: dict[str, Any], dry_run: bool, run_id: str) -> bo
 def create_version_task(*, plan: dict[str, Any], run_id: str) -> dict[str, Any]:
     from kb_reindex.build import create_version
 
-    with task_deps() as deps, step(deps, run_id):
+    with task_step(run_id) as deps:
         created = create_version(deps, plan, run_id=run_id)
         deps.state.update_run(run_id, version=created["version"])
         return created
@@ -239,7 +278,7 @@ def build_slices_task(*, version: dict[str, Any], slice_size: int) -> list[dict[
 def build_task(*, version: dict[str, Any], run_id: str, window: tuple[int, int] | None = None) -> dict[str, Any]:
     from kb_reindex.build import build
 
-    with task_deps() as deps, step(deps, run_id):
+    with task_step(run_id) as deps:
         return build(deps, version["version"], run_id=run_id, window=window)
 
 
@@ -248,7 +287,7 @@ def validate_task(*, version: dict[str, Any], run_id: str, min_hit_rate: float |
     from kb_reindex.engine import validation_summary
     from kb_reindex.validate import validate
 
-    with task_deps() as deps, step(deps, run_id):
+    with task_step(run_id) as deps:
         return validation_summary(validate(deps, version["version"], min_hit_rate=min_hit_rate, min_mrr=min_mrr))
 
 
@@ -261,7 +300,7 @@ def promote_task(*, plan: dict[str, Any], version: dict[str, Any], run_id: str) 
     from kb_reindex.engine import run_counters
     from kb_reindex.promote import promote
 
-    with task_deps() as deps, step(deps, run_id):
+    with task_step(run_id) as deps:
         result = promote(deps, version["version"], run_id=run_id)
         moved_by_this_run = not result["already_live"] or _last_move_by(deps, version["version"]) == run_id
         deps.state.finish_run(run_id, outcome="promoted" if moved_by_this_run else "no_change",

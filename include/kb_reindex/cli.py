@@ -21,8 +21,10 @@ from kb_reindex.errors import ConfigError, KbError
 log = logging.getLogger("kb_reindex.cli")
 
 
-#: commands that never create a state DB or a local Qdrant folder: they read (unlock only deletes a lock row)
-NO_CREATE = frozenset({"status", "history", "plan", "unlock"})
+#: commands that never create a state DB or a local Qdrant folder: they only read
+NO_CREATE = frozenset({"status", "plan"})
+#: commands that need only the state DB (never Qdrant, which a stuck process may hold in local mode)
+STATE_ONLY = frozenset({"history", "unlock"})
 #: commands that change state or the alias take the alias's lock here; run, migrate and rollback take it
 #: inside the engine, as their DAG tasks do
 LOCKED = frozenset({"validate", "gc", "drop", "reconcile", "promote"})
@@ -191,7 +193,25 @@ def _dispatch(args: argparse.Namespace) -> int:
         rows = [{**r, "text": (r["text"] or "").replace("\n", " ")[:60]} for r in found["results"]]
         _print(args, found, _table(rows, ["score", "knowledge_key", "title", "text"]))
         return 0
+    if args.command in STATE_ONLY:
+        from kb_reindex.runtime import StateDeps
+        from kb_reindex.state import StateStore
+
+        # the state DB alone: on-call can break a lock while the stuck process still holds Qdrant (local mode)
+        state = StateStore(settings.state_url, create=False)
+        try:
+            deps = StateDeps(settings=settings, state=state)
+            if args.command == "unlock":
+                return _unlock(args, deps)
+            events = engine.history(deps)
+            _print(args, {"alias": settings.alias, "events": events},
+                   _table(events, ["at", "action", "from_version", "to_version", "run_id", "reason"]))
+            return 0
+        finally:
+            state.dispose()
     with open_deps(settings, create=args.command not in NO_CREATE) as deps:
+        if args.command == "promote" and not _confirm_promotion(args, deps):
+            return 0
         if args.command in LOCKED:
             with engine.exclusive(deps):
                 return _dispatch_locked(args, deps)
@@ -237,13 +257,6 @@ def _dispatch(args: argparse.Namespace) -> int:
                               + [f"PROBLEM: {p}" for p in s["problems"]])
             _print(args, s, human)
             return 1 if s["problems"] else 0
-        if args.command == "history":
-            events = engine.history(deps)
-            _print(args, {"alias": settings.alias, "events": events},
-                   _table(events, ["at", "action", "from_version", "to_version", "run_id", "reason"]))
-            return 0
-        if args.command == "unlock":
-            return _unlock(args, deps)
         if args.command == "rollback":
             return _rollback(args, deps)
     raise ConfigError(f"unknown command {args.command}")  # pragma: no cover - argparse rejects it first
@@ -290,15 +303,6 @@ def _dispatch_locked(args: argparse.Namespace, deps: Any) -> int:
     if args.command == "promote":
         from kb_reindex.promote import promote_shadow
 
-        shadow = deps.state.get_version(settings.alias, args.version)
-        if shadow is not None and not args.yes:
-            if not sys.stdin.isatty():
-                raise ConfigError("promote needs confirmation: pass --yes when not running in a terminal")
-            print(f"alias {settings.alias} -> v{shadow.version} ({shadow.collection}, {shadow.embed_model} "
-                  f"{shadow.embed_dim}-d, never served)")
-            if input("Validate it again and switch the alias? Type 'yes': ").strip().lower() != "yes":
-                print("nothing changed")
-                return 0
         _existing_version(deps, args.version, "--version")
         result = promote_shadow(deps, args.version, run_id=new_run_id("promote"))
         _print(args, result, f"promoted v{result['version']} ({result['collection']}, {result['embed_model']} "
@@ -318,6 +322,21 @@ def _dispatch_locked(args: argparse.Namespace, deps: Any) -> int:
         _print(args, result, result["message"])
         return 0
     raise ConfigError(f"unknown command {args.command}")  # pragma: no cover - argparse rejects it first
+
+
+def _confirm_promotion(args: argparse.Namespace, deps: Any) -> bool:
+    """Asked before the alias's lock is taken: a prompt left open must not block every rollback."""
+    shadow = deps.state.get_version(deps.settings.alias, args.version)
+    if shadow is None or args.yes:
+        return True
+    if not sys.stdin.isatty():
+        raise ConfigError("promote needs confirmation: pass --yes when not running in a terminal")
+    print(f"alias {deps.settings.alias} -> v{shadow.version} ({shadow.collection}, {shadow.embed_model} "
+          f"{shadow.embed_dim}-d, never served)")
+    if input("Validate it again and switch the alias? Type 'yes': ").strip().lower() != "yes":
+        print("nothing changed")
+        return False
+    return True
 
 
 def _unlock(args: argparse.Namespace, deps: Any) -> int:

@@ -18,8 +18,8 @@ from kb_reindex.errors import ConfigError, KbError, LockHeldError
 from kb_reindex.plan import prepare_logged as make_plan
 from kb_reindex.promote import cleanup, has_served, promote, rollback, rollback_target
 from kb_reindex.reconcile import drift_advice
-from kb_reindex.runtime import Deps, new_run_id
-from kb_reindex.state import VersionRecord, default_lock_owner, lock_owner_alive
+from kb_reindex.runtime import Deps, StateDeps, new_run_id
+from kb_reindex.state import VersionRecord, default_lock_owner
 from kb_reindex.store import describe_qdrant_failure
 from kb_reindex.validate import validate
 
@@ -217,13 +217,19 @@ def _consistent_view(deps: Deps, *, attempts: int = 6, pause_s: float = 0.25) ->
         live = again
         if stable and serving == (live.collection if live else None):
             return live, serving, False
-        holder = deps.state.lock_held_by(alias_lock_name(alias))
-        moving = not stable or (holder is not None and lock_owner_alive(holder) is not False)
+        holder = next((row for row in deps.state.list_locks(subject=alias)
+                       if row["name"] == alias_lock_name(alias) and not row["expired"]), None)
+        moving = not stable or (holder is not None and row_alive(holder))
         if not moving:
             return live, serving, False
         if attempt < attempts - 1:
             time.sleep(pause_s)
     return live, serving, moving
+
+
+def row_alive(row: dict[str, Any]) -> bool:
+    """A lock row whose owner may still be working: alive here, or on another host within its TTL."""
+    return row["owner_alive"] is not False
 
 
 def lock_view(deps: Deps) -> list[dict[str, Any]]:
@@ -324,7 +330,7 @@ def metrics(deps: Deps) -> dict[str, Any]:
     }
 
 
-def history(deps: Deps) -> list[dict[str, Any]]:
+def history(deps: Deps | StateDeps) -> list[dict[str, Any]]:
     """Every alias move, and every lock broken by on-call or taken over from a dead process, in time order."""
     from kb_reindex.promote import alias_lock_name
 

@@ -46,7 +46,7 @@ def switch_alias(
             return None
         deps.state.record_switch(alias=alias, action=action, to=target, previous=previous, run_id=run_id, reason=reason)
     try:
-        deps.store.mark_served(target.collection, at=utcnow().isoformat(timespec="seconds") + "Z")
+        deps.store.annotate(target.collection, {"served": True, "last_served_at": utcnow().isoformat(timespec="seconds") + "Z"})
     except Exception as exc:  # noqa: BLE001 - the move is done and recorded; only the Qdrant-side note is missing
         log.warning("kb_reindex: could not note on %s that it served (%s: %s); the state DB has it, a state "
                     "rebuilt from Qdrant would not", target.collection, type(exc).__name__, exc)
@@ -93,7 +93,11 @@ def promote_shadow(deps: Deps, version_number: int, *, run_id: str | None = None
         hint = " (a rollback returns to a version that served)" if version.status == "retired" else ""
         raise ConfigError(f"v{version.version} is {version.status}; only a ready shadow version can be promoted{hint}")
     live = deps.state.live_version(alias)
-    validate(deps, version.version)
+    # re-checked against what serves now, by the thresholds it was built with; a failure leaves it a shadow
+    built_with = (version.validation or {}).get("thresholds") or {}
+    checked = validate(deps, version.version, min_hit_rate=built_with.get("min_hit_rate"),
+                       min_mrr=built_with.get("min_mrr"), record=False)
+    deps.state.update_version(version.id, validation=checked)
     previous = switch_alias(deps, version, expected_from=live.collection if live else None,
                             action="migrate" if version.kind == "migration" else "promote", run_id=run_id,
                             reason=reason)

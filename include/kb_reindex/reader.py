@@ -70,7 +70,9 @@ def search_knowledge(
         headers=deps.ollama_headers,
     )
     vector = embedder.embed([text])[0]
-    hits = deps.store.search(alias, vector, k=k, tenant=tenant)
+    # the collection the model was read from, not the alias again: a promotion in between must not pair
+    # this query vector with another model's collection (the previous collection is kept, so it still answers)
+    hits = deps.store.search(live["collection"], vector, k=k, tenant=tenant)
     return {
         "alias": alias,
         "version": live["version"],

@@ -37,8 +37,8 @@ def drift_advice(deps: Deps, serving: str | None, live: VersionRecord | None) ->
         return (f"{said}, and the state DB knows no version of {alias} (lost or replaced?): rebuild it from Qdrant "
                 "with `kb-reindex reconcile --rebuild-state`")
     if serving is None:
-        return (f"{said}: put the alias back with `kb-reindex rollback --to-version "
-                f"{live.version if live else 'N'} --reason ...` after checking the collection")
+        return (f"{said}: readers get nothing. `kb-reindex reconcile` points the alias back at "
+                f"v{live.version if live else 'N'} after checking its collection is whole")
     usable = next((v for v in known if v.collection == serving and v.status != "deleted"), None)
     if usable is None:
         return (f"{said}, a collection the state DB does not know as a usable version: point the alias at a known "
@@ -60,6 +60,8 @@ def reconcile(deps: Deps, *, run_id: str | None = None) -> dict[str, Any]:
         live = deps.state.live_version(alias)
         if serving == (live.collection if live else None):
             return {"changed": False, "message": f"{alias}: state and Qdrant agree (serving {serving or 'nothing'})"}
+        if serving is None and live is not None:
+            return _restore_missing_alias(deps, live, run_id=run_id)
         target = next((v for v in deps.state.list_versions(alias) if v.collection == serving), None)
         if serving is None or target is None or target.status == "deleted" or (
                 live is not None and target.version < live.version):
@@ -71,6 +73,26 @@ def reconcile(deps: Deps, *, run_id: str | None = None) -> dict[str, Any]:
     return {"changed": True, "live_version": target.version, "previous_version": live.version if live else None,
             "message": f"{alias}: recorded v{target.version} ({serving}) as live"
                        + (f"; v{live.version} retired" if live else "")}
+
+
+def _restore_missing_alias(deps: Deps, live: VersionRecord, *, run_id: str | None) -> dict[str, Any]:
+    """The alias is gone (deleted by hand) while the state DB names a live version: point it back there, if
+    that collection is whole, with the same compare-and-swap (from nothing) as a first promotion."""
+    from kb_reindex.promote import structural_problems
+
+    alias = deps.settings.alias
+    problems = structural_problems(deps, live)
+    if problems:
+        raise StateDriftError(
+            f"alias {alias} points to nothing and the live v{live.version} ({live.collection}) is not whole: "
+            f"{'; '.join(problems)}. Roll back to a kept version (`kb-reindex rollback --to-version N --reason ...`)"
+            " or rebuild (`kb-reindex run --force-full`)"
+        )
+    deps.store.swap_alias(alias, to=live.collection, expected_from=None)
+    deps.state.add_alias_event(alias=alias, action="reconcile", to=live, previous=None, run_id=run_id,
+                               reason=f"alias was missing; pointed back at v{live.version}, live in the state DB")
+    return {"changed": True, "live_version": live.version, "previous_version": None,
+            "message": f"{alias}: the alias was missing; it points at v{live.version} ({live.collection}) again"}
 
 
 # --- rebuild the state DB from Qdrant ---------------------------------------------------------------
@@ -132,7 +154,8 @@ def read_version(deps: Deps, name: str) -> dict[str, Any]:
         "embed_dim": dim, "distance": distance, "chunking_version": chunking or "unknown",
         "corpus_fingerprint": corpus_fingerprint(SimpleNamespace(**d) for d in documents.values()),
         "documents": sorted(documents.values(), key=lambda d: d["knowledge_key"]), "chunks": chunks,
-        "problems": problems, "served_at": _served_at(meta),
+        "problems": problems, "served_at": _served_at(meta), "validated": bool(meta.get("validated")),
+        "legacy": "kb_version" not in meta,
     }
 
 
@@ -147,12 +170,32 @@ def _served_at(meta: dict[str, Any]) -> datetime | None:
         return utcnow()
 
 
+def _rebuilt_status(facts: dict[str, Any], *, serving: bool) -> tuple[str, str | None]:
+    """(status, note) of a version rebuilt from its collection, by what the collection notes it went through:
+    behind the alias -> live; served before -> retired (a rollback may return to it); validated but never
+    served -> ready, a shadow only a promotion (which validates again) puts live; neither -> failed, a build
+    that never finished (retention drops it). Collections made before these notes -> ready, to be promoted
+    after re-validation rather than rolled back to blindly."""
+    if facts["problems"]:
+        if serving:
+            raise StoreError(f"the live collection cannot give a manifest: {'; '.join(facts['problems'])}")
+        return "failed", "rebuilt from Qdrant: " + "; ".join(facts["problems"])
+    if serving:
+        return "live", None
+    if facts["served_at"] is not None:
+        return "retired", None
+    if facts["validated"]:
+        return "ready", None
+    if facts["legacy"]:
+        return "ready", "rebuilt from Qdrant: made before collections noted their history; promote validates it again"
+    return "failed", "rebuilt from Qdrant: never validated (a build that did not finish)"
+
+
 def rebuild_state(deps: Deps, *, replace: bool = False, run_id: str | None = None) -> dict[str, Any]:
     """Versions, manifests and the live version of this alias, from Qdrant alone, recorded as one event.
 
-    The live version is the alias's target; every other version is retired (kept; a rollback may return to
-    it by number if the collection notes it served), or failed when its points cannot give a whole manifest
-    (retention then drops it). Which version preceded live is not guessed: a rollback names its target."""
+    The live version is the alias's target; the others take their status from what their collections note
+    (`_rebuilt_status`). Which version preceded live is not guessed: a rollback names its target."""
     from kb_reindex.promote import alias_lock_name
 
     alias = deps.settings.alias
@@ -182,19 +225,18 @@ def rebuild_state(deps: Deps, *, replace: bool = False, run_id: str | None = Non
         rebuilt, live = [], None
         now = utcnow()
         for number, name, facts in read:
-            status = "live" if name == serving else ("failed" if facts["problems"] else "retired")
+            status, note = _rebuilt_status(facts, serving=name == serving)
             record = deps.state.insert_version(
                 alias=alias, version=number, collection=name, status=status, kind=facts["kind"],
                 embedder=facts["embedder"], embed_model=facts["embed_model"], embed_dim=facts["embed_dim"],
                 distance=facts["distance"], chunking_version=facts["chunking_version"],
                 corpus_fingerprint=facts["corpus_fingerprint"], docs_count=len(facts["documents"]),
                 points_expected=len(facts["chunks"]), points_written=len(facts["chunks"]),
-                error=("rebuilt from Qdrant: " + "; ".join(facts["problems"])) if facts["problems"] else None,
-                failed_step="rebuild" if facts["problems"] else None,
+                error=note, failed_step="rebuild" if status == "failed" else None,
                 promoted_at=now if status == "live" else facts["served_at"],
-                retired_at=now if status == "retired" else None,
+                retired_at=(facts["served_at"] or now) if status == "retired" else None,
             )
-            if not facts["problems"]:
+            if status != "failed":
                 deps.state.write_manifest(record.id, facts["documents"], facts["chunks"])
             live = record if status == "live" else live
             rebuilt.append({"version": number, "collection": name, "status": status, "points": len(facts["chunks"]),

@@ -31,6 +31,14 @@ class Deps:
 
 
 @dataclass
+class StateDeps:
+    """The state DB alone: history and breaking a lock need nothing of Qdrant."""
+
+    settings: Settings
+    state: StateStore
+
+
+@dataclass
 class ReaderDeps:
     """What reading through the alias needs: no state DB (it may be lost, locked or down)."""
 

@@ -6,6 +6,7 @@ Qdrant holds vectors; this holds what they are supposed to be, so every check ha
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -170,11 +171,23 @@ def utcnow() -> datetime:
     return datetime.now(UTC).replace(tzinfo=None)
 
 
-def default_lock_owner(run_id: str | None = None) -> str:
+def process_space() -> str:
+    """Which PID namespace of which boot this process lives in: two containers (or cloned VMs) can share a
+    hostname while their PIDs mean different processes, so only an owner of this same space is judged by PID."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        namespace = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return "unknown"
+    return hashlib.sha1(f"{boot}:{namespace}".encode()).hexdigest()[:10]
+
+
+def default_lock_owner(run_id: str | None = None, *, pid: int | None = None) -> str:
     """Unique per acquisition: two threads of one process are two owners. A run's own lock starts with
-    its run id, so others can tell that run is still alive while its heartbeat renews the lock."""
-    owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-    return f"{run_id}@{owner}"[:255] if run_id else owner
+    its run id, so others can tell that run is still alive while its heartbeat renews the lock; the rest
+    (`host:pid:nonce:space`) lets this host tell whether the owner process still lives."""
+    owner = f"{socket.gethostname()}:{os.getpid() if pid is None else pid}:{uuid.uuid4().hex[:8]}:{process_space()}"
+    return f"{run_id[:254 - len(owner)]}@{owner}" if run_id else owner
 
 
 @dataclass
@@ -734,13 +747,13 @@ class StateStore:
             self.release_lock(name, owner=owner)
 
 
-def parse_lock_owner(owner: str) -> tuple[str | None, int | None]:
-    """(host, pid) from an owner made by `default_lock_owner`: `[run_id@]host:pid:nonce`."""
+def parse_lock_owner(owner: str) -> tuple[str | None, int | None, str | None]:
+    """(host, pid, space) from an owner made by `default_lock_owner`: `[run_id@]host:pid:nonce:space`."""
     _, _, tail = owner.rpartition("@")
     parts = tail.split(":")
-    if len(parts) != 3 or not parts[1].isdigit():
-        return None, None
-    return parts[0], int(parts[1])
+    if len(parts) != 4 or not parts[1].isdigit():
+        return None, None, None
+    return parts[0], int(parts[1]), parts[3]
 
 
 def _process_started_at(pid: int) -> datetime | None:
@@ -755,11 +768,12 @@ def _process_started_at(pid: int) -> datetime | None:
 
 
 def lock_owner_alive(owner: str, *, since: datetime | None = None) -> bool | None:
-    """True/False when this host can tell (the owner ran here), None for another host or an unknown owner.
+    """True/False when this host can tell (the owner ran here, in this PID namespace), None for another host,
+    container or an unknown owner (then only the TTL frees its lock).
 
     A PID that lives but started after the lock was taken is another process that reused the number."""
-    host, pid = parse_lock_owner(owner)
-    if host is None or pid is None or host != socket.gethostname():
+    host, pid, space = parse_lock_owner(owner)
+    if host is None or pid is None or host != socket.gethostname() or space != process_space() or space == "unknown":
         return None
     try:
         os.kill(pid, 0)
@@ -776,7 +790,7 @@ def lock_owner_alive(owner: str, *, since: datetime | None = None) -> bool | Non
 def describe_lock_holder(name: str, holder: dict[str, Any]) -> str:
     subject = name.split(":", 1)[-1]
     alive = lock_owner_alive(holder["owner"], since=holder["acquired_at"])
-    host, _ = parse_lock_owner(holder["owner"])
+    host, _, _ = parse_lock_owner(holder["owner"])
     where = {True: "its process is alive on this host", False: "its process is gone"}.get(
         alive, f"held from host {host}" if host else "held by an owner of unknown host")
     return (f"another run is working on {subject}: {holder['owner']}, since {holder['acquired_at']:%Y-%m-%d %H:%M:%S} "

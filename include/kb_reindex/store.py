@@ -136,10 +136,10 @@ class KnowledgeStore:
             if offset is None:
                 return
 
-    def mark_served(self, name: str, *, at: str) -> None:
-        """Record on the collection that it served behind the alias: a rebuilt state DB knows which
-        versions a rollback may return to."""
-        self.client.update_collection(name, metadata={"served": True, "last_served_at": at})
+    def annotate(self, name: str, notes: dict[str, Any]) -> None:
+        """Merge `notes` into the collection's metadata: what a version went through (validated, served), so a
+        state DB rebuilt from Qdrant knows which versions are whole and which a rollback may return to."""
+        self.client.update_collection(name, metadata=notes)
 
     def collection_info(self, name: str) -> models.CollectionInfo:
         return self.client.get_collection(name)

@@ -120,9 +120,12 @@ def validate(
     compare_live: bool = True,
     raise_on_failure: bool = True,
     flagged: list[dict[str, Any]] | None = None,
+    record: bool = True,
 ) -> dict[str, Any]:
     """`flagged`: the instruction-like lines of the files this version was planned from
-    (`CorpusScan.flagged_lines()`), when the caller has them in this process; else the files are read."""
+    (`CorpusScan.flagged_lines()`), when the caller has them in this process; else the files are read.
+    `record=False` checks without touching the version's status or record (a shadow re-checked before its
+    promotion stays a shadow when it fails)."""
     alias = deps.settings.alias
     version = deps.state.get_version(alias, version_number)
     if version is None:
@@ -143,14 +146,21 @@ def validate(
         result = _validate(deps, version, min_hit_rate=min_hit_rate, min_mrr=min_mrr, compare_live=compare_live,
                            flagged=flagged)
     except GoldenSetError as exc:
-        if version.status in ("building", "ready"):
+        if record and version.status in ("building", "ready"):
             deps.state.mark_failed(version.id, step="validate", error=str(exc))
         raise ValidationFailed(f"v{version.version} not validated: {exc}") from None
-    if version.status in ("building", "ready", "failed") and not (version.status == "failed" and version.failed_step not in ("validate", "build")):
+    if not record:
+        pass
+    elif version.status in ("building", "ready", "failed") and not (version.status == "failed" and version.failed_step not in ("validate", "build")):
         if result["passed"]:
             from kb_reindex.state import utcnow
 
             deps.state.update_version(version.id, status="ready", validation=result, ready_at=utcnow(), error=None, failed_step=None)
+            try:
+                deps.store.annotate(version.collection, {"validated": True})
+            except Exception as exc:  # noqa: BLE001 - the state DB has it; only a rebuilt state would miss it
+                log.warning("kb_reindex: could not note on %s that it passed validation (%s: %s)",
+                            version.collection, type(exc).__name__, exc)
         else:
             deps.state.update_version(version.id, validation=result)
             deps.state.mark_failed(version.id, step="validate", error="; ".join(result["failures"]))
