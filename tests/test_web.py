@@ -164,7 +164,6 @@ def site(project: Path, tokens: dict[str, str]) -> Iterator[tuple[Settings, Fake
 def busy_site(site: tuple[Settings, FakeAirflowApi]) -> tuple[Settings, FakeAirflowApi]:
     """Beside v1-v3 (v3 live): a shadow v4 from a migration that was not promoted, a build v5 half-way (its
     process gone), and a lock left behind by a dead process on this host."""
-    import socket as sockets
 
     from kb_reindex.build import build, create_version, reindex_lock_name
     from kb_reindex.plan import plan
@@ -178,8 +177,10 @@ def busy_site(site: tuple[Settings, FakeAirflowApi]) -> tuple[Settings, FakeAirf
         path.write_text(path.read_text(encoding="utf-8") + "\n\n补充：节假日不适用。\n", encoding="utf-8")
         created = create_version(deps, plan(deps))
         build(deps, created["version"], window=(0, 20))
-        deps.state.acquire_lock(reindex_lock_name(settings.alias), owner=f"{sockets.gethostname()}:999999:deadbeef",
-                                ttl_s=3600)
+        from kb_reindex.state import default_lock_owner
+
+        # a lock left by a process that is gone (pid 999999 does not exist here)
+        deps.state.acquire_lock(reindex_lock_name(settings.alias), owner=default_lock_owner(pid=999999), ttl_s=3600)
     return settings, airflow
 
 
@@ -405,7 +406,7 @@ def test_page_in_headless_chromium_on_call(busy_site: tuple[Settings, FakeAirflo
         # metrics as a table of labelled values; locks and notes shown
         assert "run success rate" in text("#metric-run_success_rate") and "%" in text("#metric-run_success_rate")
         assert "{" not in text("#metrics")
-        assert "999999:deadbeef" in text("#locks") and "whose process is gone" in text("#notes")
+        assert ":999999:" in text("#locks") and "whose process is gone" in text("#notes")
         # Airflow's own runs, failed before our code ran included, linked to Airflow's UI
         failed = browser.find_element(By.LINK_TEXT, "scheduled__2026-01-02T00:00:00+00:00")
         assert failed.get_attribute("href").endswith(
