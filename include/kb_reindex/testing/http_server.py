@@ -9,6 +9,15 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 
+class HttpError(Exception):
+    """Raised inside a double's handlers to answer with that protocol's error shape and this status."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
 class ConnectionTrackingServer(ThreadingHTTPServer):
     """ThreadingHTTPServer that tracks live connections so stop() can drop keep-alive clients."""
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler
 from typing import Any
 
-from kb_reindex.testing.http_server import ConnectionTrackingServer
+from kb_reindex.testing.http_server import ConnectionTrackingServer, HttpError
 
 __all__ = [
     "EmbedFn",
@@ -118,13 +118,8 @@ class FaultPlan:
             return True
 
 
-class _HttpError(Exception):
+class _HttpError(HttpError):
     """Raised inside handlers to answer with Ollama's ``{"error": ...}`` JSON shape."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
 
 
 class _Server(ConnectionTrackingServer):

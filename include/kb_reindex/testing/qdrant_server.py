@@ -70,7 +70,7 @@ from typing import Any
 import pydantic
 from qdrant_client import QdrantClient, models
 
-from kb_reindex.testing.http_server import ConnectionTrackingServer
+from kb_reindex.testing.http_server import ConnectionTrackingServer, HttpError
 
 __all__ = [
     "FaultRule",
@@ -206,13 +206,8 @@ def _summarise(value: Any, depth: int = 0) -> Any:
 # --- routing -----------------------------------------------------------------------------------------
 
 
-class _HttpError(Exception):
+class _HttpError(HttpError):
     """Answer with Qdrant's error envelope ``{"status": {"error": ...}, "time": ...}``."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
 
 
 _NAME = r"(?P<name>[^/]+)"
