@@ -211,7 +211,7 @@ def test_indexing_is_restored_after_the_last_upsert_and_before_the_first_query(
     assert mine[patch].body == {"hnsw_config": {"m": 16}}, "Qdrant's default m when nothing is configured"
     assert max(i for i, op in enumerate(ops) if op == "upsert") < patch < ops.index("query")
     assert ops.index("get_collection", patch) < ops.index("query"), "the index is checked before validation queries"
-    assert ops.count("update_collection") == 2, "one PATCH restores m; the other is the promotion's served note"
+    assert ops.count("update_collection") == 3, "one PATCH restores m; the others note 'validated' and 'served'"
     assert QdrantClient(url=server.url, api_key=API_KEY).get_collection(collection).config.hnsw_config.m == 16
 
 
@@ -242,8 +242,9 @@ def test_validation_waits_for_green_and_times_out_naming_collection_and_wait(
         resumed = engine.run_reindex(deps)
         assert resumed["outcome"] == "promoted" and resumed["version"] == stuck["version"], resumed["error"]
         assert resumed["chunks"]["skipped"] > 0 and resumed["chunks"]["embedded"] == 0
-        # m was restored by the failed attempt already: nothing to PATCH again, only the served note
-        assert [list(r.body) for r in server.requests() if r.op == "update_collection"] == [["metadata"]]
+        # m was restored by the failed attempt already: nothing to PATCH again, only the notes
+        notes = [r.body for r in server.requests() if r.op == "update_collection"]
+        assert [list(body) for body in notes] == [["metadata"], ["metadata"]]
 
 
 def test_a_build_resumed_after_a_crash_still_restores_indexing(project: Path, server: FakeQdrantServer) -> None:
