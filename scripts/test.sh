@@ -19,4 +19,5 @@ if ! command -v chromium > /dev/null || ! command -v chromedriver > /dev/null; t
       || echo "could not install chromium (see .apt-chromium.log); the browser test will be skipped"
   fi
 fi
-exec .venv/bin/python -m pytest "$@"
+# two workers (this machine's cores), a test file each, so a file's module fixtures stay in one process
+exec .venv/bin/python -m pytest -n "${KB_TEST_WORKERS:-2}" --dist loadfile "$@"
