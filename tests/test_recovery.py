@@ -469,3 +469,35 @@ def test_rebuilt_state_tells_served_shadow_and_unfinished_versions_apart(
     assert versions[1]["status"] == "retired" and versions[4]["status"] == "deleted"
     code, promoted, _ = cli(capsys, "promote", "--version", "3", "--yes")
     assert code == 0 and promoted["embed_model"] == "hashing-wide"
+
+
+def test_a_task_whose_stores_cannot_be_opened_is_decided_like_a_failed_step(
+        project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Qdrant down when a DAG task starts: retried by Airflow (not failed for good), and on the last try the
+    run is recorded failed instead of staying 'running' (outside a task context every try is the last)."""
+    import socket as sockets
+
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from kb_reindex.airflow_tasks import build_task
+
+    state = StateStore(f"sqlite:///{state_db(project)}")
+    state.start_run(run_id="airflow__r1", alias=ALIAS, kind="reindex", trigger="airflow")
+    with sockets.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    monkeypatch.setenv("KB_PROJECT_ROOT", str(project))
+    monkeypatch.setenv("KB_QDRANT_URL", f"http://127.0.0.1:{port}")
+    from kb_reindex.errors import StoreUnreachable
+
+    with pytest.raises(StoreUnreachable):
+        build_task(version={"version": 1}, run_id="airflow__r1")
+    run = state.get_run("airflow__r1")
+    assert run["outcome"] == "failed" and f"127.0.0.1:{port}" in run["error"]
+
+    monkeypatch.setenv("KB_QDRANT_COLLECTION_CONFIG", '{"hnsw_config": {"no_such_key": 1}}')
+    state.start_run(run_id="airflow__r2", alias=ALIAS, kind="reindex", trigger="airflow")
+    with pytest.raises(AirflowFailException, match="no_such_key"):
+        build_task(version={"version": 1}, run_id="airflow__r2")
+    assert state.get_run("airflow__r2")["outcome"] == "failed"
+    state.dispose()

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from typing import Any
 
-from kb_reindex.config import Settings
+from kb_reindex.config import Settings, state_url_from_env
 from kb_reindex.errors import (
     AliasMovedError,
     ConfigError,
@@ -170,6 +170,13 @@ def task_step(run_id: str) -> Iterator[Deps]:
         yield deps
 
 
+def _state_url() -> str:
+    """The state DB alone, as `task_settings` finds it: other settings may be what failed."""
+    if (state_conn := _connection(STATE_CONN_ID)) is not None:
+        return state_url_from_connection(state_conn)
+    return state_url_from_env()
+
+
 def _opening_failed(run_id: str, exc: KbError) -> None:
     from airflow.sdk.exceptions import AirflowFailException
 
@@ -178,7 +185,7 @@ def _opening_failed(run_id: str, exc: KbError) -> None:
         try:
             from kb_reindex.state import StateStore
 
-            state = StateStore(task_settings()[0].state_url, create=False)
+            state = StateStore(_state_url(), create=False)
             try:
                 state.finish_run(run_id, outcome="failed", error=str(exc))
             finally:

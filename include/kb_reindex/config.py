@@ -39,6 +39,16 @@ def project_root(env: Mapping[str, str] | None = None) -> Path:
     return Path.cwd().resolve()
 
 
+def state_url_from_env(env: Mapping[str, str] | None = None) -> str:
+    """KB_STATE_URL, or the SQLite file under the project: read alone where the other settings may be broken
+    (a failed task still records its failure)."""
+    env = os.environ if env is None else env
+    url = env.get("KB_STATE_URL", "").strip() or f"sqlite:///{_resolve(project_root(env), '.kb/state.db')}"
+    if not url.startswith(("sqlite", "mysql")):
+        raise ConfigError("KB_STATE_URL must be a SQLAlchemy URL starting with sqlite:/// or mysql+pymysql://")
+    return url
+
+
 def _resolve(root: Path, value: str) -> Path:
     path = Path(value).expanduser()
     return path if path.is_absolute() else (root / path).resolve()
@@ -160,9 +170,7 @@ class Settings:
         qdrant_https = _optional_bool(env, "KB_QDRANT_HTTPS")
         qdrant_url = _qdrant_url(env, qdrant_https)
         qdrant_path = None if qdrant_url else _resolve(root, env.get("KB_QDRANT_PATH", ".kb/qdrant"))
-        state_url = env.get("KB_STATE_URL", "").strip() or f"sqlite:///{_resolve(root, '.kb/state.db')}"
-        if not state_url.startswith(("sqlite", "mysql")):
-            raise ConfigError("KB_STATE_URL must be a SQLAlchemy URL starting with sqlite:/// or mysql+pymysql://")
+        state_url = state_url_from_env(env)
         dim_raw = env.get("KB_EMBED_DIM", "").strip()
         embed_dim = _int(env, "KB_EMBED_DIM", 0, minimum=1) if dim_raw else None
         if embed_dim is None and embedder == "hashing":
