@@ -108,7 +108,8 @@ def test_status_reconcile_and_a_second_run_during_a_run(project: Path, server: Q
     env = env_for(project, server, slow_ollama)
     assert cli(env, "run")[1]["outcome"] == "promoted"
     edit_every_doc(project)
-    slow_ollama.faults = FaultPlan(delay_per_text_s=0.05)  # a build of several seconds
+    # a build of about 10 s: the second run and the reconcile (fresh processes, slow to start under load) arrive mid-build
+    slow_ollama.faults = FaultPlan(delay_per_text_s=0.2)
 
     stop = tmp_path / "stop-status"
     watcher = subprocess.Popen([sys.executable, "-c", STATUS_LOOP, str(stop)], env=env, stdout=subprocess.PIPE,
