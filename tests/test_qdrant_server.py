@@ -217,7 +217,7 @@ def test_cli_exit_codes_and_one_line_errors_for_refused_key_and_connection(
 def test_two_cli_runs_at_once_promote_exactly_once(project: Path, qdrant_server: QdrantServerProcess) -> None:
     """`kb-reindex run` as two fresh processes started together (env only: project root, server URL, key);
     a slow first upsert keeps the winner building while the other arrives."""
-    qdrant_server.add_fault("upsert", delay_s=3, count=1)
+    qdrant_server.add_fault("upsert", delay_s=6, count=1)  # margin for a process that starts late on a loaded machine
     env = cli_env(project, qdrant_server, KB_LOCK_WAIT="0")  # the loser stops at once instead of waiting
     runs = [subprocess.Popen([str(CLI), "run", "--json", "-q"], env=env, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True) for _ in range(2)]

@@ -345,8 +345,8 @@ def test_two_processes_at_once_exactly_one_promotes(project: Path, ollama: FakeO
     folder): the state-DB lock lets one build; the other stops with a clear message."""
     from kb_reindex.testing.ollama_server import FaultPlan
 
-    # 50 chunks at 40 ms each: the first build lasts seconds, so the second process surely meets its lock
-    ollama.faults = FaultPlan(delay_per_text_s=0.04)
+    # 50 chunks at 100 ms each: the first build lasts seconds, so the second process surely meets its lock
+    ollama.faults = FaultPlan(delay_per_text_s=0.1)
     script = Path(sys.executable).with_name("kb-reindex")
     env = {**os.environ, "KB_PROJECT_ROOT": str(project), "KB_EMBED_BATCH_SIZE": "8", "KB_EMBEDDER": "ollama",
            "OLLAMA_HOST": ollama.url, "KB_LOCK_WAIT": "0"}
