@@ -117,7 +117,8 @@ def test_status_reconcile_and_a_second_run_during_a_run(project: Path, server: Q
     runner = subprocess.Popen([str(CLI), "run", "--json", "-q"], env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True)
     try:
-        wait_for(lambda: any(r["op"] == "create_collection" for r in server.requests()), 60, "the build to start")
+        wait_for(lambda: any(r["op"] == "create_collection" and str(r.get("collection")).endswith("__v2")
+                             for r in server.requests()), 60, "the build of v2 to start")
         second_code, second = cli({**env, "KB_LOCK_WAIT": "0"}, "run")
         assert second_code == 1 and f"another run is working on {ALIAS}: cli__reindex__" in second["error"]
         reconcile_code, reconciled = cli({**env, "KB_LOCK_WAIT": "120"}, "reconcile")  # waits for the run
