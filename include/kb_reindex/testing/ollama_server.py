@@ -7,9 +7,13 @@ point a real ``ollama.Client(host=server.url)`` at it.  Faults (HTTP errors,
 stalls, wrong dimensions, NaN) can be injected per request to exercise retry and
 validation paths deterministically.  Standard library only.
 
+Capacity is simulated honestly: ``delay_per_text_s`` is the model's cost per text and ``parallel=N`` (as
+Ollama's ``OLLAMA_NUM_PARALLEL``) lets at most N embed requests be processed at once while the rest wait
+for a slot; ``max_in_flight`` records how many were ever processed at once.
+
 Run standalone for manual testing::
 
-    python -m kb_reindex.testing.ollama_server --port 11434 --model bge-m3 --dim 1024 --delay-ms 20
+    python -m kb_reindex.testing.ollama_server --port 11434 --model bge-m3 --dim 1024 --delay-ms 20 --parallel 4
 """
 
 from __future__ import annotations
@@ -21,7 +25,8 @@ import math
 import struct
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler
 from typing import Any
@@ -266,8 +271,9 @@ class _Handler(BaseHTTPRequestHandler):
         if dimensions is not None and (not isinstance(dimensions, int) or isinstance(dimensions, bool)):
             raise _HttpError(400, "dimensions must be an integer")
 
-        self._sleep(faults.delay_per_text_s * len(texts))
-        vectors = [model.vector(t) for t in texts]
+        with self.server.fake._slot():  # waits, as Ollama's queue does, while all N slots are busy
+            self._sleep(faults.delay_per_text_s * len(texts))
+            vectors = [model.vector(t) for t in texts]
         if dimensions is not None and 0 < dimensions:
             vectors = [_normalize(v[:dimensions]) if dimensions < len(v) else v for v in vectors]
         if vectors and faults.take("wrong_dim_next"):
@@ -354,9 +360,12 @@ class FakeOllamaServer:
         host: str = "127.0.0.1",
         port: int = 0,
         faults: FaultPlan | None = None,
+        parallel: int | None = None,
     ) -> None:
         if not models:
             raise ValueError("FakeOllamaServer needs at least one model")
+        if parallel is not None and parallel < 1:
+            raise ValueError(f"parallel={parallel} must be at least 1 (None: no limit)")
         self._models = list(models)
         self._by_name: dict[str, FakeModel] = {}
         for m in self._models:
@@ -369,6 +378,10 @@ class FakeOllamaServer:
         self._counter_lock = threading.Lock()
         self._embed_requests = 0
         self._embedded_texts = 0
+        self.parallel = parallel
+        self._slots = threading.BoundedSemaphore(parallel) if parallel else None
+        self._in_flight = 0
+        self._max_in_flight = 0
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
         self._httpd: _Server | None = _Server((host, port), self, self._stopping)
@@ -394,11 +407,18 @@ class FakeOllamaServer:
         with self._counter_lock:
             return self._embedded_texts
 
+    @property
+    def max_in_flight(self) -> int:
+        """The most embed requests ever processed at once (never more than ``parallel``)."""
+        with self._counter_lock:
+            return self._max_in_flight
+
     def reset_counters(self) -> None:
-        """Zero both counters, e.g. between benchmark phases."""
+        """Zero the counters, e.g. between benchmark phases."""
         with self._counter_lock:
             self._embed_requests = 0
             self._embedded_texts = 0
+            self._max_in_flight = self._in_flight
 
     def start(self) -> FakeOllamaServer:
         """Serve in a daemon thread; returns self so ``server = FakeOllamaServer(...).start()`` works."""
@@ -464,6 +484,24 @@ class FakeOllamaServer:
         with self._counter_lock:
             self._embedded_texts += n
 
+    @contextmanager
+    def _slot(self) -> Iterator[None]:
+        """One of the ``parallel`` processing slots (waiting for it), counted as in flight while held."""
+        if self._slots is not None:
+            self._slots.acquire()
+        try:
+            with self._counter_lock:
+                self._in_flight += 1
+                self._max_in_flight = max(self._max_in_flight, self._in_flight)
+            try:
+                yield
+            finally:
+                with self._counter_lock:
+                    self._in_flight -= 1
+        finally:
+            if self._slots is not None:
+                self._slots.release()
+
 
 def main(argv: list[str] | None = None) -> int:
     """Standalone server for poking at the reindexer by hand; serves until Ctrl-C."""
@@ -479,21 +517,28 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--dim", type=int, default=1024, help="embedding size for every model (default: 1024)")
     parser.add_argument("--delay-ms", type=float, default=0.0, help="simulated cost per embedded text in ms")
+    parser.add_argument("--parallel", type=int, default=None, metavar="N",
+                        help="embed requests processed at once, the rest wait (Ollama's OLLAMA_NUM_PARALLEL; "
+                             "default: no limit)")
     args = parser.parse_args(argv)
 
     if args.dim <= 0:
         parser.error("--dim must be positive")
+    if args.parallel is not None and args.parallel < 1:
+        parser.error("--parallel must be at least 1")
     models = [FakeModel(name=n, dim=args.dim) for n in (args.models or ["bge-m3"])]
     faults = FaultPlan(delay_per_text_s=max(args.delay_ms, 0.0) / 1000.0)
-    server = FakeOllamaServer(models, host=args.host, port=args.port, faults=faults)
+    server = FakeOllamaServer(models, host=args.host, port=args.port, faults=faults, parallel=args.parallel)
     with server:
-        print(f"fake ollama serving {', '.join(m.name for m in models)} (dim {args.dim}) at {server.url}", flush=True)
+        slots = f", {args.parallel} slot(s)" if args.parallel else ""
+        print(f"fake ollama serving {', '.join(m.name for m in models)} (dim {args.dim}{slots}) at {server.url}", flush=True)
         try:
             while True:
                 time.sleep(3600)
         except KeyboardInterrupt:
             print(
-                f"\nstopping: {server.embed_requests} embed requests, {server.embedded_texts} texts embedded",
+                f"\nstopping: {server.embed_requests} embed requests, {server.embedded_texts} texts embedded, "
+                f"at most {server.max_in_flight} at once",
                 flush=True,
             )
     return 0
