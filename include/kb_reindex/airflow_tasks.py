@@ -8,11 +8,12 @@ AirflowFailException; transient ones (embedder or Qdrant hiccups) are raised as 
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from typing import Any
 
-from kb_reindex.config import Settings, state_url_from_env
+from kb_reindex.config import Settings, split_ollama_hosts, state_url_from_env
 from kb_reindex.errors import (
     AliasMovedError,
     ConfigError,
@@ -65,9 +66,17 @@ def state_url_from_connection(conn: Any) -> str:
 
 
 def ollama_from_connection(conn: Any) -> tuple[str, dict[str, str] | None]:
-    host = conn.host or "127.0.0.1"
-    if "://" not in host:
-        host = f"{conn.schema or 'http'}://{host}:{conn.port or 11434}"
+    """`ollama_default` as OLLAMA_HOST and headers. Its host may list several servers, comma-separated
+    (`ollama-a,ollama-b:11435,https://ollama-c`): an entry without a scheme gets the Connection's schema
+    (http), one without a port the Connection's port (11434); the password goes to every server."""
+    hosts = []
+    for entry in (part.strip() for part in (conn.host or "127.0.0.1").split(",")):
+        if entry and "://" not in entry:
+            has_port = re.fullmatch(r"[^:\[\]]+:\d+|\[[^\]]+\]:\d+", entry) is not None
+            entry = f"{conn.schema or 'http'}://{entry}" + ("" if has_port else f":{conn.port or 11434}")
+        hosts.append(entry)
+    host = ",".join(hosts)
+    split_ollama_hosts(host, source=f"connection {OLLAMA_CONN_ID}: host")
     headers = {"Authorization": f"Bearer {conn.password}"} if conn.password else None
     return host, headers
 

@@ -7,6 +7,7 @@ it stopped: no duplicate points, no embedding twice.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -444,10 +445,14 @@ def _fill(deps: Deps, version: VersionRecord, window: tuple[int, int] | None,
                 raise EmbeddingError(
                     f"embedder {embedder.model!r} answers {embedder.dimension}-d vectors; v{version.version} needs {version.embed_dim}"
                 )
-            for batch in batched(to_embed, settings.embed_batch_size):
-                batch_chunks = [texts.chunk(r.knowledge_key, r.point_id) for r in batch]
-                vectors = check_vectors(embedder.embed([c.text for c in batch_chunks]), expected=len(batch),
-                                        dim=version.embed_dim, source=f"embedder {embedder.model!r}")
+            # up to KB_EMBED_CONCURRENCY requests in flight; answers come back in the batches' order
+            batches, sent = itertools.tee(
+                (batch, [texts.chunk(r.knowledge_key, r.point_id) for r in batch])
+                for batch in batched(to_embed, settings.embed_batch_size))
+            answers = embedder.embed_batches([c.text for c in batch_chunks] for _, batch_chunks in sent)
+            for (batch, batch_chunks), answer in zip(batches, answers):
+                vectors = check_vectors(answer, expected=len(batch), dim=version.embed_dim,
+                                        source=f"embedder {embedder.model!r}")
                 deps.store.upsert(version.collection, [point(r, v, c) for r, v, c in zip(batch, vectors, batch_chunks)])
                 record_progress(len(batch), embedded=True)
     finally:

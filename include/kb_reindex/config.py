@@ -97,6 +97,33 @@ def _qdrant_url(env: Mapping[str, str], https: bool | None) -> str | None:
     return url
 
 
+def split_ollama_hosts(value: str, *, source: str = "OLLAMA_HOST") -> list[str]:
+    """The Ollama servers a comma-separated value lists, each checked; errors name the entry by position and
+    host, never its credentials."""
+    from urllib.parse import urlsplit
+
+    entries = [entry.strip() for entry in value.split(",")]
+    hosts: list[str] = []
+    for position, entry in enumerate(entries, start=1):
+        where = f"{source} entry {position} of {len(entries)}"
+        if not entry:
+            raise ConfigError(f"{where} is empty; list servers separated by single commas, "
+                              "e.g. http://ollama-a:11434,http://ollama-b:11434")
+        scheme = entry.split("://", 1)[0].lower() if "://" in entry else "http"
+        try:
+            parts = urlsplit(entry if "://" in entry else f"http://{entry}")
+            parts.port  # noqa: B018 - raises on a port that is not a number
+        except ValueError:
+            raise ConfigError(f"{where} ({entry.split('@')[-1]!r}) is not a host, host:port or URL") from None
+        if scheme not in ("http", "https") or not parts.hostname:
+            raise ConfigError(f"{where} ({entry.split('@')[-1]!r}) must be host:port or an http:// or https:// URL")
+        if entry in hosts:
+            raise ConfigError(f"{where} repeats {parts.hostname}{f':{parts.port}' if parts.port else ''}; "
+                              "list each server once")
+        hosts.append(entry)
+    return hosts
+
+
 def _port(env: Mapping[str, str], name: str, default: int) -> int:
     value = _int(env, name, default, minimum=1)
     if value > 65535:
@@ -153,6 +180,8 @@ class Settings:
     collection_config: dict[str, Any] | None = field(default=None, hash=False)
     index_wait_s: int = 600
     snapshot_before_drop: bool = False
+    # batch requests to Ollama in flight per task, spread over the servers OLLAMA_HOST lists
+    embed_concurrency: int = 1
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> Settings:
@@ -184,6 +213,8 @@ class Settings:
             ollama_timeout_s = float(timeout_raw)
         except ValueError:
             raise ConfigError(f"KB_OLLAMA_TIMEOUT={timeout_raw!r} is not a number of seconds") from None
+        ollama_host = env.get("OLLAMA_HOST", "").strip() or "http://127.0.0.1:11434"
+        split_ollama_hosts(ollama_host)  # a mistake in the list fails here, not at the first embedding
         settings = cls(
             root=root,
             knowledge_dir=_resolve(root, env.get("KB_KNOWLEDGE_DIR", "knowledge/docs")),
@@ -196,7 +227,7 @@ class Settings:
             embedder=embedder,
             embed_model=env.get("KB_EMBED_MODEL", "").strip() or DEFAULT_MODELS[embedder],
             embed_dim=embed_dim,
-            ollama_host=env.get("OLLAMA_HOST", "").strip() or "http://127.0.0.1:11434",
+            ollama_host=ollama_host,
             ollama_timeout_s=ollama_timeout_s,
             chunk_size=chunk_size,
             chunk_overlap=chunk_overlap,
@@ -216,6 +247,7 @@ class Settings:
             collection_config=_collection_config(env, root),
             index_wait_s=_int(env, "KB_INDEX_WAIT_S", 600, minimum=0),
             snapshot_before_drop=_bool(env, "KB_SNAPSHOT_BEFORE_DROP"),
+            embed_concurrency=_int(env, "KB_EMBED_CONCURRENCY", 1, minimum=1),
         )
         return replace(settings, **overrides) if overrides else settings
 

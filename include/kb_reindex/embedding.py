@@ -9,17 +9,20 @@ from __future__ import annotations
 import logging
 import math
 import re
+import threading
 import time
 import unicodedata
 import zlib
-from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections import Counter, deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import urlsplit, urlunsplit
 
 import numpy as np
 
-from kb_reindex.config import DEFAULT_MODELS, Settings
+from kb_reindex.config import DEFAULT_MODELS, Settings, split_ollama_hosts
 from kb_reindex.errors import ConfigError, EmbeddingError, ModelNotServed
 
 log = logging.getLogger(__name__)
@@ -35,6 +38,10 @@ class Embedder(Protocol):
     def dimension(self) -> int: ...
 
     def embed(self, texts: Sequence[str]) -> list[Vector]: ...
+
+    def embed_batches(self, batches: Iterable[Sequence[str]]) -> Iterator[list[Vector]]:
+        """Each batch's vectors in the batches' order (an embedder may have several requests in flight)."""
+        ...
 
 
 def batched(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
@@ -133,6 +140,11 @@ class HashingEmbedder:
     def embed(self, texts: Sequence[str]) -> list[Vector]:
         return [self.embed_one(text) for text in texts]
 
+    def embed_batches(self, batches: Iterable[Sequence[str]]) -> Iterator[list[Vector]]:
+        """Serial: the hashing embedder computes in this process; threads would only share its GIL."""
+        for texts in batches:
+            yield self.embed(texts)
+
 
 # --- Ollama ------------------------------------------------------------------------------------
 
@@ -146,8 +158,28 @@ def redact_url(url: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
 
 
+@dataclass
+class _Host:
+    """One Ollama server of the list: its client, the requests it has in flight and its cool-down."""
+
+    url: str
+    where: str  # the URL without credentials, for messages
+    client: Any
+    in_flight: int = 0
+    down_until: float = 0.0  # the clock's time before which the host is passed over
+
+
+class _Unavailable(Exception):
+    """A failure another attempt (on this or another server) may not meet: refused, timed out, 5xx, 429."""
+
+
 class OllamaEmbedder:
-    """The `ollama` client's `embed`, batched, with a timeout, retries with backoff and a dimension check."""
+    """The `ollama` client's `embed`, batched, with a timeout, retries with backoff and a dimension check.
+
+    `host` may list several servers, comma-separated: each request goes to the server with the fewest
+    requests in flight (in turn on a tie); a server that refuses or fails is passed over for `cooldown_s`
+    while the others serve, then tried again. `concurrency` batch requests are in flight at once.
+    """
 
     kind = "ollama"
 
@@ -162,66 +194,189 @@ class OllamaEmbedder:
         backoff_s: float = 0.5,
         batch_size: int = 32,
         headers: dict[str, str] | None = None,
+        concurrency: int = 1,
+        cooldown_s: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         import ollama
 
+        if concurrency < 1:
+            raise ConfigError(f"KB_EMBED_CONCURRENCY={concurrency} must be at least 1")
         self.model = model
         self.host = host
         self._dim = dim
         self._retries = retries
         self._backoff_s = backoff_s
         self._batch_size = batch_size
-        self._client = ollama.Client(host=host, timeout=timeout_s, headers=headers or {})
+        self._concurrency = concurrency
+        self._cooldown_s = cooldown_s
+        self._clock = clock
+        self._hosts = [_Host(url, redact_url(url), ollama.Client(host=url, timeout=timeout_s, headers=headers or {}))
+                       for url in split_ollama_hosts(host)]
+        self._lock = threading.Lock()  # guards host choice, cool-downs and `calls` across request threads
+        self._turn = 0
         self.calls = 0
 
     @property
+    def hosts(self) -> list[str]:
+        """The servers, credentials masked."""
+        return [h.where for h in self._hosts]
+
+    @property
     def dimension(self) -> int:
-        """Probed from the model on first use when not configured, then checked on every answer."""
+        """Probed from the model on first use when not configured (on every server), then checked on every answer."""
         if self._dim is None:
-            probe = self._request(["dimension probe"])
-            if not probe or not probe[0]:
-                raise EmbeddingError(f"Ollama model {self.model!r} returned no vector for a probe text")
-            self._dim = len(probe[0])
+            self._dim = self._probe()
             log.info("kb_reindex: Ollama model %s answers %d-d vectors", self.model, self._dim)
         return self._dim
 
     def embed(self, texts: Sequence[str]) -> list[Vector]:
-        dim = self.dimension
-        vectors: list[Vector] = []
-        for batch in batched(list(texts), self._batch_size):
-            answer = self._request(list(batch))
-            vectors.extend(check_vectors(answer, expected=len(batch), dim=dim, source=f"Ollama model {self.model!r}"))
-        return vectors
+        return [vector for answer in self.embed_batches(batched(list(texts), self._batch_size)) for vector in answer]
 
-    def _request(self, texts: list[str]) -> list[Sequence[float]]:
-        import httpx
-        import ollama
+    def embed_batches(self, batches: Iterable[Sequence[str]]) -> Iterator[list[Vector]]:
+        """Each batch's vectors, in the order of the batches, with up to `concurrency` requests in flight.
 
-        where = redact_url(self.host)
-        last: str = ""
+        The batches are drawn in the caller's thread, only as far ahead as the requests in flight; whatever
+        finishes first, answers are yielded in order. On an error the requests not yet sent are cancelled.
+        """
+        self.dimension  # noqa: B018 - probed once here, not by every request thread
+        if self._concurrency == 1:
+            for texts in batches:
+                yield self._request(list(texts))
+            return
+        source = iter(batches)
+        pending: deque[Future[list[Vector]]] = deque()
+        with ThreadPoolExecutor(max_workers=self._concurrency, thread_name_prefix="kb-embed") as pool:
+            try:
+                while True:
+                    while len(pending) < self._concurrency:
+                        texts = next(source, None)
+                        if texts is None:
+                            break
+                        pending.append(pool.submit(self._request, list(texts)))
+                    if not pending:
+                        return
+                    yield pending.popleft().result()
+            finally:
+                for future in pending:
+                    future.cancel()
+
+    def _request(self, texts: list[str]) -> list[Vector]:
+        """One batch, on the least busy server not cooling down; a failure moves it to the next server, and
+        when every server failed, another round follows after a backoff. Vectors are checked once the
+        dimension is known."""
+        failures: dict[str, str] = {}
         for attempt in range(self._retries + 1):
             if attempt:
                 time.sleep(self._backoff_s * 2 ** (attempt - 1))
+            tried: set[int] = set()
+            while (host := self._acquire(tried)) is not None:
+                try:
+                    answer = self._call(host, texts)
+                except _Unavailable as exc:
+                    failures[host.where] = str(exc)
+                    self._release(host, failed=True)
+                    log.warning("kb_reindex: Ollama at %s failed (%s); attempt %d of %d%s", host.where, exc,
+                                attempt + 1, self._retries + 1,
+                                f"; passed over for {self._cooldown_s:g} s" if len(self._hosts) > 1 else "")
+                    continue
+                self._release(host, failed=False)
+                if self._dim is None:
+                    return answer
+                return check_vectors(answer, expected=len(texts), dim=self._dim, source=self._source(host))
+        if len(self._hosts) == 1:
+            where, last = next(iter(failures.items()))
+            raise EmbeddingError(f"Ollama at {where} failed after {self._retries + 1} attempts: {last}")
+        raise EmbeddingError(
+            f"all {len(self._hosts)} Ollama servers failed, {self._retries + 1} attempts each: "
+            + "; ".join(f"{where} ({failures.get(where, 'not reached')})" for where in self.hosts)
+        )
+
+    def _source(self, host: _Host) -> str:
+        return f"Ollama model {self.model!r}" + (f" at {host.where}" if len(self._hosts) > 1 else "")
+
+    def _acquire(self, tried: set[int]) -> _Host | None:
+        """The server for the next attempt: not yet tried for this batch, healthy before cooling, fewest in
+        flight, in turn on a tie. A server cooling down is tried only when no healthy one is left."""
+        with self._lock:
+            now = self._clock()
+            untried = [i for i in range(len(self._hosts)) if i not in tried]
+            if not untried:
+                return None
+            healthy = [i for i in untried if self._hosts[i].down_until <= now] or untried
+            count = len(self._hosts)
+            best = min(healthy, key=lambda i: (self._hosts[i].in_flight, (i - self._turn) % count))
+            self._turn = (best + 1) % count
+            host = self._hosts[best]
+            host.in_flight += 1
             self.calls += 1
+            tried.add(best)
+            return host
+
+    def _release(self, host: _Host, *, failed: bool) -> None:
+        with self._lock:
+            host.in_flight -= 1
+            if failed:
+                host.down_until = self._clock() + self._cooldown_s
+            elif host.down_until:
+                host.down_until = 0.0
+                log.info("kb_reindex: Ollama at %s answers again", host.where)
+
+    def _call(self, host: _Host, texts: list[str]) -> list[Sequence[float]]:
+        """One attempt on one server: `_Unavailable` for what another attempt may not meet, an error for the rest."""
+        import httpx
+        import ollama
+
+        try:
+            return list(host.client.embed(model=self.model, input=texts).embeddings)
+        except ollama.ResponseError as exc:
+            if exc.status_code == 404:
+                others = f" (one of the {len(self._hosts)} servers OLLAMA_HOST lists)" if len(self._hosts) > 1 else ""
+                raise ModelNotServed(
+                    f"embedding model {self.model!r} is not on the Ollama server at {host.where}{others}; "
+                    f"run `ollama pull {self.model}` there"
+                ) from None
+            if exc.status_code not in (408, 429) and exc.status_code < 500:
+                raise EmbeddingError(f"Ollama at {host.where} refused the request ({exc.status_code}): {exc.error}") from None
+            raise _Unavailable(f"HTTP {exc.status_code}: {exc.error}") from None
+        except (ConnectionError, httpx.ConnectError):
+            raise _Unavailable("connection refused") from None
+        except httpx.TimeoutException:
+            raise _Unavailable("timed out") from None
+        except httpx.HTTPError as exc:
+            raise _Unavailable(type(exc).__name__) from None
+
+    def _probe(self) -> int:
+        """The model's dimension, asked of every server: each that answers must serve the model and agree on
+        its size (a server answering another model's vectors would mix them into one collection). A server
+        down now is left to the build's failover; all down is the usual error after retries."""
+        if len(self._hosts) == 1:
+            return self._probe_answer(self._request(["dimension probe"]), self._hosts[0])
+        sizes: dict[str, int] = {}
+        down: dict[str, str] = {}
+        for host in self._hosts:
             try:
-                return list(self._client.embed(model=self.model, input=texts).embeddings)
-            except ollama.ResponseError as exc:
-                if exc.status_code == 404:
-                    raise ModelNotServed(
-                        f"embedding model {self.model!r} is not on the Ollama server at {where}; "
-                        f"run `ollama pull {self.model}` there"
-                    ) from None
-                if exc.status_code not in (408, 429) and exc.status_code < 500:
-                    raise EmbeddingError(f"Ollama at {where} refused the request ({exc.status_code}): {exc.error}") from None
-                last = f"HTTP {exc.status_code}: {exc.error}"
-            except (ConnectionError, httpx.ConnectError):
-                last = "connection refused"
-            except httpx.TimeoutException:
-                last = "timed out"
-            except httpx.HTTPError as exc:
-                last = f"{type(exc).__name__}"
-            log.warning("kb_reindex: Ollama at %s failed (%s); attempt %d of %d", where, last, attempt + 1, self._retries + 1)
-        raise EmbeddingError(f"Ollama at {where} failed after {self._retries + 1} attempts: {last}")
+                sizes[host.where] = self._probe_answer(self._call(host, ["dimension probe"]), host)
+            except _Unavailable as exc:
+                down[host.where] = str(exc)
+        if not sizes:
+            return self._probe_answer(self._request(["dimension probe"]), None)
+        if len(set(sizes.values())) > 1:
+            raise EmbeddingError(
+                f"the Ollama servers disagree on model {self.model!r}'s vector size: "
+                + ", ".join(f"{where} {size}-d" for where, size in sizes.items())
+                + "; every server OLLAMA_HOST lists must serve the same model"
+            )
+        for where, reason in down.items():
+            log.warning("kb_reindex: Ollama at %s did not answer the dimension probe (%s); it is tried again "
+                        "when embedding", where, reason)
+        return next(iter(sizes.values()))
+
+    def _probe_answer(self, answer: Sequence[Sequence[float]], host: _Host | None) -> int:
+        if not answer or not answer[0]:
+            at = f" at {host.where}" if host is not None and len(self._hosts) > 1 else ""
+            raise EmbeddingError(f"Ollama model {self.model!r}{at} returned no vector for a probe text")
+        return len(answer[0])
 
 
 def check_model_served(settings: Settings, *, embedder: str, model: str, headers: dict[str, str] | None = None,
@@ -255,5 +410,6 @@ def make_embedder(settings: Settings, *, headers: dict[str, str] | None = None) 
             timeout_s=settings.ollama_timeout_s,
             batch_size=settings.embed_batch_size,
             headers=headers,
+            concurrency=settings.embed_concurrency,
         )
     raise ConfigError(f"KB_EMBEDDER={settings.embedder!r} is unknown; choose hashing or ollama")
