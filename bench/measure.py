@@ -16,7 +16,7 @@ import re
 import resource
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -158,6 +158,25 @@ class CountingEmbedder:
         meter.chunk_texts += chunks
         meter.query_texts += queries
         return vectors
+
+    def embed_batches(self, batches: Iterable[Sequence[str]]) -> Iterator[list[list[float]]]:
+        """The inner embedder's (its requests in flight included); texts counted as they are drawn, and
+        embed_s is the time the caller waited for answers."""
+        meter = self._meter_ref.meter
+
+        def counted() -> Iterator[Sequence[str]]:
+            for texts in batches:
+                queries = sum(1 for t in texts if t in self._queries)
+                meter.chunk_texts += len(texts) - queries
+                meter.query_texts += queries
+                meter.embed_requests += 1 if len(texts) > queries else 0
+                yield texts
+
+        started = time.perf_counter()
+        for vectors in self._inner.embed_batches(counted()):
+            meter.embed_s += time.perf_counter() - started
+            yield vectors
+            started = time.perf_counter()
 
 
 class MeterRef:
