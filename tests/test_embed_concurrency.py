@@ -134,6 +134,17 @@ def test_embed_is_the_same_serial_and_concurrent(server: FakeOllamaServer) -> No
     assert embedder(server, concurrency=4).embed([]) == []
 
 
+def test_a_bad_answer_stops_the_batches_without_sending_the_rest() -> None:
+    """The first batch's answer is wrong: the error surfaces, and only the requests already in flight were sent."""
+    def embed(model: str, text: str) -> list[float]:
+        return deterministic_embedding(model, text, DIM + (text == "b0-t0"))
+
+    with FakeOllamaServer([FakeModel(name="bge-m3", dim=DIM, embed=embed)]) as fake:
+        with pytest.raises(EmbeddingError, match=r"size 17"):
+            list(embedder(fake, concurrency=4).embed_batches(texts_in_batches(20)))
+        assert fake.embed_requests <= 4
+
+
 # --- several servers -----------------------------------------------------------------------------
 
 
