@@ -170,7 +170,7 @@ class _Host:
 
 
 class _Unavailable(Exception):
-    """A failure another attempt (on this or another server) may not meet: refused, timed out, 5xx, 429."""
+    """A failure that another attempt, later or on another server, may not repeat: refused, timed out, 5xx, 429."""
 
 
 class OllamaEmbedder:
