@@ -238,14 +238,14 @@ def step(deps: Deps, run_id: str) -> Iterator[None]:
 
 
 def plan_task(*, run_id: str, kind: str = "reindex", force_full: bool = False, embedder: str | None = None,
-              model: str | None = None, dim: int | None = None) -> dict[str, Any]:
+              model: str | None = None, dim: int | None = None, layout: str | None = None) -> dict[str, Any]:
     from kb_reindex.plan import plan
 
     with task_deps() as deps:
         deps.state.start_run(run_id=run_id, alias=deps.settings.alias, kind=kind, trigger="airflow")
         with step(deps, run_id):
             return plan(deps, force_full=force_full or kind == "migration", kind=kind,
-                        embedder=embedder, model=model, dim=dim)
+                        embedder=embedder, model=model, dim=dim, layout=layout)
 
 
 def should_build_task(*, plan: dict[str, Any], dry_run: bool, run_id: str) -> bool:
