@@ -51,7 +51,7 @@ def layout_spec(layout: str, text_key: str | None = None, *, where: str = "KB_PA
     """The one string recorded per version: the layout, and for langchain4j a text key other than `text`."""
     name, spec_key = parse_layout(layout)
     key = (text_key or "").strip()
-    if key and name != "langchain4j":
+    if key and key != DEFAULT_TEXT_KEY and name != "langchain4j":
         raise ConfigError(f"{where}={key!r} applies only to KB_PAYLOAD_LAYOUT=langchain4j (the layout is {name})")
     key = key or spec_key
     if name != "langchain4j" or not key or key == DEFAULT_TEXT_KEY:
