@@ -339,9 +339,12 @@ def _last_move_from(deps: Deps, version_number: int) -> int | None:
 
 def alias_move_extra(*, alias: str, action: str, version: Any, previous_version: int | None) -> dict[str, Any]:
     """What an Asset event of the alias says moved: consumers (a cache warmer, an evaluation DAG) need not
-    ask the state DB which collection, model and dimension now serve."""
+    ask the state DB which collection, model and dimension now serve, nor how its payloads look."""
+    from kb_reindex.layouts import version_profile
+
     return {"alias": alias, "action": action, "version": version.version, "collection": version.collection,
-            "model": version.embed_model, "dimension": version.embed_dim, "previous_version": previous_version}
+            "model": version.embed_model, "dimension": version.embed_dim, "previous_version": previous_version,
+            "payload_layout": version.payload_layout, "embed_profile": version_profile(version)}
 
 
 def announce_alias_move(deps: Deps, *, action: str, version: Any, previous_version: int | None) -> dict[str, Any]:

@@ -72,9 +72,10 @@ def search_knowledge(
     expect_dim: int | None = None,
     expect_profile: str | None = None,
 ) -> dict[str, Any]:
-    """Search through the alias. `expect_*`: what the caller embeds with (e.g. an assistant that embeds its
-    own queries); a mismatch with the alias's embedding profile is refused, never answered with wrong neighbours. Needs only Qdrant and the embedder: the assistant keeps answering while the
-    state DB is lost, locked or down."""
+    """Search through the alias. Needs only Qdrant and the embedder: the assistant keeps answering while the
+    state DB is lost, locked or down. `expect_*`: what the caller embeds with (an assistant that embeds its
+    own queries); a mismatch with the alias's embedding profile is refused, never answered with wrong
+    neighbours. The text is read from wherever the version's payload layout keeps it."""
     if not text or not text.strip():
         raise ConfigError("query text is empty")
     if k < 1:
