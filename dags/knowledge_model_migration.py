@@ -46,6 +46,10 @@ from kb_reindex.dag_support import KNOWLEDGE_ALIAS, POOL, current_run_id
                        section="Model"),
         "dimension": Param(None, type=["null", "integer"], minimum=1, title="Dimension",
                            description="Empty: probed from the embedder.", section="Model"),
+        "payload_layout": Param(None, type=["null", "string"], title="Payload layout",
+                                description="Empty: KB_PAYLOAD_LAYOUT. How the new version's payloads look to the "
+                                            "assistant that reads them: native, langchain4j (or langchain4j:<text "
+                                            "key>), langchain, llamaindex.", section="Model"),
         "promote": Param(True, type="boolean", title="Promote after validation",
                          description="Off: build and validate a shadow version only.", section="Release"),
         "min_hit_rate": Param(None, type=["null", "number"], minimum=0, maximum=1, title="Minimum hit rate",
@@ -60,7 +64,7 @@ def knowledge_model_migration():
         from kb_reindex.airflow_tasks import plan_task
 
         return plan_task(run_id=current_run_id(), kind="migration", embedder=params["embedder"], model=params["model"],
-                         dim=params["dimension"])
+                         dim=params["dimension"], layout=params.get("payload_layout"))
 
     @task(pool=POOL)
     def create_version(plan: dict) -> dict:

@@ -69,7 +69,8 @@ def test_rollback_migration_and_shadow_promotion_are_manual(dagbag) -> None:
     for dag_id in ("knowledge_rollback", "knowledge_model_migration", "knowledge_promote_shadow"):
         assert type(dagbag.get_dag(dag_id).timetable).__name__ == "NullTimetable"
     assert set(dagbag.get_dag("knowledge_rollback").params) == {"reason", "to_version", "confirm", "revalidate"}
-    assert set(dagbag.get_dag("knowledge_model_migration").params) >= {"embedder", "model", "dimension", "promote"}
+    assert set(dagbag.get_dag("knowledge_model_migration").params) >= {"embedder", "model", "dimension", "promote",
+                                                                       "payload_layout"}
     assert set(dagbag.get_dag("knowledge_promote_shadow").params) == {"version", "reason", "confirm"}
     for dag_id, task_id in (("knowledge_reindex", "promote"), ("knowledge_model_migration", "promote"),
                             ("knowledge_rollback", "rollback"), ("knowledge_promote_shadow", "promote_shadow")):
@@ -143,7 +144,8 @@ def alias_extra(project: Path, action: str, version: int, previous: int | None) 
     """The `extra` consumers get: what serves now and what it replaced."""
     row = {v["version"]: v for v in kb(project, "status")["versions"]}[version]
     return {"alias": "mall_knowledge", "action": action, "version": version, "collection": row["collection"],
-            "model": row["embed_model"], "dimension": row["dim"], "previous_version": previous}
+            "model": row["embed_model"], "dimension": row["dim"], "previous_version": previous,
+            "payload_layout": row["payload_layout"], "embed_profile": row["embed_profile"]}
 
 
 def test_reindex_dag_end_to_end_then_no_change(dagbag, dag_env: Path) -> None:
@@ -294,10 +296,12 @@ def test_migration_dag_with_promote_and_as_shadow(dagbag, dag_env: Path) -> None
     assert {v["version"]: v["status"] for v in status["versions"]}[2] == "ready"
 
     ok, states = run_dag(dagbag, "knowledge_model_migration",
-                         {"embedder": "hashing", "model": "hashing-ngram-v5", "dimension": 768, "promote": True})
+                         {"embedder": "hashing", "model": "hashing-ngram-v5", "dimension": 768, "promote": True,
+                          "payload_layout": "langchain"})
     assert ok, states
     live = kb(dag_env, "status")["live"]
-    assert (live["version"], live["embed_model"], live["dim"]) == (3, "hashing-ngram-v5", 768)
+    assert (live["version"], live["embed_model"], live["dim"], live["payload_layout"]) == (
+        3, "hashing-ngram-v5", 768, "langchain")
     assert kb(dag_env, "history")["events"][-1]["action"] == "migrate"
     assert [e["extra"] for e in asset_events_of_last_run()] == [alias_extra(dag_env, "migrate", 3, 1)]
     assert alias_extra(dag_env, "migrate", 3, 1)["model"] == "hashing-ngram-v5"

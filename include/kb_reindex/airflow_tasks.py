@@ -247,14 +247,14 @@ def step(deps: Deps, run_id: str) -> Iterator[None]:
 
 
 def plan_task(*, run_id: str, kind: str = "reindex", force_full: bool = False, embedder: str | None = None,
-              model: str | None = None, dim: int | None = None) -> dict[str, Any]:
+              model: str | None = None, dim: int | None = None, layout: str | None = None) -> dict[str, Any]:
     from kb_reindex.plan import plan
 
     with task_deps() as deps:
         deps.state.start_run(run_id=run_id, alias=deps.settings.alias, kind=kind, trigger="airflow")
         with step(deps, run_id):
             return plan(deps, force_full=force_full or kind == "migration", kind=kind,
-                        embedder=embedder, model=model, dim=dim)
+                        embedder=embedder, model=model, dim=dim, layout=layout)
 
 
 def should_build_task(*, plan: dict[str, Any], dry_run: bool, run_id: str) -> bool:
@@ -348,9 +348,12 @@ def _last_move_from(deps: Deps, version_number: int) -> int | None:
 
 def alias_move_extra(*, alias: str, action: str, version: Any, previous_version: int | None) -> dict[str, Any]:
     """What an Asset event of the alias says moved: consumers (a cache warmer, an evaluation DAG) need not
-    ask the state DB which collection, model and dimension now serve."""
+    ask the state DB which collection, model and dimension now serve, nor how its payloads look."""
+    from kb_reindex.layouts import version_profile
+
     return {"alias": alias, "action": action, "version": version.version, "collection": version.collection,
-            "model": version.embed_model, "dimension": version.embed_dim, "previous_version": previous_version}
+            "model": version.embed_model, "dimension": version.embed_dim, "previous_version": previous_version,
+            "payload_layout": version.payload_layout, "embed_profile": version_profile(version)}
 
 
 def announce_alias_move(deps: Deps, *, action: str, version: Any, previous_version: int | None) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from kb_reindex.chunking import Chunk, chunking_version
 from kb_reindex.corpus import CorpusScan, DocumentInfo, DocumentTexts, scan_corpus
 from kb_reindex.embedding import batched, check_vectors
 from kb_reindex.errors import EmbeddingError, KbError, SourceChangedError, StoreError
+from kb_reindex.layouts import EMBED_RECIPE, embedding_profile, shape_payload, version_profile
 from kb_reindex.plan import Prepared, prepare
 from kb_reindex.runtime import Deps
 from kb_reindex.sources import Document
@@ -51,6 +52,7 @@ def _same_plan(version: VersionRecord, plan: dict[str, Any]) -> bool:
         == (plan["embedder"], plan["embed_model"], plan["chunking_version"])
         and (plan["embed_dim"] is None or version.embed_dim == plan["embed_dim"])
         and version.base_version == plan["base_version"]
+        and version.payload_layout == plan.get("payload_layout", "native")
     )
 
 
@@ -109,6 +111,7 @@ def create_version(deps: Deps, plan: dict[str, Any], *, run_id: str | None = Non
         prepared = prepare(
             deps, force_full=plan["force_full"], kind=plan["kind"],
             embedder=plan["embedder"], model=plan["embed_model"], dim=plan["embed_dim"],
+            layout=plan.get("payload_layout"),
         )
     now = prepared.plan
     if now["base_collection"] != plan["base_collection"]:
@@ -140,6 +143,9 @@ def create_version(deps: Deps, plan: dict[str, Any], *, run_id: str | None = Non
             base_version=plan["base_version"],
             base_collection=plan["base_collection"],
             run_id=run_id,
+            payload_layout=plan.get("payload_layout", "native"),
+            embed_profile=embedding_profile(embedder=plan["embedder"], model=plan["embed_model"], dim=dim,
+                                            distance=DISTANCE.value, chunking_version=plan["chunking_version"]),
         )
         resumed = False
     else:
@@ -171,7 +177,9 @@ def collection_metadata(version: VersionRecord, config: dict[str, Any] | None = 
     validation restore indexing from them)."""
     metadata = {"kb_alias": version.alias, "kb_version": version.version, "kind": version.kind,
                 "embedder": version.embedder, "embed_model": version.embed_model, "embed_dim": version.embed_dim,
-                "chunking_version": version.chunking_version, "corpus_fingerprint": version.corpus_fingerprint}
+                "chunking_version": version.chunking_version, "corpus_fingerprint": version.corpus_fingerprint,
+                "payload_layout": version.payload_layout, "embed_profile": version_profile(version),
+                "embed_recipe": EMBED_RECIPE, "distance": version.distance}
     if config is not None:
         metadata["collection_config"] = config
     return metadata
@@ -236,7 +244,8 @@ def _write_manifest(deps: Deps, version: VersionRecord, prepared: Prepared) -> N
 
 
 def payload_for(chunk: Chunk, doc: DocumentInfo | Document, version: VersionRecord) -> dict[str, Any]:
-    return {
+    """The point's payload in the version's layout (kb_reindex.layouts): the engine's fields always flat."""
+    return shape_payload({
         "text": chunk.text,
         "knowledge_key": chunk.knowledge_key,
         "source": doc.source,
@@ -250,7 +259,7 @@ def payload_for(chunk: Chunk, doc: DocumentInfo | Document, version: VersionReco
         "embed_model": version.embed_model,
         "chunking_version": version.chunking_version,
         "version": version.version,
-    }
+    }, version.payload_layout, point_id=chunk.point_id)
 
 
 class _Progress:

@@ -71,6 +71,7 @@ def _parser(*, json_answer: bool = False) -> argparse.ArgumentParser:
     query.add_argument("text")
     query.add_argument("-k", type=int, default=4)
     query.add_argument("--tenant", help="only this tenant's documents")
+    query.add_argument("--expect-profile", help="refuse unless the alias serves this embedding profile")
     sub.add_parser("gc", parents=[common], help="apply retention: drop failed and old retired versions")
     rb = sub.add_parser("rollback", parents=[common], help="point the alias back at a previous version")
     rb.add_argument("--to-version", type=int, help="default: the version before the current one")
@@ -84,6 +85,8 @@ def _parser(*, json_answer: bool = False) -> argparse.ArgumentParser:
     mig.add_argument("--no-promote", action="store_true", help="build and validate only (a shadow version)")
     mig.add_argument("--min-hit-rate", type=float)
     mig.add_argument("--min-mrr", type=float)
+    mig.add_argument("--layout", help="payload layout of the new version (default: KB_PAYLOAD_LAYOUT): native, "
+                                      "langchain4j[:<text key>], langchain, llamaindex")
     prom = sub.add_parser("promote", parents=[common],
                           help="put a shadow version behind the alias, after validating it again")
     prom.add_argument("--version", type=int, required=True)
@@ -189,7 +192,7 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         # Qdrant alone: the assistant's path keeps answering while the state DB is lost, locked or down
         with open_reader(settings) as reader:
-            found = search_knowledge(reader, args.text, k=args.k, tenant=args.tenant)
+            found = search_knowledge(reader, args.text, k=args.k, tenant=args.tenant, expect_profile=args.expect_profile)
         rows = [{**r, "text": (r["text"] or "").replace("\n", " ")[:60]} for r in found["results"]]
         _print(args, found, _table(rows, ["score", "knowledge_key", "title", "text"]))
         return 0
@@ -230,6 +233,7 @@ def _dispatch(args: argparse.Namespace) -> int:
             result = engine.run_reindex(
                 deps, kind="migration", embedder=args.embedder, model=model, dim=args.dim,
                 promote_version=not args.no_promote, min_hit_rate=args.min_hit_rate, min_mrr=args.min_mrr,
+                layout=args.layout,
             )
             result.pop("plan", None)
             _print(args, result, _run_human(result))
@@ -241,7 +245,8 @@ def _dispatch(args: argparse.Namespace) -> int:
             p = plan(deps)
             human = _run_human({**engine.empty_result("no_change" if p["no_change"] else "would_build"),
                                 "docs": p["docs"], "chunks": engine.chunk_counts(p, BuildCounts())})
-            _print(args, p, human + f"\nmodel: {p['embedder']}/{p['embed_model']}  live: v{p['base_version'] or '-'}")
+            _print(args, p, human + f"\nmodel: {p['embedder']}/{p['embed_model']}  layout: {p['payload_layout']}  "
+                                    f"live: v{p['base_version'] or '-'}")
             return 0
         if args.command == "status":
             s = engine.status(deps)
@@ -250,7 +255,7 @@ def _dispatch(args: argparse.Namespace) -> int:
                                                 f"{live['embed_model']} {live['dim']}-d)" if live else "nothing")
             rows = [{**v, "status": v["status"] + (" *rollback target" if v["rollback_target"] else "")} for v in s["versions"]]
             human = "\n".join([head, "", _table(rows, ["version", "status", "collection", "points", "embed_model", "dim",
-                                                        "hit_rate", "mrr", "created_at"])]
+                                                        "payload_layout", "hit_rate", "mrr", "created_at"])]
                               + ([f"\nlocks:\n{_table(s['locks'], ['name', 'owner', 'since', 'expires', 'owner_alive'])}"]
                                  if s["locks"] else [])
                               + [f"NOTE: {n}" for n in s["notes"]]

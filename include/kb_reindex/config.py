@@ -140,6 +140,12 @@ def _collection_config(env: Mapping[str, str], root: Path) -> dict[str, Any] | N
     return load_collection_config(raw, source="KB_QDRANT_COLLECTION_CONFIG", root=root)
 
 
+def _payload_layout(env: Mapping[str, str]) -> str:
+    from kb_reindex.layouts import layout_spec
+
+    return layout_spec(env.get("KB_PAYLOAD_LAYOUT", "").strip() or "native", env.get("KB_PAYLOAD_TEXT_KEY", ""))
+
+
 @dataclass(frozen=True)
 class Settings:
     """Everything a reindex needs to know; secrets are kept out of ``repr``."""
@@ -182,6 +188,8 @@ class Settings:
     snapshot_before_drop: bool = False
     # batch requests to Ollama in flight per task, spread over the servers OLLAMA_HOST lists
     embed_concurrency: int = 1
+    # how payloads look to the consumer (kb_reindex.layouts): `native`, `langchain4j[:<text key>]`, ...
+    payload_layout: str = "native"
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> Settings:
@@ -248,6 +256,7 @@ class Settings:
             index_wait_s=_int(env, "KB_INDEX_WAIT_S", 600, minimum=0),
             snapshot_before_drop=_bool(env, "KB_SNAPSHOT_BEFORE_DROP"),
             embed_concurrency=_int(env, "KB_EMBED_CONCURRENCY", 1, minimum=1),
+            payload_layout=_payload_layout(env),
         )
         return replace(settings, **overrides) if overrides else settings
 

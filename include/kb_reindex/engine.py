@@ -15,6 +15,7 @@ from typing import Any
 
 from kb_reindex.build import BuildCounts, build, create_version, reindex_lock_name
 from kb_reindex.errors import ConfigError, KbError, LockHeldError
+from kb_reindex.layouts import version_profile
 from kb_reindex.plan import prepare_logged as make_plan
 from kb_reindex.promote import cleanup, has_served, promote, rollback, rollback_target
 from kb_reindex.reconcile import drift_advice
@@ -103,6 +104,7 @@ def run_reindex(
     promote_version: bool = True,
     min_hit_rate: float | None = None,
     min_mrr: float | None = None,
+    layout: str | None = None,
 ) -> dict[str, Any]:
     """plan -> create version -> build -> validate -> promote -> cleanup, under the reindex lock."""
     alias = deps.settings.alias
@@ -114,7 +116,7 @@ def run_reindex(
         with exclusive(deps, run_id=run_id) as owner:
             # one read of the files serves every step of this process; the DAG's tasks each read them again
             prepared = make_plan(deps, force_full=force_full or kind == "migration", kind=kind,
-                                 embedder=embedder, model=model, dim=dim)
+                                 embedder=embedder, model=model, dim=dim, layout=layout)
             p = prepared.plan
             result.update(docs=p["docs"], chunks=chunk_counts(p, done), plan=p)
             counters = run_counters(p)
@@ -256,6 +258,7 @@ def status(deps: Deps) -> dict[str, Any]:
             "points": store.count(v.collection) if exists else None, "points_expected": v.points_expected,
             "points_written": v.points_written,
             "embedder": v.embedder, "embed_model": v.embed_model, "dim": v.embed_dim,
+            "payload_layout": v.payload_layout, "embed_profile": version_profile(v),
             "hit_rate": (v.validation or {}).get("hit_rate"), "mrr": (v.validation or {}).get("mrr"),
             "created_at": v.created_at.isoformat(timespec="seconds") + "Z",
             "promoted_at": v.promoted_at.isoformat(timespec="seconds") + "Z" if v.promoted_at else None,
@@ -288,7 +291,8 @@ def status(deps: Deps) -> dict[str, Any]:
     live_info = None
     if live is not None:
         row = next(v for v in versions if v["version"] == live.version)
-        live_info = {k: row[k] for k in ("version", "collection", "points", "embed_model", "dim", "embedder")}
+        live_info = {k: row[k] for k in ("version", "collection", "points", "embed_model", "dim", "embedder",
+                                         "payload_layout", "embed_profile")}
     return {
         "alias": alias,
         "serving_collection": serving,

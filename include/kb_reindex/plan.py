@@ -14,10 +14,12 @@ from typing import Any
 from kb_reindex.config import model_or_default
 from kb_reindex.corpus import CorpusScan, scan_corpus
 from kb_reindex.embedding import check_model_served
-from kb_reindex.errors import StateDriftError
+from kb_reindex.errors import ConfigError, StateDriftError
 from kb_reindex.golden import check_golden_set
+from kb_reindex.layouts import embedding_profile, layout_spec, version_profile
 from kb_reindex.runtime import Deps
 from kb_reindex.state import VersionRecord
+from kb_reindex.store import DISTANCE
 
 log = logging.getLogger(__name__)
 
@@ -61,8 +63,11 @@ def prepare(
     embedder: str | None = None,
     model: str | None = None,
     dim: int | None = None,
+    layout: str | None = None,
 ) -> Prepared:
+    """`layout`: the payload layout of the version to build (a migration's Param); default KB_PAYLOAD_LAYOUT."""
     settings = deps.settings
+    layout = layout_spec(layout) if layout else settings.payload_layout
     live = check_live_consistency(deps)
     if kind == "reindex" and live is not None:
         if (settings.embedder, settings.embed_model) != (live.embedder, live.embed_model):
@@ -95,18 +100,32 @@ def prepare(
     fingerprint = scan.fingerprint
     cv = scan.chunking_version
 
+    # the profile of the vectors to build; a dimension still to be probed is the live one when the model is
+    # live's (a model answers one dimension), else unknown until the collection is created
+    same_model_as_live = live is not None and (live.embedder, live.embed_model) == (embedder, model)
+    profile_dim = dim if dim is not None else (live.embed_dim if same_model_as_live else None)
+    profile = None if profile_dim is None else embedding_profile(
+        embedder=embedder, model=model, dim=profile_dim, distance=DISTANCE.value, chunking_version=cv)
+    if kind == "migration" and live is not None and profile == version_profile(live):
+        raise ConfigError(
+            f"{settings.alias} v{live.version} already serves embedding profile {profile} ({embedder}/{model}, "
+            f"{profile_dim}-d, {cv}): a migration to it would change nothing. To change only the payload layout, "
+            "set KB_PAYLOAD_LAYOUT and run `kb-reindex run` (vectors are copied)"
+        )
     no_change = (
         kind == "reindex"
         and not force_full
         and live is not None
         and live.corpus_fingerprint == fingerprint
         and live.chunking_version == cv
+        and live.payload_layout == layout  # a new layout is a new version, its vectors copied
     )
     live_docs: dict[str, str] = {}
     reuse: dict[str, str] = {}
     if live is not None:
         live_docs = deps.state.manifest_document_hashes(live.id)
-        same_vectors = (live.embedder, live.embed_model, live.embed_dim, live.chunking_version) == (embedder, model, dim, cv)
+        # no vector crosses profiles
+        same_vectors = profile is not None and profile == version_profile(live)
         # nothing will be built when nothing changed: the routine no-op never reads live's chunk rows
         if same_vectors and not force_full and kind == "reindex" and not no_change:
             reuse = deps.state.manifest_reuse_map(live.id)
@@ -130,6 +149,8 @@ def prepare(
         "embed_model": model,
         "embed_dim": dim,
         "chunking_version": cv,
+        "embed_profile": profile,
+        "payload_layout": layout,
         "base_version": live.version if live else None,
         "base_collection": live.collection if live else None,
         "base_embed_model": live.embed_model if live else None,

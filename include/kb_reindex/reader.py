@@ -13,6 +13,7 @@ from typing import Any, Protocol
 from kb_reindex.config import Settings
 from kb_reindex.embedding import make_embedder
 from kb_reindex.errors import ConfigError, KbError
+from kb_reindex.layouts import EMBED_RECIPE, embedding_profile, payload_text
 from kb_reindex.store import KnowledgeStore
 
 
@@ -40,8 +41,25 @@ def serving_model(store: KnowledgeStore, alias: str) -> dict[str, Any]:
                       "it cannot be queried safely")
     embedder = meta.get("embedder") or ("hashing" if model.startswith("hashing") else "ollama")
     match = re.search(r"__v(\d+)$", collection)
-    return {"collection": collection, "embedder": embedder, "embed_model": model, "embed_dim": store.dimension(collection),
-            "version": meta.get("kb_version") or (int(match.group(1)) if match else None)}
+    dim = store.dimension(collection)
+    version = meta.get("kb_version") or (int(match.group(1)) if match else None)
+    distance = meta.get("distance") or store.shape(collection).distance
+    chunking = meta.get("chunking_version")
+    profile = meta.get("embed_profile")
+    if profile is not None:
+        # the recorded fingerprint must be the one of the recorded parts and of this reader's recipe: else the
+        # vectors were made some other way than this reader would embed, and neighbours would be wrong
+        expected = embedding_profile(embedder=embedder, model=model, dim=dim, distance=distance,
+                                     chunking_version=chunking or "", recipe=meta.get("embed_recipe") or EMBED_RECIPE)
+        if profile != expected or (meta.get("embed_recipe") or EMBED_RECIPE) != EMBED_RECIPE:
+            raise KbError(f"{alias} v{version} ({collection}) records embedding profile {profile}, but its "
+                          f"metadata ({embedder}/{model}, {dim}-d {distance}, {chunking}, recipe "
+                          f"{meta.get('embed_recipe')!r}) gives {expected} and this reader embeds with recipe "
+                          f"{EMBED_RECIPE!r}: refusing to query it")
+    elif chunking is not None:
+        profile = embedding_profile(embedder=embedder, model=model, dim=dim, distance=distance, chunking_version=chunking)
+    return {"collection": collection, "embedder": embedder, "embed_model": model, "embed_dim": dim,
+            "version": version, "embed_profile": profile, "payload_layout": meta.get("payload_layout") or "native"}
 
 
 def search_knowledge(
@@ -52,9 +70,12 @@ def search_knowledge(
     tenant: str | None = None,
     expect_model: str | None = None,
     expect_dim: int | None = None,
+    expect_profile: str | None = None,
 ) -> dict[str, Any]:
     """Search through the alias. Needs only Qdrant and the embedder: the assistant keeps answering while the
-    state DB is lost, locked or down."""
+    state DB is lost, locked or down. `expect_*`: what the caller embeds with (an assistant that embeds its
+    own queries); a mismatch with the alias's embedding profile is refused, never answered with wrong
+    neighbours. The text is read from wherever the version's payload layout keeps it."""
     if not text or not text.strip():
         raise ConfigError("query text is empty")
     if k < 1:
@@ -65,11 +86,17 @@ def search_knowledge(
         raise ConfigError(f"caller embeds with {expect_model!r} but {alias} v{live['version']} serves {live['embed_model']!r}")
     if expect_dim is not None and expect_dim != live["embed_dim"]:
         raise ConfigError(f"caller expects {expect_dim}-d vectors but {alias} v{live['version']} is {live['embed_dim']}-d")
+    if expect_profile is not None and expect_profile != live["embed_profile"]:
+        raise ConfigError(f"caller expects embedding profile {expect_profile!r} but {alias} v{live['version']} serves "
+                          f"{live['embed_profile']!r} ({live['embedder']}/{live['embed_model']}, {live['embed_dim']}-d)")
     embedder = make_embedder(
         deps.settings.with_embedder(embedder=live["embedder"], model=live["embed_model"], dim=live["embed_dim"]),
         headers=deps.ollama_headers,
     )
     vector = embedder.embed([text])[0]
+    if len(vector) != live["embed_dim"]:
+        raise KbError(f"embedder {live['embed_model']!r} answered a {len(vector)}-d vector; {alias} v{live['version']} "
+                      f"(profile {live['embed_profile']}) holds {live['embed_dim']}-d vectors")
     # the collection the model was read from, not the alias again: a promotion in between must not pair
     # this query vector with another model's collection (the previous collection is kept, so it still answers)
     hits = deps.store.search(live["collection"], vector, k=k, tenant=tenant)
@@ -77,13 +104,16 @@ def search_knowledge(
         "alias": alias,
         "version": live["version"],
         "embed_model": live["embed_model"],
+        "embed_profile": live["embed_profile"],
+        "payload_layout": live["payload_layout"],
         "results": [
             {
                 "knowledge_key": (h.payload or {}).get("knowledge_key"),
                 "title": (h.payload or {}).get("title"),
+                "source": (h.payload or {}).get("source"),
                 "section": (h.payload or {}).get("section"),
                 "score": round(float(h.score), 4),
-                "text": (h.payload or {}).get("text"),
+                "text": payload_text(h.payload or {}, live["payload_layout"]),
             }
             for h in hits
         ],

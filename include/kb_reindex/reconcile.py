@@ -156,6 +156,8 @@ def read_version(deps: Deps, name: str) -> dict[str, Any]:
         "documents": sorted(documents.values(), key=lambda d: d["knowledge_key"]), "chunks": chunks,
         "problems": problems, "served_at": _served_at(meta), "validated": bool(meta.get("validated")),
         "legacy": "kb_version" not in meta,
+        # every layout keeps the manifest's fields flat; older collections were all native
+        "payload_layout": meta.get("payload_layout") or "native", "embed_profile": meta.get("embed_profile"),
     }
 
 
@@ -235,13 +237,14 @@ def rebuild_state(deps: Deps, *, replace: bool = False, run_id: str | None = Non
                 error=note, failed_step="rebuild" if status == "failed" else None,
                 promoted_at=now if status == "live" else facts["served_at"],
                 retired_at=(facts["served_at"] or now) if status == "retired" else None,
+                payload_layout=facts["payload_layout"], embed_profile=facts["embed_profile"],
             )
             if status != "failed":
                 deps.state.write_manifest(record.id, facts["documents"], facts["chunks"])
             live = record if status == "live" else live
             rebuilt.append({"version": number, "collection": name, "status": status, "points": len(facts["chunks"]),
                             "embed_model": facts["embed_model"], "dim": facts["embed_dim"],
-                            "problems": facts["problems"]})
+                            "payload_layout": facts["payload_layout"], "problems": facts["problems"]})
         if live is not None:
             deps.state.add_alias_event(alias=alias, action="rebuild-state", to=live, previous=None, run_id=run_id,
                                        reason=f"state DB rebuilt from Qdrant: {len(rebuilt)} versions")

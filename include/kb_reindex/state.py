@@ -71,6 +71,9 @@ versions = sa.Table(
     sa.Column("promoted_at", Timestamp),
     sa.Column("retired_at", Timestamp),
     sa.Column("deleted_at", Timestamp),
+    # how its payloads look (kb_reindex.layouts) and what made its vectors (the embedding profile)
+    sa.Column("payload_layout", sa.String(64), nullable=False, server_default="native"),
+    sa.Column("embed_profile", sa.String(128)),
     sa.UniqueConstraint("alias", "version", name="uq_kb_versions_alias_version"),
     **MYSQL_TABLE,
 )
@@ -221,6 +224,8 @@ class VersionRecord:
     promoted_at: datetime | None
     retired_at: datetime | None
     deleted_at: datetime | None
+    payload_layout: str = "native"
+    embed_profile: str | None = None
 
     @classmethod
     def from_row(cls, row: sa.RowMapping) -> VersionRecord:
@@ -271,6 +276,29 @@ def _schema_guard(engine: sa.Engine) -> Iterator[None]:
         os.close(handle)  # releases the lock
 
 
+#: columns added after a table was first created: (table, column DDL) added to a state DB that lacks them
+ADDED_COLUMNS = (
+    (versions, "payload_layout", "VARCHAR(64) NOT NULL DEFAULT 'native'"),
+    (versions, "embed_profile", "VARCHAR(128)"),
+)
+
+
+def _add_missing_columns(engine: sa.Engine) -> None:
+    """Upgrade a state DB made by an older kb-reindex in place: add the columns it lacks (nullable or with
+    a default, so its rows stay valid). Two processes racing here: the loser's ALTER fails and is re-checked."""
+    inspector = sa.inspect(engine)
+    for table, column, ddl in ADDED_COLUMNS:
+        if column in {c["name"] for c in inspector.get_columns(table.name)}:
+            continue
+        try:
+            with engine.begin() as conn:
+                conn.execute(sa.text(f"ALTER TABLE {table.name} ADD COLUMN {column} {ddl}"))
+        except sa.exc.DBAPIError:
+            if column not in {c["name"] for c in sa.inspect(engine).get_columns(table.name)}:
+                raise
+        inspector = sa.inspect(engine)
+
+
 class StateStore:
     """All reads and writes of the state DB. Short transactions; nothing held across embedding calls."""
 
@@ -286,9 +314,11 @@ class StateStore:
                 return
             with _schema_guard(self.engine):
                 metadata.create_all(self.engine, checkfirst=True)
+                _add_missing_columns(self.engine)
         except sa.exc.OperationalError as exc:
             if "already exists" in str(exc.orig):  # MySQL 1050: another process created a table first
                 metadata.create_all(self.engine, checkfirst=True)
+                _add_missing_columns(self.engine)
                 return
             self.engine.dispose()
             raise ConfigError(
@@ -297,6 +327,7 @@ class StateStore:
             ) from None
         except (sa.exc.IntegrityError, sa.exc.ProgrammingError):
             metadata.create_all(self.engine, checkfirst=True)  # another process created it first
+            _add_missing_columns(self.engine)
         except sa.exc.DatabaseError as exc:  # SQLite: "file is not a database" (truncated or overwritten)
             self.engine.dispose()
             raise ConfigError(
@@ -315,6 +346,7 @@ class StateStore:
                 "check KB_STATE_URL; if the state DB was lost, rebuild it from Qdrant with "
                 "`kb-reindex reconcile --rebuild-state`"
             )
+        _add_missing_columns(self.engine)  # an existing DB of an older kb-reindex: readable after the upgrade
 
     @staticmethod
     def _make_engine(url: str, *, create: bool = True) -> sa.Engine:

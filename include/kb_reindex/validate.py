@@ -17,16 +17,13 @@ from typing import Any
 from kb_reindex.corpus import instruction_lines
 from kb_reindex.errors import ConfigError, GoldenSetError, KbError, ValidationFailed
 from kb_reindex.golden import GoldenSet, check_probe_keys, first_hit_rank, load_golden_set, score
+from kb_reindex.layouts import describe_layout, payload_problems, payload_text
 from kb_reindex.runtime import Deps
 from kb_reindex.state import ManifestRef, VersionRecord
 from kb_reindex.store import DISTANCE
 
 log = logging.getLogger(__name__)
 
-PAYLOAD_FIELDS = (
-    "text", "knowledge_key", "source", "title", "category", "section", "tenant", "chunk_index", "chunk_hash",
-    "content_hash", "embed_model", "chunking_version", "version",
-)
 SAMPLE_SIZE = 64
 def _structural(deps: Deps, version: VersionRecord, manifest: list[ManifestRef]) -> list[dict[str, Any]]:
     checks: list[dict[str, Any]] = []
@@ -59,11 +56,12 @@ def _structural(deps: Deps, version: VersionRecord, manifest: list[ManifestRef])
             problems.append(f"{row['point_id']}: not found")
             continue
         payload = record.payload or {}
-        absent = [f for f in PAYLOAD_FIELDS if f not in payload]
-        if absent:
-            problems.append(f"{row['point_id']}: payload lacks {', '.join(absent)}")
+        # every layout keeps the engine's fields flat; the text and the consumer's fields are the layout's
+        malformed = payload_problems(payload, version.payload_layout)
+        if malformed:
+            problems.append(f"{row['point_id']}: {'; '.join(malformed)} ({describe_layout(version.payload_layout)} layout)")
             continue
-        if hashlib.sha256(str(payload["text"]).encode("utf-8")).hexdigest() != row["chunk_hash"]:
+        if hashlib.sha256(str(payload_text(payload, version.payload_layout)).encode("utf-8")).hexdigest() != row["chunk_hash"]:
             problems.append(f"{row['point_id']}: text does not match its chunk hash")
         if (payload["knowledge_key"], payload["chunk_index"], payload["version"], payload["embed_model"]) != (
             row["knowledge_key"], row["chunk_index"], version.version, version.embed_model

@@ -264,7 +264,7 @@ progress{width:9em;vertical-align:middle}td.when,td.model,td button{white-space:
 <h2>Reindex schedule</h2>
 <p><span id="reindex-paused">asking Airflow…</span> <button id="pause-toggle" hidden></button></p>
 <h2>Versions</h2>
-<table id="versions"><thead><tr><th>version</th><th>status</th><th>model</th><th>dim</th><th>points</th>
+<table id="versions"><thead><tr><th>version</th><th>status</th><th>model</th><th>dim</th><th>points</th><th>layout</th>
 <th>hit rate</th><th>MRR</th><th>created (UTC)</th><th>promoted (UTC)</th><th>report</th><th>action</th></tr></thead><tbody></tbody></table>
 <div class="cols">
 <div><h2>Golden-set scores by version</h2><svg id="chart" width="560" height="230" role="img"
@@ -329,6 +329,7 @@ function versions(s){
       bar.className='build-progress';status.append(' ',bar,` ${v.points_written??0}/${v.points_expected} points`);}
     tr.append(cell(v.version,'num'),status);
     [v.embed_model,v.dim,v.points].forEach((x,i)=>tr.append(cell(x,i?'num':'model')));
+    const layout=cell(v.payload_layout,'layout');layout.title='embedding profile '+v.embed_profile;tr.append(layout);
     [fixed(v.hit_rate),fixed(v.mrr)].forEach(x=>tr.append(cell(x,'num')));
     [v.created_at,v.promoted_at].forEach(x=>tr.append(cell(when(x),'when')));
     const rep=document.createElement('td');
