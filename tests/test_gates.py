@@ -301,3 +301,19 @@ def test_pin_and_unpin_commands_take_the_write_lock_and_show_in_status(
         assert state.active_pins(ALIAS) == {}
     finally:
         state.dispose()
+
+
+def test_status_reads_a_state_db_made_before_pins_and_audits(project: Path, monkeypatch: pytest.MonkeyPatch,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    from kb_reindex.cli import main
+
+    monkeypatch.setenv("KB_PROJECT_ROOT", str(project))
+    assert main(["run", "-q"]) == 0
+    db = Path(settings_for(project).state_url.removeprefix("sqlite:///"))
+    with sqlite3.connect(db) as conn:
+        conn.execute("DROP TABLE kb_pins")
+        conn.execute("DROP TABLE kb_audits")
+    capsys.readouterr()
+    assert main(["status", "--json", "-q"]) == 0  # read-only: no table is created, none is needed
+    status = json.loads(capsys.readouterr().out)
+    assert status["pinned"] == [] and status["audit"] is None and status["live"]["version"] == 1

@@ -14,7 +14,7 @@ def write_validation_report(reports_dir: Path, version: VersionRecord, result: d
     """Write `<reports>/<alias>/v<N>/validation.{csv,md}` and return the Markdown path."""
     folder = reports_dir / version.alias / f"v{version.version}"
     folder.mkdir(parents=True, exist_ok=True)
-    probes = _probe_frame(result["probes"], ["probe", "category", "query", "expected", "rank_live", "rank_candidate", "hit",
+    probes = _probe_frame(result["probes"], ["probe", "query", "expected", "rank_live", "rank_candidate", "hit",
                                              "regression", "top"])
     probes.to_csv(folder / "validation.csv", index=False)
     checks = pd.DataFrame(result["checks"], columns=["check", "passed", "detail"])
@@ -64,7 +64,7 @@ def write_html_report(reports_dir: Path, version: VersionRecord, result: dict[st
 
     plt.close(figure)
     plot = base64.b64encode(buffer.getvalue()).decode("ascii")
-    probes = _probe_frame(result["probes"], ["probe", "category", "query", "expected", "rank_live", "rank_candidate", "hit",
+    probes = _probe_frame(result["probes"], ["probe", "query", "expected", "rank_live", "rank_candidate", "hit",
                                              "regression"])
     checks = pd.DataFrame(result["checks"], columns=["check", "passed", "detail"])
     flagged = pd.DataFrame(result.get("flagged_instructions") or [], columns=["source", "line", "text"])

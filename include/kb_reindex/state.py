@@ -810,9 +810,14 @@ class StateStore:
 
     def active_pins(self, alias: str) -> dict[int, dict[str, Any]]:
         """Version number -> its pin (reason, pinned_by, pinned_at)."""
-        with self.engine.connect() as conn:
-            rows = conn.execute(sa.select(pins).where(pins.c.alias == alias, pins.c.unpinned_at.is_(None))
-                                .order_by(pins.c.id)).mappings().all()
+        try:
+            with self.engine.connect() as conn:
+                rows = conn.execute(sa.select(pins).where(pins.c.alias == alias, pins.c.unpinned_at.is_(None))
+                                    .order_by(pins.c.id)).mappings().all()
+        except sa.exc.DBAPIError as exc:
+            if _table_missing(exc, pins.name):  # a read-only command on a state DB older than pins
+                return {}
+            raise
         return {row["version"]: dict(row) for row in rows}
 
     def record_audit(self, *, alias: str, version: int, collection: str, run_id: str | None, expected: int,
@@ -823,10 +828,22 @@ class StateStore:
                                                 at=utcnow()))
 
     def last_audit(self, alias: str) -> dict[str, Any] | None:
-        with self.engine.connect() as conn:
-            row = conn.execute(sa.select(audits).where(audits.c.alias == alias).order_by(audits.c.id.desc())
-                               .limit(1)).mappings().first()
+        try:
+            with self.engine.connect() as conn:
+                row = conn.execute(sa.select(audits).where(audits.c.alias == alias).order_by(audits.c.id.desc())
+                                   .limit(1)).mappings().first()
+        except sa.exc.DBAPIError as exc:
+            if _table_missing(exc, audits.name):  # a read-only command on a state DB older than audits
+                return None
+            raise
         return dict(row) if row else None
+
+
+def _table_missing(exc: sa.exc.DBAPIError, table: str) -> bool:
+    """SQLite: "no such table: t"; MySQL/MariaDB 1146: "Table 'db.t' doesn't exist". The schema gains a
+    table at the next writing command (create_all); read-only commands never create one."""
+    text = str(exc.orig)
+    return table in text and ("no such table" in text or "doesn't exist" in text)
 
 
 def parse_lock_owner(owner: str) -> tuple[str | None, int | None, str | None]:
