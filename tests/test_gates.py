@@ -317,3 +317,24 @@ def test_status_reads_a_state_db_made_before_pins_and_audits(project: Path, monk
     assert main(["status", "--json", "-q"]) == 0  # read-only: no table is created, none is needed
     status = json.loads(capsys.readouterr().out)
     assert status["pinned"] == [] and status["audit"] is None and status["live"]["version"] == 1
+
+
+def test_migrate_dry_run_times_one_real_batch_of_the_new_model(project: Path, monkeypatch: pytest.MonkeyPatch,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """To Ollama: one embed request of one batch, the rest extrapolated from its latency."""
+    from kb_reindex.cli import main
+    from kb_reindex.testing.ollama_server import FakeModel, FakeOllamaServer, FaultPlan
+
+    monkeypatch.setenv("KB_PROJECT_ROOT", str(project))
+    assert main(["run", "-q"]) == 0
+    capsys.readouterr()
+    with FakeOllamaServer([FakeModel(name="bge-m3", dim=64)], faults=FaultPlan(delay_per_text_s=0.002)) as ollama:
+        monkeypatch.setenv("OLLAMA_HOST", ollama.url)
+        code = main(["migrate", "--embedder", "ollama", "--dry-run", "--json", "-q"])
+        estimate = json.loads(capsys.readouterr().out)
+        assert code == 0, estimate
+        # the model checks and the dimension probe send one text each; the timed batch is one request
+        assert ollama.embedded_texts - estimate["probe_batch_texts"] == ollama.embed_requests - 1
+    assert estimate["embed_model"] == "bge-m3" and estimate["dim"] == 64
+    assert estimate["probe_batch_s"] >= 0.002 * estimate["probe_batch_texts"]  # the server's delay was measured
+    assert estimate["estimated_embed_s"] == round(estimate["probe_batch_s"] * estimate["batches"], 2)

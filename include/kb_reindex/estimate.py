@@ -46,8 +46,10 @@ def estimate_migration(deps: Deps, *, embedder: str, model: str, dim: int | None
             if len(probe) < settings.embed_batch_size:
                 probe.append(chunk.text)
     client = make_embedder(settings.with_embedder(embedder=embedder, model=model, dim=dim), headers=deps.ollama_headers)
+    dimension = client.dimension  # probed first when not given, so the timed batch is one request alone
     started = time.perf_counter()
-    vectors = client.embed(probe) if probe else []
+    if probe:
+        client.embed(probe)
     batch_s = time.perf_counter() - started
     batches = math.ceil(texts / settings.embed_batch_size) if texts else 0
     return {
@@ -56,7 +58,7 @@ def estimate_migration(deps: Deps, *, embedder: str, model: str, dim: int | None
         "alias": settings.alias,
         "embedder": embedder,
         "embed_model": model,
-        "dim": len(vectors[0]) if vectors else dim,
+        "dim": dimension,
         "live_version": plan["base_version"],
         "live_embed_model": plan["base_embed_model"],
         "documents": sum(plan["docs"].values()) - plan["docs"]["removed"],
