@@ -254,7 +254,7 @@ def plan_task(*, run_id: str, kind: str = "reindex", force_full: bool = False, e
         deps.state.start_run(run_id=run_id, alias=deps.settings.alias, kind=kind, trigger="airflow")
         with step(deps, run_id):
             return plan(deps, force_full=force_full or kind == "migration", kind=kind,
-                        embedder=embedder, model=model, dim=dim, layout=layout)
+                        embedder=embedder, model=model, dim=dim, layout=layout, audit_run_id=run_id)
 
 
 def should_build_task(*, plan: dict[str, Any], dry_run: bool, run_id: str) -> bool:

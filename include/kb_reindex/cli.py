@@ -27,7 +27,7 @@ NO_CREATE = frozenset({"status", "plan"})
 STATE_ONLY = frozenset({"history", "unlock"})
 #: commands that change state or the alias take the alias's lock here; run, migrate and rollback take it
 #: inside the engine, as their DAG tasks do
-LOCKED = frozenset({"validate", "gc", "drop", "reconcile", "promote"})
+LOCKED = frozenset({"validate", "gc", "drop", "reconcile", "promote", "pin", "unpin"})
 
 
 class _Parser(argparse.ArgumentParser):
@@ -87,6 +87,8 @@ def _parser(*, json_answer: bool = False) -> argparse.ArgumentParser:
     mig.add_argument("--min-mrr", type=float)
     mig.add_argument("--layout", help="payload layout of the new version (default: KB_PAYLOAD_LAYOUT): native, "
                                       "langchain4j[:<text key>], langchain, llamaindex")
+    mig.add_argument("--dry-run", action="store_true",
+                     help="texts, estimated tokens and time (one probe batch) before anything is built; writes nothing")
     prom = sub.add_parser("promote", parents=[common],
                           help="put a shadow version behind the alias, after validating it again")
     prom.add_argument("--version", type=int, required=True)
@@ -101,6 +103,11 @@ def _parser(*, json_answer: bool = False) -> argparse.ArgumentParser:
     unlock.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     drop = sub.add_parser("drop", parents=[common], help="drop a kept version (e.g. a shadow migration)")
     drop.add_argument("--version", type=int, required=True)
+    pin = sub.add_parser("pin", parents=[common], help="keep a version (a known-good baseline) from retention and drop")
+    pin.add_argument("--version", type=int, required=True)
+    pin.add_argument("--reason", required=True, help="why it is kept (recorded with who and when)")
+    unpin = sub.add_parser("unpin", parents=[common], help="end a pin; retention may drop the version again")
+    unpin.add_argument("--version", type=int, required=True)
     return parser
 
 
@@ -212,7 +219,8 @@ def _dispatch(args: argparse.Namespace) -> int:
             return 0
         finally:
             state.dispose()
-    with open_deps(settings, create=args.command not in NO_CREATE) as deps:
+    dry_migration = args.command == "migrate" and args.dry_run
+    with open_deps(settings, create=args.command not in NO_CREATE and not dry_migration) as deps:
         if args.command == "promote" and not _confirm_promotion(args, deps):
             return 0
         if args.command in LOCKED:
@@ -230,6 +238,12 @@ def _dispatch(args: argparse.Namespace) -> int:
             model = model_or_default(args.embedder, args.model)
             # a model the embedder cannot serve is a usage error (exit 2), refused before a run is recorded
             check_model_served(settings, embedder=args.embedder, model=model)
+            if args.dry_run:
+                from kb_reindex.estimate import estimate_migration, estimate_human
+
+                estimate = estimate_migration(deps, embedder=args.embedder, model=model, dim=args.dim)
+                _print(args, estimate, estimate_human(estimate))
+                return 0
             result = engine.run_reindex(
                 deps, kind="migration", embedder=args.embedder, model=model, dim=args.dim,
                 promote_version=not args.no_promote, min_hit_rate=args.min_hit_rate, min_mrr=args.min_mrr,
@@ -253,9 +267,11 @@ def _dispatch(args: argparse.Namespace) -> int:
             live = s["live"]
             head = f"alias {s['alias']} -> " + (f"v{live['version']} ({live['collection']}, {live['points']} points, "
                                                 f"{live['embed_model']} {live['dim']}-d)" if live else "nothing")
-            rows = [{**v, "status": v["status"] + (" *rollback target" if v["rollback_target"] else "")} for v in s["versions"]]
+            rows = [{**v, "status": v["status"] + (" *rollback target" if v["rollback_target"] else "")
+                     + (" *pinned" if v.get("pinned") else "")} for v in s["versions"]]
             human = "\n".join([head, "", _table(rows, ["version", "status", "collection", "points", "embed_model", "dim",
                                                         "payload_layout", "hit_rate", "mrr", "created_at"])]
+                              + _pins_and_audit_human(s)
                               + ([f"\nlocks:\n{_table(s['locks'], ['name', 'owner', 'since', 'expires', 'owner_alive'])}"]
                                  if s["locks"] else [])
                               + [f"NOTE: {n}" for n in s["notes"]]
@@ -313,6 +329,18 @@ def _dispatch_locked(args: argparse.Namespace, deps: Any) -> int:
         _print(args, result, f"promoted v{result['version']} ({result['collection']}, {result['embed_model']} "
                              f"{result['dim']}-d); v{result['previous_version'] or '-'} kept for rollback")
         return 0
+    if args.command in ("pin", "unpin"):
+        from kb_reindex.promote import pin_version, unpin_version
+
+        if args.command == "pin":
+            result = pin_version(deps, args.version, reason=args.reason)
+            _print(args, result, f"v{result['version']} " + ("was already pinned" if result["already_pinned"] else "pinned")
+                   + f": {result['reason']} ({result['pinned_by']}, {result['pinned_at']})")
+        else:
+            result = unpin_version(deps, args.version)
+            _print(args, result, f"v{result['version']} unpinned; retention may drop it again" if result["was_pinned"]
+                   else f"v{result['version']} was not pinned")
+        return 0
     if args.command == "reconcile":
         from kb_reindex.reconcile import reconcile
 
@@ -327,6 +355,18 @@ def _dispatch_locked(args: argparse.Namespace, deps: Any) -> int:
         _print(args, result, result["message"])
         return 0
     raise ConfigError(f"unknown command {args.command}")  # pragma: no cover - argparse rejects it first
+
+
+def _pins_and_audit_human(s: dict[str, Any]) -> list[str]:
+    """Status lines for pinned versions and the newest audit of live."""
+    lines = [f"pinned: v{v['version']} ({v['pin']['reason']}; {v['pin']['by']}, {v['pin']['at']})"
+             for v in s["versions"] if v.get("pinned")]
+    audit = s.get("audit")
+    if audit:
+        lines.append(f"audit of live v{audit['version']} ({audit['at']}): {audit['points']} points, manifest "
+                     f"{audit['expected']}; missing {audit['missing']} ({audit['missing_ratio']:.2%}), orphans "
+                     f"{audit['orphans']} ({audit['orphan_ratio']:.2%})")
+    return ([""] if lines else []) + lines
 
 
 def _confirm_promotion(args: argparse.Namespace, deps: Any) -> bool:

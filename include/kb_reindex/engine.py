@@ -116,9 +116,11 @@ def run_reindex(
         with exclusive(deps, run_id=run_id) as owner:
             # one read of the files serves every step of this process; the DAG's tasks each read them again
             prepared = make_plan(deps, force_full=force_full or kind == "migration", kind=kind,
-                                 embedder=embedder, model=model, dim=dim, layout=layout)
+                                 embedder=embedder, model=model, dim=dim, layout=layout, audit_run_id=run_id)
             p = prepared.plan
             result.update(docs=p["docs"], chunks=chunk_counts(p, done), plan=p)
+            if p.get("audit"):
+                result["audit"] = p["audit"]
             counters = run_counters(p)
             if p["no_change"]:
                 result.update(outcome="no_change", version=p["base_version"], collection=p["base_collection"])
@@ -183,6 +185,8 @@ def validation_summary(result: dict[str, Any]) -> dict[str, Any]:
         "live_mrr": result.get("live_mrr"),
         "failures": result["failures"],
         "report": result.get("report"),
+        "by_category": result.get("by_category"),
+        "paired": result.get("paired"),
     }
 
 
@@ -251,6 +255,7 @@ def status(deps: Deps) -> dict[str, Any]:
     target = rollback_target(deps) if live else None
     versions = []
     collections = store.collection_names()
+    pins = deps.state.active_pins(alias)
     for v in deps.state.list_versions(alias):
         exists = v.collection in collections and v.status != "deleted"
         versions.append({
@@ -271,6 +276,7 @@ def status(deps: Deps) -> dict[str, Any]:
             # the settings it was created with (collection metadata); None for a dropped or older collection
             "collection_config": store.collection_metadata(v.collection).get("collection_config") if exists else None,
             "snapshot": (v.validation or {}).get("snapshot"),
+            **pin_view(pins.get(v.version)),
         })
     problems, notes = [], []
     if serving != (live.collection if live else None):
@@ -283,6 +289,11 @@ def status(deps: Deps) -> dict[str, Any]:
         if v["status"] in ("live", "ready", "retired") and v["points"] != v["points_expected"]:
             problems.append(f"v{v['version']} ({v['collection']}) holds {v['points']} points, manifest lists "
                             f"{v['points_expected']}")
+    audit = live_audit(deps, live)
+    if audit and (audit["missing"] or audit["orphans"]):
+        problems.append(f"the audit of live v{audit['version']} at {audit['at']} found {audit['missing']} missing "
+                        f"({audit['missing_ratio']:.2%}) and {audit['orphans']} orphan point(s) ({audit['orphan_ratio']:.2%}) "
+                        "against its manifest")
     locks = lock_view(deps)
     for held in locks:
         if held["owner_alive"] == "no" and not held["expired"]:
@@ -298,12 +309,32 @@ def status(deps: Deps) -> dict[str, Any]:
         "serving_collection": serving,
         "live": live_info,
         "rollback_target": target.version if target else None,
+        "pinned": sorted(pins),
+        "audit": audit,
         "versions": versions,
         "locks": locks,
         "problems": problems,
         "notes": notes,
         "metrics": metrics(deps),
     }
+
+
+def pin_view(pin: dict[str, Any] | None) -> dict[str, Any]:
+    """A version's pin as status and the page show it."""
+    if pin is None:
+        return {"pinned": False, "pin": None}
+    return {"pinned": True, "pin": {"reason": pin["reason"], "by": pin["pinned_by"],
+                                    "at": pin["pinned_at"].isoformat(timespec="seconds") + "Z"}}
+
+
+def live_audit(deps: Deps, live: VersionRecord | None) -> dict[str, Any] | None:
+    """The newest audit of the version live now (an audit of an earlier live version is history)."""
+    from kb_reindex.audit import audit_view
+
+    found = audit_view(deps.state.last_audit(deps.settings.alias))
+    if found is None or live is None or found["version"] != live.version:
+        return None
+    return found
 
 
 def metrics(deps: Deps) -> dict[str, Any]:

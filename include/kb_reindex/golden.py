@@ -17,6 +17,7 @@ class Probe:
     id: str
     query: str
     expected: tuple[str, ...]
+    category: str | None = None  # None: the category of its first expected document
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,8 @@ class GoldenSet:
     min_mrr: float
     max_regressions: int
     probes: tuple[Probe, ...]
+    max_category_drop: float = 0.2
+    paired_alpha: float = 0.05
 
 
 def _fraction(data: dict[str, Any], name: str, default: float, where: str) -> float:
@@ -75,13 +78,22 @@ def load_golden_set(path: Path) -> GoldenSet:
             expected = [expected]
         if not isinstance(expected, list) or not expected or not all(isinstance(e, str) and e for e in expected):
             raise GoldenSetError(f"{at}: 'expected' must be a non-empty list of knowledge_keys")
-        probes.append(Probe(id=probe_id, query=query.strip(), expected=tuple(expected)))
+        category = raw.get("category")
+        if category is not None and (not isinstance(category, str) or not category.strip()):
+            raise GoldenSetError(f"{at}: 'category' must be non-empty text when given, got {category!r}")
+        probes.append(Probe(id=probe_id, query=query.strip(), expected=tuple(expected),
+                            category=category.strip() if category else None))
+    alpha = _fraction(data, "paired_alpha", 0.05, where)
+    if not 0.0 < alpha < 1.0:
+        raise GoldenSetError(f"{where}: 'paired_alpha' must be above 0 and below 1, got {alpha!r}")
     return GoldenSet(
         k=k,
         min_hit_rate=_fraction(data, "min_hit_rate", 0.9, where),
         min_mrr=_fraction(data, "min_mrr", 0.7, where),
         max_regressions=max_regressions,
         probes=tuple(probes),
+        max_category_drop=_fraction(data, "max_category_drop", 0.2, where),
+        paired_alpha=alpha,
     )
 
 
@@ -119,3 +131,72 @@ def score(ranks: Sequence[int | None]) -> tuple[float, float]:
         return 0.0, 0.0
     hits = [r for r in ranks if r is not None]
     return len(hits) / len(ranks), sum(1.0 / r for r in hits) / len(ranks)
+
+
+# --- sharper gates: per category, and paired against live ------------------------------------------
+
+
+def probe_categories(golden: GoldenSet, doc_categories: dict[str, str]) -> dict[str, str]:
+    """Each probe's category: its own `category`, else that of its first expected document (front matter)."""
+    return {p.id: p.category or doc_categories.get(p.expected[0]) or "(none)" for p in golden.probes}
+
+
+def category_scores(probes: Sequence[dict[str, Any]], categories: dict[str, str], *, compare: bool,
+                    max_drop: float) -> list[dict[str, Any]]:
+    """Hit rate and MRR per category on the candidate and on live. `dropped`: the category's hit rate fell
+    more than `max_drop` below live's (only meaningful when `compare`: live was scored like for like).
+    Totals can hide a category that lost most of its probes while the others held or improved."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for p in probes:
+        groups.setdefault(categories.get(p["probe"], "(none)"), []).append(p)
+    rows = []
+    for name in sorted(groups):
+        members = groups[name]
+        hit, mrr = score([p["rank_candidate"] for p in members])
+        live_hit, live_mrr = score([p.get("rank_live") for p in members]) if compare else (None, None)
+        drop = None if live_hit is None else live_hit - hit
+        rows.append({
+            "category": name, "probes": len(members),
+            "hit_rate": round(hit, 4), "mrr": round(mrr, 4),
+            "live_hit_rate": None if live_hit is None else round(live_hit, 4),
+            "live_mrr": None if live_mrr is None else round(live_mrr, 4),
+            "hit_rate_drop": None if drop is None else round(drop, 4),
+            "dropped": drop is not None and drop > max_drop + 1e-9,
+            "lost": [p["probe"] for p in members if p.get("rank_live") is not None and p["rank_candidate"] is None],
+        })
+    return rows
+
+
+def sign_test_p(successes: int, trials: int) -> float:
+    """One-sided exact sign test: P(X >= successes) for X ~ Binomial(trials, 1/2)."""
+    if trials <= 0:
+        return 1.0
+    from math import comb
+
+    return sum(comb(trials, i) for i in range(successes, trials + 1)) / 2 ** trials
+
+
+def paired_comparison(probes: Sequence[dict[str, Any]], *, alpha: float) -> dict[str, Any]:
+    """Probe by probe, candidate against live on the reciprocal rank (a miss counts 0), with an exact sign
+    test: ties carry no information and are left out. `worse` is significant when seeing that many probes
+    worse out of the untied ones is unlikely (p < alpha) if the candidate were as good as live. A small
+    golden set thus fails on a pattern of losses, not on the one probe that moved by chance, and a
+    threshold met by luck is shown as such (`p_better`, `p_worse` beside the thresholds)."""
+    better = worse = ties = 0
+    for p in probes:
+        live = p.get("rank_live")
+        cand = p.get("rank_candidate")
+        live_rr = 1.0 / live if live else 0.0
+        cand_rr = 1.0 / cand if cand else 0.0
+        if cand_rr > live_rr:
+            better += 1
+        elif cand_rr < live_rr:
+            worse += 1
+        else:
+            ties += 1
+    n = better + worse
+    p_worse, p_better = sign_test_p(worse, n), sign_test_p(better, n)
+    verdict = ("worse" if p_worse < alpha else "better" if p_better < alpha else "no significant difference")
+    return {"test": "exact sign test on reciprocal rank (one-sided)", "alpha": alpha, "pairs": len(probes),
+            "better": better, "worse": worse, "ties": ties, "p_worse": round(p_worse, 4),
+            "p_better": round(p_better, 4), "verdict": verdict, "significant_worse": p_worse < alpha}

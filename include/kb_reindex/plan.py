@@ -34,8 +34,9 @@ class Prepared:
     live: VersionRecord | None = None
 
 
-def check_live_consistency(deps: Deps) -> VersionRecord | None:
-    """Qdrant's alias and the state DB must tell the same story before anything is built on it."""
+def check_live_consistency(deps: Deps, *, audit: dict[str, Any] | None = None) -> VersionRecord | None:
+    """Qdrant's alias and the state DB must tell the same story before anything is built on it.
+    `audit`: given (a dict to fill), live is audited ID by ID and the audit recorded (`audit.audit_live`)."""
     alias = deps.settings.alias
     live = deps.state.live_version(alias)
     target = deps.store.alias_target(alias)
@@ -45,7 +46,20 @@ def check_live_consistency(deps: Deps) -> VersionRecord | None:
 
         raise StateDriftError(f"nothing was changed: {drift_advice(deps, target, live)}")
     if live is not None:
-        points = deps.store.count(live.collection) if deps.store.exists(live.collection) else 0
+        missing = 0
+        if audit is not None:
+            from kb_reindex.audit import audit_live
+
+            audit.update(audit_live(deps, live, run_id=audit.pop("run_id", None)))
+            points, missing = audit["points"], audit["missing"]
+        else:
+            points = deps.store.count(live.collection) if deps.store.exists(live.collection) else 0
+        if points == live.points_expected and missing:
+            raise StateDriftError(
+                f"live collection {live.collection} lacks {missing} of the points its manifest lists (and holds as "
+                f"many others); a plan built on it could copy missing vectors. Run "
+                f"`kb-reindex validate --version {live.version}` and rebuild with `kb-reindex run --force-full`"
+            )
         if points != live.points_expected:
             raise StateDriftError(
                 f"live collection {live.collection} holds {points} points but its manifest lists "
@@ -64,11 +78,14 @@ def prepare(
     model: str | None = None,
     dim: int | None = None,
     layout: str | None = None,
+    audit_run_id: str | None = None,
 ) -> Prepared:
-    """`layout`: the payload layout of the version to build (a migration's Param); default KB_PAYLOAD_LAYOUT."""
+    """`layout`: the payload layout of the version to build (a migration's Param); default KB_PAYLOAD_LAYOUT.
+    `audit_run_id`: a run is planning (not a look): live is audited and the audit recorded for it."""
     settings = deps.settings
     layout = layout_spec(layout) if layout else settings.payload_layout
-    live = check_live_consistency(deps)
+    audit: dict[str, Any] | None = {"run_id": audit_run_id} if audit_run_id else None
+    live = check_live_consistency(deps, audit=audit)
     if kind == "reindex" and live is not None:
         if (settings.embedder, settings.embed_model) != (live.embedder, live.embed_model):
             log.warning(
@@ -162,6 +179,8 @@ def prepare(
         # newest modification time of an added or changed document: the start of source-to-searchable latency
         "source_changed_at": changed_at,
     }
+    if audit and "points" in audit:  # a first build has no live version to audit
+        plan["audit"] = audit
     return Prepared(plan=plan, scan=scan, reuse=reuse, live=live)
 
 

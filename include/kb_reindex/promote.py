@@ -147,14 +147,16 @@ def rollback_target(deps: Deps) -> VersionRecord | None:
 
 
 def retention_victims(
-    versions: list[VersionRecord], *, keep: int, protected: set[int]
+    versions: list[VersionRecord], *, keep: int, protected: set[int], pinned: set[int] | frozenset[int] = frozenset()
 ) -> list[VersionRecord]:
     """Versions whose collections may go: failed builds and retired versions beyond `keep`.
 
     Never the live one, never the newest retired one, never a protected one (the rollback target),
-    never a shadow (ready, unpromoted) version, never one still building.
+    never a shadow (ready, unpromoted) version, never one still building, never a pinned one (`pinned`:
+    version ids; they are kept on top of `keep`, not in its place).
     """
-    retired = sorted((v for v in versions if v.status == "retired"),
+    protected = set(protected) | set(pinned)
+    retired = sorted((v for v in versions if v.status == "retired" and v.id not in pinned),
                      key=lambda v: (v.retired_at or v.created_at, v.version), reverse=True)
     keep_ids = {v.id for v in retired[: max(keep, 1)]} | protected
     victims = [v for v in retired if v.id not in keep_ids]
@@ -180,13 +182,16 @@ def cleanup(deps: Deps) -> dict[str, Any]:
             if v.status == "building" and v.id not in protected:
                 deps.state.mark_failed(v.id, step="build", error="abandoned: its run ended without finishing the build")
         versions = deps.state.list_versions(alias)
+        pinned = pinned_ids(deps, versions)
         deleted = []
-        for victim in retention_victims(versions, keep=deps.settings.keep_versions, protected=protected):
+        for victim in retention_victims(versions, keep=deps.settings.keep_versions, protected=protected,
+                                        pinned=pinned):
             dropped, snapshot = _drop_collection(deps, victim)
             deleted.append({"version": victim.version, "collection": victim.collection, "was": victim.status,
                             "collection_dropped": dropped, "snapshot": snapshot})
             log.info("kb_reindex: retention deleted v%d (%s, was %s)", victim.version, victim.collection, victim.status)
-    return {"deleted": deleted, "rollback_target": target.version if target else None}
+    return {"deleted": deleted, "rollback_target": target.version if target else None,
+            "pinned": sorted(v.version for v in versions if v.id in pinned)}
 
 
 def drop_version(deps: Deps, version_number: int) -> dict[str, Any]:
@@ -203,12 +208,68 @@ def drop_version(deps: Deps, version_number: int) -> dict[str, Any]:
             raise KbError(f"v{version.version} is the rollback target; it is kept")
         if version.status == "building":
             raise KbError(f"v{version.version} is still building")
+        pin = deps.state.active_pins(alias).get(version.version)
+        if pin is not None and version.status != "deleted":
+            raise KbError(f"v{version.version} is pinned ({pin['reason']!r}, by {pin['pinned_by']} at "
+                          f"{pin['pinned_at']:%Y-%m-%d %H:%M:%S} UTC); `kb-reindex unpin --version {version.version}` "
+                          "first if it should go")
         if version.status == "deleted":
             return {"version": version.version, "collection": version.collection, "was": "deleted",
                     "collection_dropped": False, "already_deleted": True}
         dropped, snapshot = _drop_collection(deps, version)
     return {"version": version.version, "collection": version.collection, "was": version.status,
             "collection_dropped": dropped, "snapshot": snapshot}
+
+
+# --- pins ----------------------------------------------------------------------------------------
+
+
+def pinned_ids(deps: Deps, versions: list[VersionRecord]) -> set[int]:
+    """Ids of the versions pinned now (a known-good baseline retention never drops)."""
+    numbers = set(deps.state.active_pins(deps.settings.alias))
+    return {v.id for v in versions if v.version in numbers}
+
+
+def pin_by() -> str:
+    """Who pins: the login user on this host (recorded with the pin)."""
+    import getpass
+    import socket
+
+    try:
+        user = getpass.getuser()
+    except Exception:  # noqa: BLE001 - no login name in some containers; the host still says where
+        user = "unknown"
+    return f"{user}@{socket.gethostname()}"
+
+
+def pin_version(deps: Deps, version_number: int, *, reason: str, by: str | None = None) -> dict[str, Any]:
+    """Keep a version whatever retention decides, until unpinned. Only a whole version can be kept:
+    a failed, building or deleted one is refused by name."""
+    alias = deps.settings.alias
+    if not reason or not reason.strip():
+        raise ConfigError("pin needs --reason (it is recorded with the pin)")
+    version = deps.state.get_version(alias, version_number)
+    if version is None:
+        raise ConfigError(f"--version {version_number}: {alias} has no version {version_number}")
+    if version.status in ("failed", "deleted", "building"):
+        raise ConfigError(f"v{version.version} is {version.status}; only a live, ready or retired version can be pinned")
+    existing = deps.state.active_pins(alias).get(version.version)
+    pin = deps.state.pin_version(alias=alias, version=version.version, reason=reason.strip(), by=by or pin_by())
+    log.info("kb_reindex: pinned v%d of %s (%s)", version.version, alias, pin["reason"])
+    return {"version": version.version, "collection": version.collection, "pinned": True,
+            "already_pinned": existing is not None, "reason": pin["reason"], "pinned_by": pin["pinned_by"],
+            "pinned_at": pin["pinned_at"].isoformat(timespec="seconds") + "Z"}
+
+
+def unpin_version(deps: Deps, version_number: int, *, by: str | None = None) -> dict[str, Any]:
+    alias = deps.settings.alias
+    if deps.state.get_version(alias, version_number) is None:
+        raise ConfigError(f"--version {version_number}: {alias} has no version {version_number}")
+    ended = deps.state.unpin_version(alias=alias, version=version_number, by=by or pin_by())
+    if ended is not None:
+        log.info("kb_reindex: unpinned v%d of %s; retention may drop it again", version_number, alias)
+    return {"version": version_number, "pinned": False, "was_pinned": ended is not None,
+            "reason": ended["reason"] if ended else None}
 
 
 def _drop_collection(deps: Deps, version: VersionRecord) -> tuple[bool, str | None]:

@@ -33,6 +33,7 @@ def write_validation_report(reports_dir: Path, version: VersionRecord, result: d
     ]
     if result["failures"]:
         lines += ["## Failures", ""] + [f"- {f}" for f in result["failures"]] + [""]
+    lines += gates_markdown(result)
     lines += ["## Structural checks", "", _markdown(checks), "", "## Golden probes", "",
               _markdown(probes.drop(columns=["top"])), ""]
     flagged = result.get("flagged_instructions") or []
@@ -76,6 +77,7 @@ def write_html_report(reports_dir: Path, version: VersionRecord, result: dict[st
 regressions {result['regressions']}</p>
 <ul>{''.join(f'<li>{html.escape(f)}</li>' for f in result['failures'])}</ul>
 <img alt="hit rate and MRR by version" src="data:image/png;base64,{plot}">
+{gates_html(result)}
 <h2>Structural checks</h2>{checks.to_html(index=False)}
 <h2>Golden probes</h2>{probes.to_html(index=False, na_rep="-")}
 <h2>Instruction-like text ({len(flagged)})</h2>{flagged.to_html(index=False) if len(flagged) else '<p>None found.</p>'}
@@ -83,6 +85,42 @@ regressions {result['regressions']}</p>
     path = folder / "validation.html"
     path.write_text(body, encoding="utf-8")
     return path
+
+
+CATEGORY_COLUMNS = ["category", "probes", "hit_rate", "live_hit_rate", "hit_rate_drop", "mrr", "live_mrr", "dropped"]
+
+
+def _category_frame(result: dict[str, Any]) -> pd.DataFrame:
+    return pd.DataFrame(result.get("by_category") or [], columns=CATEGORY_COLUMNS)
+
+
+def _paired_line(result: dict[str, Any]) -> str | None:
+    paired = result.get("paired")
+    if not paired:
+        return None
+    return (f"{paired['test']} against live v{result.get('live_version')}: {paired['better']} better, "
+            f"{paired['worse']} worse, {paired['ties']} tied of {paired['pairs']}; p(worse)={paired['p_worse']}, "
+            f"p(better)={paired['p_better']} (alpha {paired['alpha']}): {paired['verdict']}")
+
+
+def gates_markdown(result: dict[str, Any]) -> list[str]:
+    """Per-category scores (margin beside them) and the paired test beside the thresholds."""
+    margin = (result.get("thresholds") or {}).get("max_category_drop")
+    lines = [f"## Categories (max hit-rate drop against live: {margin})", "", _markdown(_category_frame(result)), ""]
+    paired = _paired_line(result)
+    lines += ["## Paired comparison with live", "", paired or "No live version to compare with.", ""]
+    return lines
+
+
+def gates_html(result: dict[str, Any]) -> str:
+    import html
+
+    margin = (result.get("thresholds") or {}).get("max_category_drop")
+    frame = _category_frame(result)
+    paired = _paired_line(result)
+    return (f"<h2>Categories (max hit-rate drop against live: {margin})</h2>"
+            + (frame.to_html(index=False, na_rep="-") if len(frame) else "<p>None.</p>")
+            + f"<h2>Paired comparison with live</h2><p>{html.escape(paired or 'No live version to compare with.')}</p>")
 
 
 def score_figure(alias: str, history: list[dict[str, Any]], *, k: int, min_hit_rate: float) -> Any:

@@ -168,6 +168,40 @@ locks = sa.Table(
     **MYSQL_TABLE,
 )
 
+# --- keep what matters: pinned versions and the audits of live against its manifest -----------------
+
+pins = sa.Table(
+    "kb_pins",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("alias", sa.String(64), nullable=False),
+    sa.Column("version", sa.Integer, nullable=False),
+    sa.Column("reason", sa.Text, nullable=False),
+    sa.Column("pinned_by", sa.String(255), nullable=False),
+    sa.Column("pinned_at", Timestamp, nullable=False),
+    sa.Column("unpinned_by", sa.String(255)),
+    sa.Column("unpinned_at", Timestamp),
+    sa.Index("ix_kb_pins_alias_version", "alias", "version"),
+    **MYSQL_TABLE,
+)
+
+audits = sa.Table(
+    "kb_audits",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("alias", sa.String(64), nullable=False),
+    sa.Column("version", sa.Integer, nullable=False),
+    sa.Column("collection", sa.String(255), nullable=False),
+    sa.Column("run_id", sa.String(255)),
+    sa.Column("expected", sa.Integer, nullable=False),
+    sa.Column("points", sa.Integer, nullable=False),
+    sa.Column("missing", sa.Integer, nullable=False),
+    sa.Column("orphans", sa.Integer, nullable=False),
+    sa.Column("at", Timestamp, nullable=False),
+    sa.Index("ix_kb_audits_alias", "alias", "id"),
+    **MYSQL_TABLE,
+)
+
 
 def utcnow() -> datetime:
     """Naive UTC: SQLite and MySQL DATETIME both store it without surprises."""
@@ -777,6 +811,71 @@ class StateStore:
             stop.set()
             beat.join()
             self.release_lock(name, owner=owner)
+
+    # --- pins and audits ------------------------------------------------------------------------
+
+    def pin_version(self, *, alias: str, version: int, reason: str, by: str) -> dict[str, Any]:
+        """Pin (idempotent: an existing pin is returned as it is, its reason kept)."""
+        with self.engine.begin() as conn:
+            current = self._active_pin(conn, alias, version)
+            if current is not None:
+                return current
+            conn.execute(pins.insert().values(alias=alias, version=version, reason=reason, pinned_by=by,
+                                              pinned_at=utcnow()))
+            return self._active_pin(conn, alias, version)  # type: ignore[return-value]
+
+    def unpin_version(self, *, alias: str, version: int, by: str) -> dict[str, Any] | None:
+        """End the pin (kept as a record, who and when); None when the version was not pinned."""
+        with self.engine.begin() as conn:
+            current = self._active_pin(conn, alias, version)
+            if current is None:
+                return None
+            now = utcnow()
+            conn.execute(pins.update().where(pins.c.id == current["id"]).values(unpinned_by=by, unpinned_at=now))
+            return {**current, "unpinned_by": by, "unpinned_at": now}
+
+    @staticmethod
+    def _active_pin(conn: sa.Connection, alias: str, version: int) -> dict[str, Any] | None:
+        row = conn.execute(sa.select(pins).where(pins.c.alias == alias, pins.c.version == version,
+                                                 pins.c.unpinned_at.is_(None)).order_by(pins.c.id)).mappings().first()
+        return dict(row) if row else None
+
+    def active_pins(self, alias: str) -> dict[int, dict[str, Any]]:
+        """Version number -> its pin (reason, pinned_by, pinned_at)."""
+        try:
+            with self.engine.connect() as conn:
+                rows = conn.execute(sa.select(pins).where(pins.c.alias == alias, pins.c.unpinned_at.is_(None))
+                                    .order_by(pins.c.id)).mappings().all()
+        except sa.exc.DBAPIError as exc:
+            if _table_missing(exc, pins.name):  # a read-only command on a state DB older than pins
+                return {}
+            raise
+        return {row["version"]: dict(row) for row in rows}
+
+    def record_audit(self, *, alias: str, version: int, collection: str, run_id: str | None, expected: int,
+                     points: int, missing: int, orphans: int) -> None:
+        with self.engine.begin() as conn:
+            conn.execute(audits.insert().values(alias=alias, version=version, collection=collection, run_id=run_id,
+                                                expected=expected, points=points, missing=missing, orphans=orphans,
+                                                at=utcnow()))
+
+    def last_audit(self, alias: str) -> dict[str, Any] | None:
+        try:
+            with self.engine.connect() as conn:
+                row = conn.execute(sa.select(audits).where(audits.c.alias == alias).order_by(audits.c.id.desc())
+                                   .limit(1)).mappings().first()
+        except sa.exc.DBAPIError as exc:
+            if _table_missing(exc, audits.name):  # a read-only command on a state DB older than audits
+                return None
+            raise
+        return dict(row) if row else None
+
+
+def _table_missing(exc: sa.exc.DBAPIError, table: str) -> bool:
+    """SQLite: "no such table: t"; MySQL/MariaDB 1146: "Table 'db.t' doesn't exist". The schema gains a
+    table at the next writing command (create_all); read-only commands never create one."""
+    text = str(exc.orig)
+    return table in text and ("no such table" in text or "doesn't exist" in text)
 
 
 def parse_lock_owner(owner: str) -> tuple[str | None, int | None, str | None]:

@@ -16,7 +16,16 @@ from typing import Any
 
 from kb_reindex.corpus import instruction_lines
 from kb_reindex.errors import ConfigError, GoldenSetError, KbError, ValidationFailed
-from kb_reindex.golden import GoldenSet, check_probe_keys, first_hit_rank, load_golden_set, score
+from kb_reindex.golden import (
+    GoldenSet,
+    category_scores,
+    check_probe_keys,
+    first_hit_rank,
+    load_golden_set,
+    paired_comparison,
+    probe_categories,
+    score,
+)
 from kb_reindex.layouts import describe_layout, payload_problems, payload_text
 from kb_reindex.runtime import Deps
 from kb_reindex.state import ManifestRef, VersionRecord
@@ -175,7 +184,10 @@ def _validate(deps: Deps, version: VersionRecord, *, min_hit_rate: float | None,
               compare_live: bool, flagged: list[dict[str, Any]] | None) -> dict[str, Any]:
     golden = load_golden_set(deps.settings.golden_set)
     manifest = deps.state.manifest_refs(version.id)
-    check_probe_keys(golden, {d["knowledge_key"] for d in deps.state.manifest_documents(version.id)})
+    documents = deps.state.manifest_documents(version.id)
+    check_probe_keys(golden, {d["knowledge_key"] for d in documents})
+    categories = probe_categories(golden, {d["knowledge_key"]: d["category"] for d in documents})
+    del documents
     checks = _structural(deps, version, manifest)
     del manifest
     structural_ok = all(c["passed"] for c in checks)
@@ -235,6 +247,10 @@ def _validate(deps: Deps, version: VersionRecord, *, min_hit_rate: float | None,
             lost = [p["probe"] for p in probes if p["regression"]]
             failures.append(f"{regressions} regression(s) against live v{baseline.version if baseline else '?'} "
                             f"(max {golden.max_regressions}): {', '.join(lost)}")
+    by_category, paired, gate_failures = sharper_gates(probes, categories, golden, baseline=baseline,
+                                                       same_model=same_model)
+    if structural_ok:
+        failures += gate_failures
     if flagged is None:
         flagged = instruction_lines(deps.settings.knowledge_dir, max_bytes=deps.settings.max_doc_bytes)
     if flagged and deps.settings.block_on_instructions:
@@ -247,7 +263,8 @@ def _validate(deps: Deps, version: VersionRecord, *, min_hit_rate: float | None,
         "failures": failures,
         "checks": checks,
         "k": golden.k,
-        "thresholds": {"min_hit_rate": need_hit, "min_mrr": need_mrr, "max_regressions": golden.max_regressions},
+        "thresholds": {"min_hit_rate": need_hit, "min_mrr": need_mrr, "max_regressions": golden.max_regressions,
+                       "max_category_drop": golden.max_category_drop, "paired_alpha": golden.paired_alpha},
         "hit_rate": round(hit_rate, 4),
         "mrr": round(mrr, 4),
         "regressions": regressions,
@@ -257,6 +274,8 @@ def _validate(deps: Deps, version: VersionRecord, *, min_hit_rate: float | None,
         "live_hit_rate": None if live_hit_rate is None else round(live_hit_rate, 4),
         "live_mrr": None if live_mrr is None else round(live_mrr, 4),
         "probes": probes,
+        "by_category": by_category,
+        "paired": paired,
         "probes_fingerprint": probes_fingerprint,
         "flagged_instructions": flagged,
     }
@@ -268,6 +287,33 @@ def _validate(deps: Deps, version: VersionRecord, *, min_hit_rate: float | None,
     history.append({"version": version.version, "hit_rate": result["hit_rate"], "mrr": result["mrr"]})
     result["report_html"] = str(write_html_report(deps.settings.reports_dir, version, result, history))
     return result
+
+
+def sharper_gates(probes: list[dict[str, Any]], categories: dict[str, str], golden: GoldenSet, *,
+                  baseline: VersionRecord | None, same_model: bool
+                  ) -> tuple[list[dict[str, Any]], dict[str, Any] | None, list[str]]:
+    """(`by_category`, `paired`, failures). Both compare with live; they gate only a like-for-like
+    comparison (same model), as the regression count does: across models only the absolute thresholds
+    decide, and these are reported beside them. A category gate catches a loss the totals average away;
+    the paired test fails a candidate only when it is worse than live beyond what chance explains."""
+    for p in probes:
+        p["category"] = categories.get(p["probe"], "(none)")
+    by_category = category_scores(probes, categories, compare=baseline is not None,
+                                  max_drop=golden.max_category_drop)
+    paired = paired_comparison(probes, alpha=golden.paired_alpha) if baseline is not None and probes else None
+    failures: list[str] = []
+    if same_model and baseline is not None:
+        for row in by_category:
+            if row["dropped"]:
+                failures.append(
+                    f"category {row['category']}: hit rate {row['hit_rate']:.3f} fell {row['hit_rate_drop']:.3f} below "
+                    f"live v{baseline.version}'s {row['live_hit_rate']:.3f} (max_category_drop {golden.max_category_drop}; "
+                    f"lost: {', '.join(row['lost']) or '-'})")
+        if paired and paired["significant_worse"]:
+            failures.append(
+                f"paired sign test: {paired['worse']} probe(s) ranked worse than on live v{baseline.version}, "
+                f"{paired['better']} better (p={paired['p_worse']:.4f} < paired_alpha {golden.paired_alpha})")
+    return by_category, paired, failures
 
 
 def report_dir(reports_dir: Path, alias: str, version: int) -> Path:

@@ -258,7 +258,7 @@ progress{width:9em;vertical-align:middle}td.when,td.model,td button{white-space:
 <body>
 <h1>Knowledge index: <code>{{alias}}</code></h1>
 <p id="serving">loading…</p>
-<div id="problems"></div>
+<div id="problems"></div><div id="audit"></div>
 <div id="notes"></div>
 <div id="message"></div>
 <h2>Reindex schedule</h2>
@@ -311,6 +311,9 @@ async function load(){
     : 'nothing is served yet';
   const problems=document.getElementById('problems');problems.innerHTML='';
   for(const p of s.problems){const d=document.createElement('div');d.className='problem';d.textContent='problem: '+p;problems.append(d);}
+  const a=s.audit;document.getElementById('audit').textContent=a
+    ? `audit of live v${a.version} (${when(a.at)}): ${a.points} points, manifest ${a.expected}; missing ${a.missing}, orphans ${a.orphans}`
+    : '';
   const notes=document.getElementById('notes');notes.innerHTML='';
   for(const n of s.notes){const d=document.createElement('div');d.className='note';d.textContent='note: '+n;notes.append(d);}
   versions(s);chart(s.versions,s.live);metrics(s.metrics);locks(s.locks);
@@ -323,7 +326,9 @@ function versions(s){
   for(const v of s.versions){
     const tr=document.createElement('tr');tr.id='version-'+v.version;
     tr.className=v.status==='live'?'live':v.status==='failed'?'failed':v.shadow?'shadow':'';
-    const status=cell(v.status+(v.rollback_target?' (rollback target)':'')+(v.shadow?' · shadow, never served':''));
+    const status=cell(v.status+(v.rollback_target?' (rollback target)':'')+(v.shadow?' · shadow, never served':'')
+      +(v.pinned?` · pinned: ${v.pin.reason} (${v.pin.by}, ${when(v.pin.at)})`:''));
+    if(v.pinned)status.classList.add('pinned');
     if(v.status==='building'){
       const bar=document.createElement('progress');bar.max=v.points_expected||1;bar.value=v.points_written||0;
       bar.className='build-progress';status.append(' ',bar,` ${v.points_written??0}/${v.points_expected} points`);}
