@@ -16,6 +16,7 @@ from kb_reindex.corpus import CorpusScan, scan_corpus
 from kb_reindex.embedding import check_model_served
 from kb_reindex.errors import StateDriftError
 from kb_reindex.golden import check_golden_set
+from kb_reindex.replay import load_replay_gate
 from kb_reindex.runtime import Deps
 from kb_reindex.state import VersionRecord
 
@@ -91,6 +92,7 @@ def prepare(
     # only the plan checks the golden set against today's files: a rollback to an older version must
     # not be blocked by probes that name documents added since
     check_golden_set(settings.golden_set, {d.knowledge_key for d in documents})
+    load_replay_gate(settings.golden_set)  # its `replay:` thresholds too, before any version exists
     chunks = scan.chunk_refs()
     fingerprint = scan.fingerprint
     cv = scan.chunking_version

@@ -237,6 +237,13 @@ def _validate(deps: Deps, version: VersionRecord, *, min_hit_rate: float | None,
             lost = [p["probe"] for p in probes if p["regression"]]
             failures.append(f"{regressions} regression(s) against live v{baseline.version if baseline else '?'} "
                             f"(max {golden.max_regressions}): {', '.join(lost)}")
+    # real (logged) queries on live and on the candidate: kb_reindex.replay
+    replayed = None
+    if structural_ok:
+        from kb_reindex.replay import replay
+
+        replayed, replay_failures = replay(deps, version, baseline, same_model=same_model)
+        failures += replay_failures
     if flagged is None:
         flagged = instruction_lines(deps.settings.knowledge_dir, max_bytes=deps.settings.max_doc_bytes)
     if flagged and deps.settings.block_on_instructions:
@@ -261,6 +268,7 @@ def _validate(deps: Deps, version: VersionRecord, *, min_hit_rate: float | None,
         "probes": probes,
         "probes_fingerprint": probes_fingerprint,
         "flagged_instructions": flagged,
+        "replay": replayed,
     }
     from kb_reindex.reports import write_html_report, write_validation_report
 
