@@ -14,7 +14,11 @@ Runbook (also in the README):
 5. **promote**: compare-and-swap of the alias in one request; the previous version is kept for rollback.
    It updates the alias Asset with `extra` {alias, action, version, collection, model, dimension,
    previous_version}; a version already live moves nothing and the task is skipped (no Asset event).
-6. **cleanup**: retention (`KB_KEEP_VERSIONS`); never the live version or the rollback target. Runs after
+6. **watch** (beside cleanup; skipped when `KB_WATCH_MINUTES` is 0): for that window, every
+   `KB_WATCH_INTERVAL_S`, the golden probes through the alias and the query log's empty-result rate; a
+   regression rolls back automatically (alias event `auto-rollback`, only while the alias still points at
+   this run's version) and fails the task.
+7. **cleanup**: retention (`KB_KEEP_VERSIONS`); never the live version or the rollback target. Runs after
    a promotion *and* after a no-change plan (abandoned builds are reclaimed on a quiet knowledge base),
    never after a failure, never on a dry run.
 
@@ -94,6 +98,12 @@ def knowledge_reindex():
 
         return promote_task(plan=plan, version=version, run_id=current_run_id())
 
+    @task
+    def watch(promoted: dict) -> dict:
+        from kb_reindex.airflow_tasks import watch_task
+
+        return watch_task(promoted=promoted, run_id=current_run_id())
+
     @task(pool=POOL, trigger_rule=TriggerRule.NONE_FAILED)
     def cleanup(params: dict | None = None) -> dict:
         from kb_reindex.airflow_tasks import cleanup_task
@@ -106,7 +116,9 @@ def knowledge_reindex():
     built = build.expand(work=build_slices(version))
     checked = validate(version)
     built >> checked
-    checked >> promote(planned, version) >> cleanup()
+    promoted = promote(planned, version)
+    checked >> promoted >> cleanup()
+    watch(promoted)  # beside cleanup, which never drops live or the rollback target
 
 
 knowledge_reindex()

@@ -55,7 +55,8 @@ def test_reindex_dag_shape(dagbag) -> None:
     dag = dagbag.get_dag("knowledge_reindex")
     assert dag.schedule == "@daily" and dag.timetable.expression == "0 0 * * *"
     assert set(dag.params) >= {"force_full_rebuild", "dry_run"}
-    order = ["plan", "has_changes", "create_version", "build_slices", "build", "validate", "promote", "cleanup"]
+    order = ["plan", "has_changes", "create_version", "build_slices", "build", "validate", "promote", "cleanup",
+             "watch"]
     assert set(order) == set(dag.task_ids)
     for task_id in ("create_version", "build", "promote", "cleanup"):
         assert dag.get_task(task_id).pool == "kb_qdrant_writes"
@@ -63,6 +64,8 @@ def test_reindex_dag_shape(dagbag) -> None:
     assert dag.get_task("build").retries >= 1 and dag.get_task("validate").retries >= 1
     assert [o.uri for o in dag.get_task("promote").outlets] == ["qdrant://mall_knowledge/"]
     assert dag.get_task("validate").upstream_task_ids >= {"build", "create_version"}
+    # the watch follows the promotion, beside retention; it holds no Qdrant write slot while it waits
+    assert dag.get_task("watch").upstream_task_ids == {"promote"} and dag.get_task("watch").pool != "kb_qdrant_writes"
 
 
 def test_rollback_migration_and_shadow_promotion_are_manual(dagbag) -> None:
@@ -157,6 +160,7 @@ def test_reindex_dag_end_to_end_then_no_change(dagbag, dag_env: Path) -> None:
     assert history[0]["run_id"].startswith("airflow__knowledge_reindex__")
     assert asset_events_of_last_run() == [{"uri": "qdrant://mall_knowledge/", "task": "promote",
                                            "extra": alias_extra(dag_env, "promote", 1, None)}]
+    assert states["watch"] == "skipped"  # KB_WATCH_MINUTES is 0 by default
 
     ok, states = run_dag(dagbag, "knowledge_reindex")
     assert ok

@@ -397,6 +397,28 @@ def cleanup_task(*, dry_run: bool = False) -> dict[str, Any]:
         return cleanup(deps)
 
 
+def watch_task(*, promoted: dict[str, Any], run_id: str) -> dict[str, Any]:
+    """The watch after `promote` (kb_reindex.watch), for KB_WATCH_MINUTES (0: skipped). An automatic rollback,
+    or a regression with nowhere to go back to, fails the task without retry: on-call must hear of it."""
+    from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
+
+    from kb_reindex.watch import watch
+
+    settings, _headers = task_settings()
+    if settings.watch_minutes <= 0:
+        raise AirflowSkipException("KB_WATCH_MINUTES is 0: no watch after the promotion")
+    with task_deps() as deps:
+        result = watch(deps, promoted["version"], minutes=settings.watch_minutes,
+                       interval_s=settings.watch_interval_s, run_id=f"{run_id}__watch"[:255], trigger="watch")
+    if result["outcome"] == "rolled_back":
+        raise AirflowFailException(f"v{promoted['version']} was rolled back to v{result['to_version']} "
+                                   f"automatically: {result['reason']}")
+    if result["outcome"] == "regressed":
+        raise AirflowFailException(f"v{promoted['version']} regressed after its promotion and could not be rolled "
+                                   f"back: {'; '.join(result['signals'])}; {result['error']}")
+    return result
+
+
 # --- knowledge_rollback ----------------------------------------------------------------------------
 
 

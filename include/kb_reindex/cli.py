@@ -62,6 +62,9 @@ def _parser(*, json_answer: bool = False) -> argparse.ArgumentParser:
     run = sub.add_parser("run", parents=[common], help="plan, build, validate and promote a new version")
     run.add_argument("--force-full", action="store_true", help="embed every chunk; reuse no vector")
     run.add_argument("--dry-run", action="store_true", help="plan only and say what would happen")
+    run.add_argument("--watch", type=float, metavar="MINUTES",
+                     help="after a promotion, watch the alias this long and roll back on a regression "
+                          "(default KB_WATCH_MINUTES, 0: off)")
     sub.add_parser("plan", parents=[common], help="what a run would do, writing nothing")
     sub.add_parser("status", parents=[common], help="live version, all versions, drift and metrics")
     sub.add_parser("history", parents=[common], help="every alias move")
@@ -140,6 +143,18 @@ def _run_human(r: dict[str, Any]) -> str:
         v = r["validation"]
         lines.append(f"validation: {'passed' if v['passed'] else 'FAILED'}  hit rate {v['hit_rate']}  MRR {v['mrr']}  "
                      f"regressions {v['regressions']}" + (f"  report {v['report']}" if v.get("report") else ""))
+    if (r.get("validation") or {}).get("replay"):
+        rp = r["validation"]["replay"]
+        lines.append(f"replay: skipped ({rp['skipped']})" if "skipped" in rp else
+                     f"replay: {rp['queries']} logged queries, mean overlap {rp['mean_overlap']}, empty "
+                     f"{rp['empty_live']} live -> {rp['empty_candidate']}, {rp['lost_top_hits']} lost top hit(s)")
+    if r.get("watch"):
+        w = r["watch"]
+        lines.append(f"watch: {w['outcome']}" + (f" ({len(w['checks'])} checks)" if w.get("checks") else "")
+                     + (f" -> v{w['to_version']}" if w.get("to_version") else "")
+                     + (f": {'; '.join(w['signals'])}" if w.get("signals") else "")
+                     + (f": {w['reason']}" if w["outcome"] == "alias_moved" else "")
+                     + (f"; {w['error']}" if w.get("error") else ""))
     if r.get("error"):
         lines.append(f"error: {r['error']}")
     return "\n".join(lines)
@@ -227,8 +242,17 @@ def _dispatch(args: argparse.Namespace) -> int:
             with engine.exclusive(deps):
                 return _dispatch_locked(args, deps)
         if args.command == "run":
+            minutes = settings.watch_minutes if args.watch is None else args.watch
+            if not 0 <= minutes <= 24 * 60:
+                raise ConfigError(f"--watch {args.watch}: minutes must be from 0 (off) to 1440")
             result = engine.run_reindex(deps, force_full=args.force_full, dry_run=args.dry_run)
             result.pop("plan", None)
+            if result["outcome"] == "promoted" and minutes > 0:
+                from kb_reindex.watch import watch
+
+                result["watch"] = watch(deps, result["version"], minutes=minutes, interval_s=settings.watch_interval_s)
+                if result["watch"]["outcome"] in ("rolled_back", "regressed"):
+                    result["outcome"] = "auto_rolled_back" if result["watch"]["outcome"] == "rolled_back" else "regressed"
             _print(args, result, _run_human(result))
             return _run_exit_code(result)
         if args.command == "migrate":
@@ -418,6 +442,8 @@ def _unlock(args: argparse.Namespace, deps: Any) -> int:
 
 def _run_exit_code(result: dict[str, Any]) -> int:
     """A run stopped by a setting (e.g. no knowledge folder) is a configuration error, not a failed run."""
+    if result["outcome"] in ("auto_rolled_back", "regressed"):  # the watch undid (or could not undo) it
+        return 1
     if result["outcome"] != "failed":
         return 0
     return 2 if result.get("error_kind") == "config" else 1

@@ -67,6 +67,20 @@ def _int(env: Mapping[str, str], name: str, default: int, *, minimum: int) -> in
     return value
 
 
+def _minutes(env: Mapping[str, str], name: str) -> float:
+    """A window in minutes, fractions allowed; 0 (the default) is off."""
+    raw = env.get(name, "").strip()
+    if not raw:
+        return 0.0
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not a number of minutes") from None
+    if not 0 <= value <= 24 * 60:
+        raise ConfigError(f"{name}={raw} must be from 0 (off) to 1440 minutes")
+    return value
+
+
 def _bool(env: Mapping[str, str], name: str) -> bool:
     return bool(_optional_bool(env, name))
 
@@ -190,6 +204,12 @@ class Settings:
     embed_concurrency: int = 1
     # how payloads look to the consumer (kb_reindex.layouts): `native`, `langchain4j[:<text key>]`, ...
     payload_layout: str = "native"
+    # the opt-in query log (personal data), replay before promotion and the watch after it
+    query_log: bool = False
+    query_log_keep: int = 5000
+    replay_queries: int = 200
+    watch_minutes: float = 0.0
+    watch_interval_s: float = 60.0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> Settings:
@@ -257,6 +277,11 @@ class Settings:
             snapshot_before_drop=_bool(env, "KB_SNAPSHOT_BEFORE_DROP"),
             embed_concurrency=_int(env, "KB_EMBED_CONCURRENCY", 1, minimum=1),
             payload_layout=_payload_layout(env),
+            query_log=_bool(env, "KB_QUERY_LOG"),
+            query_log_keep=_int(env, "KB_QUERY_LOG_KEEP", 5000, minimum=1),
+            replay_queries=_int(env, "KB_REPLAY_QUERIES", 200, minimum=0),
+            watch_minutes=_minutes(env, "KB_WATCH_MINUTES"),
+            watch_interval_s=float(_int(env, "KB_WATCH_INTERVAL_S", 60, minimum=1)),
         )
         return replace(settings, **overrides) if overrides else settings
 

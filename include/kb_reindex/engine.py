@@ -19,6 +19,7 @@ from kb_reindex.layouts import version_profile
 from kb_reindex.plan import prepare_logged as make_plan
 from kb_reindex.promote import cleanup, has_served, promote, rollback, rollback_target
 from kb_reindex.reconcile import drift_advice
+from kb_reindex.replay import summary as replay_summary
 from kb_reindex.runtime import Deps, StateDeps, new_run_id
 from kb_reindex.state import VersionRecord, default_lock_owner
 from kb_reindex.store import describe_qdrant_failure
@@ -187,17 +188,20 @@ def validation_summary(result: dict[str, Any]) -> dict[str, Any]:
         "report": result.get("report"),
         "by_category": result.get("by_category"),
         "paired": result.get("paired"),
+        "replay": replay_summary(result.get("replay")),
     }
 
 
 def run_rollback(deps: Deps, *, reason: str, to_version: int | None = None, run_id: str | None = None,
-                 trigger: str = "cli", revalidate: bool = True) -> dict[str, Any]:
+                 trigger: str = "cli", revalidate: bool = True, action: str = "rollback",
+                 expected_live: int | None = None) -> dict[str, Any]:
     alias = deps.settings.alias
     run_id = run_id or new_run_id("rollback")
     deps.state.start_run(run_id=run_id, alias=alias, kind="rollback", trigger=trigger)
     try:
         with exclusive(deps, run_id=run_id):
-            result = rollback(deps, reason=reason, to_version=to_version, run_id=run_id, revalidate=revalidate)
+            result = rollback(deps, reason=reason, to_version=to_version, run_id=run_id, revalidate=revalidate,
+                              action=action, expected_live=expected_live)
     except KbError as exc:
         deps.state.finish_run(run_id, outcome="failed", error=str(exc))
         raise

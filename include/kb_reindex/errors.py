@@ -55,6 +55,12 @@ class StoreError(KbError):
     """Qdrant refused, or holds something this run cannot safely use."""
 
 
+class AliasReadBackError(StoreError):
+    """Qdrant answered an alias move with success, but the alias does not resolve to the target."""
+
+    step = "promote"
+
+
 class StateDriftError(KbError):
     """Qdrant and the state DB disagree; an operator must look before anything moves."""
 

@@ -17,6 +17,7 @@ from kb_reindex.embedding import check_model_served
 from kb_reindex.errors import ConfigError, StateDriftError
 from kb_reindex.golden import check_golden_set
 from kb_reindex.layouts import embedding_profile, layout_spec, version_profile
+from kb_reindex.replay import load_replay_gate
 from kb_reindex.runtime import Deps
 from kb_reindex.state import VersionRecord
 from kb_reindex.store import DISTANCE
@@ -113,6 +114,7 @@ def prepare(
     # only the plan checks the golden set against today's files: a rollback to an older version must
     # not be blocked by probes that name documents added since
     check_golden_set(settings.golden_set, {d.knowledge_key for d in documents})
+    load_replay_gate(settings.golden_set)  # its `replay:` thresholds too, before any version exists
     chunks = scan.chunk_refs()
     fingerprint = scan.fingerprint
     cv = scan.chunking_version

@@ -16,6 +16,10 @@ from kb_reindex.state import VersionRecord, utcnow
 log = logging.getLogger(__name__)
 
 
+#: alias events that undo a promotion: on-call's rollback and the watch's automatic one
+ROLLBACK_ACTIONS = ("rollback", "auto-rollback")
+
+
 def alias_lock_name(alias: str) -> str:
     return f"alias:{alias}"
 
@@ -133,7 +137,7 @@ def rollback_target(deps: Deps) -> VersionRecord | None:
     if live is None:
         return None
     for event in reversed(deps.state.alias_events(alias)):
-        if event["action"] == "rollback":
+        if event["action"] in ROLLBACK_ACTIONS:
             continue
         if event["to_version"] == live.version and event["from_version"] is not None:
             candidate = deps.state.get_version(alias, event["from_version"])
@@ -304,8 +308,13 @@ def rollback(
     to_version: int | None = None,
     run_id: str | None = None,
     revalidate: bool = True,
+    action: str = "rollback",
+    expected_live: int | None = None,
 ) -> dict[str, Any]:
-    """Put a previous version back behind the alias, after checking it is structurally whole."""
+    """Put a previous version back behind the alias, after checking it is structurally whole.
+
+    `action="auto-rollback"` is the watch's; `expected_live` refuses the rollback unless that version is
+    still live (the watch undoes only its own promotion)."""
     from kb_reindex.validate import validate
 
     alias = deps.settings.alias
@@ -314,6 +323,8 @@ def rollback(
     live = deps.state.live_version(alias)
     if live is None:
         raise RollbackRefused(f"{alias} has no live version; there is nothing to roll back from")
+    if expected_live is not None and live.version != expected_live:
+        raise AliasMovedError(f"{alias} serves v{live.version} now, not v{expected_live}: nothing was rolled back")
     target = deps.state.get_version(alias, to_version) if to_version is not None else rollback_target(deps)
     if target is None:
         raise RollbackRefused(
@@ -344,7 +355,7 @@ def rollback(
         except KbError as exc:
             scores = {"passed": None, "error": str(exc)}
             log.warning("kb_reindex: re-scoring v%d failed (%s); rolling back anyway", target.version, exc)
-    switch_alias(deps, target, expected_from=live.collection, action="rollback", run_id=run_id, reason=reason.strip())
+    switch_alias(deps, target, expected_from=live.collection, action=action, run_id=run_id, reason=reason.strip())
     log.info("kb_reindex: rolled %s back from v%d to v%d (%s)", alias, live.version, target.version, reason.strip())
     return {"outcome": "rolled_back", "from_version": live.version, "to_version": target.version,
             "collection": target.collection, "validation": scores, "error": None}

@@ -100,6 +100,11 @@ def search_knowledge(
     # the collection the model was read from, not the alias again: a promotion in between must not pair
     # this query vector with another model's collection (the previous collection is kept, so it still answers)
     hits = deps.store.search(live["collection"], vector, k=k, tenant=tenant)
+    if deps.settings.query_log:
+        from kb_reindex.querylog import log_search
+
+        log_search(deps, query=text, tenant=tenant, k=k, version=live["version"],
+                   keys=[str((h.payload or {}).get("knowledge_key")) for h in hits])
     return {
         "alias": alias,
         "version": live["version"],

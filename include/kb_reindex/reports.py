@@ -81,6 +81,7 @@ regressions {result['regressions']}</p>
 <h2>Structural checks</h2>{checks.to_html(index=False)}
 <h2>Golden probes</h2>{probes.to_html(index=False, na_rep="-")}
 <h2>Instruction-like text ({len(flagged)})</h2>{flagged.to_html(index=False) if len(flagged) else '<p>None found.</p>'}
+{replay_html(result.get("replay"))}
 </body></html>"""
     path = folder / "validation.html"
     path.write_text(body, encoding="utf-8")
@@ -170,3 +171,33 @@ def _markdown(frame: pd.DataFrame) -> str:
     rows = ["| " + " | ".join("" if pd.isna(v) else str(v).replace("|", "\\|") for v in row) + " |"
             for row in frame.itertuples(index=False)]
     return "\n".join([header, rule, *rows])
+
+
+def replay_html(report: dict[str, Any] | None) -> str:
+    """The replay of logged queries (kb_reindex.replay): totals, thresholds and the worst queries first.
+    Logged query text is personal data; it is shown here as it is in the state DB, cut to 80 characters."""
+    import html
+
+    if report is None:
+        return "<h2>Replay of logged queries</h2><p>Not run (the structural checks failed).</p>"
+    if "skipped" in report:
+        return f"<h2>Replay of logged queries</h2><p>Skipped: {html.escape(report['skipped'])}.</p>"
+    thresholds = report["thresholds"]
+    verdict = ("PASSED" if report["passed"] else "FAILED") if report["gated"] else "reported, not gated (another model)"
+    rows = pd.DataFrame(report["per_query"], columns=["log_id", "query", "tenant", "overlap", "live_top", "top_changed",
+                                                      "rank_candidate", "rank_change", "lost_top_hit", "empty_live",
+                                                      "empty_candidate"])
+    rows["query"] = rows["query"].map(lambda q: q if len(q) <= 80 else q[:79] + "…")
+    for name in ("rank_candidate", "rank_change"):
+        rows[name] = rows[name].astype("Int64")
+
+    def rate(value: Any) -> str:
+        return "-" if value is None else f"{value:.3f}"
+
+    return f"""<h2>Replay of logged queries: {verdict}</h2>
+<p>{report['queries']} queries on live v{report['live_version']} and on this version; mean top-k overlap
+{rate(report['mean_overlap'])}; empty results {rate(report['empty_live'])} on live, {rate(report['empty_candidate'])}
+here (max +{thresholds['max_empty_increase']}); live's top hit, a document this run did not change, lost from the top k
+in {report['lost_top_hits']} of {report['unchanged_top_hits']} queries (max share {thresholds['max_lost_top_hits']});
+{report['changed_documents']} document(s) changed by this run.</p>
+{rows.to_html(index=False, na_rep="-")}"""

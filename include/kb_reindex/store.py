@@ -17,7 +17,7 @@ from typing import Any
 from qdrant_client import QdrantClient, models
 
 from kb_reindex.config import Settings
-from kb_reindex.errors import AliasMovedError, ConfigError, KbError, StoreError, StoreUnreachable
+from kb_reindex.errors import AliasMovedError, AliasReadBackError, ConfigError, KbError, StoreError, StoreUnreachable
 from kb_reindex.embedding import redact_url
 
 log = logging.getLogger(__name__)
@@ -296,7 +296,26 @@ class KnowledgeStore:
             models.CreateAliasOperation(create_alias=models.CreateAlias(collection_name=to, alias_name=alias))
         )
         self.client.update_collection_aliases(change_aliases_operations=operations)
+        self.check_alias(alias, to=to, was=current)
         log.info("kb_reindex: alias %s -> %s (was %s)", alias, to, current or "nothing")
+
+    def check_alias(self, alias: str, *, to: str, was: str | None, reads: int = 3, pause_s: float = 0.2) -> None:
+        """Read the alias back after a move: an answer of success is not proof that readers follow the new
+        collection (a proxy that swallowed the request, a cluster that did not commit it). A few reads a moment
+        apart allow a change still being applied; then the mismatch is raised, before the state DB records it."""
+        seen = None
+        for attempt in range(reads):
+            seen = self.alias_target(alias)
+            if seen == to:
+                return
+            if attempt < reads - 1:
+                time.sleep(pause_s * (attempt + 1))
+        raise AliasReadBackError(
+            f"alias {alias} was moved to {to} (Qdrant answered success) but reads back as {seen or 'nothing'} "
+            f"(was {was or 'nothing'}): the move did not take. The state DB was not changed; readers follow "
+            f"{seen or 'nothing'}. Check Qdrant, then `kb-reindex status`; `kb-reindex reconcile` records it "
+            "if the move shows up later"
+        )
 
     def close(self) -> None:
         self.client.close()

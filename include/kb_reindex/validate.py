@@ -251,6 +251,13 @@ def _validate(deps: Deps, version: VersionRecord, *, min_hit_rate: float | None,
                                                        same_model=same_model)
     if structural_ok:
         failures += gate_failures
+    # real (logged) queries on live and on the candidate: kb_reindex.replay
+    replayed = None
+    if structural_ok:
+        from kb_reindex.replay import replay
+
+        replayed, replay_failures = replay(deps, version, baseline, same_model=same_model)
+        failures += replay_failures
     if flagged is None:
         flagged = instruction_lines(deps.settings.knowledge_dir, max_bytes=deps.settings.max_doc_bytes)
     if flagged and deps.settings.block_on_instructions:
@@ -278,6 +285,7 @@ def _validate(deps: Deps, version: VersionRecord, *, min_hit_rate: float | None,
         "paired": paired,
         "probes_fingerprint": probes_fingerprint,
         "flagged_instructions": flagged,
+        "replay": replayed,
     }
     from kb_reindex.reports import write_html_report, write_validation_report
 

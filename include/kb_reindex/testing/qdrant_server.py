@@ -103,7 +103,9 @@ class FaultRule:
     "update_aliases", ...), "*" for every operation, or "METHOD /path-glob" (method may be "*").
 
     A matching request first waits ``delay_s``; then it is dropped (socket closed, no answer) if
-    ``drop``, answered ``status`` if set, or served normally. The first ``after`` matching requests
+    ``drop``, answered ``status`` if set, answered success without being applied if ``ignore`` (a write
+    that does not take, e.g. an alias move lost by a proxy or an uncommitted cluster change), or served
+    normally. The first ``after`` matching requests
     pass untouched; then the rule fires ``count`` times (None: until cleared)."""
 
     match: str
@@ -112,6 +114,7 @@ class FaultRule:
     drop: bool = False
     count: int | None = 1
     after: int = 0
+    ignore: bool = False
     id: int = 0
     seen: int = 0
     fired: int = 0
@@ -132,12 +135,13 @@ class FaultPlan:
         self._ids = itertools.count(1)
 
     def add(self, match: str, *, status: int | None = None, delay_s: float = 0.0, drop: bool = False,
-            count: int | None = 1, after: int = 0) -> FaultRule:
-        if status is None and not drop and delay_s <= 0:
-            raise ValueError("a fault needs a status, a delay or drop")
+            count: int | None = 1, after: int = 0, ignore: bool = False) -> FaultRule:
+        if status is None and not drop and not ignore and delay_s <= 0:
+            raise ValueError("a fault needs a status, a delay, drop or ignore")
         if status is not None and not 400 <= status <= 599:
             raise ValueError(f"status {status} is not an HTTP error status")
-        rule = FaultRule(match=match, status=status, delay_s=float(delay_s), drop=drop, count=count, after=after)
+        rule = FaultRule(match=match, status=status, delay_s=float(delay_s), drop=drop, count=count, after=after,
+                         ignore=bool(ignore))
         with self._lock:
             rule.id = next(self._ids)
             self._rules.append(rule)
@@ -666,6 +670,10 @@ class _Handler(BaseHTTPRequestHandler):
                 if fault.status is not None:
                     kind = "Service internal error" if fault.status >= 500 else "Bad request"
                     raise _HttpError(fault.status, f"{kind}: injected fault #{fault.id} on {op}")
+                if fault.ignore:
+                    record.status = 200
+                    self._send_json(200, {"result": True, "status": "ok", "time": time.perf_counter() - started})
+                    return
             if path not in _OPEN_PATHS and (refused := self._authorised()) is not None:
                 record.status = 401
                 self._send_text(401, refused)
@@ -704,7 +712,7 @@ class _Handler(BaseHTTPRequestHandler):
             elif path == "/__faults" and self.command == "POST":
                 if not isinstance(body, dict) or not isinstance(body.get("match"), str):
                     raise _HttpError(400, 'a fault needs {"match": "<operation> | METHOD /path-glob", ...}')
-                allowed = {"match", "status", "delay_s", "drop", "count", "after"}
+                allowed = {"match", "status", "delay_s", "drop", "count", "after", "ignore"}
                 if unknown := set(body) - allowed:
                     raise _HttpError(400, f"unknown fault fields: {sorted(unknown)}")
                 try:
@@ -938,9 +946,9 @@ class QdrantServerProcess:
             raise RuntimeError(f"{method} {path}: {exc.code} {exc.read().decode('utf-8', 'replace')}") from None
 
     def add_fault(self, match: str, *, status: int | None = None, delay_s: float = 0.0, drop: bool = False,
-                  count: int | None = 1, after: int = 0) -> dict[str, Any]:
+                  count: int | None = 1, after: int = 0, ignore: bool = False) -> dict[str, Any]:
         return self._admin("POST", "/__faults", {"match": match, "status": status, "delay_s": delay_s,
-                                                 "drop": drop, "count": count, "after": after})
+                                                 "drop": drop, "count": count, "after": after, "ignore": ignore})
 
     def faults(self) -> list[dict[str, Any]]:
         return self._admin("GET", "/__faults")
