@@ -153,6 +153,8 @@ class Settings:
     collection_config: dict[str, Any] | None = field(default=None, hash=False)
     index_wait_s: int = 600
     snapshot_before_drop: bool = False
+    # slots of the Airflow pool kb_qdrant_writes: build slices writing at once (scripts and compose init set it)
+    build_parallelism: int = 1
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> Settings:
@@ -216,8 +218,19 @@ class Settings:
             collection_config=_collection_config(env, root),
             index_wait_s=_int(env, "KB_INDEX_WAIT_S", 600, minimum=0),
             snapshot_before_drop=_bool(env, "KB_SNAPSHOT_BEFORE_DROP"),
+            build_parallelism=_int(env, "KB_BUILD_PARALLELISM", 1, minimum=1),
         )
-        return replace(settings, **overrides) if overrides else settings
+        settings = replace(settings, **overrides) if overrides else settings
+        settings.check_build_parallelism()
+        return settings
+
+    def check_build_parallelism(self) -> None:
+        """Local mode opens its folder for one client: slices writing at once would fail on its lock."""
+        if self.build_parallelism > 1 and not self.qdrant_remote:
+            raise ConfigError(
+                f"KB_BUILD_PARALLELISM={self.build_parallelism} needs a Qdrant server (KB_QDRANT_URL): local mode "
+                f"(KB_QDRANT_PATH={self.qdrant_path}) admits one client at a time; set KB_BUILD_PARALLELISM=1"
+            )
 
     @property
     def qdrant_remote(self) -> bool:
@@ -229,3 +242,21 @@ class Settings:
         if embedder not in EMBEDDERS:
             raise ConfigError(f"embedder {embedder!r} is unknown; choose one of {', '.join(EMBEDDERS)}")
         return replace(self, embedder=embedder, embed_model=model, embed_dim=dim)
+
+
+def build_pool_slots() -> int:
+    """`python -m kb_reindex.config`: the slots of the write pool, for the scripts that create it (`make demo`,
+    `make airflow`, the compose init): KB_BUILD_PARALLELISM as the settings accept it, or a clear refusal."""
+    import sys
+
+    try:
+        slots = Settings.from_env().build_parallelism
+    except ConfigError as exc:
+        print(f"kb-reindex: configuration error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    print(slots)
+    return slots
+
+
+if __name__ == "__main__":
+    build_pool_slots()
