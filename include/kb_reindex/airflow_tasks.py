@@ -269,9 +269,8 @@ def step(deps: Deps, run_id: str) -> Iterator[None]:
 
 def plan_task(*, run_id: str, kind: str = "reindex", force_full: bool = False, embedder: str | None = None,
               model: str | None = None, dim: int | None = None) -> dict[str, Any]:
-    from kb_reindex.plan import plan
-
     from kb_reindex import dag_lock
+    from kb_reindex.plan import plan
 
     with task_deps() as deps:
         deps.state.start_run(run_id=run_id, alias=deps.settings.alias, kind=kind, trigger="airflow")
