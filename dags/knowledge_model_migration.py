@@ -22,7 +22,7 @@ from datetime import datetime, timedelta
 from airflow.sdk import Param, TriggerRule, dag, task
 
 from kb_reindex.config import DEFAULT_MODELS
-from kb_reindex.dag_support import KNOWLEDGE_ALIAS, POOL, current_run_id
+from kb_reindex.dag_support import KNOWLEDGE_ALIAS, POOL, current_run_id, release_run_lock
 
 
 
@@ -33,7 +33,9 @@ from kb_reindex.dag_support import KNOWLEDGE_ALIAS, POOL, current_run_id
     max_active_runs=1,
     doc_md=__doc__,
     tags=["knowledge", "qdrant", "migration"],
-    default_args={"retries": 2, "retry_delay": timedelta(minutes=1), "retry_exponential_backoff": True},
+    # the run holds the alias's reindex lock from plan to cleanup; a task that fails for good releases it
+    default_args={"retries": 2, "retry_delay": timedelta(minutes=1), "retry_exponential_backoff": True,
+                  "on_failure_callback": release_run_lock},
     params={
         "embedder": Param("ollama", type="string", enum=["ollama", "hashing"], title="Embedder",
                           description="ollama: the Ollama server of the ollama_default Connection (production); "
@@ -106,7 +108,7 @@ def knowledge_model_migration():
     def cleanup() -> dict:
         from kb_reindex.airflow_tasks import cleanup_task
 
-        return cleanup_task()
+        return cleanup_task(run_id=current_run_id())
 
     planned = plan()
     version = create_version(planned)

@@ -33,7 +33,7 @@ from datetime import datetime, timedelta
 
 from airflow.sdk import Param, TriggerRule, dag, task
 
-from kb_reindex.dag_support import KNOWLEDGE_ALIAS, POOL, current_run_id
+from kb_reindex.dag_support import KNOWLEDGE_ALIAS, POOL, current_run_id, release_run_lock
 
 
 
@@ -44,7 +44,9 @@ from kb_reindex.dag_support import KNOWLEDGE_ALIAS, POOL, current_run_id
     max_active_runs=1,
     doc_md=__doc__,
     tags=["knowledge", "qdrant"],
-    default_args={"retries": 2, "retry_delay": timedelta(minutes=1), "retry_exponential_backoff": True},
+    # the run holds the alias's reindex lock from plan to cleanup; a task that fails for good releases it
+    default_args={"retries": 2, "retry_delay": timedelta(minutes=1), "retry_exponential_backoff": True,
+                  "on_failure_callback": release_run_lock},
     params={
         "force_full_rebuild": Param(False, type="boolean", title="Force full rebuild",
                                     description="Embed every chunk again; reuse no vector from live.", section="Build"),
@@ -78,7 +80,7 @@ def knowledge_reindex():
     def build_slices(version: dict, params: dict | None = None) -> list[dict]:
         from kb_reindex.airflow_tasks import build_slices_task
 
-        return build_slices_task(version=version, slice_size=params["build_slice_size"])
+        return build_slices_task(version=version, slice_size=params["build_slice_size"], run_id=current_run_id())
 
     @task(pool=POOL, retries=3)
     def build(work: dict) -> dict:
@@ -108,7 +110,7 @@ def knowledge_reindex():
     def cleanup(params: dict | None = None) -> dict:
         from kb_reindex.airflow_tasks import cleanup_task
 
-        return cleanup_task(dry_run=params["dry_run"])
+        return cleanup_task(dry_run=params["dry_run"], run_id=current_run_id())
 
     planned = plan()
     version = create_version(planned)

@@ -41,7 +41,10 @@ for name in "${components[@]}"; do
 done
 
 airflow db migrate > "$run/db-migrate.log" 2>&1 || { tail -n 40 "$run/db-migrate.log"; exit 1; }
-airflow pools set kb_qdrant_writes 1 "Serialises writes to the Qdrant knowledge store" > "$run/pool.log" 2>&1 \
+# the write pool's slots are KB_BUILD_PARALLELISM (build slices writing at once), checked by the settings:
+# local mode admits one client, so a larger value there stops here with the reason
+slots="$(python -m kb_reindex.config)"
+airflow pools set kb_qdrant_writes "$slots" "Qdrant writes of kb-reindex (KB_BUILD_PARALLELISM)" > "$run/pool.log" 2>&1 \
   || { cat "$run/pool.log"; exit 1; }
 
 # each component leads a session of its own (setsid), so stopping its process group stops its children too

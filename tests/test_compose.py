@@ -582,7 +582,9 @@ def test_init_migrates_and_creates_the_pool(init_commands: list[list[str]]) -> N
     assert POOL == airflow_tasks.POOL
     assert ["airflow", "db", "migrate"] in init_commands
     pools = [cmd for cmd in init_commands if cmd[:3] == ["airflow", "pools", "set"]]
-    assert any(cmd[3] == airflow_tasks.POOL and cmd[4] == "1" for cmd in pools), f"pool {airflow_tasks.POOL}: {pools}"
+    # its slots are KB_BUILD_PARALLELISM as the settings accept it (local mode refuses more than 1)
+    assert any(cmd[3] == airflow_tasks.POOL and cmd[4] == "$slots" for cmd in pools), f"pool {airflow_tasks.POOL}: {pools}"
+    assert ["slots=$(python -m kb_reindex.config)"] in init_commands
     migrate = init_commands.index(["airflow", "db", "migrate"])
     assert all(init_commands.index(cmd) > migrate for cmd in pools)
 

@@ -361,18 +361,23 @@ def test_alias_moved_forward_before_the_state_write_is_reconciled(deps: Deps, co
 
 
 def test_two_runs_never_take_the_same_version_number(deps: Deps, counting: CountingEmbedder) -> None:
+    from kb_reindex import dag_lock
     from kb_reindex.build import create_version
     from kb_reindex.plan import plan
 
     p = plan(deps)
     for run_id in ("run-a", "run-b"):
         deps.state.start_run(run_id=run_id, alias="mall_knowledge", kind="reindex", trigger="airflow")
+    dag_lock.take(deps, "run-a")  # a DAG run holds the alias's reindex lock from its plan on: it is active
     a = create_version(deps, {**p, "force_full": True}, run_id="run-a")
     b = create_version(deps, {**p, "force_full": True}, run_id="run-b")
     assert a["version"] != b["version"]
     assert a["collection"] != b["collection"]
-    # once run-a has ended, a rerun of the same forced plan resumes its version instead of a third
+    # once run-a has ended (its failure callback let the lock go), a rerun of the same forced plan resumes
+    # its version instead of a third (not run-b's: run-b holds the lock now)
     deps.state.finish_run("run-a", outcome="failed", error="x")
+    dag_lock.release(deps, "run-a")
+    dag_lock.take(deps, "run-b")
     deps.state.start_run(run_id="run-c", alias="mall_knowledge", kind="reindex", trigger="cli")
     c = create_version(deps, {**p, "force_full": True}, run_id="run-c")
     assert c["resumed"] and c["version"] == a["version"]

@@ -1,19 +1,25 @@
 """`make airflow`: the DAGs under a real scheduler, started by scripts/airflow.sh on a free port.
 
 Not `dag.test()`: the api-server, scheduler, dag-processor and triggerer run as they would on a laptop
-(LocalExecutor, SQLite), each task in a process of its own that reports through the execution API.
+(LocalExecutor, SQLite), each task in a process of its own that reports through the execution API. One
+Airflow serves the whole module (starting it is the slow part), against our Qdrant-protocol server with
+KB_BUILD_PARALLELISM=2, so build slices can write at once as on a Qdrant server in production.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
 import httpx
@@ -76,13 +82,32 @@ class LocalAirflow:
         return all(run["state"] in ("success", "failed") for run in runs)
 
 
-@pytest.fixture
-def local_airflow(project: Path, tmp_path: Path) -> Iterator[LocalAirflow]:
-    """scripts/airflow.sh with its home and the project under tmp_path (never the checkout's .airflow/ or .kb/)."""
+@pytest.fixture(scope="module")
+def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The shipped knowledge in a project of the module's own: every test here talks to one Airflow."""
+    root = tmp_path_factory.mktemp("airflow-project")
+    shutil.copytree(REPO / "knowledge", root / "knowledge")
+    return root
+
+
+@pytest.fixture(scope="module")
+def qdrant(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    from kb_reindex.testing.qdrant_server import FakeQdrantServer
+
+    with FakeQdrantServer(tmp_path_factory.mktemp("qdrant-server")) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def local_airflow(project: Path, qdrant: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalAirflow]:
+    """scripts/airflow.sh with its home and the project under a temporary folder (never the checkout's
+    .airflow/ or .kb/), the store our Qdrant-protocol server, two slots in the write pool."""
+    tmp_path = tmp_path_factory.mktemp("local-airflow")
     port = free_port()
     env = {name: value for name, value in os.environ.items() if not name.startswith("AIRFLOW")}
     env.update(AIRFLOW_HOME=str(tmp_path / "airflow-home"), KB_PROJECT_ROOT=str(project),
-               KB_AIRFLOW_PORT=str(port), PATH=f"{BIN}:{env.get('PATH', '')}")
+               KB_AIRFLOW_PORT=str(port), PATH=f"{BIN}:{env.get('PATH', '')}", KB_QDRANT_URL=qdrant.url,
+               KB_BUILD_PARALLELISM="2")
     try:
         started = subprocess.run(["bash", str(REPO / "scripts" / "airflow.sh")], env=env, capture_output=True,
                                  text=True, timeout=240)
@@ -129,3 +154,74 @@ def test_make_airflow_runs_reindex_and_rollback_under_the_real_scheduler(local_a
     last = kb(airflow.env, "history")["events"][-1]
     assert (last["action"], last["reason"]) == ("rollback", "local airflow check")
     assert last["run_id"].startswith("airflow__knowledge_rollback__")
+
+
+@pytest.mark.airflow
+def test_build_slices_write_to_qdrant_at_once_and_equal_a_serial_build(local_airflow: LocalAirflow, qdrant: Any) -> None:
+    """KB_BUILD_PARALLELISM=2 gives the pool two slots, and the scheduler runs two mapped build slices at once:
+    the first upsert of the build waits at Qdrant for a second one (which only another slice can send: a slice
+    writes its batches one after another), and the request log shows the two in flight together. The version
+    they build equals a serial build of the same files (the CLI, one process): same IDs, vectors, payloads."""
+    from qdrant_client import QdrantClient
+
+    airflow = local_airflow
+    assert airflow.http.get("/pools/kb_qdrant_writes").json()["slots"] == 2
+    airflow.wait("knowledge_reindex parsed", lambda: airflow.http.get("/dags/knowledge_reindex").status_code == 200, 120)
+    if airflow.http.get("/dags/knowledge_reindex").json()["is_paused"]:  # run alone: unpausing starts today's run
+        airflow.wait_for_success("knowledge_reindex", airflow.trigger("knowledge_reindex"), 180)
+    airflow.wait("every knowledge_reindex run finished", lambda: airflow.idle("knowledge_reindex"), 120)
+    total = kb(airflow.env, "plan")["chunks"]["total"]
+    assert total >= 4
+
+    met, arrivals, guard = threading.Barrier(2, timeout=120), [], threading.Lock()
+    real_call = qdrant._backend_call
+
+    def first_two_upserts_meet(op: str, params: dict, query: dict, body: Any, record: Any = None) -> Any:
+        if op == "upsert":
+            with guard:
+                arrivals.append(time.monotonic())
+                waits = len(arrivals) <= 2
+            if waits:
+                met.wait()  # BrokenBarrierError (answered 500) if no second slice writes meanwhile
+        return real_call(op, params, query, body, record)
+
+    qdrant.clear_requests()
+    qdrant._backend_call = first_two_upserts_meet
+    try:
+        run_id = airflow.trigger("knowledge_reindex", {"force_full_rebuild": True,
+                                                       "build_slice_size": math.ceil(total / 2)})
+        airflow.wait_for_success("knowledge_reindex", run_id, 300)
+    finally:
+        qdrant._backend_call = real_call
+    tasks = airflow.http.get(f"/dags/knowledge_reindex/dagRuns/{quote(run_id, safe='')}/taskInstances").json()
+    assert sorted(t["state"] for t in tasks["task_instances"] if t["task_id"] == "build") == ["success", "success"]
+    assert not met.broken
+
+    status = kb(airflow.env, "status")
+    parallel = status["live"]["collection"]
+    upserts = [r for r in qdrant.requests() if r.op == "upsert" and r.collection == parallel and r.status == 200]
+    assert any(a.at < b.at + b.handle_s and b.at < a.at + a.handle_s
+               for i, a in enumerate(upserts) for b in upserts[i + 1:]), "no two upserts were in flight together"
+
+    serial = kb({**airflow.env, "KB_ALIAS": "serial_check"}, "run", "--force-full")
+    assert serial["outcome"] == "promoted", serial
+
+    client = QdrantClient(url=qdrant.url, timeout=60)
+    try:
+        def points(collection: str) -> dict[str, tuple[list[float], dict]]:
+            found, offset = {}, None
+            while True:
+                page, offset = client.scroll(collection, limit=256, offset=offset, with_vectors=True, with_payload=True)
+                found.update({str(p.id): (p.vector, p.payload) for p in page})
+                if offset is None:
+                    return found
+
+        built, reference = points(parallel), points(serial["collection"])
+    finally:
+        client.close()
+    assert len(built) == total and built.keys() == reference.keys()
+    for point_id, (vector, payload) in built.items():
+        ref_vector, ref_payload = reference[point_id]
+        assert vector == pytest.approx(ref_vector, abs=1e-6), point_id
+        # each names its own version number; everything else is the same
+        assert {**payload, "version": None} == {**ref_payload, "version": None}, point_id

@@ -265,12 +265,16 @@ def test_gc_drops_a_build_abandoned_by_a_run_that_ended(deps: Deps) -> None:
 
     engine.run_reindex(deps)
     edit(deps, "coupon-rules", "补充：测试。")
+    from kb_reindex import dag_lock
+
     deps.state.start_run(run_id="crashed", alias=ALIAS, kind="reindex", trigger="airflow")
+    dag_lock.take(deps, "crashed")  # a DAG run holds the alias's lock from its plan until it ends
     created = create_version(deps, plan(deps), run_id="crashed")
     assert deps.state.get_version(ALIAS, 2).status == "building"
     cleanup(deps)
     assert deps.state.get_version(ALIAS, 2).status == "building", "its run may still be retrying"
     deps.state.finish_run("crashed", outcome="failed", error="worker lost")
+    dag_lock.release(deps, "crashed")  # its failure callback
     result = cleanup(deps)
     assert [d["version"] for d in result["deleted"]] == [2]
     assert not deps.store.exists(created["collection"])

@@ -322,11 +322,14 @@ def test_two_runs_at_once_exactly_one_promotes(deps: Deps, monkeypatch: pytest.M
 
 
 def test_two_dag_style_runs_without_the_run_lock_promote_exactly_once(deps: Deps) -> None:
-    """As if max_active_runs were lifted: task by task, interleaved, with separate run ids."""
+    """As if max_active_runs were lifted and the second run ignored the lock the first holds: task by task,
+    interleaved, with separate run ids."""
+    from kb_reindex import dag_lock
     from kb_reindex.errors import AliasMovedError
 
     for run_id in ("run-a", "run-b"):
         deps.state.start_run(run_id=run_id, alias=ALIAS, kind="reindex", trigger="airflow")
+    dag_lock.take(deps, "run-a")  # run-a is active: its version is never resumed by run-b
     plans = {r: plan(deps) for r in ("run-a", "run-b")}
     created = {r: create_version(deps, plans[r], run_id=r) for r in plans}
     assert created["run-a"]["version"] != created["run-b"]["version"], "no version number is taken twice"

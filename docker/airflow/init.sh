@@ -2,7 +2,7 @@
 # airflow-init: one-shot bootstrap of the Airflow side, run on every `docker compose up` (idempotent).
 #   1. metadata DB schema          airflow db migrate
 #   2. admin login                 SimpleAuthManager password file from AIRFLOW_ADMIN_PASSWORD
-#   3. pool                        kb_qdrant_writes, 1 slot: one writer to Qdrant at a time
+#   3. pool                        kb_qdrant_writes, KB_BUILD_PARALLELISM slots (default 1): build slices writing at once
 #   4. Connections                 qdrant_default, kb_state, ollama_default (recreated from .env)
 #   5. smoke check                 kb-reindex status: state DB and Qdrant reachable with these secrets
 # The Connection ids are the ones include/kb_reindex/airflow_tasks.py reads. A failure here (exit != 0)
@@ -29,8 +29,10 @@ path.write_text(json.dumps({os.environ.get("AIRFLOW_ADMIN_USER", "admin"): os.en
 path.chmod(0o600)
 PY
 
-echo "airflow-init: pool kb_qdrant_writes"
-airflow pools set kb_qdrant_writes 1 "Serialises writes to the Qdrant knowledge store"
+# KB_BUILD_PARALLELISM slots (build slices writing to Qdrant at once), as the settings accept it
+slots="$(python -m kb_reindex.config)"
+echo "airflow-init: pool kb_qdrant_writes, ${slots} slot(s)"
+airflow pools set kb_qdrant_writes "$slots" "Qdrant writes of kb-reindex (KB_BUILD_PARALLELISM)"
 
 # `connections add` refuses an existing id: delete first, so values changed in .env are applied.
 # --conn-json rather than --conn-type: for a type no installed provider registers, --conn-type silently

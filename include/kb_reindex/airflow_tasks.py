@@ -19,6 +19,7 @@ from kb_reindex.errors import (
     ConfigError,
     GoldenSetError,
     KbError,
+    LockLostError,
     RollbackRefused,
     SourceChangedError,
     SourceError,
@@ -35,7 +36,7 @@ STATE_CONN_ID = "kb_state"
 OLLAMA_CONN_ID = "ollama_default"
 POOL = "kb_qdrant_writes"
 PERMANENT = (ValidationFailed, AliasMovedError, StateDriftError, SourceError, SourceChangedError, GoldenSetError,
-             ConfigError, RollbackRefused)
+             ConfigError, RollbackRefused, LockLostError)
 
 
 def _connection(conn_id: str) -> Any | None:
@@ -139,8 +140,12 @@ def qdrant_overrides(conn: Any, *, root: Any) -> dict[str, Any]:
 
 
 def task_settings() -> tuple[Settings, dict[str, str] | None]:
-    """Settings from the environment, overridden by the Connections that are defined; Ollama's headers."""
-    settings = Settings.from_env()
+    """Settings from the environment, overridden by the Connections that are defined; Ollama's headers.
+    Checked once the Connections apply: `qdrant_default` may be what makes Qdrant a server."""
+    import os
+
+    from kb_reindex.config import project_root
+
     overrides: dict[str, Any] = {}
     headers = None
     if (state_conn := _connection(STATE_CONN_ID)) is not None:
@@ -148,12 +153,8 @@ def task_settings() -> tuple[Settings, dict[str, str] | None]:
     if (ollama_conn := _connection(OLLAMA_CONN_ID)) is not None:
         overrides["ollama_host"], headers = ollama_from_connection(ollama_conn)
     if (qdrant_conn := _connection(QDRANT_CONN_ID)) is not None:
-        overrides.update(qdrant_overrides(qdrant_conn, root=settings.root))
-    if overrides:
-        from dataclasses import replace
-
-        settings = replace(settings, **overrides)
-    return settings, headers
+        overrides.update(qdrant_overrides(qdrant_conn, root=project_root(os.environ)))
+    return Settings.from_env(**overrides), headers
 
 
 @contextmanager
@@ -166,8 +167,11 @@ def task_deps() -> Iterator[Deps]:
 
 @contextmanager
 def task_step(run_id: str) -> Iterator[Deps]:
-    """`task_deps` inside `step`: an error while opening the stores (Qdrant down, a bad Connection) is decided
-    like one in the step's body: recorded on the run when final, a permanent one not retried."""
+    """`task_deps` inside `step`, under the run's reindex lock (renewed now and all along the step): an error
+    while opening the stores (Qdrant down, a bad Connection) is decided like one in the step's body: recorded
+    on the run when final, a permanent one not retried."""
+    from kb_reindex import dag_lock
+
     stack = ExitStack()
     try:
         deps = stack.enter_context(task_deps())
@@ -175,8 +179,34 @@ def task_step(run_id: str) -> Iterator[Deps]:
         stack.close()
         _opening_failed(run_id, exc)
         raise
-    with stack, step(deps, run_id):
+    with stack, step(deps, run_id), dag_lock.held(deps, run_id):
         yield deps
+
+
+def release_run_lock(context: Any) -> None:
+    """The run's failure callback (every task's `on_failure_callback`, called once a task fails for good, not
+    between retries): let go of the run's reindex lock, so the next run or `gc` need not wait for its TTL."""
+    from kb_reindex import dag_lock
+    from kb_reindex.config import Settings
+    from kb_reindex.state import StateStore
+
+    try:
+        run_id = f"airflow__{context['dag'].dag_id}__{context['run_id']}"
+        state = StateStore(_state_url(), create=False)
+        try:
+            dag_lock.release(_LockDeps(Settings.from_env(), state), run_id)
+        finally:
+            state.dispose()
+        log.info("kb_reindex: run %s failed; its lock is released", run_id)
+    except Exception as exc:  # noqa: BLE001 - a callback cannot fail the run further; the lock expires by TTL
+        log.warning("kb_reindex: could not release the failed run's lock (it expires after KB_LOCK_TTL): %s", exc)
+
+
+class _LockDeps:
+    """What `dag_lock` needs: the settings (alias, TTL) and the state DB, without opening Qdrant."""
+
+    def __init__(self, settings: Settings, state: Any) -> None:
+        self.settings, self.state = settings, state
 
 
 def _state_url() -> str:
@@ -248,26 +278,33 @@ def step(deps: Deps, run_id: str) -> Iterator[None]:
 
 def plan_task(*, run_id: str, kind: str = "reindex", force_full: bool = False, embedder: str | None = None,
               model: str | None = None, dim: int | None = None, layout: str | None = None) -> dict[str, Any]:
+    from kb_reindex import dag_lock
     from kb_reindex.plan import plan
 
     with task_deps() as deps:
         deps.state.start_run(run_id=run_id, alias=deps.settings.alias, kind=kind, trigger="airflow")
         with step(deps, run_id):
+            # the run's reindex lock, held until cleanup (or the failure callback) lets it go
+            dag_lock.take(deps, run_id)
             return plan(deps, force_full=force_full or kind == "migration", kind=kind,
                         embedder=embedder, model=model, dim=dim, layout=layout, audit_run_id=run_id)
 
 
 def should_build_task(*, plan: dict[str, Any], dry_run: bool, run_id: str) -> bool:
     """False ends the run here (short-circuit): nothing changed, or only a dry run was asked for."""
+    from kb_reindex import dag_lock
     from kb_reindex.engine import no_change_counters, run_counters
 
-    if not plan["no_change"] and not dry_run:
-        return True
     with task_deps() as deps:
+        dag_lock.renew(deps, run_id)
+        if not plan["no_change"] and not dry_run:
+            return True
         outcome = "no_change" if plan["no_change"] else "dry_run"
         counters = no_change_counters(plan) if plan["no_change"] else run_counters(plan)
         deps.state.finish_run(run_id, outcome=outcome, version=plan["base_version"], **counters)
         log.info("kb_reindex: %s; nothing is built", outcome)
+        if dry_run:  # nothing else of this run writes (cleanup skips a dry run); a no-change run's cleanup does
+            dag_lock.release(deps, run_id)
     return False
 
 
@@ -280,9 +317,13 @@ def create_version_task(*, plan: dict[str, Any], run_id: str) -> dict[str, Any]:
         return created
 
 
-def build_slices_task(*, version: dict[str, Any], slice_size: int) -> list[dict[str, Any]]:
+def build_slices_task(*, version: dict[str, Any], slice_size: int, run_id: str | None = None) -> list[dict[str, Any]]:
     """(offset, limit) windows over the version's manifest, for dynamic task mapping of the build."""
+    from kb_reindex import dag_lock
+
     with task_deps() as deps:
+        if run_id is not None:
+            dag_lock.renew(deps, run_id)
         record = deps.state.get_version(deps.settings.alias, version["version"])
         if record is None:
             raise ConfigError(f"version {version['version']} does not exist")
@@ -370,9 +411,11 @@ def announce_alias_move(deps: Deps, *, action: str, version: Any, previous_versi
 
 
 def finish_shadow_task(*, plan: dict[str, Any], version: dict[str, Any], run_id: str) -> dict[str, Any]:
+    from kb_reindex import dag_lock
     from kb_reindex.engine import run_counters
 
     with task_deps() as deps:
+        dag_lock.renew(deps, run_id)
         deps.state.finish_run(run_id, outcome="shadow", version=version["version"], **run_counters(plan),
                               **_built_so_far(deps, run_id))
     return {"version": version["version"], "promoted": False}
@@ -384,17 +427,27 @@ def _built_so_far(deps: Deps, run_id: str) -> dict[str, int]:
     return {"chunks_embedded": row.get("chunks_embedded") or 0, "chunks_reused": row.get("chunks_reused") or 0}
 
 
-def cleanup_task(*, dry_run: bool = False) -> dict[str, Any]:
+def cleanup_task(*, dry_run: bool = False, run_id: str | None = None) -> dict[str, Any]:
     """Retention after any run that did not fail: a quiet knowledge base reclaims abandoned builds too.
-    A dry run promised to change nothing, so it deletes nothing either."""
+    A dry run promised to change nothing, so it deletes nothing either. The run's last step: retention runs
+    under the run's lock, then lets it go (a failed retention keeps it for its retry, or the failure callback)."""
+    from kb_reindex import dag_lock
     from kb_reindex.promote import cleanup
 
     if dry_run:
         from airflow.sdk.exceptions import AirflowSkipException
 
+        if run_id is not None:
+            with task_deps() as deps:
+                dag_lock.release(deps, run_id)
         raise AirflowSkipException("dry run: retention deletes nothing")
     with task_deps() as deps:
-        return cleanup(deps)
+        if run_id is None:
+            return cleanup(deps)
+        with dag_lock.held(deps, run_id):
+            result = cleanup(deps)
+        dag_lock.release(deps, run_id)
+        return result
 
 
 def watch_task(*, promoted: dict[str, Any], run_id: str) -> dict[str, Any]:

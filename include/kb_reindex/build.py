@@ -25,7 +25,7 @@ from kb_reindex.layouts import EMBED_RECIPE, embedding_profile, shape_payload, v
 from kb_reindex.plan import Prepared, prepare
 from kb_reindex.runtime import Deps
 from kb_reindex.sources import Document
-from kb_reindex.state import ManifestRef, VersionRecord, utcnow
+from kb_reindex.state import ManifestRef, VersionRecord
 from kb_reindex.store import DISTANCE, collection_name
 
 log = logging.getLogger(__name__)
@@ -69,18 +69,15 @@ def reindex_lock_name(alias: str) -> str:
 def run_is_active(deps: Deps, run_id: str) -> bool:
     """A run still working (or retrying); its version must not be taken or deleted.
 
-    Alive: it holds the reindex lock (a CLI run renews it for as long as it works, so a CLI run without
-    it is gone), or, for a DAG run, whose tasks hold no lock between them, it started within the lock TTL."""
-    owner = deps.state.get_run(run_id)
-    if owner is None or owner["outcome"] != "running":
-        return False
+    Decided by the alias's reindex lock alone: a CLI run holds it for as long as its process lives, a DAG run
+    from `plan` until `cleanup` or its failure callback, renewed by every task (a long build all along). A run
+    that died stops renewing: its lock expires after KB_LOCK_TTL (at once for a dead process on this host)."""
+    from kb_reindex.state import lock_owner_alive
+
     holder = deps.state.lock_held_by(reindex_lock_name(deps.settings.alias))
-    if holder is not None and holder.startswith(f"{run_id}@"):
-        return True
-    if run_id.startswith("cli__"):
-        return False  # a CLI run holds the alias's lock for as long as it lives: without it, it is gone
-    age = (utcnow() - owner["started_at"]).total_seconds()
-    return age < deps.settings.lock_ttl_s
+    if holder is None or holder.rpartition("@")[0] != run_id:
+        return False
+    return lock_owner_alive(holder) is not False
 
 
 def _resumable(deps: Deps, plan: dict[str, Any], run_id: str | None) -> VersionRecord | None:

@@ -411,7 +411,7 @@ def _confirm_promotion(args: argparse.Namespace, deps: Any) -> bool:
 def _unlock(args: argparse.Namespace, deps: Any) -> int:
     from kb_reindex.build import reindex_lock_name
     from kb_reindex.promote import alias_lock_name
-    from kb_reindex.state import default_lock_owner
+    from kb_reindex.state import default_lock_owner, is_dag_run_owner
 
     alias = deps.settings.alias
     held = deps.state.list_locks(subject=alias)
@@ -435,6 +435,9 @@ def _unlock(args: argparse.Namespace, deps: Any) -> int:
             if any(row["name"] == name and row["owner_alive"] for row in held):
                 log.warning("kb_reindex: %s was held by %s, whose process is still alive: it will stop before it "
                             "promotes anything", name, holder["owner"])
+            elif is_dag_run_owner(holder["owner"]):
+                log.warning("kb_reindex: %s was held by the DAG run %s: its next task finds the lock gone and fails, "
+                            "before it promotes anything", name, holder["owner"])
     _print(args, {"alias": alias, "broken": broken},
            "\n".join(f"broke {b['name']} (held by {b['owner']} since {b['since']})" for b in broken))
     return 0

@@ -210,6 +210,8 @@ class Settings:
     replay_queries: int = 200
     watch_minutes: float = 0.0
     watch_interval_s: float = 60.0
+    # slots of the Airflow pool kb_qdrant_writes: build slices writing at once (scripts and compose init set it)
+    build_parallelism: int = 1
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> Settings:
@@ -282,8 +284,19 @@ class Settings:
             replay_queries=_int(env, "KB_REPLAY_QUERIES", 200, minimum=0),
             watch_minutes=_minutes(env, "KB_WATCH_MINUTES"),
             watch_interval_s=float(_int(env, "KB_WATCH_INTERVAL_S", 60, minimum=1)),
+            build_parallelism=_int(env, "KB_BUILD_PARALLELISM", 1, minimum=1),
         )
-        return replace(settings, **overrides) if overrides else settings
+        settings = replace(settings, **overrides) if overrides else settings
+        settings.check_build_parallelism()
+        return settings
+
+    def check_build_parallelism(self) -> None:
+        """Local mode opens its folder for one client: slices writing at once would fail on its lock."""
+        if self.build_parallelism > 1 and not self.qdrant_remote:
+            raise ConfigError(
+                f"KB_BUILD_PARALLELISM={self.build_parallelism} needs a Qdrant server (KB_QDRANT_URL): local mode "
+                f"(KB_QDRANT_PATH={self.qdrant_path}) admits one client at a time; set KB_BUILD_PARALLELISM=1"
+            )
 
     @property
     def qdrant_remote(self) -> bool:
@@ -295,3 +308,21 @@ class Settings:
         if embedder not in EMBEDDERS:
             raise ConfigError(f"embedder {embedder!r} is unknown; choose one of {', '.join(EMBEDDERS)}")
         return replace(self, embedder=embedder, embed_model=model, embed_dim=dim)
+
+
+def build_pool_slots() -> int:
+    """`python -m kb_reindex.config`: the slots of the write pool, for the scripts that create it (`make demo`,
+    `make airflow`, the compose init): KB_BUILD_PARALLELISM as the settings accept it, or a clear refusal."""
+    import sys
+
+    try:
+        slots = Settings.from_env().build_parallelism
+    except ConfigError as exc:
+        print(f"kb-reindex: configuration error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    print(slots)
+    return slots
+
+
+if __name__ == "__main__":
+    build_pool_slots()

@@ -243,10 +243,14 @@ def row_alive(row: dict[str, Any]) -> bool:
 
 
 def lock_view(deps: Deps) -> list[dict[str, Any]]:
+    """Held locks for status and the page; a DAG run's is alive while its tasks renew it (no PID to ask)."""
+    from kb_reindex.state import is_dag_run_owner
+
     return [
         {"name": row["name"], "owner": row["owner"], "since": row["acquired_at"].isoformat(timespec="seconds") + "Z",
          "expires": row["expires_at"].isoformat(timespec="seconds") + "Z", "expired": row["expired"],
-         "owner_alive": {True: "yes", False: "no", None: "unknown (another host)"}[row["owner_alive"]]}
+         "owner_alive": ("DAG run: alive while its tasks renew the lock" if is_dag_run_owner(row["owner"])
+                         else {True: "yes", False: "no", None: "unknown (another host)"}[row["owner_alive"]])}
         for row in deps.state.list_locks(subject=deps.settings.alias)
     ]
 

@@ -77,6 +77,10 @@ class LockHeldError(KbError):
     """Another run holds the reindex lock for this alias."""
 
 
+class LockLostError(LockHeldError):
+    """A DAG run's lock was broken by on-call or expired and was taken: no retry can get it back."""
+
+
 class ValidationFailed(KbError):
     """The candidate version did not pass validation; nothing was promoted."""
 

@@ -219,6 +219,15 @@ def process_space() -> str:
     return hashlib.sha1(f"{boot}:{namespace}".encode()).hexdigest()[:10]
 
 
+#: what follows the run id in a DAG run's lock owner (kb_reindex.dag_lock), in place of `host:pid:nonce:space`:
+#: the run spans many task processes, so it is alive while its tasks renew the lock, not while a PID lives
+DAG_RUN_OWNER = "airflow-dag-run"
+
+
+def is_dag_run_owner(owner: str) -> bool:
+    return owner.endswith(f"@{DAG_RUN_OWNER}")
+
+
 def default_lock_owner(run_id: str | None = None, *, pid: int | None = None) -> str:
     """Unique per acquisition: two threads of one process are two owners. A run's own lock starts with
     its run id, so others can tell that run is still alive while its heartbeat renews the lock; the rest
@@ -924,6 +933,9 @@ def describe_lock_holder(name: str, holder: dict[str, Any]) -> str:
     host, _, _ = parse_lock_owner(holder["owner"])
     where = {True: "its process is alive on this host", False: "its process is gone"}.get(
         alive, f"held from host {host}" if host else "held by an owner of unknown host")
+    if is_dag_run_owner(holder["owner"]):
+        where = ("an Airflow DAG run: its tasks renew it while the run lives; if the run died, the lock expires "
+                 "after KB_LOCK_TTL")
     return (f"another run is working on {subject}: {holder['owner']}, since {holder['acquired_at']:%Y-%m-%d %H:%M:%S} "
             f"UTC (lock {name!r}, expires {holder['expires_at']:%Y-%m-%d %H:%M:%S} UTC; {where}). Wait for it; if it "
             f"is stuck, stop that process, or break the lock: `kb-reindex unlock --reason ... --yes`")
