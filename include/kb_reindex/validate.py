@@ -14,7 +14,6 @@ import random
 from pathlib import Path
 from typing import Any
 
-from kb_reindex.corpus import instruction_lines
 from kb_reindex.errors import ConfigError, GoldenSetError, KbError, ValidationFailed
 from kb_reindex.golden import GoldenSet, check_probe_keys, first_hit_rank, load_golden_set, score
 from kb_reindex.runtime import Deps
@@ -122,8 +121,8 @@ def validate(
     flagged: list[dict[str, Any]] | None = None,
     record: bool = True,
 ) -> dict[str, Any]:
-    """`flagged`: the instruction-like lines of the files this version was planned from
-    (`CorpusScan.flagged_lines()`), when the caller has them in this process; else the files are read.
+    """`flagged`: the instruction-like lines of the files this version was planned from, when the caller
+    has them; else those its plan recorded in the snapshot (the knowledge folder is not read).
     `record=False` checks without touching the version's status or record (a shadow re-checked before its
     promotion stays a shadow when it fails)."""
     alias = deps.settings.alias
@@ -238,7 +237,7 @@ def _validate(deps: Deps, version: VersionRecord, *, min_hit_rate: float | None,
             failures.append(f"{regressions} regression(s) against live v{baseline.version if baseline else '?'} "
                             f"(max {golden.max_regressions}): {', '.join(lost)}")
     if flagged is None:
-        flagged = instruction_lines(deps.settings.knowledge_dir, max_bytes=deps.settings.max_doc_bytes)
+        flagged = planned_instruction_lines(deps, version)
     if flagged and deps.settings.block_on_instructions:
         failures.append(f"{len(flagged)} instruction-like line(s) in the knowledge text (KB_BLOCK_ON_INSTRUCTIONS); "
                         f"first: {flagged[0]['source']}:{flagged[0]['line']}")
@@ -270,6 +269,17 @@ def _validate(deps: Deps, version: VersionRecord, *, min_hit_rate: float | None,
     history.append({"version": version.version, "hit_rate": result["hit_rate"], "mrr": result["mrr"]})
     result["report_html"] = str(write_html_report(deps.settings.reports_dir, version, result, history))
     return result
+
+
+def planned_instruction_lines(deps: Deps, version: VersionRecord) -> list[dict[str, Any]]:
+    """The instruction-like lines of the files this version was planned from, as its plan recorded them:
+    no step after the plan reads the knowledge folder (a rollback's target is judged by its own files)."""
+    snapshot = deps.state.snapshot(version.id)
+    if snapshot is None:
+        log.warning("kb_reindex: v%d was planned before plans recorded instruction-like lines; none are reported",
+                    version.version)
+        return []
+    return snapshot["flagged"]
 
 
 def report_dir(reports_dir: Path, alias: str, version: int) -> Path:
