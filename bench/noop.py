@@ -4,8 +4,9 @@
     .venv/bin/python bench/noop.py --docs 2000 --out /tmp/noop.json
 
 One project (`corpus.py`'s documents), our Qdrant-protocol test server in memory as the store (a process of its
-own, reached over REST as a production server would be), SQLite state, the offline embedder. After one full
-build it times, each the median of `--repeat`:
+own, reached over REST as a production server would be), SQLite state, the offline embedder with 16-d vectors
+(`--dim`: a no-op reads no vector, and small ones keep the one full build before it short). After that build
+it times, each the median of `--repeat`:
 
 - `noop_s`: `engine.run_reindex` on the unchanged corpus in this process (the file hashes recorded by the
   plans before are trusted: no file is read). The first no-op after the build is reported apart
@@ -62,6 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--docs", type=int, default=20_000)
     parser.add_argument("--repeat", type=int, default=3)
+    # a no-op reads no vector: small ones keep the one full build before it short (JSON over REST)
+    parser.add_argument("--dim", type=int, default=16)
     parser.add_argument("--out", type=Path, default=HERE / "results" / "noop.json")
     args = parser.parse_args(argv)
 
@@ -75,7 +78,8 @@ def main(argv: list[str] | None = None) -> int:
         corpus = corpus_mod.generate(args.docs)
         corpus_mod.write_project(root, corpus, None)
         env = {"KB_PROJECT_ROOT": str(root), "KB_QDRANT_URL": url, "KB_STATE_URL": f"sqlite:///{root}/state.db",
-               "KB_EMBEDDER": "hashing", "KB_REPORTS_DIR": str(root / "reports"), "KB_LOCK_WAIT": "5"}
+               "KB_EMBEDDER": "hashing", "KB_EMBED_DIM": str(args.dim), "KB_REPORTS_DIR": str(root / "reports"),
+               "KB_LOCK_WAIT": "5"}
         settings = Settings.from_env(env)
         result: dict[str, Any] = {"docs": args.docs, "store": "qdrant test server (REST, in memory)",
                                   "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0]}}
