@@ -499,8 +499,9 @@ def plan_step(deps: Deps, run_id: str = "dag-run") -> dict:
 def test_a_file_changed_after_the_plan_changes_nothing_of_the_build(deps: Deps, counting: CountingEmbedder,
                                                                     change: str, live: bool,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    """DAG-style steps: only the plan reads the files. Edited, deleted or with the whole folder gone (a worker
-    without the knowledge volume), the later steps build exactly what was planned; the next plan sees the edit."""
+    """DAG-style steps: only the plan reads the files. Edited, deleted or with the whole knowledge folder gone
+    (documents and golden set: a worker without the knowledge volume), the later steps build and validate
+    exactly what was planned; the next plan sees the edit."""
     import shutil
 
     from kb_reindex import sources
@@ -520,8 +521,8 @@ def test_a_file_changed_after_the_plan_changes_nothing_of_the_build(deps: Deps, 
         path.write_text(original + "\n\n补充：偏远地区另行通知。\n", encoding="utf-8")
     elif change == "deleted":
         path.unlink()
-    else:
-        shutil.move(docs(deps), docs(deps).with_name("docs-away"))
+    else:  # documents and golden set alike
+        shutil.move(docs(deps).parent, docs(deps).parent.with_name("knowledge-away"))
 
     def no_reading(*args: object, **kwargs: object) -> None:
         raise AssertionError("a step after the plan read the knowledge folder")
@@ -544,7 +545,7 @@ def test_a_file_changed_after_the_plan_changes_nothing_of_the_build(deps: Deps, 
              if r.payload["source"] == "shipping-policy.md"]
     assert texts and not any("偏远地区另行通知" in t for t in texts), "the planned content, not the edit"
     if change == "folder-gone":
-        shutil.move(docs(deps).with_name("docs-away"), docs(deps))
+        shutil.move(docs(deps).parent.with_name("knowledge-away"), docs(deps).parent)
         return
     if change == "deleted":  # the golden set asks about it: the next plan sees it gone
         from kb_reindex.errors import GoldenSetError

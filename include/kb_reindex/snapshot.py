@@ -3,7 +3,8 @@
 A plan that builds allocates its version (or takes over an unfinished build of the same plan) and writes,
 in this order: the normalised text and section of every chunk it embeds (by chunk hash, shared with other
 versions; only hashes not stored yet), the manifest (documents with their payload fields, chunks with their
-position), and last the snapshot row with the instruction-like lines for validation. From then on create,
+position), and last the snapshot row with the instruction-like lines and the golden set for validation.
+From then on create,
 the build slices, validate, promote and cleanup are functions of (alias, version) and never read the
 knowledge folder: a file edited during a build changes nothing of it, and the next plan picks the edit up.
 """
@@ -57,7 +58,10 @@ def snapshot_plan(deps: Deps, prepared: Prepared, *, run_id: str | None = None) 
     try:
         to_embed = _store_texts(deps, prepared, label=f"the plan of v{version.version}")
         _write_manifest(deps, version, prepared)
-        deps.state.finish_snapshot(version.id, run_id=run_id, chunks_to_embed=to_embed, flagged=scan.flagged_lines())
+        # the golden set as the plan checked it (moments ago): the build's validation reads no file
+        golden = deps.settings.golden_set.read_text(encoding="utf-8")
+        deps.state.finish_snapshot(version.id, run_id=run_id, chunks_to_embed=to_embed, flagged=scan.flagged_lines(),
+                                   golden=golden)
     except Exception as exc:
         # "create": a rerun of the same plan takes this version over and writes its snapshot again
         deps.state.mark_failed(version.id, step="create", error=str(exc) if isinstance(exc, KbError)

@@ -118,6 +118,8 @@ snapshots = sa.Table(
     sa.Column("chunks_to_embed", sa.Integer, nullable=False),
     # JSON list of {source, line, text}: instruction-like lines of the planned files, for validation
     sa.Column("flagged", LongText, nullable=False),
+    # the golden set file as the plan checked it: the build's validation scores with it, reading no file
+    sa.Column("golden", LongText),
     **MYSQL_TABLE,
 )
 
@@ -634,12 +636,12 @@ class StateStore:
         return added
 
     def finish_snapshot(self, version_id: int, *, run_id: str | None, chunks_to_embed: int,
-                        flagged: list[dict[str, Any]]) -> None:
+                        flagged: list[dict[str, Any]], golden: str | None = None) -> None:
         """The last write of a plan's snapshot: from here on the version can be created and built."""
         with self.engine.begin() as conn:
             conn.execute(snapshots.delete().where(snapshots.c.version_id == version_id))
             conn.execute(snapshots.insert().values(version_id=version_id, run_id=run_id, planned_at=utcnow(),
-                                                   chunks_to_embed=chunks_to_embed,
+                                                   chunks_to_embed=chunks_to_embed, golden=golden,
                                                    flagged=json.dumps(flagged, ensure_ascii=False)))
 
     def snapshot(self, version_id: int) -> dict[str, Any] | None:

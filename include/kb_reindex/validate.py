@@ -174,7 +174,7 @@ def validate(
 
 def _validate(deps: Deps, version: VersionRecord, *, min_hit_rate: float | None, min_mrr: float | None,
               compare_live: bool, flagged: list[dict[str, Any]] | None) -> dict[str, Any]:
-    golden = load_golden_set(deps.settings.golden_set)
+    golden = _golden_for(deps, version)
     manifest = deps.state.manifest_refs(version.id)
     check_probe_keys(golden, {d["knowledge_key"] for d in deps.state.manifest_documents(version.id)})
     checks = _structural(deps, version, manifest)
@@ -269,6 +269,17 @@ def _validate(deps: Deps, version: VersionRecord, *, min_hit_rate: float | None,
     history.append({"version": version.version, "hit_rate": result["hit_rate"], "mrr": result["mrr"]})
     result["report_html"] = str(write_html_report(deps.settings.reports_dir, version, result, history))
     return result
+
+
+def _golden_for(deps: Deps, version: VersionRecord) -> GoldenSet:
+    """A version being built is scored with the golden set its plan checked (recorded in the snapshot: the
+    build's tasks read no knowledge file); a kept version re-checked later (rollback, shadow promotion,
+    `kb-reindex validate` of a ready one) with today's file."""
+    if version.status in ("building", "failed"):
+        snapshot = deps.state.snapshot(version.id)
+        if snapshot is not None and snapshot.get("golden") is not None:
+            return load_golden_set(deps.settings.golden_set, text=snapshot["golden"])
+    return load_golden_set(deps.settings.golden_set)
 
 
 def planned_instruction_lines(deps: Deps, version: VersionRecord) -> list[dict[str, Any]]:
