@@ -249,12 +249,13 @@ class BenchDeps(Deps):
         return CountingEmbedder(inner, self.meter_ref, self.queries)
 
 
-ENGINE_STEPS = ("make_plan", "create_version", "build", "validate", "promote", "cleanup", "rollback")
+ENGINE_STEPS = ("make_plan", "snapshot_plan", "create_version", "build", "validate", "promote", "cleanup", "rollback")
 
 
 @contextmanager
 def phase_timers(meter_ref: MeterRef) -> Iterator[None]:
-    """Time each engine step (plan, create, build, validate, promote, cleanup, rollback) in this process."""
+    """Time each engine step (plan, create, build, validate, promote, cleanup, rollback) in this process; the
+    plan's snapshot (manifest and texts written to the state DB) is its own phase, `snapshot_plan`."""
     import kb_reindex.engine as engine
 
     originals = {name: getattr(engine, name) for name in ENGINE_STEPS}

@@ -5,6 +5,8 @@ Runbook (also in the README):
 
 1. **plan**: hash every Markdown file in `knowledge/docs` and every chunk; diff against the live
    version's manifest. Nothing changed (docs, model, chunking) → the run stops here as `no_change`.
+   Otherwise it snapshots the plan in the state DB (version N, manifest, texts to embed): the only task
+   that reads the knowledge folder; a file edited after it waits for the next run.
 2. **create_version**: allocate version N and create `<alias>__<model>__v<N>`; an unfinished build of the
    same plan is resumed instead. (Only this build path is skipped on no change: cleanup still runs.)
 3. **build** (mapped over slices of point IDs): copy vectors of unchanged chunks from live, embed the
@@ -61,7 +63,7 @@ def knowledge_reindex():
     def plan(params: dict | None = None) -> dict:
         from kb_reindex.airflow_tasks import plan_task
 
-        return plan_task(run_id=current_run_id(), force_full=params["force_full_rebuild"])
+        return plan_task(run_id=current_run_id(), force_full=params["force_full_rebuild"], dry_run=params["dry_run"])
 
     # skips only the build path; cleanup follows its own trigger rule
     @task.short_circuit(ignore_downstream_trigger_rules=False)

@@ -246,3 +246,81 @@ def test_processes_creating_one_sqlite_state_db_at_once_all_succeed(tmp_path: Pa
                                   text=True) for _ in range(8)]
         outputs = [p.communicate(timeout=60) for p in procs]
         assert [p.returncode for p in procs] == [0] * 8, [err[-500:] for _out, err in outputs if err]
+
+
+def _manifest(state: StateStore, version_id: int, chunks: list[tuple[str, str | None]]) -> None:
+    """One document whose chunks are (chunk_hash, source_point_id): None = embedded by this version."""
+    docs = [{"knowledge_key": "k", "source": "k.md", "title": "K", "category": "c", "tenant": "default",
+             "content_hash": "a" * 64, "chunk_count": len(chunks)}]
+    rows = [{"point_id": f"00000000-0000-0000-0000-{version_id:04d}{i:08d}", "knowledge_key": "k", "chunk_index": i,
+             "chunk_hash": h, "source_point_id": source} for i, (h, source) in enumerate(chunks)]
+    state.write_manifest(version_id, docs, rows)
+
+
+def test_chunk_texts_are_kept_while_a_version_embeds_them_and_dropped_with_the_last(state: StateStore) -> None:
+    """Shared by hash across versions; 4-byte UTF-8 and texts over 64 KB (LONGTEXT on MySQL) come back as
+    stored; retention/drop (status deleted) and forget drop only what no kept version embeds."""
+    h1, h2, h3 = "1" * 64, "2" * 64, "3" * 64
+    v1, v2 = new_version(state), new_version(state)
+    _manifest(state, v1.id, [(h1, None), (h2, None)])
+    _manifest(state, v2.id, [(h2, None), (h3, "00000000-0000-0000-0000-000000000001")])  # h3 copied, not embedded
+    long_text = "退货规则😀 " * 20_000
+    assert state.missing_texts([h1, h2, h3]) == {h1, h2, h3}
+    state.add_texts([{"chunk_hash": h1, "section": "退货 > 😀", "text": long_text},
+                     {"chunk_hash": h2, "section": "", "text": "two"}, {"chunk_hash": h3, "section": "", "text": "x"}])
+    state.add_texts([{"chunk_hash": h2, "section": "", "text": "two"}])  # stored meanwhile by another plan: kept
+    assert state.texts([h1, h2]) == {h1: ("退货 > 😀", long_text), h2: ("", "two")}
+
+    assert state.drop_unneeded_texts() == 1  # h3: no version embeds it
+    assert set(state.texts([h1, h2, h3])) == {h1, h2}
+    state.update_version(v1.id, status="deleted")
+    state.drop_unneeded_texts()
+    assert set(state.texts([h1, h2, h3])) == {h2}, "h2 is still embedded by v2"
+    state.forget_versions("kb")
+    assert state.texts([h1, h2, h3]) == {}
+
+
+def test_a_build_slice_reads_its_manifest_rows_by_position(state: StateStore) -> None:
+    version = new_version(state)
+    _manifest(state, version.id, [(f"{i:064d}", None) for i in range(10)])
+    rows = state.slice_rows(version.id, (3, 4))
+    assert [r.chunk_index for r in rows] == [3, 4, 5, 6]
+    assert [r.chunk_index for r in state.slice_rows(version.id)] == list(range(10))
+    assert state.slice_rows(version.id, (8, 5))[-1].chunk_index == 9
+    assert [d["knowledge_key"] for d in state.slice_documents(version.id, "k", "k")] == ["k"]
+
+
+def test_an_existing_state_db_gets_the_new_columns_at_open(state: StateStore) -> None:
+    """A state DB from before manifest positions: opening it adds the column and its index (idempotent)."""
+    url = state.url
+    version = new_version(state)
+    with state.engine.begin() as conn:
+        if state.engine.dialect.name == "sqlite":
+            conn.execute(sa.text("DROP INDEX ix_kb_manifest_chunks_position"))
+        else:
+            conn.execute(sa.text("DROP INDEX ix_kb_manifest_chunks_position ON kb_manifest_chunks"))
+        conn.execute(sa.text("ALTER TABLE kb_manifest_chunks DROP COLUMN position"))
+        conn.execute(sa.text("DROP TABLE kb_file_hashes"))
+    state.dispose()
+    assert StateStore(url, create=False).file_hashes("root") == {}, "read-only on an old DB: no cache, no error"
+    for _ in range(2):
+        upgraded = StateStore(url)
+        columns = {c["name"] for c in sa.inspect(upgraded.engine).get_columns("kb_manifest_chunks")}
+        indexes = {i["name"] for i in sa.inspect(upgraded.engine).get_indexes("kb_manifest_chunks")}
+        assert "position" in columns and "ix_kb_manifest_chunks_position" in indexes
+        upgraded.dispose()
+    upgraded = StateStore(url)
+    _manifest(upgraded, version.id, [("a" * 64, None), ("b" * 64, None)])
+    assert [r.chunk_hash for r in upgraded.slice_rows(version.id, (1, 1))] == ["b" * 64]
+    upgraded.dispose()
+
+
+def test_file_hashes_are_recorded_whole_or_in_part(state: StateStore) -> None:
+    from kb_reindex.state import FileHash
+
+    state.record_file_hashes("r", {"a.md": FileHash(1, 10, "a" * 64, 100), "b.md": FileHash(2, 20, "b" * 64, 100)},
+                             replace_all=True)
+    state.record_file_hashes("r", {"b.md": FileHash(3, 30, "c" * 64, 200)}, replace_all=False)
+    assert state.file_hashes("r") == {"a.md": FileHash(1, 10, "a" * 64, 100), "b.md": FileHash(3, 30, "c" * 64, 200)}
+    state.record_file_hashes("r", {"文档/😀.md": FileHash(4, 40, "d" * 64, 300)}, replace_all=True)
+    assert list(state.file_hashes("r")) == ["文档/😀.md"] and state.file_hashes("other") == {}

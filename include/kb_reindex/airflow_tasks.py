@@ -277,17 +277,26 @@ def step(deps: Deps, run_id: str) -> Iterator[None]:
 
 
 def plan_task(*, run_id: str, kind: str = "reindex", force_full: bool = False, embedder: str | None = None,
-              model: str | None = None, dim: int | None = None, layout: str | None = None) -> dict[str, Any]:
+              model: str | None = None, dim: int | None = None, layout: str | None = None,
+              dry_run: bool = False) -> dict[str, Any]:
+    """The only task that reads the knowledge folder: a plan that builds writes its snapshot (version,
+    manifest, texts to embed) into the state DB, and the plan dict names the version (`version`)."""
     from kb_reindex import dag_lock
-    from kb_reindex.plan import plan
+    from kb_reindex.plan import prepare_logged
+    from kb_reindex.snapshot import snapshot_plan
 
     with task_deps() as deps:
         deps.state.start_run(run_id=run_id, alias=deps.settings.alias, kind=kind, trigger="airflow")
         with step(deps, run_id):
             # the run's reindex lock, held until cleanup (or the failure callback) lets it go
             dag_lock.take(deps, run_id)
-            return plan(deps, force_full=force_full or kind == "migration", kind=kind,
-                        embedder=embedder, model=model, dim=dim, layout=layout, audit_run_id=run_id)
+            prepared = prepare_logged(deps, force_full=force_full or kind == "migration", kind=kind,
+                                      embedder=embedder, model=model, dim=dim, layout=layout,
+                                      audit_run_id=run_id, record=True)
+            plan = prepared.plan
+            if not plan["no_change"] and not dry_run:
+                plan.update(snapshot_plan(deps, prepared, run_id=run_id))
+            return plan
 
 
 def should_build_task(*, plan: dict[str, Any], dry_run: bool, run_id: str) -> bool:

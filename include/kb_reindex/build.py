@@ -10,23 +10,22 @@ from __future__ import annotations
 import itertools
 import logging
 import time
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from contextlib import closing
 from typing import Any
 
 from qdrant_client import models
 
-from kb_reindex.chunking import Chunk, chunking_version
-from kb_reindex.corpus import CorpusScan, DocumentInfo, DocumentTexts, scan_corpus
+from kb_reindex.chunking import Chunk
+from kb_reindex.corpus import DocumentInfo
 from kb_reindex.embedding import batched, check_vectors
-from kb_reindex.errors import EmbeddingError, KbError, SourceChangedError, StoreError
-from kb_reindex.layouts import EMBED_RECIPE, embedding_profile, shape_payload, version_profile
+from kb_reindex.errors import EmbeddingError, KbError, StoreError
+from kb_reindex.layouts import EMBED_RECIPE, payload_text, shape_payload, text_field, version_profile
 from kb_reindex.plan import Prepared, prepare
 from kb_reindex.runtime import Deps
-from kb_reindex.sources import Document
-from kb_reindex.state import ManifestRef, VersionRecord
-from kb_reindex.store import DISTANCE, collection_name
+from kb_reindex.sources import Document, sha256_text
+from kb_reindex.state import SliceRow, VersionRecord
 
 log = logging.getLogger(__name__)
 
@@ -99,59 +98,47 @@ def _resumable(deps: Deps, plan: dict[str, Any], run_id: str | None) -> VersionR
 
 def create_version(deps: Deps, plan: dict[str, Any], *, run_id: str | None = None,
                    prepared: Prepared | None = None) -> dict[str, Any]:
-    """Allocate N (or resume an unfinished build of the same plan), write the manifest, create the collection.
+    """Create the collection of the version the plan snapshotted (`plan["version"]`).
 
-    `prepared` is the plan's own in-memory result when the caller computed it in this process (the CLI);
-    an Airflow task has only the plan dict, so the files are read again and must still match it.
+    A plan without a snapshot yet (a caller that planned with `plan.plan` alone) is snapshotted here first,
+    from `prepared` when it is this plan's, else from the files read again, which must still match it.
     """
-    if prepared is None or prepared.plan is not plan:
-        prepared = prepare(
-            deps, force_full=plan["force_full"], kind=plan["kind"],
-            embedder=plan["embedder"], model=plan["embed_model"], dim=plan["embed_dim"],
-            layout=plan.get("payload_layout"),
-        )
-    now = prepared.plan
-    if now["base_collection"] != plan["base_collection"]:
+    created: dict[str, Any] = {"resumed": plan.get("resumed", False)}
+    if plan.get("version") is None:
+        from kb_reindex.snapshot import snapshot_plan
+
+        if prepared is None or prepared.plan is not plan:
+            prepared = prepare(deps, force_full=plan["force_full"], kind=plan["kind"],
+                               embedder=plan["embedder"], model=plan["embed_model"], dim=plan["embed_dim"],
+                               layout=plan.get("payload_layout"))
+            if prepared.plan["fingerprint"] != plan["fingerprint"] or prepared.scan is None:
+                raise KbError("the knowledge folder changed since this run planned; start a new run so the plan "
+                              "matches the files")
+        created = snapshot_plan(deps, prepared, run_id=run_id)
+        number = created["version"]
+    else:
+        number = plan["version"]
+    live = deps.state.live_version(plan["alias"])
+    now = live.collection if live else None
+    if now != plan["base_collection"]:
         raise KbError(
             f"the live version changed since this run planned (planned against {plan['base_collection'] or 'nothing'}, "
-            f"now {now['base_collection'] or 'nothing'}); start a new run"
+            f"now {now or 'nothing'}); start a new run"
         )
-    if now["fingerprint"] != plan["fingerprint"]:
-        raise KbError("the knowledge folder changed since this run planned; start a new run so the plan matches the files")
-
-    version = _resumable(deps, plan, run_id)
+    version = deps.state.get_version(plan["alias"], number)
     if version is None:
-        dim = plan["embed_dim"]
-        if dim is None:
-            from kb_reindex.embedding import make_embedder
-
-            settings = deps.settings.with_embedder(embedder=plan["embedder"], model=plan["embed_model"], dim=None)
-            dim = make_embedder(settings, headers=deps.ollama_headers).dimension
-        version = deps.state.allocate_version(
-            alias=plan["alias"],
-            collection_for=lambda n: collection_name(plan["alias"], plan["embed_model"], n),
-            kind=plan["kind"],
-            embedder=plan["embedder"],
-            embed_model=plan["embed_model"],
-            embed_dim=dim,
-            distance=DISTANCE.value,
-            chunking_version=plan["chunking_version"],
-            corpus_fingerprint=plan["fingerprint"],
-            base_version=plan["base_version"],
-            base_collection=plan["base_collection"],
-            run_id=run_id,
-            payload_layout=plan.get("payload_layout", "native"),
-            embed_profile=embedding_profile(embedder=plan["embedder"], model=plan["embed_model"], dim=dim,
-                                            distance=DISTANCE.value, chunking_version=plan["chunking_version"]),
-        )
-        resumed = False
-    else:
-        deps.state.update_version(version.id, status="building", error=None, failed_step=None, run_id=run_id)
-        resumed = True
-        log.info("kb_reindex: resuming unfinished v%d (%s)", version.version, version.collection)
+        raise KbError(f"version {number} of {plan['alias']} does not exist")
+    if version.status not in ("building", "failed") or (
+            version.status == "failed" and version.failed_step not in RESUMABLE_STEPS):
+        raise KbError(f"v{version.version} is {version.status}; its plan cannot be built (start a new run)")
+    if deps.state.snapshot(version.id) is None:
+        raise KbError(f"v{version.version} has no snapshot of its plan (its plan did not finish, or it was planned "
+                      "before snapshots existed); start a new run")
+    if version.status == "failed" or (run_id is not None and version.run_id != run_id):
+        deps.state.update_version(version.id, status="building", error=None, failed_step=None,
+                                  **({"run_id": run_id} if run_id is not None else {}))
 
     try:
-        _write_manifest(deps, version, prepared)
         # a resumed version's collection keeps the settings it was created with (create checks its shape)
         config = None if deps.store.exists(version.collection) else version_collection_config(deps, version.base_collection)
         deps.store.create_collection(version.collection, dim=version.embed_dim,
@@ -162,9 +149,9 @@ def create_version(deps: Deps, plan: dict[str, Any], *, run_id: str | None = Non
         raise
     log.info(
         "kb_reindex: v%d -> collection %s (%d-d %s, %d points planned)",
-        version.version, version.collection, version.embed_dim, version.distance, prepared.plan["chunks"]["total"],
+        version.version, version.collection, version.embed_dim, version.distance, version.points_expected,
     )
-    return {"version": version.version, "collection": version.collection, "resumed": resumed,
+    return {"version": version.version, "collection": version.collection, "resumed": created["resumed"],
             "embed_model": version.embed_model, "embed_dim": version.embed_dim}
 
 
@@ -218,6 +205,7 @@ def finish_bulk_load(deps: Deps, version: VersionRecord) -> None:
 
 
 def _write_manifest(deps: Deps, version: VersionRecord, prepared: Prepared) -> None:
+    assert prepared.scan is not None, "a no-change plan has no manifest to write"
     documents = [
         {"knowledge_key": d.info.knowledge_key, "source": d.info.source, "title": d.info.title,
          "category": d.info.category, "tenant": d.info.tenant, "content_hash": d.info.content_hash,
@@ -276,8 +264,8 @@ def build(deps: Deps, version_number: int, *, run_id: str | None = None,
           window: tuple[int, int] | None = None, prepared: Prepared | None = None,
           counts: BuildCounts | None = None) -> dict[str, Any]:
     """Fill the version's collection; `window` (offset, limit) into the manifest limits the work to one
-    slice, so mapped tasks each take a part and hand only two numbers through XCom. `prepared` saves
-    reading and chunking the files again when it is the plan this version was created from.
+    slice (read by range from the plan's snapshot), so mapped tasks each take a part and hand only two numbers
+    through XCom. Nothing is read from the knowledge folder; `prepared` is accepted for older callers and unused.
 
     What is written is added to `counts` (when given) and to run `run_id`'s record as it goes, so both
     say what this build did even when it fails; slices and retries each add their own."""
@@ -303,25 +291,6 @@ def build(deps: Deps, version_number: int, *, run_id: str | None = None,
         raise
 
 
-def _current_scan(deps: Deps, version: VersionRecord, prepared: Prepared | None) -> CorpusScan:
-    """The facts and chunk references this version is built from: the caller's plan if it is this
-    version's, else the files as they are now, which must still be the ones planned."""
-    settings = deps.settings
-    if chunking_version(settings.chunk_size, settings.chunk_overlap) != version.chunking_version:
-        raise KbError(f"chunking settings differ from v{version.version}'s ({version.chunking_version}); start a new run")
-    if prepared is not None and prepared.scan.fingerprint == version.corpus_fingerprint \
-            and prepared.scan.chunking_version == version.chunking_version:
-        return prepared.scan
-    scan = scan_corpus(settings.knowledge_dir, max_bytes=settings.max_doc_bytes,
-                       chunk_size=settings.chunk_size, overlap=settings.chunk_overlap)
-    if scan.fingerprint != version.corpus_fingerprint:
-        raise SourceChangedError(
-            f"the knowledge folder changed after v{version.version} was planned; this version cannot be "
-            "completed from the files as they are now. Start a new run"
-        )
-    return scan
-
-
 def _already_written(deps: Deps, collection: str, point_ids: list[str]) -> set[str]:
     """Which of these points the collection holds: nothing to look up in a new, empty collection; else
     by ID in batches (a scroll over everything is quadratic in local mode and reads far more on a server)."""
@@ -333,35 +302,81 @@ def _already_written(deps: Deps, collection: str, point_ids: list[str]) -> set[s
     return found
 
 
+class SnapshotTexts:
+    """The chunks to embed of a slice, with the texts the plan stored: read from the state DB a block of
+    rows at a time, in the order they are asked for (thread-safe; a few blocks kept at most)."""
+
+    BLOCK = 512
+
+    def __init__(self, deps: Deps, rows: list[SliceRow], *, version_label: str) -> None:
+        self.state, self.rows, self.label = deps.state, rows, version_label
+        self.position = {row.point_id: n for n, row in enumerate(rows)}
+        self.loaded: dict[int, dict[str, tuple[str, str]]] = {}  # block number -> chunk_hash -> (section, text)
+        self.lock = threading.Lock()
+
+    def chunk(self, knowledge_key: str, point_id: str) -> Chunk:
+        n = self.position.get(point_id)
+        if n is None:
+            raise KbError(f"chunk {point_id} ({knowledge_key}) is not one this build embeds; start a new run")
+        row = self.rows[n]
+        block = n // self.BLOCK
+        with self.lock:
+            texts = self.loaded.get(block)
+            if texts is None:
+                part = self.rows[block * self.BLOCK:(block + 1) * self.BLOCK]
+                texts = self.state.texts(r.chunk_hash for r in part)
+                if len(self.loaded) >= 4:
+                    self.loaded.pop(min(self.loaded))
+                self.loaded[block] = texts
+        found = texts.get(row.chunk_hash)
+        if found is None:
+            raise KbError(f"the plan snapshot of {self.label} lacks the text of chunk {point_id} ({knowledge_key}); "
+                          "start a new run")
+        section, text = found
+        return Chunk(knowledge_key=row.knowledge_key, chunk_index=row.chunk_index, section=section, text=text,
+                     chunk_hash=row.chunk_hash, point_id=row.point_id)
+
+
+def _live_chunk(row: SliceRow, record: models.Record, live: str, layout: str) -> Chunk:
+    """A copied chunk's text and section from live's payload, in live's layout: the same chunk hash is the
+    same text."""
+    payload = record.payload or {}
+    text, section = payload_text(payload, layout), payload.get("section")
+    if not isinstance(text, str) or not isinstance(section, str) or sha256_text(text) != row.chunk_hash:
+        raise StoreError(f"live collection {live} point {row.source_point_id} has no text matching chunk hash "
+                         f"{row.chunk_hash[:12]}; it drifted. Rebuild with `kb-reindex run --force-full`")
+    return Chunk(knowledge_key=row.knowledge_key, chunk_index=row.chunk_index, section=section, text=text,
+                 chunk_hash=row.chunk_hash, point_id=row.point_id)
+
+
+def _slice_documents(deps: Deps, version: VersionRecord, manifest: list[SliceRow]) -> dict[str, DocumentInfo]:
+    """The payload fields of the documents of a slice's rows, from the plan's manifest (a range of keys)."""
+    if not manifest:
+        return {}
+    rows = deps.state.slice_documents(version.id, manifest[0].knowledge_key, manifest[-1].knowledge_key)
+    by_key = {r["knowledge_key"]: DocumentInfo(knowledge_key=r["knowledge_key"], source=r["source"], title=r["title"],
+                                               category=r["category"], tenant=r["tenant"],
+                                               content_hash=r["content_hash"]) for r in rows}
+    lost = next((row.knowledge_key for row in manifest if row.knowledge_key not in by_key), None)
+    if lost is not None:
+        raise KbError(f"v{version.version}'s manifest lists chunks of {lost} but not the document; start a new run")
+    return by_key
+
+
 def _fill(deps: Deps, version: VersionRecord, window: tuple[int, int] | None,
           prepared: Prepared | None, run_id: str | None, counts: BuildCounts) -> dict[str, Any]:
+    """Build from the plan's snapshot only: the slice's manifest rows by range, its documents' payload
+    fields, the texts of what it embeds; copied chunks take text and section from live's payload."""
     settings = deps.settings
-    scan = _current_scan(deps, version, prepared)
-    by_key = {d.knowledge_key: d for d in scan.infos}
-    # Each manifest row is checked against the scan and keeps the scan's own ID and key strings, not the
-    # database's copies of them (at 100k chunks, 15 MB less for the length of the build).
-    planned = {c.point_id: c.point_id for d in scan.documents for c in d.chunks}
-    manifest: list[ManifestRef] = []
-    matches = True
-    with closing(deps.state.iter_manifest_refs(version.id)) as rows:
-        for row in rows:
-            point_id, info = planned.get(row.point_id), by_key.get(row.knowledge_key)
-            if point_id is None or info is None:
-                matches = False
-                break
-            manifest.append(ManifestRef(point_id, info.knowledge_key, row.source_point_id))
-    if not matches or len(manifest) != len(planned):
-        raise KbError(f"v{version.version}'s manifest does not match the chunks of the current files; start a new run")
-    del planned
-    texts = DocumentTexts(settings.knowledge_dir, by_key, max_bytes=settings.max_doc_bytes,
-                          chunk_size=settings.chunk_size, overlap=settings.chunk_overlap,
-                          version_label=f"v{version.version}")
-    if window is not None:
-        offset, limit = window
-        manifest = manifest[offset : offset + limit]
+    if deps.state.snapshot(version.id) is None:
+        raise KbError(f"v{version.version} has no snapshot of its plan (planned before snapshots existed, or its "
+                      "plan did not finish); start a new run")
+    manifest = deps.state.slice_rows(version.id, window)
+    by_key = _slice_documents(deps, version, manifest)
     existing = _already_written(deps, version.collection, [row.point_id for row in manifest])
     to_copy = [row for row in manifest if row.source_point_id and row.point_id not in existing]
     to_embed = [row for row in manifest if not row.source_point_id and row.point_id not in existing]
+    texts = SnapshotTexts(deps, to_embed, version_label=f"v{version.version}")
     skipped = len(manifest) - len(to_copy) - len(to_embed)
     counts.skipped += skipped
     if skipped:
@@ -369,7 +384,7 @@ def _fill(deps: Deps, version: VersionRecord, window: tuple[int, int] | None,
     progress = _Progress(f"build v{version.version}", len(manifest))
     progress.done = skipped
 
-    def point(row: ManifestRef, vector: list[float], chunk: Chunk | None = None) -> models.PointStruct:
+    def point(row: SliceRow, vector: list[float], chunk: Chunk | None = None) -> models.PointStruct:
         # IDs are UUID strings, vectors checked lists of floats, payloads plain JSON values: built by us,
         # so pydantic's per-field validation (a tenth of the copy path's time) is skipped
         chunk = chunk or texts.chunk(row.knowledge_key, row.point_id)
@@ -413,11 +428,13 @@ def _fill(deps: Deps, version: VersionRecord, window: tuple[int, int] | None,
             if live_dim != version.embed_dim:
                 raise StoreError(f"live collection {version.base_collection} holds {live_dim}-d vectors; "
                                  f"v{version.version} needs {version.embed_dim}. Rebuild with `kb-reindex run --force-full`")
+            base = deps.state.get_version(version.alias, version.base_version) if version.base_version else None
+            base_layout = base.payload_layout if base is not None else "native"
             started = time.perf_counter()
 
-            def read(batch: list[ManifestRef]) -> list[models.Record]:
+            def read(batch: list[SliceRow]) -> list[models.Record]:
                 return deps.store.retrieve(version.base_collection, [r.source_point_id for r in batch],
-                                           vectors=True, payload=False)
+                                           vectors=True, payload=["section", text_field(base_layout)])
 
             # Read the next batch while this one is written: against a Qdrant server the two round trips
             # overlap; in local mode they take turns, at the cost of one thread.
@@ -428,7 +445,8 @@ def _fill(deps: Deps, version: VersionRecord, window: tuple[int, int] | None,
                     sources = pending.result()
                     if position + 1 < len(batches):
                         pending = reader.submit(read, batches[position + 1])
-                    vectors = {str(record.id): record.vector for record in sources}
+                    found = {str(record.id): record for record in sources}
+                    vectors = {key: record.vector for key, record in found.items()}
                     missing = [r.source_point_id for r in batch if r.source_point_id not in vectors]
                     if missing:
                         raise StoreError(
@@ -441,7 +459,10 @@ def _fill(deps: Deps, version: VersionRecord, window: tuple[int, int] | None,
                     if empty:
                         raise StoreError(f"live collection {version.base_collection} returned no vector for {empty[0]}; "
                                          "rebuild with `kb-reindex run --force-full`")
-                    deps.store.upsert(version.collection, [point(r, vectors[r.source_point_id]) for r in batch])
+                    deps.store.upsert(version.collection, [
+                        point(r, vectors[r.source_point_id], _live_chunk(r, found[r.source_point_id], version.base_collection,
+                                                                     base_layout))
+                        for r in batch])
                     record_progress(len(batch))
             copy_s = time.perf_counter() - started
 

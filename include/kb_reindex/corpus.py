@@ -5,21 +5,37 @@ source, title, category, tenant, content hash), its chunks' references (key, ind
 and its instruction-like lines. The build reads a document's text again when it writes that
 document's points (`DocumentTexts`), and checks that the file still has the planned content hash.
 
-One scan serves every step of a CLI run (through `plan.Prepared`); an Airflow task scans again in its own
-process. Nothing is cached between runs: a CLI or task process runs once, and a cache would only hold
-memory in the processes that run many (the benchmark's no-op would look faster than any real one).
+Only the plan reads the folder: it writes what later steps need (manifest, texts of the chunks to embed,
+flagged lines) into the state DB as its snapshot (`kb_reindex.snapshot`). Between plans the state DB keeps
+each file's (size, mtime_ns) -> content hash (`quick_fingerprint`), so a plan over unchanged files reads none.
 """
 
 from __future__ import annotations
 
+import hashlib
+import os
 import re
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
 from kb_reindex.chunking import Chunk, chunk_document, chunking_version
 from kb_reindex.errors import KbError, SourceChangedError, SourceError
-from kb_reindex.sources import Document, corpus_fingerprint, iter_corpus, parse_document, read_bytes
+from kb_reindex.sources import (
+    Document,
+    corpus_fingerprint,
+    discover,
+    iter_corpus,
+    knowledge_key_for,
+    parse_document,
+    read_bytes,
+)
+from kb_reindex.state import FileHash
+
+# A recorded hash is trusted for a file only if its mtime is older than the recording by this margin: a
+# write within the same mtime tick as the recording (coarse filesystems: 1-2 s) may not change the mtime.
+MTIME_MARGIN_NS = 2_000_000_000
 
 # Text in the knowledge base is data. Lines that read like instructions to an assistant are listed in the
 # validation report so a person looks at them; they are never acted on.
@@ -102,14 +118,68 @@ def _scan_document(doc: Document, *, chunk_size: int, overlap: int) -> ScannedDo
     return ScannedDocument(info=info_of(doc), chunks=chunks, flagged=flag_instructions(doc.body))
 
 
-def scan_corpus(docs_dir: Path, *, max_bytes: int, chunk_size: int, overlap: int) -> CorpusScan:
+def scan_corpus(docs_dir: Path, *, max_bytes: int, chunk_size: int, overlap: int,
+                hashes: dict[str, FileHash] | None = None) -> CorpusScan:
     """Every document's facts and chunk references, sorted by key; each body is dropped once scanned.
-    Errors as `sources.load_corpus` reports them."""
+    Errors as `sources.load_corpus` reports them. `hashes` receives what a plan records of every file."""
+    started_ns = time.time_ns()
+    stats: dict[str, os.stat_result] | None = {} if hashes is not None else None
     scanned = [_scan_document(document, chunk_size=chunk_size, overlap=overlap)
-               for document in iter_corpus(docs_dir, max_bytes=max_bytes)]
+               for document in iter_corpus(docs_dir, max_bytes=max_bytes, stats=stats)]
     scanned.sort(key=lambda d: d.info.knowledge_key)
+    if hashes is not None and stats is not None:
+        for d in scanned:
+            st = stats[d.info.source]
+            hashes[d.info.source] = FileHash(st.st_size, st.st_mtime_ns, d.info.content_hash, started_ns)
     return CorpusScan(documents=scanned, fingerprint=corpus_fingerprint([d.info for d in scanned]),
                       chunking_version=chunking_version(chunk_size, overlap))
+
+
+def cache_root(docs_dir: Path) -> str:
+    """The key of a knowledge folder's recorded file hashes: its resolved path, hashed to a fixed size."""
+    return hashlib.sha256(str(docs_dir.resolve()).encode("utf-8")).hexdigest()
+
+
+class QuickScan(NamedTuple):
+    fingerprint: str
+    keys: list[str]
+    rehashed: dict[str, FileHash]  # files read again (changed, new, or too recent to trust): record them
+
+
+class _KeyHash(NamedTuple):
+    knowledge_key: str
+    content_hash: str
+
+
+def quick_fingerprint(docs_dir: Path, recorded: dict[str, FileHash], *, max_bytes: int) -> QuickScan | None:
+    """The corpus fingerprint from the recorded hashes of files whose (size, mtime_ns) did not change since,
+    reading only the others; None when anything is off (a bad or colliding file): the full scan says what."""
+    started_ns = time.time_ns()
+    paths, problems = discover(docs_dir)
+    if problems or not paths:
+        return None
+    pairs: list[_KeyHash] = []
+    rehashed: dict[str, FileHash] = {}
+    for path in paths:
+        source = path.relative_to(docs_dir).as_posix()
+        try:
+            st = path.stat()
+        except OSError:
+            return None
+        entry = recorded.get(source)
+        if (entry is not None and entry.size == st.st_size and entry.mtime_ns == st.st_mtime_ns
+                and st.st_mtime_ns < entry.recorded_ns - MTIME_MARGIN_NS and st.st_size <= max_bytes):
+            pairs.append(_KeyHash(knowledge_key_for(source), entry.content_hash))
+            continue
+        try:
+            document = parse_document(path, source, read_bytes(path, source, max_bytes=max_bytes))
+        except (OSError, SourceError):
+            return None
+        pairs.append(_KeyHash(document.knowledge_key, document.content_hash))
+        rehashed[source] = FileHash(st.st_size, st.st_mtime_ns, document.content_hash, started_ns)
+    if len({p.knowledge_key.casefold() for p in pairs}) != len(pairs):
+        return None
+    return QuickScan(fingerprint=corpus_fingerprint(pairs), keys=[p.knowledge_key for p in pairs], rehashed=rehashed)
 
 
 def instruction_lines(docs_dir: Path, *, max_bytes: int) -> list[dict[str, object]]:
@@ -122,10 +192,11 @@ def instruction_lines(docs_dir: Path, *, max_bytes: int) -> list[dict[str, objec
 
 
 class DocumentTexts:
-    """The chunks (with texts) of one document at a time, read again from its file for the build.
+    """The chunks (with texts) of one document at a time, read again from its file by the plan's snapshot
+    (the scan keeps no texts).
 
     Callers ask in manifest order, so each document is read once per pass. A file whose content hash is
-    no longer the planned one stops the build: the version would mix two states of the knowledge.
+    no longer the scanned one stops the plan: the snapshot would mix two states of the knowledge.
     """
 
     def __init__(self, docs_dir: Path, infos: dict[str, DocumentInfo], *, max_bytes: int, chunk_size: int,
@@ -148,8 +219,8 @@ class DocumentTexts:
     def _load(self, knowledge_key: str) -> None:
         info = self.infos[knowledge_key]
         path = self.docs_dir / info.source
-        changed = SourceChangedError(f"{info.source} changed after {self.version_label} was planned; this version "
-                                     "cannot be completed from the files as they are now. Start a new run")
+        changed = SourceChangedError(f"{info.source} changed while {self.version_label} read the files; "
+                                     "start a new run (it plans from the files as they are then)")
         try:
             data = read_bytes(path, info.source, max_bytes=self.max_bytes)
         except (OSError, SourceError):

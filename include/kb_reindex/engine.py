@@ -10,7 +10,6 @@ import logging
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import replace
 from typing import Any
 
 from kb_reindex.build import BuildCounts, build, create_version, reindex_lock_name
@@ -20,6 +19,7 @@ from kb_reindex.plan import prepare_logged as make_plan
 from kb_reindex.promote import cleanup, has_served, promote, rollback, rollback_target
 from kb_reindex.reconcile import drift_advice
 from kb_reindex.replay import summary as replay_summary
+from kb_reindex.snapshot import snapshot_plan
 from kb_reindex.runtime import Deps, StateDeps, new_run_id
 from kb_reindex.state import VersionRecord, default_lock_owner
 from kb_reindex.store import describe_qdrant_failure
@@ -115,9 +115,10 @@ def run_reindex(
     deps.state.start_run(run_id=run_id, alias=alias, kind=kind, trigger=trigger)
     try:
         with exclusive(deps, run_id=run_id) as owner:
-            # one read of the files serves every step of this process; the DAG's tasks each read them again
+            # the plan reads the files once and snapshots what the other steps need in the state DB
             prepared = make_plan(deps, force_full=force_full or kind == "migration", kind=kind,
-                                 embedder=embedder, model=model, dim=dim, layout=layout, audit_run_id=run_id)
+                                 embedder=embedder, model=model, dim=dim, layout=layout, audit_run_id=run_id,
+                                 record=True)
             p = prepared.plan
             result.update(docs=p["docs"], chunks=chunk_counts(p, done), plan=p)
             if p.get("audit"):
@@ -131,18 +132,16 @@ def run_reindex(
                 result["outcome"] = "dry_run"
                 deps.state.finish_run(run_id, outcome="dry_run", **counters)
                 return result
-            created = create_version(deps, p, run_id=run_id, prepared=prepared)
-            # each step lets go of what the next ones do not need: the reuse map is in the manifest now,
-            # and validation needs only the flagged lines of the scan (at 100k chunks, 30 MB each)
-            prepared = replace(prepared, reuse={})
+            p.update(snapshot_plan(deps, prepared, run_id=run_id))
+            # the snapshot holds what the next steps need: the scan (at 100k chunks, tens of MB) goes
+            del prepared
+            created = create_version(deps, p, run_id=run_id)
             result.update(version=created["version"], collection=created["collection"])
             deps.state.update_run(run_id, version=created["version"])
-            built = build(deps, created["version"], run_id=run_id, prepared=prepared, counts=done)
+            built = build(deps, created["version"], run_id=run_id, counts=done)
             result["build"] = built
             result["chunks"] = chunk_counts(p, done)
-            flagged = prepared.scan.flagged_lines()
-            del prepared
-            checked = validate(deps, created["version"], min_hit_rate=min_hit_rate, min_mrr=min_mrr, flagged=flagged)
+            checked = validate(deps, created["version"], min_hit_rate=min_hit_rate, min_mrr=min_mrr)
             result["validation"] = validation_summary(checked)
             if promote_version:
                 ensure_lock_held(deps, owner)

@@ -30,9 +30,9 @@ class KnowledgeFolderMissing(SourceError, ConfigError):
 
 
 class SourceChangedError(KbError):
-    """The files changed after the plan: this version cannot be completed from them; a new run can."""
+    """A file changed while the plan read it (between its scan and its snapshot): a new run plans again."""
 
-    step = "build"
+    step = "plan"
 
 
 class GoldenSetError(KbError):

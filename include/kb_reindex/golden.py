@@ -38,12 +38,13 @@ def _fraction(data: dict[str, Any], name: str, default: float, where: str) -> fl
     return float(value)
 
 
-def load_golden_set(path: Path) -> GoldenSet:
+def load_golden_set(path: Path, *, text: str | None = None) -> GoldenSet:
+    """`text`: the file's content as a plan recorded it (validation then needs no file); `path` names it."""
     where = str(path)
-    if not path.is_file():
+    if text is None and not path.is_file():
         raise GoldenSetError(f"golden set {where} does not exist (KB_GOLDEN_SET)")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = yaml.safe_load(path.read_text(encoding="utf-8") if text is None else text)
     except UnicodeDecodeError:
         raise GoldenSetError(f"{where}: not valid UTF-8") from None
     except yaml.YAMLError as exc:

@@ -99,6 +99,12 @@ def shape_payload(native: dict[str, Any], spec: str | None, *, point_id: str) ->
             "ref_doc_id": native["knowledge_key"]}
 
 
+def text_field(spec: str | None) -> str:
+    """The top-level payload key under which `spec` keeps the text (a JSON document for llamaindex)."""
+    name, text_key = parse_layout(spec, where="payload layout")
+    return {"langchain": "page_content", "llamaindex": "_node_content"}.get(name, text_key)
+
+
 def payload_text(payload: Mapping[str, Any], spec: str | None) -> str | None:
     """The chunk's text, wherever `spec` puts it (None when it is not there)."""
     name, text_key = parse_layout(spec, where="payload layout")

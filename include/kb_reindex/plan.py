@@ -1,8 +1,9 @@
 """Step 1, plan: what changed since the live version, and which vectors can be carried over.
 
-The plan is a small JSON-able dict (it travels through XCom); the chunks themselves are recomputed by
-later steps from the same files and checked against the plan's corpus fingerprint. In one process the
-steps share the plan's `Prepared` (references and facts, never all the texts at once).
+The plan is a small JSON-able dict (it travels through XCom). A plan that builds writes its snapshot into
+the state DB (`kb_reindex.snapshot`): the manifest, the texts of the chunks to embed and the flagged lines;
+every later step reads that, never the knowledge folder. `prepare` itself writes nothing but, when asked
+(`record`), the file hashes that let the next plan over unchanged files read none of them.
 """
 
 from __future__ import annotations
@@ -11,8 +12,9 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+from kb_reindex.chunking import chunking_version
 from kb_reindex.config import model_or_default
-from kb_reindex.corpus import CorpusScan, scan_corpus
+from kb_reindex.corpus import CorpusScan, cache_root, quick_fingerprint, scan_corpus
 from kb_reindex.embedding import check_model_served
 from kb_reindex.errors import ConfigError, StateDriftError
 from kb_reindex.golden import check_golden_set
@@ -30,7 +32,7 @@ class Prepared:
     """The plan plus what it was computed from (facts and references, no texts); never leaves the process."""
 
     plan: dict[str, Any]
-    scan: CorpusScan
+    scan: CorpusScan | None  # None when unchanged files were recognised without reading them (no change)
     reuse: dict[str, str] = field(default_factory=dict)  # chunk_hash -> point id in the live collection
     live: VersionRecord | None = None
 
@@ -80,9 +82,11 @@ def prepare(
     dim: int | None = None,
     layout: str | None = None,
     audit_run_id: str | None = None,
+    record: bool = False,
 ) -> Prepared:
     """`layout`: the payload layout of the version to build (a migration's Param); default KB_PAYLOAD_LAYOUT.
-    `audit_run_id`: a run is planning (not a look): live is audited and the audit recorded for it."""
+    `audit_run_id`: a run is planning (not a look): live is audited and the audit recorded for it.
+    `record`: write the file hashes read (a writing step; `kb-reindex plan` is read-only)."""
     settings = deps.settings
     layout = layout_spec(layout) if layout else settings.payload_layout
     audit: dict[str, Any] | None = {"run_id": audit_run_id} if audit_run_id else None
@@ -108,8 +112,22 @@ def prepare(
         if embedder == "hashing" and dim is None:
             dim = 1024
 
+    cv = chunking_version(settings.chunk_size, settings.chunk_overlap)
+    root = cache_root(settings.knowledge_dir)
+    if kind == "reindex" and not force_full and live is not None and live.chunking_version == cv:
+        quick = quick_fingerprint(settings.knowledge_dir, deps.state.file_hashes(root), max_bytes=settings.max_doc_bytes)
+        if quick is not None and quick.fingerprint == live.corpus_fingerprint:
+            check_golden_set(settings.golden_set, set(quick.keys))
+            if record and quick.rehashed:
+                deps.state.record_file_hashes(root, quick.rehashed, replace_all=False)
+            return Prepared(plan=_no_change_plan(settings.alias, live, len(quick.keys), embedder, model, dim),
+                            scan=None, live=live)
+
+    recorded: dict[str, Any] | None = {} if record else None
     scan = scan_corpus(settings.knowledge_dir, max_bytes=settings.max_doc_bytes,
-                       chunk_size=settings.chunk_size, overlap=settings.chunk_overlap)
+                       chunk_size=settings.chunk_size, overlap=settings.chunk_overlap, hashes=recorded)
+    if recorded:
+        deps.state.record_file_hashes(root, recorded, replace_all=True)
     documents = scan.infos
     # only the plan checks the golden set against today's files: a rollback to an older version must
     # not be blocked by probes that name documents added since
@@ -117,7 +135,6 @@ def prepare(
     load_replay_gate(settings.golden_set)  # its `replay:` thresholds too, before any version exists
     chunks = scan.chunk_refs()
     fingerprint = scan.fingerprint
-    cv = scan.chunking_version
 
     # the profile of the vectors to build; a dimension still to be probed is the live one when the model is
     # live's (a model answers one dimension), else unknown until the collection is created
@@ -184,6 +201,21 @@ def prepare(
     if audit and "points" in audit:  # a first build has no live version to audit
         plan["audit"] = audit
     return Prepared(plan=plan, scan=scan, reuse=reuse, live=live)
+
+
+def _no_change_plan(alias: str, live: VersionRecord, docs: int, embedder: str | None, model: str | None,
+                    dim: int | None) -> dict[str, Any]:
+    """The plan of an unchanged corpus recognised from the recorded file hashes: every chunk is live's."""
+    return {
+        "alias": alias, "kind": "reindex", "fingerprint": live.corpus_fingerprint, "embedder": embedder,
+        "embed_model": model, "embed_dim": dim, "chunking_version": live.chunking_version,
+        "base_version": live.version, "base_collection": live.collection, "base_embed_model": live.embed_model,
+        "force_full": False, "no_change": True,
+        "docs": {"added": 0, "changed": 0, "unchanged": docs, "removed": 0},
+        "doc_keys": {"added": [], "changed": [], "removed": []},
+        "chunks": {"total": live.points_expected, "embedded": 0, "reused": live.points_expected},
+        "source_changed_at": None,
+    }
 
 
 def plan(deps: Deps, **options: Any) -> dict[str, Any]:

@@ -194,6 +194,8 @@ def cleanup(deps: Deps) -> dict[str, Any]:
             deleted.append({"version": victim.version, "collection": victim.collection, "was": victim.status,
                             "collection_dropped": dropped, "snapshot": snapshot})
             log.info("kb_reindex: retention deleted v%d (%s, was %s)", victim.version, victim.collection, victim.status)
+        if deleted:  # the chunk texts of the plans only these versions needed go with them
+            deps.state.drop_unneeded_texts()
     return {"deleted": deleted, "rollback_target": target.version if target else None,
             "pinned": sorted(v.version for v in versions if v.id in pinned)}
 
@@ -221,6 +223,7 @@ def drop_version(deps: Deps, version_number: int) -> dict[str, Any]:
             return {"version": version.version, "collection": version.collection, "was": "deleted",
                     "collection_dropped": False, "already_deleted": True}
         dropped, snapshot = _drop_collection(deps, version)
+        deps.state.drop_unneeded_texts()
     return {"version": version.version, "collection": version.collection, "was": version.status,
             "collection_dropped": dropped, "snapshot": snapshot}
 

@@ -186,15 +186,19 @@ def discover(docs_dir: Path) -> tuple[list[Path], list[str]]:
     return sorted(found), problems
 
 
-def iter_corpus(docs_dir: Path, *, max_bytes: int = 2_000_000) -> Iterator[Document]:
+def iter_corpus(docs_dir: Path, *, max_bytes: int = 2_000_000,
+                stats: dict[str, os.stat_result] | None = None) -> Iterator[Document]:
     """Every document, one at a time in folder order, so a caller keeps only what it needs of each.
-    Errors from all files are reported together, once every file was read."""
+    Errors from all files are reported together, once every file was read. `stats` collects each file's
+    stat taken before it is read (a later edit then shows as a newer mtime than the one recorded)."""
     paths, errors = discover(docs_dir)
     by_key: dict[str, list[str]] = {}
     count = 0
     for path in paths:
         source = path.relative_to(docs_dir).as_posix()
         try:
+            if stats is not None:
+                stats[source] = path.stat()
             document = read_document(path, docs_dir, max_bytes=max_bytes)
         except SourceError as exc:
             errors.append(str(exc))

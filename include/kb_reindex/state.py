@@ -101,9 +101,59 @@ manifest_chunks = sa.Table(
     sa.Column("chunk_index", sa.Integer, nullable=False),
     sa.Column("chunk_hash", sa.String(64), nullable=False),
     sa.Column("source_point_id", sa.String(36)),
+    # the row's place in manifest order (0..N-1): a build slice reads its rows by range, not the whole
+    # manifest. NULL in rows written before it existed (added by `_upgrade_schema`)
+    sa.Column("position", sa.Integer),
     sa.Index("ix_kb_manifest_chunks_hash", "version_id", "chunk_hash"),
+    sa.Index("ix_kb_manifest_chunks_position", "version_id", "position"),
     **MYSQL_TABLE,
 )
+
+# The plan's snapshot: what every later step needs and nothing reads from the knowledge folder again.
+# One row per version whose plan finished writing it (manifest, chunk texts, flagged lines): its presence
+# is what create_version and the build check.
+snapshots = sa.Table(
+    "kb_snapshots",
+    metadata,
+    sa.Column("version_id", sa.Integer, sa.ForeignKey("kb_versions.id"), primary_key=True),
+    sa.Column("run_id", sa.String(255)),
+    sa.Column("planned_at", Timestamp, nullable=False),
+    sa.Column("chunks_to_embed", sa.Integer, nullable=False),
+    # JSON list of {source, line, text}: instruction-like lines of the planned files, for validation
+    sa.Column("flagged", LongText, nullable=False),
+    # the golden set file as the plan checked it: the build's validation scores with it, reading no file
+    sa.Column("golden", LongText),
+    **MYSQL_TABLE,
+)
+
+# The normalised text (and section) of every chunk a version embeds, by chunk hash: shared across versions,
+# dropped with the last version that needs it (retention, drop, forget). Chunks copied from live take their
+# text from live's payload, so only what is embedded is stored.
+chunk_texts = sa.Table(
+    "kb_chunk_texts",
+    metadata,
+    sa.Column("chunk_hash", sa.String(64), primary_key=True),
+    sa.Column("section", sa.Text, nullable=False),
+    sa.Column("text", LongText, nullable=False),
+    **MYSQL_TABLE,
+)
+
+# (path, size, mtime_ns) -> content hash of every knowledge file at the last plan that read them all: a
+# plan trusts it for a file unchanged since (and modified well before the recording), and reads no file.
+file_hashes = sa.Table(
+    "kb_file_hashes",
+    metadata,
+    sa.Column("root", sa.String(64), primary_key=True),  # SHA-256 of the knowledge folder's resolved path
+    sa.Column("source", sa.String(512), primary_key=True),
+    sa.Column("size", sa.BigInteger, nullable=False),
+    sa.Column("mtime_ns", sa.BigInteger, nullable=False),
+    sa.Column("content_hash", sa.String(64), nullable=False),
+    sa.Column("recorded_ns", sa.BigInteger, nullable=False),
+    **MYSQL_TABLE,
+)
+
+# columns added after a table first shipped: (table, column) created on an existing state DB at open
+UPGRADES = ((manifest_chunks, "position", "ix_kb_manifest_chunks_position"),)
 
 runs = sa.Table(
     "kb_runs",
@@ -292,6 +342,48 @@ class ManifestRef(NamedTuple):
     source_point_id: str | None
 
 
+class SliceRow(NamedTuple):
+    """One manifest row of a build slice: a `ManifestRef` plus what the point's payload needs."""
+
+    point_id: str
+    knowledge_key: str
+    source_point_id: str | None
+    chunk_index: int
+    chunk_hash: str
+
+
+class FileHash(NamedTuple):
+    size: int
+    mtime_ns: int
+    content_hash: str
+    recorded_ns: int
+
+
+def _upgrade_schema(engine: sa.Engine) -> None:
+    """Add the columns (and their indexes) a newer release added to existing tables: `create_all` makes
+    missing tables only. Idempotent; a concurrent upgrader's "duplicate column" is taken as done."""
+    inspector = sa.inspect(engine)
+    for table, column_name, index_name in UPGRADES:
+        present = {c["name"] for c in inspector.get_columns(table.name)}
+        if column_name in present:
+            continue
+        column = table.c[column_name]
+        ddl_type = column.type.compile(dialect=engine.dialect)
+        try:
+            with engine.begin() as conn:
+                conn.execute(sa.text(f"ALTER TABLE {table.name} ADD COLUMN {column_name} {ddl_type}"))
+        except (sa.exc.OperationalError, sa.exc.ProgrammingError) as exc:
+            if "duplicate" not in str(exc.orig).lower():
+                raise
+        log.info("kb_reindex: state DB upgraded: %s.%s added", table.name, column_name)
+        index = next(i for i in table.indexes if i.name == index_name)
+        try:
+            index.create(engine, checkfirst=True)
+        except (sa.exc.OperationalError, sa.exc.ProgrammingError) as exc:
+            if "duplicate" not in str(exc.orig).lower() and "already exists" not in str(exc.orig).lower():
+                raise
+
+
 @contextmanager
 def _schema_guard(engine: sa.Engine) -> Iterator[None]:
     """Two processes creating one new SQLite file at once: SQLite answers one of them "database is
@@ -358,10 +450,12 @@ class StateStore:
             with _schema_guard(self.engine):
                 metadata.create_all(self.engine, checkfirst=True)
                 _add_missing_columns(self.engine)
+                _upgrade_schema(self.engine)
         except sa.exc.OperationalError as exc:
             if "already exists" in str(exc.orig):  # MySQL 1050: another process created a table first
                 metadata.create_all(self.engine, checkfirst=True)
                 _add_missing_columns(self.engine)
+                _upgrade_schema(self.engine)
                 return
             self.engine.dispose()
             raise ConfigError(
@@ -371,6 +465,7 @@ class StateStore:
         except (sa.exc.IntegrityError, sa.exc.ProgrammingError):
             metadata.create_all(self.engine, checkfirst=True)  # another process created it first
             _add_missing_columns(self.engine)
+            _upgrade_schema(self.engine)
         except sa.exc.DatabaseError as exc:  # SQLite: "file is not a database" (truncated or overwritten)
             self.engine.dispose()
             raise ConfigError(
@@ -463,9 +558,11 @@ class StateStore:
         """Drop this alias's version rows and manifests (a state being replaced); history and runs stay."""
         with self.engine.begin() as conn:
             ids = sa.select(versions.c.id).where(versions.c.alias == alias).scalar_subquery()
+            conn.execute(snapshots.delete().where(snapshots.c.version_id.in_(ids)))
             conn.execute(manifest_chunks.delete().where(manifest_chunks.c.version_id.in_(ids)))
             conn.execute(manifest_documents.delete().where(manifest_documents.c.version_id.in_(ids)))
             conn.execute(versions.delete().where(versions.c.alias == alias))
+        self.drop_unneeded_texts()
 
     def version_by_id(self, version_id: int, *, conn: sa.Connection | None = None) -> VersionRecord:
         query = sa.select(versions).where(versions.c.id == version_id)
@@ -519,13 +616,14 @@ class StateStore:
 
     def write_manifest(self, version_id: int, documents: list[dict[str, Any]], chunks: Iterable[dict[str, Any]]) -> None:
         """Replace the version's manifest in one transaction, so a retried step never doubles it."""
-        rows = iter(chunks)
+        rows = enumerate(chunks)  # in manifest order: (knowledge_key, chunk_index)
         with self.engine.begin() as conn:
+            conn.execute(snapshots.delete().where(snapshots.c.version_id == version_id))
             conn.execute(manifest_chunks.delete().where(manifest_chunks.c.version_id == version_id))
             conn.execute(manifest_documents.delete().where(manifest_documents.c.version_id == version_id))
             if documents:
                 conn.execute(manifest_documents.insert(), [{"version_id": version_id, **d} for d in documents])
-            while batch := [{"version_id": version_id, **c} for c in islice(rows, 5000)]:
+            while batch := [{"version_id": version_id, "position": n, **c} for n, c in islice(rows, 5000)]:
                 conn.execute(manifest_chunks.insert(), batch)
 
     def manifest_refs(self, version_id: int) -> list[ManifestRef]:
@@ -567,7 +665,8 @@ class StateStore:
 
     def manifest_chunks(self, version_id: int, *, point_ids: list[str] | None = None) -> list[dict[str, Any]]:
         """Every chunk row of the version, or only those of `point_ids`."""
-        query = sa.select(manifest_chunks).where(manifest_chunks.c.version_id == version_id)
+        columns = [c for c in manifest_chunks.c if c.name != "position"]  # a build detail, not the manifest's
+        query = sa.select(*columns).where(manifest_chunks.c.version_id == version_id)
         if point_ids is not None:
             query = query.where(manifest_chunks.c.point_id.in_(point_ids))
         with self.engine.connect() as conn:
@@ -575,6 +674,144 @@ class StateStore:
             keys = list(result.keys())
             # rows zipped with the column names: a third of the time of a RowMapping per row
             return [dict(zip(keys, row)) for row in result]
+
+    # --- the plan's snapshot -------------------------------------------------------------------
+
+    def missing_texts(self, hashes: Iterable[str]) -> set[str]:
+        """Which of these chunk hashes have no stored text yet."""
+        wanted = set(hashes)
+        if not wanted:
+            return set()
+        found: set[str] = set()
+        ordered = sorted(wanted)
+        with self.engine.connect() as conn:
+            for start in range(0, len(ordered), 500):
+                batch = ordered[start:start + 500]
+                found.update(conn.execute(sa.select(chunk_texts.c.chunk_hash)
+                                          .where(chunk_texts.c.chunk_hash.in_(batch))).scalars())
+        return wanted - found
+
+    def add_texts(self, rows: Iterable[dict[str, str]]) -> int:
+        """Store chunk texts ({chunk_hash, section, text}) a batch at a time; a hash stored meanwhile by
+        another plan is kept as it is (same hash, same text)."""
+        added = 0
+        items = iter(rows)
+        while batch := list(islice(items, 500)):
+            try:
+                with self.engine.begin() as conn:
+                    conn.execute(chunk_texts.insert(), batch)
+                added += len(batch)
+            except sa.exc.IntegrityError:
+                missing = self.missing_texts(r["chunk_hash"] for r in batch)
+                fresh = [r for r in batch if r["chunk_hash"] in missing]
+                if fresh:
+                    with self.engine.begin() as conn:
+                        conn.execute(chunk_texts.insert(), fresh)
+                added += len(fresh)
+        return added
+
+    def finish_snapshot(self, version_id: int, *, run_id: str | None, chunks_to_embed: int,
+                        flagged: list[dict[str, Any]], golden: str | None = None) -> None:
+        """The last write of a plan's snapshot: from here on the version can be created and built."""
+        with self.engine.begin() as conn:
+            conn.execute(snapshots.delete().where(snapshots.c.version_id == version_id))
+            conn.execute(snapshots.insert().values(version_id=version_id, run_id=run_id, planned_at=utcnow(),
+                                                   chunks_to_embed=chunks_to_embed, golden=golden,
+                                                   flagged=json.dumps(flagged, ensure_ascii=False)))
+
+    def snapshot(self, version_id: int) -> dict[str, Any] | None:
+        """The version's snapshot row (flagged lines decoded), or None when its plan never finished one."""
+        with self.engine.connect() as conn:
+            row = conn.execute(sa.select(snapshots).where(snapshots.c.version_id == version_id)).mappings().first()
+        if row is None:
+            return None
+        return {**dict(row), "flagged": json.loads(row["flagged"])}
+
+    def slice_rows(self, version_id: int, window: tuple[int, int] | None = None) -> list[SliceRow]:
+        """A build slice's manifest rows, by range of position in SQL (all rows without a window), in
+        manifest order: a slice costs its own rows, not the whole manifest."""
+        query = (sa.select(manifest_chunks.c.point_id, manifest_chunks.c.knowledge_key,
+                           manifest_chunks.c.source_point_id, manifest_chunks.c.chunk_index,
+                           manifest_chunks.c.chunk_hash)
+                 .where(manifest_chunks.c.version_id == version_id))
+        if window is not None:
+            offset, limit = window
+            query = query.where(manifest_chunks.c.position >= offset, manifest_chunks.c.position < offset + limit)
+        with self.engine.connect() as conn:
+            rows = conn.execute(query.order_by(manifest_chunks.c.position))
+            return [SliceRow(*row) for row in rows]
+
+    def slice_documents(self, version_id: int, first_key: str, last_key: str) -> list[dict[str, Any]]:
+        """The manifest documents whose keys lie in [first_key, last_key]: those a slice's rows belong to."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                sa.select(manifest_documents).where(manifest_documents.c.version_id == version_id,
+                                                    manifest_documents.c.knowledge_key >= first_key,
+                                                    manifest_documents.c.knowledge_key <= last_key)
+            ).mappings().all()
+        return [dict(row) for row in rows]
+
+    def texts(self, hashes: Iterable[str]) -> dict[str, tuple[str, str]]:
+        """chunk_hash -> (section, text) for those of these hashes that are stored."""
+        ordered = sorted(set(hashes))
+        out: dict[str, tuple[str, str]] = {}
+        with self.engine.connect() as conn:
+            for start in range(0, len(ordered), 500):
+                rows = conn.execute(sa.select(chunk_texts.c.chunk_hash, chunk_texts.c.section, chunk_texts.c.text)
+                                    .where(chunk_texts.c.chunk_hash.in_(ordered[start:start + 500])))
+                out.update((h, (section, text)) for h, section, text in rows)
+        return out
+
+    def drop_unneeded_texts(self) -> int:
+        """Delete the texts no kept version embeds any more (after retention, drop or forget): a version
+        needs its texts until it is deleted. Reads the needed hashes version by version (by index)."""
+        with self.engine.connect() as conn:
+            kept = conn.execute(sa.select(versions.c.id).where(versions.c.status != "deleted")).scalars().all()
+            needed: set[str] = set()
+            for version_id in kept:
+                needed.update(conn.execute(
+                    sa.select(manifest_chunks.c.chunk_hash).where(manifest_chunks.c.version_id == version_id,
+                                                                  manifest_chunks.c.source_point_id.is_(None))
+                ).scalars())
+            stored = conn.execute(sa.select(chunk_texts.c.chunk_hash)).scalars().all()
+        unneeded = [h for h in stored if h not in needed]
+        for start in range(0, len(unneeded), 500):
+            with self.engine.begin() as conn:
+                conn.execute(chunk_texts.delete().where(chunk_texts.c.chunk_hash.in_(unneeded[start:start + 500])))
+        if unneeded:
+            log.info("kb_reindex: %d chunk text(s) no kept version needs were dropped", len(unneeded))
+        return len(unneeded)
+
+    # --- the file hash cache ------------------------------------------------------------------
+
+    def file_hashes(self, root: str) -> dict[str, FileHash]:
+        """source -> what the last plan recorded of it; empty for a state DB from before this table."""
+        try:
+            with self.engine.connect() as conn:
+                rows = conn.execute(sa.select(file_hashes.c.source, file_hashes.c.size, file_hashes.c.mtime_ns,
+                                              file_hashes.c.content_hash, file_hashes.c.recorded_ns)
+                                    .where(file_hashes.c.root == root))
+                return {source: FileHash(*rest) for source, *rest in rows}
+        except (sa.exc.OperationalError, sa.exc.ProgrammingError) as exc:
+            if "kb_file_hashes" in str(exc.orig):  # a read-only command on a state DB not yet upgraded
+                return {}
+            raise
+
+    def record_file_hashes(self, root: str, entries: dict[str, FileHash], *, replace_all: bool) -> None:
+        """Record files as hashed by a plan: all of them (`replace_all`, after reading every file) or only
+        these (after hashing a few again)."""
+        rows = [{"root": root, "source": source, "size": e.size, "mtime_ns": e.mtime_ns,
+                 "content_hash": e.content_hash, "recorded_ns": e.recorded_ns} for source, e in entries.items()]
+        with self.engine.begin() as conn:
+            if replace_all:
+                conn.execute(file_hashes.delete().where(file_hashes.c.root == root))
+            else:
+                sources = list(entries)
+                for start in range(0, len(sources), 500):
+                    conn.execute(file_hashes.delete().where(file_hashes.c.root == root,
+                                                            file_hashes.c.source.in_(sources[start:start + 500])))
+            for start in range(0, len(rows), 5000):
+                conn.execute(file_hashes.insert(), rows[start:start + 5000])
 
     # --- runs -----------------------------------------------------------------------------------
 

@@ -14,7 +14,6 @@ import random
 from pathlib import Path
 from typing import Any
 
-from kb_reindex.corpus import instruction_lines
 from kb_reindex.errors import ConfigError, GoldenSetError, KbError, ValidationFailed
 from kb_reindex.golden import (
     GoldenSet,
@@ -129,8 +128,8 @@ def validate(
     flagged: list[dict[str, Any]] | None = None,
     record: bool = True,
 ) -> dict[str, Any]:
-    """`flagged`: the instruction-like lines of the files this version was planned from
-    (`CorpusScan.flagged_lines()`), when the caller has them in this process; else the files are read.
+    """`flagged`: the instruction-like lines of the files this version was planned from, when the caller
+    has them; else those its plan recorded in the snapshot (the knowledge folder is not read).
     `record=False` checks without touching the version's status or record (a shadow re-checked before its
     promotion stays a shadow when it fails)."""
     alias = deps.settings.alias
@@ -182,7 +181,7 @@ def validate(
 
 def _validate(deps: Deps, version: VersionRecord, *, min_hit_rate: float | None, min_mrr: float | None,
               compare_live: bool, flagged: list[dict[str, Any]] | None) -> dict[str, Any]:
-    golden = load_golden_set(deps.settings.golden_set)
+    golden = _golden_for(deps, version)
     manifest = deps.state.manifest_refs(version.id)
     documents = deps.state.manifest_documents(version.id)
     check_probe_keys(golden, {d["knowledge_key"] for d in documents})
@@ -259,7 +258,7 @@ def _validate(deps: Deps, version: VersionRecord, *, min_hit_rate: float | None,
         replayed, replay_failures = replay(deps, version, baseline, same_model=same_model)
         failures += replay_failures
     if flagged is None:
-        flagged = instruction_lines(deps.settings.knowledge_dir, max_bytes=deps.settings.max_doc_bytes)
+        flagged = planned_instruction_lines(deps, version)
     if flagged and deps.settings.block_on_instructions:
         failures.append(f"{len(flagged)} instruction-like line(s) in the knowledge text (KB_BLOCK_ON_INSTRUCTIONS); "
                         f"first: {flagged[0]['source']}:{flagged[0]['line']}")
@@ -322,6 +321,28 @@ def sharper_gates(probes: list[dict[str, Any]], categories: dict[str, str], gold
                 f"paired sign test: {paired['worse']} probe(s) ranked worse than on live v{baseline.version}, "
                 f"{paired['better']} better (p={paired['p_worse']:.4f} < paired_alpha {golden.paired_alpha})")
     return by_category, paired, failures
+
+
+def _golden_for(deps: Deps, version: VersionRecord) -> GoldenSet:
+    """A version being built is scored with the golden set its plan checked (recorded in the snapshot: the
+    build's tasks read no knowledge file); a kept version re-checked later (rollback, shadow promotion,
+    `kb-reindex validate` of a ready one) with today's file."""
+    if version.status in ("building", "failed"):
+        snapshot = deps.state.snapshot(version.id)
+        if snapshot is not None and snapshot.get("golden") is not None:
+            return load_golden_set(deps.settings.golden_set, text=snapshot["golden"])
+    return load_golden_set(deps.settings.golden_set)
+
+
+def planned_instruction_lines(deps: Deps, version: VersionRecord) -> list[dict[str, Any]]:
+    """The instruction-like lines of the files this version was planned from, as its plan recorded them:
+    no step after the plan reads the knowledge folder (a rollback's target is judged by its own files)."""
+    snapshot = deps.state.snapshot(version.id)
+    if snapshot is None:
+        log.warning("kb_reindex: v%d was planned before plans recorded instruction-like lines; none are reported",
+                    version.version)
+        return []
+    return snapshot["flagged"]
 
 
 def report_dir(reports_dir: Path, alias: str, version: int) -> Path:
