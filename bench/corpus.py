@@ -226,6 +226,10 @@ def golden_yaml(corpus: Corpus, mutation: Mutation | None, *, probes: int = 20, 
         "min_hit_rate": 0.0,
         "min_mrr": 0.0,
         "max_regressions": len(chosen),
+        # the sharper gates measured but never deciding: a category may lose everything, and a sign test
+        # could reach this p only with thousands of probes
+        "max_category_drop": 1.0,
+        "paired_alpha": 1e-12,
         "probes": [{"id": f"probe-{key}", "query": f"规则编号 {corpus.codes[key]} 适用于哪些情况？", "expected": [key]}
                    for key in chosen],
     }

@@ -114,14 +114,17 @@ def prepare(
 
     cv = chunking_version(settings.chunk_size, settings.chunk_overlap)
     root = cache_root(settings.knowledge_dir)
-    if kind == "reindex" and not force_full and live is not None and live.chunking_version == cv:
+    if (kind == "reindex" and not force_full and live is not None and live.chunking_version == cv
+            and live.payload_layout == layout):
         quick = quick_fingerprint(settings.knowledge_dir, deps.state.file_hashes(root), max_bytes=settings.max_doc_bytes)
         if quick is not None and quick.fingerprint == live.corpus_fingerprint:
             check_golden_set(settings.golden_set, set(quick.keys))
             if record and quick.rehashed:
                 deps.state.record_file_hashes(root, quick.rehashed, replace_all=False)
-            return Prepared(plan=_no_change_plan(settings.alias, live, len(quick.keys), embedder, model, dim),
-                            scan=None, live=live)
+            plan = _no_change_plan(settings.alias, live, len(quick.keys), embedder, model, dim)
+            if audit and "points" in audit:
+                plan["audit"] = audit
+            return Prepared(plan=plan, scan=None, live=live)
 
     recorded: dict[str, Any] | None = {} if record else None
     scan = scan_corpus(settings.knowledge_dir, max_bytes=settings.max_doc_bytes,
@@ -209,6 +212,7 @@ def _no_change_plan(alias: str, live: VersionRecord, docs: int, embedder: str | 
     return {
         "alias": alias, "kind": "reindex", "fingerprint": live.corpus_fingerprint, "embedder": embedder,
         "embed_model": model, "embed_dim": dim, "chunking_version": live.chunking_version,
+        "embed_profile": version_profile(live), "payload_layout": live.payload_layout,
         "base_version": live.version, "base_collection": live.collection, "base_embed_model": live.embed_model,
         "force_full": False, "no_change": True,
         "docs": {"added": 0, "changed": 0, "unchanged": docs, "removed": 0},

@@ -42,11 +42,12 @@ class ReplayGate:
     watch_min_queries: int = 20  # queries answered since promotion before the watch judges their empty rate
 
 
-def load_replay_gate(path: Path) -> ReplayGate:
-    """The `replay:` thresholds, each checked with an error naming the file and the field."""
+def load_replay_gate(path: Path, *, text: str | None = None) -> ReplayGate:
+    """The `replay:` thresholds, each checked with an error naming the file and the field. `text`: the
+    file's content as a plan recorded it (a build's validation reads no file)."""
     where = str(path)
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = yaml.safe_load(path.read_text(encoding="utf-8") if text is None else text)
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
         raise GoldenSetError(f"{where}: cannot read the replay thresholds: {exc}") from None
     raw = data.get("replay") if isinstance(data, dict) else None

@@ -253,9 +253,11 @@ def _validate(deps: Deps, version: VersionRecord, *, min_hit_rate: float | None,
     # real (logged) queries on live and on the candidate: kb_reindex.replay
     replayed = None
     if structural_ok:
-        from kb_reindex.replay import replay
+        from kb_reindex.replay import load_replay_gate, replay
 
-        replayed, replay_failures = replay(deps, version, baseline, same_model=same_model)
+        replayed, replay_failures = replay(deps, version, baseline, same_model=same_model,
+                                           gate=load_replay_gate(deps.settings.golden_set,
+                                                                 text=_planned_golden_text(deps, version)))
         failures += replay_failures
     if flagged is None:
         flagged = planned_instruction_lines(deps, version)
@@ -327,11 +329,16 @@ def _golden_for(deps: Deps, version: VersionRecord) -> GoldenSet:
     """A version being built is scored with the golden set its plan checked (recorded in the snapshot: the
     build's tasks read no knowledge file); a kept version re-checked later (rollback, shadow promotion,
     `kb-reindex validate` of a ready one) with today's file."""
+    return load_golden_set(deps.settings.golden_set, text=_planned_golden_text(deps, version))
+
+
+def _planned_golden_text(deps: Deps, version: VersionRecord) -> str | None:
+    """The golden file as the plan of a version being built recorded it; None: read today's file."""
     if version.status in ("building", "failed"):
         snapshot = deps.state.snapshot(version.id)
         if snapshot is not None and snapshot.get("golden") is not None:
-            return load_golden_set(deps.settings.golden_set, text=snapshot["golden"])
-    return load_golden_set(deps.settings.golden_set)
+            return snapshot["golden"]
+    return None
 
 
 def planned_instruction_lines(deps: Deps, version: VersionRecord) -> list[dict[str, Any]]:
