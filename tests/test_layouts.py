@@ -19,7 +19,7 @@ from kb_reindex import engine
 from kb_reindex.config import Settings
 from kb_reindex.embedding import HashingEmbedder
 from kb_reindex.errors import ConfigError, KbError
-from kb_reindex.layouts import embedding_profile, layout_spec, version_profile
+from kb_reindex.layouts import embedding_profile, layout_spec, payload_text, version_profile
 from kb_reindex.reader import search_knowledge, serving_model
 from kb_reindex.runtime import Deps
 from kb_reindex.state import StateStore
@@ -214,6 +214,21 @@ def test_layout_change_is_a_new_gated_version_and_rollback_returns_native(deps: 
     assert (again["payload_layout"], again["results"][0]["text"]) == ("native", text)
     hit = deps.store.client.query_points(ALIAS, query=EMBEDDER.embed([QUESTION])[0], limit=1, with_payload=True).points[0]
     assert "text" in hit.payload and "page_content" not in hit.payload
+
+
+@pytest.mark.parametrize("route", [("langchain", "llamaindex"), ("llamaindex", "langchain4j:content")])
+def test_a_layout_change_away_from_a_non_native_live_copies_texts_from_lives_layout(deps: Deps,
+                                                                                     route: tuple[str, str]) -> None:
+    """A copied point takes its text from live's payload, where live's layout keeps it (not `text`)."""
+    source, target = route
+    assert engine.run_reindex(with_layout(deps, source))["outcome"] == "promoted"
+    moved = engine.run_reindex(with_layout(deps, target))
+    assert (moved["outcome"], moved["chunks"]["embedded"]) == ("promoted", 0), moved["error"]
+    v1, v2 = deps.state.get_version(ALIAS, 1), deps.state.get_version(ALIAS, 2)
+    before = {str(p.id): p.payload for p in deps.store.client.scroll(v1.collection, limit=1000, with_payload=True)[0]}
+    after = {str(p.id): p.payload for p in deps.store.client.scroll(v2.collection, limit=1000, with_payload=True)[0]}
+    assert before.keys() == after.keys()
+    assert all(payload_text(after[i], v2.payload_layout) == payload_text(before[i], v1.payload_layout) for i in before)
 
 
 def test_cli_status_and_plan_show_the_layout(project: Path, monkeypatch: pytest.MonkeyPatch,
