@@ -1,4 +1,4 @@
-"""Targets P1..P6, the Markdown table and the scaling plot, from the workers' results."""
+"""Targets P1..P8, the Markdown table and the scaling plot, from the workers' results."""
 
 from __future__ import annotations
 
@@ -15,11 +15,17 @@ SCENARIOS = {
                "langchain.full_build", "langchain.noop", "langchain.incremental"],
 }
 PEERS = ["kb", "full_rebuild", "langchain", "raw"]
-TARGET_KEYS = ["P1", "P2", "P3", "P4", "P5", "P6"]
+TARGET_KEYS = ["P1", "P2", "P3", "P4", "P5", "P6", "P7", "P8"]
 P3_DOCS = 2000
 P5_PAIR = (2000, 20000)
-P5_TARGET = ("time at 10x chunks <= 12x, peak RSS of the engine process <= 1.5x (incremental run; "
-             "the Qdrant store's memory is reported, not judged)")
+P2_TARGET = 0.95  # the copy loop against the store's own read + write of the same points (the ceiling of any copy)
+P5_TIME_VS_STORE = 1.1  # the incremental run's time scaling against the store's own bulk upsert scaling
+P5_RSS = 1.5
+P5_TARGET = (f"at 10x the points the incremental run's time <= {P5_TIME_VS_STORE}x the store's own upsert scaling "
+             f"for the same points, peak RSS of the engine process <= {P5_RSS}x (the Qdrant store's memory is "
+             "reported, not judged)")
+P7_TARGET = 3.2
+P8_DOCS, P8_NOOP_S, P8_CLI_OVERHEAD_S = 20000, 1.5, 1.0
 
 
 def _sc(entry: dict[str, Any], embedder: str, name: str) -> dict[str, Any] | None:
@@ -31,7 +37,9 @@ def _all_passed(checks: list[dict[str, Any]]) -> bool | None:
     return all(c["passed"] for c in checks) if checks else None
 
 
-def targets(sizes: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+def targets(sizes: list[dict[str, Any]], *, p7: dict[str, Any] | None = None,
+            p8: dict[str, Any] | None = None) -> dict[str, dict[str, Any]]:
+    """P1-P6 from the peers' rows; P7 and P8 from bench/p7.py's and bench/noop.py's results of the same run."""
     out: dict[str, dict[str, Any]] = {}
     by_docs = {e["docs"]: e for e in sizes}
 
@@ -54,8 +62,9 @@ def targets(sizes: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     out["P1"] = {"target": "incremental embeddings == chunks whose hash is not in live, and <= LangChain index()",
                  "checks": checks, "passed": _all_passed(checks)}
 
-    # P2: copy path >= 0.8x the backend's raw bulk upsert; judged on the engine's copy loop (read live
-    # vectors + write the new points) when the engine times it, else on the whole build step outside the embedder
+    # P2: the copy loop (read live vectors + write the new points) >= 0.95x the store's own read + write of the
+    # same points (retrieve by ID with vectors, then upsert): a copy must read each vector before writing it, so
+    # that is the ceiling of any copy; the ratio to the raw upsert alone is shown next to it
     checks = []
     for e in sizes:
         kb, raw = _sc(e, "hashing", "kb.incremental"), _sc(e, "hashing", "raw.upsert")
@@ -67,17 +76,16 @@ def targets(sizes: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
                            "copy_loop_points_per_s": loop, "copy_points_per_s": step,
                            "build_step_ratio": round(step / raw["upsert_points_per_s"], 3) if step else None,
                            "raw_upsert_points_per_s": raw["upsert_points_per_s"], "ratio": round(ratio, 3),
-                           "passed": ratio >= 0.8})
+                           "passed": None})
             if raw.get("retrieve_points_per_s"):
-                # a copy must read each vector as well as write it: the backend's own read + write rate
-                # for the same points is the ceiling no copy loop can pass
                 ceiling = 1.0 / (1.0 / raw["upsert_points_per_s"] + 1.0 / raw["retrieve_points_per_s"])
                 checks[-1].update(raw_read_write_points_per_s=round(ceiling, 1),
                                   ceiling_ratio=round(ceiling / raw["upsert_points_per_s"], 3),
-                                  of_read_write=round(judged / ceiling, 3))
-    out["P2"] = {"target": "copy throughput >= 0.8x raw bulk upsert (the copy loop's rate when the engine reports "
-                           "copy_s, else the build step's)", "checks": checks,
-                 "passed": _all_passed(checks)}
+                                  of_read_write=round(judged / ceiling, 3), passed=judged / ceiling >= P2_TARGET)
+    judged_checks = [c for c in checks if c["passed"] is not None]  # without the read rate: nothing to judge on
+    out["P2"] = {"target": f"copy loop >= {P2_TARGET}x the store's own read + write of the same points (the ceiling "
+                           "for any copy; the build step's rate when the engine reports no copy_s)", "checks": checks,
+                 "passed": _all_passed(judged_checks)}
 
     # P3: no-op over 2,000 docs <= 2 s, zero vector writes
     measured = sorted(by_docs)
@@ -143,7 +151,14 @@ def targets(sizes: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
                      "store_peak_rss_mb": store_rss if all(v is not None for v in store_rss) else None,
                      "store_peak_rss_ratio": (round(store_rss[1] / store_rss[0], 2)
                                               if all(v for v in store_rss) else None),
-                     "passed": rows.get("kb.incremental", 99) <= 12 and rss_big / rss_small <= 1.5}
+                     "passed": None}
+        store_scaling, time_ratio = out["P5"]["raw_upsert_time_ratio"], rows.get("kb.incremental")
+        if store_scaling and time_ratio:
+            out["P5"]["time_vs_store_scaling"] = round(time_ratio / store_scaling, 2)
+            out["P5"]["passed"] = (time_ratio <= P5_TIME_VS_STORE * store_scaling
+                                   and rss_big / rss_small <= P5_RSS)
+        else:
+            out["P5"]["note"] = "time not judged: no raw upsert of the same points at both sizes"
     else:
         out["P5"] = {"target": P5_TARGET, "passed": None,
                      "note": "not measured: needs two sizes 10x apart (e.g. --sizes 2000,20000)"}
@@ -160,6 +175,38 @@ def targets(sizes: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
                            "passed": p["reads"] > 0 and p["failed_reads"] == 0 and p["empty_reads"] == 0})
     out["P6"] = {"target": "promotion under 4 reader threads: 0 failed or empty reads; swap latency reported",
                  "checks": checks, "passed": _all_passed(checks)}
+    out["P7"] = p7_target(p7)
+    out["P8"] = p8_target(p8)
+    return out
+
+
+def p7_target(p7: dict[str, Any] | None) -> dict[str, Any]:
+    """P7 from bench/p7.py's JSON: both concurrent setups >= 3.2x the serial full build (4 slots: 4x is the limit)."""
+    target = f"full build at the Ollama cost: concurrency 4 over 4 slots (one server, or two of 2) >= {P7_TARGET}x " \
+             "concurrency 1 (limit 4x)"
+    if not p7:
+        return {"target": target, "checks": [], "passed": None, "note": "not measured: --p7-size none"}
+    serial = p7["rows"][0]
+    checks = [{"setup": row["setup"], "wall_s": row["wall_s"], "serial_s": serial["wall_s"], "speedup": row["speedup"],
+               "server_max_in_flight": row["server_max_in_flight"], "passed": row["speedup"] >= P7_TARGET}
+              for row in p7["rows"][1:]]
+    return {"target": target, "docs": p7["meta"]["docs"], "chunks": p7["chunks"],
+            "ms_per_text": p7["meta"]["ms_per_text"], "checks": checks, "passed": _all_passed(checks)}
+
+
+def p8_target(p8: dict[str, Any] | None) -> dict[str, Any]:
+    """P8 from bench/noop.py's JSON: the no-op in the process and what a fresh `kb-reindex plan` adds."""
+    target = (f"no-op over {P8_DOCS:,} docs <= {P8_NOOP_S} s in the process; a fresh `kb-reindex plan` process "
+              f"at most {P8_CLI_OVERHEAD_S} s more")
+    if not p8:
+        return {"target": target, "passed": None, "note": "not measured: --p8-size none"}
+    out = {"target": target, "docs": p8["docs"], "chunks": p8.get("chunks"), "noop_s": p8["noop_s"],
+           "cli_plan_s": p8["cli_plan_s"], "cli_plan_overhead_s": p8["cli_plan_overhead_s"],
+           "noop_full_scan_s": p8.get("noop_full_scan_s"), "noop_unrecorded_s": p8.get("noop_unrecorded_s"),
+           "fresh_import_qdrant_client_s": p8.get("fresh_import_qdrant_client_s"),
+           "passed": p8["noop_s"] <= P8_NOOP_S and p8["cli_plan_overhead_s"] <= P8_CLI_OVERHEAD_S}
+    if p8["docs"] != P8_DOCS:
+        out["note"] = f"measured at {p8['docs']:,} docs ({P8_DOCS:,} not in this run)"
     return out
 
 
@@ -272,7 +319,7 @@ def markdown(data: dict[str, Any]) -> str:
     lines.append(_target_line("P1 incremental embeds exactly the new chunks, ≤ LangChain", t["P1"],
                               "; ".join(f"{c['docs']:,}/{c['embedder']}: {c['embedded']} = {c['new_chunks']} new, "
                                         f"LangChain {c['langchain_embedded']}" for c in t["P1"]["checks"])))
-    lines.append(_target_line("P2 copy ≥ 0.8× raw bulk upsert", t["P2"], "; ".join(_p2(c) for c in t["P2"]["checks"])))
+    lines.append(_target_line(f"P2 copy loop ≥ {P2_TARGET}× the store's own read + write of the same points", t["P2"], "; ".join(_p2(c) for c in t["P2"]["checks"])))
     p3 = t["P3"]
     lines.append(_target_line(f"P3 no-op over {P3_DOCS:,} docs ≤ 2 s, 0 writes", p3,
                               f"{p3['docs']:,} docs: {_fmt(p3['wall_s'])} s, {p3['vector_writes']} writes"
@@ -298,8 +345,9 @@ def markdown(data: dict[str, Any]) -> str:
         if p5.get("raw_upsert_time_ratio"):
             share = p5["upsert_share_of_incremental"]
             measured += (f"; the store's own bulk upsert of the same points takes {p5['raw_upsert_time_ratio']}× the "
-                         f"time (local mode grows its arrays point by point), and waiting on the store's upserts is "
-                         f"{share[0]:.0%} → {share[1]:.0%} of the incremental run")
+                         f"time (local mode grows its arrays point by point): the run scales at "
+                         f"{p5['time_vs_store_scaling']}× the store's own scaling (judged); waiting on the store's "
+                         f"upserts is {share[0]:.0%} → {share[1]:.0%} of the incremental run")
         if p5.get("store_peak_rss_mb"):
             a, b = p5["store_peak_rss_mb"]
             measured += (f"; the RSS check is on the engine process only; Qdrant store sidecar (not judged) "
@@ -311,17 +359,58 @@ def markdown(data: dict[str, Any]) -> str:
             measured += f"; stores differ between the two sizes ({store}): the RSS ratio compares different things"
     else:
         measured = p5["note"]
-    lines.append(_target_line("P5 10× chunks: time ≤ 12×, engine process peak RSS ≤ 1.5×", p5, measured))
+    lines.append(_target_line(f"P5 10× the points: time ≤ {P5_TIME_VS_STORE}× the store's own upsert scaling, "
+                              f"engine process peak RSS ≤ {P5_RSS}×", p5, measured))
     lines.append(_target_line("P6 promotion under 4 readers: 0 failed/empty reads", t["P6"],
                               "; ".join(f"{c['docs']:,}: {c['reads']:,} reads, {c['failed']} failed, {c['empty']} empty, "
                                         f"alias request {c['alias_update_ms']} ms, CAS+swap {c['swap_ms']} ms, promote "
                                         f"step {c['promote_step_ms']} ms" for c in t["P6"]["checks"])))
+    p7 = t["P7"]
+    lines.append(_target_line(f"P7 concurrency 4 over 4 Ollama slots ≥ {P7_TARGET}× concurrency 1 (full build)", p7,
+                              (f"{p7['docs']:,} docs ({p7['chunks']:,} chunks) @ {p7['ms_per_text']:g} ms/text: "
+                               + "; ".join(f"{c['setup']}: {c['serial_s']:.1f} s / {c['wall_s']:.1f} s = "
+                                           f"{c['speedup']:.2f}×" for c in p7["checks"])) if p7.get("docs")
+                              else p7.get("note")))
+    p8 = t["P8"]
+    lines.append(_target_line(f"P8 no-op over {P8_DOCS:,} docs ≤ {P8_NOOP_S} s; fresh `kb-reindex plan` ≤ "
+                              f"{P8_CLI_OVERHEAD_S} s more", p8,
+                              (f"{p8['docs']:,} docs: no-op {p8['noop_s']:.2f} s in the process (every file read, "
+                               f"parsed and chunked as before: {_fmt(p8.get('noop_full_scan_s'))} s); a fresh "
+                               f"`kb-reindex plan` {p8['cli_plan_s']:.2f} s = {p8['cli_plan_overhead_s']:+.2f} s "
+                               f"(importing qdrant-client alone {_fmt(p8.get('fresh_import_qdrant_client_s'))} s)"
+                               + (f" ({p8['note']})" if p8.get("note") else "")) if p8.get("docs") is not None
+                              else p8.get("note")))
     lines.append("")
+    if data.get("p7"):
+        lines += _p7_table(data["p7"])
     if data.get("wire"):
         lines += wire_markdown(data["wire"], data["sizes"])
     elif meta.get("store") == "server":  # a server run on its own: its tables are above
         lines += wire_markdown(data, [], tables=False)
     return "\n".join(lines)
+
+
+def _p7_table(p7: dict[str, Any]) -> list[str]:
+    """P7's setups: wall time, speedup, what each test server saw."""
+    lines = [f"## P7: concurrent embedding, full build of {p7['meta']['docs']:,} docs ({p7['chunks']:,} chunks) at "
+             f"{p7['meta']['ms_per_text']:g} ms/text", "",
+             "| setup | wall s | speedup | texts per server | most in flight per server |", "|---|--:|--:|---|---|"]
+    for row in p7["rows"]:
+        lines.append(f"| {row['setup']} | {row['wall_s']:.2f} | {row['speedup']:.2f}× | "
+                     f"{', '.join(map(str, row['server_texts']))} | {', '.join(map(str, row['server_max_in_flight']))} |")
+    return lines + [""]
+
+
+def targets_excerpt(data: dict[str, Any]) -> str:
+    """The targets table of latest.md alone, with the run's header line, for the README's Benchmarks section."""
+    md = markdown(data)
+    start = md.index("## Targets")
+    end = md.index("\n\n", md.index("| target | result | measured |", start))
+    meta = data["meta"]
+    revisions = meta.get("package_revisions") or [(meta.get("package") or {}).get("sha256", "?")]
+    commands = meta.get("merged_from") or [meta["command"]]
+    return (f"{meta['date']} · kb_reindex sources sha256:{', '.join(revisions)} · {meta['machine']} · "
+            + "; ".join(f"`{c}`" for c in commands) + "\n\n" + md[md.index("| target |", start):end] + "\n")
 
 
 def _size_tables(entry: dict[str, Any], *, heading: str = "##", store_label: str = "Qdrant local mode") -> list[str]:
@@ -366,18 +455,16 @@ def _size_tables(entry: dict[str, Any], *, heading: str = "##", store_label: str
 
 def _p2(check: dict[str, Any]) -> str:
     raw = check["raw_upsert_points_per_s"]
+    rate = check["copy_loop_points_per_s"] or check["copy_points_per_s"]
+    basis = check.get("basis", "copy loop")
+    if check.get("raw_read_write_points_per_s"):
+        judged = (f"{check['docs']:,}: {basis} {rate:,.0f} pts/s vs the store's own read + write of the same points "
+                  f"{check['raw_read_write_points_per_s']:,.0f} pts/s = {check['of_read_write']:.2f}× (judged)")
+    else:
+        judged = f"{check['docs']:,}: {basis} {rate:,.0f} pts/s (not judged: no read rate of the same points)"
     step = check.get("copy_points_per_s")
-    if check.get("basis") == "copy loop":
-        step_text = f"build step {step:,.0f} pts/s = {check['build_step_ratio']:.2f}×" if step else "build step –"
-        ceiling = ""
-        if check.get("raw_read_write_points_per_s"):
-            ceiling = (f"; raw read + write of the same points {check['raw_read_write_points_per_s']:,.0f} pts/s "
-                       f"(= {check['ceiling_ratio']:.2f}× raw upsert, the ceiling for any copy): copy loop at "
-                       f"{check['of_read_write']:.2f}× of it")
-        return (f"{check['docs']:,}: copy loop {check['copy_loop_points_per_s']:,.0f} vs raw {raw:,.0f} pts/s = "
-                f"{check['ratio']:.2f}× (judged); {step_text}{ceiling}")
-    return (f"{check['docs']:,}: build step {step:,.0f} vs raw {raw:,.0f} pts/s = {check['ratio']:.2f}× "
-            "(judged: the engine reported no copy_s)")
+    return (judged + f"; vs raw upsert alone {raw:,.0f} pts/s = {check['ratio']:.2f}×"
+            + (f", build step {check['build_step_ratio']:.2f}×" if step and basis == "copy loop" else ""))
 
 
 def _target_line(name: str, target: dict[str, Any], measured: str) -> str:

@@ -6,6 +6,15 @@
     .venv/bin/python bench/run.py --smoke --out /tmp/bench         # tiny corpus, seconds (the test suite runs this)
     .venv/bin/python bench/run.py --sizes 2000 --profile-size 2000 # + a pyinstrument profile of our incremental run
     .venv/bin/python bench/run.py --store inprocess                # local-mode Qdrant inside each worker
+    .venv/bin/python bench/run.py --sizes 500,2000,20000 --ollama-sizes 500 --profile-size 2000   # P1-P8, one table
+    .venv/bin/python bench/run.py --readme                         # print that table for the README
+
+After the peers, the same run also runs P7 (`bench/p7.py`: concurrent embedding, a full build at the Ollama cost
+against 4-slot test servers; `--p7-size`, default 500 docs) and P8 (`bench/noop.py`: the no-op in the process and
+as a fresh `kb-reindex plan`; `--p8-size`, default 20,000 docs), one after the other on the same package snapshot,
+so the targets table in latest.md shows P1-P8 of one revision. `--p7-size none --p8-size none` skips them (a
+`--merge` then keeps the previous results' P7/P8); `--store server` skips them unless asked (they pick their own
+stores).
 
 Per size, each peer runs in its own subprocess (so peak RSS is its own) on the same deterministic corpus,
 the same embedder and the same local-mode Qdrant (`:memory:`), which by default runs in a sidecar process
@@ -45,6 +54,8 @@ QDRANT_WHERE = {"sidecar": "local mode, :memory:, in a sidecar process (bench/si
                           ":memory: client) in a process of its own; every client is the remote one (KB_QDRANT_URL)",
                 "inprocess": "local mode, :memory:, inside each worker process"}
 SMOKE_SIZES = "8,80"
+DEFAULT_P7_SIZE, SMOKE_P7_SIZE = 500, 8  # P7: a full build at the Ollama cost (bench/p7.py)
+DEFAULT_P8_SIZE, SMOKE_P8_SIZE = 20000, 20  # P8: the no-op over 20,000 docs (bench/noop.py)
 
 
 def corpus_stats(size: int, seed: int, workdir: Path) -> dict[str, Any]:
@@ -99,6 +110,43 @@ def run_job(job: dict[str, Any], timeout: float) -> list[dict[str, Any]]:
     runs = json.loads(Path(job["out"]).read_text(encoding="utf-8"))["runs"]
     print(f"[bench] {label} done in {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
     return runs
+
+
+def run_extra(kind: str, size: int, ms: float, seed: int, smoke: bool, workdir: Path, package: str,
+              timeout: float) -> dict[str, Any]:
+    """P7 (bench/p7.py) or P8 (bench/noop.py) in a process of its own on the run's package snapshot; its JSON."""
+    folder = workdir / kind
+    folder.mkdir(parents=True, exist_ok=True)
+    if kind == "p7":
+        out = folder / "p7.json"
+        cmd = [sys.executable, str(HERE / "p7.py"), "--docs", str(size), "--ms", str(ms), "--seed", str(seed),
+               "--out", str(folder)]
+    else:
+        out = folder / "noop.json"
+        cmd = [sys.executable, str(HERE / "noop.py"), "--docs", str(size), "--out", str(out)]
+        if smoke:  # one run of each kind: the smoke run checks the wiring, not the median
+            cmd += ["--repeat", "1"]
+    started = time.perf_counter()
+    print(f"[bench] {kind} at {size} docs ...", file=sys.stderr, flush=True)
+    proc = subprocess.run(cmd, timeout=timeout, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          env=_worker_env(folder, package))
+    sys.stderr.write(proc.stderr[-20000:])
+    if proc.returncode != 0:
+        raise RuntimeError(f"benchmark {kind} ({' '.join(cmd[1:])}) failed (exit {proc.returncode})")
+    result = json.loads(out.read_text(encoding="utf-8"))
+    result["job_wall_s"] = round(time.perf_counter() - started, 1)
+    print(f"[bench] {kind} done in {result['job_wall_s']} s", file=sys.stderr, flush=True)
+    return result
+
+
+def parse_size(text: str) -> int:
+    """One document count for P7/P8, or 'none' to skip it (0)."""
+    if text.strip().lower() == "none":
+        return 0
+    size = int(text)
+    if size < 5:
+        raise argparse.ArgumentTypeError("a size must be a document count of at least 5 (or 'none')")
+    return size
 
 
 def _worker_env(workdir: Path, package: str) -> dict[str, str]:
@@ -167,13 +215,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--store", choices=STORE_KINDS, default="sidecar",
                         help="where local-mode Qdrant runs: 'sidecar' (default), a process of its own like a Qdrant "
                              "server, so peak RSS is the engine's own; 'inprocess', inside each worker")
+    parser.add_argument("--p7-size", type=parse_size, default=None,
+                        help=f"P7 (bench/p7.py) at this many docs, at --ollama-ms per text (default {DEFAULT_P7_SIZE}; "
+                             f"--smoke {SMOKE_P7_SIZE}; 'none' skips it; not run with --store server unless given)")
+    parser.add_argument("--p8-size", type=parse_size, default=None,
+                        help=f"P8 (bench/noop.py) at this many docs (default {DEFAULT_P8_SIZE}; --smoke {SMOKE_P8_SIZE}; "
+                             "'none' skips it; not run with --store server unless given)")
     parser.add_argument("--timeout", type=float, default=3 * 3600, help="seconds per worker")
     parser.add_argument("--workdir", type=Path, default=None, help="scratch folder (default: a temp folder)")
     parser.add_argument("--merge", action="store_true",
                         help="keep the other sizes of <out>/latest.json (e.g. add 20000 to a 500,2000 run)")
     parser.add_argument("--render", action="store_true",
                         help="only recompute targets, latest.md and scaling.png from <out>/latest.json")
+    parser.add_argument("--readme", action="store_true",
+                        help="only print the P1-P8 targets table of <out>/latest.json (recomputed), for the README")
     args = parser.parse_args(argv)
+    if args.readme:
+        data = json.loads((args.out / "latest.json").read_text(encoding="utf-8"))
+        data["targets"] = report.targets(data["sizes"], p7=data.get("p7"), p8=data.get("p8"))
+        print(report.targets_excerpt(data), end="")
+        return 0
     if args.render:
         render(json.loads((args.out / "latest.json").read_text(encoding="utf-8")), args.out)
         return 0
@@ -184,6 +245,11 @@ def main(argv: list[str] | None = None) -> int:
     ollama_ms = args.ollama_ms if args.ollama_ms is not None else (1.0 if args.smoke else 20.0)
     ollama_sizes = args.ollama_sizes if args.ollama_sizes is not None else [min(sizes)]
     jobs_parallel = args.jobs or (2 if args.smoke else 1)
+    extras_default = args.store != WIRE_STORE  # P7/P8 pick their own stores: a wire run adds nothing to them
+    p7_size = args.p7_size if args.p7_size is not None else (
+        (SMOKE_P7_SIZE if args.smoke else DEFAULT_P7_SIZE) if extras_default else 0)
+    p8_size = args.p8_size if args.p8_size is not None else (
+        (SMOKE_P8_SIZE if args.smoke else DEFAULT_P8_SIZE) if extras_default else 0)
     args.out.mkdir(parents=True, exist_ok=True)
     command = "bench/run.py " + " ".join(argv if argv is not None else sys.argv[1:])
     started = time.perf_counter()
@@ -221,6 +287,12 @@ def main(argv: list[str] | None = None) -> int:
 
         with ThreadPoolExecutor(max_workers=jobs_parallel) as pool:
             results = list(pool.map(lambda job: run_job(job, args.timeout), jobs))
+        # P7 and P8 after the peers (a full run: one at a time, the machine otherwise idle), same snapshot
+        extras = [(kind, size) for kind, size in (("p7", p7_size), ("p8", p8_size)) if size]
+        with ThreadPoolExecutor(max_workers=jobs_parallel) as pool:
+            extra_results = list(pool.map(
+                lambda ks: run_extra(ks[0], ks[1], ollama_ms, args.seed, args.smoke, workdir, package["snapshot"],
+                                     args.timeout), extras))
 
     entries = []
     for size in sizes:
@@ -250,10 +322,12 @@ def main(argv: list[str] | None = None) -> int:
         "meta": {**run_meta, "package": {"sha256": package["sha256"], "source": package["source"]},
                  "machine": machine(), "python": platform.python_version(), "versions": versions(),
                  "sizes": sizes, "ollama_sizes": ollama_sizes, "ollama_ms": ollama_ms, "seed": args.seed,
-                 "smoke": args.smoke, "store": args.store, "qdrant": QDRANT_WHERE[args.store]},
+                 "smoke": args.smoke, "store": args.store, "p7_size": p7_size or None, "p8_size": p8_size or None, "qdrant": QDRANT_WHERE[args.store]},
         "scenarios": report.SCENARIOS,
         "sizes": entries,
     }
+    for (kind, _size), extra in zip(extras, extra_results):
+        data[kind] = {**extra, "run": run_meta}
     if args.profile_size:
         profile = next(r for j, r in zip(jobs, results) if j.get("profile"))[0]
         data["profile"] = {"size": args.profile_size, "text": str(args.out / f"profile-incremental-{args.profile_size}.txt"),
@@ -301,6 +375,9 @@ def merge(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
     if len(merged["meta"]["stores"]) > 1:
         print(f"[bench] warning: the merged sizes ran with different stores {merged['meta']['stores']}; "
               "peak RSS across them measures different things", file=sys.stderr)
+    for key in ("p7", "p8"):  # a run that skipped P7/P8 (--p7-size none) keeps the previous ones
+        if key in old and key not in new:
+            merged[key] = old[key]
     if "profile" in old and "profile" not in new:
         merged["profile"] = old["profile"]
     if wire and not new_wire:
@@ -310,7 +387,7 @@ def merge(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
 
 def render(data: dict[str, Any], out: Path) -> None:
     """Targets, latest.json, latest.md and scaling.png from the assembled results."""
-    data["targets"] = report.targets(data["sizes"])
+    data["targets"] = report.targets(data["sizes"], p7=data.get("p7"), p8=data.get("p8"))
     if data.get("wire"):  # the over-the-wire run's own targets, its copy-vs-ceiling check, where the time goes
         wire = data["wire"]
         wire["targets"] = {**report.targets(wire["sizes"]), "P2_wire": report.wire_copy_checks(wire["sizes"])}

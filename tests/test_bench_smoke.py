@@ -69,11 +69,27 @@ def test_smoke_benchmark_reports_every_scenario_peer_and_target(tmp_path: Path) 
     assert targets["P1"]["passed"] is True, targets["P1"]
     assert targets["P6"]["passed"] is True, targets["P6"]
     assert targets["P5"]["docs"] == sorted(data["meta"]["sizes"])[:2]
+    # P5 is judged against the store's own upsert scaling of the same points, P2 against its read + write
+    assert targets["P5"]["raw_upsert_time_ratio"] and targets["P5"]["time_vs_store_scaling"] is not None
+    assert targets["P2"]["checks"] and all(c["raw_read_write_points_per_s"] for c in targets["P2"]["checks"])
+    # P7 and P8 ran in the same run, on the same package snapshot (bench/p7.py, bench/noop.py)
+    p7, p8 = data["p7"], data["p8"]
+    assert p7["run"]["package_sha256"] == p8["run"]["package_sha256"] == data["meta"]["package_sha256"]
+    assert [row["concurrency"] for row in p7["rows"]] == [1, 4, 4] and p7["rows"][2]["servers"] == [2, 2]
+    assert all(row["chunks_embedded"] == p7["chunks"] > 0 for row in p7["rows"])
+    assert len(targets["P7"]["checks"]) == 2 and targets["P7"]["passed"] is not None
+    assert p8["docs"] == data["meta"]["p8_size"] and p8["noop_s"] > 0 and p8["cli_plan_s"] > 0
+    assert targets["P8"]["noop_s"] == p8["noop_s"] and targets["P8"]["passed"] is not None
 
     markdown = (out / "latest.md").read_text(encoding="utf-8")
     assert "| scenario | peer | wall s |" in markdown and "## Targets" in markdown
     for key in report.TARGET_KEYS:
         assert f"| {key} " in markdown
+    assert "## P7: concurrent embedding" in markdown
+    excerpt = subprocess.run([sys.executable, str(REPO / "bench" / "run.py"), "--readme", "--out", str(out)],
+                             capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert excerpt.returncode == 0, excerpt.stderr[-3000:]
+    assert [line.split(" ")[1] for line in excerpt.stdout.splitlines() if line.startswith("| P")] == report.TARGET_KEYS
     assert (out / "scaling.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert not list(out.glob("*.tmp"))
 
@@ -86,6 +102,8 @@ def test_smoke_benchmark_reports_every_scenario_peer_and_target(tmp_path: Path) 
     assert proc.returncode == 0, proc.stderr[-6000:]
     merged = json.loads((out / "latest.json").read_text(encoding="utf-8"))
     assert [e["docs"] for e in merged["sizes"]] == [e["docs"] for e in sizes]
+    assert merged["p7"] == data["p7"] and merged["p8"] == data["p8"]  # a wire run runs neither; the merge keeps them
+    assert merged["targets"]["P7"]["passed"] is not None and merged["targets"]["P8"]["passed"] is not None
     assert merged["meta"]["store"] == "sidecar" and merged["sizes"][0]["hashing"] == sizes[0]["hashing"]
     wire = merged["wire"]
     assert wire["meta"]["store"] == "server" and [e["docs"] for e in wire["sizes"]] == [8]
