@@ -176,7 +176,8 @@ def _markdown(frame: pd.DataFrame) -> str:
         return "(none)"
     header = "| " + " | ".join(str(c) for c in frame.columns) + " |"
     rule = "|" + "|".join("---" for _ in frame.columns) + "|"
-    rows = ["| " + " | ".join("" if pd.isna(v) else " ".join(str(v).splitlines()).replace("|", "\\|") for v in row) + " |"
+    rows = ["| " + " | ".join("" if pd.isna(v) else " ".join(str(v).splitlines()).replace("|", "\\|")
+                              for v in row) + " |"
             for row in frame.itertuples(index=False)]
     return "\n".join([header, rule, *rows])
 
