@@ -46,6 +46,9 @@ def test_run_status_query_history_as_json(cli_env: Path, capsys: pytest.CaptureF
     assert status["live"]["version"] == 1 and status["live"]["points"] == run["chunks"]["total"]
     assert set(status["live"]) >= {"version", "collection", "points", "embed_model", "dim"}
     assert set(status["versions"][0]) >= {"version", "collection", "status", "points", "embed_model", "dim"}
+    assert status["query_log"] == {"enabled": False, "queries": 0, "keep": 5000}
+    assert main(["status", "-q"]) == 0
+    assert "query log (KB_QUERY_LOG): off, 0 logged queries held (keeps the newest 5000)" in capsys.readouterr().out
 
     code, found = run_json(capsys, "query", "优惠券过期了还能恢复吗", "-k", "3")
     assert code == 0 and len(found["results"]) == 3

@@ -9,6 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
 import yaml
 from qdrant_client import models
 
@@ -57,6 +58,7 @@ def crowding_page(root: Path, queries: list[str]) -> None:
 
 def test_query_log_is_off_by_default_and_records_text_tenant_version_and_keys_when_on(deps: Deps, logged: Deps) -> None:
     assert engine.run_reindex(deps)["outcome"] == "promoted"
+    assert engine.status(deps)["query_log"] == {"enabled": False, "queries": 0, "keep": 5000}
     ask(deps, REAL_QUERIES[:1])  # off: nothing recorded
     assert querylog.recent(deps.state, deps.settings.alias, limit=10) == []
 
@@ -65,6 +67,17 @@ def test_query_log_is_off_by_default_and_records_text_tenant_version_and_keys_wh
     assert [r["query"] for r in rows] == REAL_QUERIES[1::-1]  # newest first
     assert [r["keys"] for r in rows] == answers[::-1] and all(len(r["keys"]) == 3 for r in rows)
     assert {(r["tenant"], r["k"], r["version"]) for r in rows} == {("default", 3, 1)}
+    # one COUNT of this alias's rows: on, 2 held; rows of another alias are not counted
+    querylog.record(deps.state, alias="other", query="q", tenant=None, k=1, version=None, keys=[], keep=10)
+    assert engine.status(logged)["query_log"] == {"enabled": True, "queries": 2, "keep": 5000}
+    assert engine.status(deps)["query_log"]["queries"] == 2  # switched off, the rows it holds are still said
+
+
+def test_status_of_a_state_db_made_before_the_query_log_counts_none_and_creates_nothing(deps: Deps) -> None:
+    querylog.query_log.drop(deps.state.engine)
+    querylog.reset_cache()
+    assert querylog.count(deps.state, deps.settings.alias) == 0
+    assert not sa.inspect(deps.state.engine).has_table(querylog.query_log.name)
 
 
 def test_query_log_keeps_only_the_newest_rows_on_sqlite_and_mysql(tmp_path: Path, mysql_url: str) -> None:
@@ -130,6 +143,10 @@ def test_a_corpus_edit_that_breaks_real_queries_but_not_the_golden_set_is_blocke
         {("member-rules", None, True, False)}
     page = (Path(result["validation"]["report"]).parent / "validation.html").read_text(encoding="utf-8")
     assert "Replay of logged queries: FAILED" in page and REAL_QUERIES[0] in page
+    markdown = Path(result["validation"]["report"]).read_text(encoding="utf-8")  # the Markdown report says the same
+    replay_section = markdown[markdown.index("## Replay of logged queries: FAILED"):]
+    assert "lost from the top k: 4 of 4 queries" in replay_section
+    assert all(f"| {q} |" in replay_section for q in REAL_QUERIES)
 
     # the share the team allows decides: 4 of 4 within a share of 1.0 passes
     set_replay(deps, max_lost_top_hits=1.0)

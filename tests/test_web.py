@@ -261,6 +261,22 @@ def test_rollback_whose_request_got_no_answer_says_a_run_may_exist(site: tuple[S
     assert answer.status_code == 502 and "may have been created" in answer.json()["detail"]
 
 
+def test_a_script_in_the_alias_comes_out_escaped_in_the_page(project: Path, tokens: dict[str, str]) -> None:
+    """The page's template autoescapes: in the heading the alias is text; in the script it is a JavaScript
+    string (tojson) that neither a quote nor `</script>` can end. (KB_ALIAS refuses such a name; the template
+    must not rely on that.)"""
+    from dataclasses import replace
+
+    alias = "kb</script><script>alert('x')</script>"
+    settings = replace(settings_for(project), alias=alias)
+    app = create_app(settings_factory=lambda: settings, airflow_api_url="http://127.0.0.1:9")
+    page = TestClient(app, cookies={"_token": tokens["viewer"]}).get("/ui")
+    assert page.status_code == 200
+    assert "<script>alert" not in page.text and page.text.count("<script>") == 1
+    assert "<code>kb&lt;/script&gt;&lt;script&gt;alert(&#39;x&#39;)&lt;/script&gt;</code>" in page.text
+    assert json.dumps(alias).replace("<", "\\u003c").replace(">", "\\u003e").replace("'", "\\u0027") in page.text
+
+
 def test_plugin_registers_the_page() -> None:
     import importlib.util
 
@@ -407,6 +423,8 @@ def test_page_in_headless_chromium_on_call(busy_site: tuple[Settings, FakeAirflo
         assert "run success rate" in text("#metric-run_success_rate") and "%" in text("#metric-run_success_rate")
         assert "{" not in text("#metrics")
         assert ":999999:" in text("#locks") and "whose process is gone" in text("#notes")
+        # the query log: off here, holding nothing
+        assert text("#query-log") == "query log (KB_QUERY_LOG): off, 0 logged queries held (keeps the newest 5000)"
         # Airflow's own runs, failed before our code ran included, linked to Airflow's UI
         failed = browser.find_element(By.LINK_TEXT, "scheduled__2026-01-02T00:00:00+00:00")
         assert failed.get_attribute("href").endswith(

@@ -382,7 +382,7 @@ def _dispatch_locked(args: argparse.Namespace, deps: Any) -> int:
 
 
 def _pins_and_audit_human(s: dict[str, Any]) -> list[str]:
-    """Status lines for pinned versions and the newest audit of live."""
+    """Status lines for pinned versions, the newest audit of live and the query log."""
     lines = [f"pinned: v{v['version']} ({v['pin']['reason']}; {v['pin']['by']}, {v['pin']['at']})"
              for v in s["versions"] if v.get("pinned")]
     audit = s.get("audit")
@@ -390,6 +390,10 @@ def _pins_and_audit_human(s: dict[str, Any]) -> list[str]:
         lines.append(f"audit of live v{audit['version']} ({audit['at']}): {audit['points']} points, manifest "
                      f"{audit['expected']}; missing {audit['missing']} ({audit['missing_ratio']:.2%}), orphans "
                      f"{audit['orphans']} ({audit['orphan_ratio']:.2%})")
+    logged = s.get("query_log")
+    if logged:
+        lines.append(f"query log (KB_QUERY_LOG): {'on' if logged['enabled'] else 'off'}, {logged['queries']} logged "
+                     f"quer{'y' if logged['queries'] == 1 else 'ies'} held (keeps the newest {logged['keep']})")
     return ([""] if lines else []) + lines
 
 

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from kb_reindex import querylog
 from kb_reindex.build import BuildCounts, build, create_version, reindex_lock_name
 from kb_reindex.errors import ConfigError, KbError, LockHeldError
 from kb_reindex.layouts import version_profile
@@ -323,6 +324,7 @@ def status(deps: Deps) -> dict[str, Any]:
         "problems": problems,
         "notes": notes,
         "metrics": metrics(deps),
+        "query_log": querylog.summary(deps),
     }
 
 

@@ -120,6 +120,26 @@ def recent(state: StateStore, alias: str, *, limit: int, version: int | None = N
     return [_row(r) for r in rows]
 
 
+def count(state: StateStore, alias: str) -> int:
+    """How many logged queries this alias's log holds: one COUNT, for `status` and the page. A state DB where
+    the log never ran has no table yet: 0, and nothing is created (status only reads)."""
+    if state.engine not in _ready:
+        if not sa.inspect(state.engine).has_table(query_log.name):
+            return 0
+        _ready.add(state.engine)
+    with state.engine.connect() as conn:
+        return conn.execute(sa.select(sa.func.count()).select_from(query_log)
+                            .where(query_log.c.alias == alias)).scalar_one()
+
+
+def summary(deps: Any) -> dict[str, Any]:
+    """Whether the log is on (`KB_QUERY_LOG`), how many queries it holds for the alias (rows written while it
+    was on stay until they are deleted), and how many it keeps."""
+    settings: Settings = deps.settings
+    return {"enabled": settings.query_log, "queries": count(deps.state, settings.alias),
+            "keep": settings.query_log_keep}
+
+
 def empty_rate(rows: list[dict[str, Any]]) -> float | None:
     """Share of logged answers with no result at all; None without rows."""
     if not rows:

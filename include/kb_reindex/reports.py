@@ -1,4 +1,5 @@
-"""Validation reports on disk (CSV for tools, Markdown for people), built with pandas."""
+"""Validation reports on disk (CSV for tools, Markdown for people, HTML from the Jinja2 templates in
+`templates/`), built with pandas. `report_dir` is the one place their folder is computed."""
 
 from __future__ import annotations
 
@@ -8,11 +9,27 @@ from typing import Any
 import pandas as pd
 
 from kb_reindex.state import VersionRecord
+from kb_reindex.templating import templates
+
+#: the files a validation writes into its report folder (and the only ones the page serves)
+REPORT_FILES = ("validation.html", "validation.md", "validation.csv")
+
+
+def report_dir(reports_dir: Path, alias: str, version: int) -> Path:
+    """`<KB_REPORTS_DIR>/<alias>/v<N>`: where the reports of one version live, for writers and the page alike."""
+    return reports_dir / alias / f"v{version}"
+
+
+def _table(frame: pd.DataFrame, **options: Any) -> Any:
+    """pandas' HTML table (it escapes cell text itself), marked safe for the templates."""
+    from markupsafe import Markup
+
+    return Markup(frame.to_html(index=False, **options))
 
 
 def write_validation_report(reports_dir: Path, version: VersionRecord, result: dict[str, Any]) -> Path:
     """Write `<reports>/<alias>/v<N>/validation.{csv,md}` and return the Markdown path."""
-    folder = reports_dir / version.alias / f"v{version.version}"
+    folder = report_dir(reports_dir, version.alias, version.version)
     folder.mkdir(parents=True, exist_ok=True)
     probes = _probe_frame(result["probes"], ["probe", "query", "expected", "rank_live", "rank_candidate", "hit",
                                              "regression", "top"])
@@ -43,6 +60,8 @@ def write_validation_report(reports_dir: Path, version: VersionRecord, result: d
                   _markdown(pd.DataFrame(flagged, columns=["source", "line", "text"])), ""]
     else:
         lines += ["None found.", ""]
+    if "replay" in result:
+        lines += replay_markdown(result["replay"])
     path = folder / "validation.md"
     path.write_text("\n".join(lines), encoding="utf-8")
     return path
@@ -52,10 +71,11 @@ def write_html_report(reports_dir: Path, version: VersionRecord, result: dict[st
                       history: list[dict[str, Any]]) -> Path:
     """`validation.html`: the same tables, plus hit rate and MRR across versions as an embedded plot."""
     import base64
-    import html
     import io
 
-    folder = reports_dir / version.alias / f"v{version.version}"
+    from markupsafe import Markup
+
+    folder = report_dir(reports_dir, version.alias, version.version)
     folder.mkdir(parents=True, exist_ok=True)
     figure = score_figure(version.alias, history, k=result["k"], min_hit_rate=result["thresholds"]["min_hit_rate"])
     buffer = io.BytesIO()
@@ -68,21 +88,11 @@ def write_html_report(reports_dir: Path, version: VersionRecord, result: dict[st
                                              "regression"])
     checks = pd.DataFrame(result["checks"], columns=["check", "passed", "detail"])
     flagged = pd.DataFrame(result.get("flagged_instructions") or [], columns=["source", "line", "text"])
-    verdict = "PASSED" if result["passed"] else "FAILED"
-    body = f"""<!doctype html><html><head><meta charset="utf-8"><title>{html.escape(version.alias)} v{version.version}</title>
-<style>body{{font-family:sans-serif;margin:2em}}table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;padding:2px 6px}}</style>
-</head><body><h1>Validation of {html.escape(version.alias)} v{version.version}: {verdict}</h1>
-<p>collection <code>{html.escape(version.collection)}</code>, model <code>{html.escape(version.embed_model)}</code>
-({version.embed_dim}-d), hit@{result['k']} {result['hit_rate']:.3f}, MRR {result['mrr']:.3f},
-regressions {result['regressions']}</p>
-<ul>{''.join(f'<li>{html.escape(f)}</li>' for f in result['failures'])}</ul>
-<img alt="hit rate and MRR by version" src="data:image/png;base64,{plot}">
-{gates_html(result)}
-<h2>Structural checks</h2>{checks.to_html(index=False)}
-<h2>Golden probes</h2>{probes.to_html(index=False, na_rep="-")}
-<h2>Instruction-like text ({len(flagged)})</h2>{flagged.to_html(index=False) if len(flagged) else '<p>None found.</p>'}
-{replay_html(result.get("replay"))}
-</body></html>"""
+    body = templates().get_template("validation.html.j2").render(
+        version=version, result=result, verdict="PASSED" if result["passed"] else "FAILED", plot=plot,
+        gates=gates_html(result), checks=_table(checks), probes=_table(probes, na_rep="-"),
+        flagged_count=len(flagged), flagged=_table(flagged) if len(flagged) else None,
+        replay=Markup(replay_html(result.get("replay"))))
     path = folder / "validation.html"
     path.write_text(body, encoding="utf-8")
     return path
@@ -114,14 +124,12 @@ def gates_markdown(result: dict[str, Any]) -> list[str]:
 
 
 def gates_html(result: dict[str, Any]) -> str:
-    import html
+    from markupsafe import Markup
 
-    margin = (result.get("thresholds") or {}).get("max_category_drop")
     frame = _category_frame(result)
-    paired = _paired_line(result)
-    return (f"<h2>Categories (max hit-rate drop against live: {margin})</h2>"
-            + (frame.to_html(index=False, na_rep="-") if len(frame) else "<p>None.</p>")
-            + f"<h2>Paired comparison with live</h2><p>{html.escape(paired or 'No live version to compare with.')}</p>")
+    return Markup(templates().get_template("_gates.html.j2").render(
+        margin=(result.get("thresholds") or {}).get("max_category_drop"),
+        categories=_table(frame, na_rep="-") if len(frame) else None, paired=_paired_line(result)))
 
 
 def score_figure(alias: str, history: list[dict[str, Any]], *, k: int, min_hit_rate: float) -> Any:
@@ -168,36 +176,59 @@ def _markdown(frame: pd.DataFrame) -> str:
         return "(none)"
     header = "| " + " | ".join(str(c) for c in frame.columns) + " |"
     rule = "|" + "|".join("---" for _ in frame.columns) + "|"
-    rows = ["| " + " | ".join("" if pd.isna(v) else str(v).replace("|", "\\|") for v in row) + " |"
+    rows = ["| " + " | ".join("" if pd.isna(v) else " ".join(str(v).splitlines()).replace("|", "\\|")
+                              for v in row) + " |"
             for row in frame.itertuples(index=False)]
     return "\n".join([header, rule, *rows])
 
 
-def replay_html(report: dict[str, Any] | None) -> str:
-    """The replay of logged queries (kb_reindex.replay): totals, thresholds and the worst queries first.
-    Logged query text is personal data; it is shown here as it is in the state DB, cut to 80 characters."""
-    import html
-
-    if report is None:
-        return "<h2>Replay of logged queries</h2><p>Not run (the structural checks failed).</p>"
-    if "skipped" in report:
-        return f"<h2>Replay of logged queries</h2><p>Skipped: {html.escape(report['skipped'])}.</p>"
-    thresholds = report["thresholds"]
-    verdict = ("PASSED" if report["passed"] else "FAILED") if report["gated"] else "reported, not gated (another model)"
+def _replay_rows(report: dict[str, Any]) -> pd.DataFrame:
+    """The replay's per-query rows, the query cut to 80 characters and ranks as whole numbers."""
     rows = pd.DataFrame(report["per_query"], columns=["log_id", "query", "tenant", "overlap", "live_top", "top_changed",
                                                       "rank_candidate", "rank_change", "lost_top_hit", "empty_live",
                                                       "empty_candidate"])
     rows["query"] = rows["query"].map(lambda q: q if len(q) <= 80 else q[:79] + "…")
     for name in ("rank_candidate", "rank_change"):
         rows[name] = rows[name].astype("Int64")
+    return rows
 
-    def rate(value: Any) -> str:
-        return "-" if value is None else f"{value:.3f}"
 
-    return f"""<h2>Replay of logged queries: {verdict}</h2>
-<p>{report['queries']} queries on live v{report['live_version']} and on this version; mean top-k overlap
-{rate(report['mean_overlap'])}; empty results {rate(report['empty_live'])} on live, {rate(report['empty_candidate'])}
-here (max +{thresholds['max_empty_increase']}); live's top hit, a document this run did not change, lost from the top k
-in {report['lost_top_hits']} of {report['unchanged_top_hits']} queries (max share {thresholds['max_lost_top_hits']});
-{report['changed_documents']} document(s) changed by this run.</p>
-{rows.to_html(index=False, na_rep="-")}"""
+def _replay_verdict(report: dict[str, Any]) -> str:
+    return ("PASSED" if report["passed"] else "FAILED") if report["gated"] else "reported, not gated (another model)"
+
+
+def _rate(value: Any) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+def replay_html(report: dict[str, Any] | None) -> str:
+    """The replay of logged queries (kb_reindex.replay): totals, thresholds and the worst queries first.
+    Logged query text is personal data; it is shown here as it is in the state DB, cut to 80 characters."""
+    from markupsafe import Markup
+
+    values: dict[str, Any] = {"report": report, "skipped": None}
+    if report is not None and "skipped" in report:
+        values["skipped"] = report["skipped"]
+    elif report is not None:
+        values.update(verdict=_replay_verdict(report), thresholds=report["thresholds"], rate=_rate,
+                      rows=_table(_replay_rows(report), na_rep="-"))
+    return Markup(templates().get_template("_replay.html.j2").render(**values))
+
+
+def replay_markdown(report: dict[str, Any] | None) -> list[str]:
+    """The replay section of validation.md: the same totals and rows as the HTML report's."""
+    title = "## Replay of logged queries"
+    if report is None:
+        return [title, "", "Not run (the structural checks failed).", ""]
+    if "skipped" in report:
+        return [title, "", f"Skipped: {report['skipped']}.", ""]
+    thresholds = report["thresholds"]
+    return [f"{title}: {_replay_verdict(report)}", "",
+            f"- {report['queries']} queries on live v{report['live_version']} and on this version",
+            f"- mean top-k overlap: {_rate(report['mean_overlap'])}",
+            f"- empty results: {_rate(report['empty_live'])} on live, {_rate(report['empty_candidate'])} here "
+            f"(max +{thresholds['max_empty_increase']})",
+            f"- live's top hit, a document this run did not change, lost from the top k: {report['lost_top_hits']} of "
+            f"{report['unchanged_top_hits']} queries (max share {thresholds['max_lost_top_hits']})",
+            f"- document(s) changed by this run: {report['changed_documents']}", "",
+            _markdown(_replay_rows(report)), ""]

@@ -11,7 +11,6 @@ import hashlib
 import json
 import logging
 import random
-from pathlib import Path
 from typing import Any
 
 from kb_reindex.errors import ConfigError, GoldenSetError, KbError, ValidationFailed
@@ -350,7 +349,3 @@ def planned_instruction_lines(deps: Deps, version: VersionRecord) -> list[dict[s
                     version.version)
         return []
     return snapshot["flagged"]
-
-
-def report_dir(reports_dir: Path, alias: str, version: int) -> Path:
-    return reports_dir / alias / f"v{version}"

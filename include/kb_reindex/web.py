@@ -16,7 +16,6 @@ twice. Runs and the paused flag are read the same way, as the caller.
 from __future__ import annotations
 
 import asyncio
-import html
 import json
 import os
 from collections.abc import Callable
@@ -147,10 +146,12 @@ def create_app(
 
     @app.get("/reports/v{version}/{name}", dependencies=signed_in)
     async def report(version: int, name: str) -> FileResponse:
-        if name not in ("validation.html", "validation.md", "validation.csv"):
+        from kb_reindex.reports import REPORT_FILES, report_dir
+
+        if name not in REPORT_FILES:
             raise HTTPException(404, "unknown report")
         settings = settings_factory()
-        path = settings.reports_dir / settings.alias / f"v{version}" / name
+        path = report_dir(settings.reports_dir, settings.alias, version) / name
         if not path.is_file():
             raise HTTPException(404, f"no {name} for v{version}")
         return FileResponse(path)
@@ -233,217 +234,13 @@ def create_app(
             if refused.status_code not in (401, 403):
                 raise
             return RedirectResponse(get_auth_manager().get_url_login(next_url=str(request.url)))
-        return HTMLResponse(PAGE.replace("{{alias}}", html.escape(settings_factory().alias)))
+        return HTMLResponse(render_page(settings_factory()))
 
     return app
 
 
-PAGE = r"""<!doctype html>
-<html><head><meta charset="utf-8"><title>Knowledge index</title>
-<style>
-body{font-family:system-ui,sans-serif;margin:1.5em;color:#222}
-h2{margin:1.2em 0 .3em;font-size:1.15em}
-table{border-collapse:collapse;margin:.3em 0 1em}td,th{border:1px solid #ccc;padding:3px 8px;text-align:left}
-th{background:#f4f4f4}td.num{text-align:right;font-variant-numeric:tabular-nums}
-.live{background:#e7f6e7}.failed{color:#a00}.shadow{background:#f3f0fb}
-.problem{color:#a00;font-weight:bold}.note{color:#8a5a00}
-#message{margin:.5em 0;padding:.4em .6em;border-radius:4px}#message:empty{display:none}
-#message.pending{background:#eef4fb}#message.ok{background:#e7f6e7}#message.bad{background:#fbeaea}
-.state-success{color:#080}.state-failed{color:#a00;font-weight:bold}.state-running,.state-queued{color:#036}
-button.promote{background:#f3f0fb;border:1px solid #7a5fc0}button.rollback{border:1px solid #888}
-.cols{display:flex;gap:2em;flex-wrap:wrap;align-items:flex-start}
-progress{width:9em;vertical-align:middle}td.when,td.model,td button{white-space:nowrap}
-#chart text{font-size:11px;fill:#444}
-</style></head>
-<body>
-<h1>Knowledge index: <code>{{alias}}</code></h1>
-<p id="serving">loading…</p>
-<div id="problems"></div><div id="audit"></div>
-<div id="notes"></div>
-<div id="message"></div>
-<h2>Reindex schedule</h2>
-<p><span id="reindex-paused">asking Airflow…</span> <button id="pause-toggle" hidden></button></p>
-<h2>Versions</h2>
-<table id="versions"><thead><tr><th>version</th><th>status</th><th>model</th><th>dim</th><th>points</th><th>layout</th>
-<th>hit rate</th><th>MRR</th><th>created (UTC)</th><th>promoted (UTC)</th><th>report</th><th>action</th></tr></thead><tbody></tbody></table>
-<div class="cols">
-<div><h2>Golden-set scores by version</h2><svg id="chart" width="560" height="230" role="img"
- aria-label="hit rate and MRR by version"></svg></div>
-<div><h2>Metrics</h2><table id="metrics"><tbody></tbody></table></div>
-</div>
-<h2>Recent runs in Airflow</h2>
-<div id="runs-errors" class="note"></div>
-<table id="runs"><thead><tr><th>DAG</th><th>run</th><th>type</th><th>state</th><th>run after (UTC)</th><th>started</th>
-<th>ended</th></tr></thead><tbody></tbody></table>
-<h2>Held locks</h2>
-<table id="locks"><thead><tr><th>lock</th><th>owner</th><th>since</th><th>expires</th><th>owner alive</th></tr></thead>
-<tbody></tbody></table>
-<h2>Alias history</h2>
-<table id="history"><thead><tr><th>at (UTC)</th><th>action</th><th>from</th><th>to</th><th>reason</th><th>run</th></tr></thead><tbody></tbody></table>
-<script>
-const ALIAS='{{alias}}';
-const SVG='http://www.w3.org/2000/svg';
-let lastStatus=null;
-function cell(text,cls){const td=document.createElement('td');td.textContent=text==null?'–':String(text);if(cls)td.className=cls;return td;}
-function when(iso){return iso==null?null:String(iso).replace('T',' ').replace(/(:\d\d)(\.\d+)?(Z|\+00:00)$/,'$1');}  // times are UTC
-function fixed(x){return x==null?null:Number(x).toFixed(3);}
-function ago(seconds){if(seconds==null)return null;const s=Number(seconds);
-  if(s<120)return s.toFixed(1)+' s';if(s<7200)return (s/60).toFixed(1)+' min';if(s<172800)return (s/3600).toFixed(1)+' h';return (s/86400).toFixed(1)+' days';}
-function pct(x){return x==null?null:(100*x).toFixed(1)+' %';}
-const METRICS=[['runs','finished runs (reindex, migration)',x=>x],['run_success_rate','run success rate',pct],
-  ['failed_runs','failed runs',x=>x],['last_run_duration_s','last run duration',ago],
-  ['last_changed_chunks','chunks embedded by the last promotion',x=>x],
-  ['last_embedding_reuse_rate','embedding reuse rate of the last promotion',pct],
-  ['last_source_to_searchable_s','source change to searchable (last promotion)',ago],
-  ['alias_switch_failures','alias-switch failures',x=>x],['embedding_failures','embedding failures',x=>x],
-  ['ready_unpromoted_age_s','age of the newest ready, unpromoted version',ago]];
-function say(cls,...parts){const m=document.getElementById('message');m.className=cls;m.replaceChildren(...parts);}
-function link(href,text,id){const a=document.createElement('a');a.href=href;a.textContent=text;if(id)a.id=id;return a;}
+def render_page(settings: Settings) -> str:
+    """The page (templates/page.html.j2, autoescaped); its script fills everything else in from /api/status."""
+    from kb_reindex.templating import templates
 
-async function load(){
-  const r=await fetch('api/status');
-  if(r.status===401||r.status===403){location.reload();return;}  // login expired: back through Airflow's login
-  const raw=await r.text();
-  if(raw===lastStatus)return;  // unchanged: keep the rows (and the button under the pointer) as they are
-  lastStatus=raw;const s=JSON.parse(raw);
-  document.getElementById('serving').textContent = s.live
-    ? `serving v${s.live.version} (${s.live.collection}, ${s.live.points} points, ${s.live.embed_model} ${s.live.dim}-d)`
-    : 'nothing is served yet';
-  const problems=document.getElementById('problems');problems.innerHTML='';
-  for(const p of s.problems){const d=document.createElement('div');d.className='problem';d.textContent='problem: '+p;problems.append(d);}
-  const a=s.audit;document.getElementById('audit').textContent=a
-    ? `audit of live v${a.version} (${when(a.at)}): ${a.points} points, manifest ${a.expected}; missing ${a.missing}, orphans ${a.orphans}`
-    : '';
-  const notes=document.getElementById('notes');notes.innerHTML='';
-  for(const n of s.notes){const d=document.createElement('div');d.className='note';d.textContent='note: '+n;notes.append(d);}
-  versions(s);chart(s.versions,s.live);metrics(s.metrics);locks(s.locks);
-  const hist=document.querySelector('#history tbody');hist.innerHTML='';
-  for(const e of s.history.slice().reverse()){const tr=document.createElement('tr');
-    [when(e.at),e.action,e.from_version,e.to_version,e.reason,e.run_id].forEach((x,i)=>tr.append(cell(x,i?'':'when')));hist.append(tr);}
-}
-function versions(s){
-  const body=document.querySelector('#versions tbody');body.innerHTML='';
-  for(const v of s.versions){
-    const tr=document.createElement('tr');tr.id='version-'+v.version;
-    tr.className=v.status==='live'?'live':v.status==='failed'?'failed':v.shadow?'shadow':'';
-    const status=cell(v.status+(v.rollback_target?' (rollback target)':'')+(v.shadow?' · shadow, never served':'')
-      +(v.pinned?` · pinned: ${v.pin.reason} (${v.pin.by}, ${when(v.pin.at)})`:''));
-    if(v.pinned)status.classList.add('pinned');
-    if(v.status==='building'){
-      const bar=document.createElement('progress');bar.max=v.points_expected||1;bar.value=v.points_written||0;
-      bar.className='build-progress';status.append(' ',bar,` ${v.points_written??0}/${v.points_expected} points`);}
-    tr.append(cell(v.version,'num'),status);
-    [v.embed_model,v.dim,v.points].forEach((x,i)=>tr.append(cell(x,i?'num':'model')));
-    const layout=cell(v.payload_layout,'layout');layout.title='embedding profile '+v.embed_profile;tr.append(layout);
-    [fixed(v.hit_rate),fixed(v.mrr)].forEach(x=>tr.append(cell(x,'num')));
-    [v.created_at,v.promoted_at].forEach(x=>tr.append(cell(when(x),'when')));
-    const rep=document.createElement('td');
-    if(v.hit_rate!=null)rep.append(link('reports/v'+v.version+'/validation.html','report'));
-    tr.append(rep);
-    const act=document.createElement('td');
-    if(v.rollback_allowed && s.live){
-      const b=document.createElement('button');b.textContent='Roll back to v'+v.version;b.className='rollback';
-      b.onclick=()=>rollback(v.version,s.live.version);act.append(b);}
-    if(v.shadow){
-      const b=document.createElement('button');b.className='promote';
-      b.textContent=`Promote shadow v${v.version} (${v.embed_model}, ${v.dim}-d)`;
-      b.onclick=()=>promoteShadow(v,s.live);act.append(b);}
-    tr.append(act);body.append(tr);
-  }
-}
-function chart(all,live){
-  const svg=document.getElementById('chart');svg.replaceChildren();
-  const pts=all.filter(v=>v.hit_rate!=null).sort((a,b)=>a.version-b.version);
-  const W=560,H=230,L=40,R=100,T=12,B=34,w=W-L-R,h=H-T-B;
-  const el=(name,attrs,text)=>{const e=document.createElementNS(SVG,name);for(const k in attrs)e.setAttribute(k,attrs[k]);if(text!=null)e.textContent=text;svg.append(e);return e;};
-  for(const y of [0,0.25,0.5,0.75,1]){const py=T+h-y*h;
-    el('line',{x1:L,x2:L+w,y1:py,y2:py,stroke:y===0?'#888':'#e3e3e3'});el('text',{x:L-6,y:py+4,'text-anchor':'end'},y.toFixed(2));}
-  if(!pts.length){el('text',{x:L+10,y:T+h/2},'no validated version yet');return;}
-  const x=i=>L+(pts.length===1?w/2:i*w/(pts.length-1));
-  pts.forEach((p,i)=>{const t=el('text',{x:x(i),y:T+h+16,'text-anchor':'middle',class:'x-label'},'v'+p.version);
-    if(live&&p.version===live.version)t.setAttribute('font-weight','bold');});
-  el('text',{x:L+w/2,y:H-2,'text-anchor':'middle'},'version');
-  for(const [key,color,name] of [['hit_rate','#1f77b4','hit rate'],['mrr','#d9730d','MRR']]){
-    el('polyline',{points:pts.map((p,i)=>`${x(i)},${T+h-p[key]*h}`).join(' '),fill:'none',stroke:color,'stroke-width':2,class:'series-'+key});
-    pts.forEach((p,i)=>{const c=el('circle',{cx:x(i),cy:T+h-p[key]*h,r:3.5,fill:color,class:'point-'+key});
-      const t=document.createElementNS(SVG,'title');t.textContent=`v${p.version} ${name} ${fixed(p[key])}`;c.append(t);});
-  }
-  el('rect',{x:L+w+14,y:T+4,width:12,height:3,fill:'#1f77b4'});el('text',{x:L+w+30,y:T+9},'hit rate');
-  el('rect',{x:L+w+14,y:T+22,width:12,height:3,fill:'#d9730d'});el('text',{x:L+w+30,y:T+27},'MRR');
-}
-function metrics(m){
-  const body=document.querySelector('#metrics tbody');body.innerHTML='';
-  const known=new Set(METRICS.map(x=>x[0]));
-  for(const [key,label,show] of METRICS.concat(Object.keys(m).filter(k=>!known.has(k)).map(k=>[k,k,x=>x]))){
-    if(!(key in m))continue;const tr=document.createElement('tr');tr.id='metric-'+key;
-    const th=document.createElement('th');th.textContent=label;tr.append(th,cell(show(m[key]),'num'));body.append(tr);}
-}
-function locks(held){
-  const body=document.querySelector('#locks tbody');body.innerHTML='';
-  if(!held.length){const tr=document.createElement('tr');const td=cell('no lock is held');td.colSpan=5;tr.append(td);body.append(tr);}
-  for(const l of held){const tr=document.createElement('tr');
-    [l.name,l.owner,when(l.since),when(l.expires)+(l.expired?' (expired)':''),l.owner_alive].forEach(x=>tr.append(cell(x)));body.append(tr);}
-}
-async function loadAirflow(){
-  const r=await fetch('api/airflow');
-  if(r.status===401){location.reload();return;}
-  const a=r.ok?await r.json():{reindex_paused:null,runs:[],errors:[(await r.json()).detail]};
-  const label=document.getElementById('reindex-paused'),toggle=document.getElementById('pause-toggle');
-  if(a.reindex_paused==null){label.textContent='whether knowledge_reindex is paused is unknown (Airflow did not say)';toggle.hidden=true;}
-  else{
-    label.textContent=a.reindex_paused?'knowledge_reindex is PAUSED: scheduled reindexes do not run'
-                                      :'knowledge_reindex is active: scheduled reindexes run';
-    label.className=a.reindex_paused?'note':'';
-    toggle.hidden=false;toggle.textContent=a.reindex_paused?'Unpause knowledge_reindex':'Pause knowledge_reindex';
-    toggle.onclick=()=>setPaused(!a.reindex_paused);
-  }
-  document.getElementById('runs-errors').textContent=a.errors.join('; ');
-  const body=document.querySelector('#runs tbody');body.innerHTML='';
-  for(const run of a.runs){const tr=document.createElement('tr');
-    const name=document.createElement('td');name.append(link(run.url,run.dag_run_id));
-    tr.append(cell(run.dag_id),name,cell(run.run_type),cell(run.state,'state-'+run.state),cell(when(run.run_after),'when'),
-              cell(when(run.start_date),'when'),cell(when(run.end_date),'when'));body.append(tr);}
-}
-async function setPaused(paused){
-  const why=paused?'Scheduled reindexes stop until you unpause it (runbook step 3 after a rollback: the next run '+
-    'would rebuild the bad change).':'Scheduled reindexes run again: is the bad change fixed in knowledge/?';
-  if(!confirm(`${paused?'Pause':'Unpause'} knowledge_reindex? ${why}`))return;
-  const r=await fetch('api/reindex-paused',{method:'POST',headers:{'Content-Type':'application/json'},body:JSON.stringify({paused})});
-  const answer=await r.json();
-  if(r.ok)say('ok',`knowledge_reindex is now ${answer.reindex_paused?'paused':'unpaused'}`);
-  else say('bad',`pause refused: ${answer.detail}`);
-  loadAirflow();
-}
-async function trigger(route,payload,what){
-  const r=await fetch(route,{method:'POST',headers:{'Content-Type':'application/json'},body:JSON.stringify(payload)});
-  const answer=await r.json();
-  if(!r.ok){say('bad',`${what} refused: ${answer.detail}`);return;}
-  follow(answer,what);
-}
-async function follow(run,what){
-  const ref=`${run.dag_id} run ${run.dag_run_id}`;
-  for(;;){
-    const r=await fetch(`api/runs/${encodeURIComponent(run.dag_id)}/${encodeURIComponent(run.dag_run_id)}`);
-    const now=r.ok?await r.json():null;
-    const state=now?now.state:'unknown ('+(await r.json()).detail+')';
-    if(state==='success'){say('ok',`${what}: ${ref} succeeded. `,link(run.url,'open the run in Airflow','run-link'));break;}
-    if(state==='failed'){say('bad',`${what}: ${ref} FAILED; its task log says why, and what serves is shown above. `,
-                             link(run.url,'open the run in Airflow','run-link'));break;}
-    say('pending',`${what}: triggered ${ref}, now ${state}… `,link(run.url,'open the run in Airflow','run-link'));
-    await new Promise(done=>setTimeout(done,1000));
-  }
-  load();loadAirflow();
-}
-function rollback(version,live){
-  const reason=prompt(`Roll ${ALIAS} back from v${live} to v${version}? Reason:`);
-  if(reason)trigger('api/rollback',{to_version:version,reason},`rollback to v${version}`);
-}
-function promoteShadow(v,live){
-  const reason=prompt(`Promote shadow v${v.version} (${v.embed_model}, ${v.dim}-d, never served) to serve ${ALIAS}`+
-    (live?` instead of v${live.version} (${live.embed_model}, ${live.dim}-d)`:'')+
-    '? It is validated again first; readers then embed queries with this model. Reason:');
-  if(reason)trigger('api/promote-shadow',{version:v.version,reason},`promotion of shadow v${v.version}`);
-}
-load();loadAirflow();setInterval(load,3000);setInterval(loadAirflow,5000);
-</script></body></html>
-"""
+    return templates().get_template("page.html.j2").render(alias=settings.alias)
