@@ -31,7 +31,10 @@ class SystemClock:
 
 class ManualClock:
     """A clock that stands still until moved: `advance(seconds)` or `set(when)`. Thread-safe, since a lock's
-    heartbeat thread reads it too."""
+    heartbeat thread reads it too.
+
+    Move it forward to let a TTL pass. A lock taken at a time set before this process started says its
+    owner's PID was reused (`lock_owner_alive` compares the lock's time with the process's real start)."""
 
     def __init__(self, start: datetime | None = None) -> None:
         if start is not None and start.tzinfo is not None:

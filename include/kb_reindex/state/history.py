@@ -6,7 +6,6 @@ from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
-from kb_reindex.state.clock import utcnow
 from kb_reindex.state.schema import _table_missing, alias_events, audits, pins, versions
 
 if TYPE_CHECKING:
@@ -32,7 +31,7 @@ class HistoryMixin:
         previous_status: str = "retired",
     ) -> None:
         """The state side of an alias move, in one transaction: event, new live, previous retired."""
-        now = utcnow()
+        now = self.clock.now()
         with self.engine.begin() as conn:
             conn.execute(
                 alias_events.insert().values(
@@ -62,7 +61,7 @@ class HistoryMixin:
             conn.execute(alias_events.insert().values(
                 alias=alias, action=action, from_collection=previous.collection if previous else None,
                 to_collection=to.collection, from_version=previous.version if previous else None,
-                to_version=to.version, run_id=run_id, reason=reason, at=utcnow()))
+                to_version=to.version, run_id=run_id, reason=reason, at=self.clock.now()))
 
     def alias_events(self, alias: str) -> list[dict[str, Any]]:
         with self.engine.connect() as conn:
@@ -80,7 +79,7 @@ class HistoryMixin:
             if current is not None:
                 return current
             conn.execute(pins.insert().values(alias=alias, version=version, reason=reason, pinned_by=by,
-                                              pinned_at=utcnow()))
+                                              pinned_at=self.clock.now()))
             return self._active_pin(conn, alias, version)  # type: ignore[return-value]
 
     def unpin_version(self, *, alias: str, version: int, by: str) -> dict[str, Any] | None:
@@ -89,7 +88,7 @@ class HistoryMixin:
             current = self._active_pin(conn, alias, version)
             if current is None:
                 return None
-            now = utcnow()
+            now = self.clock.now()
             conn.execute(pins.update().where(pins.c.id == current["id"]).values(unpinned_by=by, unpinned_at=now))
             return {**current, "unpinned_by": by, "unpinned_at": now}
 
@@ -116,7 +115,7 @@ class HistoryMixin:
         with self.engine.begin() as conn:
             conn.execute(audits.insert().values(alias=alias, version=version, collection=collection, run_id=run_id,
                                                 expected=expected, points=points, missing=missing, orphans=orphans,
-                                                at=utcnow()))
+                                                at=self.clock.now()))
 
     def last_audit(self, alias: str) -> dict[str, Any] | None:
         try:

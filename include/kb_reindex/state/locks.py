@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Any
 import sqlalchemy as sa
 
 from kb_reindex.errors import LockHeldError
-from kb_reindex.state.clock import utcnow
 from kb_reindex.state.schema import _first_line, lock_events, locks, runs
 
 if TYPE_CHECKING:
@@ -79,7 +78,7 @@ class LocksMixin:
 
     def _try_lock(self, name: str, *, owner: str, ttl_s: float) -> dict[str, Any] | None:
         """Take the lock if free, expired, ours, or left by a dead process; else the holder's row."""
-        now = utcnow()
+        now = self.clock.now()
         expires = now + timedelta(seconds=ttl_s)
         with self.engine.begin() as conn:
             try:
@@ -124,7 +123,7 @@ class LocksMixin:
     def lock_held_by(self, name: str) -> str | None:
         """The owner of an unexpired lock of that name, or None."""
         with self.engine.connect() as conn:
-            row = conn.execute(sa.select(locks.c.owner).where(locks.c.name == name, locks.c.expires_at >= utcnow())).first()
+            row = conn.execute(sa.select(locks.c.owner).where(locks.c.name == name, locks.c.expires_at >= self.clock.now())).first()
         return row[0] if row else None
 
     def holds_lock(self, name: str, *, owner: str) -> bool:
@@ -137,7 +136,7 @@ class LocksMixin:
             rows = [dict(r) for r in conn.execute(sa.select(locks).order_by(locks.c.name)).mappings()]
         if subject is not None:
             rows = [r for r in rows if r["name"].split(":", 1)[-1] == subject]
-        now = utcnow()
+        now = self.clock.now()
         for row in rows:
             row["expired"] = row["expires_at"] < now
             row["owner_alive"] = lock_owner_alive(row["owner"], since=row["acquired_at"])
@@ -145,7 +144,7 @@ class LocksMixin:
 
     def break_lock(self, name: str, *, by: str, reason: str) -> dict[str, Any] | None:
         """On-call's way out: delete the lock whoever holds it, and record who broke it and why."""
-        now = utcnow()
+        now = self.clock.now()
         with self.engine.begin() as conn:
             holder = conn.execute(sa.select(locks).where(locks.c.name == name)).mappings().first()
             if holder is None:
@@ -170,7 +169,7 @@ class LocksMixin:
         with self.engine.begin() as conn:
             return conn.execute(
                 locks.update().where(locks.c.name == name, locks.c.owner == owner)
-                .values(expires_at=utcnow() + timedelta(seconds=ttl_s))
+                .values(expires_at=self.clock.now() + timedelta(seconds=ttl_s))
             ).rowcount == 1
 
     @contextmanager

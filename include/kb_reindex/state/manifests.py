@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import sqlalchemy as sa
 
-from kb_reindex.state.clock import utcnow
 from kb_reindex.state.schema import chunk_texts, file_hashes, manifest_chunks, manifest_documents, snapshots, versions
 
 if TYPE_CHECKING:
@@ -150,7 +149,7 @@ class ManifestsMixin:
         """The last write of a plan's snapshot: from here on the version can be created and built."""
         with self.engine.begin() as conn:
             conn.execute(snapshots.delete().where(snapshots.c.version_id == version_id))
-            conn.execute(snapshots.insert().values(version_id=version_id, run_id=run_id, planned_at=utcnow(),
+            conn.execute(snapshots.insert().values(version_id=version_id, run_id=run_id, planned_at=self.clock.now(),
                                                    chunks_to_embed=chunks_to_embed, golden=golden,
                                                    flagged=json.dumps(flagged, ensure_ascii=False)))
 

@@ -6,7 +6,6 @@ from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
-from kb_reindex.state.clock import utcnow
 from kb_reindex.state.schema import runs
 
 if TYPE_CHECKING:
@@ -21,7 +20,7 @@ class RunsMixin:
 
     def start_run(self, *, run_id: str, alias: str, kind: str, trigger: str) -> None:
         """Idempotent: a retried plan task or a rerun with the same id restarts the record."""
-        now = utcnow()
+        now = self.clock.now()
         with self.engine.begin() as conn:
             exists = conn.execute(sa.select(runs.c.run_id).where(runs.c.run_id == run_id)).first()
             values = {"alias": alias, "kind": kind, "trigger": trigger, "outcome": "running", "started_at": now,
@@ -43,7 +42,7 @@ class RunsMixin:
                 chunks_embedded=runs.c.chunks_embedded + embedded, chunks_reused=runs.c.chunks_reused + reused))
 
     def finish_run(self, run_id: str, *, outcome: str, error: str | None = None, **counters: Any) -> None:
-        now = utcnow()
+        now = self.clock.now()
         with self.engine.begin() as conn:
             started = conn.execute(sa.select(runs.c.started_at).where(runs.c.run_id == run_id)).scalar()
             duration = (now - started).total_seconds() if started else None

@@ -9,6 +9,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 
 from kb_reindex.errors import ConfigError
+from kb_reindex.state.clock import Clock, SystemClock
 from kb_reindex.state.history import HistoryMixin
 from kb_reindex.state.locks import LocksMixin
 from kb_reindex.state.manifests import ManifestsMixin
@@ -28,10 +29,15 @@ from kb_reindex.state.versions import VersionsMixin
 class StateStore(VersionsMixin, ManifestsMixin, RunsMixin, HistoryMixin, LocksMixin):
     """All reads and writes of the state DB. Short transactions; nothing held across embedding calls."""
 
-    def __init__(self, url: str, *, engine: sa.Engine | None = None, create: bool = True) -> None:
+    def __init__(self, url: str, *, engine: sa.Engine | None = None, create: bool = True,
+                 clock: Clock | None = None) -> None:
         """`create=False` (read-only commands) never makes a database: a missing one, or one without our
-        tables, is an error naming it, so a typo in KB_STATE_URL is not answered from a fresh empty DB."""
+        tables, is an error naming it, so a typo in KB_STATE_URL is not answered from a fresh empty DB.
+
+        `clock`: where every timestamp it writes and every lock expiry it judges comes from (the real time
+        unless a test moves it)."""
         self.url = url
+        self.clock: Clock = clock or SystemClock()
         self.engine = engine or self._make_engine(url, create=create)
         self.display_url = self.engine.url.render_as_string(hide_password=True)
         try:

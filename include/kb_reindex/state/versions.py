@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Any
 import sqlalchemy as sa
 
 from kb_reindex.errors import KbError
-from kb_reindex.state.clock import utcnow
 from kb_reindex.state.schema import manifest_chunks, manifest_documents, snapshots, versions
 
 if TYPE_CHECKING:
@@ -80,7 +79,7 @@ class VersionsMixin:
             with self.engine.begin() as conn:
                 current = conn.execute(sa.select(sa.func.max(versions.c.version)).where(versions.c.alias == alias)).scalar()
                 number = (current or 0) + 1
-                now = utcnow()
+                now = self.clock.now()
                 try:
                     result = conn.execute(
                         versions.insert().values(
@@ -100,7 +99,7 @@ class VersionsMixin:
 
     def insert_version(self, *, alias: str, version: int, **columns: Any) -> VersionRecord:
         """A version with a known number (rebuilt from Qdrant), not allocated."""
-        now = utcnow()
+        now = self.clock.now()
         with self.engine.begin() as conn:
             result = conn.execute(versions.insert().values(alias=alias, version=version, created_at=now,
                                                            updated_at=now, **columns))
@@ -152,14 +151,14 @@ class VersionsMixin:
             columns["validation"] = json.dumps(columns["validation"], ensure_ascii=False)
         if "status" in columns and columns["status"] not in STATUSES:
             raise ValueError(f"unknown status {columns['status']!r}")
-        columns["updated_at"] = utcnow()
+        columns["updated_at"] = self.clock.now()
         with self.engine.begin() as conn:
             conn.execute(versions.update().where(versions.c.id == version_id).values(**columns))
 
     def add_points_written(self, version_id: int, count: int) -> None:
         with self.engine.begin() as conn:
             conn.execute(versions.update().where(versions.c.id == version_id)
-                         .values(points_written=versions.c.points_written + count, updated_at=utcnow()))
+                         .values(points_written=versions.c.points_written + count, updated_at=self.clock.now()))
 
     def mark_failed(self, version_id: int, *, step: str, error: str) -> None:
         self.update_version(version_id, status="failed", failed_step=step, error=error[:4000])
