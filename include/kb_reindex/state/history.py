@@ -14,6 +14,8 @@ if TYPE_CHECKING:
 
 
 class HistoryMixin:
+    """Alias events, pins and audits of `StateStore`."""
+
     engine: sa.Engine
     clock: Clock
 

@@ -55,8 +55,9 @@ def default_lock_owner(run_id: str | None = None, *, pid: int | None = None) -> 
     return f"{run_id[:254 - len(owner)]}@{owner}" if run_id else owner
 
 
-
 class LocksMixin:
+    """Lock rows of `StateStore`; expiry judged by its clock, waiting by real time."""
+
     engine: sa.Engine
     clock: Clock
 

@@ -43,6 +43,8 @@ class FileHash(NamedTuple):
 
 
 class ManifestsMixin:
+    """Manifest, snapshot and file hash rows of `StateStore`."""
+
     engine: sa.Engine
     clock: Clock
 

@@ -13,6 +13,8 @@ if TYPE_CHECKING:
 
 
 class RunsMixin:
+    """Run rows of `StateStore`."""
+
     engine: sa.Engine
     clock: Clock
 

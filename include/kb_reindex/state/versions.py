@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, fields
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -70,8 +70,11 @@ class VersionRecord:
 
 
 class VersionsMixin:
+    """Version rows of `StateStore` (needs `drop_unneeded_texts` of the manifests mixin to forget)."""
+
     engine: sa.Engine
     clock: Clock
+    drop_unneeded_texts: Callable[[], int]  # annotation only: the method is the manifests mixin's
 
     def allocate_version(self, *, alias: str, collection_for: Any, **columns: Any) -> VersionRecord:
         """Take the next N for this alias. The unique (alias, version) key makes a race lose, then retry."""
