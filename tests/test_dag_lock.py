@@ -13,7 +13,6 @@ import subprocess
 import sys
 import threading
 import time
-from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -26,7 +25,7 @@ from kb_reindex.errors import ConfigError, LockHeldError, LockLostError
 from kb_reindex.plan import plan
 from kb_reindex.promote import cleanup
 from kb_reindex.runtime import Deps, open_deps
-from kb_reindex.state import locks, utcnow
+from kb_reindex.state import ManualClock, utcnow
 
 BIN = Path(sys.executable).parent
 ALIAS = "mall_knowledge"
@@ -44,6 +43,7 @@ def test_a_dead_dag_runs_lock_expires_after_its_ttl_and_gc_then_reclaims_its_bui
     from dataclasses import replace
 
     deps.settings = replace(deps.settings, lock_wait_s=0)  # a refusal at once, not after 30 s
+    deps.state.clock = ManualClock()  # time moves only when the test moves it
     run_id = "airflow__knowledge_reindex__manual__dead"
     deps.state.start_run(run_id=run_id, alias=ALIAS, kind="reindex", trigger="airflow")
     owner = dag_lock.take(deps, run_id)
@@ -64,10 +64,10 @@ def test_a_dead_dag_runs_lock_expires_after_its_ttl_and_gc_then_reclaims_its_bui
     cleanup(deps)
     assert deps.state.get_version(ALIAS, created["version"]).status == "building"
 
-    # the run dies: nothing renews its lock, and KB_LOCK_TTL passes (moved back, no sleep)
-    with deps.state.engine.begin() as conn:
-        conn.execute(locks.update().where(locks.c.owner == owner)
-                     .values(expires_at=utcnow() - timedelta(seconds=1)))
+    # the run dies: nothing renews its lock, and KB_LOCK_TTL passes (the store's clock moved, no sleep)
+    deps.state.clock.advance(deps.settings.lock_ttl_s - 1)
+    assert run_is_active(deps, run_id), "a second before its TTL the lock still holds"
+    deps.state.clock.advance(2)
     assert not run_is_active(deps, run_id)
     with engine.exclusive(deps):  # `gc` takes the expired lock and reclaims the abandoned build
         result = cleanup(deps)

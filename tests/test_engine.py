@@ -472,14 +472,13 @@ def test_validation_checks_every_point_id_against_the_manifest(deps: Deps, count
 
 def test_a_run_holding_the_reindex_lock_stays_active_past_the_ttl(deps: Deps) -> None:
     """A long CLI build keeps its version: its lock heartbeat, not its start time, says it is alive."""
-    import time
-
     from kb_reindex.build import reindex_lock_name, run_is_active
-    from kb_reindex.state import default_lock_owner
+    from kb_reindex.state import ManualClock, default_lock_owner
 
     deps.settings = deps.settings.__class__(**{**deps.settings.__dict__, "lock_ttl_s": 1})
+    deps.state.clock = ManualClock()
     deps.state.start_run(run_id="long-build", alias="mall_knowledge", kind="reindex", trigger="cli")
-    time.sleep(1.5)
+    deps.state.clock.advance(1.5)  # past the TTL, no sleep
     assert not run_is_active(deps, "long-build"), "past the TTL without a lock: presumed dead"
     with deps.state.lock(reindex_lock_name("mall_knowledge"), owner=default_lock_owner("long-build"), ttl_s=60):
         assert run_is_active(deps, "long-build")

@@ -164,14 +164,46 @@ def test_lock_whose_pid_was_reused_by_a_newer_process_is_taken_over(state: State
     """This process's PID, but the lock is older than the process: the PID belongs to someone else now."""
     from datetime import timedelta
 
-    from kb_reindex.state import default_lock_owner, locks, utcnow
+    from kb_reindex.state import ManualClock, default_lock_owner, utcnow
 
-    long_ago = utcnow() - timedelta(days=3)
-    with state.engine.begin() as conn:
-        conn.execute(locks.insert().values(name="reindex:kb", owner=default_lock_owner("old"),
-                                           acquired_at=long_ago, expires_at=utcnow() + timedelta(hours=1)))
+    state.clock = ManualClock(utcnow() - timedelta(days=3))
+    state.acquire_lock("reindex:kb", owner=default_lock_owner("old"), ttl_s=4 * 86400)  # 3 days ago
+    state.clock.advance(3 * 86400)  # now: its TTL has a day to run, its PID is this process's
     state.acquire_lock("reindex:kb", owner="next-run", ttl_s=60)
     assert state.lock_held_by("reindex:kb") == "next-run"
+    [event] = state.lock_events(names=["reindex:kb"])
+    assert event["action"] == "takeover" and event["at"] == state.clock.now()
+
+
+def test_lock_expiry_and_every_timestamp_follow_the_stores_clock(state: StateStore) -> None:
+    """Lock TTLs are judged by the store's clock: a test moves time instead of sleeping or editing rows."""
+    from datetime import datetime
+
+    from kb_reindex.state import ManualClock
+
+    start = datetime(2030, 1, 1, 12, 0, 0)
+    state.clock = ManualClock(start)
+    state.acquire_lock("reindex:kb", owner="stuck-elsewhere", ttl_s=60)
+    state.clock.advance(59)
+    assert state.lock_held_by("reindex:kb") == "stuck-elsewhere"
+    with pytest.raises(LockHeldError, match="expires 2030-01-01 12:01:00 UTC"):
+        state.acquire_lock("reindex:kb", owner="next-run", ttl_s=60)
+    assert state.renew_lock("reindex:kb", owner="stuck-elsewhere", ttl_s=60)  # now until 12:01:59
+    state.clock.advance(60)
+    assert state.lock_held_by("reindex:kb") == "stuck-elsewhere"
+    state.clock.advance(1.5)
+    assert state.lock_held_by("reindex:kb") is None
+    [row] = state.list_locks(subject="kb")
+    assert row["expired"] and row["owner"] == "stuck-elsewhere"
+    state.acquire_lock("reindex:kb", owner="next-run", ttl_s=60)  # the expired lock is taken, no wait
+    [row] = state.list_locks(subject="kb")
+    assert (row["owner"], row["acquired_at"]) == ("next-run", datetime(2030, 1, 1, 12, 2, 0, 500000))
+    # what the store writes is stamped by the same clock: a run's duration is the time moved
+    state.start_run(run_id="r1", alias="kb", kind="reindex", trigger="cli")
+    state.clock.advance(42)
+    state.finish_run("r1", outcome="success")
+    run = state.get_run("r1")
+    assert run["finished_at"] == datetime(2030, 1, 1, 12, 2, 42, 500000) and run["duration_s"] == 42.0
 
 
 def test_lock_is_waited_for_a_bounded_time(state: StateStore) -> None:

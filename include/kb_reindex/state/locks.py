@@ -1,0 +1,254 @@
+"""Named locks in the state DB: the owner format (`[run_id@]host:pid:nonce:space`), whether an owner still
+lives, takeover of a dead owner's lock, expiry after the TTL, on-call's unlock, and the heartbeat."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import sqlalchemy as sa
+
+from kb_reindex.errors import LockHeldError
+from kb_reindex.state.schema import _first_line, lock_events, locks, runs
+
+if TYPE_CHECKING:
+    from kb_reindex.state.clock import Clock
+
+log = logging.getLogger(__name__)
+
+
+def process_space() -> str:
+    """Which PID namespace of which boot this process lives in: two containers (or cloned VMs) can share a
+    hostname while their PIDs mean different processes, so only an owner of this same space is judged by PID."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        namespace = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return "unknown"
+    return hashlib.sha1(f"{boot}:{namespace}".encode()).hexdigest()[:10]
+
+
+#: what follows the run id in a DAG run's lock owner (kb_reindex.dag_lock), in place of `host:pid:nonce:space`:
+#: the run spans many task processes, so it is alive while its tasks renew the lock, not while a PID lives
+DAG_RUN_OWNER = "airflow-dag-run"
+
+
+def is_dag_run_owner(owner: str) -> bool:
+    return owner.endswith(f"@{DAG_RUN_OWNER}")
+
+
+def default_lock_owner(run_id: str | None = None, *, pid: int | None = None) -> str:
+    """Unique per acquisition: two threads of one process are two owners. A run's own lock starts with
+    its run id, so others can tell that run is still alive while its heartbeat renews the lock; the rest
+    (`host:pid:nonce:space`) lets this host tell whether the owner process still lives."""
+    owner = f"{socket.gethostname()}:{os.getpid() if pid is None else pid}:{uuid.uuid4().hex[:8]}:{process_space()}"
+    return f"{run_id[:254 - len(owner)]}@{owner}" if run_id else owner
+
+
+class LocksMixin:
+    """Lock rows of `StateStore`; expiry judged by its clock, waiting by real time."""
+
+    engine: sa.Engine
+    clock: Clock
+
+    # --- locks ----------------------------------------------------------------------------------
+
+    def acquire_lock(self, name: str, *, owner: str, ttl_s: float, wait_s: float = 0.0) -> None:
+        """A lock row with owner and expiry: works the same on SQLite and MySQL, survives no crash forever.
+
+        Taken over at once when its owner process is gone from this host (kill -9 leaves a row behind), after
+        its TTL when held from another host; otherwise waited for up to `wait_s`, then refused by name."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            holder = self._try_lock(name, owner=owner, ttl_s=ttl_s)
+            if holder is None:
+                return
+            if time.monotonic() >= deadline:
+                raise LockHeldError(describe_lock_holder(name, holder))
+            time.sleep(min(0.25, max(deadline - time.monotonic(), 0.01)))
+
+    def _try_lock(self, name: str, *, owner: str, ttl_s: float) -> dict[str, Any] | None:
+        """Take the lock if free, expired, ours, or left by a dead process; else the holder's row."""
+        now = self.clock.now()
+        expires = now + timedelta(seconds=ttl_s)
+        with self.engine.begin() as conn:
+            try:
+                conn.execute(locks.insert().values(name=name, owner=owner, acquired_at=now, expires_at=expires))
+                return None
+            except sa.exc.IntegrityError:
+                pass
+        with self.engine.begin() as conn:
+            taken = conn.execute(
+                locks.update()
+                .where(locks.c.name == name, sa.or_(locks.c.expires_at < now, locks.c.owner == owner))
+                .values(owner=owner, acquired_at=now, expires_at=expires)
+            ).rowcount
+            if taken == 1:
+                return None
+            holder = conn.execute(sa.select(locks).where(locks.c.name == name)).mappings().first()
+        if holder is None:
+            return self._try_lock(name, owner=owner, ttl_s=ttl_s)
+        holder = dict(holder)
+        if lock_owner_alive(holder["owner"], since=holder["acquired_at"]) is False:
+            with self.engine.begin() as conn:
+                taken = conn.execute(
+                    locks.update().where(locks.c.name == name, locks.c.owner == holder["owner"])
+                    .values(owner=owner, acquired_at=now, expires_at=expires)
+                ).rowcount
+                if taken == 1:
+                    conn.execute(lock_events.insert().values(
+                        name=name, action="takeover", owner=holder["owner"], by=owner, at=now,
+                        reason=f"owner process is gone (held since {holder['acquired_at']:%Y-%m-%d %H:%M:%S} UTC)"))
+                    dead_run, _, _ = holder["owner"].rpartition("@")
+                    if dead_run:  # its run record would say "running" forever
+                        conn.execute(runs.update().where(runs.c.run_id == dead_run, runs.c.outcome == "running")
+                                     .values(outcome="failed", finished_at=now,
+                                             error=f"its process ended without finishing (lock taken over by {owner})"))
+            if taken == 1:
+                log.warning("kb_reindex: lock %r was held by %s, whose process is gone; taken over by %s",
+                            name, holder["owner"], owner)
+                return None
+            return self._try_lock(name, owner=owner, ttl_s=ttl_s)
+        return holder
+
+    def lock_held_by(self, name: str) -> str | None:
+        """The owner of an unexpired lock of that name, or None."""
+        with self.engine.connect() as conn:
+            row = conn.execute(sa.select(locks.c.owner).where(locks.c.name == name, locks.c.expires_at >= self.clock.now())).first()
+        return row[0] if row else None
+
+    def holds_lock(self, name: str, *, owner: str) -> bool:
+        with self.engine.connect() as conn:
+            return conn.execute(sa.select(locks.c.owner).where(locks.c.name == name, locks.c.owner == owner)).first() is not None
+
+    def list_locks(self, *, subject: str | None = None) -> list[dict[str, Any]]:
+        """Every lock row (for `status`), with whether its owner still lives, as far as this host can tell."""
+        with self.engine.connect() as conn:
+            rows = [dict(r) for r in conn.execute(sa.select(locks).order_by(locks.c.name)).mappings()]
+        if subject is not None:
+            rows = [r for r in rows if r["name"].split(":", 1)[-1] == subject]
+        now = self.clock.now()
+        for row in rows:
+            row["expired"] = row["expires_at"] < now
+            row["owner_alive"] = lock_owner_alive(row["owner"], since=row["acquired_at"])
+        return rows
+
+    def break_lock(self, name: str, *, by: str, reason: str) -> dict[str, Any] | None:
+        """On-call's way out: delete the lock whoever holds it, and record who broke it and why."""
+        now = self.clock.now()
+        with self.engine.begin() as conn:
+            holder = conn.execute(sa.select(locks).where(locks.c.name == name)).mappings().first()
+            if holder is None:
+                return None
+            conn.execute(locks.delete().where(locks.c.name == name, locks.c.owner == holder["owner"]))
+            conn.execute(lock_events.insert().values(name=name, action="unlock", owner=holder["owner"], by=by,
+                                                     reason=reason, at=now))
+        return dict(holder)
+
+    def lock_events(self, *, names: Iterable[str]) -> list[dict[str, Any]]:
+        with self.engine.connect() as conn:
+            rows = conn.execute(sa.select(lock_events).where(lock_events.c.name.in_(list(names)))
+                                .order_by(lock_events.c.id)).mappings().all()
+        return [dict(row) for row in rows]
+
+    def release_lock(self, name: str, *, owner: str) -> None:
+        with self.engine.begin() as conn:
+            conn.execute(locks.delete().where(locks.c.name == name, locks.c.owner == owner))
+
+    def renew_lock(self, name: str, *, owner: str, ttl_s: float) -> bool:
+        """Push the expiry out again; False if the lock is no longer ours (it expired and was taken)."""
+        with self.engine.begin() as conn:
+            return conn.execute(
+                locks.update().where(locks.c.name == name, locks.c.owner == owner)
+                .values(expires_at=self.clock.now() + timedelta(seconds=ttl_s))
+            ).rowcount == 1
+
+    @contextmanager
+    def lock(self, name: str, *, owner: str | None = None, ttl_s: float = 3600, wait_s: float = 0.0) -> Iterator[str]:
+        """Held for the whole block, however long: a heartbeat renews it every third of the TTL, so only a
+        holder that died (and stopped renewing) loses it to the next run."""
+        owner = owner or default_lock_owner()
+        self.acquire_lock(name, owner=owner, ttl_s=ttl_s, wait_s=wait_s)
+        stop = threading.Event()
+
+        def heartbeat() -> None:
+            while not stop.wait(ttl_s / 3):
+                try:
+                    if not self.renew_lock(name, owner=owner, ttl_s=ttl_s):
+                        log.error("kb_reindex: lock %r was lost (expired and taken, or broken by on-call)", name)
+                        return
+                except Exception as exc:  # noqa: BLE001 - the next beat tries again; the TTL is the backstop
+                    log.warning("kb_reindex: renewing lock %r failed: %s", name, _first_line(exc))
+
+        beat = threading.Thread(target=heartbeat, name=f"lock-heartbeat:{name}", daemon=True)
+        beat.start()
+        try:
+            yield owner
+        finally:
+            stop.set()
+            beat.join()
+            self.release_lock(name, owner=owner)
+
+
+def parse_lock_owner(owner: str) -> tuple[str | None, int | None, str | None]:
+    """(host, pid, space) from an owner made by `default_lock_owner`: `[run_id@]host:pid:nonce:space`."""
+    _, _, tail = owner.rpartition("@")
+    parts = tail.split(":")
+    if len(parts) != 4 or not parts[1].isdigit():
+        return None, None, None
+    return parts[0], int(parts[1]), parts[3]
+
+
+def _process_started_at(pid: int) -> datetime | None:
+    """A process's start time from /proc (Linux), to tell a reused PID from the lock's owner."""
+    try:
+        ticks = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+        boot = next(int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
+                    if line.startswith("btime "))
+        return datetime.fromtimestamp(boot + ticks / os.sysconf("SC_CLK_TCK"), UTC).replace(tzinfo=None)
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+
+
+def lock_owner_alive(owner: str, *, since: datetime | None = None) -> bool | None:
+    """True/False when this host can tell (the owner ran here, in this PID namespace), None for another host,
+    container or an unknown owner (then only the TTL frees its lock).
+
+    A PID that lives but started after the lock was taken is another process that reused the number."""
+    host, pid, space = parse_lock_owner(owner)
+    if host is None or pid is None or host != socket.gethostname() or space != process_space() or space == "unknown":
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # alive, owned by another user
+    started = _process_started_at(pid)
+    if since is not None and started is not None and started > since + timedelta(seconds=2):
+        return False
+    return True
+
+
+def describe_lock_holder(name: str, holder: dict[str, Any]) -> str:
+    subject = name.split(":", 1)[-1]
+    alive = lock_owner_alive(holder["owner"], since=holder["acquired_at"])
+    host, _, _ = parse_lock_owner(holder["owner"])
+    where = {True: "its process is alive on this host", False: "its process is gone"}.get(
+        alive, f"held from host {host}" if host else "held by an owner of unknown host")
+    if is_dag_run_owner(holder["owner"]):
+        where = ("an Airflow DAG run: its tasks renew it while the run lives; if the run died, the lock expires "
+                 "after KB_LOCK_TTL")
+    return (f"another run is working on {subject}: {holder['owner']}, since {holder['acquired_at']:%Y-%m-%d %H:%M:%S} "
+            f"UTC (lock {name!r}, expires {holder['expires_at']:%Y-%m-%d %H:%M:%S} UTC; {where}). Wait for it; if it "
+            f"is stuck, stop that process, or break the lock: `kb-reindex unlock --reason ... --yes`")

@@ -1,0 +1,73 @@
+"""Run records: one row per run (CLI or DAG), its counters, outcome and duration."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import sqlalchemy as sa
+
+from kb_reindex.state.schema import runs
+
+if TYPE_CHECKING:
+    from kb_reindex.state.clock import Clock
+
+
+class RunsMixin:
+    """Run rows of `StateStore`."""
+
+    engine: sa.Engine
+    clock: Clock
+
+    # --- runs -----------------------------------------------------------------------------------
+
+    def start_run(self, *, run_id: str, alias: str, kind: str, trigger: str) -> None:
+        """Idempotent: a retried plan task or a rerun with the same id restarts the record."""
+        now = self.clock.now()
+        with self.engine.begin() as conn:
+            exists = conn.execute(sa.select(runs.c.run_id).where(runs.c.run_id == run_id)).first()
+            values = {"alias": alias, "kind": kind, "trigger": trigger, "outcome": "running", "started_at": now,
+                      "finished_at": None, "error": None, "chunks_embedded": 0, "chunks_reused": 0}
+            if exists:
+                conn.execute(runs.update().where(runs.c.run_id == run_id).values(**values))
+            else:
+                conn.execute(runs.insert().values(run_id=run_id, **values))
+
+    def update_run(self, run_id: str, **columns: Any) -> None:
+        with self.engine.begin() as conn:
+            conn.execute(runs.update().where(runs.c.run_id == run_id).values(**columns))
+
+    def add_run_chunks(self, run_id: str, *, embedded: int, reused: int) -> None:
+        """Count what a build of this run wrote: `chunks_embedded` embedded, `chunks_reused` copied from live.
+        Added, not set: mapped build slices and retried tasks each add what they wrote."""
+        with self.engine.begin() as conn:
+            conn.execute(runs.update().where(runs.c.run_id == run_id).values(
+                chunks_embedded=runs.c.chunks_embedded + embedded, chunks_reused=runs.c.chunks_reused + reused))
+
+    def finish_run(self, run_id: str, *, outcome: str, error: str | None = None, **counters: Any) -> None:
+        now = self.clock.now()
+        with self.engine.begin() as conn:
+            started = conn.execute(sa.select(runs.c.started_at).where(runs.c.run_id == run_id)).scalar()
+            duration = (now - started).total_seconds() if started else None
+            conn.execute(
+                runs.update().where(runs.c.run_id == run_id).values(
+                    outcome=outcome, error=error[:4000] if error else None, finished_at=now, duration_s=duration, **counters
+                )
+            )
+            alias = conn.execute(sa.select(runs.c.alias).where(runs.c.run_id == run_id)).scalar()
+        if alias is not None:
+            from kb_reindex import metrics
+
+            metrics.run_finished(alias=alias, outcome=outcome, duration_s=duration,
+                                 embedded=counters.get("chunks_embedded", 0), reused=counters.get("chunks_reused", 0))
+
+    def get_run(self, run_id: str) -> dict[str, Any] | None:
+        with self.engine.connect() as conn:
+            row = conn.execute(sa.select(runs).where(runs.c.run_id == run_id)).mappings().first()
+        return dict(row) if row else None
+
+    def list_runs(self, alias: str, *, limit: int = 50) -> list[dict[str, Any]]:
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                sa.select(runs).where(runs.c.alias == alias).order_by(runs.c.started_at.desc()).limit(limit)
+            ).mappings().all()
+        return [dict(row) for row in rows]

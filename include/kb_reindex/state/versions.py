@@ -1,0 +1,167 @@
+"""Versions of an alias: allocated, updated through their life (building -> ready -> live -> retired/deleted)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, fields
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+import sqlalchemy as sa
+
+from kb_reindex.errors import KbError
+from kb_reindex.state.schema import manifest_chunks, manifest_documents, snapshots, versions
+
+if TYPE_CHECKING:
+    from kb_reindex.state.clock import Clock
+
+STATUSES = ("building", "ready", "live", "retired", "failed", "deleted")
+
+
+@dataclass
+class VersionRecord:
+    id: int
+    alias: str
+    version: int
+    collection: str
+    status: str
+    kind: str
+    embedder: str
+    embed_model: str
+    embed_dim: int
+    distance: str
+    chunking_version: str
+    corpus_fingerprint: str
+    base_version: int | None
+    base_collection: str | None
+    run_id: str | None
+    docs_count: int
+    points_expected: int
+    points_written: int
+    chunks_embedded: int
+    chunks_reused: int
+    validation: dict[str, Any] | None
+    error: str | None
+    failed_step: str | None
+    created_at: datetime
+    updated_at: datetime
+    ready_at: datetime | None
+    promoted_at: datetime | None
+    retired_at: datetime | None
+    deleted_at: datetime | None
+    payload_layout: str = "native"
+    embed_profile: str | None = None
+
+    @classmethod
+    def from_row(cls, row: sa.RowMapping) -> VersionRecord:
+        data = {f.name: row[f.name] for f in fields(cls)}
+        data["validation"] = json.loads(data["validation"]) if data["validation"] else None
+        return cls(**data)
+
+    def summary(self) -> dict[str, Any]:
+        """The JSON-able view the CLI and XCom carry (no validation detail)."""
+        out = asdict(self)
+        out.pop("validation")
+        for key, value in out.items():
+            if isinstance(value, datetime):
+                out[key] = value.isoformat(timespec="seconds") + "Z"
+        return out
+
+
+class VersionsMixin:
+    """Version rows of `StateStore` (needs `drop_unneeded_texts` of the manifests mixin to forget)."""
+
+    engine: sa.Engine
+    clock: Clock
+    drop_unneeded_texts: Callable[[], int]  # annotation only: the method is the manifests mixin's
+
+    def allocate_version(self, *, alias: str, collection_for: Any, **columns: Any) -> VersionRecord:
+        """Take the next N for this alias. The unique (alias, version) key makes a race lose, then retry."""
+        for _attempt in range(20):
+            with self.engine.begin() as conn:
+                current = conn.execute(sa.select(sa.func.max(versions.c.version)).where(versions.c.alias == alias)).scalar()
+                number = (current or 0) + 1
+                now = self.clock.now()
+                try:
+                    result = conn.execute(
+                        versions.insert().values(
+                            alias=alias,
+                            version=number,
+                            collection=collection_for(number),
+                            status="building",
+                            created_at=now,
+                            updated_at=now,
+                            **columns,
+                        )
+                    )
+                except sa.exc.IntegrityError:
+                    continue
+                return self.version_by_id(result.inserted_primary_key[0], conn=conn)
+        raise KbError(f"could not allocate a version number for alias {alias!r} after 20 attempts")
+
+    def insert_version(self, *, alias: str, version: int, **columns: Any) -> VersionRecord:
+        """A version with a known number (rebuilt from Qdrant), not allocated."""
+        now = self.clock.now()
+        with self.engine.begin() as conn:
+            result = conn.execute(versions.insert().values(alias=alias, version=version, created_at=now,
+                                                           updated_at=now, **columns))
+            return self.version_by_id(result.inserted_primary_key[0], conn=conn)
+
+    def forget_versions(self, alias: str) -> None:
+        """Drop this alias's version rows and manifests (a state being replaced); history and runs stay."""
+        with self.engine.begin() as conn:
+            ids = sa.select(versions.c.id).where(versions.c.alias == alias).scalar_subquery()
+            conn.execute(snapshots.delete().where(snapshots.c.version_id.in_(ids)))
+            conn.execute(manifest_chunks.delete().where(manifest_chunks.c.version_id.in_(ids)))
+            conn.execute(manifest_documents.delete().where(manifest_documents.c.version_id.in_(ids)))
+            conn.execute(versions.delete().where(versions.c.alias == alias))
+        self.drop_unneeded_texts()
+
+    def version_by_id(self, version_id: int, *, conn: sa.Connection | None = None) -> VersionRecord:
+        query = sa.select(versions).where(versions.c.id == version_id)
+        if conn is not None:
+            return VersionRecord.from_row(conn.execute(query).mappings().one())
+        with self.engine.connect() as own:
+            return VersionRecord.from_row(own.execute(query).mappings().one())
+
+    def get_version(self, alias: str, number: int) -> VersionRecord | None:
+        with self.engine.connect() as conn:
+            row = conn.execute(
+                sa.select(versions).where(versions.c.alias == alias, versions.c.version == number)
+            ).mappings().first()
+        return VersionRecord.from_row(row) if row else None
+
+    def list_versions(self, alias: str, *, statuses: Iterable[str] | None = None) -> list[VersionRecord]:
+        query = sa.select(versions).where(versions.c.alias == alias)
+        if statuses is not None:
+            query = query.where(versions.c.status.in_(list(statuses)))
+        with self.engine.connect() as conn:
+            rows = conn.execute(query.order_by(versions.c.version.desc())).mappings().all()
+        return [VersionRecord.from_row(row) for row in rows]
+
+    def live_version(self, alias: str) -> VersionRecord | None:
+        live = self.list_versions(alias, statuses=["live"])
+        if len(live) > 1:
+            raise KbError(
+                f"state DB marks {len(live)} versions of {alias!r} live "
+                f"({', '.join(str(v.version) for v in live)}); run `kb-reindex status` and reconcile"
+            )
+        return live[0] if live else None
+
+    def update_version(self, version_id: int, **columns: Any) -> None:
+        if "validation" in columns and columns["validation"] is not None:
+            columns["validation"] = json.dumps(columns["validation"], ensure_ascii=False)
+        if "status" in columns and columns["status"] not in STATUSES:
+            raise ValueError(f"unknown status {columns['status']!r}")
+        columns["updated_at"] = self.clock.now()
+        with self.engine.begin() as conn:
+            conn.execute(versions.update().where(versions.c.id == version_id).values(**columns))
+
+    def add_points_written(self, version_id: int, count: int) -> None:
+        with self.engine.begin() as conn:
+            conn.execute(versions.update().where(versions.c.id == version_id)
+                         .values(points_written=versions.c.points_written + count, updated_at=self.clock.now()))
+
+    def mark_failed(self, version_id: int, *, step: str, error: str) -> None:
+        self.update_version(version_id, status="failed", failed_step=step, error=error[:4000])
