@@ -9,8 +9,9 @@ from qdrant_client import QdrantClient
 
 from kb_reindex import engine
 from kb_reindex.errors import ConfigError, RollbackRefused
-from kb_reindex.promote import cleanup, retention_victims, rollback_target
 from kb_reindex.reader import search_knowledge
+from kb_reindex.retention import cleanup, retention_victims
+from kb_reindex.rollback import rollback_target
 from kb_reindex.runtime import Deps
 from kb_reindex.state import StateStore
 from kb_reindex.store import KnowledgeStore
@@ -187,7 +188,7 @@ def test_failed_build_versions_are_dropped_by_gc(deps: Deps, monkeypatch: pytest
 
 def test_shadow_version_is_dropped_only_explicitly_and_live_or_target_never(deps: Deps) -> None:
     from kb_reindex.errors import KbError
-    from kb_reindex.promote import drop_version
+    from kb_reindex.retention import drop_version
 
     three_versions(deps)
     shadow = engine.run_reindex(deps, kind="migration", embedder="hashing", model="hashing-ngram-v9", dim=512,

@@ -331,13 +331,13 @@ def _dispatch_locked(args: argparse.Namespace, deps: Any) -> int:
                + "".join(f"\n  failure: {f}" for f in result["failures"]))
         return 0 if result["passed"] else 1
     if args.command == "gc":
-        from kb_reindex.promote import cleanup
+        from kb_reindex.retention import cleanup
 
         result = cleanup(deps)
         _print(args, result, _table(result["deleted"], ["version", "collection", "was"]))
         return 0
     if args.command == "drop":
-        from kb_reindex.promote import drop_version
+        from kb_reindex.retention import drop_version
 
         _existing_version(deps, args.version, "--version")
         result = drop_version(deps, args.version)
@@ -354,7 +354,7 @@ def _dispatch_locked(args: argparse.Namespace, deps: Any) -> int:
                              f"{result['dim']}-d); v{result['previous_version'] or '-'} kept for rollback")
         return 0
     if args.command in ("pin", "unpin"):
-        from kb_reindex.promote import pin_version, unpin_version
+        from kb_reindex.retention import pin_version, unpin_version
 
         if args.command == "pin":
             result = pin_version(deps, args.version, reason=args.reason)
@@ -461,7 +461,7 @@ def _existing_version(deps: Any, number: int, flag: str) -> None:
 
 def _rollback(args: argparse.Namespace, deps: Any) -> int:
     from kb_reindex import engine
-    from kb_reindex.promote import rollback_target
+    from kb_reindex.rollback import rollback_target
 
     live = deps.state.live_version(deps.settings.alias)
     if args.to_version is not None:
