@@ -23,7 +23,7 @@ from kb_reindex.build import create_version, reindex_lock_name, run_is_active
 from kb_reindex.config import Settings
 from kb_reindex.errors import ConfigError, LockHeldError, LockLostError
 from kb_reindex.plan import plan
-from kb_reindex.promote import cleanup
+from kb_reindex.retention import cleanup
 from kb_reindex.runtime import Deps, open_deps
 from kb_reindex.state import ManualClock, utcnow
 
@@ -115,9 +115,10 @@ def dag_env(project: Path, monkeypatch: pytest.MonkeyPatch, airflow_db: None) ->
 def test_dag_run_holds_the_lock_from_plan_to_cleanup_and_lets_it_go(dag_env: Path,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     from kb_reindex import promote as promote_module
+    from kb_reindex import retention as retention_module
 
     seen: dict[str, object] = {}
-    real_promote, real_cleanup = promote_module.promote, promote_module.cleanup
+    real_promote, real_cleanup = promote_module.promote, retention_module.cleanup
 
     def promote_and_look(deps, version_number, *, run_id=None):
         seen["promote"] = deps.state.lock_held_by(reindex_lock_name(ALIAS))
@@ -132,7 +133,7 @@ def test_dag_run_holds_the_lock_from_plan_to_cleanup_and_lets_it_go(dag_env: Pat
         return real_cleanup(deps)
 
     monkeypatch.setattr(promote_module, "promote", promote_and_look)
-    monkeypatch.setattr(promote_module, "cleanup", cleanup_and_look)
+    monkeypatch.setattr(retention_module, "cleanup", cleanup_and_look)
     ok, states = run_dag("knowledge_reindex")
     assert ok, states
     assert str(seen["promote"]).startswith("airflow__knowledge_reindex__") and \

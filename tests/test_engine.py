@@ -758,7 +758,7 @@ def test_validation_reports_the_instruction_lines_the_plan_recorded(deps: Deps, 
 
 
 def test_rollback_and_retention_need_no_chunk_text(deps: Deps, counting: CountingEmbedder) -> None:
-    from kb_reindex.promote import cleanup
+    from kb_reindex.retention import cleanup
     from kb_reindex.state import chunk_texts
 
     engine.run_reindex(deps)

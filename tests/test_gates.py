@@ -15,7 +15,7 @@ from qdrant_client import QdrantClient, models
 from kb_reindex import engine
 from kb_reindex.errors import GoldenSetError, KbError
 from kb_reindex.golden import load_golden_set, paired_comparison, sign_test_p
-from kb_reindex.promote import cleanup, drop_version, pin_version, unpin_version
+from kb_reindex.retention import cleanup, drop_version, pin_version, unpin_version
 from kb_reindex.runtime import Deps
 
 from conftest import settings_for, write_doc

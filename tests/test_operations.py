@@ -9,13 +9,16 @@ from qdrant_client import QdrantClient
 
 from kb_reindex import engine
 from kb_reindex.errors import ConfigError, RollbackRefused
-from kb_reindex.promote import cleanup, retention_victims, rollback_target
 from kb_reindex.reader import search_knowledge
+from kb_reindex.retention import cleanup, retention_victims
+from kb_reindex.rollback import rollback_target
 from kb_reindex.runtime import Deps
 from kb_reindex.state import StateStore
 from kb_reindex.store import KnowledgeStore
+from kb_reindex.validate import structural_problems, validate
 
 ALIAS = "mall_knowledge"
+SHAPE_CHECKS = ("collection exists", "point count", "point ids", "dimension", "distance")
 
 
 def edit(deps: Deps, key: str, extra: str) -> None:
@@ -59,8 +62,14 @@ def test_rollback_refuses_a_broken_target_and_nothing_moves(deps: Deps, damage: 
     else:
         points, _ = deps.store.client.scroll(target.collection, limit=1)
         deps.store.client.delete(target.collection, points_selector=[points[0].id])
-    with pytest.raises(RollbackRefused):
+    refusal = {"missing": "not whole: collection exists", "failed": "is failed", "deleted": "is deleted",
+               "short": "not whole: point count"}[damage]
+    with pytest.raises(RollbackRefused, match=refusal):
         engine.run_rollback(deps, reason="test", to_version=2)
+    if damage == "short":  # rollback's structural check is validation's: the same failure, in the same words
+        problems = structural_problems(deps, target)
+        checked = validate(deps, 2, compare_live=False, raise_on_failure=False, record=False)
+        assert problems and problems == [f for f in checked["failures"] if f.split(":")[0] in SHAPE_CHECKS]
     assert deps.state.live_version(ALIAS).version == 3
     assert deps.store.alias_target(ALIAS) == deps.state.get_version(ALIAS, 3).collection
 
@@ -187,7 +196,7 @@ def test_failed_build_versions_are_dropped_by_gc(deps: Deps, monkeypatch: pytest
 
 def test_shadow_version_is_dropped_only_explicitly_and_live_or_target_never(deps: Deps) -> None:
     from kb_reindex.errors import KbError
-    from kb_reindex.promote import drop_version
+    from kb_reindex.retention import drop_version
 
     three_versions(deps)
     shadow = engine.run_reindex(deps, kind="migration", embedder="hashing", model="hashing-ngram-v9", dim=512,

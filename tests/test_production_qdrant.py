@@ -325,7 +325,7 @@ def test_retention_snapshots_each_collection_before_dropping_it(project: Path, s
 
 
 def test_drop_takes_a_snapshot_too(project: Path, server: FakeQdrantServer) -> None:
-    from kb_reindex.promote import drop_version
+    from kb_reindex.retention import drop_version
 
     settings = on_server(project, server, KB_SNAPSHOT_BEFORE_DROP="1")
     with open_deps(settings) as deps:

@@ -338,7 +338,7 @@ def test_watch_does_nothing_when_the_alias_moved_meanwhile(deps: Deps) -> None:
 
 
 def test_an_auto_rollback_is_passed_over_by_the_next_rollback_target(deps: Deps) -> None:
-    from kb_reindex.promote import rollback_target
+    from kb_reindex.rollback import rollback_target
 
     two_versions(deps)
     write_doc(deps.settings.root, "faq-more", "# 更多问题\n\n开具发票后可以修改抬头吗？可以在七天内修改。")

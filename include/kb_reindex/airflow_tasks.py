@@ -441,7 +441,7 @@ def cleanup_task(*, dry_run: bool = False, run_id: str | None = None) -> dict[st
     A dry run promised to change nothing, so it deletes nothing either. The run's last step: retention runs
     under the run's lock, then lets it go (a failed retention keeps it for its retry, or the failure callback)."""
     from kb_reindex import dag_lock
-    from kb_reindex.promote import cleanup
+    from kb_reindex.retention import cleanup
 
     if dry_run:
         from airflow.sdk.exceptions import AirflowSkipException

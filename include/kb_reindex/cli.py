@@ -65,22 +65,28 @@ def _parser(*, json_answer: bool = False) -> argparse.ArgumentParser:
     run.add_argument("--watch", type=float, metavar="MINUTES",
                      help="after a promotion, watch the alias this long and roll back on a regression "
                           "(default KB_WATCH_MINUTES, 0: off)")
-    sub.add_parser("plan", parents=[common], help="what a run would do, writing nothing")
-    sub.add_parser("status", parents=[common], help="live version, all versions, drift and metrics")
-    sub.add_parser("history", parents=[common], help="every alias move")
+    run.set_defaults(func=_cmd_run)
+    sub.add_parser("plan", parents=[common], help="what a run would do, writing nothing").set_defaults(func=_cmd_plan)
+    sub.add_parser("status", parents=[common], help="live version, all versions, drift and metrics").set_defaults(
+        func=_cmd_status)
+    sub.add_parser("history", parents=[common], help="every alias move").set_defaults(func=_cmd_history)
     val = sub.add_parser("validate", parents=[common], help="validate a version (default: live) again")
     val.add_argument("--version", type=int, help="version number")
+    val.set_defaults(func=_cmd_validate)
     query = sub.add_parser("query", parents=[common], help="search the live version through the alias")
     query.add_argument("text")
     query.add_argument("-k", type=int, default=4)
     query.add_argument("--tenant", help="only this tenant's documents")
     query.add_argument("--expect-profile", help="refuse unless the alias serves this embedding profile")
-    sub.add_parser("gc", parents=[common], help="apply retention: drop failed and old retired versions")
+    query.set_defaults(func=_cmd_query)
+    sub.add_parser("gc", parents=[common], help="apply retention: drop failed and old retired versions").set_defaults(
+        func=_cmd_gc)
     rb = sub.add_parser("rollback", parents=[common], help="point the alias back at a previous version")
     rb.add_argument("--to-version", type=int, help="default: the version before the current one")
     rb.add_argument("--reason", required=True, help="why (recorded in the alias history)")
     rb.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     rb.add_argument("--no-revalidate", action="store_true", help="skip the golden-set scores of the target")
+    rb.set_defaults(func=_rollback)
     mig = sub.add_parser("migrate", parents=[common], help="full build with another embedding model")
     mig.add_argument("--embedder", required=True, choices=["hashing", "ollama"])
     mig.add_argument("--model", help="default: the embedder's own (hashing-ngram-v1, bge-m3)")
@@ -92,25 +98,32 @@ def _parser(*, json_answer: bool = False) -> argparse.ArgumentParser:
                                       "langchain4j[:<text key>], langchain, llamaindex")
     mig.add_argument("--dry-run", action="store_true",
                      help="texts, estimated tokens and time (one probe batch) before anything is built; writes nothing")
+    mig.set_defaults(func=_cmd_migrate)
     prom = sub.add_parser("promote", parents=[common],
                           help="put a shadow version behind the alias, after validating it again")
     prom.add_argument("--version", type=int, required=True)
     prom.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    prom.set_defaults(func=_cmd_promote)
     rec = sub.add_parser("reconcile", parents=[common], help="record what the alias serves when state disagrees")
     rec.add_argument("--rebuild-state", action="store_true",
                      help="rebuild a lost, empty or replaced state DB from the collections in Qdrant")
     rec.add_argument("--replace", action="store_true",
                      help="with --rebuild-state: replace the versions the state DB holds for this alias")
+    rec.set_defaults(func=_cmd_reconcile)
     unlock = sub.add_parser("unlock", parents=[common], help="break this alias's lock (on-call; recorded)")
     unlock.add_argument("--reason", required=True, help="why (recorded in the history)")
     unlock.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    unlock.set_defaults(func=_unlock)
     drop = sub.add_parser("drop", parents=[common], help="drop a kept version (e.g. a shadow migration)")
     drop.add_argument("--version", type=int, required=True)
+    drop.set_defaults(func=_cmd_drop)
     pin = sub.add_parser("pin", parents=[common], help="keep a version (a known-good baseline) from retention and drop")
     pin.add_argument("--version", type=int, required=True)
     pin.add_argument("--reason", required=True, help="why it is kept (recorded with who and when)")
+    pin.set_defaults(func=_cmd_pin)
     unpin = sub.add_parser("unpin", parents=[common], help="end a pin; retention may drop the version again")
     unpin.add_argument("--version", type=int, required=True)
+    unpin.set_defaults(func=_cmd_unpin)
     return parser
 
 
@@ -204,20 +217,14 @@ def _fail(args: argparse.Namespace, message: str, kind: str) -> None:
 
 
 def _dispatch(args: argparse.Namespace) -> int:
+    """Open what the command needs (see NO_CREATE, STATE_ONLY, LOCKED), then call its `func`."""
     from kb_reindex import engine
     from kb_reindex.runtime import open_deps
 
     settings = Settings.from_env()
     if args.command == "query":
-        from kb_reindex.reader import search_knowledge
-        from kb_reindex.runtime import open_reader
-
         # Qdrant alone: the assistant's path keeps answering while the state DB is lost, locked or down
-        with open_reader(settings) as reader:
-            found = search_knowledge(reader, args.text, k=args.k, tenant=args.tenant, expect_profile=args.expect_profile)
-        rows = [{**r, "text": (r["text"] or "").replace("\n", " ")[:60]} for r in found["results"]]
-        _print(args, found, _table(rows, ["score", "knowledge_key", "title", "text"]))
-        return 0
+        return args.func(args, settings)
     if args.command in STATE_ONLY:
         from kb_reindex.runtime import StateDeps
         from kb_reindex.state import StateStore
@@ -225,13 +232,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         # the state DB alone: on-call can break a lock while the stuck process still holds Qdrant (local mode)
         state = StateStore(settings.state_url, create=False)
         try:
-            deps = StateDeps(settings=settings, state=state)
-            if args.command == "unlock":
-                return _unlock(args, deps)
-            events = engine.history(deps)
-            _print(args, {"alias": settings.alias, "events": events},
-                   _table(events, ["at", "action", "from_version", "to_version", "run_id", "reason"]))
-            return 0
+            return args.func(args, StateDeps(settings=settings, state=state))
         finally:
             state.dispose()
     dry_migration = args.command == "migrate" and args.dry_run
@@ -240,145 +241,192 @@ def _dispatch(args: argparse.Namespace) -> int:
             return 0
         if args.command in LOCKED:
             with engine.exclusive(deps):
-                return _dispatch_locked(args, deps)
-        if args.command == "run":
-            minutes = settings.watch_minutes if args.watch is None else args.watch
-            if not 0 <= minutes <= 24 * 60:
-                raise ConfigError(f"--watch {args.watch}: minutes must be from 0 (off) to 1440")
-            result = engine.run_reindex(deps, force_full=args.force_full, dry_run=args.dry_run)
-            result.pop("plan", None)
-            if result["outcome"] == "promoted" and minutes > 0:
-                from kb_reindex.watch import watch
-
-                result["watch"] = watch(deps, result["version"], minutes=minutes, interval_s=settings.watch_interval_s)
-                if result["watch"]["outcome"] in ("rolled_back", "regressed"):
-                    result["outcome"] = "auto_rolled_back" if result["watch"]["outcome"] == "rolled_back" else "regressed"
-            _print(args, result, _run_human(result))
-            return _run_exit_code(result)
-        if args.command == "migrate":
-            from kb_reindex.config import model_or_default
-            from kb_reindex.embedding import check_model_served
-
-            model = model_or_default(args.embedder, args.model)
-            # a model the embedder cannot serve is a usage error (exit 2), refused before a run is recorded
-            check_model_served(settings, embedder=args.embedder, model=model)
-            if args.dry_run:
-                from kb_reindex.estimate import estimate_migration, estimate_human
-
-                estimate = estimate_migration(deps, embedder=args.embedder, model=model, dim=args.dim)
-                _print(args, estimate, estimate_human(estimate))
-                return 0
-            result = engine.run_reindex(
-                deps, kind="migration", embedder=args.embedder, model=model, dim=args.dim,
-                promote_version=not args.no_promote, min_hit_rate=args.min_hit_rate, min_mrr=args.min_mrr,
-                layout=args.layout,
-            )
-            result.pop("plan", None)
-            _print(args, result, _run_human(result))
-            return _run_exit_code(result)
-        if args.command == "plan":
-            from kb_reindex.build import BuildCounts
-            from kb_reindex.plan import plan
-
-            p = plan(deps)
-            human = _run_human({**engine.empty_result("no_change" if p["no_change"] else "would_build"),
-                                "docs": p["docs"], "chunks": engine.chunk_counts(p, BuildCounts())})
-            _print(args, p, human + f"\nmodel: {p['embedder']}/{p['embed_model']}  layout: {p['payload_layout']}  "
-                                    f"live: v{p['base_version'] or '-'}")
-            return 0
-        if args.command == "status":
-            s = engine.status(deps)
-            live = s["live"]
-            head = f"alias {s['alias']} -> " + (f"v{live['version']} ({live['collection']}, {live['points']} points, "
-                                                f"{live['embed_model']} {live['dim']}-d)" if live else "nothing")
-            rows = [{**v, "status": v["status"] + (" *rollback target" if v["rollback_target"] else "")
-                     + (" *pinned" if v.get("pinned") else "")} for v in s["versions"]]
-            human = "\n".join([head, "", _table(rows, ["version", "status", "collection", "points", "embed_model", "dim",
-                                                        "payload_layout", "hit_rate", "mrr", "created_at"])]
-                              + _pins_and_audit_human(s)
-                              + ([f"\nlocks:\n{_table(s['locks'], ['name', 'owner', 'since', 'expires', 'owner_alive'])}"]
-                                 if s["locks"] else [])
-                              + [f"NOTE: {n}" for n in s["notes"]]
-                              + [f"PROBLEM: {p}" for p in s["problems"]])
-            _print(args, s, human)
-            return 1 if s["problems"] else 0
-        if args.command == "rollback":
-            return _rollback(args, deps)
-    raise ConfigError(f"unknown command {args.command}")  # pragma: no cover - argparse rejects it first
+                return args.func(args, deps)
+        return args.func(args, deps)
 
 
-def _dispatch_locked(args: argparse.Namespace, deps: Any) -> int:
-    """Commands that change state or the alias, run under the alias's lock (`engine.exclusive`)."""
+# --- one function per command: (args, deps) -> exit code -----------------------------------------
+
+
+def _cmd_query(args: argparse.Namespace, settings: Settings) -> int:
+    """Takes the settings, not deps: it opens Qdrant alone, through the alias."""
+    from kb_reindex.reader import search_knowledge
+    from kb_reindex.runtime import open_reader
+
+    with open_reader(settings) as reader:
+        found = search_knowledge(reader, args.text, k=args.k, tenant=args.tenant, expect_profile=args.expect_profile)
+    rows = [{**r, "text": (r["text"] or "").replace("\n", " ")[:60]} for r in found["results"]]
+    _print(args, found, _table(rows, ["score", "knowledge_key", "title", "text"]))
+    return 0
+
+
+def _cmd_history(args: argparse.Namespace, deps: Any) -> int:
     from kb_reindex import engine
-    from kb_reindex.runtime import new_run_id
+
+    events = engine.history(deps)
+    _print(args, {"alias": deps.settings.alias, "events": events},
+           _table(events, ["at", "action", "from_version", "to_version", "run_id", "reason"]))
+    return 0
+
+
+def _cmd_run(args: argparse.Namespace, deps: Any) -> int:
+    from kb_reindex import engine
 
     settings = deps.settings
-    if args.command == "validate":
-        from kb_reindex.validate import validate
+    minutes = settings.watch_minutes if args.watch is None else args.watch
+    if not 0 <= minutes <= 24 * 60:
+        raise ConfigError(f"--watch {args.watch}: minutes must be from 0 (off) to 1440")
+    result = engine.run_reindex(deps, force_full=args.force_full, dry_run=args.dry_run)
+    result.pop("plan", None)
+    if result["outcome"] == "promoted" and minutes > 0:
+        from kb_reindex.watch import watch
 
-        number = args.version
-        if number is None:
-            live = deps.state.live_version(settings.alias)
-            if live is None:
-                raise ConfigError("no live version; name one with --version")
-            number = live.version
-        _existing_version(deps, number, "--version")
-        result = validate(deps, number, raise_on_failure=False)
-        summary = engine.validation_summary(result)
-        _print(args, {"version": number, **summary, "checks": result["checks"]},
-               f"v{number}: {'passed' if result['passed'] else 'FAILED'}  hit rate {result['hit_rate']}  "
-               f"MRR {result['mrr']}  report {result['report']}"
-               + "".join(f"\n  failure: {f}" for f in result["failures"]))
-        return 0 if result["passed"] else 1
-    if args.command == "gc":
-        from kb_reindex.promote import cleanup
+        result["watch"] = watch(deps, result["version"], minutes=minutes, interval_s=settings.watch_interval_s)
+        if result["watch"]["outcome"] in ("rolled_back", "regressed"):
+            result["outcome"] = "auto_rolled_back" if result["watch"]["outcome"] == "rolled_back" else "regressed"
+    _print(args, result, _run_human(result))
+    return _run_exit_code(result)
 
-        result = cleanup(deps)
-        _print(args, result, _table(result["deleted"], ["version", "collection", "was"]))
+
+def _cmd_migrate(args: argparse.Namespace, deps: Any) -> int:
+    from kb_reindex import engine
+    from kb_reindex.config import model_or_default
+    from kb_reindex.embedding import check_model_served
+
+    model = model_or_default(args.embedder, args.model)
+    # a model the embedder cannot serve is a usage error (exit 2), refused before a run is recorded
+    check_model_served(deps.settings, embedder=args.embedder, model=model)
+    if args.dry_run:
+        from kb_reindex.estimate import estimate_migration, estimate_human
+
+        estimate = estimate_migration(deps, embedder=args.embedder, model=model, dim=args.dim)
+        _print(args, estimate, estimate_human(estimate))
         return 0
-    if args.command == "drop":
-        from kb_reindex.promote import drop_version
+    result = engine.run_reindex(
+        deps, kind="migration", embedder=args.embedder, model=model, dim=args.dim,
+        promote_version=not args.no_promote, min_hit_rate=args.min_hit_rate, min_mrr=args.min_mrr,
+        layout=args.layout,
+    )
+    result.pop("plan", None)
+    _print(args, result, _run_human(result))
+    return _run_exit_code(result)
 
-        _existing_version(deps, args.version, "--version")
-        result = drop_version(deps, args.version)
-        _print(args, result, f"v{result['version']} ({result['collection']}) was already deleted"
-               if result.get("already_deleted") else
-               f"dropped v{result['version']} ({result['collection']}, was {result['was']})")
-        return 0
-    if args.command == "promote":
-        from kb_reindex.promote import promote_shadow
 
-        _existing_version(deps, args.version, "--version")
-        result = promote_shadow(deps, args.version, run_id=new_run_id("promote"))
-        _print(args, result, f"promoted v{result['version']} ({result['collection']}, {result['embed_model']} "
-                             f"{result['dim']}-d); v{result['previous_version'] or '-'} kept for rollback")
-        return 0
-    if args.command in ("pin", "unpin"):
-        from kb_reindex.promote import pin_version, unpin_version
+def _cmd_plan(args: argparse.Namespace, deps: Any) -> int:
+    from kb_reindex import engine
+    from kb_reindex.build import BuildCounts
+    from kb_reindex.plan import plan
 
-        if args.command == "pin":
-            result = pin_version(deps, args.version, reason=args.reason)
-            _print(args, result, f"v{result['version']} " + ("was already pinned" if result["already_pinned"] else "pinned")
-                   + f": {result['reason']} ({result['pinned_by']}, {result['pinned_at']})")
-        else:
-            result = unpin_version(deps, args.version)
-            _print(args, result, f"v{result['version']} unpinned; retention may drop it again" if result["was_pinned"]
-                   else f"v{result['version']} was not pinned")
-        return 0
-    if args.command == "reconcile":
-        from kb_reindex.reconcile import reconcile
+    p = plan(deps)
+    human = _run_human({**engine.empty_result("no_change" if p["no_change"] else "would_build"),
+                        "docs": p["docs"], "chunks": engine.chunk_counts(p, BuildCounts())})
+    _print(args, p, human + f"\nmodel: {p['embedder']}/{p['embed_model']}  layout: {p['payload_layout']}  "
+                            f"live: v{p['base_version'] or '-'}")
+    return 0
 
-        if args.rebuild_state:
-            from kb_reindex.reconcile import rebuild_state
 
-            result = rebuild_state(deps, replace=args.replace)
-        elif args.replace:
-            raise ConfigError("--replace goes with --rebuild-state")
-        else:
-            result = reconcile(deps)
-        _print(args, result, result["message"])
-        return 0
-    raise ConfigError(f"unknown command {args.command}")  # pragma: no cover - argparse rejects it first
+def _cmd_status(args: argparse.Namespace, deps: Any) -> int:
+    from kb_reindex import engine
+
+    s = engine.status(deps)
+    live = s["live"]
+    head = f"alias {s['alias']} -> " + (f"v{live['version']} ({live['collection']}, {live['points']} points, "
+                                        f"{live['embed_model']} {live['dim']}-d)" if live else "nothing")
+    rows = [{**v, "status": v["status"] + (" *rollback target" if v["rollback_target"] else "")
+             + (" *pinned" if v.get("pinned") else "")} for v in s["versions"]]
+    human = "\n".join([head, "", _table(rows, ["version", "status", "collection", "points", "embed_model", "dim",
+                                                "payload_layout", "hit_rate", "mrr", "created_at"])]
+                      + _pins_and_audit_human(s)
+                      + ([f"\nlocks:\n{_table(s['locks'], ['name', 'owner', 'since', 'expires', 'owner_alive'])}"]
+                         if s["locks"] else [])
+                      + [f"NOTE: {n}" for n in s["notes"]]
+                      + [f"PROBLEM: {p}" for p in s["problems"]])
+    _print(args, s, human)
+    return 1 if s["problems"] else 0
+
+
+def _cmd_validate(args: argparse.Namespace, deps: Any) -> int:
+    from kb_reindex import engine
+    from kb_reindex.validate import validate
+
+    number = args.version
+    if number is None:
+        live = deps.state.live_version(deps.settings.alias)
+        if live is None:
+            raise ConfigError("no live version; name one with --version")
+        number = live.version
+    _existing_version(deps, number, "--version")
+    result = validate(deps, number, raise_on_failure=False)
+    summary = engine.validation_summary(result)
+    _print(args, {"version": number, **summary, "checks": result["checks"]},
+           f"v{number}: {'passed' if result['passed'] else 'FAILED'}  hit rate {result['hit_rate']}  "
+           f"MRR {result['mrr']}  report {result['report']}"
+           + "".join(f"\n  failure: {f}" for f in result["failures"]))
+    return 0 if result["passed"] else 1
+
+
+def _cmd_gc(args: argparse.Namespace, deps: Any) -> int:
+    from kb_reindex.retention import cleanup
+
+    result = cleanup(deps)
+    _print(args, result, _table(result["deleted"], ["version", "collection", "was"]))
+    return 0
+
+
+def _cmd_drop(args: argparse.Namespace, deps: Any) -> int:
+    from kb_reindex.retention import drop_version
+
+    _existing_version(deps, args.version, "--version")
+    result = drop_version(deps, args.version)
+    _print(args, result, f"v{result['version']} ({result['collection']}) was already deleted"
+           if result.get("already_deleted") else
+           f"dropped v{result['version']} ({result['collection']}, was {result['was']})")
+    return 0
+
+
+def _cmd_promote(args: argparse.Namespace, deps: Any) -> int:
+    """Confirmed by `_dispatch` before the lock is taken (`_confirm_promotion`)."""
+    from kb_reindex.promote import promote_shadow
+    from kb_reindex.runtime import new_run_id
+
+    _existing_version(deps, args.version, "--version")
+    result = promote_shadow(deps, args.version, run_id=new_run_id("promote"))
+    _print(args, result, f"promoted v{result['version']} ({result['collection']}, {result['embed_model']} "
+                         f"{result['dim']}-d); v{result['previous_version'] or '-'} kept for rollback")
+    return 0
+
+
+def _cmd_pin(args: argparse.Namespace, deps: Any) -> int:
+    from kb_reindex.retention import pin_version
+
+    result = pin_version(deps, args.version, reason=args.reason)
+    _print(args, result, f"v{result['version']} " + ("was already pinned" if result["already_pinned"] else "pinned")
+           + f": {result['reason']} ({result['pinned_by']}, {result['pinned_at']})")
+    return 0
+
+
+def _cmd_unpin(args: argparse.Namespace, deps: Any) -> int:
+    from kb_reindex.retention import unpin_version
+
+    result = unpin_version(deps, args.version)
+    _print(args, result, f"v{result['version']} unpinned; retention may drop it again" if result["was_pinned"]
+           else f"v{result['version']} was not pinned")
+    return 0
+
+
+def _cmd_reconcile(args: argparse.Namespace, deps: Any) -> int:
+    from kb_reindex.reconcile import reconcile
+
+    if args.rebuild_state:
+        from kb_reindex.reconcile import rebuild_state
+
+        result = rebuild_state(deps, replace=args.replace)
+    elif args.replace:
+        raise ConfigError("--replace goes with --rebuild-state")
+    else:
+        result = reconcile(deps)
+    _print(args, result, result["message"])
+    return 0
 
 
 def _pins_and_audit_human(s: dict[str, Any]) -> list[str]:
@@ -465,7 +513,7 @@ def _existing_version(deps: Any, number: int, flag: str) -> None:
 
 def _rollback(args: argparse.Namespace, deps: Any) -> int:
     from kb_reindex import engine
-    from kb_reindex.promote import rollback_target
+    from kb_reindex.rollback import rollback_target
 
     live = deps.state.live_version(deps.settings.alias)
     if args.to_version is not None:

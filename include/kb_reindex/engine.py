@@ -17,9 +17,11 @@ from kb_reindex.build import BuildCounts, build, create_version, reindex_lock_na
 from kb_reindex.errors import ConfigError, KbError, LockHeldError
 from kb_reindex.layouts import version_profile
 from kb_reindex.plan import prepare_logged as make_plan
-from kb_reindex.promote import cleanup, has_served, promote, rollback, rollback_target
+from kb_reindex.promote import promote
 from kb_reindex.reconcile import drift_advice
 from kb_reindex.replay import summary as replay_summary
+from kb_reindex.retention import cleanup
+from kb_reindex.rollback import has_served, rollback, rollback_target
 from kb_reindex.snapshot import snapshot_plan
 from kb_reindex.runtime import Deps, StateDeps, new_run_id
 from kb_reindex.state import VersionRecord, default_lock_owner

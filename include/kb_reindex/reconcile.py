@@ -78,7 +78,7 @@ def reconcile(deps: Deps, *, run_id: str | None = None) -> dict[str, Any]:
 def _restore_missing_alias(deps: Deps, live: VersionRecord, *, run_id: str | None) -> dict[str, Any]:
     """The alias is gone (deleted by hand) while the state DB names a live version: point it back there, if
     that collection is whole, with the same compare-and-swap (from nothing) as a first promotion."""
-    from kb_reindex.promote import structural_problems
+    from kb_reindex.validate import structural_problems
 
     alias = deps.settings.alias
     problems = structural_problems(deps, live)

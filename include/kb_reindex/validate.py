@@ -32,7 +32,11 @@ from kb_reindex.store import DISTANCE
 log = logging.getLogger(__name__)
 
 SAMPLE_SIZE = 64
-def _structural(deps: Deps, version: VersionRecord, manifest: list[ManifestRef]) -> list[dict[str, Any]]:
+def shape_checks(deps: Deps, version: VersionRecord, manifest: list[ManifestRef]) -> tuple[list[dict[str, Any]], int | None]:
+    """Exact count and IDs against the manifest, dimension and distance against the record: the one
+    structural check, shared by validation and by rollback/reconcile (`structural_problems`).
+
+    Returns the checks and the collection's point count (None when the collection is missing)."""
     checks: list[dict[str, Any]] = []
 
     def check(name: str, passed: bool, detail: str) -> None:
@@ -41,17 +45,36 @@ def _structural(deps: Deps, version: VersionRecord, manifest: list[ManifestRef])
     store = deps.store
     if not store.exists(version.collection):
         check("collection exists", False, f"{version.collection} is missing")
-        return checks
+        return checks, None
     shape = store.shape(version.collection)
-    if version.status in ("building", "ready", "failed") and version.points_written != shape.points:
-        # mapped build slices only add up what each wrote; this is the count
-        deps.state.update_version(version.id, points_written=shape.points)
     check("point count", shape.points == len(manifest), f"{shape.points} points, manifest lists {len(manifest)}")
     missing, extra = store.id_differences(version.collection, [row.point_id for row in manifest], points=shape.points)
     check("point ids", not missing and not extra,
           f"{len(missing)} missing, {len(extra)} unexpected" + (f" (e.g. {sorted(missing or extra)[0]})" if missing or extra else ""))
     check("dimension", shape.dim == version.embed_dim, f"{shape.dim}, expected {version.embed_dim}")
     check("distance", shape.distance == version.distance == DISTANCE.value, f"{shape.distance}, expected {version.distance}")
+    return checks, shape.points
+
+
+def structural_problems(deps: Deps, version: VersionRecord) -> list[str]:
+    """What makes a kept collection unfit to serve (empty when whole): the shape checks, without the
+    golden set, for a rollback target or a live version the alias is pointed back at."""
+    checks, _points = shape_checks(deps, version, deps.state.manifest_refs(version.id))
+    return [f"{c['check']}: {c['detail']}" for c in checks if not c["passed"]]
+
+
+def _structural(deps: Deps, version: VersionRecord, manifest: list[ManifestRef]) -> list[dict[str, Any]]:
+    checks, points = shape_checks(deps, version, manifest)
+    if points is None:
+        return checks
+    if version.status in ("building", "ready", "failed") and version.points_written != points:
+        # mapped build slices only add up what each wrote; this is the count
+        deps.state.update_version(version.id, points_written=points)
+
+    def check(name: str, passed: bool, detail: str) -> None:
+        checks.append({"check": name, "passed": bool(passed), "detail": detail})
+
+    store = deps.store
 
     picked = random.Random(version.version).sample(manifest, min(SAMPLE_SIZE, len(manifest)))
     sample = deps.state.manifest_chunks(version.id, point_ids=[row.point_id for row in picked]) if picked else []

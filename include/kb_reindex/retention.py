@@ -1,0 +1,172 @@
+"""Step 6, retention: drop failed builds and retired versions beyond `KB_KEEP_VERSIONS`; explicit drops; pins.
+
+Never the live version, the rollback target, a shadow, a build whose run may still retry, or a pinned
+version: all of it under the alias lock, so it never races a promotion.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from kb_reindex.errors import ConfigError, KbError, StoreError
+from kb_reindex.promote import alias_lock_name
+from kb_reindex.rollback import rollback_target
+from kb_reindex.runtime import Deps
+from kb_reindex.state import VersionRecord, utcnow
+
+log = logging.getLogger(__name__)
+
+
+def retention_victims(
+    versions: list[VersionRecord], *, keep: int, protected: set[int], pinned: set[int] | frozenset[int] = frozenset()
+) -> list[VersionRecord]:
+    """Versions whose collections may go: failed builds and retired versions beyond `keep`.
+
+    Never the live one, never the newest retired one, never a protected one (the rollback target),
+    never a shadow (ready, unpromoted) version, never one still building, never a pinned one (`pinned`:
+    version ids; they are kept on top of `keep`, not in its place).
+    """
+    protected = set(protected) | set(pinned)
+    retired = sorted((v for v in versions if v.status == "retired" and v.id not in pinned),
+                     key=lambda v: (v.retired_at or v.created_at, v.version), reverse=True)
+    keep_ids = {v.id for v in retired[: max(keep, 1)]} | protected
+    victims = [v for v in retired if v.id not in keep_ids]
+    victims += [v for v in versions if v.status == "failed" and v.id not in protected]
+    return sorted(victims, key=lambda v: v.version)
+
+
+def cleanup(deps: Deps) -> dict[str, Any]:
+    alias = deps.settings.alias
+    with deps.state.lock(alias_lock_name(alias), ttl_s=300, wait_s=deps.settings.lock_wait_s):
+        target = rollback_target(deps)
+        serving = deps.store.alias_target(alias)
+        from kb_reindex.build import run_is_active
+
+        versions = deps.state.list_versions(alias)
+        protected = {v.id for v in versions if v.collection == serving}
+        if target is not None:
+            protected.add(target.id)
+        # a failed or unfinished build whose run may still retry is left alone; an abandoned one goes
+        protected |= {v.id for v in versions if v.status in ("failed", "building") and v.run_id
+                      and run_is_active(deps, v.run_id)}
+        for v in versions:
+            if v.status == "building" and v.id not in protected:
+                deps.state.mark_failed(v.id, step="build", error="abandoned: its run ended without finishing the build")
+        versions = deps.state.list_versions(alias)
+        pinned = pinned_ids(deps, versions)
+        deleted = []
+        for victim in retention_victims(versions, keep=deps.settings.keep_versions, protected=protected,
+                                        pinned=pinned):
+            dropped, snapshot = _drop_collection(deps, victim)
+            deleted.append({"version": victim.version, "collection": victim.collection, "was": victim.status,
+                            "collection_dropped": dropped, "snapshot": snapshot})
+            log.info("kb_reindex: retention deleted v%d (%s, was %s)", victim.version, victim.collection, victim.status)
+        if deleted:  # the chunk texts of the plans only these versions needed go with them
+            deps.state.drop_unneeded_texts()
+    return {"deleted": deleted, "rollback_target": target.version if target else None,
+            "pinned": sorted(v.version for v in versions if v.id in pinned)}
+
+
+def drop_version(deps: Deps, version_number: int) -> dict[str, Any]:
+    """Explicitly drop a kept version (e.g. a shadow migration): never the live one or the rollback target."""
+    alias = deps.settings.alias
+    with deps.state.lock(alias_lock_name(alias), ttl_s=300, wait_s=deps.settings.lock_wait_s):
+        version = deps.state.get_version(alias, version_number)
+        if version is None:
+            raise KbError(f"version {version_number} of {alias} does not exist")
+        target = rollback_target(deps)
+        if version.status == "live" or deps.store.alias_target(alias) == version.collection:
+            raise KbError(f"v{version.version} is live; roll back or promote another version first")
+        if target is not None and target.id == version.id:
+            raise KbError(f"v{version.version} is the rollback target; it is kept")
+        if version.status == "building":
+            raise KbError(f"v{version.version} is still building")
+        pin = deps.state.active_pins(alias).get(version.version)
+        if pin is not None and version.status != "deleted":
+            raise KbError(f"v{version.version} is pinned ({pin['reason']!r}, by {pin['pinned_by']} at "
+                          f"{pin['pinned_at']:%Y-%m-%d %H:%M:%S} UTC); `kb-reindex unpin --version {version.version}` "
+                          "first if it should go")
+        if version.status == "deleted":
+            return {"version": version.version, "collection": version.collection, "was": "deleted",
+                    "collection_dropped": False, "already_deleted": True}
+        dropped, snapshot = _drop_collection(deps, version)
+        deps.state.drop_unneeded_texts()
+    return {"version": version.version, "collection": version.collection, "was": version.status,
+            "collection_dropped": dropped, "snapshot": snapshot}
+
+
+# --- pins ----------------------------------------------------------------------------------------
+
+
+def pinned_ids(deps: Deps, versions: list[VersionRecord]) -> set[int]:
+    """Ids of the versions pinned now (a known-good baseline retention never drops)."""
+    numbers = set(deps.state.active_pins(deps.settings.alias))
+    return {v.id for v in versions if v.version in numbers}
+
+
+def pin_by() -> str:
+    """Who pins: the login user on this host (recorded with the pin)."""
+    import getpass
+    import socket
+
+    try:
+        user = getpass.getuser()
+    except Exception:  # noqa: BLE001 - no login name in some containers; the host still says where
+        user = "unknown"
+    return f"{user}@{socket.gethostname()}"
+
+
+def pin_version(deps: Deps, version_number: int, *, reason: str, by: str | None = None) -> dict[str, Any]:
+    """Keep a version whatever retention decides, until unpinned. Only a whole version can be kept:
+    a failed, building or deleted one is refused by name."""
+    alias = deps.settings.alias
+    if not reason or not reason.strip():
+        raise ConfigError("pin needs --reason (it is recorded with the pin)")
+    version = deps.state.get_version(alias, version_number)
+    if version is None:
+        raise ConfigError(f"--version {version_number}: {alias} has no version {version_number}")
+    if version.status in ("failed", "deleted", "building"):
+        raise ConfigError(f"v{version.version} is {version.status}; only a live, ready or retired version can be pinned")
+    existing = deps.state.active_pins(alias).get(version.version)
+    pin = deps.state.pin_version(alias=alias, version=version.version, reason=reason.strip(), by=by or pin_by())
+    log.info("kb_reindex: pinned v%d of %s (%s)", version.version, alias, pin["reason"])
+    return {"version": version.version, "collection": version.collection, "pinned": True,
+            "already_pinned": existing is not None, "reason": pin["reason"], "pinned_by": pin["pinned_by"],
+            "pinned_at": pin["pinned_at"].isoformat(timespec="seconds") + "Z"}
+
+
+def unpin_version(deps: Deps, version_number: int, *, by: str | None = None) -> dict[str, Any]:
+    alias = deps.settings.alias
+    if deps.state.get_version(alias, version_number) is None:
+        raise ConfigError(f"--version {version_number}: {alias} has no version {version_number}")
+    ended = deps.state.unpin_version(alias=alias, version=version_number, by=by or pin_by())
+    if ended is not None:
+        log.info("kb_reindex: unpinned v%d of %s; retention may drop it again", version_number, alias)
+    return {"version": version_number, "pinned": False, "was_pinned": ended is not None,
+            "reason": ended["reason"] if ended else None}
+
+
+def _drop_collection(deps: Deps, version: VersionRecord) -> tuple[bool, str | None]:
+    """Delete a version's collection and mark it deleted; with KB_SNAPSHOT_BEFORE_DROP, snapshot it first.
+
+    The snapshot's name is kept where the version's record already holds JSON about it: its `validation`
+    under `snapshot` (with the collection and the time), shown by `kb-reindex status --json`. A failed
+    snapshot keeps the collection: nothing is dropped without the copy that was asked for."""
+    snapshot = None
+    if deps.settings.snapshot_before_drop and deps.store.exists(version.collection):
+        try:
+            snapshot = deps.store.snapshot(version.collection)
+        except KbError:
+            raise
+        except Exception as exc:
+            raise StoreError(f"snapshot of {version.collection} (v{version.version}) failed, so it is not dropped: "
+                             f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}") from None
+        taken = {"name": snapshot, "collection": version.collection,
+                 "at": utcnow().isoformat(timespec="seconds") + "Z"}
+        deps.state.update_version(version.id, validation={**(version.validation or {}), "snapshot": taken})
+        log.info("kb_reindex: snapshot %s of %s (v%d) taken before dropping it", snapshot, version.collection,
+                 version.version)
+    dropped = deps.store.delete_collection(version.collection)
+    deps.state.update_version(version.id, status="deleted", deleted_at=utcnow())
+    return dropped, snapshot

@@ -1,0 +1,115 @@
+"""Rollback: put a version that served before back behind the alias, through the same compare-and-swap.
+
+The target is read from the alias history; a version that never served (a shadow) is refused, since a
+shadow goes live only through a promotion that validates it again.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from kb_reindex.errors import AliasMovedError, KbError, RollbackRefused
+from kb_reindex.promote import switch_alias
+from kb_reindex.runtime import Deps
+from kb_reindex.state import VersionRecord
+
+log = logging.getLogger(__name__)
+
+
+#: alias events that undo a promotion: on-call's rollback and the watch's automatic one
+ROLLBACK_ACTIONS = ("rollback", "auto-rollback")
+
+
+def has_served(version: VersionRecord) -> bool:
+    """Served behind the alias at some point: every move to live stamps `promoted_at`."""
+    return version.promoted_at is not None
+
+
+def rollback_candidates(deps: Deps) -> list[VersionRecord]:
+    """Versions a rollback may reach: kept, not live, and served before (any model: that undoes a migration)."""
+    return [v for v in deps.state.list_versions(deps.settings.alias)
+            if v.status in ("retired", "ready") and has_served(v)]
+
+
+
+def rollback_target(deps: Deps) -> VersionRecord | None:
+    """The version the alias pointed to before the current one became live, from the alias history.
+
+    Rollback events are passed over: after rolling v5 back to v4, the target is what preceded v4,
+    not the bad v5 just rolled away from.
+    """
+    alias = deps.settings.alias
+    live = deps.state.live_version(alias)
+    if live is None:
+        return None
+    for event in reversed(deps.state.alias_events(alias)):
+        if event["action"] in ROLLBACK_ACTIONS:
+            continue
+        if event["to_version"] == live.version and event["from_version"] is not None:
+            candidate = deps.state.get_version(alias, event["from_version"])
+            if candidate is not None and candidate.status not in ("failed", "deleted"):
+                return candidate
+            return None
+    return None
+
+
+
+def rollback(
+    deps: Deps,
+    *,
+    reason: str,
+    to_version: int | None = None,
+    run_id: str | None = None,
+    revalidate: bool = True,
+    action: str = "rollback",
+    expected_live: int | None = None,
+) -> dict[str, Any]:
+    """Put a previous version back behind the alias, after checking it is structurally whole.
+
+    `action="auto-rollback"` is the watch's; `expected_live` refuses the rollback unless that version is
+    still live (the watch undoes only its own promotion)."""
+    from kb_reindex.validate import structural_problems, validate
+
+    alias = deps.settings.alias
+    if not reason or not reason.strip():
+        raise RollbackRefused("a rollback needs a reason (it is recorded in the alias history)")
+    live = deps.state.live_version(alias)
+    if live is None:
+        raise RollbackRefused(f"{alias} has no live version; there is nothing to roll back from")
+    if expected_live is not None and live.version != expected_live:
+        raise AliasMovedError(f"{alias} serves v{live.version} now, not v{expected_live}: nothing was rolled back")
+    target = deps.state.get_version(alias, to_version) if to_version is not None else rollback_target(deps)
+    if target is None:
+        raise RollbackRefused(
+            f"no version {to_version} of {alias}" if to_version is not None
+            else f"no previous version of {alias} in the alias history; name one with --to-version"
+        )
+    if target.id == live.id:
+        raise RollbackRefused(f"v{target.version} is already live")
+    if target.status in ("failed", "deleted", "building"):
+        raise RollbackRefused(f"v{target.version} is {target.status}; only a complete, kept version can serve")
+    if not has_served(target):
+        raise RollbackRefused(
+            f"v{target.version} ({target.embed_model}, {target.embed_dim}-d) never served behind {alias}: a rollback "
+            "returns only to a version that served before. A shadow goes live through a promotion that validates "
+            f"it again: `kb-reindex promote --version {target.version}`"
+        )
+    problems = structural_problems(deps, target)
+    if problems:
+        raise RollbackRefused(f"v{target.version} ({target.collection}) is not whole: " + "; ".join(problems))
+    scores = None
+    if revalidate:
+        # Scores are for the record: a golden set that names newer documents, a bad file in the folder
+        # or an embedder outage must not stand between on-call and a structurally whole version.
+        try:
+            result = validate(deps, target.version, compare_live=False, raise_on_failure=False)
+            scores = {"passed": result["passed"], "hit_rate": result["hit_rate"], "mrr": result["mrr"],
+                      "report": result["report"]}
+        except KbError as exc:
+            scores = {"passed": None, "error": str(exc)}
+            log.warning("kb_reindex: re-scoring v%d failed (%s); rolling back anyway", target.version, exc)
+    switch_alias(deps, target, expected_from=live.collection, action=action, run_id=run_id, reason=reason.strip())
+    log.info("kb_reindex: rolled %s back from v%d to v%d (%s)", alias, live.version, target.version, reason.strip())
+    return {"outcome": "rolled_back", "from_version": live.version, "to_version": target.version,
+            "collection": target.collection, "validation": scores, "error": None}
