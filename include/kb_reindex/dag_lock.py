@@ -11,7 +11,6 @@ KB_LOCK_TTL, after which `gc`, cleanup or another run may take it and reclaim th
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -64,23 +63,5 @@ def held(deps: Any, run_id: str) -> Iterator[str]:
     """A task of the run: renew now, then every third of KB_LOCK_TTL while the body works, so a build
     longer than the TTL is never taken for abandoned while its run lives."""
     owner = renew(deps, run_id)
-    name, ttl_s = reindex_lock_name(deps.settings.alias), deps.settings.lock_ttl_s
-    stop = threading.Event()
-
-    def heartbeat() -> None:
-        while not stop.wait(ttl_s / 3):
-            try:
-                if not deps.state.renew_lock(name, owner=owner, ttl_s=ttl_s):
-                    log.error("kb_reindex: run %s lost the lock on %s (broken by on-call, or expired and taken)",
-                              run_id, deps.settings.alias)
-                    return
-            except Exception as exc:  # noqa: BLE001 - the next beat tries again; the TTL is the backstop
-                log.warning("kb_reindex: renewing the lock of run %s failed: %s", run_id, exc)
-
-    beat = threading.Thread(target=heartbeat, name=f"dag-run-lock:{name}", daemon=True)
-    beat.start()
-    try:
+    with deps.state.renewing(reindex_lock_name(deps.settings.alias), owner=owner, ttl_s=deps.settings.lock_ttl_s):
         yield owner
-    finally:
-        stop.set()
-        beat.join()

@@ -174,18 +174,17 @@ class LocksMixin:
             ).rowcount == 1
 
     @contextmanager
-    def lock(self, name: str, *, owner: str | None = None, ttl_s: float = 3600, wait_s: float = 0.0) -> Iterator[str]:
-        """Held for the whole block, however long: a heartbeat renews it every third of the TTL, so only a
-        holder that died (and stopped renewing) loses it to the next run."""
-        owner = owner or default_lock_owner()
-        self.acquire_lock(name, owner=owner, ttl_s=ttl_s, wait_s=wait_s)
+    def renewing(self, name: str, *, owner: str, ttl_s: float) -> Iterator[None]:
+        """A heartbeat renewing `owner`'s lock every third of the TTL for the block; a lost lock is logged
+        and ends the heartbeat (the holder's next write decides), a failed renewal is tried again."""
         stop = threading.Event()
 
         def heartbeat() -> None:
             while not stop.wait(ttl_s / 3):
                 try:
                     if not self.renew_lock(name, owner=owner, ttl_s=ttl_s):
-                        log.error("kb_reindex: lock %r was lost (expired and taken, or broken by on-call)", name)
+                        log.error("kb_reindex: lock %r held by %s was lost (expired and taken, or broken by on-call)",
+                                  name, owner)
                         return
                 except Exception as exc:  # noqa: BLE001 - the next beat tries again; the TTL is the backstop
                     log.warning("kb_reindex: renewing lock %r failed: %s", name, _first_line(exc))
@@ -193,10 +192,21 @@ class LocksMixin:
         beat = threading.Thread(target=heartbeat, name=f"lock-heartbeat:{name}", daemon=True)
         beat.start()
         try:
-            yield owner
+            yield
         finally:
             stop.set()
             beat.join()
+
+    @contextmanager
+    def lock(self, name: str, *, owner: str | None = None, ttl_s: float = 3600, wait_s: float = 0.0) -> Iterator[str]:
+        """Held for the whole block, however long: a heartbeat renews it every third of the TTL, so only a
+        holder that died (and stopped renewing) loses it to the next run."""
+        owner = owner or default_lock_owner()
+        self.acquire_lock(name, owner=owner, ttl_s=ttl_s, wait_s=wait_s)
+        try:
+            with self.renewing(name, owner=owner, ttl_s=ttl_s):
+                yield owner
+        finally:
             self.release_lock(name, owner=owner)
 
 
