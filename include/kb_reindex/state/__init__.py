@@ -25,7 +25,6 @@ from kb_reindex.state.manifests import FileHash, ManifestRef, SliceRow
 from kb_reindex.state.schema import (
     ADDED_COLUMNS,
     MYSQL_TABLE,
-    UPGRADES,
     LongText,
     Timestamp,
     alias_events,
@@ -46,7 +45,7 @@ from kb_reindex.state.store import StateStore
 from kb_reindex.state.versions import STATUSES, VersionRecord
 
 __all__ = [
-    "ADDED_COLUMNS", "DAG_RUN_OWNER", "MYSQL_TABLE", "STATUSES", "UPGRADES", "Clock", "FileHash", "LongText",
+    "ADDED_COLUMNS", "DAG_RUN_OWNER", "MYSQL_TABLE", "STATUSES", "Clock", "FileHash", "LongText",
     "ManifestRef", "ManualClock", "SliceRow", "StateStore", "SystemClock", "Timestamp", "VersionRecord",
     "alias_events", "audits", "chunk_texts", "default_lock_owner", "describe_lock_holder", "file_hashes",
     "is_dag_run_owner", "lock_events", "lock_owner_alive", "locks", "manifest_chunks", "manifest_documents",

@@ -135,9 +135,6 @@ file_hashes = sa.Table(
     **MYSQL_TABLE,
 )
 
-# columns added after a table first shipped: (table, column) created on an existing state DB at open
-UPGRADES = ((manifest_chunks, "position", "ix_kb_manifest_chunks_position"),)
-
 runs = sa.Table(
     "kb_runs",
     metadata,
@@ -236,31 +233,6 @@ audits = sa.Table(
 )
 
 
-def _upgrade_schema(engine: sa.Engine) -> None:
-    """Add the columns (and their indexes) a newer release added to existing tables: `create_all` makes
-    missing tables only. Idempotent; a concurrent upgrader's "duplicate column" is taken as done."""
-    inspector = sa.inspect(engine)
-    for table, column_name, index_name in UPGRADES:
-        present = {c["name"] for c in inspector.get_columns(table.name)}
-        if column_name in present:
-            continue
-        column = table.c[column_name]
-        ddl_type = column.type.compile(dialect=engine.dialect)
-        try:
-            with engine.begin() as conn:
-                conn.execute(sa.text(f"ALTER TABLE {table.name} ADD COLUMN {column_name} {ddl_type}"))
-        except (sa.exc.OperationalError, sa.exc.ProgrammingError) as exc:
-            if "duplicate" not in str(exc.orig).lower():
-                raise
-        log.info("kb_reindex: state DB upgraded: %s.%s added", table.name, column_name)
-        index = next(i for i in table.indexes if i.name == index_name)
-        try:
-            index.create(engine, checkfirst=True)
-        except (sa.exc.OperationalError, sa.exc.ProgrammingError) as exc:
-            if "duplicate" not in str(exc.orig).lower() and "already exists" not in str(exc.orig).lower():
-                raise
-
-
 @contextmanager
 def _schema_guard(engine: sa.Engine) -> Iterator[None]:
     """Two processes creating one new SQLite file at once: SQLite answers one of them "database is
@@ -288,27 +260,36 @@ def _schema_guard(engine: sa.Engine) -> Iterator[None]:
         os.close(handle)  # releases the lock
 
 
-#: columns added after a table was first created: (table, column DDL) added to a state DB that lacks them
-ADDED_COLUMNS = (
-    (versions, "payload_layout", "VARCHAR(64) NOT NULL DEFAULT 'native'"),
-    (versions, "embed_profile", "VARCHAR(128)"),
-)
+#: columns added after their table first shipped: a state DB made by an older kb-reindex gains them at open
+#: (nullable or with a default, so its rows stay valid), with the indexes that use them
+ADDED_COLUMNS = ((versions, "payload_layout"), (versions, "embed_profile"), (manifest_chunks, "position"))
 
 
-def _add_missing_columns(engine: sa.Engine) -> None:
-    """Upgrade a state DB made by an older kb-reindex in place: add the columns it lacks (nullable or with
-    a default, so its rows stay valid). Two processes racing here: the loser's ALTER fails and is re-checked."""
-    inspector = sa.inspect(engine)
-    for table, column, ddl in ADDED_COLUMNS:
-        if column in {c["name"] for c in inspector.get_columns(table.name)}:
+def _upgrade_schema(engine: sa.Engine, *, tables: tuple[sa.Table, ...] | None = None) -> None:
+    """Add the columns (and their indexes) of ADDED_COLUMNS an existing state DB lacks: `create_all` makes
+    missing tables only. `tables`: only these (a read-only command upgrades what it reads). Idempotent;
+    two processes racing here: the loser's ALTER fails and is re-checked."""
+    def has_column(table: sa.Table, name: str) -> bool:
+        return name in {c["name"] for c in sa.inspect(engine).get_columns(table.name)}
+
+    for table, name in ADDED_COLUMNS:
+        if (tables is not None and table not in tables) or has_column(table, name):
             continue
+        ddl = sa.schema.CreateColumn(table.c[name]).compile(dialect=engine.dialect)
         try:
             with engine.begin() as conn:
-                conn.execute(sa.text(f"ALTER TABLE {table.name} ADD COLUMN {column} {ddl}"))
+                conn.execute(sa.text(f"ALTER TABLE {table.name} ADD COLUMN {ddl}"))
         except sa.exc.DBAPIError:
-            if column not in {c["name"] for c in sa.inspect(engine).get_columns(table.name)}:
+            if not has_column(table, name):
                 raise
-        inspector = sa.inspect(engine)
+        log.info("kb_reindex: state DB upgraded: %s.%s added", table.name, name)
+        for index in table.indexes:
+            if name in index.columns.keys():
+                try:
+                    index.create(engine, checkfirst=True)
+                except sa.exc.DBAPIError:
+                    if index.name not in {i["name"] for i in sa.inspect(engine).get_indexes(table.name)}:
+                        raise
 
 
 def _table_missing(exc: sa.exc.DBAPIError, table: str) -> bool:

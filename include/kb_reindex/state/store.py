@@ -15,7 +15,6 @@ from kb_reindex.state.locks import LocksMixin
 from kb_reindex.state.manifests import ManifestsMixin
 from kb_reindex.state.runs import RunsMixin
 from kb_reindex.state.schema import (
-    _add_missing_columns,
     _first_line,
     _schema_guard,
     _upgrade_schema,
@@ -46,12 +45,10 @@ class StateStore(VersionsMixin, ManifestsMixin, RunsMixin, HistoryMixin, LocksMi
                 return
             with _schema_guard(self.engine):
                 metadata.create_all(self.engine, checkfirst=True)
-                _add_missing_columns(self.engine)
                 _upgrade_schema(self.engine)
         except sa.exc.OperationalError as exc:
             if "already exists" in str(exc.orig):  # MySQL 1050: another process created a table first
                 metadata.create_all(self.engine, checkfirst=True)
-                _add_missing_columns(self.engine)
                 _upgrade_schema(self.engine)
                 return
             self.engine.dispose()
@@ -61,7 +58,6 @@ class StateStore(VersionsMixin, ManifestsMixin, RunsMixin, HistoryMixin, LocksMi
             ) from None
         except (sa.exc.IntegrityError, sa.exc.ProgrammingError):
             metadata.create_all(self.engine, checkfirst=True)  # another process created it first
-            _add_missing_columns(self.engine)
             _upgrade_schema(self.engine)
         except sa.exc.DatabaseError as exc:  # SQLite: "file is not a database" (truncated or overwritten)
             self.engine.dispose()
@@ -81,7 +77,7 @@ class StateStore(VersionsMixin, ManifestsMixin, RunsMixin, HistoryMixin, LocksMi
                 "check KB_STATE_URL; if the state DB was lost, rebuild it from Qdrant with "
                 "`kb-reindex reconcile --rebuild-state`"
             )
-        _add_missing_columns(self.engine)  # an existing DB of an older kb-reindex: readable after the upgrade
+        _upgrade_schema(self.engine, tables=(versions,))  # an older kb-reindex's DB: readable after the upgrade
 
     @staticmethod
     def _make_engine(url: str, *, create: bool = True) -> sa.Engine:
