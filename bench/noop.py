@@ -14,7 +14,7 @@ it times, each the median of `--repeat`:
 - `noop_unrecorded_s`: the same with the recorded file hashes deleted first: every file read and hashed (not
   chunked), as the first plan after an upgrade does.
 - `noop_full_scan_s`: the same with the recorded hashes not consulted at all: every file read, parsed and
-  chunked, as every no-op did before (the README's 9.95 s at 20,000 docs, measured through the sidecar store).
+  chunked, as every no-op did before (an earlier run's 9.95 s at 20,000 docs, measured through the sidecar store).
 - `cli_plan_s`: a fresh `kb-reindex plan --json` process, start to exit; `cli_plan_overhead_s` is that minus
   `noop_s` (interpreter, imports, opening the stores); `fresh_python_s`, `fresh_import_qdrant_client_s` and
   `fresh_import_cli_s` split it. `python -X importtime` of that command goes to `importtime` (the slowest

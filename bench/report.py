@@ -402,7 +402,7 @@ def _p7_table(p7: dict[str, Any]) -> list[str]:
 
 
 def targets_excerpt(data: dict[str, Any]) -> str:
-    """The targets table of latest.md alone, with the run's header line, for the README's Benchmarks section."""
+    """The targets table of latest.md alone, with the run's header line, for bench/README.md's Latest results."""
     md = markdown(data)
     start = md.index("## Targets")
     end = md.index("\n\n", md.index("| target | result | measured |", start))

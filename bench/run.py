@@ -7,7 +7,7 @@
     .venv/bin/python bench/run.py --sizes 2000 --profile-size 2000 # + a pyinstrument profile of our incremental run
     .venv/bin/python bench/run.py --store inprocess                # local-mode Qdrant inside each worker
     .venv/bin/python bench/run.py --sizes 500,2000,20000 --ollama-sizes 500 --profile-size 2000   # P1-P8, one table
-    .venv/bin/python bench/run.py --readme                         # print that table for the README
+    .venv/bin/python bench/run.py --readme                         # print that table for bench/README.md
 
 After the peers, the same run also runs P7 (`bench/p7.py`: concurrent embedding, a full build at the Ollama cost
 against 4-slot test servers; `--p7-size`, default 500 docs) and P8 (`bench/noop.py`: the no-op in the process and
@@ -228,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--render", action="store_true",
                         help="only recompute targets, latest.md and scaling.png from <out>/latest.json")
     parser.add_argument("--readme", action="store_true",
-                        help="only print the P1-P8 targets table of <out>/latest.json (recomputed), for the README")
+                        help="only print the P1-P8 targets table of <out>/latest.json (recomputed), for bench/README.md")
     args = parser.parse_args(argv)
     if args.readme:
         data = json.loads((args.out / "latest.json").read_text(encoding="utf-8"))

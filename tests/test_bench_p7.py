@@ -1,6 +1,6 @@
 """The P7 benchmark's smoke run (bench/p7.py --smoke: 8 docs, 2 ms/text, seconds), so the script cannot rot.
 
-Speed is not judged here (the full run is by hand, its ratios in the README); what the setups promise is."""
+Speed is not judged here (the full run is by hand, its ratios in bench/README.md); what the setups promise is."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The benchmark's smoke run (tiny corpus, seconds), so bench/run.py cannot rot.
 
-The full benchmark is run by hand (`.venv/bin/python bench/run.py`); its latest table is in the README.
+The full benchmark is run by hand (`.venv/bin/python bench/run.py`); its latest table is in bench/README.md.
 The smoke run needs the benchmark's extra packages (bench/requirements.txt) and is skipped without them.
 """
 
