@@ -73,6 +73,13 @@ class AliasMovedError(KbError):
     step = "promote"
 
 
+class AliasFrozen(KbError):
+    """The alias is frozen (`kb-reindex freeze`): nothing moves it forward until `kb-reindex unfreeze`; the
+    version stays ready. Not a failure of the version: a run that meets it ends `frozen`."""
+
+    step = "promote"
+
+
 class LockHeldError(KbError):
     """Another run holds the reindex lock for this alias."""
 

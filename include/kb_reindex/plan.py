@@ -84,13 +84,15 @@ def prepare(
     audit_run_id: str | None = None,
     record: bool = False,
 ) -> Prepared:
-    """`layout`: the payload layout of the version to build (a migration's Param); default KB_PAYLOAD_LAYOUT.
+    """`layout`: the payload layout of the version to build, given explicitly (`--layout`, a `payload_layout`
+    Param); default live's (`choose_layout`).
     `audit_run_id`: a run is planning (not a look): live is audited and the audit recorded for it.
     `record`: write the file hashes read (a writing step; `kb-reindex plan` is read-only)."""
     settings = deps.settings
-    layout = layout_spec(layout) if layout else settings.payload_layout
+    explicit = layout_spec(layout) if layout else None
     audit: dict[str, Any] | None = {"run_id": audit_run_id} if audit_run_id else None
     live = check_live_consistency(deps, audit=audit)
+    layout, notes = choose_layout(settings.payload_layout, live, explicit)
     if kind == "reindex" and live is not None:
         if (settings.embedder, settings.embed_model) != (live.embedder, live.embed_model):
             log.warning(
@@ -121,7 +123,7 @@ def prepare(
             check_golden_set(settings.golden_set, set(quick.keys))
             if record and quick.rehashed:
                 deps.state.record_file_hashes(root, quick.rehashed, replace_all=False)
-            plan = _no_change_plan(settings.alias, live, len(quick.keys), embedder, model, dim)
+            plan = {**_no_change_plan(settings.alias, live, len(quick.keys), embedder, model, dim), "notes": notes}
             if audit and "points" in audit:
                 plan["audit"] = audit
             return Prepared(plan=plan, scan=None, live=live)
@@ -149,7 +151,8 @@ def prepare(
         raise ConfigError(
             f"{settings.alias} v{live.version} already serves embedding profile {profile} ({embedder}/{model}, "
             f"{profile_dim}-d, {cv}): a migration to it would change nothing. To change only the payload layout, "
-            "set KB_PAYLOAD_LAYOUT and run `kb-reindex run` (vectors are copied)"
+            "run `kb-reindex run --layout <layout>` (or the knowledge_reindex DAG's payload_layout Param; vectors "
+            "are copied)"
         )
     no_change = (
         kind == "reindex"
@@ -200,10 +203,30 @@ def prepare(
         "chunks": {"total": len(chunks), "embedded": len(chunks) - reused, "reused": reused},
         # newest modification time of an added or changed document: the start of source-to-searchable latency
         "source_changed_at": changed_at,
+        "notes": notes,
     }
     if audit and "points" in audit:  # a first build has no live version to audit
         plan["audit"] = audit
     return Prepared(plan=plan, scan=scan, reuse=reuse, live=live)
+
+
+def choose_layout(configured: str, live: VersionRecord | None, explicit: str | None) -> tuple[str, list[str]]:
+    """(layout of the version to build, notes). Live's layout is kept as live's model is: a reindex or a
+    migration without an explicit layout keeps what the assistant reads now. KB_PAYLOAD_LAYOUT is the layout
+    of a first build; a differing one is reported, never obeyed, once a version serves."""
+    if explicit is not None:
+        return explicit, []
+    if live is None:
+        return configured, []
+    notes = []
+    if configured != live.payload_layout:
+        notes.append(
+            f"KB_PAYLOAD_LAYOUT={configured} differs from the layout live v{live.version} serves "
+            f"({live.payload_layout}); kept {live.payload_layout}, as a reindex keeps live's layout. To change it: "
+            f"`kb-reindex run --layout {configured}` (or the payload_layout Param of knowledge_reindex)"
+        )
+        log.warning("kb_reindex: %s", notes[0])
+    return live.payload_layout, notes
 
 
 def _no_change_plan(alias: str, live: VersionRecord, docs: int, embedder: str | None, model: str | None,
