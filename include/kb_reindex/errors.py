@@ -51,6 +51,10 @@ class ModelNotServed(ConfigError, EmbeddingError):
     """The embedder cannot serve the model asked for: nothing may be built and named after that model."""
 
 
+class DimensionMismatch(ConfigError):
+    """The dimension asked for is not the one the embedder answers: refused at plan time, never retried."""
+
+
 class StoreError(KbError):
     """Qdrant refused, or holds something this run cannot safely use."""
 

@@ -16,7 +16,7 @@ from kb_reindex.chunking import chunking_version
 from kb_reindex.config import model_or_default
 from kb_reindex.corpus import CorpusScan, cache_root, quick_fingerprint, scan_corpus
 from kb_reindex.embedding import check_model_served
-from kb_reindex.errors import ConfigError, StateDriftError
+from kb_reindex.errors import ConfigError, DimensionMismatch, StateDriftError
 from kb_reindex.golden import check_golden_set
 from kb_reindex.layouts import embedding_profile, layout_spec, version_profile
 from kb_reindex.replay import load_replay_gate
@@ -107,10 +107,17 @@ def prepare(
         model = model_or_default(embedder, model) if kind == "migration" else (model or settings.embed_model)
         # before anything is built or named after the model; Ollama is asked here for migrations only (a
         # first build probes the dimension when it creates its collection)
-        check_model_served(settings, embedder=embedder, model=model, headers=deps.ollama_headers,
-                           ask_server=kind == "migration")
+        answered = check_model_served(settings, embedder=embedder, model=model, headers=deps.ollama_headers,
+                                      ask_server=kind == "migration")
         same_model = (embedder, model) == (settings.embedder, settings.embed_model)
+        asked = "the migration's dimension (--dim, the dimension Param)" if dim is not None else "KB_EMBED_DIM"
         dim = dim if dim is not None else (settings.embed_dim if same_model else None)
+        if dim is not None and answered is not None and dim != answered:
+            raise DimensionMismatch(
+                f"{embedder} model {model!r} answers {answered}-d vectors, but {asked} asks for {dim}: nothing was "
+                f"built. Leave the dimension empty (it is probed), set it to {answered}, or choose a model that "
+                f"answers {dim}-d vectors"
+            )
         if embedder == "hashing" and dim is None:
             dim = 1024
 
