@@ -213,15 +213,14 @@ def test_a_freeze_set_mid_run_by_another_process_stops_its_promotion(project: Pa
         state.dispose()
 
 
-def test_the_dags_honour_the_freeze(dagbag, project: Path, monkeypatch: pytest.MonkeyPatch,
-                                    airflow_db: None) -> None:
+def test_the_dags_honour_the_freeze(project: Path, monkeypatch: pytest.MonkeyPatch, airflow_db: None) -> None:
     """knowledge_rollback freezes by default; knowledge_reindex then builds, skips `promote` saying why (no
     Asset event, no watch) and ends `frozen`; cleanup still runs."""
     from test_dags import asset_events_of_last_run, cli_versions, run_dag
 
     monkeypatch.setenv("KB_PROJECT_ROOT", str(project))
     cli_versions(project, 2)
-    ok, states = run_dag(dagbag, "knowledge_rollback", {"reason": "bad coupon text", "confirm": True})
+    ok, states = run_dag(None, "knowledge_rollback", {"reason": "bad coupon text", "confirm": True})
     assert ok, states
     from kb_reindex.config import Settings
     from kb_reindex.runtime import open_deps
@@ -230,7 +229,7 @@ def test_the_dags_honour_the_freeze(dagbag, project: Path, monkeypatch: pytest.M
         freeze = deps.state.freeze_status(ALIAS)
         assert freeze is not None and freeze.reason == "rollback: bad coupon text"
         assert freeze.set_by.startswith("knowledge_rollback (airflow__knowledge_rollback__")
-    ok, states = run_dag(dagbag, "knowledge_reindex", {"force_full_rebuild": True})
+    ok, states = run_dag(None, "knowledge_reindex", {"force_full_rebuild": True})
     assert ok, states
     assert states["validate"] == "success" and states["promote"] == "skipped"
     assert states["watch"] == "skipped" and states["cleanup"] == "success"
@@ -239,13 +238,6 @@ def test_the_dags_honour_the_freeze(dagbag, project: Path, monkeypatch: pytest.M
         assert deps.state.live_version(ALIAS).version == 1
         assert statuses(deps)[3] == "ready"
         assert deps.state.list_runs(ALIAS, limit=1)[0]["outcome"] == "frozen"
-
-
-@pytest.fixture
-def dagbag(airflow_db: None):
-    from airflow.dag_processing.dagbag import DagBag
-
-    return DagBag(dag_folder=str(Path(__file__).resolve().parents[1] / "dags"), include_examples=False)
 
 
 # --- a reindex keeps live's payload layout ---------------------------------------------------------------
