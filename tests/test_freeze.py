@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -17,7 +18,6 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
-
 from kb_reindex import engine
 from kb_reindex.embedding import HashingEmbedder
 from kb_reindex.errors import AliasFrozen, ConfigError, DimensionMismatch, LockHeldError
@@ -190,8 +190,6 @@ def test_a_freeze_set_mid_run_by_another_process_stops_its_promotion(project: Pa
                                   stderr=subprocess.PIPE, text=True)
         try:
             deadline = 120.0
-            import time
-
             start = time.monotonic()
             while ollama.embed_requests == requests_before:  # the build is embedding, held by the gate
                 assert runner.poll() is None, runner.communicate()[1][-2000:]
@@ -304,7 +302,6 @@ def test_a_migration_asking_a_dimension_the_server_does_not_answer_is_refused_at
 
 def test_a_dimension_mismatch_is_not_retried_by_airflow(deps: Deps) -> None:
     from airflow.sdk.exceptions import AirflowFailException
-
     from kb_reindex.airflow_tasks import PERMANENT, step
 
     assert issubclass(DimensionMismatch, PERMANENT) and issubclass(AliasFrozen, PERMANENT)
