@@ -79,8 +79,11 @@ def test_an_older_state_db_gains_the_freeze_table_and_reads_as_not_frozen(tmp_pa
     reader = StateStore(url, create=False)  # read-only: creates nothing, sees no freeze
     assert reader.freeze_status(ALIAS) is None and list(reader.freeze_events(ALIAS)) == []
     assert "kb_freezes" not in sa.inspect(reader.engine).get_table_names()
+    # `kb-reindex freeze` opens the state DB as state-only commands do (never creating a DB): it adds the table
+    assert reader.freeze(ALIAS, reason="before the upgrade", by="oncall").reason == "before the upgrade"
+    assert reader.unfreeze(ALIAS, by="oncall") is not None
     reader.dispose()
-    writer = StateStore(url)  # the next writing open upgrades it
+    writer = StateStore(url)  # a writing open upgrades it as well
     assert "kb_freezes" in sa.inspect(writer.engine).get_table_names()
     assert writer.freeze(ALIAS, reason="r", by="b").reason == "r"
     writer.dispose()

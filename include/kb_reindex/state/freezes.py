@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import sqlalchemy as sa
 
 from kb_reindex.errors import ConfigError
-from kb_reindex.state.schema import _table_missing, freezes
+from kb_reindex.state.schema import _table_missing, ensure_table, freezes
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -73,6 +73,7 @@ class FreezesMixin:
             raise ConfigError("a freeze needs a reason (--reason): it is shown with the freeze and kept in the history")
         if not by or not by.strip():
             raise ConfigError("a freeze needs who sets it (by)")
+        ensure_table(self.engine, freezes)  # a state DB older than freezes, opened by a state-only command
         with self.lock(_alias_lock_name(alias), ttl_s=60, wait_s=wait_s), self.engine.begin() as conn:
             current = self._active_freeze(conn, alias)
             if current is not None:

@@ -312,6 +312,17 @@ def _upgrade_schema(engine: sa.Engine, *, tables: tuple[sa.Table, ...] | None = 
                         raise
 
 
+def ensure_table(engine: sa.Engine, table: sa.Table) -> None:
+    """Create `table` in a state DB opened read-only (`create=False`) that predates it, for a command that
+    writes only there (`kb-reindex freeze`): the DB exists, so a typo in KB_STATE_URL still makes nothing.
+    Two processes racing here: the loser's CREATE fails and is re-checked."""
+    try:
+        table.create(engine, checkfirst=True)
+    except sa.exc.DBAPIError:
+        if not sa.inspect(engine).has_table(table.name):
+            raise
+
+
 def _table_missing(exc: sa.exc.DBAPIError, table: str) -> bool:
     """SQLite: "no such table: t"; MySQL/MariaDB 1146: "Table 'db.t' doesn't exist". The schema gains a
     table at the next writing command (create_all); read-only commands never create one."""
