@@ -244,7 +244,22 @@ def test_the_dags_honour_the_freeze(project: Path, monkeypatch: pytest.MonkeyPat
 # --- a reindex keeps live's payload layout ---------------------------------------------------------------
 
 
-def test_a_reindex_keeps_the_layout_a_migration_set(deps: Deps) -> None:
+@pytest.fixture
+def local_deps(settings: Any) -> Iterator[Deps]:
+    """Local-mode Qdrant only, for what does not depend on how Qdrant is reached (the suite's time)."""
+    from qdrant_client import QdrantClient
+
+    from kb_reindex.store import KnowledgeStore
+
+    client = QdrantClient(":memory:")
+    state = StateStore(settings.state_url)
+    yield Deps(settings=settings, state=state, store=KnowledgeStore(client))
+    state.dispose()
+    client.close()
+
+
+def test_a_reindex_keeps_the_layout_a_migration_set(local_deps: Deps) -> None:
+    deps = local_deps
     assert engine.run_reindex(deps)["outcome"] == "promoted"
     migrated = engine.run_reindex(deps, kind="migration", embedder="hashing", model="hashing-layout-v2",
                                   layout="llamaindex")
@@ -288,8 +303,8 @@ def test_cli_run_layout_changes_it_and_a_differing_setting_is_reported(project: 
 # --- a dimension the embedder does not answer is refused at plan time -----------------------------------
 
 
-def test_a_migration_asking_a_dimension_the_server_does_not_answer_is_refused_at_plan(
-        deps: Deps, project: Path) -> None:
+def test_a_migration_asking_a_dimension_the_server_does_not_answer_is_refused_at_plan(local_deps: Deps) -> None:
+    deps = local_deps
     assert engine.run_reindex(deps)["outcome"] == "promoted"
     with FakeOllamaServer([FakeModel(name="bge-m3", dim=1024)]) as ollama:
         settings = replace(deps.settings, ollama_host=ollama.url)
@@ -303,7 +318,8 @@ def test_a_migration_asking_a_dimension_the_server_does_not_answer_is_refused_at
     assert statuses(deps) == {1: "live"}, "no version was created"
 
 
-def test_a_dimension_mismatch_is_not_retried_by_airflow(deps: Deps) -> None:
+def test_a_dimension_mismatch_is_not_retried_by_airflow(local_deps: Deps) -> None:
+    deps = local_deps
     from airflow.sdk.exceptions import AirflowFailException
     from kb_reindex.airflow_tasks import PERMANENT, step
 
@@ -360,7 +376,8 @@ def test_a_version_qdrant_refused_to_serve_is_promoted_by_the_next_run_embedding
     assert versions == {1: "retired", 2: "live"}, "no new version, no leaked collection"
 
 
-def test_a_ready_version_whose_base_is_no_longer_live_is_not_picked_up(deps: Deps) -> None:
+def test_a_ready_version_whose_base_is_no_longer_live_is_not_picked_up(local_deps: Deps) -> None:
+    deps = local_deps
     assert engine.run_reindex(deps)["outcome"] == "promoted"
     edit(deps.settings.root, "coupon-rules", "\n\n补充：仅限线上。\n")
     assert engine.run_reindex(deps)["version"] == 2

@@ -251,6 +251,8 @@ def test_cli_status_and_plan_show_the_layout(project: Path, monkeypatch: pytest.
     # live's layout is kept; the differing setting is reported, not obeyed
     assert (plan["no_change"], plan["payload_layout"]) == (True, "llamaindex")
     assert "KB_PAYLOAD_LAYOUT=native differs" in plan["notes"][0]
+    assert main(["plan"]) == 0
+    assert "note: KB_PAYLOAD_LAYOUT=native differs" in capsys.readouterr().out
 
 
 def test_migration_records_the_layout_it_was_given(local_deps: Deps) -> None:
