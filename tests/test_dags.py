@@ -71,7 +71,9 @@ def test_reindex_dag_shape(dagbag) -> None:
 def test_rollback_migration_and_shadow_promotion_are_manual(dagbag) -> None:
     for dag_id in ("knowledge_rollback", "knowledge_model_migration", "knowledge_promote_shadow"):
         assert type(dagbag.get_dag(dag_id).timetable).__name__ == "NullTimetable"
-    assert set(dagbag.get_dag("knowledge_rollback").params) == {"reason", "to_version", "confirm", "revalidate"}
+    assert set(dagbag.get_dag("knowledge_rollback").params) == {"reason", "to_version", "confirm", "revalidate",
+                                                                "freeze"}
+    assert dagbag.get_dag("knowledge_rollback").params["freeze"] is True, "a rollback freezes unless told not to"
     assert set(dagbag.get_dag("knowledge_model_migration").params) >= {"embedder", "model", "dimension", "promote",
                                                                        "payload_layout"}
     assert set(dagbag.get_dag("knowledge_promote_shadow").params) == {"version", "reason", "confirm"}

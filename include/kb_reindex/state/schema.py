@@ -233,6 +233,26 @@ audits = sa.Table(
 )
 
 
+# --- the product's freeze: while one is in force, nothing moves the alias forward (rollbacks still run) ---
+
+# One row per freeze: set (who, when, why) and, once lifted, by whom and when; the rows are its history.
+# A state DB made before freezes gains the table at its next writing open (`create_all`); readers of an
+# older DB see no freeze (`FreezesMixin.freeze_status`).
+freezes = sa.Table(
+    "kb_freezes",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("alias", sa.String(64), nullable=False),
+    sa.Column("reason", sa.Text, nullable=False),
+    sa.Column("set_by", sa.String(255), nullable=False),
+    sa.Column("set_at", Timestamp, nullable=False),
+    sa.Column("lifted_by", sa.String(255)),
+    sa.Column("lifted_at", Timestamp),
+    sa.Index("ix_kb_freezes_alias", "alias", "id"),
+    **MYSQL_TABLE,
+)
+
+
 @contextmanager
 def _schema_guard(engine: sa.Engine) -> Iterator[None]:
     """Two processes creating one new SQLite file at once: SQLite answers one of them "database is
@@ -290,6 +310,17 @@ def _upgrade_schema(engine: sa.Engine, *, tables: tuple[sa.Table, ...] | None = 
                 except sa.exc.DBAPIError:
                     if index.name not in {i["name"] for i in sa.inspect(engine).get_indexes(table.name)}:
                         raise
+
+
+def ensure_table(engine: sa.Engine, table: sa.Table) -> None:
+    """Create `table` in a state DB opened read-only (`create=False`) that predates it, for a command that
+    writes only there (`kb-reindex freeze`): the DB exists, so a typo in KB_STATE_URL still makes nothing.
+    Two processes racing here: the loser's CREATE fails and is re-checked."""
+    try:
+        table.create(engine, checkfirst=True)
+    except sa.exc.DBAPIError:
+        if not sa.inspect(engine).has_table(table.name):
+            raise
 
 
 def _table_missing(exc: sa.exc.DBAPIError, table: str) -> bool:
