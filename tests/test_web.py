@@ -48,11 +48,15 @@ RUN_UI = "/dags/{dag}/runs/{run}"
 class FakeAirflowApi:
     """Airflow's REST API as the page uses it, in a thread: it authorises by token (`user` may act, `viewer`
     may only read), keeps dag runs (a scheduled reindex run that failed before reaching our code among them),
-    the reindex's paused flag, and runs a triggered rollback or shadow promotion the way its DAG would (the
-    same engine functions), queued, then running, then success or failed."""
+    each DAG's paused flag, and runs a triggered rollback or shadow promotion the way its DAG would (the
+    same engine functions), queued, then running, then success or failed; a run of a paused DAG stays
+    queued. A failed run's task keeps its log (structured messages), the error last."""
 
     def __init__(self, settings: Settings, tokens: dict[str, str]) -> None:
-        self.settings, self.triggers, self.paused, self.sabotage = settings, [], False, False
+        self.settings, self.triggers, self.sabotage = settings, [], False
+        self.dag_paused = dict.fromkeys(("knowledge_reindex", "knowledge_rollback", "knowledge_model_migration",
+                                         "knowledge_promote_shadow"), False)
+        self.logs: dict[tuple[str, str], list[dict]] = {}
         self.runs: dict[tuple[str, str], dict] = {}
         self.seed("knowledge_reindex", "scheduled__2026-01-01T00:00:00+00:00", "success", "scheduled")
         self.seed("knowledge_reindex", "scheduled__2026-01-02T00:00:00+00:00", "failed", "scheduled")
@@ -96,6 +100,10 @@ class FakeAirflowApi:
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
+    @property
+    def paused(self) -> bool:
+        return self.dag_paused["knowledge_reindex"]
+
     def seed(self, dag_id: str, run_id: str, state: str, run_type: str = "manual", conf: dict | None = None) -> dict:
         run = {"dag_id": dag_id, "dag_run_id": run_id, "state": state, "run_type": run_type, "conf": conf or {},
                "run_after": f"2026-01-{len(self.runs) + 1:02d}T00:00:00Z", "start_date": None, "end_date": None}
@@ -103,10 +111,16 @@ class FakeAirflowApi:
         return run
 
     def route(self, method: str, parts: list[str], body: dict | None, query: dict) -> tuple[int, dict]:
-        if parts == ["dags", "knowledge_reindex"] and method in ("GET", "PATCH"):
+        if len(parts) == 2 and parts[0] == "dags" and parts[1] in self.dag_paused and method in ("GET", "PATCH"):
             if method == "PATCH":
-                self.paused = body["is_paused"]
-            return 200, {"dag_id": "knowledge_reindex", "is_paused": self.paused}
+                self.dag_paused[parts[1]] = body["is_paused"]
+            return 200, {"dag_id": parts[1], "is_paused": self.dag_paused[parts[1]]}
+        if len(parts) == 5 and parts[4] == "taskInstances" and (parts[1], parts[3]) in self.runs:
+            failed = (parts[1], parts[3]) in self.logs
+            return 200, {"task_instances": [{"task_id": "work", "state": "failed" if failed else "success",
+                                             "try_number": 1, "map_index": -1}]}
+        if len(parts) == 8 and parts[6] == "logs" and (parts[1], parts[3]) in self.logs:
+            return 200, {"content": self.logs[parts[1], parts[3]], "continuation_token": None}
         if len(parts) == 3 and parts[0] == "dags" and parts[2] == "dagRuns":
             dag_id = parts[1]
             if method == "GET":
@@ -118,7 +132,8 @@ class FakeAirflowApi:
             self.triggers.append(body["conf"])
             run = self.seed(dag_id, f"manual__2026-11-30T09:00:{len(self.triggers):02d}+00:00", "queued",
                             conf=body["conf"])
-            threading.Thread(target=self.run, args=(run,)).start()
+            if not self.dag_paused[dag_id]:
+                threading.Thread(target=self.run, args=(run,)).start()
             return 200, dict(run)
         if len(parts) == 4 and parts[0] == "dags" and parts[2] == "dagRuns" and (parts[1], parts[3]) in self.runs:
             return 200, dict(self.runs[parts[1], parts[3]])
@@ -136,11 +151,17 @@ class FakeAirflowApi:
                 raise RuntimeError("the worker died")
             with open_deps(self.settings) as deps:
                 if run["dag_id"] == "knowledge_rollback":
-                    engine.run_rollback(deps, reason=conf["reason"], to_version=conf["to_version"], trigger="airflow")
+                    engine.run_rollback(deps, reason=conf["reason"], to_version=conf["to_version"], trigger="airflow",
+                                        expected_live=conf["live_version"])
                 else:
                     with engine.exclusive(deps):
                         promote_shadow(deps, conf["version"], reason=conf["reason"])
-        except Exception:  # noqa: BLE001 - as Airflow records a failed task
+        except Exception as exc:  # noqa: BLE001 - as Airflow records a failed task and logs why
+            self.logs[run["dag_id"], run["dag_run_id"]] = [
+                {"timestamp": "2026-11-30T09:00:00Z", "event": "starting", "level": "info"},
+                {"timestamp": "2026-11-30T09:00:01Z", "event": "Task failed with exception", "level": "error",
+                 "error_detail": [{"exc_type": type(exc).__name__, "exc_value": str(exc), "frames": []}]},
+                {"timestamp": "2026-11-30T09:00:02Z", "event": "done", "level": "info"}]
             run["state"] = "failed"
         else:
             run["state"] = "success"
@@ -191,11 +212,14 @@ def test_every_route_refuses_a_caller_without_a_valid_airflow_login(site: tuple[
         client = TestClient(app, follow_redirects=False, **credentials)
         expected = 401 if not credentials else 403  # Airflow's own answers: not authenticated / invalid JWT
         assert client.get("/api/status").status_code == expected, credentials
-        assert client.get("/reports/v3/validation.html").status_code == expected, credentials
         assert client.post("/api/rollback", json={"to_version": 2, "reason": "x"}).status_code == expected
-        page = client.get("/ui")
-        assert page.status_code == 307, credentials
-        assert page.headers["location"].startswith("/auth/login?next=") and "knowledge" not in page.text.lower()
+        # what a browser opens (the page, a report link): sent to the login and back, never raw JSON
+        for opened in ("/ui", "/reports/v3/validation.html"):
+            page = client.get(opened)
+            assert page.status_code == 307, (opened, credentials)
+            assert page.headers["location"].startswith("/auth/login?next=") and opened in unquote(
+                page.headers["location"])
+            assert "knowledge" not in page.text.lower() and "detail" not in page.text
     assert airflow.triggers == []
 
 
@@ -212,12 +236,14 @@ def test_status_reports_and_rollback_authorisation(site: tuple[Settings, FakeAir
     assert client.get("/reports/v3/../../secret").status_code == 404
 
     # a viewer may look but not trigger knowledge_rollback: refused here, Airflow's API is never called
-    refused = client.post("/api/rollback", json={"to_version": 2, "reason": "x"})
+    refused = client.post("/api/rollback", json={"to_version": 2, "reason": "x", "live_version": 3})
     assert refused.status_code == 403 and airflow.triggers == []
     user = {"Authorization": f"Bearer {tokens['user']}"}  # an explicit bearer wins over the viewer's cookie
-    assert client.post("/api/rollback", json={"to_version": 2}, headers=user).status_code == 422
-    ok = TestClient(app, cookies={"_token": tokens["user"]}).post("/api/rollback", json={"to_version": 2, "reason": "bad text"})
-    assert ok.status_code == 200 and airflow.triggers == [{"to_version": 2, "reason": "bad text", "confirm": True}]
+    assert client.post("/api/rollback", json={"to_version": 2, "live_version": 3}, headers=user).status_code == 422
+    ok = TestClient(app, cookies={"_token": tokens["user"]}).post(
+        "/api/rollback", json={"to_version": 2, "reason": "bad text", "live_version": 3})
+    assert ok.status_code == 200
+    assert airflow.triggers == [{"to_version": 2, "reason": "bad text", "confirm": True, "live_version": 3}]
     for _ in range(100):
         if client.get("/api/status").json()["live"]["version"] == 2:
             break
@@ -231,7 +257,7 @@ def test_rollback_when_the_airflow_api_does_not_answer_says_so_and_changes_nothi
     nowhere = f"http://127.0.0.1:{free_port()}"
     client = TestClient(create_app(settings_factory=lambda: settings, airflow_api_url=nowhere),
                         cookies={"_token": tokens["user"]})
-    answer = client.post("/api/rollback", json={"to_version": 2, "reason": "x"})
+    answer = client.post("/api/rollback", json={"to_version": 2, "reason": "x", "live_version": 3})
     assert answer.status_code == 502
     assert nowhere in answer.json()["detail"] and "nothing was triggered" in answer.json()["detail"]
     assert client.get("/api/status").json()["live"]["version"] == 3
@@ -246,6 +272,13 @@ def test_rollback_whose_request_got_no_answer_says_a_run_may_exist(site: tuple[S
     listener.listen()
 
     def hang_up() -> None:
+        """Answers the page's look at the DAG (not paused), then takes the trigger and hangs up."""
+        connection, _ = listener.accept()
+        assert connection.recv(65536).startswith(b"GET /api/v2/dags/knowledge_rollback ")
+        body = b'{"dag_id": "knowledge_rollback", "is_paused": false}'
+        connection.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n"
+                           b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        connection.close()
         connection, _ = listener.accept()
         connection.recv(65536)
         connection.close()
@@ -255,7 +288,7 @@ def test_rollback_whose_request_got_no_answer_says_a_run_may_exist(site: tuple[S
         url = f"http://127.0.0.1:{listener.getsockname()[1]}"
         client = TestClient(create_app(settings_factory=lambda: settings, airflow_api_url=url),
                             cookies={"_token": tokens["user"]})
-        answer = client.post("/api/rollback", json={"to_version": 2, "reason": "x"})
+        answer = client.post("/api/rollback", json={"to_version": 2, "reason": "x", "live_version": 3})
     finally:
         listener.close()
     assert answer.status_code == 502 and "may have been created" in answer.json()["detail"]
@@ -301,11 +334,11 @@ def test_shadow_promotion_pause_and_runs_through_airflow_as_the_caller(busy_site
     # a shadow is promoted, never rolled back to; a version that served is rolled back to, never "promoted"
     assert viewer.post("/api/promote-shadow", json={"version": 4, "reason": "x"}).status_code == 403
     assert user.post("/api/promote-shadow", json={"version": 4}).status_code == 422
-    assert user.post("/api/promote-shadow", json={"version": 2, "reason": "x"}).status_code == 409
-    assert user.post("/api/rollback", json={"to_version": 4, "reason": "x"}).status_code == 409
+    assert user.post("/api/promote-shadow", json={"version": 2, "reason": "x", "live_version": 3}).status_code == 409
+    assert user.post("/api/rollback", json={"to_version": 4, "reason": "x", "live_version": 3}).status_code == 409
     assert airflow.triggers == []
-    run = user.post("/api/promote-shadow", json={"version": 4, "reason": "model trial"}).json()
-    assert airflow.triggers == [{"version": 4, "reason": "model trial", "confirm": True}]
+    run = user.post("/api/promote-shadow", json={"version": 4, "reason": "model trial", "live_version": 3}).json()
+    assert airflow.triggers == [{"version": 4, "reason": "model trial", "confirm": True, "live_version": 3}]
     assert run["dag_id"] == "knowledge_promote_shadow" and run["state"] == "queued"
     assert run["url"] == RUN_UI.format(dag="knowledge_promote_shadow", run=quote(run["dag_run_id"], safe=""))
     follow = f"/api/runs/knowledge_promote_shadow/{quote(run['dag_run_id'], safe='')}"
