@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import shutil
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -512,3 +514,254 @@ def test_page_in_headless_chromium_on_call(busy_site: tuple[Settings, FakeAirflo
 def engine_status(settings: Settings) -> dict:
     with open_deps(settings) as deps:
         return engine.status(deps)
+
+
+# --- issue #20 (on-call) and #22: what the page shows and refuses ----------------------------------------
+
+
+def _clients(settings: Settings, airflow: FakeAirflowApi, tokens: dict[str, str]) -> tuple[TestClient, TestClient]:
+    app = create_app(settings_factory=lambda: settings, airflow_api_url=airflow.url)
+    return TestClient(app, cookies={"_token": tokens["viewer"]}), TestClient(app, cookies={"_token": tokens["user"]})
+
+
+def _wait_for_end(client: TestClient, run: dict) -> dict:
+    follow = f"/api/runs/{run['dag_id']}/{quote(run['dag_run_id'], safe='')}"
+    for _ in range(200):
+        now = client.get(follow).json()
+        if now["state"] in ("success", "failed"):
+            return now
+        time.sleep(0.05)
+    raise AssertionError(f"{run['dag_run_id']} did not end")
+
+
+def test_triggers_carry_the_live_version_on_call_confirmed(site: tuple[Settings, FakeAirflowApi],
+                                                           tokens: dict[str, str]) -> None:
+    """The conf names the live version the page showed ("v3 -> v2"); once the alias has moved, the click
+    is refused and nothing is triggered."""
+    settings, airflow = site
+    _viewer, user = _clients(settings, airflow, tokens)
+    stale = user.post("/api/rollback", json={"to_version": 1, "reason": "x", "live_version": 2})
+    assert stale.status_code == 409 and "serves v3 now, not v2 as you confirmed" in stale.json()["detail"]
+    assert user.post("/api/rollback", json={"to_version": 1, "reason": "x"}).status_code == 409
+    assert user.post("/api/rollback", json={"to_version": 1, "reason": "x", "live_version": "3"}).status_code == 422
+    assert airflow.triggers == []
+    run = user.post("/api/rollback", json={"to_version": 1, "reason": "x", "live_version": 3}).json()
+    assert airflow.triggers == [{"to_version": 1, "reason": "x", "confirm": True, "live_version": 3}]
+    assert _wait_for_end(user, run)["state"] == "success"
+    assert user.get("/api/status").json()["live"]["version"] == 1
+
+
+def test_a_paused_on_call_dag_is_said_and_unpaused_only_when_on_call_agreed(
+        site: tuple[Settings, FakeAirflowApi], tokens: dict[str, str]) -> None:
+    """A run of a paused DAG stays queued for ever: the page says which on-call DAG is paused, refuses to
+    trigger it silently, and unpauses it first when the request carries on-call's agreement."""
+    settings, airflow = site
+    viewer, user = _clients(settings, airflow, tokens)
+    airflow.dag_paused["knowledge_rollback"] = True
+    assert viewer.get("/api/airflow").json()["paused"] == {
+        "knowledge_reindex": False, "knowledge_rollback": True, "knowledge_model_migration": False,
+        "knowledge_promote_shadow": False}
+    body = {"to_version": 2, "reason": "x", "live_version": 3}
+    refused = user.post("/api/rollback", json=body)
+    assert refused.status_code == 409 and "knowledge_rollback is paused" in refused.json()["detail"]
+    assert "`airflow dags unpause knowledge_rollback`" in refused.json()["detail"]
+    assert airflow.triggers == [] and airflow.dag_paused["knowledge_rollback"]
+    run = user.post("/api/rollback", json={**body, "unpause": True}).json()
+    assert run["unpaused"] is True and not airflow.dag_paused["knowledge_rollback"]
+    assert _wait_for_end(user, run)["state"] == "success"
+    again = user.post("/api/rollback", json={"to_version": 3, "reason": "y", "live_version": 2, "unpause": True})
+    assert again.json()["unpaused"] is False  # nothing to unpause: said so
+
+
+def _hold_local_qdrant(settings: Settings) -> subprocess.Popen:
+    """Another process holding the local store, as a build's slice does; it lets go when its stdin closes."""
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys\nfrom qdrant_client import QdrantClient\n"
+                               "c = QdrantClient(path=sys.argv[1])\nprint('held', flush=True)\nsys.stdin.read()\nc.close()",
+         str(settings.qdrant_path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held"
+    return holder
+
+
+def test_status_answers_from_the_state_db_while_a_build_holds_local_qdrant(
+        site: tuple[Settings, FakeAirflowApi], tokens: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Local mode admits one process per folder: while a build holds it, the status comes at once (no
+    10 s wait for the folder) from the state DB (versions, the run and its progress), Qdrant's parts marked
+    busy, and no rollback is offered (its structural check cannot run)."""
+    from kb_reindex import store
+    from kb_reindex.build import build, create_version
+    from kb_reindex.plan import plan
+
+    settings, airflow = site
+    run_id = "airflow__knowledge_reindex__manual__2026-11-30T10:00:00+00:00"
+    with open_deps(settings) as deps:
+        path = settings.knowledge_dir / "coupon-rules.md"
+        path.write_text(path.read_text(encoding="utf-8") + "\n\n补充：周末不适用。\n", encoding="utf-8")
+        deps.state.start_run(run_id=run_id, alias=settings.alias, kind="reindex", trigger="airflow")
+        created = create_version(deps, plan(deps), run_id=run_id)
+        build(deps, created["version"], run_id=run_id, window=(0, 10))
+    viewer, _user = _clients(settings, airflow, tokens)
+
+    def no_waiting(_seconds: float) -> None:
+        raise AssertionError("the page waited for the local Qdrant folder")
+
+    holder = _hold_local_qdrant(settings)
+    try:
+        with monkeypatch.context() as patched:
+            patched.setattr(store.time, "sleep", no_waiting)
+            answer = viewer.get("/api/status")
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=30)
+    assert answer.status_code == 200, answer.text
+    s = answer.json()
+    assert s["qdrant"]["access"] == "busy" and "in use by another process" in s["qdrant"]["detail"]
+    assert s["live"]["version"] == 3 and s["live"]["points"] is None
+    rows = {v["version"]: v for v in s["versions"]}
+    assert rows[4]["status"] == "building" and rows[4]["points"] is None
+    assert 0 < rows[4]["points_written"] < rows[4]["points_expected"] and rows[4]["run_id"] == run_id
+    assert all(v["rollback_problems"] for v in s["versions"] if v["rollback_allowed"]) and rows[2]["rollback_allowed"]
+    running = next(r for r in s["runs"] if r["run_id"] == run_id)
+    assert running["outcome"] == "running" and running["dag_id"] == "knowledge_reindex"
+    assert running["dag_run_id"] == "manual__2026-11-30T10:00:00+00:00"
+    assert [e["action"] for e in s["history"]] == ["promote"] * 3
+    # with the folder free again, Qdrant's parts are back
+    again = viewer.get("/api/status").json()
+    assert again["qdrant"]["access"] == "read" and again["live"]["points"] > 0
+
+
+def test_the_page_never_creates_a_state_db(project: Path, tokens: dict[str, str]) -> None:
+    """Issue 22: a GET must not create an empty state DB (nor a Qdrant folder); it says what is missing."""
+    settings = settings_for(project)
+    state_file = Path(settings.state_url.removeprefix("sqlite:///"))
+    client = TestClient(create_app(settings_factory=lambda: settings, airflow_api_url="http://127.0.0.1:9"),
+                        cookies={"_token": tokens["viewer"]})
+    answer = client.get("/api/status")
+    assert answer.status_code == 503 and "KB_STATE_URL" in answer.json()["detail"]
+    assert str(state_file) in answer.json()["detail"]
+    assert not state_file.exists() and not settings.qdrant_path.exists()
+    assert client.get("/ui").status_code == 200  # the page itself loads, and shows the error in its banner
+
+
+def test_a_failed_version_and_a_failed_run_say_why(site: tuple[Settings, FakeAirflowApi],
+                                                   tokens: dict[str, str]) -> None:
+    """The version row carries its failure reason; a followed run that failed carries its failing task's
+    last error line from the task log, not "its task log says why"."""
+    settings, airflow = site
+    viewer, user = _clients(settings, airflow, tokens)
+    with open_deps(settings) as deps:
+        path = settings.knowledge_dir / "coupon-rules.md"
+        path.write_text(path.read_text(encoding="utf-8") + "\n\n补充：会员日双倍积分。\n", encoding="utf-8")
+        failed = engine.run_reindex(deps, min_hit_rate=1.0, min_mrr=1.0)
+    assert failed["outcome"] == "failed"
+    row = next(v for v in viewer.get("/api/status").json()["versions"] if v["version"] == failed["version"])
+    assert row["status"] == "failed" and "MRR" in row["error"] and "< 1.0" in row["error"]
+
+    airflow.sabotage = True
+    run = user.post("/api/rollback", json={"to_version": 2, "reason": "x", "live_version": 3}).json()
+    ended = _wait_for_end(viewer, run)
+    assert ended["state"] == "failed" and ended["error"] == "work: RuntimeError: the worker died"
+
+
+def test_last_error_line_of_a_structured_task_log() -> None:
+    from kb_reindex.web import last_error_line
+
+    assert last_error_line([{"event": "fine", "level": "info"}]) is None
+    assert last_error_line([{"event": "kb_reindex: rollback refused\nmore", "level": "error"},
+                            {"event": "later", "level": "info"}]) == "kb_reindex: rollback refused"
+    assert last_error_line([{"event": "Task failed with exception", "level": "error", "error_detail": [
+        {"exc_type": "RollbackRefused", "exc_value": "v1 is not whole: point count: 3 points, manifest lists 4"}]}]) \
+        == "RollbackRefused: v1 is not whole: point count: 3 points, manifest lists 4"
+
+
+def test_rollback_is_offered_only_to_whole_versions(site: tuple[Settings, FakeAirflowApi],
+                                                    tokens: dict[str, str]) -> None:
+    """A retired version whose collection is gone, or that lost points, is no rollback target: the row says
+    what is missing (no "holds None points"), and a request for it is refused before Airflow is asked."""
+    from qdrant_client import models
+
+    settings, airflow = site
+    viewer, user = _clients(settings, airflow, tokens)
+    with open_deps(settings) as deps:
+        v1, v2 = (deps.state.get_version(settings.alias, n) for n in (1, 2))
+        deps.store.client.delete_collection(v1.collection)
+        lost = deps.state.manifest_refs(v2.id)[0].point_id
+        deps.store.client.delete(v2.collection, points_selector=models.PointIdsList(points=[lost]), wait=True)
+    s = viewer.get("/api/status").json()
+    rows = {v["version"]: v for v in s["versions"]}
+    assert rows[1]["rollback_problems"] == [f"collection {v1.collection} is missing from Qdrant"]
+    assert rows[2]["rollback_problems"] == [
+        f"{v2.collection} holds {v2.points_expected - 1} points, its manifest lists {v2.points_expected}"]
+    assert not any("None" in p for p in s["problems"])
+    assert any(f"its collection {v1.collection} is missing" in p for p in s["problems"])
+    for version, missing in ((1, f"{v1.collection} is missing"), (2, "point count")):
+        refused = user.post("/api/rollback", json={"to_version": version, "reason": "x", "live_version": 3})
+        assert refused.status_code == 409 and missing in refused.json()["detail"], refused.json()
+    assert airflow.triggers == []
+
+
+def test_actions_are_offered_by_role(site: tuple[Settings, FakeAirflowApi], tokens: dict[str, str]) -> None:
+    """A viewer is shown no action that Airflow would then refuse with "Forbidden"."""
+    settings, airflow = site
+    viewer, user = _clients(settings, airflow, tokens)
+    assert viewer.get("/api/status").json()["may"] == {"rollback": False, "promote_shadow": False,
+                                                      "pause_reindex": False}
+    assert user.get("/api/status").json()["may"] == {"rollback": True, "promote_shadow": True, "pause_reindex": True}
+
+
+def test_times_follow_airflows_time_zone_beside_utc(project: Path, tokens: dict[str, str],
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    import airflow.settings
+    import pendulum
+
+    settings = settings_for(project)
+    client = TestClient(create_app(settings_factory=lambda: settings, airflow_api_url="http://127.0.0.1:9"),
+                        cookies={"_token": tokens["viewer"]})
+    assert 'const TIMEZONE="UTC";' in client.get("/ui").text
+    monkeypatch.setattr(airflow.settings, "TIMEZONE", pendulum.timezone("Europe/Amsterdam"))
+    assert 'const TIMEZONE="Europe/Amsterdam";' in client.get("/ui").text
+
+
+def test_state_db_run_ids_of_dag_runs_link_to_airflow() -> None:
+    from kb_reindex.pageview import airflow_run
+
+    assert airflow_run("airflow__knowledge_rollback__manual__2026-11-30T09:00:01+00:00") == (
+        "knowledge_rollback", "manual__2026-11-30T09:00:01+00:00")
+    assert airflow_run("cli__rollback__0123456789ab") == (None, None) and airflow_run(None) == (None, None)
+
+
+def test_a_bad_payload_layout_param_is_named_as_the_param(project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The migration DAG's Param, not the environment variable it defaults to, is what on-call fixes."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from kb_reindex import airflow_tasks
+
+    monkeypatch.setenv("KB_PROJECT_ROOT", str(project))
+    monkeypatch.setattr(airflow_tasks, "_connection", lambda conn_id: None)
+    with pytest.raises(AirflowFailException) as failed:
+        airflow_tasks.plan_task(run_id="airflow__knowledge_model_migration__m1", kind="migration",
+                                embedder="hashing", layout="foo")
+    assert "Param payload_layout='foo' is unknown" in str(failed.value)
+    assert "KB_PAYLOAD_LAYOUT" not in str(failed.value)
+
+
+def test_a_promotion_with_lowered_thresholds_says_later_reindexes_will_fail(
+        project: Path, tokens: dict[str, str], caplog: pytest.LogCaptureFixture) -> None:
+    """A version validated with thresholds below the golden set's, and scoring under them, leaves every later
+    reindex failing: said at its promotion (log and result) and on the page, with what to do."""
+    import yaml
+
+    settings = settings_for(project)
+    golden = yaml.safe_load(settings.golden_set.read_text(encoding="utf-8"))
+    golden.update(min_hit_rate=1.0, min_mrr=1.0)
+    settings.golden_set.write_text(yaml.safe_dump(golden, allow_unicode=True), encoding="utf-8")
+    with open_deps(settings) as deps, caplog.at_level("WARNING", logger="kb_reindex.promote"):
+        result = engine.run_reindex(deps, min_hit_rate=0.5, min_mrr=0.5)
+    assert result["outcome"] == "promoted"
+    said = result["lowered_thresholds"]
+    assert said.startswith("v1 was promoted with lowered thresholds: hit rate ") and "< the golden set's 1.0" in said
+    assert "(validated against a lowered 0.5)" in said
+    assert "Every later reindex" in said and str(settings.golden_set) in said and said in caplog.text
+    client = TestClient(create_app(settings_factory=lambda: settings, airflow_api_url="http://127.0.0.1:9"),
+                        cookies={"_token": tokens["viewer"]})
+    assert said in client.get("/api/status").json()["problems"]

@@ -148,8 +148,10 @@ def run_reindex(
             result["validation"] = validation_summary(checked)
             if promote_version:
                 ensure_lock_held(deps, owner)
-                promote(deps, created["version"], run_id=run_id)
+                promoted = promote(deps, created["version"], run_id=run_id)
                 result["outcome"] = "promoted"
+                if promoted.get("lowered_thresholds"):  # said at promotion: later reindexes will fail
+                    result["lowered_thresholds"] = promoted["lowered_thresholds"]
             else:
                 result["outcome"] = "shadow"
             result["cleanup"] = cleanup(deps)

@@ -81,14 +81,16 @@ def prepare(
     model: str | None = None,
     dim: int | None = None,
     layout: str | None = None,
+    layout_from: str = "KB_PAYLOAD_LAYOUT",
     audit_run_id: str | None = None,
     record: bool = False,
 ) -> Prepared:
     """`layout`: the payload layout of the version to build (a migration's Param); default KB_PAYLOAD_LAYOUT.
+    `layout_from`: where `layout` was given, as an error about it names it (a Param, a flag).
     `audit_run_id`: a run is planning (not a look): live is audited and the audit recorded for it.
     `record`: write the file hashes read (a writing step; `kb-reindex plan` is read-only)."""
     settings = deps.settings
-    layout = layout_spec(layout) if layout else settings.payload_layout
+    layout = layout_spec(layout, layout_where=layout_from) if layout else settings.payload_layout
     audit: dict[str, Any] | None = {"run_id": audit_run_id} if audit_run_id else None
     live = check_live_consistency(deps, audit=audit)
     if kind == "reindex" and live is not None:
