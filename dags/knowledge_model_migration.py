@@ -49,9 +49,10 @@ from kb_reindex.dag_support import KNOWLEDGE_ALIAS, POOL, current_run_id, releas
         "dimension": Param(None, type=["null", "integer"], minimum=1, title="Dimension",
                            description="Empty: probed from the embedder.", section="Model"),
         "payload_layout": Param(None, type=["null", "string"], title="Payload layout",
-                                description="Empty: KB_PAYLOAD_LAYOUT. How the new version's payloads look to the "
-                                            "assistant that reads them: native, langchain4j (or langchain4j:<text "
-                                            "key>), langchain, llamaindex.", section="Model"),
+                                description="Empty: the layout live serves (KB_PAYLOAD_LAYOUT for a first build). How "
+                                            "the new version's payloads look to the assistant that reads them: "
+                                            "native, langchain4j (or langchain4j:<text key>), langchain, "
+                                            "llamaindex.", section="Model"),
         "promote": Param(True, type="boolean", title="Promote after validation",
                          description="Off: build and validate a shadow version only.", section="Release"),
         "min_hit_rate": Param(None, type=["null", "number"], minimum=0, maximum=1, title="Minimum hit rate",

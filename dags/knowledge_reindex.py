@@ -24,8 +24,10 @@ Runbook (also in the README):
    a promotion *and* after a no-change plan (abandoned builds are reclaimed on a quiet knowledge base),
    never after a failure, never on a dry run.
 
-Params: `force_full_rebuild` (embed everything, reuse nothing), `dry_run` (plan only).
-Pause this DAG before a rollback you want to stick: `airflow dags pause knowledge_reindex`.
+Params: `force_full_rebuild` (embed everything, reuse nothing), `dry_run` (plan only), `payload_layout`
+(empty: keep live's layout; set it to change the layout on purpose).
+A frozen alias (`kb-reindex freeze`, a rollback's freeze) holds the promotion: the run builds and validates,
+then ends `frozen` with the version kept unpromoted; `promote` is skipped and says why.
 """
 
 from __future__ import annotations
@@ -54,6 +56,11 @@ from kb_reindex.dag_support import KNOWLEDGE_ALIAS, POOL, current_run_id, releas
                                     description="Embed every chunk again; reuse no vector from live.", section="Build"),
         "dry_run": Param(False, type="boolean", title="Dry run",
                          description="Plan only: report what would change and stop.", section="Build"),
+        "payload_layout": Param(None, type=["null", "string"], title="Payload layout",
+                                description="Empty: keep the layout live serves (KB_PAYLOAD_LAYOUT only shapes a "
+                                            "first build). Set to change it on purpose: native, langchain4j (or "
+                                            "langchain4j:<text key>), langchain, llamaindex; vectors are copied.",
+                                section="Build"),
         "build_slice_size": Param(2000, type="integer", minimum=1, title="Points per build task",
                                   description="Size of each mapped build slice.", section="Build"),
     },
@@ -63,7 +70,8 @@ def knowledge_reindex():
     def plan(params: dict | None = None) -> dict:
         from kb_reindex.airflow_tasks import plan_task
 
-        return plan_task(run_id=current_run_id(), force_full=params["force_full_rebuild"], dry_run=params["dry_run"])
+        return plan_task(run_id=current_run_id(), force_full=params["force_full_rebuild"], dry_run=params["dry_run"],
+                         layout=params.get("payload_layout"))
 
     # skips only the build path; cleanup follows its own trigger rule
     @task.short_circuit(ignore_downstream_trigger_rules=False)

@@ -13,9 +13,13 @@ The target is checked first: its collection exists, its point count and IDs equa
 dimension and distance match its record, and it is not `failed` or `deleted`. The switch is the same
 compare-and-swap as a promotion; the version rolled away from becomes `retired` and is kept.
 
-**Then pause the reindex** if the bad change is still in `knowledge/`: the next scheduled run plans
-against the rolled-back version and would build the change again:
-`airflow dags pause knowledge_reindex`. Without Airflow: `kb-reindex rollback --reason "..." --yes`.
+- **freeze** (default on): freeze the alias before it moves back. While frozen, no reindex, migration or
+  shadow promotion moves the alias forward: they still build and validate, and keep the version unpromoted,
+  saying why. The bad change is usually still in `knowledge/`, and the next run (or a migration) would
+  build and promote it again; untick only when the cause is already fixed at the source. Lift it with
+  `kb-reindex unfreeze` (or the Knowledge index page), then promote the kept version if wanted.
+
+Without Airflow: `kb-reindex rollback --reason "..." --freeze --yes`.
 """
 
 from __future__ import annotations
@@ -41,6 +45,10 @@ from kb_reindex.dag_support import KNOWLEDGE_ALIAS, POOL, current_run_id
                             description="Empty: the version before the current one.", section="Rollback"),
         "confirm": Param(False, type="boolean", title="Confirm",
                          description="Tick to really move the alias.", section="Rollback"),
+        "freeze": Param(True, type="boolean", title="Freeze the alias",
+                        description="Hold every later promotion (runs, migrations, shadows) until `kb-reindex "
+                                    "unfreeze`: the rolled-back change is usually still in the knowledge folder.",
+                        section="Rollback"),
         "revalidate": Param(True, type="boolean", title="Score the target on the golden set",
                             description="Reported only; does not block a confirmed rollback.", section="Checks"),
     },
@@ -56,6 +64,7 @@ def knowledge_rollback():
             reason=params["reason"],
             confirm=params["confirm"],
             revalidate=params["revalidate"],
+            freeze=params["freeze"],
         )
 
     rollback()

@@ -191,8 +191,8 @@ def test_validation_fails_a_layout_its_consumer_could_not_read(local_deps: Deps)
 def test_layout_change_is_a_new_gated_version_and_rollback_returns_native(deps: Deps) -> None:
     first = engine.run_reindex(deps)
     assert first["outcome"] == "promoted"
-    changed = with_layout(deps, "langchain")
-    second = engine.run_reindex(changed)
+    # a layout change on a live alias is explicit (KB_PAYLOAD_LAYOUT is not obeyed once a version serves)
+    second = engine.run_reindex(deps, layout="langchain")
     assert (second["outcome"], second["version"]) == ("promoted", 2), second["error"]
     assert second["validation"]["passed"]
     # the text and the embedding do not change: every vector is copied from v1, none embedded
@@ -203,7 +203,7 @@ def test_layout_change_is_a_new_gated_version_and_rollback_returns_native(deps: 
     assert deps.store.collection_metadata(v2.collection)["payload_layout"] == "langchain"
     status = {v["version"]: v for v in engine.status(deps)["versions"]}
     assert (status[1]["payload_layout"], status[2]["payload_layout"]) == ("native", "langchain")
-    assert engine.run_reindex(changed)["outcome"] == "no_change"
+    assert engine.run_reindex(deps)["outcome"] == "no_change", "the next reindex keeps live's layout"
     text = search_knowledge(deps, QUESTION, k=1)["results"][0]["text"]
     assert search_knowledge(deps, QUESTION, k=1)["payload_layout"] == "langchain"
 
@@ -222,7 +222,7 @@ def test_a_layout_change_away_from_a_non_native_live_copies_texts_from_lives_lay
     """A copied point takes its text from live's payload, where live's layout keeps it (not `text`)."""
     source, target = route
     assert engine.run_reindex(with_layout(deps, source))["outcome"] == "promoted"
-    moved = engine.run_reindex(with_layout(deps, target))
+    moved = engine.run_reindex(deps, layout=target)
     assert (moved["outcome"], moved["chunks"]["embedded"]) == ("promoted", 0), moved["error"]
     v1, v2 = deps.state.get_version(ALIAS, 1), deps.state.get_version(ALIAS, 2)
     before = {str(p.id): p.payload for p in deps.store.client.scroll(v1.collection, limit=1000, with_payload=True)[0]}
@@ -248,7 +248,9 @@ def test_cli_status_and_plan_show_the_layout(project: Path, monkeypatch: pytest.
     monkeypatch.setenv("KB_PAYLOAD_LAYOUT", "native")
     assert main(["plan", "--json"]) == 0
     plan = json.loads(capsys.readouterr().out)
-    assert (plan["no_change"], plan["payload_layout"], plan["chunks"]["reused"]) == (False, "native", plan["chunks"]["total"])
+    # live's layout is kept; the differing setting is reported, not obeyed
+    assert (plan["no_change"], plan["payload_layout"]) == (True, "llamaindex")
+    assert "KB_PAYLOAD_LAYOUT=native differs" in plan["notes"][0]
 
 
 def test_migration_records_the_layout_it_was_given(local_deps: Deps) -> None:
@@ -273,7 +275,7 @@ def test_migration_to_the_live_profile_is_refused_as_a_no_op(local_deps: Deps) -
     result = engine.run_reindex(deps, kind="migration", embedder="hashing", model=None)
     assert result["outcome"] == "failed" and result["error_kind"] == "config"
     assert f"already serves embedding profile {version_profile(live)}" in result["error"]
-    assert "KB_PAYLOAD_LAYOUT" in result["error"]
+    assert "kb-reindex run --layout" in result["error"]
     assert [v.version for v in deps.state.list_versions(ALIAS)] == [1], "nothing was built"
 
 
@@ -316,7 +318,7 @@ def test_rebuilt_state_keeps_each_versions_layout_and_profile(local_deps: Deps) 
     from kb_reindex.reconcile import rebuild_state
 
     assert engine.run_reindex(deps)["outcome"] == "promoted"
-    assert engine.run_reindex(with_layout(deps, "llamaindex"))["outcome"] == "promoted"
+    assert engine.run_reindex(deps, layout="llamaindex")["outcome"] == "promoted"
     before = {v.version: (v.payload_layout, v.embed_profile) for v in deps.state.list_versions(ALIAS)}
     rebuild_state(deps, replace=True)
     after = {v.version: (v.payload_layout, v.embed_profile) for v in deps.state.list_versions(ALIAS)}

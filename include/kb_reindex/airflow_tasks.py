@@ -15,6 +15,7 @@ from typing import Any
 
 from kb_reindex.config import Settings, split_ollama_hosts, state_url_from_env
 from kb_reindex.errors import (
+    AliasFrozen,
     AliasMovedError,
     ConfigError,
     GoldenSetError,
@@ -36,7 +37,7 @@ STATE_CONN_ID = "kb_state"
 OLLAMA_CONN_ID = "ollama_default"
 POOL = "kb_qdrant_writes"
 PERMANENT = (ValidationFailed, AliasMovedError, StateDriftError, SourceError, SourceChangedError, GoldenSetError,
-             ConfigError, RollbackRefused, LockLostError)
+             ConfigError, RollbackRefused, LockLostError, AliasFrozen)
 
 
 def _connection(conn_id: str) -> Any | None:
@@ -361,25 +362,45 @@ def validate_task(*, version: dict[str, Any], run_id: str, min_hit_rate: float |
 def promote_task(*, plan: dict[str, Any], version: dict[str, Any], run_id: str) -> dict[str, Any]:
     """Move the alias and announce it on the alias Asset. A version already live moved nothing: the task is
     skipped (no Asset event; `cleanup` still runs), unless this very run moved it in an attempt that died
-    before reporting."""
+    before reporting. A frozen alias moves nothing either: the run ends `frozen`, the task is skipped."""
     from airflow.sdk.exceptions import AirflowSkipException
 
     from kb_reindex.engine import run_counters
     from kb_reindex.promote import promote
 
+    skip = None
     with task_step(run_id) as deps:
-        result = promote(deps, version["version"], run_id=run_id)
-        moved_by_this_run = not result["already_live"] or _last_move_by(deps, version["version"]) == run_id
-        deps.state.finish_run(run_id, outcome="promoted" if moved_by_this_run else "no_change",
-                              version=version["version"], **run_counters(plan), **_built_so_far(deps, run_id))
-        if moved_by_this_run:
-            record = deps.state.get_version(deps.settings.alias, version["version"])
-            previous = result["previous_version"] if not result["already_live"] else _last_move_from(deps, record.version)
-            announce_alias_move(deps, action="migrate" if record.kind == "migration" else "promote", version=record,
-                                previous_version=previous)
-    if not moved_by_this_run:  # outside `step`: a skip is not a failure to record
-        raise AirflowSkipException(f"v{version['version']} is already live: the alias did not move")
+        try:
+            result = promote(deps, version["version"], run_id=run_id)
+        except AliasFrozen as frozen:
+            skip = hold_frozen(deps, frozen, plan=plan, version=version, run_id=run_id)
+        else:
+            moved_by_this_run = not result["already_live"] or _last_move_by(deps, version["version"]) == run_id
+            deps.state.finish_run(run_id, outcome="promoted" if moved_by_this_run else "no_change",
+                                  version=version["version"], **run_counters(plan), **_built_so_far(deps, run_id))
+            if moved_by_this_run:
+                record = deps.state.get_version(deps.settings.alias, version["version"])
+                previous = (result["previous_version"] if not result["already_live"]
+                            else _last_move_from(deps, record.version))
+                announce_alias_move(deps, action="migrate" if record.kind == "migration" else "promote",
+                                    version=record, previous_version=previous)
+            else:
+                skip = f"v{version['version']} is already live: the alias did not move"
+    if skip is not None:  # outside `step`: a skip is not a failure to record
+        raise AirflowSkipException(skip)
     return result
+
+
+def hold_frozen(deps: Deps, frozen: AliasFrozen, *, plan: dict[str, Any], version: dict[str, Any],
+                run_id: str) -> str:
+    """The alias is frozen: the run ends `frozen` (the version kept ready) and the task is to be skipped,
+    not failed: no Asset event, no watch; cleanup still runs. The message says why and what lifts it."""
+    from kb_reindex.engine import run_counters
+    from kb_reindex.freeze import FROZEN, frozen_view
+
+    deps.state.finish_run(run_id, outcome=FROZEN, version=version["version"], **run_counters(plan),
+                          **_built_so_far(deps, run_id))
+    return str(frozen_view(deps, frozen)["message"])
 
 
 def _last_move(deps: Deps, version_number: int) -> dict[str, Any] | None:
@@ -485,7 +506,10 @@ def watch_task(*, promoted: dict[str, Any], run_id: str) -> dict[str, Any]:
 # --- knowledge_rollback ----------------------------------------------------------------------------
 
 
-def rollback_task(*, run_id: str, to_version: int | None, reason: str, confirm: bool, revalidate: bool) -> dict[str, Any]:
+def rollback_task(*, run_id: str, to_version: int | None, reason: str, confirm: bool, revalidate: bool,
+                  freeze: bool = True) -> dict[str, Any]:
+    """`freeze`: set the product's freeze before the alias moves back (kb_reindex.freeze), so no later run
+    promotes the bad change again; the result says so."""
     from kb_reindex.engine import run_rollback
 
     if not confirm:
@@ -494,6 +518,7 @@ def rollback_task(*, run_id: str, to_version: int | None, reason: str, confirm: 
         raise AirflowFailException("rollback not confirmed: set the 'confirm' param to true; nothing changed")
     with task_deps() as deps:
         try:
+            held = _rollback_freeze(deps, run_id=run_id, reason=reason) if freeze else None
             result = run_rollback(deps, reason=reason, to_version=to_version, run_id=run_id, trigger="airflow",
                                   revalidate=revalidate)
         except PERMANENT as exc:
@@ -502,7 +527,13 @@ def rollback_task(*, run_id: str, to_version: int | None, reason: str, confirm: 
             raise AirflowFailException(f"{type(exc).__name__}: {exc}") from None
         target = deps.state.get_version(deps.settings.alias, result["to_version"])
         announce_alias_move(deps, action="rollback", version=target, previous_version=result["from_version"])
-        return result
+        return {**result, "freeze": held}
+
+
+def _rollback_freeze(deps: Deps, *, run_id: str, reason: str) -> dict[str, Any]:
+    from kb_reindex.freeze import freeze_for_rollback
+
+    return freeze_for_rollback(deps, reason=reason, by=f"knowledge_rollback ({run_id})").view()
 
 
 # --- knowledge_promote_shadow ------------------------------------------------------------------------

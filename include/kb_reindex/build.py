@@ -29,7 +29,9 @@ from kb_reindex.state import SliceRow, VersionRecord
 
 log = logging.getLogger(__name__)
 
-RESUMABLE_STEPS = ("create", "build", "validate")
+#: a version failed at one of these steps is continued by the next run of its plan; "promote": validated, but
+#: the alias move was refused (a Qdrant error, a move that did not take): nothing to build again
+RESUMABLE_STEPS = ("create", "build", "validate", "promote")
 PROGRESS_EVERY_S = 1.0
 
 
@@ -50,8 +52,9 @@ def _same_plan(version: VersionRecord, plan: dict[str, Any]) -> bool:
         and (version.embedder, version.embed_model, version.chunking_version)
         == (plan["embedder"], plan["embed_model"], plan["chunking_version"])
         and (plan["embed_dim"] is None or version.embed_dim == plan["embed_dim"])
-        and version.base_version == plan["base_version"]
+        and (version.base_version, version.base_collection) == (plan["base_version"], plan["base_collection"])
         and version.payload_layout == plan.get("payload_layout", "native")
+        and plan.get("embed_profile") in (None, version_profile(version))
     )
 
 
@@ -80,13 +83,19 @@ def run_is_active(deps: Deps, run_id: str) -> bool:
 
 
 def _resumable(deps: Deps, plan: dict[str, Any], run_id: str | None) -> VersionRecord | None:
-    """An unfinished version of exactly this plan: rerunning continues it instead of starting over.
+    """An unfinished version of exactly this plan: rerunning continues it instead of starting over. Also
+    one built and validated but never promoted (`ready`, never served: its run was killed before the alias
+    move, Qdrant refused the move, or the alias was frozen): the rerun validates it again and promotes it,
+    embedding nothing. The plan is the same when the manifest (corpus fingerprint), the base (the live
+    version it was planned against: live now, as this plan's base is), the model, recipe and layout are.
 
     Not one that another run is still building: two concurrent runs build two versions, and the
     compare-and-swap lets exactly one of them be promoted.
     """
-    for version in deps.state.list_versions(plan["alias"], statuses=["building", "failed"]):
+    for version in deps.state.list_versions(plan["alias"], statuses=["building", "failed", "ready"]):
         if version.status == "failed" and version.failed_step not in RESUMABLE_STEPS:
+            continue
+        if version.status == "ready" and version.promoted_at is not None:  # it served: a rollback target
             continue
         if _owned_by_another_active_run(deps, version, run_id):
             continue

@@ -24,7 +24,7 @@ log = logging.getLogger("kb_reindex.cli")
 #: commands that never create a state DB or a local Qdrant folder: they only read
 NO_CREATE = frozenset({"status", "plan"})
 #: commands that need only the state DB (never Qdrant, which a stuck process may hold in local mode)
-STATE_ONLY = frozenset({"history", "unlock"})
+STATE_ONLY = frozenset({"history", "unlock", "freeze", "unfreeze"})
 #: commands that change state or the alias take the alias's lock here; run, migrate and rollback take it
 #: inside the engine, as their DAG tasks do
 LOCKED = frozenset({"validate", "gc", "drop", "reconcile", "promote", "pin", "unpin"})
@@ -62,6 +62,8 @@ def _parser(*, json_answer: bool = False) -> argparse.ArgumentParser:
     run = sub.add_parser("run", parents=[common], help="plan, build, validate and promote a new version")
     run.add_argument("--force-full", action="store_true", help="embed every chunk; reuse no vector")
     run.add_argument("--dry-run", action="store_true", help="plan only and say what would happen")
+    run.add_argument("--layout", help="change the payload layout (default: live's, whatever KB_PAYLOAD_LAYOUT says): "
+                                      "native, langchain4j[:<text key>], langchain, llamaindex; vectors are copied")
     run.add_argument("--watch", type=float, metavar="MINUTES",
                      help="after a promotion, watch the alias this long and roll back on a regression "
                           "(default KB_WATCH_MINUTES, 0: off)")
@@ -86,6 +88,9 @@ def _parser(*, json_answer: bool = False) -> argparse.ArgumentParser:
     rb.add_argument("--reason", required=True, help="why (recorded in the alias history)")
     rb.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     rb.add_argument("--no-revalidate", action="store_true", help="skip the golden-set scores of the target")
+    rb.add_argument("--freeze", action="store_true",
+                    help="freeze the alias first: no later run, migration or shadow promotion moves it forward "
+                         "until `kb-reindex unfreeze` (the bad change is usually still in the knowledge folder)")
     rb.set_defaults(func=_rollback)
     mig = sub.add_parser("migrate", parents=[common], help="full build with another embedding model")
     mig.add_argument("--embedder", required=True, choices=["hashing", "ollama"])
@@ -94,7 +99,7 @@ def _parser(*, json_answer: bool = False) -> argparse.ArgumentParser:
     mig.add_argument("--no-promote", action="store_true", help="build and validate only (a shadow version)")
     mig.add_argument("--min-hit-rate", type=float)
     mig.add_argument("--min-mrr", type=float)
-    mig.add_argument("--layout", help="payload layout of the new version (default: KB_PAYLOAD_LAYOUT): native, "
+    mig.add_argument("--layout", help="payload layout of the new version (default: live's): native, "
                                       "langchain4j[:<text key>], langchain, llamaindex")
     mig.add_argument("--dry-run", action="store_true",
                      help="texts, estimated tokens and time (one probe batch) before anything is built; writes nothing")
@@ -114,6 +119,12 @@ def _parser(*, json_answer: bool = False) -> argparse.ArgumentParser:
     unlock.add_argument("--reason", required=True, help="why (recorded in the history)")
     unlock.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     unlock.set_defaults(func=_unlock)
+    frz = sub.add_parser("freeze", parents=[common],
+                         help="hold every promotion of this alias (runs still build); rollbacks still run")
+    frz.add_argument("--reason", required=True, help="why (shown with the freeze and kept in the history)")
+    frz.set_defaults(func=_cmd_freeze)
+    sub.add_parser("unfreeze", parents=[common], help="lift the freeze: promotions move the alias again").set_defaults(
+        func=_cmd_unfreeze)
     drop = sub.add_parser("drop", parents=[common], help="drop a kept version (e.g. a shadow migration)")
     drop.add_argument("--version", type=int, required=True)
     drop.set_defaults(func=_cmd_drop)
@@ -168,6 +179,10 @@ def _run_human(r: dict[str, Any]) -> str:
                      + (f": {'; '.join(w['signals'])}" if w.get("signals") else "")
                      + (f": {w['reason']}" if w["outcome"] == "alias_moved" else "")
                      + (f"; {w['error']}" if w.get("error") else ""))
+    if r.get("frozen"):
+        lines.append(f"FROZEN: {r['frozen']['message']}")
+    for note in r.get("notes") or []:
+        lines.append(f"note: {note}")
     if r.get("error"):
         lines.append(f"error: {r['error']}")
     return "\n".join(lines)
@@ -276,7 +291,7 @@ def _cmd_run(args: argparse.Namespace, deps: Any) -> int:
     minutes = settings.watch_minutes if args.watch is None else args.watch
     if not 0 <= minutes <= 24 * 60:
         raise ConfigError(f"--watch {args.watch}: minutes must be from 0 (off) to 1440")
-    result = engine.run_reindex(deps, force_full=args.force_full, dry_run=args.dry_run)
+    result = engine.run_reindex(deps, force_full=args.force_full, dry_run=args.dry_run, layout=args.layout)
     result.pop("plan", None)
     if result["outcome"] == "promoted" and minutes > 0:
         from kb_reindex.watch import watch
@@ -336,6 +351,8 @@ def _cmd_status(args: argparse.Namespace, deps: Any) -> int:
              + (" *pinned" if v.get("pinned") else "")} for v in s["versions"]]
     human = "\n".join([head, "", _table(rows, ["version", "status", "collection", "points", "embed_model", "dim",
                                                 "payload_layout", "hit_rate", "mrr", "created_at"])]
+                      + ([f"\nFROZEN: {s['freeze']['message']} (promotions held; `kb-reindex unfreeze` lifts it)"]
+                         if s.get("freeze") else [])
                       + _pins_and_audit_human(s)
                       + ([f"\nlocks:\n{_table(s['locks'], ['name', 'owner', 'since', 'expires', 'owner_alive'])}"]
                          if s["locks"] else [])
@@ -393,6 +410,33 @@ def _cmd_promote(args: argparse.Namespace, deps: Any) -> int:
     result = promote_shadow(deps, args.version, run_id=new_run_id("promote"))
     _print(args, result, f"promoted v{result['version']} ({result['collection']}, {result['embed_model']} "
                          f"{result['dim']}-d); v{result['previous_version'] or '-'} kept for rollback")
+    return 0
+
+
+def _cmd_freeze(args: argparse.Namespace, deps: Any) -> int:
+    from kb_reindex.freeze import operator
+
+    alias = deps.settings.alias
+    before = deps.state.freeze_status(alias)
+    freeze = deps.state.freeze(alias, reason=args.reason, by=operator())
+    _print(args, {**freeze.view(), "already_frozen": before is not None},
+           (f"already frozen, kept as it was: {freeze.describe()}" if before is not None else
+            f"{freeze.describe()}\nruns still build and validate, but nothing moves the alias forward until "
+            "`kb-reindex unfreeze`; rollbacks still run"))
+    return 0
+
+
+def _cmd_unfreeze(args: argparse.Namespace, deps: Any) -> int:
+    from kb_reindex.freeze import operator
+
+    alias = deps.settings.alias
+    lifted = deps.state.unfreeze(alias, by=operator())
+    ready = [v.version for v in deps.state.list_versions(alias, statuses=["ready"]) if v.promoted_at is None]
+    hint = (f"; kept unpromoted: {', '.join(f'v{n}' for n in ready)} (`kb-reindex promote --version N`, or the "
+            "next run of the same plan promotes it)") if ready else ""
+    _print(args, {"alias": alias, "frozen": False, "was_frozen": lifted is not None,
+                  "lifted": lifted.view() if lifted else None, "unpromoted": ready},
+           (f"{alias} unfrozen (was: {lifted.describe()}){hint}" if lifted else f"{alias} was not frozen{hint}"))
     return 0
 
 
@@ -531,10 +575,24 @@ def _rollback(args: argparse.Namespace, deps: Any) -> int:
             # declining is an answer, not a failure
             _print(args, {"outcome": "cancelled", "changed": False, "message": "nothing changed"}, "nothing changed")
             return 0
+    held = _rollback_freeze(args, deps)
     result = engine.run_rollback(deps, reason=args.reason, to_version=args.to_version,
                                  revalidate=not args.no_revalidate)
-    _print(args, result, f"rolled back: v{result['from_version']} -> v{result['to_version']} ({result['collection']})")
+    _print(args, {**result, "freeze": held},
+           f"rolled back: v{result['from_version']} -> v{result['to_version']} ({result['collection']})"
+           + (f"\n{held['message']}; lift it with `kb-reindex unfreeze`" if held else
+              "\nnot frozen: the next run rebuilds from the knowledge folder and may promote the change again "
+              "(`kb-reindex freeze --reason ...`)"))
     return 0
+
+
+def _rollback_freeze(args: argparse.Namespace, deps: Any) -> dict[str, Any] | None:
+    """`rollback --freeze`: the freeze goes in first, so nothing moves the alias forward between the two."""
+    if not args.freeze:
+        return None
+    from kb_reindex.freeze import freeze_for_rollback, operator
+
+    return freeze_for_rollback(deps, reason=args.reason, by=operator()).view()
 
 
 if __name__ == "__main__":  # pragma: no cover

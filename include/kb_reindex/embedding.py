@@ -380,11 +380,12 @@ class OllamaEmbedder:
 
 
 def check_model_served(settings: Settings, *, embedder: str, model: str, headers: dict[str, str] | None = None,
-                       ask_server: bool = True) -> None:
+                       ask_server: bool = True) -> int | None:
     """Refuse, before anything is built, a model the embedder cannot serve: a collection is named after its
     model, so its vectors must be that model's. The offline hashing embedder serves only its own
     `hashing-*` names; for Ollama the server decides (one probe text; `ask_server=False` leaves it to the
-    build's own dimension probe)."""
+    build's own dimension probe). The dimension the server answered, None when it was not asked (hashing
+    builds any dimension)."""
     if embedder == "hashing":
         if not model.startswith(HASHING_MODEL_PREFIX):
             raise ModelNotServed(
@@ -394,9 +395,11 @@ def check_model_served(settings: Settings, *, embedder: str, model: str, headers
             )
     elif embedder == "ollama":
         if ask_server:  # a model the server does not have raises ModelNotServed ("run `ollama pull ...`")
-            make_embedder(settings.with_embedder(embedder="ollama", model=model, dim=None), headers=headers).dimension
+            return make_embedder(settings.with_embedder(embedder="ollama", model=model, dim=None),
+                                 headers=headers).dimension
     else:
         raise ConfigError(f"embedder {embedder!r} is unknown; choose hashing or ollama")
+    return None
 
 
 def make_embedder(settings: Settings, *, headers: dict[str, str] | None = None) -> Embedder:

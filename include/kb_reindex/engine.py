@@ -14,7 +14,8 @@ from typing import Any
 
 from kb_reindex import querylog
 from kb_reindex.build import BuildCounts, build, create_version, reindex_lock_name
-from kb_reindex.errors import ConfigError, KbError, LockHeldError
+from kb_reindex.errors import AliasFrozen, ConfigError, KbError, LockHeldError
+from kb_reindex.freeze import FROZEN, freeze_view, frozen_view
 from kb_reindex.layouts import version_profile
 from kb_reindex.plan import prepare_logged as make_plan
 from kb_reindex.promote import promote
@@ -123,7 +124,7 @@ def run_reindex(
                                  embedder=embedder, model=model, dim=dim, layout=layout, audit_run_id=run_id,
                                  record=True)
             p = prepared.plan
-            result.update(docs=p["docs"], chunks=chunk_counts(p, done), plan=p)
+            result.update(docs=p["docs"], chunks=chunk_counts(p, done), plan=p, notes=p.get("notes", []))
             if p.get("audit"):
                 result["audit"] = p["audit"]
             counters = run_counters(p)
@@ -148,10 +149,13 @@ def run_reindex(
             result["validation"] = validation_summary(checked)
             if promote_version:
                 ensure_lock_held(deps, owner)
-                promoted = promote(deps, created["version"], run_id=run_id)
-                result["outcome"] = "promoted"
-                if promoted.get("lowered_thresholds"):  # said at promotion: later reindexes will fail
-                    result["lowered_thresholds"] = promoted["lowered_thresholds"]
+                try:
+                    promoted = promote(deps, created["version"], run_id=run_id)
+                    result["outcome"] = "promoted"
+                    if promoted.get("lowered_thresholds"):  # said at promotion: later reindexes will fail
+                        result["lowered_thresholds"] = promoted["lowered_thresholds"]
+                except AliasFrozen as frozen:  # built and validated; kept ready until unfreeze
+                    result.update(outcome=FROZEN, frozen=frozen_view(deps, frozen))
             else:
                 result["outcome"] = "shadow"
             result["cleanup"] = cleanup(deps)
@@ -307,6 +311,7 @@ def status(deps: Deps) -> dict[str, Any]:
         "serving_collection": serving,
         "live": live_info,
         "rollback_target": target.version if target else None,
+        "freeze": freeze_view(deps),
         "pinned": sorted(pins),
         "audit": audit,
         "versions": versions,
@@ -365,7 +370,7 @@ def live_audit(deps: Deps, live: VersionRecord | None) -> dict[str, Any] | None:
 def metrics(deps: Deps) -> dict[str, Any]:
     runs = [r for r in deps.state.list_runs(deps.settings.alias, limit=200) if r["kind"] in ("reindex", "migration")]
     finished = [r for r in runs if r["outcome"] not in ("running",)]
-    succeeded = [r for r in finished if r["outcome"] in ("promoted", "no_change", "dry_run", "shadow")]
+    succeeded = [r for r in finished if r["outcome"] in ("promoted", "no_change", "dry_run", "shadow", FROZEN)]
     changed = [r for r in finished if r["outcome"] == "promoted"]
     last = changed[0] if changed else None
     total = (last["chunks_embedded"] + last["chunks_reused"]) if last else 0
@@ -391,7 +396,8 @@ def metrics(deps: Deps) -> dict[str, Any]:
 
 
 def history(deps: Deps | StateDeps) -> list[dict[str, Any]]:
-    """Every alias move, and every lock broken by on-call or taken over from a dead process, in time order."""
+    """Every alias move, every lock broken by on-call or taken over from a dead process, and every freeze
+    and unfreeze, in time order."""
     from kb_reindex.promote import alias_lock_name
 
     alias = deps.settings.alias
@@ -407,5 +413,10 @@ def history(deps: Deps | StateDeps) -> list[dict[str, Any]]:
          "reason": f"{e['name']} held by {e['owner']}, broken by {e['by']}: {e['reason']}"}
         for e in deps.state.lock_events(names=[reindex_lock_name(alias), alias_lock_name(alias)])
     ]
-    events = sorted(moves + locks, key=lambda e: e["at"])
+    freezes = [
+        {"at": e["at"], "action": e["action"], "from_version": None, "to_version": None, "from_collection": None,
+         "to_collection": None, "run_id": None, "reason": f"by {e['by']}: {e['reason']}"}
+        for e in deps.state.freeze_events(alias)
+    ]
+    events = sorted(moves + locks + freezes, key=lambda e: e["at"])
     return [{**e, "at": e["at"].isoformat(timespec="seconds") + "Z"} for e in events]

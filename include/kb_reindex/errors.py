@@ -51,6 +51,10 @@ class ModelNotServed(ConfigError, EmbeddingError):
     """The embedder cannot serve the model asked for: nothing may be built and named after that model."""
 
 
+class DimensionMismatch(ConfigError):
+    """The dimension asked for is not the one the embedder answers: refused at plan time, never retried."""
+
+
 class StoreError(KbError):
     """Qdrant refused, or holds something this run cannot safely use."""
 
@@ -69,6 +73,13 @@ class StateDriftError(KbError):
 
 class AliasMovedError(KbError):
     """Compare-and-swap refusal: the alias no longer points where this run planned."""
+
+    step = "promote"
+
+
+class AliasFrozen(KbError):
+    """The alias is frozen (`kb-reindex freeze`): nothing moves it forward until `kb-reindex unfreeze`; the
+    version stays ready. Not a failure of the version: a run that meets it ends `frozen`."""
 
     step = "promote"
 

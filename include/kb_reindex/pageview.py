@@ -15,6 +15,7 @@ from typing import Any
 from kb_reindex import engine, querylog
 from kb_reindex.config import Settings
 from kb_reindex.errors import KbError, StoreError
+from kb_reindex.freeze import freeze_view
 from kb_reindex.golden import load_golden_set, lowered_threshold_advice
 from kb_reindex.rollback import rollback_target
 from kb_reindex.runtime import StateDeps, open_deps
@@ -110,7 +111,8 @@ def _state_only(deps: StateDeps) -> dict[str, Any]:
     return {"alias": alias, "serving_collection": None, "live": live_info,
             "rollback_target": target.version if target else None, "pinned": sorted(pins), "audit": None,
             "versions": versions, "locks": engine.lock_view(deps), "problems": [], "notes": [],  # type: ignore[arg-type]
-            "metrics": engine.metrics(deps), "query_log": querylog.summary(deps)}  # type: ignore[arg-type]
+            "metrics": engine.metrics(deps), "query_log": querylog.summary(deps),  # type: ignore[arg-type]
+            "freeze": freeze_view(deps)}
 
 
 def _threshold_problem(settings: Settings, status: dict[str, Any], state: StateStore) -> str | None:

@@ -16,7 +16,7 @@ from kb_reindex.chunking import chunking_version
 from kb_reindex.config import model_or_default
 from kb_reindex.corpus import CorpusScan, cache_root, quick_fingerprint, scan_corpus
 from kb_reindex.embedding import check_model_served
-from kb_reindex.errors import ConfigError, StateDriftError
+from kb_reindex.errors import ConfigError, DimensionMismatch, StateDriftError
 from kb_reindex.golden import check_golden_set
 from kb_reindex.layouts import embedding_profile, layout_spec, version_profile
 from kb_reindex.replay import load_replay_gate
@@ -81,18 +81,20 @@ def prepare(
     model: str | None = None,
     dim: int | None = None,
     layout: str | None = None,
-    layout_from: str = "KB_PAYLOAD_LAYOUT",
+    layout_from: str = "--layout",
     audit_run_id: str | None = None,
     record: bool = False,
 ) -> Prepared:
-    """`layout`: the payload layout of the version to build (a migration's Param); default KB_PAYLOAD_LAYOUT.
+    """`layout`: the payload layout of the version to build, given explicitly (`--layout`, a `payload_layout`
+    Param); default live's (`choose_layout`).
     `layout_from`: where `layout` was given, as an error about it names it (a Param, a flag).
     `audit_run_id`: a run is planning (not a look): live is audited and the audit recorded for it.
     `record`: write the file hashes read (a writing step; `kb-reindex plan` is read-only)."""
     settings = deps.settings
-    layout = layout_spec(layout, layout_where=layout_from) if layout else settings.payload_layout
+    explicit = layout_spec(layout, layout_where=layout_from) if layout else None
     audit: dict[str, Any] | None = {"run_id": audit_run_id} if audit_run_id else None
     live = check_live_consistency(deps, audit=audit)
+    layout, notes = choose_layout(settings.payload_layout, live, explicit)
     if kind == "reindex" and live is not None:
         if (settings.embedder, settings.embed_model) != (live.embedder, live.embed_model):
             log.warning(
@@ -107,10 +109,17 @@ def prepare(
         model = model_or_default(embedder, model) if kind == "migration" else (model or settings.embed_model)
         # before anything is built or named after the model; Ollama is asked here for migrations only (a
         # first build probes the dimension when it creates its collection)
-        check_model_served(settings, embedder=embedder, model=model, headers=deps.ollama_headers,
-                           ask_server=kind == "migration")
+        answered = check_model_served(settings, embedder=embedder, model=model, headers=deps.ollama_headers,
+                                      ask_server=kind == "migration")
         same_model = (embedder, model) == (settings.embedder, settings.embed_model)
+        asked = "the migration's dimension (--dim, the dimension Param)" if dim is not None else "KB_EMBED_DIM"
         dim = dim if dim is not None else (settings.embed_dim if same_model else None)
+        if dim is not None and answered is not None and dim != answered:
+            raise DimensionMismatch(
+                f"{embedder} model {model!r} answers {answered}-d vectors, but {asked} asks for {dim}: nothing was "
+                f"built. Leave the dimension empty (it is probed), set it to {answered}, or choose a model that "
+                f"answers {dim}-d vectors"
+            )
         if embedder == "hashing" and dim is None:
             dim = 1024
 
@@ -123,7 +132,7 @@ def prepare(
             check_golden_set(settings.golden_set, set(quick.keys))
             if record and quick.rehashed:
                 deps.state.record_file_hashes(root, quick.rehashed, replace_all=False)
-            plan = _no_change_plan(settings.alias, live, len(quick.keys), embedder, model, dim)
+            plan = {**_no_change_plan(settings.alias, live, len(quick.keys), embedder, model, dim), "notes": notes}
             if audit and "points" in audit:
                 plan["audit"] = audit
             return Prepared(plan=plan, scan=None, live=live)
@@ -151,7 +160,8 @@ def prepare(
         raise ConfigError(
             f"{settings.alias} v{live.version} already serves embedding profile {profile} ({embedder}/{model}, "
             f"{profile_dim}-d, {cv}): a migration to it would change nothing. To change only the payload layout, "
-            "set KB_PAYLOAD_LAYOUT and run `kb-reindex run` (vectors are copied)"
+            "run `kb-reindex run --layout <layout>` (or the knowledge_reindex DAG's payload_layout Param; vectors "
+            "are copied)"
         )
     no_change = (
         kind == "reindex"
@@ -202,10 +212,30 @@ def prepare(
         "chunks": {"total": len(chunks), "embedded": len(chunks) - reused, "reused": reused},
         # newest modification time of an added or changed document: the start of source-to-searchable latency
         "source_changed_at": changed_at,
+        "notes": notes,
     }
     if audit and "points" in audit:  # a first build has no live version to audit
         plan["audit"] = audit
     return Prepared(plan=plan, scan=scan, reuse=reuse, live=live)
+
+
+def choose_layout(configured: str, live: VersionRecord | None, explicit: str | None) -> tuple[str, list[str]]:
+    """(layout of the version to build, notes). Live's layout is kept as live's model is: a reindex or a
+    migration without an explicit layout keeps what the assistant reads now. KB_PAYLOAD_LAYOUT is the layout
+    of a first build; a differing one is reported, never obeyed, once a version serves."""
+    if explicit is not None:
+        return explicit, []
+    if live is None:
+        return configured, []
+    notes = []
+    if configured != live.payload_layout:
+        notes.append(
+            f"KB_PAYLOAD_LAYOUT={configured} differs from the layout live v{live.version} serves "
+            f"({live.payload_layout}); kept {live.payload_layout}, as a reindex keeps live's layout. To change it: "
+            f"`kb-reindex run --layout {configured}` (or the payload_layout Param of knowledge_reindex)"
+        )
+        log.warning("kb_reindex: %s", notes[0])
+    return live.payload_layout, notes
 
 
 def _no_change_plan(alias: str, live: VersionRecord, docs: int, embedder: str | None, model: str | None,

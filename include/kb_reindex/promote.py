@@ -12,6 +12,7 @@ from dataclasses import replace
 from typing import Any
 
 from kb_reindex.errors import AliasMovedError, ConfigError, KbError, StoreError
+from kb_reindex.freeze import ensure_not_frozen
 from kb_reindex.runtime import Deps
 from kb_reindex.state import VersionRecord, utcnow
 
@@ -43,6 +44,7 @@ def switch_alias(
         if current == target.collection and (previous is None or previous.id != target.id):
             log.warning("kb_reindex: alias %s already points at %s; completing the state record", alias, target.collection)
         else:
+            ensure_not_frozen(deps, target, action=action)  # rollbacks pass; a forward move waits for unfreeze
             deps.store.swap_alias(alias, to=target.collection, expected_from=expected_from)
         if previous is not None and previous.id == target.id:
             return None

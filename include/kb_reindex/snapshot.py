@@ -56,9 +56,11 @@ def snapshot_plan(deps: Deps, prepared: Prepared, *, run_id: str | None = None) 
         )
         resumed = False
     else:
+        was = f"{version.status} at {version.failed_step}" if version.status == "failed" else version.status
         deps.state.update_version(version.id, status="building", error=None, failed_step=None, run_id=run_id)
         resumed = True
-        log.info("kb_reindex: resuming unfinished v%d (%s)", version.version, version.collection)
+        log.info("kb_reindex: resuming v%d (%s, was %s): the same plan; what it holds is not written again",
+                 version.version, version.collection, was)
     try:
         to_embed = _store_texts(deps, prepared, label=f"the plan of v{version.version}")
         _write_manifest(deps, version, prepared)

@@ -4,14 +4,15 @@ SQLite by default, MySQL/MariaDB through pymysql in production. The schema is cr
 Qdrant holds vectors; this holds what they are supposed to be, so every check has something to compare.
 
 One module per concern: `schema` (tables, upgrades), `versions`, `manifests` (+ the plan's snapshot and the
-file hash cache), `runs`, `history` (alias events, pins, audits), `locks` (owner format, liveness,
-takeover), `clock` (the time every decision reads), `store` (`StateStore`, composed of them). Every name
+file hash cache), `runs`, `history` (alias events, pins, audits), `freezes` (the freeze of an alias),
+`locks` (owner format, liveness, takeover), `clock` (the time every decision reads), `store` (`StateStore`, composed of them). Every name
 callers used from `kb_reindex.state` is still importable from here.
 """
 
 from __future__ import annotations
 
 from kb_reindex.state.clock import Clock, ManualClock, SystemClock, utcnow
+from kb_reindex.state.freezes import Freeze
 from kb_reindex.state.locks import (
     DAG_RUN_OWNER,
     default_lock_owner,
@@ -31,6 +32,7 @@ from kb_reindex.state.schema import (
     audits,
     chunk_texts,
     file_hashes,
+    freezes,
     lock_events,
     locks,
     manifest_chunks,
@@ -45,9 +47,9 @@ from kb_reindex.state.store import StateStore
 from kb_reindex.state.versions import STATUSES, VersionRecord
 
 __all__ = [
-    "ADDED_COLUMNS", "DAG_RUN_OWNER", "MYSQL_TABLE", "STATUSES", "Clock", "FileHash", "LongText",
+    "ADDED_COLUMNS", "DAG_RUN_OWNER", "MYSQL_TABLE", "STATUSES", "Clock", "FileHash", "Freeze", "LongText",
     "ManifestRef", "ManualClock", "SliceRow", "StateStore", "SystemClock", "Timestamp", "VersionRecord",
-    "alias_events", "audits", "chunk_texts", "default_lock_owner", "describe_lock_holder", "file_hashes",
+    "alias_events", "audits", "chunk_texts", "default_lock_owner", "describe_lock_holder", "file_hashes", "freezes",
     "is_dag_run_owner", "lock_events", "lock_owner_alive", "locks", "manifest_chunks", "manifest_documents",
     "metadata", "parse_lock_owner", "pins", "process_space", "runs", "snapshots", "utcnow", "versions",
 ]

@@ -233,6 +233,26 @@ audits = sa.Table(
 )
 
 
+# --- the product's freeze: while one is in force, nothing moves the alias forward (rollbacks still run) ---
+
+# One row per freeze: set (who, when, why) and, once lifted, by whom and when; the rows are its history.
+# A state DB made before freezes gains the table at its next writing open (`create_all`); readers of an
+# older DB see no freeze (`FreezesMixin.freeze_status`).
+freezes = sa.Table(
+    "kb_freezes",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("alias", sa.String(64), nullable=False),
+    sa.Column("reason", sa.Text, nullable=False),
+    sa.Column("set_by", sa.String(255), nullable=False),
+    sa.Column("set_at", Timestamp, nullable=False),
+    sa.Column("lifted_by", sa.String(255)),
+    sa.Column("lifted_at", Timestamp),
+    sa.Index("ix_kb_freezes_alias", "alias", "id"),
+    **MYSQL_TABLE,
+)
+
+
 @contextmanager
 def _schema_guard(engine: sa.Engine) -> Iterator[None]:
     """Two processes creating one new SQLite file at once: SQLite answers one of them "database is

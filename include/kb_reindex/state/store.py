@@ -10,6 +10,7 @@ from sqlalchemy.engine import make_url
 
 from kb_reindex.errors import ConfigError
 from kb_reindex.state.clock import Clock, SystemClock
+from kb_reindex.state.freezes import FreezesMixin
 from kb_reindex.state.history import HistoryMixin
 from kb_reindex.state.locks import LocksMixin
 from kb_reindex.state.manifests import ManifestsMixin
@@ -25,7 +26,7 @@ from kb_reindex.state.schema import (
 from kb_reindex.state.versions import VersionsMixin
 
 
-class StateStore(VersionsMixin, ManifestsMixin, RunsMixin, HistoryMixin, LocksMixin):
+class StateStore(VersionsMixin, ManifestsMixin, RunsMixin, HistoryMixin, LocksMixin, FreezesMixin):
     """All reads and writes of the state DB. Short transactions; nothing held across embedding calls."""
 
     def __init__(self, url: str, *, engine: sa.Engine | None = None, create: bool = True,
