@@ -705,8 +705,9 @@ def test_actions_are_offered_by_role(site: tuple[Settings, FakeAirflowApi], toke
     settings, airflow = site
     viewer, user = _clients(settings, airflow, tokens)
     assert viewer.get("/api/status").json()["may"] == {"rollback": False, "promote_shadow": False,
-                                                      "pause_reindex": False}
-    assert user.get("/api/status").json()["may"] == {"rollback": True, "promote_shadow": True, "pause_reindex": True}
+                                                      "pause_reindex": False, "freeze": False}
+    assert user.get("/api/status").json()["may"] == {"rollback": True, "promote_shadow": True, "pause_reindex": True,
+                                                    "freeze": True}
 
 
 def test_times_follow_airflows_time_zone_beside_utc(project: Path, tokens: dict[str, str],
@@ -765,3 +766,29 @@ def test_a_promotion_with_lowered_thresholds_says_later_reindexes_will_fail(
     client = TestClient(create_app(settings_factory=lambda: settings, airflow_api_url="http://127.0.0.1:9"),
                         cookies={"_token": tokens["viewer"]})
     assert said in client.get("/api/status").json()["problems"]
+
+
+def test_freeze_from_the_page_shows_who_when_why_and_holds_promotions(
+        site: tuple[Settings, FakeAirflowApi], tokens: dict[str, str]) -> None:
+    """The Pause button freezes the alias in the state DB as the signed-in user, with a reason (a viewer may
+    not); the page shows who, when and why; a reindex then keeps its version ready; Unfreeze lifts it."""
+    settings, airflow = site
+    viewer, user = _clients(settings, airflow, tokens)
+    assert viewer.get("/api/status").json()["freeze"] is None
+    assert viewer.post("/api/freeze", json={"reason": "x"}).status_code == 403
+    assert user.post("/api/freeze", json={"reason": " "}).status_code == 422
+    frozen = user.post("/api/freeze", json={"reason": "sale weekend"}).json()
+    assert (frozen["frozen"], frozen["set_by"], frozen["reason"]) == (True, "kb-user", "sale weekend")
+    shown = viewer.get("/api/status").json()
+    assert shown["freeze"]["set_by"] == "kb-user" and shown["freeze"]["reason"] == "sale weekend"
+    assert shown["freeze"]["set_at"].endswith("Z")
+    assert shown["history"][-1]["action"] == "freeze" and "sale weekend" in shown["history"][-1]["reason"]
+    with open_deps(settings) as deps:
+        path = settings.knowledge_dir / "coupon-rules.md"
+        path.write_text(path.read_text(encoding="utf-8") + "\n\n补充：冻结期间。\n", encoding="utf-8")
+        assert engine.run_reindex(deps)["outcome"] == "frozen"
+    assert viewer.get("/api/status").json()["live"]["version"] == 3
+    assert viewer.post("/api/unfreeze", json={}).status_code == 403
+    lifted = user.post("/api/unfreeze", json={}).json()
+    assert lifted["frozen"] is False and lifted["lifted"]["reason"] == "sale weekend"
+    assert viewer.get("/api/status").json()["freeze"] is None

@@ -50,6 +50,31 @@ def _status(settings: Settings) -> dict[str, Any]:
         raise HTTPException(503, str(exc)) from None
 
 
+#: how long a freeze from the page waits for a promotion in progress (the alias lock) before saying so
+FREEZE_WAIT_S = 10.0
+
+
+def _set_freeze(settings: Settings, by: str, reason: str | None) -> dict[str, Any]:
+    """Freeze (a reason) or unfreeze (None) the alias in the state DB, which must exist (never created)."""
+    from kb_reindex.errors import ConfigError, LockHeldError
+    from kb_reindex.state import StateStore
+
+    try:
+        state = StateStore(settings.state_url, create=False)
+    except ConfigError as exc:
+        raise HTTPException(503, str(exc)) from None
+    try:
+        if reason is None:
+            lifted = state.unfreeze(settings.alias, by=by)
+            return {"frozen": False, "lifted": lifted.view() if lifted else None}
+        return state.freeze(settings.alias, reason=reason, by=by, wait_s=FREEZE_WAIT_S).view()
+    except LockHeldError as exc:
+        raise HTTPException(409, f"a promotion holds the alias lock, nothing was frozen; try again in a moment ({exc})") \
+            from None
+    finally:
+        state.dispose()
+
+
 def last_error_line(content: list[Any]) -> str | None:
     """The last error of a task log as Airflow's API returns it (structured messages): the exception's
     type and value when the message carries one, else the message."""
@@ -221,7 +246,7 @@ def create_app(
         data = await status_now()
         data["may"] = {"rollback": allowed(user, "POST", ROLLBACK_DAG, DagAccessEntity.RUN),
                        "promote_shadow": allowed(user, "POST", PROMOTE_SHADOW_DAG, DagAccessEntity.RUN),
-                       "pause_reindex": allowed(user, "PUT", REINDEX_DAG)}
+                       "pause_reindex": allowed(user, "PUT", REINDEX_DAG), "freeze": allowed(user, "PUT", REINDEX_DAG)}
         return JSONResponse(data)
 
     @app.get("/reports/v{version}/{name}")
@@ -335,6 +360,20 @@ def create_app(
             raise HTTPException(422, "paused must be true or false")
         dag = await airflow.call(request, "PATCH", f"dags/{REINDEX_DAG}", body={"is_paused": paused})
         return JSONResponse({"dag_id": REINDEX_DAG, "reindex_paused": dag.get("is_paused")})
+
+    may_freeze = [Depends(requires_access_dag("PUT", param_dag_id=REINDEX_DAG))]
+
+    @app.post("/api/freeze", dependencies=may_freeze)
+    async def freeze(request: Request, user: Any = Depends(get_user)) -> JSONResponse:
+        """Pause the product: no promotion moves the alias until unfrozen (rollbacks still do). Written to the
+        state DB as the signed-in user; allowed to whoever may pause knowledge_reindex."""
+        reason = reason_of(await request.json())
+        frozen = await asyncio.to_thread(_set_freeze, settings_factory(), user.get_name(), reason)
+        return JSONResponse(frozen)
+
+    @app.post("/api/unfreeze", dependencies=may_freeze)
+    async def unfreeze(user: Any = Depends(get_user)) -> JSONResponse:
+        return JSONResponse(await asyncio.to_thread(_set_freeze, settings_factory(), user.get_name(), None))
 
     @app.get("/ui", response_class=HTMLResponse)
     async def page(request: Request) -> Response:
