@@ -15,15 +15,12 @@ from pathlib import Path
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 import pytest
+from conftest import REPO, settings_for
 from fastapi.testclient import TestClient
-
 from kb_reindex import engine
 from kb_reindex.config import Settings
 from kb_reindex.runtime import open_deps
 from kb_reindex.web import create_app
-
-from conftest import REPO, settings_for
-
 
 
 def free_port() -> int:
@@ -89,13 +86,13 @@ class FakeAirflowApi:
                 status, payload = api.route(method, parts, body, parse_qs(url.query))
                 self.answer(status, payload)
 
-            def do_GET(self) -> None:  # noqa: N802 - http.server API
+            def do_GET(self) -> None:
                 self.handle_any("GET")
 
-            def do_POST(self) -> None:  # noqa: N802
+            def do_POST(self) -> None:
                 self.handle_any("POST")
 
-            def do_PATCH(self) -> None:  # noqa: N802
+            def do_PATCH(self) -> None:
                 self.handle_any("PATCH")
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
@@ -423,7 +420,9 @@ def test_page_in_headless_chromium_on_call(busy_site: tuple[Settings, FakeAirflo
 
     def run_message(expected: str) -> str:
         wait.until(lambda b: expected in text("#message"))
-        return browser.find_element(By.ID, "run-link").get_attribute("href")
+        run_link = browser.find_element(By.ID, "run-link")
+        assert run_link.get_attribute("target") == "_top"  # Airflow's UI, out of the iframe it shows this page in
+        return run_link.get_attribute("href")
 
     try:
         # anonymous: sent to Airflow's login (absent from this bare app) with the way back, shown nothing
@@ -476,6 +475,7 @@ def test_page_in_headless_chromium_on_call(busy_site: tuple[Settings, FakeAirflo
         # roll back, followed to the end of the Airflow run
         click("#version-2 button.rollback")
         prompt = wait.until(expected_conditions.alert_is_present())
+        assert "v3 -> v2" in prompt.text
         prompt.send_keys("wrong coupon rule")
         prompt.accept()
         href = run_message("knowledge_rollback run manual__2026-11-30T09:00:01+00:00 succeeded")
@@ -486,6 +486,7 @@ def test_page_in_headless_chromium_on_call(busy_site: tuple[Settings, FakeAirflo
         click("#version-4 button.promote")
         prompt = wait.until(expected_conditions.alert_is_present())
         assert "hashing-ngram-v4" in prompt.text and "512-d" in prompt.text and "never served" in prompt.text
+        assert "v2 (hashing-ngram-v1, " in prompt.text and "-d) -> v4?" in prompt.text
         prompt.send_keys("model trial")
         prompt.accept()
         href = run_message("knowledge_promote_shadow run manual__2026-11-30T09:00:02+00:00 succeeded")
@@ -501,9 +502,40 @@ def test_page_in_headless_chromium_on_call(busy_site: tuple[Settings, FakeAirflo
         prompt = wait.until(expected_conditions.alert_is_present())
         prompt.send_keys("try v3")
         prompt.accept()
-        href = run_message("knowledge_rollback run manual__2026-11-30T09:00:03+00:00 FAILED")
+        href = run_message("knowledge_rollback run manual__2026-11-30T09:00:03+00:00 FAILED: "
+                           "work: RuntimeError: the worker died")
         assert href.endswith("/dags/knowledge_rollback/runs/manual__2026-11-30T09%3A00%3A03%2B00%3A00")
         assert "serving v4" in text("#serving")
+
+        # the freeze: who, when, why; then lifted
+        click("#freeze-toggle")
+        prompt = wait.until(expected_conditions.alert_is_present())
+        prompt.send_keys("sale weekend")
+        prompt.accept()
+        wait.until(lambda b: "FROZEN since" in text("#freeze-text"))
+        assert "by kb-user: sale weekend" in text("#freeze-text")
+        click("#freeze-toggle")
+        wait.until(expected_conditions.alert_is_present()).accept()
+        wait.until(lambda b: "not frozen" in text("#freeze-text"))
+
+        # a status poll that fails says so in a banner (the state DB moved away), and clears when it answers
+        state_file = Path(settings.state_url.removeprefix("sqlite:///"))
+        state_file.rename(state_file.with_suffix(".away"))
+        try:
+            wait.until(lambda b: "the status poll failed: HTTP 503" in text("#poll-error"))
+        finally:
+            state_file.with_suffix(".away").rename(state_file)
+        wait.until(lambda b: text("#poll-error") == "")
+
+        # a viewer is shown no action Airflow would refuse
+        browser.delete_cookie("_token")
+        browser.add_cookie({"name": "_token", "value": tokens["viewer"]})
+        browser.get(f"http://127.0.0.1:{port}/ui")
+        wait.until(expected_conditions.presence_of_element_located((By.ID, "version-5")))
+        wait.until(lambda b: "knowledge_reindex is" in text("#reindex-paused"))
+        assert browser.find_elements(By.CSS_SELECTOR, "#versions button") == []
+        assert not browser.find_element(By.ID, "pause-toggle").is_displayed()
+        assert browser.find_elements(By.ID, "freeze-toggle") == []
     finally:
         browser.quit()
         server.should_exit = True
@@ -576,8 +608,8 @@ def test_a_paused_on_call_dag_is_said_and_unpaused_only_when_on_call_agreed(
 def _hold_local_qdrant(settings: Settings) -> subprocess.Popen:
     """Another process holding the local store, as a build's slice does; it lets go when its stdin closes."""
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys\nfrom qdrant_client import QdrantClient\n"
-                               "c = QdrantClient(path=sys.argv[1])\nprint('held', flush=True)\nsys.stdin.read()\nc.close()",
+        [sys.executable, "-c", ("import sys\nfrom qdrant_client import QdrantClient\nc = QdrantClient(path=sys.argv[1])\n"
+                                "print('held', flush=True)\nsys.stdin.read()\nc.close()"),
          str(settings.qdrant_path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline().strip() == "held"
     return holder
@@ -734,7 +766,6 @@ def test_state_db_run_ids_of_dag_runs_link_to_airflow() -> None:
 def test_a_bad_payload_layout_param_is_named_as_the_param(project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The migration DAG's Param, not the environment variable it defaults to, is what on-call fixes."""
     from airflow.sdk.exceptions import AirflowFailException
-
     from kb_reindex import airflow_tasks
 
     monkeypatch.setenv("KB_PROJECT_ROOT", str(project))

@@ -272,11 +272,12 @@ def status(deps: Deps) -> dict[str, Any]:
     collections = store.collection_names()
     pins = deps.state.active_pins(alias)
     versions = []
-    for v in deps.state.list_versions(alias):
-        exists = v.collection in collections and v.status != "deleted"
+    for record in deps.state.list_versions(alias):
+        exists = record.collection in collections and record.status != "deleted"
         versions.append(version_row(
-            v, target=target, pins=pins, serving=serving, points=store.count(v.collection) if exists else None,
-            collection_config=store.collection_metadata(v.collection).get("collection_config") if exists else None))
+            record, target=target, pins=pins, serving=serving,
+            points=store.count(record.collection) if exists else None,
+            collection_config=store.collection_metadata(record.collection).get("collection_config") if exists else None))
     problems, notes = [], []
     if serving != (live.collection if live else None):
         if promotion_in_progress:

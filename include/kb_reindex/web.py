@@ -19,12 +19,18 @@ import asyncio
 import json
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import quote
 
 import httpx
 from fastapi import Depends, FastAPI, HTTPException, Request
-from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse, Response
+from fastapi.responses import (
+    FileResponse,
+    HTMLResponse,
+    JSONResponse,
+    RedirectResponse,
+    Response,
+)
 
 from kb_reindex.config import Settings
 from kb_reindex.errors import KbError
@@ -115,7 +121,7 @@ class AirflowApi:
         self.base_url = base_url
 
     async def call(self, request: Request, method: str, path: str, *, body: dict[str, Any] | None = None,
-                   params: dict[str, Any] | None = None, action: str | None = None) -> dict[str, Any]:
+                   params: dict[str, Any] | None = None, action: dict[str, str] | None = None) -> dict[str, Any]:
         """`action` names what a write would have done, for the message when its fate is unknown."""
         token = _caller_token(request)
         if not token:
@@ -184,8 +190,15 @@ def create_app(
 ) -> FastAPI:
     # Airflow's own checks, imported here (not at module import) because only the API server needs them
     from airflow.api_fastapi.app import get_auth_manager
-    from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity, DagDetails
-    from airflow.api_fastapi.core_api.security import bearer_scheme, get_user, requires_access_dag
+    from airflow.api_fastapi.auth.managers.models.resource_details import (
+        DagAccessEntity,
+        DagDetails,
+    )
+    from airflow.api_fastapi.core_api.security import (
+        bearer_scheme,
+        get_user,
+        requires_access_dag,
+    )
     from airflow.models.dag import DagModel
 
     app = FastAPI(title="Knowledge index", docs_url=None, redoc_url=None)
@@ -196,7 +209,7 @@ def create_app(
     def may_trigger(dag_id: str) -> list[Any]:
         return [Depends(requires_access_dag("POST", DagAccessEntity.RUN, param_dag_id=dag_id))]
 
-    def allowed(user: Any, method: str, dag_id: str, entity: Any = None) -> bool:
+    def allowed(user: Any, method: Literal["GET", "POST", "PUT", "DELETE"], dag_id: str, entity: Any = None) -> bool:
         """What requires_access_dag would answer, asked in advance: the page hides what would be refused."""
         return get_auth_manager().is_authorized_dag(
             method=method, access_entity=entity, user=user,
@@ -242,7 +255,7 @@ def create_app(
         return reason
 
     @app.get("/api/status")
-    async def status(user: Any = Depends(get_user)) -> JSONResponse:
+    async def status(user: Any = Depends(get_user)) -> JSONResponse:  # noqa: B008 - FastAPI's form
         data = await status_now()
         data["may"] = {"rollback": allowed(user, "POST", ROLLBACK_DAG, DagAccessEntity.RUN),
                        "promote_shadow": allowed(user, "POST", PROMOTE_SHADOW_DAG, DagAccessEntity.RUN),
@@ -364,7 +377,7 @@ def create_app(
     may_freeze = [Depends(requires_access_dag("PUT", param_dag_id=REINDEX_DAG))]
 
     @app.post("/api/freeze", dependencies=may_freeze)
-    async def freeze(request: Request, user: Any = Depends(get_user)) -> JSONResponse:
+    async def freeze(request: Request, user: Any = Depends(get_user)) -> JSONResponse:  # noqa: B008 - FastAPI's form
         """Pause the product: no promotion moves the alias until unfrozen (rollbacks still do). Written to the
         state DB as the signed-in user; allowed to whoever may pause knowledge_reindex."""
         reason = reason_of(await request.json())
@@ -372,7 +385,7 @@ def create_app(
         return JSONResponse(frozen)
 
     @app.post("/api/unfreeze", dependencies=may_freeze)
-    async def unfreeze(user: Any = Depends(get_user)) -> JSONResponse:
+    async def unfreeze(user: Any = Depends(get_user)) -> JSONResponse:  # noqa: B008 - FastAPI's form
         return JSONResponse(await asyncio.to_thread(_set_freeze, settings_factory(), user.get_name(), None))
 
     @app.get("/ui", response_class=HTMLResponse)
