@@ -704,6 +704,10 @@ def test_last_error_line_of_a_structured_task_log() -> None:
     assert last_error_line([{"event": "Task failed with exception", "level": "error", "error_detail": [
         {"exc_type": "RollbackRefused", "exc_value": "v1 is not whole: point count: 3 points, manifest lists 4"}]}]) \
         == "RollbackRefused: v1 is not whole: point count: 3 points, manifest lists 4"
+    # our tasks wrap a final error in AirflowFailException("<type>: <message>"): its value is the line
+    assert last_error_line([{"event": "Task failed with exception", "level": "error", "error_detail": [
+        {"exc_type": "AirflowFailException", "exc_value": "RollbackRefused: v1 is failed"},
+        {"exc_type": "KeyError", "exc_value": "'x'"}]}]) == "RollbackRefused: v1 is failed"
 
 
 def test_rollback_is_offered_only_to_whole_versions(site: tuple[Settings, FakeAirflowApi],

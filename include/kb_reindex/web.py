@@ -87,14 +87,17 @@ def _set_freeze(settings: Settings, by: str, reason: str | None) -> dict[str, An
 
 
 def last_error_line(content: list[Any]) -> str | None:
-    """The last error of a task log as Airflow's API returns it (structured messages): the exception's
-    type and value when the message carries one, else the message."""
+    """The last error of a task log as Airflow's API returns it (structured messages): the exception raised
+    (its value; the type too unless it is the AirflowFailException our tasks wrap an error in, whose value
+    names the error) when the message carries one, else the message."""
     for entry in reversed(content):
         if not isinstance(entry, dict) or str(entry.get("level", "")).lower() not in ("error", "critical"):
             continue
-        for detail in reversed(entry.get("error_detail") or []):
+        for detail in entry.get("error_detail") or []:
             if isinstance(detail, dict) and detail.get("exc_value"):
-                return f"{detail.get('exc_type', 'Error')}: {detail['exc_value']}".splitlines()[0]
+                kind = detail.get("exc_type") or "Error"
+                text = str(detail["exc_value"]) if kind == "AirflowFailException" else f"{kind}: {detail['exc_value']}"
+                return text.splitlines()[0]
         return str(entry.get("event", "")).splitlines()[0] or None
     return None
 
@@ -134,7 +137,8 @@ class AirflowApi:
         try:
             async with httpx.AsyncClient(timeout=30) as client:
                 answer = await client.request(method, f"{self.base_url}/api/v2/{path}", params=params, json=body,
-                                              headers={"Authorization": f"Bearer {token}"})
+                                              headers={"Authorization": f"Bearer {token}",
+                                                       "Accept": "application/json"})
         except (httpx.ConnectError, httpx.ConnectTimeout, httpx.InvalidURL) as exc:
             raise HTTPException(502, f"Airflow API at {self.base_url} (KB_AIRFLOW_API_URL) could not be reached: "
                                      f"{type(exc).__name__}: {exc}"
