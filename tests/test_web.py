@@ -473,12 +473,17 @@ def test_page_in_headless_chromium_on_call(busy_site: tuple[Settings, FakeAirflo
         assert airflow.paused and text("#pause-toggle") == "Unpause knowledge_reindex"
 
         # roll back, followed to the end of the Airflow run
+        # ... from a knowledge_rollback that is paused in Airflow: said plainly, unpaused after asking
+        airflow.dag_paused["knowledge_rollback"] = True
+        wait.until(lambda b: "knowledge_rollback is PAUSED in Airflow" in text("#dags-paused"))
         click("#version-2 button.rollback")
         prompt = wait.until(expected_conditions.alert_is_present())
-        assert "v3 -> v2" in prompt.text
+        assert "v3 -> v2" in prompt.text and "knowledge_rollback is PAUSED in Airflow: it will be unpaused" in prompt.text
         prompt.send_keys("wrong coupon rule")
         prompt.accept()
         href = run_message("knowledge_rollback run manual__2026-11-30T09:00:01+00:00 succeeded")
+        assert "(knowledge_rollback was paused: unpaused it)" in text("#message")
+        assert not airflow.dag_paused["knowledge_rollback"]
         assert href.endswith("/dags/knowledge_rollback/runs/manual__2026-11-30T09%3A00%3A01%2B00%3A00")
         wait.until(lambda b: "serving v2" in text("#serving"))
 
