@@ -637,7 +637,7 @@ def test_status_answers_from_the_state_db_while_a_build_holds_local_qdrant(
         deps.state.start_run(run_id=run_id, alias=settings.alias, kind="reindex", trigger="airflow")
         created = create_version(deps, plan(deps), run_id=run_id)
         build(deps, created["version"], run_id=run_id, window=(0, 10))
-    viewer, _user = _clients(settings, airflow, tokens)
+    viewer, user = _clients(settings, airflow, tokens)
 
     def no_waiting(_seconds: float) -> None:
         raise AssertionError("the page waited for the local Qdrant folder")
@@ -647,10 +647,13 @@ def test_status_answers_from_the_state_db_while_a_build_holds_local_qdrant(
         with monkeypatch.context() as patched:
             patched.setattr(store.time, "sleep", no_waiting)
             answer = viewer.get("/api/status")
+            refused = user.post("/api/rollback", json={"to_version": 2, "reason": "x", "live_version": 3})
     finally:
         holder.stdin.close()
         holder.wait(timeout=30)
     assert answer.status_code == 200, answer.text
+    assert refused.status_code == 409 and "the structural check of v2 cannot run now" in refused.json()["detail"]
+    assert airflow.triggers == []
     s = answer.json()
     assert s["qdrant"]["access"] == "busy" and "in use by another process" in s["qdrant"]["detail"]
     assert s["live"]["version"] == 3 and s["live"]["points"] is None
