@@ -407,6 +407,9 @@ def test_the_page_runs_in_airflows_api_server_and_rolls_back_as_the_signed_in_us
     done = subprocess.run([airflow, "dags", "reserialize"], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert kb(project, "run")["outcome"] == "promoted"  # v1 and its validation report, for the report route
+    rules = project / "knowledge" / "docs" / "coupon-rules.md"
+    rules.write_text(rules.read_text(encoding="utf-8") + "\n\n补充：限时活动。\n", encoding="utf-8")
+    assert kb(project, "run")["outcome"] == "promoted"  # v2 live: v1 is where the rollback button goes
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -437,7 +440,7 @@ def test_the_page_runs_in_airflows_api_server_and_rolls_back_as_the_signed_in_us
         for method, route in routes:
             url = f"{base}/knowledge-index/{route}"
             anonymous = httpx.request(method, url)
-            if route == "ui":  # the browser is sent to Airflow's login, and back to the page afterwards
+            if route != "api/status":  # a browser (the page, a report link) is sent to the login, and back after
                 assert anonymous.status_code == 307, anonymous.text
                 login = anonymous.headers["location"]
                 assert login.startswith("/auth/login?next=") and quote(url, safe="") in login
@@ -454,12 +457,15 @@ def test_the_page_runs_in_airflows_api_server_and_rolls_back_as_the_signed_in_us
 
         rollback = f"{base}/knowledge-index/api/rollback"
         assert httpx.post(rollback, json={"reason": "check"}).status_code == 401
-        triggered = httpx.post(rollback, json={"reason": "api-server check"}, cookies={"_token": token})
+        asked = {"to_version": 1, "reason": "api-server check", "live_version": 2}
+        # the page unpauses the on-call DAG (paused on a fresh install unless it starts unpaused) when asked to
+        triggered = httpx.post(rollback, json={**asked, "unpause": True}, cookies={"_token": token})
         assert triggered.status_code == 200, triggered.text
         run_id = triggered.json()["dag_run_id"]
         runs = f"{base}/api/v2/dags/knowledge_rollback/dagRuns"
         run = httpx.get(f"{runs}/{quote(run_id, safe='')}", headers=bearer).json()
-        assert run["conf"] == {"to_version": None, "reason": "api-server check", "confirm": True}
+        assert run["conf"] == {"to_version": 1, "reason": "api-server check", "confirm": True, "live_version": 2}
+        assert httpx.get(f"{base}/api/v2/dags/knowledge_rollback", headers=bearer).json()["is_paused"] is False
         httpx.delete(f"{runs}/{quote(run_id, safe='')}", headers=bearer)  # no scheduler here to run it
     finally:
         os.killpg(server.pid, signal.SIGTERM)

@@ -293,6 +293,7 @@ def plan_task(*, run_id: str, kind: str = "reindex", force_full: bool = False, e
             dag_lock.take(deps, run_id)
             prepared = prepare_logged(deps, force_full=force_full or kind == "migration", kind=kind,
                                       embedder=embedder, model=model, dim=dim, layout=layout,
+                                      layout_from="Param payload_layout",
                                       audit_run_id=run_id, record=True)
             plan = prepared.plan
             if not plan["no_change"] and not dry_run:

@@ -150,8 +150,10 @@ def run_reindex(
             if promote_version:
                 ensure_lock_held(deps, owner)
                 try:
-                    promote(deps, created["version"], run_id=run_id)
+                    promoted = promote(deps, created["version"], run_id=run_id)
                     result["outcome"] = "promoted"
+                    if promoted.get("lowered_thresholds"):  # said at promotion: later reindexes will fail
+                        result["lowered_thresholds"] = promoted["lowered_thresholds"]
                 except AliasFrozen as frozen:  # built and validated; kept ready until unfreeze
                     result.update(outcome=FROZEN, frozen=frozen_view(deps, frozen))
             else:
@@ -267,31 +269,15 @@ def status(deps: Deps) -> dict[str, Any]:
     store = deps.store
     live, serving, promotion_in_progress = _consistent_view(deps)
     target = rollback_target(deps) if live else None
-    versions = []
     collections = store.collection_names()
     pins = deps.state.active_pins(alias)
-    for v in deps.state.list_versions(alias):
-        exists = v.collection in collections and v.status != "deleted"
-        versions.append({
-            "version": v.version, "collection": v.collection, "status": v.status, "kind": v.kind,
-            "points": store.count(v.collection) if exists else None, "points_expected": v.points_expected,
-            "points_written": v.points_written,
-            "embedder": v.embedder, "embed_model": v.embed_model, "dim": v.embed_dim,
-            "payload_layout": v.payload_layout, "embed_profile": version_profile(v),
-            "hit_rate": (v.validation or {}).get("hit_rate"), "mrr": (v.validation or {}).get("mrr"),
-            "created_at": v.created_at.isoformat(timespec="seconds") + "Z",
-            "promoted_at": v.promoted_at.isoformat(timespec="seconds") + "Z" if v.promoted_at else None,
-            "rollback_target": bool(target and target.id == v.id),
-            # where a rollback may go (served before, kept), and a shadow that only a promotion may put live
-            "rollback_allowed": v.status in ("retired", "ready") and has_served(v),
-            "shadow": v.status == "ready" and not has_served(v),
-            "serving": v.collection == serving,
-            "error": v.error,
-            # the settings it was created with (collection metadata); None for a dropped or older collection
-            "collection_config": store.collection_metadata(v.collection).get("collection_config") if exists else None,
-            "snapshot": (v.validation or {}).get("snapshot"),
-            **pin_view(pins.get(v.version)),
-        })
+    versions = []
+    for record in deps.state.list_versions(alias):
+        exists = record.collection in collections and record.status != "deleted"
+        versions.append(version_row(
+            record, target=target, pins=pins, serving=serving,
+            points=store.count(record.collection) if exists else None,
+            collection_config=store.collection_metadata(record.collection).get("collection_config") if exists else None))
     problems, notes = [], []
     if serving != (live.collection if live else None):
         if promotion_in_progress:
@@ -300,7 +286,10 @@ def status(deps: Deps) -> dict[str, Any]:
         else:
             problems.append(drift_advice(deps, serving, live))
     for v in versions:
-        if v["status"] in ("live", "ready", "retired") and v["points"] != v["points_expected"]:
+        if v["status"] in ("live", "ready", "retired") and v["points"] is None:
+            problems.append(f"v{v['version']} is {v['status']} but its collection {v['collection']} is missing "
+                            "from Qdrant: it cannot serve or be rolled back to")
+        elif v["status"] in ("live", "ready", "retired") and v["points"] != v["points_expected"]:
             problems.append(f"v{v['version']} ({v['collection']}) holds {v['points']} points, manifest lists "
                             f"{v['points_expected']}")
     audit = live_audit(deps, live)
@@ -332,6 +321,32 @@ def status(deps: Deps) -> dict[str, Any]:
         "notes": notes,
         "metrics": metrics(deps),
         "query_log": querylog.summary(deps),
+    }
+
+
+def version_row(v: VersionRecord, *, target: VersionRecord | None, pins: dict[int, dict[str, Any]],
+                serving: str | None, points: int | None, collection_config: Any) -> dict[str, Any]:
+    """One version as status and the page show it; `points` and `collection_config` are Qdrant's (None when
+    its collection is missing, or when Qdrant could not be read)."""
+    return {
+        "version": v.version, "collection": v.collection, "status": v.status, "kind": v.kind,
+        "points": points, "points_expected": v.points_expected, "points_written": v.points_written,
+        "embedder": v.embedder, "embed_model": v.embed_model, "dim": v.embed_dim,
+        "payload_layout": v.payload_layout, "embed_profile": version_profile(v),
+        "hit_rate": (v.validation or {}).get("hit_rate"), "mrr": (v.validation or {}).get("mrr"),
+        "created_at": v.created_at.isoformat(timespec="seconds") + "Z",
+        "promoted_at": v.promoted_at.isoformat(timespec="seconds") + "Z" if v.promoted_at else None,
+        "rollback_target": bool(target and target.id == v.id),
+        # where a rollback may go (served before, kept), and a shadow that only a promotion may put live
+        "rollback_allowed": v.status in ("retired", "ready") and has_served(v),
+        "shadow": v.status == "ready" and not has_served(v),
+        "serving": v.collection == serving,
+        "error": v.error,
+        "run_id": v.run_id,
+        # the settings it was created with (collection metadata); None for a dropped or older collection
+        "collection_config": collection_config,
+        "snapshot": (v.validation or {}).get("snapshot"),
+        **pin_view(pins.get(v.version)),
     }
 
 

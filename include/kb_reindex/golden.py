@@ -118,6 +118,32 @@ def check_golden_set(path: Path, keys: set[str]) -> GoldenSet:
     return golden
 
 
+def below_golden(validation: dict[str, Any] | None, golden: GoldenSet) -> list[str]:
+    """Where a version validated with lowered thresholds (a migration's min_hit_rate/min_mrr) scores under
+    the golden set's own: every later reindex of it is held to the golden set's and fails. Empty otherwise."""
+    if not validation or validation.get("hit_rate") is None:
+        return []
+    used = validation.get("thresholds") or {}
+    found = []
+    for name, key, need in (("hit rate", "hit_rate", golden.min_hit_rate), ("MRR", "mrr", golden.min_mrr)):
+        lowered = used.get(f"min_{key}")
+        if lowered is not None and lowered < need and validation[key] < need:
+            found.append(f"{name} {validation[key]:.3f} < the golden set's {need} (validated against a lowered {lowered})")
+    return found
+
+
+def lowered_threshold_advice(version: int, validation: dict[str, Any] | None, golden: GoldenSet,
+                             golden_path: Path) -> str | None:
+    """What on-call reads when the version going (or gone) live scores under the golden set's own thresholds."""
+    found = below_golden(validation, golden)
+    if not found:
+        return None
+    return (f"v{version} was promoted with lowered thresholds: {'; '.join(found)}. Every later reindex is validated "
+            f"against the golden set's thresholds and will fail. Either raise the quality back (a better model, a "
+            f"rollback), or lower min_hit_rate/min_mrr in {golden_path} (KB_GOLDEN_SET) to what this model reaches, "
+            "as a reviewed change")
+
+
 def first_hit_rank(ranked_keys: Sequence[str], expected: Sequence[str]) -> int | None:
     """1-based rank of the first result whose document is expected, or None when none is in the list."""
     for position, key in enumerate(ranked_keys, start=1):

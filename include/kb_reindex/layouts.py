@@ -47,9 +47,11 @@ def parse_layout(spec: str | None, *, where: str = "KB_PAYLOAD_LAYOUT") -> tuple
     return name, (key.strip() or DEFAULT_TEXT_KEY) if name == "langchain4j" else DEFAULT_TEXT_KEY
 
 
-def layout_spec(layout: str, text_key: str | None = None, *, where: str = "KB_PAYLOAD_TEXT_KEY") -> str:
-    """The one string recorded per version: the layout, and for langchain4j a text key other than `text`."""
-    name, spec_key = parse_layout(layout)
+def layout_spec(layout: str, text_key: str | None = None, *, where: str = "KB_PAYLOAD_TEXT_KEY",
+                layout_where: str = "KB_PAYLOAD_LAYOUT") -> str:
+    """The one string recorded per version: the layout, and for langchain4j a text key other than `text`.
+    `layout_where` names where `layout` came from in an error (a DAG's Param is not the environment)."""
+    name, spec_key = parse_layout(layout, where=layout_where)
     key = (text_key or "").strip()
     if key and key != DEFAULT_TEXT_KEY and name != "langchain4j":
         raise ConfigError(f"{where}={key!r} applies only to KB_PAYLOAD_LAYOUT=langchain4j (the layout is {name})")

@@ -81,15 +81,17 @@ def prepare(
     model: str | None = None,
     dim: int | None = None,
     layout: str | None = None,
+    layout_from: str = "--layout",
     audit_run_id: str | None = None,
     record: bool = False,
 ) -> Prepared:
     """`layout`: the payload layout of the version to build, given explicitly (`--layout`, a `payload_layout`
     Param); default live's (`choose_layout`).
+    `layout_from`: where `layout` was given, as an error about it names it (a Param, a flag).
     `audit_run_id`: a run is planning (not a look): live is audited and the audit recorded for it.
     `record`: write the file hashes read (a writing step; `kb-reindex plan` is read-only)."""
     settings = deps.settings
-    explicit = layout_spec(layout) if layout else None
+    explicit = layout_spec(layout, layout_where=layout_from) if layout else None
     audit: dict[str, Any] | None = {"run_id": audit_run_id} if audit_run_id else None
     live = check_live_consistency(deps, audit=audit)
     layout, notes = choose_layout(settings.payload_layout, live, explicit)

@@ -8,6 +8,7 @@ never deletes it.
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from typing import Any
 
 from kb_reindex.errors import AliasMovedError, ConfigError, KbError, StoreError
@@ -79,7 +80,24 @@ def promote(deps: Deps, version_number: int, *, run_id: str | None = None) -> di
     else:
         log.info("kb_reindex: promoted v%d (%s), the first version behind %s", version.version, version.collection, alias)
     return {"version": version.version, "collection": version.collection,
-            "previous_version": previous.version if previous else None, "already_live": False}
+            "previous_version": previous.version if previous else None, "already_live": False,
+            "lowered_thresholds": warn_lowered_thresholds(deps, version)}
+
+
+def warn_lowered_thresholds(deps: Deps, version: VersionRecord) -> str | None:
+    """Said at promotion: a version validated with lowered thresholds and scoring under the golden set's
+    own leaves every later reindex failing them (kb_reindex.golden.lowered_threshold_advice)."""
+    from kb_reindex.golden import load_golden_set, lowered_threshold_advice
+
+    path = deps.settings.golden_set
+    try:
+        advice = lowered_threshold_advice(version.version, version.validation, load_golden_set(path), path)
+    except KbError as exc:
+        log.warning("kb_reindex: could not compare v%d's thresholds with the golden set's: %s", version.version, exc)
+        return None
+    if advice:
+        log.warning("kb_reindex: %s", advice)
+    return advice
 
 
 def promote_shadow(deps: Deps, version_number: int, *, run_id: str | None = None,
@@ -107,4 +125,5 @@ def promote_shadow(deps: Deps, version_number: int, *, run_id: str | None = None
     log.info("kb_reindex: promoted shadow v%d (%s, %s %d-d)", version.version, version.collection,
              version.embed_model, version.embed_dim)
     return {"version": version.version, "collection": version.collection, "embed_model": version.embed_model,
-            "dim": version.embed_dim, "previous_version": previous.version if previous else None}
+            "dim": version.embed_dim, "previous_version": previous.version if previous else None,
+            "lowered_thresholds": warn_lowered_thresholds(deps, replace(version, validation=checked))}
