@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kb_reindex.chunking import chunking_version
-from kb_reindex.config import model_or_default
+from kb_reindex.config import DEFAULT_DIMS, model_or_default
 from kb_reindex.corpus import CorpusScan, cache_root, quick_fingerprint, scan_corpus
 from kb_reindex.embedding import check_model_served
 from kb_reindex.errors import ConfigError, StateDriftError
@@ -109,8 +109,8 @@ def prepare(
                            ask_server=kind == "migration")
         same_model = (embedder, model) == (settings.embedder, settings.embed_model)
         dim = dim if dim is not None else (settings.embed_dim if same_model else None)
-        if embedder == "hashing" and dim is None:
-            dim = 1024
+        if dim is None:
+            dim = DEFAULT_DIMS.get(embedder)
 
     cv = chunking_version(settings.chunk_size, settings.chunk_overlap)
     root = cache_root(settings.knowledge_dir)

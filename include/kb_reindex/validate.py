@@ -136,7 +136,7 @@ def recorded_ranks(baseline: VersionRecord, golden: GoldenSet, fingerprint: str)
 
 
 def embed_probes(deps: Deps, version: VersionRecord, golden: GoldenSet) -> list[list[float]]:
-    return deps.embedder_for(version).embed([p.query for p in golden.probes])
+    return deps.embedder_for(version).embed_queries([p.query for p in golden.probes])
 
 
 def validate(
