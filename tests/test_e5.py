@@ -194,7 +194,7 @@ def test_an_edit_that_removes_the_answer_a_probe_needs_fails_the_golden_gate(e5_
     whether a missing part needs an unboxing video no longer finds the page; the totals still pass."""
     path = e5_deps.settings.knowledge_dir / "after-sales-guide.md"
     text = path.read_text(encoding="utf-8")
-    path.write_text(re.sub(r"## 需要准备的材料.*?(?=## 审核时效)", "", text, flags=re.S), encoding="utf-8")
+    path.write_text(re.sub(r"## 需要准备的材料.*?(?=## 审核时效)", "", text, flags=re.DOTALL), encoding="utf-8")
     before = live_version(e5_deps)
     result = engine.run_reindex(e5_deps)
     assert result["outcome"] == "failed" and live_version(e5_deps) == before
