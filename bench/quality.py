@@ -117,7 +117,8 @@ def markdown(results: list[EmbedderQuality], meta: dict[str, object]) -> str:
     ]
     for r in results:
         row = [r.embedder, r.model, str(r.dim)] + [f"{r.sets[n].hit_rate:.3f}" for n in names] + [
-            f"{r.sets[n].mrr:.3f}" for n in names] + [f"{r.s_per_1000_chunks:.2f}", f"{r.query_ms:.1f}", f"{r.load_s:.2f}"]
+            f"{r.sets[n].mrr:.3f}" for n in names]
+        row += [f"{r.s_per_1000_chunks:.2f}", f"{r.query_ms:.1f}", f"{r.load_s:.2f}"]
         lines.append("| " + " | ".join(row) + " |")
     lines += ["", "Misses (probe ids, not in the top k):", ""]
     for r in results:

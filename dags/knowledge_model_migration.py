@@ -46,7 +46,8 @@ from kb_reindex.dag_support import KNOWLEDGE_ALIAS, POOL, current_run_id, releas
                        description="Empty: the embedder's default ("
                                    + ", ".join(f"{kind}: {name}" for kind, name in DEFAULT_MODELS.items())
                                    + "). It must be a model the embedder serves, checked before anything is built: "
-                                     "hashing serves only its own hashing-* names, e5 only multilingual-e5-small, Ollama only models it has pulled.",
+                                     "hashing serves only its own hashing-* names, e5 only multilingual-e5-small, "
+                                     "Ollama only models it has pulled.",
                        section="Model"),
         "dimension": Param(None, type=["null", "integer"], minimum=1, title="Dimension",
                            description="Empty: probed from the embedder.", section="Model"),

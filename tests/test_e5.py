@@ -82,12 +82,13 @@ def test_the_recipe_is_part_of_the_profile() -> None:
 @pytest.fixture(scope="module")
 def e5_server() -> Iterator[str]:
     """`python -m kb_reindex.testing.ollama_server --embedder e5` on a free port, as a user starts it."""
-    proc = subprocess.Popen([sys.executable, "-m", "kb_reindex.testing.ollama_server", "--embedder", "e5", "--port", "0"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    command = [sys.executable, "-m", "kb_reindex.testing.ollama_server", "--embedder", "e5", "--port", "0"]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         line = proc.stdout.readline() if proc.stdout else ""
         match = re.search(r"at (http://\S+)", line)
-        assert match and "multilingual-e5-small (e5 vectors, dim 384)" in line, line + (proc.stderr.read() if proc.stderr else "")
+        served = "multilingual-e5-small (e5 vectors, dim 384)"
+        assert match and served in line, line + (proc.stderr.read() if proc.stderr else "")
         yield match.group(1)
     finally:
         proc.terminate()
@@ -177,7 +178,8 @@ def test_a_hashing_to_e5_migration_is_validated_promoted_and_reported_side_by_si
     markdown = Path(validation["report"]).read_text(encoding="utf-8")
     section = markdown[markdown.index("## Models side by side"):]
     assert "| live v1 | hashing | hashing-ngram-v1 | 1024 |" in section
-    assert f"| candidate v2 | e5 | multilingual-e5-small | 384 | {validation['hit_rate']} | {validation['mrr']} |" in section
+    scores = f"{validation['hit_rate']} | {validation['mrr']}"
+    assert f"| candidate v2 | e5 | multilingual-e5-small | 384 | {scores} |" in section
     assert "Models side by side" in Path(validation["report"]).with_suffix(".html").read_text(encoding="utf-8")
 
 

@@ -409,8 +409,8 @@ def check_model_served(settings: Settings, *, embedder: str, model: str, headers
                        ask_server: bool = True) -> None:
     """Refuse, before anything is built, a model the embedder cannot serve: a collection is named after its
     model, so its vectors must be that model's. The offline hashing embedder serves only its own
-    `hashing-*` names, e5 only the models it ships (`e5.E5_MODELS`); for Ollama the server decides (one probe text; `ask_server=False` leaves it to the
-    build's own dimension probe)."""
+    `hashing-*` names, e5 only the models it ships (`e5.E5_MODELS`); for Ollama the server decides (one
+    probe text; `ask_server=False` leaves it to the build's own dimension probe)."""
     if embedder == "hashing":
         if not model.startswith(HASHING_MODEL_PREFIX):
             raise ModelNotServed(
