@@ -172,8 +172,8 @@ def test_a_hashing_to_e5_migration_is_validated_promoted_and_reported_side_by_si
     assert (live.embedder, live.embed_model, live.embed_dim) == ("e5", "multilingual-e5-small", 384)
     assert deps.store.collection_metadata(live.collection)["embed_recipe"] == E5_RECIPE.name
     validation = recorded(deps, migrated)
-    # the calibrated thresholds of knowledge/golden.yaml hold on e5 (0.93 / 0.85)
-    assert validation["compared_as"] == "side_by_side" and validation["hit_rate"] >= 0.93 and validation["mrr"] >= 0.85
+    # the calibrated thresholds of knowledge/golden.yaml hold on e5 with room (0.9 / 0.8)
+    assert validation["compared_as"] == "side_by_side" and validation["hit_rate"] >= 0.95 and validation["mrr"] >= 0.9
     assert validation["live_embed_model"] == "hashing-ngram-v1" and validation["live_hit_rate"] is not None
     markdown = Path(validation["report"]).read_text(encoding="utf-8")
     section = markdown[markdown.index("## Models side by side"):]
@@ -201,7 +201,7 @@ def test_an_edit_that_removes_the_answer_a_probe_needs_fails_the_golden_gate(e5_
     result = engine.run_reindex(e5_deps)
     assert result["outcome"] == "failed" and live_version(e5_deps) == before
     validation = recorded(e5_deps, result)
-    assert validation["hit_rate"] >= 0.93 and validation["mrr"] >= 0.85  # the absolute thresholds would pass
+    assert validation["hit_rate"] >= 0.9 and validation["mrr"] >= 0.8  # the absolute thresholds would pass
     assert [p["probe"] for p in validation["probes"] if p["regression"]] == ["aftersales-missing-parts"]
     assert [f.split(" (")[0] for f in validation["failures"]] == ["1 regression(s) against live v2"]
 
