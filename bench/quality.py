@@ -21,6 +21,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -101,7 +102,7 @@ def measure(kind: str, texts: list[str], keys: list[str], sets: dict[str, Golden
     )
 
 
-def markdown(results: list[EmbedderQuality], meta: dict[str, object]) -> str:
+def markdown(results: list[EmbedderQuality], meta: dict[str, Any]) -> str:
     names = list(results[0].sets)
     k = meta["k"]
     header = ["embedder", "model", "dim"] + [f"{n} hit@{k}" for n in names] + [f"{n} MRR" for n in names] + [
@@ -140,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     texts, keys = [c.text for c in chunks], [c.knowledge_key for c in chunks]
     sets = {name: load_golden_set(path) for name, path in PROBE_SETS.items()}
     results = [measure(kind.strip(), texts, keys, sets) for kind in args.embedders.split(",") if kind.strip()]
-    meta = {"documents": len(documents), "chunks": len(chunks), "k": sets["golden"].k,
+    meta: dict[str, Any] = {"documents": len(documents), "chunks": len(chunks), "k": sets["golden"].k,
             "probes": {name: len(g.probes) for name, g in sets.items()}, "cpus": os.cpu_count(),
             "python": platform.python_version()}
     args.out.mkdir(parents=True, exist_ok=True)

@@ -275,10 +275,10 @@ class OllamaEmbedder:
             try:
                 while True:
                     while len(pending) < self._concurrency:
-                        texts = next(source, None)
-                        if texts is None:
+                        sent = next(source, None)
+                        if sent is None:
                             break
-                        pending.append(pool.submit(self._request, texts))
+                        pending.append(pool.submit(self._request, sent))
                     if not pending:
                         return
                     yield pending.popleft().result()
