@@ -65,6 +65,13 @@ def test_an_e5_family_model_on_ollama_gets_e5s_recipe(model: str, recipe: object
     assert OllamaEmbedder(host="http://127.0.0.1:9", model=model, dim=384).recipe == recipe
 
 
+def test_migrate_offers_e5() -> None:
+    from kb_reindex.cli import _parser
+
+    args = _parser().parse_args(["migrate", "--embedder", "e5"])
+    assert (args.embedder, args.model) == ("e5", None)
+
+
 def test_the_recipe_is_part_of_the_profile() -> None:
     """Vectors are reused only between equal profiles: the same model embedded without e5's prefixes is
     another profile, and hashing's profile is what it always was."""
