@@ -141,6 +141,7 @@ class CountingEmbedder:
         self._queries = queries
         self.kind = inner.kind
         self.model = inner.model
+        self.recipe = inner.recipe
 
     @property
     def dimension(self) -> int:
@@ -158,6 +159,11 @@ class CountingEmbedder:
         meter.chunk_texts += chunks
         meter.query_texts += queries
         return vectors
+
+    def embed_queries(self, texts: Sequence[str]) -> list[list[float]]:
+        """Questions (the golden probes, replayed queries): counted as queries, never as embedding work."""
+        self._meter_ref.meter.query_texts += len(texts)
+        return self._inner.embed_queries(texts)
 
     def embed_batches(self, batches: Iterable[Sequence[str]]) -> Iterator[list[list[float]]]:
         """The inner embedder's (its requests in flight included); texts counted as they are drawn, and

@@ -630,7 +630,7 @@ def _langchain(job: dict[str, Any], stack: ExitStack) -> dict[str, Any]:
 
         def embed_query(self, text: str) -> list[float]:
             meter_ref.meter.query_texts += 1
-            return inner.embed([text])[0]
+            return inner.embed_queries([text])[0]
 
     # QdrantVectorStore only calls client methods (no isinstance check), so the sidecar's proxy serves
     store_handle = stack.enter_context(qdrant_store(job["store"]))

@@ -21,7 +21,7 @@ from datetime import datetime, timedelta
 
 from airflow.sdk import Param, TriggerRule, dag, task
 
-from kb_reindex.config import DEFAULT_MODELS
+from kb_reindex.config import DEFAULT_MODELS, EMBEDDERS
 from kb_reindex.dag_support import KNOWLEDGE_ALIAS, POOL, current_run_id, release_run_lock
 
 
@@ -37,14 +37,17 @@ from kb_reindex.dag_support import KNOWLEDGE_ALIAS, POOL, current_run_id, releas
     default_args={"retries": 2, "retry_delay": timedelta(minutes=1), "retry_exponential_backoff": True,
                   "on_failure_callback": release_run_lock},
     params={
-        "embedder": Param("ollama", type="string", enum=["ollama", "hashing"], title="Embedder",
+        "embedder": Param("ollama", type="string", enum=list(EMBEDDERS), title="Embedder",
                           description="ollama: the Ollama server of the ollama_default Connection (production); "
-                                      "hashing: offline and deterministic, for tests and demos.", section="Model"),
+                                      "e5: multilingual-e5-small in the worker's process (offline, real semantics, "
+                                      "English and Chinese); hashing: character n-grams, offline and deterministic, "
+                                      "for tests and tiny machines.", section="Model"),
         "model": Param(None, type=["null", "string"], title="Model name",
                        description="Empty: the embedder's default ("
                                    + ", ".join(f"{kind}: {name}" for kind, name in DEFAULT_MODELS.items())
                                    + "). It must be a model the embedder serves, checked before anything is built: "
-                                     "hashing serves only its own hashing-* names, Ollama only models it has pulled.",
+                                     "hashing serves only its own hashing-* names, e5 only multilingual-e5-small, "
+                                     "Ollama only models it has pulled.",
                        section="Model"),
         "dimension": Param(None, type=["null", "integer"], minimum=1, title="Dimension",
                            description="Empty: probed from the embedder.", section="Model"),

@@ -23,9 +23,10 @@ export AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS="${AIRFLOW__CORE__SIMPLE_AUTH_MA
 export AIRFLOW__CORE__EXECUTION_API_SERVER_URL="${AIRFLOW__CORE__EXECUTION_API_SERVER_URL:-$base/execution/}"
 # the Knowledge index page triggers rollbacks through this api-server
 export KB_AIRFLOW_API_URL="${KB_AIRFLOW_API_URL:-$base}"
-# the embedded default: local-mode Qdrant and SQLite state under $KB_PROJECT_ROOT/.kb, the offline embedder
+# the embedded default: local-mode Qdrant and SQLite state under $KB_PROJECT_ROOT/.kb, multilingual-e5-small
+# in process (offline; KB_EMBEDDER=hashing for a tiny machine)
 export KB_PROJECT_ROOT="${KB_PROJECT_ROOT:-$root}"
-export KB_EMBEDDER="${KB_EMBEDDER:-hashing}"
+export KB_EMBEDDER="${KB_EMBEDDER:-e5}"
 
 run="$AIRFLOW_HOME/run"
 mkdir -p "$run"

@@ -26,6 +26,9 @@ os.environ["AIRFLOW__LOGGING__LOGGING_LEVEL"] = "WARNING"
 for name in list(os.environ):
     if (name.startswith(("KB_", "AIRFLOW_CONN_")) and not name.startswith("KB_TEST_")) or name == "OLLAMA_HOST":
         del os.environ[name]
+# the suite embeds with the fast hashing embedder (as do the CLI and Airflow processes it starts, which inherit
+# this); the tests of retrieval quality ask for e5 by name (tests/test_e5.py)
+os.environ["KB_EMBEDDER"] = "hashing"
 
 from qdrant_client import QdrantClient  # noqa: E402
 
@@ -57,7 +60,8 @@ def project(tmp_path: Path) -> Path:
 
 
 def settings_for(root: Path, **env: str) -> Settings:
-    return Settings.from_env({"KB_PROJECT_ROOT": str(root), **env})
+    """Settings of a test project; the hashing embedder unless the test names another."""
+    return Settings.from_env({"KB_PROJECT_ROOT": str(root), "KB_EMBEDDER": "hashing", **env})
 
 
 @pytest.fixture

@@ -49,6 +49,8 @@ def test_migration_model_follows_the_embedder(dagbag) -> None:
     assert params["model"] is None  # empty: the embedder's default
     description = params.get_param("model").description
     assert all(model in description for model in DEFAULT_MODELS.values())
+    # the form offers every embedder, e5 (the embedded default) among them
+    assert set(params.get_param("embedder").schema["enum"]) == {"e5", "hashing", "ollama"}
 
 
 def test_reindex_dag_shape(dagbag) -> None:

@@ -58,7 +58,7 @@ def server_settings(project: Path, server: QdrantServerProcess, **env: str) -> S
 
 def cli_env(project: Path, server: QdrantServerProcess | None, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("KB_") or k.startswith("KB_TEST_")}
-    env["KB_PROJECT_ROOT"] = str(project)
+    env.update(KB_PROJECT_ROOT=str(project), KB_EMBEDDER="hashing")
     if server is not None:
         env.update(KB_QDRANT_URL=server.url, KB_QDRANT_API_KEY=API_KEY)
     env.update(extra)

@@ -21,7 +21,7 @@ from kb_reindex.chunking import Chunk
 from kb_reindex.corpus import DocumentInfo
 from kb_reindex.embedding import batched, check_vectors
 from kb_reindex.errors import EmbeddingError, KbError, StoreError
-from kb_reindex.layouts import EMBED_RECIPE, payload_text, shape_payload, text_field, version_profile
+from kb_reindex.layouts import embed_recipe, payload_text, shape_payload, text_field, version_profile
 from kb_reindex.plan import Prepared, prepare
 from kb_reindex.runtime import Deps
 from kb_reindex.sources import Document, sha256_text
@@ -172,7 +172,7 @@ def collection_metadata(version: VersionRecord, config: dict[str, Any] | None = 
                 "embedder": version.embedder, "embed_model": version.embed_model, "embed_dim": version.embed_dim,
                 "chunking_version": version.chunking_version, "corpus_fingerprint": version.corpus_fingerprint,
                 "payload_layout": version.payload_layout, "embed_profile": version_profile(version),
-                "embed_recipe": EMBED_RECIPE, "distance": version.distance}
+                "embed_recipe": embed_recipe(version.embedder, version.embed_model).name, "distance": version.distance}
     if config is not None:
         metadata["collection_config"] = config
     return metadata

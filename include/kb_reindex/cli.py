@@ -15,7 +15,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from kb_reindex.config import Settings
+from kb_reindex.config import DEFAULT_MODELS, EMBEDDERS, Settings
 from kb_reindex.errors import ConfigError, KbError
 
 log = logging.getLogger("kb_reindex.cli")
@@ -93,8 +93,9 @@ def _parser(*, json_answer: bool = False) -> argparse.ArgumentParser:
                          "until `kb-reindex unfreeze` (the bad change is usually still in the knowledge folder)")
     rb.set_defaults(func=_rollback)
     mig = sub.add_parser("migrate", parents=[common], help="full build with another embedding model")
-    mig.add_argument("--embedder", required=True, choices=["hashing", "ollama"])
-    mig.add_argument("--model", help="default: the embedder's own (hashing-ngram-v1, bge-m3)")
+    mig.add_argument("--embedder", required=True, choices=list(EMBEDDERS))
+    mig.add_argument("--model", help="default: the embedder's own ("
+                                     + ", ".join(f"{kind}: {name}" for kind, name in DEFAULT_MODELS.items()) + ")")
     mig.add_argument("--dim", type=int, help="vector size (default: probed from the embedder)")
     mig.add_argument("--no-promote", action="store_true", help="build and validate only (a shadow version)")
     mig.add_argument("--min-hit-rate", type=float)

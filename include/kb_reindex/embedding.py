@@ -1,4 +1,8 @@
-"""Embedders: the offline hashing one (default, deterministic) and Ollama (production, bge-m3).
+"""Embedders: e5 in process (the default, `kb_reindex.e5`), the offline hashing one (deterministic, for tests)
+and Ollama (production, bge-m3).
+
+Chunks go through `embed`, questions through `embed_queries`: a model with a recipe (e5's `passage: ` and
+`query: `, `layouts.embed_recipe`) embeds the two differently, and the recipe is part of the profile.
 
 Every vector is checked before anyone can write it: the expected size and only finite numbers. A bad
 vector stops the build; it is never stored.
@@ -22,8 +26,9 @@ from urllib.parse import urlsplit, urlunsplit
 
 import numpy as np
 
-from kb_reindex.config import DEFAULT_MODELS, Settings, split_ollama_hosts
+from kb_reindex.config import DEFAULT_DIMS, DEFAULT_MODELS, EMBEDDERS, Settings, split_ollama_hosts
 from kb_reindex.errors import ConfigError, EmbeddingError, ModelNotServed
+from kb_reindex.layouts import CHUNK_TEXT, EmbedRecipe, embed_recipe
 
 log = logging.getLogger(__name__)
 
@@ -33,11 +38,18 @@ Vector = list[float]
 class Embedder(Protocol):
     kind: str
     model: str
+    recipe: EmbedRecipe
 
     @property
     def dimension(self) -> int: ...
 
-    def embed(self, texts: Sequence[str]) -> list[Vector]: ...
+    def embed(self, texts: Sequence[str]) -> list[Vector]:
+        """Chunks (documents), with the recipe's passage form."""
+        ...
+
+    def embed_queries(self, texts: Sequence[str]) -> list[Vector]:
+        """Questions, with the recipe's query form."""
+        ...
 
     def embed_batches(self, batches: Iterable[Sequence[str]]) -> Iterator[list[Vector]]:
         """Each batch's vectors in the batches' order (an embedder may have several requests in flight)."""
@@ -113,6 +125,7 @@ class HashingEmbedder:
     """
 
     kind = "hashing"
+    recipe = CHUNK_TEXT
 
     def __init__(self, *, model: str = "hashing-ngram-v1", dim: int = 1024) -> None:
         if dim < 8:
@@ -139,6 +152,9 @@ class HashingEmbedder:
 
     def embed(self, texts: Sequence[str]) -> list[Vector]:
         return [self.embed_one(text) for text in texts]
+
+    def embed_queries(self, texts: Sequence[str]) -> list[Vector]:
+        return self.embed(texts)
 
     def embed_batches(self, batches: Iterable[Sequence[str]]) -> Iterator[list[Vector]]:
         """Serial: the hashing embedder computes in this process; threads would only share its GIL."""
@@ -176,6 +192,9 @@ class _Unavailable(Exception):
 class OllamaEmbedder:
     """The `ollama` client's `embed`, batched, with a timeout, retries with backoff and a dimension check.
 
+    An e5-family model gets e5's recipe from here (`passage: `/`query: ` before each text): Ollama embeds
+    what it is sent.
+
     `host` may list several servers, comma-separated: each request goes to the server with the fewest
     requests in flight (in turn on a tie); a server that refuses or fails is passed over for `cooldown_s`
     while the others serve, then tried again. `concurrency` batch requests are in flight at once.
@@ -203,6 +222,7 @@ class OllamaEmbedder:
         if concurrency < 1:
             raise ConfigError(f"KB_EMBED_CONCURRENCY={concurrency} must be at least 1")
         self.model = model
+        self.recipe = embed_recipe(self.kind, model)
         self.host = host
         self._dim = dim
         self._retries = retries
@@ -233,6 +253,11 @@ class OllamaEmbedder:
     def embed(self, texts: Sequence[str]) -> list[Vector]:
         return [vector for answer in self.embed_batches(batched(list(texts), self._batch_size)) for vector in answer]
 
+    def embed_queries(self, texts: Sequence[str]) -> list[Vector]:
+        self.dimension  # noqa: B018 - probed before the first request, as for chunks
+        return [vector for batch in batched(self.recipe.queries(texts), self._batch_size)
+                for vector in self._request(list(batch))]
+
     def embed_batches(self, batches: Iterable[Sequence[str]]) -> Iterator[list[Vector]]:
         """Each batch's vectors, in the order of the batches, with up to `concurrency` requests in flight.
 
@@ -242,18 +267,18 @@ class OllamaEmbedder:
         self.dimension  # noqa: B018 - probed once here, not by every request thread
         if self._concurrency == 1:
             for texts in batches:
-                yield self._request(list(texts))
+                yield self._request(self.recipe.passages(texts))
             return
-        source = iter(batches)
+        source = (self.recipe.passages(texts) for texts in batches)
         pending: deque[Future[list[Vector]]] = deque()
         with ThreadPoolExecutor(max_workers=self._concurrency, thread_name_prefix="kb-embed") as pool:
             try:
                 while True:
                     while len(pending) < self._concurrency:
-                        texts = next(source, None)
-                        if texts is None:
+                        sent = next(source, None)
+                        if sent is None:
                             break
-                        pending.append(pool.submit(self._request, list(texts)))
+                        pending.append(pool.submit(self._request, sent))
                     if not pending:
                         return
                     yield pending.popleft().result()
@@ -350,17 +375,18 @@ class OllamaEmbedder:
         """The model's dimension, asked of every server: each that answers must serve the model and agree on
         its size (a server answering another model's vectors would mix them into one collection). A server
         down now is left to the build's failover; all down is the usual error after retries."""
+        probe = self.recipe.passages(["dimension probe"])
         if len(self._hosts) == 1:
-            return self._probe_answer(self._request(["dimension probe"]), self._hosts[0])
+            return self._probe_answer(self._request(probe), self._hosts[0])
         sizes: dict[str, int] = {}
         down: dict[str, str] = {}
         for host in self._hosts:
             try:
-                sizes[host.where] = self._probe_answer(self._call(host, ["dimension probe"]), host)
+                sizes[host.where] = self._probe_answer(self._call(host, probe), host)
             except _Unavailable as exc:
                 down[host.where] = str(exc)
         if not sizes:
-            return self._probe_answer(self._request(["dimension probe"]), None)
+            return self._probe_answer(self._request(probe), None)
         if len(set(sizes.values())) > 1:
             raise EmbeddingError(
                 f"the Ollama servers disagree on model {self.model!r}'s vector size: "
@@ -383,9 +409,9 @@ def check_model_served(settings: Settings, *, embedder: str, model: str, headers
                        ask_server: bool = True) -> int | None:
     """Refuse, before anything is built, a model the embedder cannot serve: a collection is named after its
     model, so its vectors must be that model's. The offline hashing embedder serves only its own
-    `hashing-*` names; for Ollama the server decides (one probe text; `ask_server=False` leaves it to the
-    build's own dimension probe). The dimension the server answered, None when it was not asked (hashing
-    builds any dimension)."""
+    `hashing-*` names, e5 only the models it ships (`e5.E5_MODELS`); for Ollama the server decides (one
+    probe text; `ask_server=False` leaves it to the build's own dimension probe). Returns the dimension the
+    model answers where it is known (e5's own, or the server's), None otherwise (hashing builds any dimension)."""
     if embedder == "hashing":
         if not model.startswith(HASHING_MODEL_PREFIX):
             raise ModelNotServed(
@@ -393,18 +419,26 @@ def check_model_served(settings: Settings, *, embedder: str, model: str, headers
                 f"serves only models named {HASHING_MODEL_PREFIX}* (default {DEFAULT_MODELS['hashing']}). "
                 f"Use --embedder ollama for {model!r}, or leave the model empty for the embedder's default"
             )
+    elif embedder == "e5":
+        from kb_reindex.e5 import e5_model  # kb_reindex.e5 builds on this module
+
+        return e5_model(model).dim
     elif embedder == "ollama":
         if ask_server:  # a model the server does not have raises ModelNotServed ("run `ollama pull ...`")
             return make_embedder(settings.with_embedder(embedder="ollama", model=model, dim=None),
                                  headers=headers).dimension
     else:
-        raise ConfigError(f"embedder {embedder!r} is unknown; choose hashing or ollama")
+        raise ConfigError(f"embedder {embedder!r} is unknown; choose one of {', '.join(EMBEDDERS)}")
     return None
 
 
 def make_embedder(settings: Settings, *, headers: dict[str, str] | None = None) -> Embedder:
     if settings.embedder == "hashing":
-        return HashingEmbedder(model=settings.embed_model, dim=settings.embed_dim or 1024)
+        return HashingEmbedder(model=settings.embed_model, dim=settings.embed_dim or DEFAULT_DIMS["hashing"])
+    if settings.embedder == "e5":
+        from kb_reindex.e5 import E5Embedder  # kb_reindex.e5 builds on this module
+
+        return E5Embedder(model=settings.embed_model, dim=settings.embed_dim, batch_size=settings.embed_batch_size)
     if settings.embedder == "ollama":
         return OllamaEmbedder(
             host=settings.ollama_host,
@@ -415,4 +449,4 @@ def make_embedder(settings: Settings, *, headers: dict[str, str] | None = None) 
             headers=headers,
             concurrency=settings.embed_concurrency,
         )
-    raise ConfigError(f"KB_EMBEDDER={settings.embedder!r} is unknown; choose hashing or ollama")
+    raise ConfigError(f"KB_EMBEDDER={settings.embedder!r} is unknown; choose one of {', '.join(EMBEDDERS)}")

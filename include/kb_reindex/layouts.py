@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from kb_reindex.errors import ConfigError
@@ -24,6 +26,39 @@ LAYOUTS = ("native", "langchain4j", "langchain", "llamaindex")
 DEFAULT_TEXT_KEY = "text"
 #: how a chunk becomes the embedder's input: the chunk's text as cut (it starts with "title > section")
 EMBED_RECIPE = "chunk-text-v1"
+
+
+@dataclass(frozen=True)
+class EmbedRecipe:
+    """How a chunk and a query become the text a model embeds. Part of the embedding profile: vectors made
+    with one recipe are never reused or searched with another's."""
+
+    name: str
+    passage_prefix: str = ""
+    query_prefix: str = ""
+
+    def passages(self, texts: Sequence[str]) -> list[str]:
+        return [self.passage_prefix + text for text in texts]
+
+    def queries(self, texts: Sequence[str]) -> list[str]:
+        return [self.query_prefix + text for text in texts]
+
+
+CHUNK_TEXT = EmbedRecipe(EMBED_RECIPE)
+#: the e5 family's own recipe (intfloat's model cards): documents as `passage: …`, questions as `query: …`;
+#: without the prefixes an e5 model's retrieval quality drops
+E5_RECIPE = EmbedRecipe("e5-passage-query-v1", passage_prefix="passage: ", query_prefix="query: ")
+#: e5-small/base/large (v2, multilingual), under any namespace or tag; not the -instruct or mistral variants,
+#: whose recipe differs
+_E5_FAMILY = re.compile(r"(?:^|[/_\-])(?:multilingual-)?e5-(?:small|base|large)(?:-v2)?(?:$|[:@])")
+
+
+def embed_recipe(embedder: str, model: str) -> EmbedRecipe:
+    """The recipe of a model: e5's for the in-process e5 embedder and for an e5-family model served by Ollama
+    (the server embeds what it is sent, so the client adds the prefixes), the chunk text as is otherwise."""
+    if embedder == "e5" or (embedder == "ollama" and _E5_FAMILY.search(model.strip().lower())):
+        return E5_RECIPE
+    return CHUNK_TEXT
 
 #: flat in every layout: what the engine filters, indexes, checks and rebuilds its state from
 ENGINE_FIELDS = ("knowledge_key", "source", "title", "category", "section", "tenant", "chunk_index", "chunk_hash",
@@ -151,10 +186,11 @@ def payload_problems(payload: Mapping[str, Any], spec: str | None) -> list[str]:
 
 
 def embedding_profile(*, embedder: str, model: str, dim: int, distance: str, chunking_version: str,
-                      recipe: str = EMBED_RECIPE) -> str:
-    """Fingerprint of what makes a vector: equal profiles, interchangeable vectors; never the layout."""
+                      recipe: str | None = None) -> str:
+    """Fingerprint of what makes a vector: equal profiles, interchangeable vectors; never the layout.
+    `recipe`: the one recorded; by default the model's own (`embed_recipe`)."""
     parts = {"embedder": embedder, "model": model, "dim": int(dim), "distance": distance,
-             "chunking": chunking_version, "recipe": recipe}
+             "chunking": chunking_version, "recipe": recipe or embed_recipe(embedder, model).name}
     digest = hashlib.sha256(json.dumps(parts, sort_keys=True).encode("utf-8")).hexdigest()[:16]
     return f"{model_tag(model)}-{int(dim)}-{digest}"
 
@@ -164,9 +200,11 @@ def model_tag(model: str) -> str:
 
 
 def version_profile(version: Any) -> str:
-    """A version's profile: recorded, or computed for versions made before profiles were (same recipe)."""
+    """A version's profile: recorded, or computed for versions made before profiles were (embedded as cut:
+    no recipe but the chunk text existed then)."""
     recorded = getattr(version, "embed_profile", None)
     if recorded:
         return recorded
     return embedding_profile(embedder=version.embedder, model=version.embed_model, dim=version.embed_dim,
-                             distance=version.distance, chunking_version=version.chunking_version)
+                             distance=version.distance, chunking_version=version.chunking_version,
+                             recipe=EMBED_RECIPE)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kb_reindex.chunking import chunking_version
-from kb_reindex.config import model_or_default
+from kb_reindex.config import DEFAULT_DIMS, model_or_default
 from kb_reindex.corpus import CorpusScan, cache_root, quick_fingerprint, scan_corpus
 from kb_reindex.embedding import check_model_served
 from kb_reindex.errors import ConfigError, DimensionMismatch, StateDriftError
@@ -120,8 +120,8 @@ def prepare(
                 f"built. Leave the dimension empty (it is probed), set it to {answered}, or choose a model that "
                 f"answers {dim}-d vectors"
             )
-        if embedder == "hashing" and dim is None:
-            dim = 1024
+        if dim is None:
+            dim = DEFAULT_DIMS.get(embedder)
 
     cv = chunking_version(settings.chunk_size, settings.chunk_overlap)
     root = cache_root(settings.knowledge_dir)

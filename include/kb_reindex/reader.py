@@ -13,7 +13,7 @@ from typing import Any, Protocol
 from kb_reindex.config import Settings
 from kb_reindex.embedding import make_embedder
 from kb_reindex.errors import ConfigError, KbError
-from kb_reindex.layouts import EMBED_RECIPE, embedding_profile, payload_text
+from kb_reindex.layouts import EMBED_RECIPE, embed_recipe, embedding_profile, payload_text
 from kb_reindex.store import KnowledgeStore
 
 
@@ -47,15 +47,18 @@ def serving_model(store: KnowledgeStore, alias: str) -> dict[str, Any]:
     chunking = meta.get("chunking_version")
     profile = meta.get("embed_profile")
     if profile is not None:
-        # the recorded fingerprint must be the one of the recorded parts and of this reader's recipe: else the
-        # vectors were made some other way than this reader would embed, and neighbours would be wrong
+        # the recorded fingerprint must be the one of the recorded parts and of this reader's recipe for the
+        # model: else the vectors were made some other way than this reader would embed, and neighbours would
+        # be wrong (collections made before the recipe was recorded embedded the chunk text as cut)
+        recorded_recipe = meta.get("embed_recipe") or EMBED_RECIPE
+        ours = embed_recipe(embedder, model).name
         expected = embedding_profile(embedder=embedder, model=model, dim=dim, distance=distance,
-                                     chunking_version=chunking or "", recipe=meta.get("embed_recipe") or EMBED_RECIPE)
-        if profile != expected or (meta.get("embed_recipe") or EMBED_RECIPE) != EMBED_RECIPE:
+                                     chunking_version=chunking or "", recipe=recorded_recipe)
+        if profile != expected or recorded_recipe != ours:
             raise KbError(f"{alias} v{version} ({collection}) records embedding profile {profile}, but its "
                           f"metadata ({embedder}/{model}, {dim}-d {distance}, {chunking}, recipe "
                           f"{meta.get('embed_recipe')!r}) gives {expected} and this reader embeds with recipe "
-                          f"{EMBED_RECIPE!r}: refusing to query it")
+                          f"{ours!r}: refusing to query it")
     elif chunking is not None:
         profile = embedding_profile(embedder=embedder, model=model, dim=dim, distance=distance, chunking_version=chunking)
     return {"collection": collection, "embedder": embedder, "embed_model": model, "embed_dim": dim,
@@ -93,7 +96,7 @@ def search_knowledge(
         deps.settings.with_embedder(embedder=live["embedder"], model=live["embed_model"], dim=live["embed_dim"]),
         headers=deps.ollama_headers,
     )
-    vector = embedder.embed([text])[0]
+    vector = embedder.embed_queries([text])[0]
     if len(vector) != live["embed_dim"]:
         raise KbError(f"embedder {live['embed_model']!r} answered a {len(vector)}-d vector; {alias} v{live['version']} "
                       f"(profile {live['embed_profile']}) holds {live['embed_dim']}-d vectors")

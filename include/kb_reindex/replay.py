@@ -86,7 +86,7 @@ def _embed(deps: Deps, version: VersionRecord, texts: list[str]) -> list[list[fl
     embedder = deps.embedder_for(version)
     vectors: list[list[float]] = []
     for batch in batched(texts, deps.settings.embed_batch_size):
-        vectors.extend(embedder.embed(list(batch)))
+        vectors.extend(embedder.embed_queries(list(batch)))
     return vectors
 
 

