@@ -6,8 +6,10 @@ vector stops the build; it is never stored.
 
 from __future__ import annotations
 
+import importlib
 import logging
 import math
+import os
 import re
 import threading
 import time
@@ -17,6 +19,7 @@ from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any, Protocol
 from urllib.parse import urlsplit, urlunsplit
 
@@ -158,6 +161,25 @@ def redact_url(url: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
 
 
+_OLLAMA_IMPORT = threading.Lock()
+
+
+def import_ollama() -> ModuleType:
+    """`import ollama`, the one way kb-reindex imports it. The package builds a default client from
+    OLLAMA_HOST at import time, and a multi-server list (`http://a:11434,http://b:11434`) makes that raise
+    `ValueError: Port could not be cast to integer value`. kb-reindex never uses that default client (every
+    client it builds names its one server), so a list is hidden from the import alone."""
+    with _OLLAMA_IMPORT:
+        listed = os.environ.get("OLLAMA_HOST", "")
+        if "," not in listed:
+            return importlib.import_module("ollama")
+        del os.environ["OLLAMA_HOST"]
+        try:
+            return importlib.import_module("ollama")
+        finally:
+            os.environ["OLLAMA_HOST"] = listed
+
+
 @dataclass
 class _Host:
     """One Ollama server of the list: its client, the requests it has in flight and its cool-down."""
@@ -198,8 +220,7 @@ class OllamaEmbedder:
         cooldown_s: float = 30.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        import ollama
-
+        ollama = import_ollama()
         if concurrency < 1:
             raise ConfigError(f"KB_EMBED_CONCURRENCY={concurrency} must be at least 1")
         self.model = model
@@ -325,8 +346,8 @@ class OllamaEmbedder:
     def _call(self, host: _Host, texts: list[str]) -> list[Sequence[float]]:
         """One attempt on one server: `_Unavailable` for what another attempt may not meet, an error for the rest."""
         import httpx
-        import ollama
 
+        ollama = import_ollama()
         try:
             return list(host.client.embed(model=self.model, input=texts).embeddings)
         except ollama.ResponseError as exc:
