@@ -3,10 +3,13 @@ environment variables set, the way the CLI, a DAG task or the assistant runs."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import socket
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -87,3 +90,185 @@ def test_a_multi_server_ollama_host_in_the_environment_works_for_every_entry_poi
     assert json.loads(tasks.stdout.strip().splitlines()[-1])["version"] == 3
     for output in (dry, done, found, reader, tasks):
         assert "could not be cast" not in output.stderr
+
+
+# --- 4. Qdrant or the state DB gone mid-build: one line, recorded, resumed -----------------------
+
+
+class HeldOllama:
+    """An Ollama test server whose embed requests stop at the `after`-th text until released: the build is
+    provably mid-way when the test cuts something, without a sleep."""
+
+    def __init__(self, after: int) -> None:
+        self.after = after
+        self.texts = 0
+        self.reached = threading.Event()
+        self.release = threading.Event()
+        self._lock = threading.Lock()
+        embedder = HashingEmbedder(model="bge-m3", dim=1024)
+
+        def embed(_model: str, text: str) -> list[float]:
+            with self._lock:
+                self.texts += 1
+                hold = self.texts == self.after
+            if hold:
+                self.reached.set()
+                assert self.release.wait(60), "the test never released the held embed request"
+            return embedder.embed_one(text)
+
+        self.server = FakeOllamaServer([FakeModel(name="bge-m3", dim=1024, embed=embed)])
+
+
+@pytest.fixture
+def held_ollama() -> Iterator[HeldOllama]:
+    held = HeldOllama(after=20)
+    with held.server:
+        yield held
+    held.release.set()
+
+
+class CuttableProxy:
+    """A TCP proxy in front of a server (MariaDB): `cut()` drops every connection and stops listening, as
+    a cut network does; `restore()` listens on the same port again."""
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        self.target = target
+        self._conns: list[socket.socket] = []
+        self._lock = threading.Lock()
+        self._listener: socket.socket | None = None
+        probe = socket.socket()
+        probe.bind(("127.0.0.1", 0))
+        self.port = probe.getsockname()[1]
+        probe.close()
+        self.restore()
+
+    def restore(self) -> None:
+        listener = socket.socket()
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", self.port))
+        listener.listen(64)
+        self._listener = listener
+        threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
+
+    def _accept(self, listener: socket.socket) -> None:
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(self.target)
+            with self._lock:
+                self._conns += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while data := source.recv(65536):
+                sink.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (source, sink):
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
+
+    def cut(self) -> None:
+        assert self._listener is not None
+        with contextlib.suppress(OSError):
+            self._listener.shutdown(socket.SHUT_RDWR)  # wakes the thread blocked in accept()
+        self._listener.close()
+        self._listener = None
+        with self._lock:
+            conns, self._conns = self._conns, []
+        for s in conns:
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+            s.close()
+
+
+def test_qdrant_gone_mid_build_is_one_line_and_the_rerun_resumes(project: Path, held_ollama: HeldOllama,
+                                                                  tmp_path: Path) -> None:
+    from kb_reindex.testing.qdrant_server import FakeQdrantServer
+
+    qdrant = FakeQdrantServer(tmp_path / "qdrant").start()
+    env = kb_env(project, KB_EMBEDDER="ollama", OLLAMA_HOST=held_ollama.server.url, KB_EMBED_BATCH_SIZE="4",
+                 KB_QDRANT_URL=qdrant.url)
+    try:
+        proc = subprocess.Popen([str(CLI), "run"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert held_ollama.reached.wait(60), proc.communicate(timeout=5)
+        qdrant.stop()
+        held_ollama.release.set()
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 1, err
+        errors = [line for line in err.splitlines() if " ERROR " in line or line.startswith("kb-reindex: error")]
+        assert "Traceback" not in err and "unexpected error" not in err, err
+        assert any(f"Qdrant at {qdrant.url}" in line and "unreachable" in line for line in errors), err
+        qdrant.start()
+        again = kb(env, "run", "--json")
+        assert again.returncode == 0, again.stderr[-3000:]
+        result = json.loads(again.stdout)
+        assert result["outcome"] == "promoted" and result["chunks"]["skipped"] > 0, result
+    finally:
+        qdrant.stop()
+
+
+@pytest.fixture
+def mysql_behind_proxy(mysql_url: str) -> Iterator[tuple[str, CuttableProxy]]:
+    """The test's MariaDB database through a cuttable proxy, as a user with a password (to see it masked)."""
+    import sqlalchemy as sa
+    from sqlalchemy.engine import make_url
+
+    url = make_url(mysql_url)
+    user = f"kb_{url.database[-10:]}"
+    admin = sa.create_engine(mysql_url)
+    with admin.begin() as conn:
+        conn.execute(sa.text(f"CREATE USER '{user}'@'%' IDENTIFIED BY 's3cret-pw'"))
+        conn.execute(sa.text(f"GRANT ALL ON {url.database}.* TO '{user}'@'%'"))
+    proxy = CuttableProxy((url.host or "127.0.0.1", url.port or 3306))
+    try:
+        yield url.set(username=user, password="s3cret-pw", host="127.0.0.1", port=proxy.port).render_as_string(
+            hide_password=False), proxy
+    finally:
+        with contextlib.suppress(Exception):
+            proxy.cut()
+        with admin.begin() as conn:
+            conn.execute(sa.text(f"DROP USER IF EXISTS '{user}'@'%'"))
+        admin.dispose()
+
+
+def test_state_db_gone_mid_build_is_one_line_then_recorded_failed_and_resumed(
+        project: Path, held_ollama: HeldOllama, mysql_behind_proxy: tuple[str, CuttableProxy]) -> None:
+    """Seen: ~900 lines of chained tracebacks ending in a bare OperationalError; the run stayed `running`."""
+    from kb_reindex.state import StateStore
+
+    state_url, proxy = mysql_behind_proxy
+    env = kb_env(project, KB_EMBEDDER="ollama", OLLAMA_HOST=held_ollama.server.url, KB_EMBED_BATCH_SIZE="4",
+                 KB_STATE_URL=state_url)
+    proc = subprocess.Popen([str(CLI), "run"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert held_ollama.reached.wait(60), proc.communicate(timeout=5)
+    proxy.cut()
+    held_ollama.release.set()
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1, err
+    assert "Traceback" not in err and "unexpected error" not in err, err
+    assert "s3cret-pw" not in out + err
+    errors = [line for line in err.splitlines() if " ERROR " in line or line.startswith("kb-reindex: error")]
+    assert errors and all("state DB at mysql+pymysql://" in line and ":***@127.0.0.1:" in line
+                          and "KB_STATE_URL" in line for line in errors), err
+    assert not [line for line in err.splitlines() if not line.startswith("20")], "every log record is one line"
+
+    proxy.restore()
+    state = StateStore(state_url)
+    try:
+        interrupted = state.list_runs(ALIAS)[0]
+        assert interrupted["outcome"] == "running"  # nothing could record it while the state DB was gone
+        again = kb(env, "run", "--json")
+        assert again.returncode == 0, again.stderr[-3000:]
+        result = json.loads(again.stdout)
+        assert result["outcome"] == "promoted" and result["version"] == 1 and result["chunks"]["skipped"] > 0, result
+        recorded = state.get_run(interrupted["run_id"])
+        assert recorded["outcome"] == "failed" and recorded["error"], recorded
+    finally:
+        state.dispose()

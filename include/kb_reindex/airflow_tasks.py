@@ -15,17 +15,13 @@ from typing import Any
 
 from kb_reindex.config import Settings, split_ollama_hosts, state_url_from_env
 from kb_reindex.errors import (
+    PERMANENT,
     AliasMovedError,
     ConfigError,
-    GoldenSetError,
     KbError,
-    LockLostError,
-    RollbackRefused,
-    SourceChangedError,
-    SourceError,
-    StateDriftError,
-    StoreUnreachable,
-    ValidationFailed,
+    StateUnreachable,
+    StoreError,
+    classify,
 )
 from kb_reindex.runtime import Deps, open_deps
 
@@ -35,8 +31,6 @@ QDRANT_CONN_ID = "qdrant_default"
 STATE_CONN_ID = "kb_state"
 OLLAMA_CONN_ID = "ollama_default"
 POOL = "kb_qdrant_writes"
-PERMANENT = (ValidationFailed, AliasMovedError, StateDriftError, SourceError, SourceChangedError, GoldenSetError,
-             ConfigError, RollbackRefused, LockLostError)
 
 
 def _connection(conn_id: str) -> Any | None:
@@ -219,7 +213,7 @@ def _state_url() -> str:
 def _opening_failed(run_id: str, exc: KbError) -> None:
     from airflow.sdk.exceptions import AirflowFailException
 
-    permanent = isinstance(exc, PERMANENT) and not isinstance(exc, StoreUnreachable)
+    permanent = not classify(exc).transient
     if permanent or _last_try():
         try:
             from kb_reindex.state import StateStore
@@ -257,7 +251,7 @@ def step(deps: Deps, run_id: str) -> Iterator[None]:
         from kb_reindex import metrics
         from kb_reindex.errors import EmbeddingError
 
-        permanent = isinstance(exc, PERMANENT) and not isinstance(exc, StoreUnreachable)
+        permanent = not classify(exc).transient
         if permanent or _last_try():
             deps.state.finish_run(run_id, outcome="failed", error=str(exc))
         if isinstance(exc, AliasMovedError):
@@ -268,8 +262,15 @@ def step(deps: Deps, run_id: str) -> Iterator[None]:
             raise AirflowFailException(f"{type(exc).__name__}: {exc}") from None
         raise
     except Exception as exc:
+        from kb_reindex.engine import failure_of
+
+        failure = failure_of(exc, deps)
+        if failure.kind == "state_unreachable":  # nothing to record it in: the next run does (lock takeover)
+            raise StateUnreachable(failure.message) from None
         if _last_try():
-            deps.state.finish_run(run_id, outcome="failed", error=f"{type(exc).__name__}: {exc}")
+            deps.state.finish_run(run_id, outcome="failed", error=failure.message)
+        if failure.expected:  # Qdrant unreachable: one line in the task's log, and a retry
+            raise StoreError(failure.message) from None
         raise
 
 

@@ -20,7 +20,7 @@ from qdrant_client import models
 from kb_reindex.chunking import Chunk
 from kb_reindex.corpus import DocumentInfo
 from kb_reindex.embedding import batched, check_vectors
-from kb_reindex.errors import EmbeddingError, KbError, StoreError
+from kb_reindex.errors import EmbeddingError, KbError, StoreError, one_line
 from kb_reindex.layouts import EMBED_RECIPE, payload_text, shape_payload, text_field, version_profile
 from kb_reindex.plan import Prepared, prepare
 from kb_reindex.runtime import Deps
@@ -487,7 +487,8 @@ def _fill(deps: Deps, version: VersionRecord, window: tuple[int, int] | None,
         try:
             record_progress(0, final=True)
         except Exception as exc:  # noqa: BLE001 - progress is for display; the build's own error matters
-            log.warning("kb_reindex: could not record build progress of v%d: %s", version.version, exc)
+            log.warning("kb_reindex: could not record build progress of v%d: %s", version.version,
+                        one_line(str(exc)))
 
     written = deps.store.count(version.collection)
     if window is None:

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from kb_reindex.config import Settings
-from kb_reindex.errors import ConfigError, KbError
+from kb_reindex.errors import ConfigError, Failure, KbError, classify
 
 log = logging.getLogger("kb_reindex.cli")
 
@@ -196,18 +196,27 @@ def _main(argv: list[str]) -> int:
                         format="%(asctime)s %(levelname)s %(message)s")
     try:
         return _dispatch(args)
-    except ConfigError as exc:
-        _fail(args, str(exc), "config")
-        return 2
-    except KbError as exc:
-        _fail(args, str(exc), type(exc).__name__)
-        return 1
     except BrokenPipeError:
         raise
-    except Exception as exc:  # noqa: BLE001 - the CLI must answer in its own format, with the traceback logged
-        log.exception("kb_reindex: unexpected error")
-        _fail(args, f"{type(exc).__name__}: {exc}", "unexpected")
-        return 1
+    except Exception as exc:  # noqa: BLE001 - the CLI answers in its own format; a traceback only for a bug
+        failure = _failure(exc)
+        if not failure.expected:
+            log.exception("kb_reindex: unexpected error")
+        _fail(args, failure.message, failure.kind)
+        return failure.exit_code
+
+
+def _failure(exc: BaseException) -> Failure:
+    """errors.classify, naming the state DB and Qdrant of the environment's settings (when they parse)."""
+    from kb_reindex.store import describe_qdrant_failure
+
+    try:
+        settings: Settings | None = Settings.from_env()
+    except KbError:
+        settings = None
+    if settings is None:
+        return classify(exc)
+    return classify(exc, state_url=settings.state_url, qdrant=lambda e: describe_qdrant_failure(e, settings))
 
 
 def _fail(args: argparse.Namespace, message: str, kind: str) -> None:

@@ -26,7 +26,7 @@ from urllib.parse import urlsplit, urlunsplit
 import numpy as np
 
 from kb_reindex.config import DEFAULT_MODELS, Settings, split_ollama_hosts
-from kb_reindex.errors import ConfigError, EmbeddingError, ModelNotServed
+from kb_reindex.errors import ConfigError, EmbeddingError, ModelNotServed, connect_failure
 
 log = logging.getLogger(__name__)
 
@@ -360,8 +360,8 @@ class OllamaEmbedder:
             if exc.status_code not in (408, 429) and exc.status_code < 500:
                 raise EmbeddingError(f"Ollama at {host.where} refused the request ({exc.status_code}): {exc.error}") from None
             raise _Unavailable(f"HTTP {exc.status_code}: {exc.error}") from None
-        except (ConnectionError, httpx.ConnectError):
-            raise _Unavailable("connection refused") from None
+        except (ConnectionError, httpx.ConnectError) as exc:
+            raise _Unavailable(connect_failure(exc) or "connection failed") from None
         except httpx.TimeoutException:
             raise _Unavailable("timed out") from None
         except httpx.HTTPError as exc:

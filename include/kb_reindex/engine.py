@@ -14,7 +14,7 @@ from typing import Any
 
 from kb_reindex import querylog
 from kb_reindex.build import BuildCounts, build, create_version, reindex_lock_name
-from kb_reindex.errors import ConfigError, KbError, LockHeldError
+from kb_reindex.errors import Failure, KbError, LockHeldError, classify
 from kb_reindex.layouts import version_profile
 from kb_reindex.plan import prepare_logged as make_plan
 from kb_reindex.promote import promote
@@ -154,28 +154,44 @@ def run_reindex(
                 result["outcome"] = "shadow"
             result["cleanup"] = cleanup(deps)
     except Exception as exc:
-        message = str(exc) if isinstance(exc, KbError) else f"{type(exc).__name__}: {exc}"
-        if not isinstance(exc, KbError):
+        failure = failure_of(exc, deps)
+        if not failure.expected:
             log.exception("kb_reindex: unexpected error")
-            # over the wire the Qdrant client says neither which server nor, often, what in one line
-            message = describe_qdrant_failure(exc, deps.settings, deps.store.client) or message
-        # named as the CLI names an error: "config" is a setting to fix (exit 2)
-        kind_of_error = ("config" if isinstance(exc, ConfigError)
-                         else type(exc).__name__ if isinstance(exc, KbError) else "unexpected")
-        result.update(outcome="failed", error=message, error_kind=kind_of_error)
+        result.update(outcome="failed", error=failure.message, error_kind=failure.kind)
         if "plan" in result:
             result["chunks"] = chunk_counts(result["plan"], done)
-        if result.get("version") is not None:
-            v = deps.state.get_version(alias, result["version"])
-            if v is not None and v.validation:
-                result["validation"] = validation_summary(v.validation)
-        deps.state.finish_run(run_id, outcome="failed", error=message, version=result.get("version"),
-                              **built_counters(done))
-        log.error("kb_reindex: %s run %s failed: %s", kind, run_id, message)
+        if failure.kind != "state_unreachable":
+            _record_failure(deps, result, run_id, failure, done)
+        log.error("kb_reindex: %s run %s failed: %s", kind, run_id, failure.message)
         return result
     deps.state.finish_run(run_id, outcome=result["outcome"], version=result["version"], **counters,
                           **built_counters(done))
     return result
+
+
+def failure_of(exc: BaseException, deps: Deps | StateDeps) -> Failure:
+    """errors.classify with this deployment's state DB and Qdrant server named."""
+    store = getattr(deps, "store", None)
+    return classify(exc, state_url=deps.settings.state_url,
+                    qdrant=lambda e: describe_qdrant_failure(e, deps.settings, store.client if store else None))
+
+
+def _record_failure(deps: Deps, result: dict[str, Any], run_id: str, failure: Failure, done: BuildCounts) -> None:
+    """The failed run's record, and the version's validation if it got that far. A state DB lost meanwhile
+    leaves the run `running`: the next run records it as failed (it takes over the dead process's lock)."""
+    try:
+        if result.get("version") is not None:
+            v = deps.state.get_version(deps.settings.alias, result["version"])
+            if v is not None and v.validation:
+                result["validation"] = validation_summary(v.validation)
+        deps.state.finish_run(run_id, outcome="failed", error=failure.message, version=result.get("version"),
+                              **built_counters(done))
+    except Exception as exc:  # noqa: BLE001 - reported in one line; the run's own failure is what is returned
+        lost = failure_of(exc, deps)
+        if lost.expected:
+            log.error("kb_reindex: run %s could not be recorded as failed: %s", run_id, lost.message)
+        else:
+            raise
 
 
 def validation_summary(result: dict[str, Any]) -> dict[str, Any]:

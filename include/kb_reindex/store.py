@@ -17,7 +17,15 @@ from typing import Any
 from qdrant_client import QdrantClient, models
 
 from kb_reindex.config import Settings
-from kb_reindex.errors import AliasMovedError, AliasReadBackError, ConfigError, KbError, StoreError, StoreUnreachable
+from kb_reindex.errors import (
+    AliasMovedError,
+    AliasReadBackError,
+    ConfigError,
+    KbError,
+    StoreError,
+    StoreUnreachable,
+    connect_failure,
+)
 from kb_reindex.embedding import redact_url
 
 log = logging.getLogger(__name__)
@@ -412,8 +420,8 @@ def _open_error(exc: Exception, settings: Settings, client: QdrantClient) -> KbE
                            f"KB_QDRANT_API_KEY; {untouched}")
     cause = exc.source if isinstance(exc, ResponseHandlingException) else exc
     if isinstance(cause, httpx.ConnectError):
-        return StoreUnreachable(f"Qdrant at {where} is unreachable: connection refused or host unknown; check "
-                           f"KB_QDRANT_URL and that the server runs; {untouched}")
+        return StoreUnreachable(f"Qdrant at {where} is unreachable ({connect_failure(cause) or 'connection failed'}): "
+                                f"check KB_QDRANT_URL and that the server runs; {untouched}")
     return StoreError(f"{describe_qdrant_failure(exc, settings, client) or f'Qdrant at {where} is unreachable'}; "
                       f"{untouched}")
 
@@ -436,10 +444,11 @@ def describe_qdrant_failure(exc: BaseException, settings: Settings, client: Qdra
         return f"Qdrant at {where} answered HTTP {exc.status_code} {exc.reason_phrase}" + (f": {detail}" if detail else "")
     cause = exc.source if isinstance(exc, ResponseHandlingException) else exc
     if isinstance(cause, httpx.TimeoutException):
-        return f"Qdrant at {where} is unreachable: no answer in time ({type(cause).__name__})"
+        return (f"Qdrant at {where} is unreachable: no answer in time ({type(cause).__name__}); check that the "
+                "server runs and is not overloaded (KB_QDRANT_TIMEOUT)")
     if isinstance(cause, httpx.TransportError):
-        words = " ".join(str(cause).split()) or "no details"
-        return f"Qdrant at {where} is unreachable: {type(cause).__name__}: {words}"
+        what = connect_failure(cause) or f"{type(cause).__name__}: {' '.join(str(cause).split()) or 'no details'}"
+        return f"Qdrant at {where} is unreachable ({what}); check KB_QDRANT_URL and that the server runs"
     if isinstance(exc, ResponseHandlingException):
         return f"Qdrant at {where} sent an answer the client could not read: {type(cause).__name__}: {cause}"
     return None
