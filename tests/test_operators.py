@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import settings_for
 
 from kb_reindex.embedding import HashingEmbedder
 from kb_reindex.testing.ollama_server import FakeModel, FakeOllamaServer
@@ -272,3 +273,93 @@ def test_state_db_gone_mid_build_is_one_line_then_recorded_failed_and_resumed(
         assert recorded["outcome"] == "failed" and recorded["error"], recorded
     finally:
         state.dispose()
+
+
+# --- 5. local mode: no stale alias map read, none written back ---------------------------------------
+
+
+def test_local_mode_never_opens_a_stale_copy_of_the_store(project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Local mode reads the folder, then takes its lock: a run that moved the alias and closed in between
+    left status a stale alias map (reported as a drift "moved back"), and a writer would save it back."""
+    import portalocker
+    from qdrant_client import QdrantClient
+
+    from kb_reindex.store import KnowledgeStore, make_client
+
+    settings = settings_for(project)
+    path = str(settings.qdrant_path)
+    first = KnowledgeStore(QdrantClient(path=path))
+    for name in ("kb__v1", "kb__v2"):
+        first.create_collection(name, dim=8)
+    first.swap_alias(ALIAS, to="kb__v1", expected_from=None)
+
+    at_lock, go = threading.Event(), threading.Event()
+    real_lock = portalocker.lock
+
+    def lock_after_the_read(file: Any, flags: Any) -> Any:
+        if threading.current_thread().name == "status" and not at_lock.is_set():
+            at_lock.set()  # the folder is read; the lock is next
+            assert go.wait(30)
+        return real_lock(file, flags)
+
+    monkeypatch.setattr(portalocker, "lock", lock_after_the_read)
+    opened: dict[str, KnowledgeStore] = {}
+    reader = threading.Thread(target=lambda: opened.update(store=KnowledgeStore(make_client(settings))), name="status")
+    reader.start()
+    assert at_lock.wait(30)
+    first.swap_alias(ALIAS, to="kb__v2", expected_from="kb__v1")  # the run promotes v2 ...
+    first.close()  # ... and ends
+    go.set()
+    reader.join(30)
+    store = opened["store"]
+    try:
+        assert store.alias_target(ALIAS) == "kb__v2"
+        store.create_collection("kb__v3", dim=8)  # a write saves the map it holds: the current one
+    finally:
+        store.close()
+    again = KnowledgeStore(QdrantClient(path=path))
+    try:
+        assert again.alias_target(ALIAS) == "kb__v2"
+    finally:
+        again.close()
+
+
+# --- 8. a connection failure says what happened ---------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.mark.parametrize(("where", "said"), [("no-such-host.invalid", "name not resolved"),
+                                             ("127.0.0.1:{port}", "connection refused")])
+def test_connection_failures_say_what_happened(project: Path, where: str, said: str) -> None:
+    """Seen: OLLAMA_HOST=http://no-such-host.invalid was reported as "connection refused"."""
+    from kb_reindex.embedding import OllamaEmbedder
+    from kb_reindex.errors import ConfigError, EmbeddingError
+    from kb_reindex.runtime import open_reader
+    from kb_reindex.state import StateStore
+
+    host = where.format(port=free_port())
+    with pytest.raises(EmbeddingError) as ollama:
+        OllamaEmbedder(host=f"http://{host}", model="bge-m3", dim=16, retries=0).embed(["a"])
+    assert str(ollama.value).endswith(f": {said}"), ollama.value
+    with pytest.raises(ConfigError) as qdrant, open_reader(settings_for(project, KB_QDRANT_URL=f"http://{host}")):
+        pass
+    assert f"is unreachable ({said})" in str(qdrant.value), qdrant.value
+    with pytest.raises(ConfigError) as state:
+        StateStore(f"mysql+pymysql://kb:pw@{host}/kb")
+    assert f"is unreachable ({said})" in str(state.value) and "pw" not in str(state.value), state.value
+
+
+def test_tls_to_a_plain_server_says_tls_failed(project: Path, tmp_path: Path) -> None:
+    from kb_reindex.errors import ConfigError
+    from kb_reindex.runtime import open_reader
+    from kb_reindex.testing.qdrant_server import FakeQdrantServer
+
+    with FakeQdrantServer(tmp_path / "q") as server, pytest.raises(ConfigError) as qdrant, \
+            open_reader(settings_for(project, KB_QDRANT_URL=server.url.replace("http://", "https://"))):
+        pass
+    assert "is unreachable (TLS failed" in str(qdrant.value), qdrant.value

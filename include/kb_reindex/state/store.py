@@ -8,7 +8,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 
-from kb_reindex.errors import ConfigError
+from kb_reindex.errors import ConfigError, connect_failure
 from kb_reindex.state.clock import Clock, SystemClock
 from kb_reindex.state.history import HistoryMixin
 from kb_reindex.state.locks import LocksMixin
@@ -52,9 +52,12 @@ class StateStore(VersionsMixin, ManifestsMixin, RunsMixin, HistoryMixin, LocksMi
                 _upgrade_schema(self.engine)
                 return
             self.engine.dispose()
+            what = connect_failure(exc)
             raise ConfigError(
-                f"state DB at {self.display_url} is unreachable or refused the schema (KB_STATE_URL): "
-                f"{_first_line(exc.orig)}"
+                f"state DB at {self.display_url} is "
+                + (f"unreachable ({what}); check KB_STATE_URL and that the server runs: " if what else
+                   "unreachable or refused the schema (KB_STATE_URL): ")
+                + _first_line(exc.orig)
             ) from None
         except (sa.exc.IntegrityError, sa.exc.ProgrammingError):
             metadata.create_all(self.engine, checkfirst=True)  # another process created it first
