@@ -363,3 +363,40 @@ def test_tls_to_a_plain_server_says_tls_failed(project: Path, tmp_path: Path) ->
             open_reader(settings_for(project, KB_QDRANT_URL=server.url.replace("http://", "https://"))):
         pass
     assert "is unreachable (TLS failed" in str(qdrant.value), qdrant.value
+
+
+# --- 6. status's header says what the alias serves -------------------------------------------------
+
+
+def engine_deps(project: Path, **env: str) -> Any:
+    from qdrant_client import QdrantClient
+
+    from kb_reindex.runtime import Deps
+    from kb_reindex.state import StateStore
+    from kb_reindex.store import KnowledgeStore
+
+    settings = settings_for(project, **env)
+    return Deps(settings=settings, state=StateStore(settings.state_url), store=KnowledgeStore(QdrantClient(":memory:")))
+
+
+def test_status_header_names_what_the_alias_serves_during_a_drift(project: Path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """Seen: alias moved by hand to v2 while the state DB says v1: the header read `-> v1`."""
+    import argparse
+
+    from kb_reindex import cli, engine
+    from kb_reindex.build import build, create_version
+    from kb_reindex.plan import plan
+
+    deps = engine_deps(project)
+    assert engine.run_reindex(deps)["outcome"] == "promoted"
+    (project / "knowledge" / "docs" / "shipping-fee.md").write_text("# 运费\n\n满99元包邮。\n", encoding="utf-8")
+    planned = plan(deps)
+    created = create_version(deps, planned, run_id="by-hand")
+    build(deps, created["version"], run_id="by-hand")
+    deps.store.swap_alias(ALIAS, to=created["collection"], expected_from=deps.state.live_version(ALIAS).collection)
+    capsys.readouterr()
+    assert cli._cmd_status(argparse.Namespace(json=False), deps) == 1
+    head = capsys.readouterr().out.splitlines()[0]
+    assert head.startswith(f"alias {ALIAS} -> v2 ({created['collection']}, "), head
+    assert "the state DB says live is v1" in head

@@ -338,9 +338,7 @@ def _cmd_status(args: argparse.Namespace, deps: Any) -> int:
     from kb_reindex import engine
 
     s = engine.status(deps)
-    live = s["live"]
-    head = f"alias {s['alias']} -> " + (f"v{live['version']} ({live['collection']}, {live['points']} points, "
-                                        f"{live['embed_model']} {live['dim']}-d)" if live else "nothing")
+    head = _status_head(s)
     rows = [{**v, "status": v["status"] + (" *rollback target" if v["rollback_target"] else "")
              + (" *pinned" if v.get("pinned") else "")} for v in s["versions"]]
     human = "\n".join([head, "", _table(rows, ["version", "status", "collection", "points", "embed_model", "dim",
@@ -436,6 +434,22 @@ def _cmd_reconcile(args: argparse.Namespace, deps: Any) -> int:
         result = reconcile(deps)
     _print(args, result, result["message"])
     return 0
+
+
+def _status_head(s: dict[str, Any]) -> str:
+    """What the alias serves (read from Qdrant), not what the state DB records: in a drift the two differ,
+    and the state DB's view is said beside it."""
+    serving = next((v for v in s["versions"] if v["serving"]), None)
+    if serving is not None:
+        head = (f"alias {s['alias']} -> v{serving['version']} ({serving['collection']}, {serving['points']} points, "
+                f"{serving['embed_model']} {serving['dim']}-d)")
+    else:
+        head = f"alias {s['alias']} -> {s['serving_collection'] or 'nothing'}"
+    live = s["live"]
+    if (live["collection"] if live else None) != s["serving_collection"]:
+        recorded = f"v{live['version']}" if live else "nothing"
+        head += f"; the state DB says live is {recorded} (see PROBLEM below)"
+    return head
 
 
 def _pins_and_audit_human(s: dict[str, Any]) -> list[str]:
