@@ -400,3 +400,28 @@ def test_status_header_names_what_the_alias_serves_during_a_drift(project: Path,
     head = capsys.readouterr().out.splitlines()[0]
     assert head.startswith(f"alias {ALIAS} -> v2 ({created['collection']}, "), head
     assert "the state DB says live is v1" in head
+
+
+# --- 7. symlink loops are listed with the other bad documents --------------------------------------
+
+
+def test_symlink_loops_are_listed_by_name_with_the_other_bad_documents(project: Path) -> None:
+    """Seen: `RuntimeError: Symlink loop` with a traceback, and the other bad files never reported."""
+    from kb_reindex.errors import SourceError
+    from kb_reindex.sources import load_corpus
+
+    docs = project / "knowledge" / "docs"
+    (docs / "loop-a.md").symlink_to("loop-b.md")
+    (docs / "loop-b.md").symlink_to("loop-a.md")
+    (docs / "self.md").symlink_to("self.md")
+    (docs / "empty.md").write_text("  \n", encoding="utf-8")
+    with pytest.raises(SourceError) as error:
+        load_corpus(docs)
+    message = str(error.value)
+    assert message.startswith("4 knowledge document(s) cannot be indexed"), message
+    assert "loop-a.md: is a link that never reaches a file (loop-a.md -> loop-b.md -> loop-a.md)" in message
+    assert "loop-b.md: is a link that never reaches a file (loop-b.md -> loop-a.md -> loop-b.md)" in message
+    assert "self.md: is a link that never reaches a file (self.md -> self.md)" in message
+    assert "empty.md: file is empty" in message
+    done = kb(kb_env(project), "run")
+    assert done.returncode == 1 and "Traceback" not in done.stderr and "loop-a.md" in done.stdout + done.stderr
