@@ -425,3 +425,35 @@ def test_symlink_loops_are_listed_by_name_with_the_other_bad_documents(project: 
     assert "empty.md: file is empty" in message
     done = kb(kb_env(project), "run")
     assert done.returncode == 1 and "Traceback" not in done.stderr and "loop-a.md" in done.stdout + done.stderr
+
+
+# --- smaller ones ------------------------------------------------------------------------------------
+
+
+def test_status_names_a_version_whose_collection_is_gone_instead_of_none_points(project: Path) -> None:
+    """Seen after collections were dropped under another state DB: `v14 … holds None points`."""
+    from kb_reindex import engine
+
+    deps = engine_deps(project)
+    first = engine.run_reindex(deps)
+    (project / "knowledge" / "docs" / "gift-wrap.md").write_text("# 礼品包装\n\n礼品包装免费。\n", encoding="utf-8")
+    assert engine.run_reindex(deps)["outcome"] == "promoted"
+    deps.store.client.delete_collection(first["collection"])
+    problems = engine.status(deps)["problems"]
+    assert not any("None" in p for p in problems), problems
+    assert any(p.startswith(f"v1 ({first['collection']}) is retired in the state DB, but Qdrant has no such collection")
+               and "kb-reindex drop --version 1" in p for p in problems), problems
+
+
+def test_nfc_and_nfd_twins_are_shown_apart(project: Path) -> None:
+    """Seen: `café-wifi.md and café-wifi.md: map to the same knowledge_key`."""
+    from kb_reindex.errors import SourceError
+    from kb_reindex.sources import load_corpus
+
+    docs = project / "knowledge" / "docs"
+    for name in ("caf\u00e9-wifi.md", "cafe\u0301-wifi.md"):
+        (docs / name).write_text("# Wi-Fi\n\n密码在前台。\n", encoding="utf-8")
+    with pytest.raises(SourceError) as error:
+        load_corpus(docs)
+    assert ("cafe\u0301-wifi.md (NFD, decomposed: cafe\\u0301-wifi.md) and caf\u00e9-wifi.md (NFC, composed: "
+            "caf\\xe9-wifi.md): map to the same knowledge_key") in str(error.value), error.value

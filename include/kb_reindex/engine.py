@@ -312,7 +312,14 @@ def status(deps: Deps) -> dict[str, Any]:
         else:
             problems.append(drift_advice(deps, serving, live))
     for v in versions:
-        if v["status"] in ("live", "ready", "retired") and v["points"] != v["points_expected"]:
+        if v["status"] not in ("live", "ready", "retired"):
+            continue
+        if v["points"] is None:
+            problems.append(f"v{v['version']} ({v['collection']}) is {v['status']} in the state DB, but Qdrant has no "
+                            "such collection (dropped by hand, or by kb-reindex working with another state DB): "
+                            + ("rebuild with `kb-reindex run --force-full`" if v["status"] == "live" else
+                               f"`kb-reindex drop --version {v['version']}` records it as deleted"))
+        elif v["points"] != v["points_expected"]:
             problems.append(f"v{v['version']} ({v['collection']}) holds {v['points']} points, manifest lists "
                             f"{v['points_expected']}")
     audit = live_audit(deps, live)

@@ -238,11 +238,25 @@ def iter_corpus(docs_dir: Path, *, max_bytes: int = 2_000_000,
         yield document
     for sources in by_key.values():
         if len(sources) > 1:
-            errors.append(f"{' and '.join(sources)}: map to the same knowledge_key; rename one of them")
+            errors.append(f"{' and '.join(spelled_apart(sources))}: map to the same knowledge_key; rename one of them")
     if errors:
         raise SourceError(f"{len(errors)} knowledge document(s) cannot be indexed:\n  " + "\n  ".join(errors))
     if not count:
         raise SourceError(f"knowledge folder {docs_dir} holds no .md documents")
+
+
+def spelled_apart(names: list[str]) -> list[str]:
+    """Names that print alike (`café` composed, NFC, and `cafe` + a combining accent, NFD) with what tells
+    them apart: each one's Unicode form and its code points beyond ASCII."""
+    if len({unicodedata.normalize("NFC", name) for name in names}) == len(names):
+        return names  # they differ visibly (in case)
+    return [f"{name} ({unicode_form(name)}: {ascii(name)[1:-1]})" for name in names]
+
+
+def unicode_form(name: str) -> str:
+    if unicodedata.is_normalized("NFC", name):
+        return "NFC, composed" if not unicodedata.is_normalized("NFD", name) else "ASCII-only or plain"
+    return "NFD, decomposed" if unicodedata.is_normalized("NFD", name) else "mixed Unicode forms"
 
 
 def load_corpus(docs_dir: Path, *, max_bytes: int = 2_000_000) -> list[Document]:
