@@ -457,3 +457,12 @@ def test_nfc_and_nfd_twins_are_shown_apart(project: Path) -> None:
         load_corpus(docs)
     assert ("cafe\u0301-wifi.md (NFD, decomposed: cafe\\u0301-wifi.md) and caf\u00e9-wifi.md (NFC, composed: "
             "caf\\xe9-wifi.md): map to the same knowledge_key") in str(error.value), error.value
+
+
+def test_a_missing_golden_set_is_a_configuration_error_like_a_missing_knowledge_folder(project: Path) -> None:
+    """Seen: a missing KB_GOLDEN_SET exited 1, a missing KB_KNOWLEDGE_DIR 2."""
+    missing_golden = kb(kb_env(project, KB_GOLDEN_SET=str(project / "nope.yaml")), "run")
+    assert missing_golden.returncode == 2, missing_golden.stdout + missing_golden.stderr
+    assert "nope.yaml does not exist (KB_GOLDEN_SET)" in missing_golden.stdout + missing_golden.stderr
+    missing_docs = kb(kb_env(project, KB_KNOWLEDGE_DIR=str(project / "nothing")), "run")
+    assert missing_docs.returncode == 2, missing_docs.stdout + missing_docs.stderr

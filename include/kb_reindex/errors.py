@@ -46,6 +46,10 @@ class GoldenSetError(KbError):
     step = "validate"
 
 
+class GoldenSetMissing(GoldenSetError, ConfigError):
+    """KB_GOLDEN_SET names no file: a setting to fix (exit 2), as a missing KB_KNOWLEDGE_DIR is."""
+
+
 class EmbeddingError(KbError):
     """The embedder failed or answered something that must not be written."""
 
