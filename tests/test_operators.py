@@ -466,3 +466,30 @@ def test_a_missing_golden_set_is_a_configuration_error_like_a_missing_knowledge_
     assert "nope.yaml does not exist (KB_GOLDEN_SET)" in missing_golden.stdout + missing_golden.stderr
     missing_docs = kb(kb_env(project, KB_KNOWLEDGE_DIR=str(project / "nothing")), "run")
     assert missing_docs.returncode == 2, missing_docs.stdout + missing_docs.stderr
+
+
+def test_an_empty_mariadb_state_db_says_run_creates_it_and_plan_previews_the_first_run(project: Path,
+                                                                                       mysql_url: str) -> None:
+    """Seen: on an empty MariaDB state DB, plan and status only suggested `reconcile --rebuild-state`."""
+    import sqlalchemy as sa
+
+    env = kb_env(project, KB_STATE_URL=mysql_url, KB_QDRANT_PATH=str(project / "qdrant"))
+    status = kb(env, "status")
+    assert status.returncode == 2
+    assert "holds no kb-reindex state yet (KB_STATE_URL): `kb-reindex run` creates it" in status.stderr, status.stderr
+    init = kb(env, "gc")  # creates the local Qdrant folder (and the state), as the first writing command does
+    engine = sa.create_engine(mysql_url)
+    with engine.begin() as conn:  # back to an empty database: only Qdrant's folder remains
+        for table in sa.inspect(conn).get_table_names():
+            conn.execute(sa.text(f"DROP TABLE {table}"))
+    engine.dispose()
+    assert init.returncode == 0, init.stderr[-2000:]
+    plan = kb(env, "plan", "--json")
+    assert plan.returncode == 0, plan.stderr[-3000:]
+    preview = json.loads(plan.stdout)
+    assert preview["no_change"] is False and preview["base_version"] is None and preview["docs"]["added"] == 6
+    assert "Previewing a first run" in plan.stderr
+    engine = sa.create_engine(mysql_url)
+    with engine.connect() as conn:
+        assert sa.inspect(conn).get_table_names() == [], "the preview created nothing"
+    engine.dispose()

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from kb_reindex.config import Settings
-from kb_reindex.errors import ConfigError, Failure, KbError, classify
+from kb_reindex.errors import ConfigError, Failure, KbError, StateEmpty, classify
 
 log = logging.getLogger("kb_reindex.cli")
 
@@ -245,6 +245,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         finally:
             state.dispose()
     dry_migration = args.command == "migrate" and args.dry_run
+    if args.command == "plan":
+        return _plan_with_state(args, settings)
     with open_deps(settings, create=args.command not in NO_CREATE and not dry_migration) as deps:
         if args.command == "promote" and not _confirm_promotion(args, deps):
             return 0
@@ -319,6 +321,24 @@ def _cmd_migrate(args: argparse.Namespace, deps: Any) -> int:
     result.pop("plan", None)
     _print(args, result, _run_human(result))
     return _run_exit_code(result)
+
+
+def _plan_with_state(args: argparse.Namespace, settings: Settings) -> int:
+    """`plan` on the state DB; on one that holds no kb-reindex state yet (a new MariaDB database), the
+    preview of a first run, planned against an empty state in memory: nothing is created or written."""
+    from kb_reindex.runtime import open_deps
+    from kb_reindex.state import StateStore
+
+    try:
+        state = StateStore(settings.state_url, create=False)
+    except StateEmpty as empty:
+        log.warning("kb_reindex: %s. Previewing a first run", empty)
+        state = StateStore("sqlite:///:memory:")
+    try:
+        with open_deps(settings, state=state, create=False) as deps:
+            return int(args.func(args, deps))
+    finally:
+        state.dispose()
 
 
 def _cmd_plan(args: argparse.Namespace, deps: Any) -> int:

@@ -19,6 +19,11 @@ class ConfigError(KbError):
     """A setting or argument is wrong; the CLI exits 2."""
 
 
+class StateEmpty(ConfigError):
+    """The state DB exists but holds no kb-reindex table: a first run creates them (a read-only command
+    refuses, naming the URL; `plan` previews that first run)."""
+
+
 class StoreUnreachable(ConfigError):
     """Nothing answers at the configured Qdrant URL: a setting to check from the CLI (exit 2), but in
     Airflow a server restarting for a minute, so its tasks retry it."""

@@ -8,7 +8,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 
-from kb_reindex.errors import ConfigError, connect_failure
+from kb_reindex.errors import ConfigError, StateEmpty, connect_failure
 from kb_reindex.state.clock import Clock, SystemClock
 from kb_reindex.state.history import HistoryMixin
 from kb_reindex.state.locks import LocksMixin
@@ -73,6 +73,13 @@ class StateStore(VersionsMixin, ManifestsMixin, RunsMixin, HistoryMixin, LocksMi
     def _require_schema(self) -> None:
         present = set(sa.inspect(self.engine).get_table_names())
         missing = sorted({versions.name, alias_events.name} - present)
+        if len(missing) == 2:
+            self.engine.dispose()
+            raise StateEmpty(
+                f"the state DB at {self.display_url} holds no kb-reindex state yet (KB_STATE_URL): `kb-reindex run` "
+                "creates it and builds the first version (`kb-reindex plan` previews that run); if the state was "
+                "lost while Qdrant still holds the versions, rebuild it with `kb-reindex reconcile --rebuild-state`"
+            )
         if missing:
             self.engine.dispose()
             raise ConfigError(
