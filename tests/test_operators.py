@@ -493,3 +493,34 @@ def test_an_empty_mariadb_state_db_says_run_creates_it_and_plan_previews_the_fir
     with engine.connect() as conn:
         assert sa.inspect(conn).get_table_names() == [], "the preview created nothing"
     engine.dispose()
+
+
+def test_a_long_table_is_chunked_under_its_header_row_and_other_chunks_do_not_change() -> None:
+    """Seen: a 2 MB Markdown table cut into chunks that start mid-row without the header row."""
+    import hashlib
+
+    from kb_reindex.chunking import chunk_document
+    from kb_reindex.sources import load_corpus, parse_document
+
+    header = "| 商品编号 | 名称 | 退货期限 | 备注 |\n|---|---|:---:|---|"
+    rows = [f"| SKU-{i:05d} | 商品{i} | {7 + i % 3} 天 | 第{i}行备注，说明退货条件。 |" for i in range(400)]
+    body = f"# 退货期限表\n\n下表列出每件商品的退货期限。\n\n{header}\n" + "\n".join(rows) + "\n\n表后的说明。\n"
+    doc = parse_document(Path("table.md"), "table.md", body.encode("utf-8"))
+    chunks = chunk_document(doc, chunk_size=500, overlap=50)
+    table_chunks = [c for c in chunks if "SKU-" in c.text]
+    assert len(table_chunks) > 10
+    for chunk in table_chunks:
+        assert chunk.text.split("\n", 1)[1].startswith(header), chunk.text[:200]
+        assert len(chunk.text) <= 500
+    found = [line for c in table_chunks for line in c.text.split("\n") if line.startswith("| SKU-")]
+    assert found == rows, "every row whole, once, in order"
+    assert chunks[0].text.endswith("下表列出每件商品的退货期限。") and chunks[-1].text.endswith("表后的说明。")
+
+    # the shipped documents (whose tables fit a chunk) are cut exactly as before: no vector to re-embed
+    digest = hashlib.sha256()
+    hashes = {f"{d.knowledge_key}/{size}": "".join(c.chunk_hash for c in chunk_document(d, chunk_size=size, overlap=overlap))
+              for d in load_corpus(Path(__file__).resolve().parents[1] / "knowledge" / "docs")
+              for size, overlap in ((200, 30), (500, 50))}
+    for key in sorted(hashes):
+        digest.update(hashes[key].encode())
+    assert digest.hexdigest() == "107fd7ccfebac3ddd731d9f4fcb101fd2664bac381dce44db6caed77b12c09ca"
