@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -524,3 +525,25 @@ def test_a_long_table_is_chunked_under_its_header_row_and_other_chunks_do_not_ch
     for key in sorted(hashes):
         digest.update(hashes[key].encode())
     assert digest.hexdigest() == "107fd7ccfebac3ddd731d9f4fcb101fd2664bac381dce44db6caed77b12c09ca"
+
+
+def test_rebuild_state_keeps_each_versions_creation_time_hit_rate_and_mrr(project: Path) -> None:
+    """Seen: `reconcile --rebuild-state` dated every version to the rebuild and lost hit rate and MRR."""
+    from kb_reindex import engine
+    from kb_reindex.reconcile import rebuild_state
+    from kb_reindex.state.clock import ManualClock, utcnow
+
+    deps = engine_deps(project)
+    engine.run_reindex(deps)
+    (project / "knowledge" / "docs" / "gift-wrap.md").write_text("# 礼品包装\n\n礼品包装免费。\n", encoding="utf-8")
+    assert engine.run_reindex(deps)["outcome"] == "promoted"
+
+    def seen() -> list[tuple[Any, ...]]:
+        return [(v["version"], v["status"], v["created_at"], v["hit_rate"], v["mrr"])
+                for v in engine.status(deps)["versions"]]
+
+    before = seen()
+    assert all(row[3] is not None for row in before)
+    deps.state.clock = ManualClock(utcnow() + timedelta(days=1))  # the rebuild happens a day later
+    rebuild_state(deps, replace=True)
+    assert seen() == before

@@ -163,7 +163,9 @@ def collection_metadata(version: VersionRecord, config: dict[str, Any] | None = 
                 "embedder": version.embedder, "embed_model": version.embed_model, "embed_dim": version.embed_dim,
                 "chunking_version": version.chunking_version, "corpus_fingerprint": version.corpus_fingerprint,
                 "payload_layout": version.payload_layout, "embed_profile": version_profile(version),
-                "embed_recipe": EMBED_RECIPE, "distance": version.distance}
+                "embed_recipe": EMBED_RECIPE, "distance": version.distance,
+                # restored by `reconcile --rebuild-state`, which would otherwise date every version to the rebuild
+                "created_at": version.created_at.isoformat(timespec="seconds") + "Z"}
     if config is not None:
         metadata["collection_config"] = config
     return metadata
