@@ -202,7 +202,7 @@ def test_qdrant_gone_mid_build_is_one_line_and_the_rerun_resumes(project: Path, 
         assert held_ollama.reached.wait(60), proc.communicate(timeout=5)
         qdrant.stop()
         held_ollama.release.set()
-        out, err = proc.communicate(timeout=120)
+        _out, err = proc.communicate(timeout=120)
         assert proc.returncode == 1, err
         errors = [line for line in err.splitlines() if " ERROR " in line or line.startswith("kb-reindex: error")]
         assert "Traceback" not in err and "unexpected error" not in err, err
@@ -283,9 +283,8 @@ def test_local_mode_never_opens_a_stale_copy_of_the_store(project: Path, monkeyp
     """Local mode reads the folder, then takes its lock: a run that moved the alias and closed in between
     left status a stale alias map (reported as a drift "moved back"), and a writer would save it back."""
     import portalocker
-    from qdrant_client import QdrantClient
-
     from kb_reindex.store import KnowledgeStore, make_client
+    from qdrant_client import QdrantClient
 
     settings = settings_for(project)
     path = str(settings.qdrant_path)
@@ -370,11 +369,10 @@ def test_tls_to_a_plain_server_says_tls_failed(project: Path, tmp_path: Path) ->
 
 
 def engine_deps(project: Path, **env: str) -> Any:
-    from qdrant_client import QdrantClient
-
     from kb_reindex.runtime import Deps
     from kb_reindex.state import StateStore
     from kb_reindex.store import KnowledgeStore
+    from qdrant_client import QdrantClient
 
     settings = settings_for(project, **env)
     return Deps(settings=settings, state=StateStore(settings.state_url), store=KnowledgeStore(QdrantClient(":memory:")))
@@ -578,10 +576,9 @@ def test_audit_is_full_when_something_changed_and_sampled_otherwise() -> None:
 def test_a_deletion_hidden_by_an_extra_point_is_caught_by_the_samples_within_a_few_runs(project: Path) -> None:
     import random
 
-    from qdrant_client import models
-
     from kb_reindex import engine
     from kb_reindex.audit import audit_live
+    from qdrant_client import models
 
     deps = engine_deps(project)
     assert engine.run_reindex(deps)["outcome"] == "promoted"  # its plan had nothing to audit yet
@@ -605,3 +602,19 @@ def test_a_deletion_hidden_by_an_extra_point_is_caught_by_the_samples_within_a_f
     assert deps.state.last_audit(ALIAS)["run_id"] == f"audit-sample-{runs}"
     # the problem is now on record: every following run audits in full until it is gone
     assert audit_live(deps, live, run_id="audit-after", sample=8)["mode"] == "full"
+
+
+def test_a_run_left_running_without_its_lock_is_recorded_failed_by_the_next_run(project: Path) -> None:
+    """A run that lost the state DB mid-build could not record its end; if its lock was gone too (expired, or
+    released once the state DB came back), no lock takeover records it: the next run does."""
+    from kb_reindex import engine
+
+    deps = engine_deps(project)
+    deps.state.start_run(run_id="cli__reindex__lost", alias=ALIAS, kind="reindex", trigger="cli")
+    deps.state.update_run("cli__reindex__lost", version=1)
+    deps.state.start_run(run_id="cli__reindex__waiting", alias=ALIAS, kind="reindex", trigger="cli")  # no version
+    result = engine.run_reindex(deps, run_id="cli__reindex__next")
+    assert result["outcome"] == "promoted"
+    lost = deps.state.get_run("cli__reindex__lost")
+    assert lost["outcome"] == "failed" and "found by run cli__reindex__next" in lost["error"]
+    assert deps.state.get_run("cli__reindex__waiting")["outcome"] == "running", "a run waiting for the lock is left"

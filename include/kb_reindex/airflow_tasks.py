@@ -291,6 +291,7 @@ def plan_task(*, run_id: str, kind: str = "reindex", force_full: bool = False, e
         with step(deps, run_id):
             # the run's reindex lock, held until cleanup (or the failure callback) lets it go
             dag_lock.take(deps, run_id)
+            deps.state.fail_orphaned_runs(deps.settings.alias, current=run_id)
             prepared = prepare_logged(deps, force_full=force_full or kind == "migration", kind=kind,
                                       embedder=embedder, model=model, dim=dim, layout=layout,
                                       audit_run_id=run_id, record=True)

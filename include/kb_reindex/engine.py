@@ -118,6 +118,7 @@ def run_reindex(
     deps.state.start_run(run_id=run_id, alias=alias, kind=kind, trigger=trigger)
     try:
         with exclusive(deps, run_id=run_id) as owner:
+            deps.state.fail_orphaned_runs(alias, current=run_id)
             # the plan reads the files once and snapshots what the other steps need in the state DB
             prepared = make_plan(deps, force_full=force_full or kind == "migration", kind=kind,
                                  embedder=embedder, model=model, dim=dim, layout=layout, audit_run_id=run_id,
