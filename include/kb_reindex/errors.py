@@ -139,7 +139,8 @@ def classify(exc: BaseException, *, state_url: str | None = None, qdrant: Callab
     if isinstance(exc, KbError):
         permanent = isinstance(exc, PERMANENT) and not isinstance(exc, StoreUnreachable)
         kind = "config" if isinstance(exc, ConfigError) else type(exc).__name__
-        return Failure(kind, not permanent, 2 if isinstance(exc, ConfigError) else 1, one_line(str(exc)))
+        # as raised: a list of bad documents keeps one line per document
+        return Failure(kind, not permanent, 2 if isinstance(exc, ConfigError) else 1, str(exc))
     if (database := state_db_failure(exc)) is not None:
         return Failure("state_unreachable", True, 1, state_unreachable_message(database, state_url))
     if qdrant is not None and (said := qdrant(exc)) is not None:
