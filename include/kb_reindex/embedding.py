@@ -11,6 +11,7 @@ import logging
 import math
 import os
 import re
+import sys
 import threading
 import time
 import unicodedata
@@ -169,6 +170,8 @@ def import_ollama() -> ModuleType:
     OLLAMA_HOST at import time, and a multi-server list (`http://a:11434,http://b:11434`) makes that raise
     `ValueError: Port could not be cast to integer value`. kb-reindex never uses that default client (every
     client it builds names its one server), so a list is hidden from the import alone."""
+    if (imported := sys.modules.get("ollama")) is not None:
+        return imported
     with _OLLAMA_IMPORT:
         listed = os.environ.get("OLLAMA_HOST", "")
         if "," not in listed:
