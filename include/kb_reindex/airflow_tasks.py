@@ -15,18 +15,14 @@ from typing import Any
 
 from kb_reindex.config import Settings, split_ollama_hosts, state_url_from_env
 from kb_reindex.errors import (
+    PERMANENT,
     AliasFrozen,
     AliasMovedError,
     ConfigError,
-    GoldenSetError,
     KbError,
-    LockLostError,
-    RollbackRefused,
-    SourceChangedError,
-    SourceError,
-    StateDriftError,
-    StoreUnreachable,
-    ValidationFailed,
+    StateUnreachable,
+    StoreError,
+    classify,
 )
 from kb_reindex.runtime import Deps, open_deps
 
@@ -36,8 +32,6 @@ QDRANT_CONN_ID = "qdrant_default"
 STATE_CONN_ID = "kb_state"
 OLLAMA_CONN_ID = "ollama_default"
 POOL = "kb_qdrant_writes"
-PERMANENT = (ValidationFailed, AliasMovedError, StateDriftError, SourceError, SourceChangedError, GoldenSetError,
-             ConfigError, RollbackRefused, LockLostError, AliasFrozen)
 
 
 def _connection(conn_id: str) -> Any | None:
@@ -220,7 +214,7 @@ def _state_url() -> str:
 def _opening_failed(run_id: str, exc: KbError) -> None:
     from airflow.sdk.exceptions import AirflowFailException
 
-    permanent = isinstance(exc, PERMANENT) and not isinstance(exc, StoreUnreachable)
+    permanent = not classify(exc).transient
     if permanent or _last_try():
         try:
             from kb_reindex.state import StateStore
@@ -258,7 +252,7 @@ def step(deps: Deps, run_id: str) -> Iterator[None]:
         from kb_reindex import metrics
         from kb_reindex.errors import EmbeddingError
 
-        permanent = isinstance(exc, PERMANENT) and not isinstance(exc, StoreUnreachable)
+        permanent = not classify(exc).transient
         if permanent or _last_try():
             deps.state.finish_run(run_id, outcome="failed", error=str(exc))
         if isinstance(exc, AliasMovedError):
@@ -269,8 +263,15 @@ def step(deps: Deps, run_id: str) -> Iterator[None]:
             raise AirflowFailException(f"{type(exc).__name__}: {exc}") from None
         raise
     except Exception as exc:
+        from kb_reindex.engine import failure_of
+
+        failure = failure_of(exc, deps)
+        if failure.kind == "state_unreachable":  # nothing to record it in: the next run does (lock takeover)
+            raise StateUnreachable(failure.message) from None
         if _last_try():
-            deps.state.finish_run(run_id, outcome="failed", error=f"{type(exc).__name__}: {exc}")
+            deps.state.finish_run(run_id, outcome="failed", error=failure.message)
+        if failure.expected:  # Qdrant unreachable: one line in the task's log, and a retry
+            raise StoreError(failure.message) from None
         raise
 
 
@@ -291,6 +292,7 @@ def plan_task(*, run_id: str, kind: str = "reindex", force_full: bool = False, e
         with step(deps, run_id):
             # the run's reindex lock, held until cleanup (or the failure callback) lets it go
             dag_lock.take(deps, run_id)
+            deps.state.fail_orphaned_runs(deps.settings.alias, current=run_id)
             prepared = prepare_logged(deps, force_full=force_full or kind == "migration", kind=kind,
                                       embedder=embedder, model=model, dim=dim, layout=layout,
                                       layout_from="Param payload_layout",

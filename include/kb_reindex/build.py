@@ -20,7 +20,7 @@ from qdrant_client import models
 from kb_reindex.chunking import Chunk
 from kb_reindex.corpus import DocumentInfo
 from kb_reindex.embedding import batched, check_vectors
-from kb_reindex.errors import EmbeddingError, KbError, StoreError
+from kb_reindex.errors import EmbeddingError, KbError, StoreError, one_line
 from kb_reindex.layouts import embed_recipe, payload_text, shape_payload, text_field, version_profile
 from kb_reindex.plan import Prepared, prepare
 from kb_reindex.runtime import Deps
@@ -172,7 +172,9 @@ def collection_metadata(version: VersionRecord, config: dict[str, Any] | None = 
                 "embedder": version.embedder, "embed_model": version.embed_model, "embed_dim": version.embed_dim,
                 "chunking_version": version.chunking_version, "corpus_fingerprint": version.corpus_fingerprint,
                 "payload_layout": version.payload_layout, "embed_profile": version_profile(version),
-                "embed_recipe": embed_recipe(version.embedder, version.embed_model).name, "distance": version.distance}
+                "embed_recipe": embed_recipe(version.embedder, version.embed_model).name, "distance": version.distance,
+                # restored by `reconcile --rebuild-state`, which would otherwise date every version to the rebuild
+                "created_at": version.created_at.isoformat(timespec="seconds") + "Z"}
     if config is not None:
         metadata["collection_config"] = config
     return metadata
@@ -496,7 +498,8 @@ def _fill(deps: Deps, version: VersionRecord, window: tuple[int, int] | None,
         try:
             record_progress(0, final=True)
         except Exception as exc:  # noqa: BLE001 - progress is for display; the build's own error matters
-            log.warning("kb_reindex: could not record build progress of v%d: %s", version.version, exc)
+            log.warning("kb_reindex: could not record build progress of v%d: %s", version.version,
+                        one_line(str(exc)))
 
     written = deps.store.count(version.collection)
     if window is None:

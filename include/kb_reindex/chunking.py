@@ -77,15 +77,58 @@ def _sentences(paragraph: str, limit: int) -> list[str]:
     return out
 
 
-def _units(text: str, limit: int) -> list[tuple[str, int]]:
-    """(piece, paragraph number): paragraphs that fit, else their sentences; chunks are packed from these."""
-    units: list[tuple[str, int]] = []
+@dataclass(frozen=True)
+class _Unit:
+    """A piece chunks are packed from: a paragraph that fits, a sentence of one that does not, or rows of an
+    over-long table under its header row (`table`: such a piece starts its own chunk, carrying no overlap)."""
+
+    text: str
+    paragraph: int
+    table: bool = False
+
+
+_TABLE_SEPARATOR = re.compile(r"^\|?\s*:?-{3,}:?\s*(\|\s*:?-{3,}:?\s*)*\|?$")
+
+
+def _table_rows(paragraph: str) -> tuple[str, list[str]] | None:
+    """(header and separator lines, body rows) of a Markdown table paragraph, else None."""
+    lines = paragraph.split("\n")
+    if len(lines) < 3 or not all(line.lstrip().startswith("|") for line in lines) \
+            or not _TABLE_SEPARATOR.match(lines[1].strip()):
+        return None
+    return "\n".join(lines[:2]), lines[2:]
+
+
+def _table_units(head: str, rows: list[str], number: int, limit: int) -> list[_Unit]:
+    """Rows packed under the header row, up to `limit` characters; a row too long even alone is cut, each
+    part under the header too. Every piece is a table read alone: its columns are named."""
+    room = max(limit - len(head) - 1, limit // 2)
+    groups: list[str] = []
+    current = ""
+    for row in rows:
+        for part in [row[i:i + room] for i in range(0, len(row), room)] or [row]:
+            if current and len(current) + 1 + len(part) > room:
+                groups.append(current)
+                current = ""
+            current = f"{current}\n{part}" if current else part
+    if current:
+        groups.append(current)
+    return [_Unit(f"{head}\n{group}", number, table=True) for group in groups]
+
+
+def _units(text: str, limit: int) -> list[_Unit]:
+    """Paragraphs that fit, else their sentences (or, for a table, its rows under its header row)."""
+    units: list[_Unit] = []
     for number, paragraph in enumerate(re.split(r"\n\s*\n", text)):
         paragraph = paragraph.strip()
         if not paragraph:
             continue
-        pieces = [paragraph] if len(paragraph) <= limit else _sentences(paragraph, limit)
-        units.extend((piece, number) for piece in pieces)
+        if len(paragraph) <= limit:
+            units.append(_Unit(paragraph, number))
+        elif (table := _table_rows(paragraph)) is not None:
+            units.extend(_table_units(*table, number, limit))
+        else:
+            units.extend(_Unit(piece, number) for piece in _sentences(paragraph, limit))
     return units
 
 
@@ -102,15 +145,17 @@ def _tail(text: str, overlap: int) -> str:
     return tail or text[-overlap:]
 
 
-def _pack(units: list[tuple[str, int]], size: int, overlap: int) -> list[str]:
-    """Greedy packing; sentences of one paragraph are rejoined as they were, paragraphs by a blank line."""
+def _pack(units: list[_Unit], size: int, overlap: int) -> list[str]:
+    """Greedy packing; sentences of one paragraph are rejoined as they were, paragraphs by a blank line.
+    Rows of a split table each start a chunk of their own, with the table's header row and no overlap."""
     chunks: list[str] = []
     current, last_paragraph = "", -1
-    for unit, paragraph in units:
+    for piece in units:
+        unit, paragraph = piece.text, piece.paragraph
         joiner = "" if not current else ("" if paragraph == last_paragraph else "\n\n")
-        if current and len(current) + len(joiner) + len(unit) > size:
+        if current and (piece.table or len(current) + len(joiner) + len(unit) > size):
             chunks.append(current)
-            carried = _tail(current, overlap)
+            carried = "" if piece.table else _tail(current, overlap)
             current = f"{carried}{unit}" if carried and len(carried) + len(unit) <= size else unit.lstrip()
         else:
             current = f"{current}{joiner}{unit}"

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from kb_reindex.config import DEFAULT_MODELS, EMBEDDERS, Settings
-from kb_reindex.errors import ConfigError, KbError
+from kb_reindex.errors import ConfigError, Failure, KbError, StateEmpty, classify
 
 log = logging.getLogger("kb_reindex.cli")
 
@@ -212,18 +212,27 @@ def _main(argv: list[str]) -> int:
                         format="%(asctime)s %(levelname)s %(message)s")
     try:
         return _dispatch(args)
-    except ConfigError as exc:
-        _fail(args, str(exc), "config")
-        return 2
-    except KbError as exc:
-        _fail(args, str(exc), type(exc).__name__)
-        return 1
     except BrokenPipeError:
         raise
-    except Exception as exc:  # noqa: BLE001 - the CLI must answer in its own format, with the traceback logged
-        log.exception("kb_reindex: unexpected error")
-        _fail(args, f"{type(exc).__name__}: {exc}", "unexpected")
-        return 1
+    except Exception as exc:  # noqa: BLE001 - the CLI answers in its own format; a traceback only for a bug
+        failure = _failure(exc)
+        if not failure.expected:
+            log.exception("kb_reindex: unexpected error")
+        _fail(args, failure.message, failure.kind)
+        return failure.exit_code
+
+
+def _failure(exc: BaseException) -> Failure:
+    """errors.classify, naming the state DB and Qdrant of the environment's settings (when they parse)."""
+    from kb_reindex.store import describe_qdrant_failure
+
+    try:
+        settings: Settings | None = Settings.from_env()
+    except KbError:
+        settings = None
+    if settings is None:
+        return classify(exc)
+    return classify(exc, state_url=settings.state_url, qdrant=lambda e: describe_qdrant_failure(e, settings))
 
 
 def _fail(args: argparse.Namespace, message: str, kind: str) -> None:
@@ -252,6 +261,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         finally:
             state.dispose()
     dry_migration = args.command == "migrate" and args.dry_run
+    if args.command == "plan":
+        return _plan_with_state(args, settings)
     with open_deps(settings, create=args.command not in NO_CREATE and not dry_migration) as deps:
         if args.command == "promote" and not _confirm_promotion(args, deps):
             return 0
@@ -328,6 +339,24 @@ def _cmd_migrate(args: argparse.Namespace, deps: Any) -> int:
     return _run_exit_code(result)
 
 
+def _plan_with_state(args: argparse.Namespace, settings: Settings) -> int:
+    """`plan` on the state DB; on one that holds no kb-reindex state yet (a new MariaDB database), the
+    preview of a first run, planned against an empty state in memory: nothing is created or written."""
+    from kb_reindex.runtime import open_deps
+    from kb_reindex.state import StateStore
+
+    try:
+        state = StateStore(settings.state_url, create=False)
+    except StateEmpty as empty:
+        log.warning("kb_reindex: %s. Previewing a first run", empty)
+        state = StateStore("sqlite:///:memory:")
+    try:
+        with open_deps(settings, state=state, create=False) as deps:
+            return int(args.func(args, deps))
+    finally:
+        state.dispose()
+
+
 def _cmd_plan(args: argparse.Namespace, deps: Any) -> int:
     from kb_reindex import engine
     from kb_reindex.build import BuildCounts
@@ -345,9 +374,7 @@ def _cmd_status(args: argparse.Namespace, deps: Any) -> int:
     from kb_reindex import engine
 
     s = engine.status(deps)
-    live = s["live"]
-    head = f"alias {s['alias']} -> " + (f"v{live['version']} ({live['collection']}, {live['points']} points, "
-                                        f"{live['embed_model']} {live['dim']}-d)" if live else "nothing")
+    head = _status_head(s)
     rows = [{**v, "status": v["status"] + (" *rollback target" if v["rollback_target"] else "")
              + (" *pinned" if v.get("pinned") else "")} for v in s["versions"]]
     human = "\n".join([head, "", _table(rows, ["version", "status", "collection", "points", "embed_model", "dim",
@@ -472,6 +499,22 @@ def _cmd_reconcile(args: argparse.Namespace, deps: Any) -> int:
         result = reconcile(deps)
     _print(args, result, result["message"])
     return 0
+
+
+def _status_head(s: dict[str, Any]) -> str:
+    """What the alias serves (read from Qdrant), not what the state DB records: in a drift the two differ,
+    and the state DB's view is said beside it."""
+    serving = next((v for v in s["versions"] if v["serving"]), None)
+    if serving is not None:
+        head = (f"alias {s['alias']} -> v{serving['version']} ({serving['collection']}, {serving['points']} points, "
+                f"{serving['embed_model']} {serving['dim']}-d)")
+    else:
+        head = f"alias {s['alias']} -> {s['serving_collection'] or 'nothing'}"
+    live = s["live"]
+    if (live["collection"] if live else None) != s["serving_collection"]:
+        recorded = f"v{live['version']}" if live else "nothing"
+        head += f"; the state DB says live is {recorded} (see PROBLEM below)"
+    return head
 
 
 def _pins_and_audit_human(s: dict[str, Any]) -> list[str]:

@@ -10,9 +10,12 @@ vector stops the build; it is never stored.
 
 from __future__ import annotations
 
+import importlib
 import logging
 import math
+import os
 import re
+import sys
 import threading
 import time
 import unicodedata
@@ -21,13 +24,14 @@ from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any, Protocol
 from urllib.parse import urlsplit, urlunsplit
 
 import numpy as np
 
 from kb_reindex.config import DEFAULT_DIMS, DEFAULT_MODELS, EMBEDDERS, Settings, split_ollama_hosts
-from kb_reindex.errors import ConfigError, EmbeddingError, ModelNotServed
+from kb_reindex.errors import ConfigError, EmbeddingError, ModelNotServed, connect_failure
 from kb_reindex.layouts import CHUNK_TEXT, EmbedRecipe, embed_recipe
 
 log = logging.getLogger(__name__)
@@ -174,6 +178,27 @@ def redact_url(url: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
 
 
+_OLLAMA_IMPORT = threading.Lock()
+
+
+def import_ollama() -> ModuleType:
+    """`import ollama`, the one way kb-reindex imports it. The package builds a default client from
+    OLLAMA_HOST at import time, and a multi-server list (`http://a:11434,http://b:11434`) makes that raise
+    `ValueError: Port could not be cast to integer value`. kb-reindex never uses that default client (every
+    client it builds names its one server), so a list is hidden from the import alone."""
+    if (imported := sys.modules.get("ollama")) is not None:
+        return imported
+    with _OLLAMA_IMPORT:
+        listed = os.environ.get("OLLAMA_HOST", "")
+        if "," not in listed:
+            return importlib.import_module("ollama")
+        del os.environ["OLLAMA_HOST"]
+        try:
+            return importlib.import_module("ollama")
+        finally:
+            os.environ["OLLAMA_HOST"] = listed
+
+
 @dataclass
 class _Host:
     """One Ollama server of the list: its client, the requests it has in flight and its cool-down."""
@@ -217,8 +242,7 @@ class OllamaEmbedder:
         cooldown_s: float = 30.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        import ollama
-
+        ollama = import_ollama()
         if concurrency < 1:
             raise ConfigError(f"KB_EMBED_CONCURRENCY={concurrency} must be at least 1")
         self.model = model
@@ -350,8 +374,8 @@ class OllamaEmbedder:
     def _call(self, host: _Host, texts: list[str]) -> list[Sequence[float]]:
         """One attempt on one server: `_Unavailable` for what another attempt may not meet, an error for the rest."""
         import httpx
-        import ollama
 
+        ollama = import_ollama()
         try:
             return list(host.client.embed(model=self.model, input=texts).embeddings)
         except ollama.ResponseError as exc:
@@ -364,8 +388,8 @@ class OllamaEmbedder:
             if exc.status_code not in (408, 429) and exc.status_code < 500:
                 raise EmbeddingError(f"Ollama at {host.where} refused the request ({exc.status_code}): {exc.error}") from None
             raise _Unavailable(f"HTTP {exc.status_code}: {exc.error}") from None
-        except (ConnectionError, httpx.ConnectError):
-            raise _Unavailable("connection refused") from None
+        except (ConnectionError, httpx.ConnectError) as exc:
+            raise _Unavailable(connect_failure(exc) or "connection failed") from None
         except httpx.TimeoutException:
             raise _Unavailable("timed out") from None
         except httpx.HTTPError as exc:

@@ -14,7 +14,7 @@ from typing import Any
 
 from kb_reindex import querylog
 from kb_reindex.build import BuildCounts, build, create_version, reindex_lock_name
-from kb_reindex.errors import AliasFrozen, ConfigError, KbError, LockHeldError
+from kb_reindex.errors import AliasFrozen, Failure, KbError, LockHeldError, classify
 from kb_reindex.freeze import FROZEN, freeze_view, frozen_view
 from kb_reindex.layouts import version_profile
 from kb_reindex.plan import prepare_logged as make_plan
@@ -119,6 +119,7 @@ def run_reindex(
     deps.state.start_run(run_id=run_id, alias=alias, kind=kind, trigger=trigger)
     try:
         with exclusive(deps, run_id=run_id) as owner:
+            deps.state.fail_orphaned_runs(alias, current=run_id)
             # the plan reads the files once and snapshots what the other steps need in the state DB
             prepared = make_plan(deps, force_full=force_full or kind == "migration", kind=kind,
                                  embedder=embedder, model=model, dim=dim, layout=layout, audit_run_id=run_id,
@@ -160,28 +161,44 @@ def run_reindex(
                 result["outcome"] = "shadow"
             result["cleanup"] = cleanup(deps)
     except Exception as exc:
-        message = str(exc) if isinstance(exc, KbError) else f"{type(exc).__name__}: {exc}"
-        if not isinstance(exc, KbError):
+        failure = failure_of(exc, deps)
+        if not failure.expected:
             log.exception("kb_reindex: unexpected error")
-            # over the wire the Qdrant client says neither which server nor, often, what in one line
-            message = describe_qdrant_failure(exc, deps.settings, deps.store.client) or message
-        # named as the CLI names an error: "config" is a setting to fix (exit 2)
-        kind_of_error = ("config" if isinstance(exc, ConfigError)
-                         else type(exc).__name__ if isinstance(exc, KbError) else "unexpected")
-        result.update(outcome="failed", error=message, error_kind=kind_of_error)
+        result.update(outcome="failed", error=failure.message, error_kind=failure.kind)
         if "plan" in result:
             result["chunks"] = chunk_counts(result["plan"], done)
-        if result.get("version") is not None:
-            v = deps.state.get_version(alias, result["version"])
-            if v is not None and v.validation:
-                result["validation"] = validation_summary(v.validation)
-        deps.state.finish_run(run_id, outcome="failed", error=message, version=result.get("version"),
-                              **built_counters(done))
-        log.error("kb_reindex: %s run %s failed: %s", kind, run_id, message)
+        if failure.kind != "state_unreachable":
+            _record_failure(deps, result, run_id, failure, done)
+        log.error("kb_reindex: %s run %s failed: %s", kind, run_id, failure.message)
         return result
     deps.state.finish_run(run_id, outcome=result["outcome"], version=result["version"], **counters,
                           **built_counters(done))
     return result
+
+
+def failure_of(exc: BaseException, deps: Deps | StateDeps) -> Failure:
+    """errors.classify with this deployment's state DB and Qdrant server named."""
+    store = getattr(deps, "store", None)
+    return classify(exc, state_url=deps.settings.state_url,
+                    qdrant=lambda e: describe_qdrant_failure(e, deps.settings, store.client if store else None))
+
+
+def _record_failure(deps: Deps, result: dict[str, Any], run_id: str, failure: Failure, done: BuildCounts) -> None:
+    """The failed run's record, and the version's validation if it got that far. A state DB lost meanwhile
+    leaves the run `running`: the next run records it as failed (it takes over the dead process's lock)."""
+    try:
+        if result.get("version") is not None:
+            v = deps.state.get_version(deps.settings.alias, result["version"])
+            if v is not None and v.validation:
+                result["validation"] = validation_summary(v.validation)
+        deps.state.finish_run(run_id, outcome="failed", error=failure.message, version=result.get("version"),
+                              **built_counters(done))
+    except Exception as exc:  # noqa: BLE001 - reported in one line; the run's own failure is what is returned
+        lost = failure_of(exc, deps)
+        if lost.expected:
+            log.error("kb_reindex: run %s could not be recorded as failed: %s", run_id, lost.message)
+        else:
+            raise
 
 
 def validation_summary(result: dict[str, Any]) -> dict[str, Any]:
@@ -286,10 +303,14 @@ def status(deps: Deps) -> dict[str, Any]:
         else:
             problems.append(drift_advice(deps, serving, live))
     for v in versions:
-        if v["status"] in ("live", "ready", "retired") and v["points"] is None:
-            problems.append(f"v{v['version']} is {v['status']} but its collection {v['collection']} is missing "
-                            "from Qdrant: it cannot serve or be rolled back to")
-        elif v["status"] in ("live", "ready", "retired") and v["points"] != v["points_expected"]:
+        if v["status"] not in ("live", "ready", "retired"):
+            continue
+        if v["points"] is None:
+            problems.append(f"v{v['version']} ({v['collection']}) is {v['status']} in the state DB, but Qdrant has no "
+                            "such collection (dropped by hand, or by kb-reindex working with another state DB): "
+                            + ("rebuild with `kb-reindex run --force-full`" if v["status"] == "live" else
+                               f"`kb-reindex drop --version {v['version']}` records it as deleted"))
+        elif v["points"] != v["points_expected"]:
             problems.append(f"v{v['version']} ({v['collection']}) holds {v['points']} points, manifest lists "
                             f"{v['points_expected']}")
     audit = live_audit(deps, live)

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import socket
+import ssl
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
 
 class KbError(Exception):
     """Base of every error kb-reindex raises on purpose."""
@@ -12,6 +17,11 @@ class KbError(Exception):
 
 class ConfigError(KbError):
     """A setting or argument is wrong; the CLI exits 2."""
+
+
+class StateEmpty(ConfigError):
+    """The state DB exists but holds no kb-reindex table: a first run creates them (a read-only command
+    refuses, naming the URL; `plan` previews that first run)."""
 
 
 class StoreUnreachable(ConfigError):
@@ -39,6 +49,10 @@ class GoldenSetError(KbError):
     """The golden set file is malformed or names documents that do not exist."""
 
     step = "validate"
+
+
+class GoldenSetMissing(GoldenSetError, ConfigError):
+    """KB_GOLDEN_SET names no file: a setting to fix (exit 2), as a missing KB_KNOWLEDGE_DIR is."""
 
 
 class EmbeddingError(KbError):
@@ -102,3 +116,132 @@ class RollbackRefused(KbError):
     """The rollback target is missing, broken or not confirmed."""
 
     step = "rollback"
+
+
+class StateUnreachable(KbError):
+    """The state DB stopped answering (its server or the network to it went away): nothing can be recorded
+    until it is back; the next run then records the interrupted one as failed and resumes its version."""
+
+
+# --- one error policy: an exception -> (transient or permanent, kind, exit code, one line) -------------------
+
+#: errors no retry can fix: a task fails fast on them instead of retrying
+PERMANENT: tuple[type[KbError], ...] = (ValidationFailed, AliasMovedError, StateDriftError, SourceError,
+                                        SourceChangedError, GoldenSetError, ConfigError, RollbackRefused,
+                                        LockLostError, AliasFrozen)
+
+
+@dataclass(frozen=True)
+class Failure:
+    """How every caller (the CLI, the engine, the Airflow tasks) reports and treats one exception."""
+
+    kind: str  # "config" (a setting to fix), a KbError's class name, "state_unreachable", "store_unreachable", "unexpected"
+    transient: bool  # another attempt later may succeed: an Airflow task retries it; False fails the task now
+    exit_code: int  # the CLI's: 2 a setting to fix, 1 a failed run
+    message: str  # one line: what failed, where, what to do
+    expected: bool = True  # False: a bug or an unknown failure, whose traceback is worth logging
+
+
+def classify(exc: BaseException, *, state_url: str | None = None, qdrant: Callable[[BaseException], str | None] | None = None) -> Failure:
+    """The one mapping from an exception to how it is reported and retried.
+
+    `state_url` names the state DB in a message about it (password masked); `qdrant` describes a failure of
+    the Qdrant client in one line naming the server (store.describe_qdrant_failure bound to the settings)."""
+    if isinstance(exc, KbError):
+        permanent = isinstance(exc, PERMANENT) and not isinstance(exc, StoreUnreachable)
+        kind = "config" if isinstance(exc, ConfigError) else type(exc).__name__
+        # as raised: a list of bad documents keeps one line per document
+        return Failure(kind, not permanent, 2 if isinstance(exc, ConfigError) else 1, str(exc))
+    if (database := state_db_failure(exc)) is not None:
+        return Failure("state_unreachable", True, 1, state_unreachable_message(database, state_url))
+    if qdrant is not None and (said := qdrant(exc)) is not None:
+        return Failure("store_unreachable", True, 1, one_line(said))
+    return Failure("unexpected", True, 1, one_line(f"{type(exc).__name__}: {exc}"), expected=False)
+
+
+def one_line(text: str) -> str:
+    """A message on one line, without SQLAlchemy's "(Background on this error at: ...)" link."""
+    return " ".join(text.split("(Background on this error")[0].split())
+
+
+def causes(exc: BaseException) -> Iterator[BaseException]:
+    """The exception and everything it was raised from or during, each once (explicit and implicit chains,
+    and PyMySQL's `original_exception`)."""
+    seen: set[int] = set()
+    todo = [exc]
+    while todo:
+        current = todo.pop(0)
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        yield current
+        todo += [e for e in (current.__cause__, current.__context__, getattr(current, "original_exception", None),
+                             getattr(current, "orig", None)) if isinstance(e, BaseException)]
+
+
+def connect_failure(exc: BaseException) -> str | None:
+    """What a failed connection met, in words: the name did not resolve, the connection was refused, timed
+    out, TLS failed or the connection was lost; None when no cause in the chain says."""
+    for cause in causes(exc):
+        if isinstance(cause, socket.gaierror):
+            return "name not resolved"
+        if isinstance(cause, ssl.SSLError):
+            return f"TLS failed ({cause.reason or one_line(str(cause))})"
+        if isinstance(cause, ConnectionRefusedError):
+            return "connection refused"
+        if isinstance(cause, TimeoutError):
+            return "timed out"
+        if isinstance(cause, (ConnectionResetError, BrokenPipeError, ConnectionAbortedError)):
+            return "connection lost"
+    for cause in causes(exc):
+        text = str(cause)
+        for words, said in _CONNECT_WORDS:
+            if words in text:
+                return said
+    return None
+
+
+#: what drivers say in text only (PyMySQL's 2003/2013 messages, httpx's transport errors)
+_CONNECT_WORDS = (
+    ("Name or service not known", "name not resolved"),
+    ("nodename nor servname", "name not resolved"),
+    ("Temporary failure in name resolution", "name not resolved"),
+    ("Connection refused", "connection refused"),
+    ("timed out", "timed out"),
+    ("Lost connection", "connection lost"),
+    ("server has gone away", "connection lost"),
+    ("CERTIFICATE_VERIFY_FAILED", "TLS failed (certificate not verified)"),
+)
+
+
+def state_db_failure(exc: BaseException) -> BaseException | None:
+    """The driver's connection error when the exception (or one it was raised from) is the state DB's
+    connection failing, else None. A query the state DB refused is not this: that is a bug or a schema."""
+    import sqlalchemy as sa
+
+    for cause in causes(exc):
+        if isinstance(cause, sa.exc.DBAPIError) and (cause.connection_invalidated or isinstance(
+                cause, (sa.exc.OperationalError, sa.exc.InterfaceError)) and connect_failure(cause) is not None):
+            return cause
+    return None
+
+
+def state_unreachable_message(exc: BaseException, state_url: str | None) -> str:
+    from kb_reindex.state.schema import _first_line
+
+    where = f" at {mask_url(state_url)}" if state_url else ""
+    what = connect_failure(exc) or "connection failed"
+    driver = one_line(_first_line(getattr(exc, "orig", None) or exc))
+    return (f"state DB{where} is unreachable ({what}: {driver}); check KB_STATE_URL (or the kb_state Connection) and "
+            "that the server runs. This run could not be recorded and the live alias was not touched; when the state "
+            "DB answers again, `kb-reindex run` (or the next DAG run) records this run as failed and resumes its version")
+
+
+def mask_url(url: str) -> str:
+    """A SQLAlchemy URL for messages: the password masked."""
+    from sqlalchemy.engine import make_url
+
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # noqa: BLE001 - not a URL: say nothing of it rather than risk a secret
+        return "(KB_STATE_URL)"

@@ -9,7 +9,7 @@ from typing import Any
 
 import yaml
 
-from kb_reindex.errors import GoldenSetError
+from kb_reindex.errors import GoldenSetError, GoldenSetMissing
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,8 @@ def load_golden_set(path: Path, *, text: str | None = None) -> GoldenSet:
     """`text`: the file's content as a plan recorded it (validation then needs no file); `path` names it."""
     where = str(path)
     if text is None and not path.is_file():
-        raise GoldenSetError(f"golden set {where} does not exist (KB_GOLDEN_SET)")
+        raise GoldenSetMissing(f"golden set {where} does not exist (KB_GOLDEN_SET): set KB_GOLDEN_SET to the golden "
+                               "set file, or restore it")
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8") if text is None else text)
     except UnicodeDecodeError:

@@ -8,6 +8,7 @@ Both run under the alias lock a promotion holds, so they never read a promotion 
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from datetime import datetime
@@ -158,7 +159,25 @@ def read_version(deps: Deps, name: str) -> dict[str, Any]:
         "legacy": "kb_version" not in meta,
         # every layout keeps the manifest's fields flat; older collections were all native
         "payload_layout": meta.get("payload_layout") or "native", "embed_profile": meta.get("embed_profile"),
+        "created_at": _noted_time(meta.get("created_at")), "validation": _noted_scores(meta),
     }
+
+
+def _noted_time(value: Any) -> datetime | None:
+    """A time kb-reindex noted on a collection (ISO, UTC, `Z`), or None (not noted, or unreadable)."""
+    try:
+        return datetime.fromisoformat(str(value).rstrip("Z")) if value else None
+    except ValueError:
+        return None
+
+
+def _noted_scores(meta: dict[str, Any]) -> dict[str, Any] | None:
+    """The golden-set scores noted on a collection when it passed validation, as the version's validation
+    record holds them (the probes and reports stay with the lost state DB)."""
+    if not meta.get("validated") or meta.get("hit_rate") is None:
+        return None
+    return {"passed": True, "hit_rate": meta["hit_rate"], "mrr": meta.get("mrr"),
+            "restored_from": "collection metadata (reconcile --rebuild-state)"}
 
 
 def _served_at(meta: dict[str, Any]) -> datetime | None:
@@ -238,6 +257,8 @@ def rebuild_state(deps: Deps, *, replace: bool = False, run_id: str | None = Non
                 promoted_at=now if status == "live" else facts["served_at"],
                 retired_at=(facts["served_at"] or now) if status == "retired" else None,
                 payload_layout=facts["payload_layout"], embed_profile=facts["embed_profile"],
+                validation=json.dumps(facts["validation"]) if facts["validation"] else None,
+                **({"created_at": facts["created_at"]} if facts["created_at"] else {}),
             )
             if status != "failed":
                 deps.state.write_manifest(record.id, facts["documents"], facts["chunks"])

@@ -163,6 +163,10 @@ def discover(docs_dir: Path) -> tuple[list[Path], list[str]]:
             is_markdown = path.suffix.lower() == ".md"
             if path.is_symlink():
                 source = path.relative_to(docs_dir).as_posix()
+                loop = link_loop(path)
+                if loop is not None:
+                    problems.append(f"{source}: is a link that never reaches a file ({loop}); refused")
+                    continue
                 target = path.resolve()
                 if not target.exists():
                     if is_markdown or not path.suffix:  # a document, or most likely a folder of them
@@ -184,6 +188,29 @@ def discover(docs_dir: Path) -> tuple[list[Path], list[str]]:
 
     walk(docs_dir, (root,))
     return sorted(found), problems
+
+
+def link_loop(path: Path, *, limit: int = 40) -> str | None:
+    """`loop-a.md -> loop-b.md -> loop-a.md` when following the link comes back to a link already met (or
+    goes on past `limit` links), else None. Names as the links hold them."""
+    chain = [path.name]
+    seen = {os.path.abspath(path)}
+    current = path
+    for _ in range(limit):
+        try:
+            if not current.is_symlink():
+                return None
+            link = os.readlink(current)
+        except OSError:
+            return None
+        current = Path(os.path.normpath(current.parent / link))
+        chain.append(link)
+        key = os.path.abspath(current)
+        if key in seen:
+            return " -> ".join(chain)
+        seen.add(key)
+        # a link through a folder that is itself a link: leave that to resolve(), which reports its own loop
+    return " -> ".join(chain[:5]) + f" -> ... (over {limit} links)"
 
 
 def iter_corpus(docs_dir: Path, *, max_bytes: int = 2_000_000,
@@ -211,11 +238,25 @@ def iter_corpus(docs_dir: Path, *, max_bytes: int = 2_000_000,
         yield document
     for sources in by_key.values():
         if len(sources) > 1:
-            errors.append(f"{' and '.join(sources)}: map to the same knowledge_key; rename one of them")
+            errors.append(f"{' and '.join(spelled_apart(sources))}: map to the same knowledge_key; rename one of them")
     if errors:
         raise SourceError(f"{len(errors)} knowledge document(s) cannot be indexed:\n  " + "\n  ".join(errors))
     if not count:
         raise SourceError(f"knowledge folder {docs_dir} holds no .md documents")
+
+
+def spelled_apart(names: list[str]) -> list[str]:
+    """Names that print alike (`café` composed, NFC, and `cafe` + a combining accent, NFD) with what tells
+    them apart: each one's Unicode form and its code points beyond ASCII."""
+    if len({unicodedata.normalize("NFC", name) for name in names}) == len(names):
+        return names  # they differ visibly (in case)
+    return [f"{name} ({unicode_form(name)}: {ascii(name)[1:-1]})" for name in names]
+
+
+def unicode_form(name: str) -> str:
+    if unicodedata.is_normalized("NFC", name):
+        return "NFC, composed" if not unicodedata.is_normalized("NFD", name) else "ASCII-only or plain"
+    return "NFD, decomposed" if unicodedata.is_normalized("NFD", name) else "mixed Unicode forms"
 
 
 def load_corpus(docs_dir: Path, *, max_bytes: int = 2_000_000) -> list[Document]:

@@ -12,12 +12,21 @@ import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from qdrant_client import QdrantClient, models
 
 from kb_reindex.config import Settings
-from kb_reindex.errors import AliasMovedError, AliasReadBackError, ConfigError, KbError, StoreError, StoreUnreachable
+from kb_reindex.errors import (
+    AliasMovedError,
+    AliasReadBackError,
+    ConfigError,
+    KbError,
+    StoreError,
+    StoreUnreachable,
+    connect_failure,
+)
 from kb_reindex.embedding import redact_url
 
 log = logging.getLogger(__name__)
@@ -55,8 +64,9 @@ def make_client(settings: Settings, *, wait_s: float = 10.0, create: bool = True
     # Local mode admits one client per folder; another step's client is usually about to close.
     deadline = time.monotonic() + wait_s
     while True:
+        before = folder_fingerprint(settings.qdrant_path)
         try:
-            return QdrantClient(path=str(settings.qdrant_path))
+            client = QdrantClient(path=str(settings.qdrant_path))
         except RuntimeError as exc:
             if time.monotonic() >= deadline:
                 raise StoreError(
@@ -64,6 +74,32 @@ def make_client(settings: Settings, *, wait_s: float = 10.0, create: bool = True
                     "allows one client at a time: wait for it, or use a Qdrant server (KB_QDRANT_URL)"
                 ) from None
             time.sleep(0.1)
+            continue
+        # The client reads the folder (aliases, collections, points) before it takes the folder's lock: a
+        # process that wrote and closed in between leaves this one a stale copy, whose alias map status would
+        # report as drift, and whose next write would put that stale map back. Under the lock nothing
+        # changes any more, so a folder unchanged since before the read was read whole.
+        if folder_fingerprint(settings.qdrant_path) == before:
+            return client
+        client.close()
+        if time.monotonic() >= deadline:
+            raise StoreError(f"local Qdrant store {settings.qdrant_path} kept changing while it was opened: another "
+                             "process writes it without kb-reindex's lock; stop it, or use a Qdrant server")
+
+
+def folder_fingerprint(path: Path) -> dict[str, tuple[int, int]]:
+    """(size, mtime) of every file of a local-mode store but its lock file: what changes with any write."""
+    found: dict[str, tuple[int, int]] = {}
+    for file in path.rglob("*"):
+        if file.name == ".lock":
+            continue
+        try:
+            stat = file.stat()
+        except FileNotFoundError:  # a temporary file replaced meanwhile: the next fingerprint differs anyway
+            continue
+        if not file.is_dir():
+            found[str(file.relative_to(path))] = (stat.st_size, stat.st_mtime_ns)
+    return found
 
 
 def collection_name(alias: str, model: str, version: int) -> str:
@@ -412,8 +448,8 @@ def _open_error(exc: Exception, settings: Settings, client: QdrantClient) -> KbE
                            f"KB_QDRANT_API_KEY; {untouched}")
     cause = exc.source if isinstance(exc, ResponseHandlingException) else exc
     if isinstance(cause, httpx.ConnectError):
-        return StoreUnreachable(f"Qdrant at {where} is unreachable: connection refused or host unknown; check "
-                           f"KB_QDRANT_URL and that the server runs; {untouched}")
+        return StoreUnreachable(f"Qdrant at {where} is unreachable ({connect_failure(cause) or 'connection failed'}): "
+                                f"check KB_QDRANT_URL and that the server runs; {untouched}")
     return StoreError(f"{describe_qdrant_failure(exc, settings, client) or f'Qdrant at {where} is unreachable'}; "
                       f"{untouched}")
 
@@ -436,10 +472,11 @@ def describe_qdrant_failure(exc: BaseException, settings: Settings, client: Qdra
         return f"Qdrant at {where} answered HTTP {exc.status_code} {exc.reason_phrase}" + (f": {detail}" if detail else "")
     cause = exc.source if isinstance(exc, ResponseHandlingException) else exc
     if isinstance(cause, httpx.TimeoutException):
-        return f"Qdrant at {where} is unreachable: no answer in time ({type(cause).__name__})"
+        return (f"Qdrant at {where} is unreachable: no answer in time ({type(cause).__name__}); check that the "
+                "server runs and is not overloaded (KB_QDRANT_TIMEOUT)")
     if isinstance(cause, httpx.TransportError):
-        words = " ".join(str(cause).split()) or "no details"
-        return f"Qdrant at {where} is unreachable: {type(cause).__name__}: {words}"
+        what = connect_failure(cause) or f"{type(cause).__name__}: {' '.join(str(cause).split()) or 'no details'}"
+        return f"Qdrant at {where} is unreachable ({what}); check KB_QDRANT_URL and that the server runs"
     if isinstance(exc, ResponseHandlingException):
         return f"Qdrant at {where} sent an answer the client could not read: {type(cause).__name__}: {cause}"
     return None

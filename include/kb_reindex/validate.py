@@ -185,7 +185,9 @@ def validate(
 
             deps.state.update_version(version.id, status="ready", validation=result, ready_at=utcnow(), error=None, failed_step=None)
             try:
-                deps.store.annotate(version.collection, {"validated": True})
+                # the scores too: a state DB rebuilt from Qdrant shows them again
+                deps.store.annotate(version.collection, {"validated": True, "hit_rate": result["hit_rate"],
+                                                         "mrr": result["mrr"]})
             except Exception as exc:  # noqa: BLE001 - the state DB has it; only a rebuilt state would miss it
                 log.warning("kb_reindex: could not note on %s that it passed validation (%s: %s)",
                             version.collection, type(exc).__name__, exc)

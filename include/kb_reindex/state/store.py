@@ -8,7 +8,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 
-from kb_reindex.errors import ConfigError
+from kb_reindex.errors import ConfigError, StateEmpty, connect_failure
 from kb_reindex.state.clock import Clock, SystemClock
 from kb_reindex.state.freezes import FreezesMixin
 from kb_reindex.state.history import HistoryMixin
@@ -53,9 +53,12 @@ class StateStore(VersionsMixin, ManifestsMixin, RunsMixin, HistoryMixin, LocksMi
                 _upgrade_schema(self.engine)
                 return
             self.engine.dispose()
+            what = connect_failure(exc)
             raise ConfigError(
-                f"state DB at {self.display_url} is unreachable or refused the schema (KB_STATE_URL): "
-                f"{_first_line(exc.orig)}"
+                f"state DB at {self.display_url} is "
+                + (f"unreachable ({what}); check KB_STATE_URL and that the server runs: " if what else
+                   "unreachable or refused the schema (KB_STATE_URL): ")
+                + _first_line(exc.orig)
             ) from None
         except (sa.exc.IntegrityError, sa.exc.ProgrammingError):
             metadata.create_all(self.engine, checkfirst=True)  # another process created it first
@@ -71,6 +74,13 @@ class StateStore(VersionsMixin, ManifestsMixin, RunsMixin, HistoryMixin, LocksMi
     def _require_schema(self) -> None:
         present = set(sa.inspect(self.engine).get_table_names())
         missing = sorted({versions.name, alias_events.name} - present)
+        if len(missing) == 2:
+            self.engine.dispose()
+            raise StateEmpty(
+                f"the state DB at {self.display_url} holds no kb-reindex state yet (KB_STATE_URL): `kb-reindex run` "
+                "creates it and builds the first version (`kb-reindex plan` previews that run); if the state was "
+                "lost while Qdrant still holds the versions, rebuild it with `kb-reindex reconcile --rebuild-state`"
+            )
         if missing:
             self.engine.dispose()
             raise ConfigError(

@@ -104,8 +104,8 @@ class VersionsMixin:
         """A version with a known number (rebuilt from Qdrant), not allocated."""
         now = self.clock.now()
         with self.engine.begin() as conn:
-            result = conn.execute(versions.insert().values(alias=alias, version=version, created_at=now,
-                                                           updated_at=now, **columns))
+            result = conn.execute(versions.insert().values(**{"created_at": now, "updated_at": now, **columns},
+                                                           alias=alias, version=version))
             return self.version_by_id(result.inserted_primary_key[0], conn=conn)
 
     def forget_versions(self, alias: str) -> None:
