@@ -108,6 +108,17 @@ class AirflowApi:
         return run_summary(dag_id, run)
 
 
+def confirmed_live_version(body: dict[str, Any], *, required: bool) -> int | None:
+    """The version on-call saw serving when they pressed the button: the DAG moves the alias only from it."""
+    live_version = body.get("live_version")
+    if live_version is None and not required:
+        return None
+    if not isinstance(live_version, int) or isinstance(live_version, bool) or live_version < 1:
+        raise HTTPException(422, "live_version (the version you saw serving) must be a positive integer; reload "
+                                 "the page and try again")
+    return live_version
+
+
 def create_app(
     *,
     settings_factory: Callable[[], Settings] = Settings.from_env,
@@ -163,11 +174,13 @@ def create_app(
         to_version = body.get("to_version")
         if to_version is not None and (not isinstance(to_version, int) or to_version < 1):
             raise HTTPException(422, "to_version must be a positive integer")
+        live_version = confirmed_live_version(body, required=True)
         if to_version is not None and not (await version_row(to_version))["rollback_allowed"]:
             raise HTTPException(409, f"v{to_version} never served or is not kept: a rollback returns only to a "
                                      "version that served (a shadow goes live by promotion)")
         run = await airflow.trigger(request, ROLLBACK_DAG,
-                                    {"to_version": to_version, "reason": reason, "confirm": True},
+                                    {"to_version": to_version, "live_version": live_version, "reason": reason,
+                                     "confirm": True},
                                     fallback="On-call can run `kb-reindex rollback` instead")
         return JSONResponse(run)
 
@@ -181,7 +194,9 @@ def create_app(
         if not (await version_row(version))["shadow"]:
             raise HTTPException(409, f"v{version} is not a shadow (ready, never served); a version that served "
                                      "goes back through a rollback")
-        run = await airflow.trigger(request, PROMOTE_SHADOW_DAG, {"version": version, "reason": reason, "confirm": True},
+        live_version = confirmed_live_version(body, required=False)
+        run = await airflow.trigger(request, PROMOTE_SHADOW_DAG, {"version": version, "live_version": live_version,
+                                                                  "reason": reason, "confirm": True},
                                     fallback=f"On-call can run `kb-reindex promote --version {version}` instead")
         return JSONResponse(run)
 
