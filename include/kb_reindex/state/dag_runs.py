@@ -1,8 +1,8 @@
 """Whether the Airflow DAG run that holds a lock (`<run_id>@airflow-dag-run`) is still running, asked of
-Airflow where this process can reach it: inside a task through the Task SDK's execution API, in the
-api-server (the Knowledge index page) or a scheduler through Airflow's own metadata DB session, elsewhere
-(the CLI beside an Airflow install) through the metadata DB named by AIRFLOW__DATABASE__SQL_ALCHEMY_CONN or
-$AIRFLOW_HOME/airflow.cfg. A run Airflow reports finished (on-call marked it failed in the UI, say) is dead:
+Airflow where this process can reach it: inside a task through the Task SDK's execution API; elsewhere
+(the api-server of the Knowledge index page, the CLI beside an Airflow install) in the metadata DB named by
+AIRFLOW__DATABASE__SQL_ALCHEMY_CONN or $AIRFLOW_HOME/airflow.cfg, or else the engine of an Airflow already
+imported in this process. A run Airflow reports finished (on-call marked it failed in the UI, say) is dead:
 its lock is taken over at once. Unknown (no Airflow here, the run not found, Airflow not answering): None,
 and the lock is freed only by its renewal stopping (KB_LOCK_TTL). Never imports Airflow itself."""
 
@@ -48,11 +48,9 @@ def dag_run_state(ref: DagRunRef) -> str | None:
         runner = sys.modules.get("airflow.sdk.execution_time.task_runner")
         if runner is not None and getattr(runner, "SUPERVISOR_COMMS", None) is not None:
             return str(runner.RuntimeTaskInstance.get_dagrun_state(ref.dag_id, ref.run_id))
+        url = metadata_db_url()
         settings = sys.modules.get("airflow.settings")
-        engine = getattr(settings, "engine", None) if settings is not None else None
-        if engine is None:
-            url = metadata_db_url()
-            engine = _engine(url) if url else None
+        engine = _engine(url) if url else getattr(settings, "engine", None) if settings is not None else None
         return _query(engine, ref) if engine is not None else None
     except Exception as exc:  # noqa: BLE001 - unknown is a safe answer: the TTL still frees the lock
         log.info("kb_reindex: could not ask Airflow about DAG run %s of %s: %s", ref.run_id, ref.dag_id,
