@@ -71,10 +71,17 @@ def test_reindex_dag_shape(dagbag) -> None:
 def test_rollback_migration_and_shadow_promotion_are_manual(dagbag) -> None:
     for dag_id in ("knowledge_rollback", "knowledge_model_migration", "knowledge_promote_shadow"):
         assert type(dagbag.get_dag(dag_id).timetable).__name__ == "NullTimetable"
-    assert set(dagbag.get_dag("knowledge_rollback").params) == {"reason", "to_version", "confirm", "revalidate"}
+    assert set(dagbag.get_dag("knowledge_rollback").params) == {"live_version", "reason", "to_version", "confirm",
+                                                                  "revalidate"}
     assert set(dagbag.get_dag("knowledge_model_migration").params) >= {"embedder", "model", "dimension", "promote",
                                                                        "payload_layout"}
-    assert set(dagbag.get_dag("knowledge_promote_shadow").params) == {"version", "reason", "confirm"}
+    assert set(dagbag.get_dag("knowledge_promote_shadow").params) == {"version", "live_version", "reason", "confirm"}
+    # on-call's DAGs run from the first minute of a fresh install; the rollback never queues behind build slices
+    for dag_id in ("knowledge_rollback", "knowledge_promote_shadow"):
+        assert dagbag.get_dag(dag_id).is_paused_upon_creation is False
+    assert dagbag.get_dag("knowledge_rollback").get_task("rollback").pool != "kb_qdrant_writes"
+    for dag_id in ("knowledge_reindex", "knowledge_model_migration"):  # a run failed as a whole lets its lock go
+        assert dagbag.get_dag(dag_id).on_failure_callback is not None
     for dag_id, task_id in (("knowledge_reindex", "promote"), ("knowledge_model_migration", "promote"),
                             ("knowledge_rollback", "rollback"), ("knowledge_promote_shadow", "promote_shadow")):
         assert [o.uri for o in dagbag.get_dag(dag_id).get_task(task_id).outlets] == ["qdrant://mall_knowledge/"]
@@ -257,12 +264,15 @@ def cli_versions(project: Path, count: int) -> None:
 
 def test_rollback_dag_to_previous_and_to_chosen_version(dagbag, dag_env: Path) -> None:
     cli_versions(dag_env, 3)
-    ok, states = run_dag(dagbag, "knowledge_rollback", {"reason": "bad coupon text", "confirm": True})
+    ok, states = run_dag(dagbag, "knowledge_rollback", {"reason": "stale", "confirm": True, "live_version": 2})
+    assert not ok and kb(dag_env, "status")["live"]["version"] == 3, "confirmed against v2 while v3 serves"
+    ok, states = run_dag(dagbag, "knowledge_rollback", {"reason": "bad coupon text", "confirm": True,
+                                                        "live_version": 3})
     assert ok, states
     assert kb(dag_env, "status")["live"]["version"] == 2
     assert [e["extra"] for e in asset_events_of_last_run()] == [alias_extra(dag_env, "rollback", 2, 3)]
     ok, _ = run_dag(dagbag, "knowledge_rollback", {"reason": "further back", "confirm": True, "to_version": 1,
-                                                      "revalidate": False})
+                                                      "revalidate": False, "live_version": 2})
     assert ok
     status = kb(dag_env, "status")
     assert status["live"]["version"] == 1
@@ -284,7 +294,8 @@ def test_rollback_dag_refuses_without_confirm_or_with_a_failed_target(dagbag, da
     state = StateStore(Settings.from_env().state_url)
     state.update_version(state.get_version("mall_knowledge", 1).id, status="failed")
     state.dispose()
-    ok, states = run_dag(dagbag, "knowledge_rollback", {"reason": "to failed", "confirm": True, "to_version": 1})
+    ok, states = run_dag(dagbag, "knowledge_rollback", {"reason": "to failed", "confirm": True, "to_version": 1,
+                                                        "live_version": 2})
     assert not ok
     assert kb(dag_env, "status")["live"]["version"] == 2
 
@@ -325,7 +336,8 @@ def test_promote_shadow_dag_promotes_a_shadow_and_refuses_a_retired_or_unknown_v
         assert not ok and states["promote_shadow"] == "failed", conf
         assert kb(dag_env, "status")["live"]["version"] == 2 and asset_events_of_last_run() == []
 
-    ok, states = run_dag(dagbag, "knowledge_promote_shadow", {"version": 3, "reason": "bge trial", "confirm": True})
+    ok, states = run_dag(dagbag, "knowledge_promote_shadow", {"version": 3, "reason": "bge trial", "confirm": True,
+                                                              "live_version": 2})
     assert ok, states
     live = kb(dag_env, "status")["live"]
     assert (live["version"], live["embed_model"], live["dim"]) == (3, "hashing-ngram-v4", 512)
@@ -452,12 +464,13 @@ def test_the_page_runs_in_airflows_api_server_and_rolls_back_as_the_signed_in_us
 
         rollback = f"{base}/knowledge-index/api/rollback"
         assert httpx.post(rollback, json={"reason": "check"}).status_code == 401
-        triggered = httpx.post(rollback, json={"reason": "api-server check"}, cookies={"_token": token})
+        triggered = httpx.post(rollback, json={"reason": "api-server check", "live_version": 1},
+                               cookies={"_token": token})
         assert triggered.status_code == 200, triggered.text
         run_id = triggered.json()["dag_run_id"]
         runs = f"{base}/api/v2/dags/knowledge_rollback/dagRuns"
         run = httpx.get(f"{runs}/{quote(run_id, safe='')}", headers=bearer).json()
-        assert run["conf"] == {"to_version": None, "reason": "api-server check", "confirm": True}
+        assert run["conf"] == {"to_version": None, "live_version": 1, "reason": "api-server check", "confirm": True}
         httpx.delete(f"{runs}/{quote(run_id, safe='')}", headers=bearer)  # no scheduler here to run it
     finally:
         os.killpg(server.pid, signal.SIGTERM)

@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from kb_reindex.embedding import HashingEmbedder
 from kb_reindex.state import StateStore
 from kb_reindex.testing.ollama_server import FakeModel, FakeOllamaServer
@@ -55,7 +54,8 @@ def env_for(project: Path, server: QdrantServerProcess, ollama: FakeOllamaServer
 
 
 def cli(env: dict[str, str], *argv: str, timeout: float = 180) -> tuple[int, dict[str, Any]]:
-    done = subprocess.run([str(CLI), *argv, "--json", "-q"], env=env, capture_output=True, text=True, timeout=timeout)
+    done = subprocess.run([str(CLI), *argv, "--json", "-q"], env=env, capture_output=True, text=True, timeout=timeout,
+                          check=False)
     assert done.stdout.strip(), done.stderr[-2000:]
     return done.returncode, json.loads(done.stdout)
 

@@ -136,10 +136,11 @@ class FakeAirflowApi:
                 raise RuntimeError("the worker died")
             with open_deps(self.settings) as deps:
                 if run["dag_id"] == "knowledge_rollback":
-                    engine.run_rollback(deps, reason=conf["reason"], to_version=conf["to_version"], trigger="airflow")
+                    engine.run_rollback(deps, reason=conf["reason"], to_version=conf["to_version"], trigger="airflow",
+                                        expected_live=conf["live_version"])
                 else:
                     with engine.exclusive(deps):
-                        promote_shadow(deps, conf["version"], reason=conf["reason"])
+                        promote_shadow(deps, conf["version"], reason=conf["reason"], expected_live=conf["live_version"])
         except Exception:  # noqa: BLE001 - as Airflow records a failed task
             run["state"] = "failed"
         else:
@@ -215,9 +216,14 @@ def test_status_reports_and_rollback_authorisation(site: tuple[Settings, FakeAir
     refused = client.post("/api/rollback", json={"to_version": 2, "reason": "x"})
     assert refused.status_code == 403 and airflow.triggers == []
     user = {"Authorization": f"Bearer {tokens['user']}"}  # an explicit bearer wins over the viewer's cookie
-    assert client.post("/api/rollback", json={"to_version": 2}, headers=user).status_code == 422
-    ok = TestClient(app, cookies={"_token": tokens["user"]}).post("/api/rollback", json={"to_version": 2, "reason": "bad text"})
-    assert ok.status_code == 200 and airflow.triggers == [{"to_version": 2, "reason": "bad text", "confirm": True}]
+    assert client.post("/api/rollback", json={"to_version": 2, "live_version": 3}, headers=user).status_code == 422
+    # the version on-call saw serving goes with the rollback: without it, nothing is triggered
+    no_live = client.post("/api/rollback", json={"to_version": 2, "reason": "x"}, headers=user)
+    assert no_live.status_code == 422 and "live_version" in no_live.json()["detail"] and airflow.triggers == []
+    ok = TestClient(app, cookies={"_token": tokens["user"]}).post(
+        "/api/rollback", json={"to_version": 2, "live_version": 3, "reason": "bad text"})
+    assert ok.status_code == 200 and airflow.triggers == [
+        {"to_version": 2, "live_version": 3, "reason": "bad text", "confirm": True}]
     for _ in range(100):
         if client.get("/api/status").json()["live"]["version"] == 2:
             break
@@ -231,7 +237,7 @@ def test_rollback_when_the_airflow_api_does_not_answer_says_so_and_changes_nothi
     nowhere = f"http://127.0.0.1:{free_port()}"
     client = TestClient(create_app(settings_factory=lambda: settings, airflow_api_url=nowhere),
                         cookies={"_token": tokens["user"]})
-    answer = client.post("/api/rollback", json={"to_version": 2, "reason": "x"})
+    answer = client.post("/api/rollback", json={"to_version": 2, "live_version": 3, "reason": "x"})
     assert answer.status_code == 502
     assert nowhere in answer.json()["detail"] and "nothing was triggered" in answer.json()["detail"]
     assert client.get("/api/status").json()["live"]["version"] == 3
@@ -255,7 +261,7 @@ def test_rollback_whose_request_got_no_answer_says_a_run_may_exist(site: tuple[S
         url = f"http://127.0.0.1:{listener.getsockname()[1]}"
         client = TestClient(create_app(settings_factory=lambda: settings, airflow_api_url=url),
                             cookies={"_token": tokens["user"]})
-        answer = client.post("/api/rollback", json={"to_version": 2, "reason": "x"})
+        answer = client.post("/api/rollback", json={"to_version": 2, "live_version": 3, "reason": "x"})
     finally:
         listener.close()
     assert answer.status_code == 502 and "may have been created" in answer.json()["detail"]
@@ -304,8 +310,8 @@ def test_shadow_promotion_pause_and_runs_through_airflow_as_the_caller(busy_site
     assert user.post("/api/promote-shadow", json={"version": 2, "reason": "x"}).status_code == 409
     assert user.post("/api/rollback", json={"to_version": 4, "reason": "x"}).status_code == 409
     assert airflow.triggers == []
-    run = user.post("/api/promote-shadow", json={"version": 4, "reason": "model trial"}).json()
-    assert airflow.triggers == [{"version": 4, "reason": "model trial", "confirm": True}]
+    run = user.post("/api/promote-shadow", json={"version": 4, "live_version": 3, "reason": "model trial"}).json()
+    assert airflow.triggers == [{"version": 4, "live_version": 3, "reason": "model trial", "confirm": True}]
     assert run["dag_id"] == "knowledge_promote_shadow" and run["state"] == "queued"
     assert run["url"] == RUN_UI.format(dag="knowledge_promote_shadow", run=quote(run["dag_run_id"], safe=""))
     follow = f"/api/runs/knowledge_promote_shadow/{quote(run['dag_run_id'], safe='')}"
