@@ -146,7 +146,8 @@ def test_make_airflow_runs_reindex_and_rollback_under_the_real_scheduler(local_a
     assert kb(airflow.env, "run")["outcome"] == "promoted"
     assert kb(airflow.env, "status")["live"]["version"] == 2
 
-    run_id = airflow.trigger("knowledge_rollback", {"reason": "local airflow check", "confirm": True, "to_version": None})
+    run_id = airflow.trigger("knowledge_rollback", {"reason": "local airflow check", "confirm": True, "to_version": None,
+                                                    "live_version": 2})
     airflow.wait_for_success("knowledge_rollback", run_id, 120)
     status = kb(airflow.env, "status")
     assert status["live"]["version"] == 1

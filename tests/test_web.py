@@ -308,7 +308,7 @@ def test_shadow_promotion_pause_and_runs_through_airflow_as_the_caller(busy_site
     assert viewer.post("/api/promote-shadow", json={"version": 4, "reason": "x"}).status_code == 403
     assert user.post("/api/promote-shadow", json={"version": 4}).status_code == 422
     assert user.post("/api/promote-shadow", json={"version": 2, "reason": "x"}).status_code == 409
-    assert user.post("/api/rollback", json={"to_version": 4, "reason": "x"}).status_code == 409
+    assert user.post("/api/rollback", json={"to_version": 4, "live_version": 3, "reason": "x"}).status_code == 409
     assert airflow.triggers == []
     run = user.post("/api/promote-shadow", json={"version": 4, "live_version": 3, "reason": "model trial"}).json()
     assert airflow.triggers == [{"version": 4, "live_version": 3, "reason": "model trial", "confirm": True}]

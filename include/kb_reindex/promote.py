@@ -68,10 +68,13 @@ def moved_meanwhile(deps: Deps, version: VersionRecord) -> str:
 
     alias = deps.settings.alias
     live = deps.state.live_version(alias)
+    serving = deps.store.alias_target(alias)
     last = next(iter(reversed(deps.state.alias_events(alias))), None)
-    by = ("a rollback" if last is not None and last["action"] in ROLLBACK_ACTIONS
-          else "another run" if last is not None else "someone outside kb-reindex")
-    now = f"v{live.version}" if live is not None else "nothing"
+    if live is None or serving != live.collection:
+        by, now = "someone outside kb-reindex", serving or "nothing"
+    else:
+        by = "a rollback" if last is not None and last["action"] in ROLLBACK_ACTIONS else "another run"
+        now = f"v{live.version}"
     return (f"alias moved by {by} to {now} while this run built (it planned against "
             f"v{version.base_version if version.base_version is not None else '-'}); v{version.version} kept "
             f"unpromoted (`kb-reindex promote --version {version.version}` to serve it)")
