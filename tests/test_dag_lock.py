@@ -120,13 +120,13 @@ def test_dag_run_holds_the_lock_from_plan_to_cleanup_and_lets_it_go(dag_env: Pat
     seen: dict[str, object] = {}
     real_promote, real_cleanup = promote_module.promote, retention_module.cleanup
 
-    def promote_and_look(deps, version_number, *, run_id=None):
+    def promote_and_look(deps, version_number, *, run_id=None, fence=None):
         seen["promote"] = deps.state.lock_held_by(reindex_lock_name(ALIAS))
         with pytest.raises(LockHeldError) as refused:  # a CLI command meanwhile is refused, naming the DAG run
             with engine.exclusive(deps):
                 pass
         seen["refusal"] = str(refused.value)
-        return real_promote(deps, version_number, run_id=run_id)
+        return real_promote(deps, version_number, run_id=run_id, fence=fence)
 
     def cleanup_and_look(deps):
         seen["cleanup"] = deps.state.lock_held_by(reindex_lock_name(ALIAS))
