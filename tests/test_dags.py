@@ -236,9 +236,9 @@ def test_promote_that_finds_its_version_already_live_emits_no_asset_event(dagbag
 
     real_promote = promote_module.promote
 
-    def promoted_first_by_someone_else(deps, version_number, *, run_id=None):
+    def promoted_first_by_someone_else(deps, version_number, *, run_id=None, fence=None):
         real_promote(deps, version_number, run_id="cli__someone-else")
-        return real_promote(deps, version_number, run_id=run_id)
+        return real_promote(deps, version_number, run_id=run_id, fence=fence)
 
     monkeypatch.setattr(promote_module, "promote", promoted_first_by_someone_else)
     ok, states = run_dag(dagbag, "knowledge_reindex")
