@@ -31,6 +31,9 @@ from kb_reindex.dag_support import KNOWLEDGE_ALIAS, POOL, current_run_id, releas
     start_date=datetime(2026, 1, 1),
     catchup=False,
     max_active_runs=1,
+    # a run that fails as a whole (marked failed in the UI, timed out) lets its lock go too; the lock's
+    # liveness check asks Airflow about the run as well, so nothing depends on this callback firing
+    on_failure_callback=release_run_lock,
     doc_md=__doc__,
     tags=["knowledge", "qdrant", "migration"],
     # the run holds the alias's reindex lock from plan to cleanup; a task that fails for good releases it

@@ -7,6 +7,8 @@ is the one way a shadow goes live from Airflow:
 
 - **version** (required): the shadow's number (`kb-reindex status` or the Knowledge index page lists
   them as `shadow`, with model and dimension).
+- **live_version**: the version you saw serving (empty only when nothing serves yet); if another serves
+  by the time the alias moves, nothing moves and the task says what serves now.
 - **reason** (required): recorded in the alias history.
 - **confirm**: must be ticked, or nothing happens.
 
@@ -33,12 +35,16 @@ from kb_reindex.dag_support import KNOWLEDGE_ALIAS, POOL, current_run_id
     start_date=datetime(2026, 1, 1),
     catchup=False,
     max_active_runs=1,
+    is_paused_upon_creation=False,  # on-call's DAG: runs from the first minute of a fresh install
     doc_md=__doc__,
     tags=["knowledge", "qdrant", "on-call"],
     params={
         "version": Param(None, type=["null", "integer"], minimum=1, title="Shadow version",
                          description="Number of the shadow version to serve (status `ready`, never served).",
                          section="Promotion"),
+        "live_version": Param(None, type=["null", "integer"], minimum=1, title="Live version you saw",
+                              description="The version you saw serving (empty only when nothing serves); "
+                                          "refused if another serves now.", section="Promotion"),
         "reason": Param("", type="string", minLength=1, title="Reason",
                         description="Why this shadow goes live now; recorded in the alias history.",
                         section="Promotion"),
@@ -56,7 +62,7 @@ def knowledge_promote_shadow():
 
             raise AirflowFailException("name the shadow version to promote (the 'version' param)")
         return promote_shadow_task(run_id=current_run_id(), version=params["version"], reason=params["reason"],
-                                   confirm=params["confirm"])
+                                   confirm=params["confirm"], live_version=params["live_version"])
 
     promote_shadow()
 

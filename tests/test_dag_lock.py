@@ -120,13 +120,13 @@ def test_dag_run_holds_the_lock_from_plan_to_cleanup_and_lets_it_go(dag_env: Pat
     seen: dict[str, object] = {}
     real_promote, real_cleanup = promote_module.promote, retention_module.cleanup
 
-    def promote_and_look(deps, version_number, *, run_id=None):
+    def promote_and_look(deps, version_number, *, run_id=None, fence=None):
         seen["promote"] = deps.state.lock_held_by(reindex_lock_name(ALIAS))
         with pytest.raises(LockHeldError) as refused:  # a CLI command meanwhile is refused, naming the DAG run
             with engine.exclusive(deps):
                 pass
         seen["refusal"] = str(refused.value)
-        return real_promote(deps, version_number, run_id=run_id)
+        return real_promote(deps, version_number, run_id=run_id, fence=fence)
 
     def cleanup_and_look(deps):
         seen["cleanup"] = deps.state.lock_held_by(reindex_lock_name(ALIAS))
@@ -241,3 +241,40 @@ def test_build_longer_than_the_ttl_is_never_dropped_by_a_concurrent_gc(dag_env: 
             live = deps.state.live_version(ALIAS)
             assert live is not None and live.version == 1 and deps.store.exists(live.collection)
             assert deps.state.list_locks(subject=ALIAS) == []
+
+
+# --- a DAG run that Airflow no longer runs (marked failed in the UI): its lock is dead at once ---------------
+
+
+def test_the_lock_of_a_dag_run_airflow_reports_failed_is_taken_over_at_once(
+        deps: Deps, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No callback fired (the UI's "mark failed" runs none): the next run asks Airflow's metadata DB, finds
+    the run failed, takes its lock over at once and records it; while the run runs, it is refused."""
+    import sqlalchemy as sa
+
+    from dataclasses import replace
+
+    metadata = sa.create_engine(f"sqlite:///{tmp_path / 'airflow.db'}")
+    with metadata.begin() as conn:
+        conn.execute(sa.text("CREATE TABLE dag_run (dag_id TEXT, run_id TEXT, state TEXT)"))
+        conn.execute(sa.text("INSERT INTO dag_run VALUES ('knowledge_reindex', 'manual__2026-11-30', 'running')"))
+    monkeypatch.setenv("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", str(metadata.url))
+    deps.settings = replace(deps.settings, lock_wait_s=0)
+    run_id = "airflow__knowledge_reindex__manual__2026-11-30"
+    deps.state.start_run(run_id=run_id, alias=ALIAS, kind="reindex", trigger="airflow")
+    dag_lock.take(deps, run_id)
+    held = next(row for row in engine.status(deps)["locks"] if row["name"] == reindex_lock_name(ALIAS))
+    assert held["owner_alive"] == "yes", "Airflow says the run runs"
+    with pytest.raises(LockHeldError, match="an Airflow DAG run that Airflow reports running"):
+        with engine.exclusive(deps):
+            pass
+
+    with metadata.begin() as conn:  # on-call marks the run failed in the UI: no task callback fires
+        conn.execute(sa.text("UPDATE dag_run SET state = 'failed'"))
+    assert next(row for row in engine.status(deps)["locks"])["owner_alive"] == "no"
+    result = engine.run_reindex(deps)
+    assert result["outcome"] in ("promoted", "no_change"), result
+    assert deps.state.get_run(run_id)["outcome"] == "failed"
+    takeover = [e for e in engine.history(deps) if e["action"] == "lock-takeover"]
+    assert len(takeover) == 1 and "its DAG run is failed in Airflow, no longer running" in takeover[0]["reason"]
+    assert run_id in takeover[0]["reason"]

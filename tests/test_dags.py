@@ -73,12 +73,18 @@ def test_reindex_dag_shape(dagbag) -> None:
 def test_rollback_migration_and_shadow_promotion_are_manual(dagbag) -> None:
     for dag_id in ("knowledge_rollback", "knowledge_model_migration", "knowledge_promote_shadow"):
         assert type(dagbag.get_dag(dag_id).timetable).__name__ == "NullTimetable"
-    assert set(dagbag.get_dag("knowledge_rollback").params) == {"reason", "to_version", "confirm", "revalidate",
-                                                                "freeze"}
+    assert set(dagbag.get_dag("knowledge_rollback").params) == {"live_version", "reason", "to_version", "confirm",
+                                                                "revalidate", "freeze"}
     assert dagbag.get_dag("knowledge_rollback").params["freeze"] is True, "a rollback freezes unless told not to"
     assert set(dagbag.get_dag("knowledge_model_migration").params) >= {"embedder", "model", "dimension", "promote",
                                                                        "payload_layout"}
-    assert set(dagbag.get_dag("knowledge_promote_shadow").params) == {"version", "reason", "confirm"}
+    assert set(dagbag.get_dag("knowledge_promote_shadow").params) == {"version", "live_version", "reason", "confirm"}
+    # on-call's DAGs run from the first minute of a fresh install; the rollback never queues behind build slices
+    for dag_id in ("knowledge_rollback", "knowledge_promote_shadow"):
+        assert dagbag.get_dag(dag_id).is_paused_upon_creation is False
+    assert dagbag.get_dag("knowledge_rollback").get_task("rollback").pool != "kb_qdrant_writes"
+    for dag_id in ("knowledge_reindex", "knowledge_model_migration"):  # a run failed as a whole lets its lock go
+        assert dagbag.get_dag(dag_id).on_failure_callback is not None
     for dag_id, task_id in (("knowledge_reindex", "promote"), ("knowledge_model_migration", "promote"),
                             ("knowledge_rollback", "rollback"), ("knowledge_promote_shadow", "promote_shadow")):
         assert [o.uri for o in dagbag.get_dag(dag_id).get_task(task_id).outlets] == ["qdrant://mall_knowledge/"]
@@ -233,9 +239,9 @@ def test_promote_that_finds_its_version_already_live_emits_no_asset_event(dagbag
 
     real_promote = promote_module.promote
 
-    def promoted_first_by_someone_else(deps, version_number, *, run_id=None):
+    def promoted_first_by_someone_else(deps, version_number, *, run_id=None, fence=None):
         real_promote(deps, version_number, run_id="cli__someone-else")
-        return real_promote(deps, version_number, run_id=run_id)
+        return real_promote(deps, version_number, run_id=run_id, fence=fence)
 
     monkeypatch.setattr(promote_module, "promote", promoted_first_by_someone_else)
     ok, states = run_dag(dagbag, "knowledge_reindex")
@@ -261,12 +267,15 @@ def cli_versions(project: Path, count: int) -> None:
 
 def test_rollback_dag_to_previous_and_to_chosen_version(dagbag, dag_env: Path) -> None:
     cli_versions(dag_env, 3)
-    ok, states = run_dag(dagbag, "knowledge_rollback", {"reason": "bad coupon text", "confirm": True})
+    ok, states = run_dag(dagbag, "knowledge_rollback", {"reason": "stale", "confirm": True, "live_version": 2})
+    assert not ok and kb(dag_env, "status")["live"]["version"] == 3, "confirmed against v2 while v3 serves"
+    ok, states = run_dag(dagbag, "knowledge_rollback", {"reason": "bad coupon text", "confirm": True,
+                                                        "live_version": 3})
     assert ok, states
     assert kb(dag_env, "status")["live"]["version"] == 2
     assert [e["extra"] for e in asset_events_of_last_run()] == [alias_extra(dag_env, "rollback", 2, 3)]
     ok, _ = run_dag(dagbag, "knowledge_rollback", {"reason": "further back", "confirm": True, "to_version": 1,
-                                                      "revalidate": False})
+                                                      "revalidate": False, "live_version": 2})
     assert ok
     status = kb(dag_env, "status")
     assert status["live"]["version"] == 1
@@ -288,7 +297,8 @@ def test_rollback_dag_refuses_without_confirm_or_with_a_failed_target(dagbag, da
     state = StateStore(Settings.from_env().state_url)
     state.update_version(state.get_version("mall_knowledge", 1).id, status="failed")
     state.dispose()
-    ok, states = run_dag(dagbag, "knowledge_rollback", {"reason": "to failed", "confirm": True, "to_version": 1})
+    ok, states = run_dag(dagbag, "knowledge_rollback", {"reason": "to failed", "confirm": True, "to_version": 1,
+                                                        "live_version": 2})
     assert not ok
     assert kb(dag_env, "status")["live"]["version"] == 2
 
@@ -329,7 +339,8 @@ def test_promote_shadow_dag_promotes_a_shadow_and_refuses_a_retired_or_unknown_v
         assert not ok and states["promote_shadow"] == "failed", conf
         assert kb(dag_env, "status")["live"]["version"] == 2 and asset_events_of_last_run() == []
 
-    ok, states = run_dag(dagbag, "knowledge_promote_shadow", {"version": 3, "reason": "bge trial", "confirm": True})
+    ok, states = run_dag(dagbag, "knowledge_promote_shadow", {"version": 3, "reason": "bge trial", "confirm": True,
+                                                              "live_version": 2})
     assert ok, states
     live = kb(dag_env, "status")["live"]
     assert (live["version"], live["embed_model"], live["dim"]) == (3, "hashing-ngram-v4", 512)

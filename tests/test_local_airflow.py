@@ -146,7 +146,8 @@ def test_make_airflow_runs_reindex_and_rollback_under_the_real_scheduler(local_a
     assert kb(airflow.env, "run")["outcome"] == "promoted"
     assert kb(airflow.env, "status")["live"]["version"] == 2
 
-    run_id = airflow.trigger("knowledge_rollback", {"reason": "local airflow check", "confirm": True, "to_version": None})
+    run_id = airflow.trigger("knowledge_rollback", {"reason": "local airflow check", "confirm": True, "to_version": None,
+                                                    "live_version": 2})
     airflow.wait_for_success("knowledge_rollback", run_id, 120)
     status = kb(airflow.env, "status")
     assert status["live"]["version"] == 1
@@ -225,3 +226,81 @@ def test_build_slices_write_to_qdrant_at_once_and_equal_a_serial_build(local_air
         assert vector == pytest.approx(ref_vector, abs=1e-6), point_id
         # each names its own version number; everything else is the same
         assert {**payload, "version": None} == {**ref_payload, "version": None}, point_id
+
+
+def finished_state(airflow: LocalAirflow, dag_id: str, run_id: str, timeout_s: float) -> str:
+    url = f"/dags/{dag_id}/dagRuns/{quote(run_id, safe='')}"
+    airflow.wait(f"{dag_id} {run_id} finished", lambda: airflow.http.get(url).json()["state"] in ("success", "failed"),
+                 timeout_s)
+    return airflow.http.get(url).json()["state"]
+
+
+class UpsertHold:
+    """Every upsert waits at our Qdrant server until released: a build held mid-way under the real scheduler."""
+
+    def __init__(self, qdrant: Any) -> None:
+        self.qdrant, self.real = qdrant, qdrant._backend_call
+        self.held, self.open = threading.Event(), threading.Event()
+
+    def __enter__(self) -> UpsertHold:
+        def held_call(op: str, params: dict, query: dict, body: Any, record: Any = None) -> Any:
+            if op == "upsert" and not self.open.is_set():
+                self.held.set()
+                self.open.wait(300)
+            return self.real(op, params, query, body, record)
+
+        self.qdrant._backend_call = held_call
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.open.set()
+        self.qdrant._backend_call = self.real
+
+
+@pytest.mark.airflow
+def test_a_rollback_completes_while_a_reindex_builds_and_a_run_marked_failed_loses_its_lock(
+        local_airflow: LocalAirflow, qdrant: Any) -> None:
+    """knowledge_rollback during a knowledge_reindex build held at Qdrant: it completes (no reindex lock, not in
+    the build's pool); the build's promotion then fails its compare-and-swap and keeps its version `ready`. A
+    rollback confirmed against a version no longer live is refused. A reindex run marked failed through the
+    REST API (no task callback fires) loses its lock at once: the CLI's next run takes it over."""
+    airflow = local_airflow
+    airflow.wait("knowledge_reindex parsed", lambda: airflow.http.get("/dags/knowledge_reindex").status_code == 200, 120)
+    if airflow.http.get("/dags/knowledge_reindex").json()["is_paused"]:
+        airflow.wait_for_success("knowledge_reindex", airflow.trigger("knowledge_reindex"), 180)
+    airflow.wait("every knowledge_reindex run finished", lambda: airflow.idle("knowledge_reindex"), 120)
+    env = {**airflow.env, "KB_LOCK_WAIT": "0",
+           "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{airflow.home / 'airflow.db'}"}
+    live = kb(env, "status")["live"]["version"]
+    target = kb(env, "status")["rollback_target"]
+    assert target is not None, "an earlier test left a version to roll back to"
+
+    with UpsertHold(qdrant) as hold:
+        build = airflow.trigger("knowledge_reindex", {"force_full_rebuild": True})
+        assert hold.held.wait(240), f"the build never wrote\n{airflow.logs()}"
+        rollback = airflow.trigger("knowledge_rollback", {"reason": "bad during a build", "confirm": True,
+                                                          "live_version": live})
+        airflow.wait_for_success("knowledge_rollback", rollback, 180)
+        assert not hold.open.is_set(), "the rollback completed while the build was held"
+        assert kb(env, "status")["live"]["version"] == target
+        stale = airflow.trigger("knowledge_rollback", {"reason": "stale page", "confirm": True, "live_version": live})
+        assert finished_state(airflow, "knowledge_rollback", stale, 180) == "failed"
+        assert kb(env, "status")["live"]["version"] == target, "a stale confirmation moved nothing"
+    assert finished_state(airflow, "knowledge_reindex", build, 300) == "failed"
+    status = kb(env, "status")
+    built = max(v["version"] for v in status["versions"])
+    assert status["live"]["version"] == target
+    assert {v["version"]: v["status"] for v in status["versions"]}[built] == "ready", "kept unpromoted, not failed"
+    assert status["locks"] == []
+
+    # on-call marks a running reindex failed in the UI: no task callback fires, yet the lock is dead at once
+    with UpsertHold(qdrant) as hold:
+        stuck = airflow.trigger("knowledge_reindex", {"force_full_rebuild": True})
+        assert hold.held.wait(240), f"the build never wrote\n{airflow.logs()}"
+        url = f"/dags/knowledge_reindex/dagRuns/{quote(stuck, safe='')}"
+        assert airflow.http.patch(url, json={"state": "failed"}).status_code == 200
+        hold.open.set()  # the CLI's own build must write; the stuck task, if still alive, is fenced
+        run = kb(env, "run")
+        assert run["outcome"] in ("promoted", "no_change"), run.get("error")
+    takeover = [e for e in kb(env, "history")["events"] if e["action"] == "lock-takeover"][-1]
+    assert stuck in takeover["reason"] and "its DAG run is failed in Airflow" in takeover["reason"]

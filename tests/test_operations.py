@@ -287,3 +287,40 @@ def test_gc_drops_a_build_abandoned_by_a_run_that_ended(deps: Deps) -> None:
     result = cleanup(deps)
     assert [d["version"] for d in result["deleted"]] == [2]
     assert not deps.store.exists(created["collection"])
+
+
+def test_a_rollback_moves_nothing_when_another_version_goes_live_between_its_check_and_its_move(
+        deps: Deps, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On-call confirmed v2 -> v1; while the rollback scores v1, a shadow v3 is promoted. The confirmed live
+    version is checked by the compare-and-swap under the alias lock, not by a read before: nothing moves,
+    and the error says what serves now."""
+    import kb_reindex.validate as validation
+    from kb_reindex.errors import AliasMovedError
+    from kb_reindex.promote import promote_shadow
+
+    assert engine.run_reindex(deps)["outcome"] == "promoted"
+    edit(deps, "coupon-rules", "补充一：优惠券不可兑换现金。")
+    assert engine.run_reindex(deps)["outcome"] == "promoted"
+    edit(deps, "shipping-policy", "补充二：大件商品送货上门。")
+    assert engine.run_reindex(deps, promote_version=False)["outcome"] == "shadow"
+    scores = validation.validate
+    promoted: list[int] = []
+
+    def scoring_while_v3_is_promoted(*args, **kwargs):  # type: ignore[no-untyped-def]
+        if not promoted:
+            promoted.append(0)  # the promotion's own validation passes through
+            promoted[0] = promote_shadow(deps, 3, expected_live=2, reason="meanwhile")["version"]
+        return scores(*args, **kwargs)
+
+    monkeypatch.setattr(validation, "validate", scoring_while_v3_is_promoted)
+    with pytest.raises(AliasMovedError) as refused:
+        engine.run_rollback(deps, reason="v2 is bad", expected_live=2, to_version=1)
+    assert str(refused.value).startswith(f"{ALIAS} serves v3 now, not v2 (which you confirmed): nothing was rolled back")
+    assert promoted == [3] and deps.state.live_version(ALIAS).version == 3
+    assert deps.store.alias_target(ALIAS) == deps.state.get_version(ALIAS, 3).collection
+    assert deps.state.get_version(ALIAS, 1).status == "retired"
+    assert [e["action"] for e in engine.history(deps)] == ["promote", "promote", "promote"]
+    # and a stale confirmation is refused before anything is scored
+    with pytest.raises(AliasMovedError, match="serves v3 now, not v2 .which you confirmed.: nothing was rolled back"):
+        engine.run_rollback(deps, reason="v2 is bad", expected_live=2)
+

@@ -72,7 +72,7 @@ def hold_lock_in_another_process(project: Path) -> subprocess.Popen[str]:
 
 @pytest.mark.parametrize("argv", [
     ["run"], ["migrate", "--embedder", "hashing", "--model", "hashing-ngram-v1", "--dim", "256"],
-    ["rollback", "--to-version", "1", "--reason", "x", "--yes"], ["reconcile"], ["reconcile", "--rebuild-state"],
+    ["reconcile"], ["reconcile", "--rebuild-state"],
     ["drop", "--version", "1"], ["gc"], ["validate"],
 ])
 def test_every_writing_command_takes_the_alias_lock(cli_env: Path, capsys: pytest.CaptureFixture[str],

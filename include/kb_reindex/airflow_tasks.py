@@ -180,13 +180,16 @@ def task_step(run_id: str) -> Iterator[Deps]:
 
 def release_run_lock(context: Any) -> None:
     """The run's failure callback (every task's `on_failure_callback`, called once a task fails for good, not
-    between retries): let go of the run's reindex lock, so the next run or `gc` need not wait for its TTL."""
+    between retries, and the DAG's, called when the run fails as a whole): let go of the run's reindex lock,
+    so the next run or `gc` need not wait for its TTL."""
     from kb_reindex import dag_lock
     from kb_reindex.config import Settings
     from kb_reindex.state import StateStore
 
     try:
-        run_id = f"airflow__{context['dag'].dag_id}__{context['run_id']}"
+        dag_run = context.get("dag_run")
+        dag_id = context["dag"].dag_id if context.get("dag") is not None else dag_run.dag_id
+        run_id = f"airflow__{dag_id}__{context.get('run_id') or dag_run.run_id}"
         state = StateStore(_state_url(), create=False)
         try:
             dag_lock.release(_LockDeps(Settings.from_env(), state), run_id)
@@ -345,11 +348,20 @@ def build_slices_task(*, version: dict[str, Any], slice_size: int, run_id: str |
             for start in range(0, max(total, 1), slice_size)]
 
 
+def run_fence(deps: Deps, run_id: str) -> Any:
+    """The DAG run's lock, which every write batch and the promotion of the run check it still holds."""
+    from kb_reindex.build import reindex_lock_name
+    from kb_reindex.dag_lock import dag_run_owner
+    from kb_reindex.fence import Fence
+
+    return Fence(reindex_lock_name(deps.settings.alias), dag_run_owner(run_id))
+
+
 def build_task(*, version: dict[str, Any], run_id: str, window: tuple[int, int] | None = None) -> dict[str, Any]:
     from kb_reindex.build import build
 
     with task_step(run_id) as deps:
-        return build(deps, version["version"], run_id=run_id, window=window)
+        return build(deps, version["version"], run_id=run_id, window=window, fence=run_fence(deps, run_id))
 
 
 def validate_task(*, version: dict[str, Any], run_id: str, min_hit_rate: float | None = None,
@@ -373,7 +385,7 @@ def promote_task(*, plan: dict[str, Any], version: dict[str, Any], run_id: str) 
     skip = None
     with task_step(run_id) as deps:
         try:
-            result = promote(deps, version["version"], run_id=run_id)
+            result = promote(deps, version["version"], run_id=run_id, fence=run_fence(deps, run_id))
         except AliasFrozen as frozen:
             skip = hold_frozen(deps, frozen, plan=plan, version=version, run_id=run_id)
         else:
@@ -508,24 +520,28 @@ def watch_task(*, promoted: dict[str, Any], run_id: str) -> dict[str, Any]:
 # --- knowledge_rollback ----------------------------------------------------------------------------
 
 
-def rollback_task(*, run_id: str, to_version: int | None, reason: str, confirm: bool, revalidate: bool,
-                  freeze: bool = True) -> dict[str, Any]:
-    """`freeze`: set the product's freeze before the alias moves back (kb_reindex.freeze), so no later run
-    promotes the bad change again; the result says so."""
+def rollback_task(*, run_id: str, live_version: int | None, to_version: int | None, reason: str, confirm: bool,
+                  revalidate: bool, freeze: bool = True) -> dict[str, Any]:
+    """On-call's rollback from `live_version` (the version they saw serving) to `to_version` (default: the one
+    before it): refused, moving nothing, if another version serves by the move. No reindex lock: it completes
+    while a build runs, and that build's promotion then fails its compare-and-swap. `freeze`: set the
+    product's freeze before the alias moves back (kb_reindex.freeze), so no later run promotes the bad change
+    again; the result says so."""
+    from airflow.sdk.exceptions import AirflowFailException
+
     from kb_reindex.engine import run_rollback
 
     if not confirm:
-        from airflow.sdk.exceptions import AirflowFailException
-
         raise AirflowFailException("rollback not confirmed: set the 'confirm' param to true; nothing changed")
+    if live_version is None:
+        raise AirflowFailException("name the version you saw serving (the 'live_version' param, from the Knowledge "
+                                   "index page or `kb-reindex status`); nothing changed")
     with task_deps() as deps:
         try:
             held = _rollback_freeze(deps, run_id=run_id, reason=reason) if freeze else None
             result = run_rollback(deps, reason=reason, to_version=to_version, run_id=run_id, trigger="airflow",
-                                  revalidate=revalidate)
+                                  revalidate=revalidate, expected_live=live_version)
         except PERMANENT as exc:
-            from airflow.sdk.exceptions import AirflowFailException
-
             raise AirflowFailException(f"{type(exc).__name__}: {exc}") from None
         target = deps.state.get_version(deps.settings.alias, result["to_version"])
         announce_alias_move(deps, action="rollback", version=target, previous_version=result["from_version"])
@@ -541,10 +557,12 @@ def _rollback_freeze(deps: Deps, *, run_id: str, reason: str) -> dict[str, Any]:
 # --- knowledge_promote_shadow ------------------------------------------------------------------------
 
 
-def promote_shadow_task(*, run_id: str, version: int, reason: str, confirm: bool) -> dict[str, Any]:
+def promote_shadow_task(*, run_id: str, version: int, reason: str, confirm: bool,
+                        live_version: int | None) -> dict[str, Any]:
     """Put a shadow (built, validated, never served) live on purpose: validated again against what serves
     now, under the alias's lock, and announced on the alias Asset. A retired or unknown version is refused:
-    a version that served goes back through a rollback."""
+    a version that served goes back through a rollback. Moves only from `live_version`, the version on-call
+    saw serving (None: only when nothing serves)."""
     from airflow.sdk.exceptions import AirflowFailException
 
     from kb_reindex import engine
@@ -557,7 +575,7 @@ def promote_shadow_task(*, run_id: str, version: int, reason: str, confirm: bool
     with task_deps() as deps:
         deps.state.start_run(run_id=run_id, alias=deps.settings.alias, kind="promote", trigger="airflow")
         with step(deps, run_id), engine.exclusive(deps, run_id=run_id):
-            result = promote_shadow(deps, version, run_id=run_id, reason=reason.strip())
+            result = promote_shadow(deps, version, expected_live=live_version, run_id=run_id, reason=reason.strip())
         deps.state.finish_run(run_id, outcome="promoted", version=version)
         record = deps.state.get_version(deps.settings.alias, version)
         announce_alias_move(deps, action="migrate" if record.kind == "migration" else "promote", version=record,

@@ -20,7 +20,8 @@ from qdrant_client import models
 from kb_reindex.chunking import Chunk
 from kb_reindex.corpus import DocumentInfo
 from kb_reindex.embedding import batched, check_vectors
-from kb_reindex.errors import EmbeddingError, KbError, StoreError, one_line
+from kb_reindex.errors import EmbeddingError, FencedError, KbError, StoreError, one_line
+from kb_reindex.fence import Fence
 from kb_reindex.layouts import embed_recipe, payload_text, shape_payload, text_field, version_profile
 from kb_reindex.plan import Prepared, prepare
 from kb_reindex.runtime import Deps
@@ -273,13 +274,16 @@ class _Progress:
 
 def build(deps: Deps, version_number: int, *, run_id: str | None = None,
           window: tuple[int, int] | None = None, prepared: Prepared | None = None,
-          counts: BuildCounts | None = None) -> dict[str, Any]:
+          counts: BuildCounts | None = None, fence: Fence | None = None) -> dict[str, Any]:
     """Fill the version's collection; `window` (offset, limit) into the manifest limits the work to one
     slice (read by range from the plan's snapshot), so mapped tasks each take a part and hand only two numbers
     through XCom. Nothing is read from the knowledge folder; `prepared` is accepted for older callers and unused.
 
     What is written is added to `counts` (when given) and to run `run_id`'s record as it goes, so both
-    say what this build did even when it fails; slices and retries each add their own."""
+    say what this build did even when it fails; slices and retries each add their own.
+
+    `fence`: the run's lock, checked before every write batch; a run that lost it stops at once
+    (`FencedError`) and leaves the version, its status and progress to the run that holds the lock now."""
     counts = counts if counts is not None else BuildCounts()
     alias = deps.settings.alias
     version = deps.state.get_version(alias, version_number)
@@ -296,7 +300,9 @@ def build(deps: Deps, version_number: int, *, run_id: str | None = None,
     if version.status == "failed":
         deps.state.update_version(version.id, status="building", error=None, failed_step=None)
     try:
-        return _fill(deps, version, window, prepared, run_id, counts)
+        return _fill(deps, version, window, prepared, run_id, counts, fence)
+    except FencedError:
+        raise  # not this run's version any more: its record is not ours to mark
     except Exception as exc:
         deps.state.mark_failed(version.id, step="build", error=f"{type(exc).__name__}: {exc}")
         raise
@@ -375,7 +381,8 @@ def _slice_documents(deps: Deps, version: VersionRecord, manifest: list[SliceRow
 
 
 def _fill(deps: Deps, version: VersionRecord, window: tuple[int, int] | None,
-          prepared: Prepared | None, run_id: str | None, counts: BuildCounts) -> dict[str, Any]:
+          prepared: Prepared | None, run_id: str | None, counts: BuildCounts,
+          fence: Fence | None = None) -> dict[str, Any]:
     """Build from the plan's snapshot only: the slice's manifest rows by range, its documents' payload
     fields, the texts of what it embeds; copied chunks take text and section from live's payload."""
     settings = deps.settings
@@ -401,6 +408,11 @@ def _fill(deps: Deps, version: VersionRecord, window: tuple[int, int] | None,
         chunk = chunk or texts.chunk(row.knowledge_key, row.point_id)
         return models.PointStruct.model_construct(
             id=row.point_id, vector=vector, payload=payload_for(chunk, by_key[chunk.knowledge_key], version))
+
+    def write(points: list[models.PointStruct]) -> None:
+        if fence is not None:
+            fence.check(deps.state, before=f"writing {len(points)} point(s) into v{version.version}")
+        deps.store.upsert(version.collection, points)
 
     unrecorded = 0
     run_unrecorded = BuildCounts()  # embedded and copied, not yet added to the run's record
@@ -431,6 +443,7 @@ def _fill(deps: Deps, version: VersionRecord, window: tuple[int, int] | None,
         unrecorded, last_recorded = 0, time.monotonic()
 
     copy_s = 0.0
+    fenced = False
     try:
         if to_copy:
             if not version.base_collection or not deps.store.exists(version.base_collection):
@@ -470,7 +483,7 @@ def _fill(deps: Deps, version: VersionRecord, window: tuple[int, int] | None,
                     if empty:
                         raise StoreError(f"live collection {version.base_collection} returned no vector for {empty[0]}; "
                                          "rebuild with `kb-reindex run --force-full`")
-                    deps.store.upsert(version.collection, [
+                    write([
                         point(r, vectors[r.source_point_id], _live_chunk(r, found[r.source_point_id], version.base_collection,
                                                                      base_layout))
                         for r in batch])
@@ -491,12 +504,17 @@ def _fill(deps: Deps, version: VersionRecord, window: tuple[int, int] | None,
             for (batch, batch_chunks), answer in zip(batches, answers):
                 vectors = check_vectors(answer, expected=len(batch), dim=version.embed_dim,
                                         source=f"embedder {embedder.model!r}")
-                deps.store.upsert(version.collection, [point(r, v, c) for r, v, c in zip(batch, vectors, batch_chunks)])
+                write([point(r, v, c) for r, v, c in zip(batch, vectors, batch_chunks)])
                 record_progress(len(batch), embedded=True)
+    except FencedError:
+        fenced = True
+        raise
     finally:
-        # what was written before a failure counts too: a retry skips those points and never adds them
+        # what was written before a failure counts too: a retry skips those points and never adds them;
+        # a fenced run's progress is the new holder's to record
         try:
-            record_progress(0, final=True)
+            if not fenced:
+                record_progress(0, final=True)
         except Exception as exc:  # noqa: BLE001 - progress is for display; the build's own error matters
             log.warning("kb_reindex: could not record build progress of v%d: %s", version.version,
                         one_line(str(exc)))

@@ -25,8 +25,8 @@ log = logging.getLogger("kb_reindex.cli")
 NO_CREATE = frozenset({"status", "plan"})
 #: commands that need only the state DB (never Qdrant, which a stuck process may hold in local mode)
 STATE_ONLY = frozenset({"history", "unlock", "freeze", "unfreeze"})
-#: commands that change state or the alias take the alias's lock here; run, migrate and rollback take it
-#: inside the engine, as their DAG tasks do
+#: commands that change state or the alias take the alias's lock here; run and migrate take it inside the
+#: engine, as their DAG tasks do; rollback takes none (only the short alias lock of the move)
 LOCKED = frozenset({"validate", "gc", "drop", "reconcile", "promote", "pin", "unpin"})
 
 
@@ -87,6 +87,9 @@ def _parser(*, json_answer: bool = False) -> argparse.ArgumentParser:
     rb.add_argument("--to-version", type=int, help="default: the version before the current one")
     rb.add_argument("--reason", required=True, help="why (recorded in the alias history)")
     rb.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    rb.add_argument("--live-version", type=int, metavar="N",
+                    help="the version you saw serving (scripts): refused, nothing moved, if another serves "
+                         "(default: the one serving when the command starts, shown in the prompt)")
     rb.add_argument("--no-revalidate", action="store_true", help="skip the golden-set scores of the target")
     rb.add_argument("--freeze", action="store_true",
                     help="freeze the alias first: no later run, migration or shadow promotion moves it forward "
@@ -109,6 +112,9 @@ def _parser(*, json_answer: bool = False) -> argparse.ArgumentParser:
                           help="put a shadow version behind the alias, after validating it again")
     prom.add_argument("--version", type=int, required=True)
     prom.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    prom.add_argument("--live-version", type=int, metavar="N",
+                      help="the version you saw serving (scripts): refused, nothing moved, if another serves "
+                           "(default: the one serving when the command starts, shown in the prompt)")
     prom.set_defaults(func=_cmd_promote)
     rec = sub.add_parser("reconcile", parents=[common], help="record what the alias serves when state disagrees")
     rec.add_argument("--rebuild-state", action="store_true",
@@ -435,7 +441,7 @@ def _cmd_promote(args: argparse.Namespace, deps: Any) -> int:
     from kb_reindex.runtime import new_run_id
 
     _existing_version(deps, args.version, "--version")
-    result = promote_shadow(deps, args.version, run_id=new_run_id("promote"))
+    result = promote_shadow(deps, args.version, expected_live=args.live_version, run_id=new_run_id("promote"))
     _print(args, result, f"promoted v{result['version']} ({result['collection']}, {result['embed_model']} "
                          f"{result['dim']}-d); v{result['previous_version'] or '-'} kept for rollback")
     return 0
@@ -534,13 +540,19 @@ def _pins_and_audit_human(s: dict[str, Any]) -> list[str]:
 
 
 def _confirm_promotion(args: argparse.Namespace, deps: Any) -> bool:
-    """Asked before the alias's lock is taken: a prompt left open must not block every rollback."""
+    """Asked before the alias's lock is taken: a prompt left open must not block every rollback. Sets
+    `args.live_version` to the version the prompt showed serving (or read now, with --yes): the promotion
+    moves the alias only from it."""
     shadow = deps.state.get_version(deps.settings.alias, args.version)
+    if args.live_version is None:
+        live = deps.state.live_version(deps.settings.alias)
+        args.live_version = live.version if live else None
     if shadow is None or args.yes:
         return True
     if not sys.stdin.isatty():
         raise ConfigError("promote needs confirmation: pass --yes when not running in a terminal")
-    print(f"alias {deps.settings.alias} -> v{shadow.version} ({shadow.collection}, {shadow.embed_model} "
+    print(f"alias {deps.settings.alias}: v{args.live_version if args.live_version is not None else '-'} -> "
+          f"v{shadow.version} ({shadow.collection}, {shadow.embed_model} "
           f"{shadow.embed_dim}-d, never served)")
     if input("Validate it again and switch the alias? Type 'yes': ").strip().lower() != "yes":
         print("nothing changed")
@@ -603,10 +615,17 @@ def _rollback(args: argparse.Namespace, deps: Any) -> int:
     from kb_reindex import engine
     from kb_reindex.rollback import rollback_target
 
-    live = deps.state.live_version(deps.settings.alias)
+    alias = deps.settings.alias
+    # what on-call confirms: this live version, this target; the rollback moves nothing if another serves by then
+    if args.live_version is not None:
+        _existing_version(deps, args.live_version, "--live-version")
+        live = deps.state.get_version(alias, args.live_version)
+    else:
+        live = deps.state.live_version(alias)
     if args.to_version is not None:
         _existing_version(deps, args.to_version, "--to-version")
-    target = deps.state.get_version(deps.settings.alias, args.to_version) if args.to_version else rollback_target(deps)
+    target = (deps.state.get_version(alias, args.to_version) if args.to_version
+              else rollback_target(deps, live) if live else None)
     if not args.yes:
         if not sys.stdin.isatty():
             raise ConfigError("rollback needs confirmation: pass --yes when not running in a terminal")
@@ -620,8 +639,8 @@ def _rollback(args: argparse.Namespace, deps: Any) -> int:
             _print(args, {"outcome": "cancelled", "changed": False, "message": "nothing changed"}, "nothing changed")
             return 0
     held = _rollback_freeze(args, deps)
-    result = engine.run_rollback(deps, reason=args.reason, to_version=args.to_version,
-                                 revalidate=not args.no_revalidate)
+    result = engine.run_rollback(deps, reason=args.reason, to_version=target.version if target else None,
+                                 revalidate=not args.no_revalidate, expected_live=live.version if live else None)
     _print(args, {**result, "freeze": held},
            f"rolled back: v{result['from_version']} -> v{result['to_version']} ({result['collection']})"
            + (f"\n{held['message']}; lift it with `kb-reindex unfreeze`" if held else

@@ -15,6 +15,7 @@ from typing import Any
 from kb_reindex import querylog
 from kb_reindex.build import BuildCounts, build, create_version, reindex_lock_name
 from kb_reindex.errors import AliasFrozen, Failure, KbError, LockHeldError, classify
+from kb_reindex.fence import Fence
 from kb_reindex.freeze import FROZEN, freeze_view, frozen_view
 from kb_reindex.layouts import version_profile
 from kb_reindex.plan import prepare_logged as make_plan
@@ -34,8 +35,9 @@ log = logging.getLogger(__name__)
 
 @contextmanager
 def exclusive(deps: Deps, *, run_id: str | None = None) -> Iterator[str]:
-    """The alias's one lock, taken by every command that changes state or the alias (run, migrate,
-    rollback, reconcile, drop, gc, validate): waited for up to KB_LOCK_WAIT seconds, then refused by name."""
+    """The alias's reindex lock, taken by every command that builds or changes state (run, migrate, reconcile,
+    drop, gc, validate): waited for up to KB_LOCK_WAIT seconds, then refused by name. Not by a rollback: it
+    needs only the short alias lock of the move, so a build of hours never delays it."""
     settings = deps.settings
     with deps.state.lock(reindex_lock_name(settings.alias), owner=default_lock_owner(run_id),
                          ttl_s=settings.lock_ttl_s, wait_s=settings.lock_wait_s) as owner:
@@ -143,7 +145,8 @@ def run_reindex(
             created = create_version(deps, p, run_id=run_id)
             result.update(version=created["version"], collection=created["collection"])
             deps.state.update_run(run_id, version=created["version"])
-            built = build(deps, created["version"], run_id=run_id, counts=done)
+            fence = Fence(reindex_lock_name(alias), owner)
+            built = build(deps, created["version"], run_id=run_id, counts=done, fence=fence)
             result["build"] = built
             result["chunks"] = chunk_counts(p, done)
             checked = validate(deps, created["version"], min_hit_rate=min_hit_rate, min_mrr=min_mrr)
@@ -151,7 +154,7 @@ def run_reindex(
             if promote_version:
                 ensure_lock_held(deps, owner)
                 try:
-                    promoted = promote(deps, created["version"], run_id=run_id)
+                    promoted = promote(deps, created["version"], run_id=run_id, fence=fence)
                     result["outcome"] = "promoted"
                     if promoted.get("lowered_thresholds"):  # said at promotion: later reindexes will fail
                         result["lowered_thresholds"] = promoted["lowered_thresholds"]
@@ -220,13 +223,13 @@ def validation_summary(result: dict[str, Any]) -> dict[str, Any]:
 def run_rollback(deps: Deps, *, reason: str, to_version: int | None = None, run_id: str | None = None,
                  trigger: str = "cli", revalidate: bool = True, action: str = "rollback",
                  expected_live: int | None = None) -> dict[str, Any]:
+    """A recorded rollback (`rollback.rollback`): no reindex lock, so a build in flight never delays it."""
     alias = deps.settings.alias
     run_id = run_id or new_run_id("rollback")
     deps.state.start_run(run_id=run_id, alias=alias, kind="rollback", trigger=trigger)
     try:
-        with exclusive(deps, run_id=run_id):
-            result = rollback(deps, reason=reason, to_version=to_version, run_id=run_id, revalidate=revalidate,
-                              action=action, expected_live=expected_live)
+        result = rollback(deps, reason=reason, to_version=to_version, run_id=run_id, revalidate=revalidate,
+                          action=action, expected_live=expected_live)
     except KbError as exc:
         deps.state.finish_run(run_id, outcome="failed", error=str(exc))
         raise
@@ -268,13 +271,15 @@ def row_alive(row: dict[str, Any]) -> bool:
 
 
 def lock_view(deps: Deps) -> list[dict[str, Any]]:
-    """Held locks for status and the page; a DAG run's is alive while its tasks renew it (no PID to ask)."""
+    """Held locks for status and the page; a DAG run's is alive while Airflow runs it (where it can be asked),
+    else while its tasks renew it (no PID to ask)."""
     from kb_reindex.state import is_dag_run_owner
 
     return [
         {"name": row["name"], "owner": row["owner"], "since": row["acquired_at"].isoformat(timespec="seconds") + "Z",
          "expires": row["expires_at"].isoformat(timespec="seconds") + "Z", "expired": row["expired"],
-         "owner_alive": ("DAG run: alive while its tasks renew the lock" if is_dag_run_owner(row["owner"])
+         "owner_alive": ("DAG run: alive while its tasks renew the lock"
+                         if is_dag_run_owner(row["owner"]) and row["owner_alive"] is None
                          else {True: "yes", False: "no", None: "unknown (another host)"}[row["owner_alive"]])}
         for row in deps.state.list_locks(subject=deps.settings.alias)
     ]

@@ -106,6 +106,10 @@ class LockLostError(LockHeldError):
     """A DAG run's lock was broken by on-call or expired and was taken: no retry can get it back."""
 
 
+class FencedError(LockLostError):
+    """A run that no longer holds its lock tried to write (a batch, or the promotion): stopped before it."""
+
+
 class ValidationFailed(KbError):
     """The candidate version did not pass validation; nothing was promoted."""
 

@@ -12,6 +12,7 @@ from dataclasses import replace
 from typing import Any
 
 from kb_reindex.errors import AliasMovedError, ConfigError, KbError, StoreError
+from kb_reindex.fence import Fence
 from kb_reindex.freeze import ensure_not_frozen
 from kb_reindex.runtime import Deps
 from kb_reindex.state import VersionRecord, utcnow
@@ -31,14 +32,21 @@ def switch_alias(
     action: str,
     run_id: str | None,
     reason: str | None = None,
+    fence: Fence | None = None,
 ) -> VersionRecord | None:
     """CAS + atomic alias update + state record, under the alias lock. Returns the version moved away from.
 
     If a previous attempt moved the alias and died before the state write, the alias already points at
-    the target: the state side is completed instead of failing.
+    the target: the state side is completed instead of failing. Under the same lock: `fence` (a run's
+    lock, which it must still hold) and the target's record (dropped or failed meanwhile: nothing moves).
     """
     alias = deps.settings.alias
     with deps.state.lock(alias_lock_name(alias), ttl_s=300, wait_s=deps.settings.lock_wait_s):
+        if fence is not None:
+            fence.check(deps.state, before=f"moving {alias} to v{target.version}; nothing was promoted")
+        fresh = deps.state.get_version(alias, target.version)
+        if fresh is None or fresh.status in ("deleted", "failed", "building"):
+            raise KbError(f"v{target.version} is {fresh.status if fresh else 'gone'} now; {alias} was not moved")
         previous = deps.state.live_version(alias)
         current = deps.store.alias_target(alias)
         if current == target.collection and (previous is None or previous.id != target.id):
@@ -57,7 +65,28 @@ def switch_alias(
     return previous
 
 
-def promote(deps: Deps, version_number: int, *, run_id: str | None = None) -> dict[str, Any]:
+def moved_meanwhile(deps: Deps, version: VersionRecord) -> str:
+    """Why a run's compare-and-swap failed, from the alias history: who moved the alias to what while it built."""
+    from kb_reindex.rollback import ROLLBACK_ACTIONS
+
+    alias = deps.settings.alias
+    live = deps.state.live_version(alias)
+    serving = deps.store.alias_target(alias)
+    last = next(iter(reversed(deps.state.alias_events(alias))), None)
+    if live is None or serving != live.collection:
+        by, now = "someone outside kb-reindex", serving or "nothing"
+    else:
+        by = "a rollback" if last is not None and last["action"] in ROLLBACK_ACTIONS else "another run"
+        now = f"v{live.version}"
+    return (f"alias moved by {by} to {now} while this run built (it planned against "
+            f"v{version.base_version if version.base_version is not None else '-'}); v{version.version} kept "
+            f"unpromoted (`kb-reindex promote --version {version.version}` to serve it)")
+
+
+def promote(deps: Deps, version_number: int, *, run_id: str | None = None,
+            fence: Fence | None = None) -> dict[str, Any]:
+    """Move the alias from the version this one was planned against (its base) to it. If the alias moved
+    meanwhile (a rollback, say), nothing moves and the version stays `ready`: a shadow on-call may promote."""
     alias = deps.settings.alias
     version = deps.state.get_version(alias, version_number)
     if version is None:
@@ -69,9 +98,11 @@ def promote(deps: Deps, version_number: int, *, run_id: str | None = None) -> di
     try:
         previous = switch_alias(
             deps, version, expected_from=version.base_collection,
-            action="migrate" if version.kind == "migration" else "promote", run_id=run_id,
+            action="migrate" if version.kind == "migration" else "promote", run_id=run_id, fence=fence,
         )
-    except (AliasMovedError, StoreError) as exc:
+    except AliasMovedError:
+        raise AliasMovedError(moved_meanwhile(deps, version)) from None
+    except StoreError as exc:
         deps.state.mark_failed(version.id, step="promote", error=str(exc))
         raise
     if previous is not None:
@@ -100,10 +131,24 @@ def warn_lowered_thresholds(deps: Deps, version: VersionRecord) -> str | None:
     return advice
 
 
-def promote_shadow(deps: Deps, version_number: int, *, run_id: str | None = None,
+def confirmed_live(deps: Deps, expected_live: int | None, *, undone: str) -> str | None:
+    """The collection of the version on-call saw serving (`expected_live`, None: nothing served), checked
+    against what serves now; the caller's compare-and-swap from it makes the check atomic with the move."""
+    alias = deps.settings.alias
+    live = deps.state.live_version(alias)
+    if (live.version if live else None) != expected_live:
+        raise AliasMovedError(
+            f"{alias} serves {f'v{live.version}' if live else 'nothing'} now, not "
+            f"{f'v{expected_live}' if expected_live is not None else 'nothing'} (which you confirmed): nothing was "
+            f"{undone}. Check `kb-reindex status` and confirm again against what serves now")
+    return live.collection if live else None
+
+
+def promote_shadow(deps: Deps, version_number: int, *, expected_live: int | None, run_id: str | None = None,
                    reason: str = "explicit promotion of a shadow version") -> dict[str, Any]:
     """Put a shadow (built and validated, never served) behind the alias on purpose: validated again
-    against what serves now, then the same compare-and-swap, from the version live at this moment."""
+    against what serves now, then the same compare-and-swap, from `expected_live`, the version on-call
+    confirmed serving (None: nothing serves); if another serves by the move, nothing moves."""
     from kb_reindex.validate import validate
 
     alias = deps.settings.alias
@@ -113,15 +158,19 @@ def promote_shadow(deps: Deps, version_number: int, *, run_id: str | None = None
     if version.status != "ready":
         hint = " (a rollback returns to a version that served)" if version.status == "retired" else ""
         raise ConfigError(f"v{version.version} is {version.status}; only a ready shadow version can be promoted{hint}")
-    live = deps.state.live_version(alias)
+    expected_from = confirmed_live(deps, expected_live, undone="promoted")
     # re-checked against what serves now, by the thresholds it was built with; a failure leaves it a shadow
     built_with = (version.validation or {}).get("thresholds") or {}
     checked = validate(deps, version.version, min_hit_rate=built_with.get("min_hit_rate"),
                        min_mrr=built_with.get("min_mrr"), record=False)
     deps.state.update_version(version.id, validation=checked)
-    previous = switch_alias(deps, version, expected_from=live.collection if live else None,
-                            action="migrate" if version.kind == "migration" else "promote", run_id=run_id,
-                            reason=reason)
+    try:
+        previous = switch_alias(deps, version, expected_from=expected_from,
+                                action="migrate" if version.kind == "migration" else "promote", run_id=run_id,
+                                reason=reason)
+    except AliasMovedError:
+        confirmed_live(deps, expected_live, undone="promoted")  # says what serves now
+        raise
     log.info("kb_reindex: promoted shadow v%d (%s, %s %d-d)", version.version, version.collection,
              version.embed_model, version.embed_dim)
     return {"version": version.version, "collection": version.collection, "embed_model": version.embed_model,

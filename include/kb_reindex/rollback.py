@@ -10,7 +10,7 @@ import logging
 from typing import Any
 
 from kb_reindex.errors import AliasMovedError, KbError, RollbackRefused
-from kb_reindex.promote import switch_alias
+from kb_reindex.promote import confirmed_live, switch_alias
 from kb_reindex.runtime import Deps
 from kb_reindex.state import VersionRecord
 
@@ -33,14 +33,15 @@ def rollback_candidates(deps: Deps) -> list[VersionRecord]:
 
 
 
-def rollback_target(deps: Deps) -> VersionRecord | None:
-    """The version the alias pointed to before the current one became live, from the alias history.
+def rollback_target(deps: Deps, live: VersionRecord | None = None) -> VersionRecord | None:
+    """The version the alias pointed to before `live` (default: the current one) became live, from the alias
+    history.
 
     Rollback events are passed over: after rolling v5 back to v4, the target is what preceded v4,
     not the bad v5 just rolled away from.
     """
     alias = deps.settings.alias
-    live = deps.state.live_version(alias)
+    live = live or deps.state.live_version(alias)
     if live is None:
         return None
     for event in reversed(deps.state.alias_events(alias)):
@@ -67,8 +68,12 @@ def rollback(
 ) -> dict[str, Any]:
     """Put a previous version back behind the alias, after checking it is structurally whole.
 
-    `action="auto-rollback"` is the watch's; `expected_live` refuses the rollback unless that version is
-    still live (the watch undoes only its own promotion)."""
+    `expected_live`: the version on-call confirmed serving (the CLI's prompt, the DAG's `live_version`, the
+    watch's own promotion). The alias moves only from that version, by the compare-and-swap under the alias
+    lock, to `to_version` (default: the version that preceded it): if another version serves by then,
+    nothing moves and `AliasMovedError` says which. None (scripts, tests): whatever serves when this reads.
+    Takes no reindex lock: a build in flight does not delay it, and fails its own compare-and-swap after.
+    `action="auto-rollback"` is the watch's."""
     from kb_reindex.validate import structural_problems, validate
 
     alias = deps.settings.alias
@@ -77,9 +82,9 @@ def rollback(
     live = deps.state.live_version(alias)
     if live is None:
         raise RollbackRefused(f"{alias} has no live version; there is nothing to roll back from")
-    if expected_live is not None and live.version != expected_live:
-        raise AliasMovedError(f"{alias} serves v{live.version} now, not v{expected_live}: nothing was rolled back")
-    target = deps.state.get_version(alias, to_version) if to_version is not None else rollback_target(deps)
+    if expected_live is not None:
+        confirmed_live(deps, expected_live, undone="rolled back")
+    target = deps.state.get_version(alias, to_version) if to_version is not None else rollback_target(deps, live)
     if target is None:
         raise RollbackRefused(
             f"no version {to_version} of {alias}" if to_version is not None
@@ -109,7 +114,12 @@ def rollback(
         except KbError as exc:
             scores = {"passed": None, "error": str(exc)}
             log.warning("kb_reindex: re-scoring v%d failed (%s); rolling back anyway", target.version, exc)
-    switch_alias(deps, target, expected_from=live.collection, action=action, run_id=run_id, reason=reason.strip())
+    try:
+        switch_alias(deps, target, expected_from=live.collection, action=action, run_id=run_id,
+                     reason=reason.strip())
+    except AliasMovedError:
+        confirmed_live(deps, live.version, undone="rolled back")  # names what serves now
+        raise
     log.info("kb_reindex: rolled %s back from v%d to v%d (%s)", alias, live.version, target.version, reason.strip())
     return {"outcome": "rolled_back", "from_version": live.version, "to_version": target.version,
             "collection": target.collection, "validation": scores, "error": None}

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import sqlalchemy as sa
 
 from kb_reindex.errors import LockHeldError
+from kb_reindex.state.dag_runs import dag_run_alive
 from kb_reindex.state.schema import _first_line, lock_events, locks, runs
 
 if TYPE_CHECKING:
@@ -39,7 +40,8 @@ def process_space() -> str:
 
 
 #: what follows the run id in a DAG run's lock owner (kb_reindex.dag_lock), in place of `host:pid:nonce:space`:
-#: the run spans many task processes, so it is alive while its tasks renew the lock, not while a PID lives
+#: the run spans many task processes, so it is alive while Airflow runs it (`state.dag_runs`, where Airflow can
+#: be asked) and its tasks renew the lock, not while a PID lives
 DAG_RUN_OWNER = "airflow-dag-run"
 
 
@@ -78,7 +80,8 @@ class LocksMixin:
             time.sleep(min(0.25, max(deadline - time.monotonic(), 0.01)))
 
     def _try_lock(self, name: str, *, owner: str, ttl_s: float) -> dict[str, Any] | None:
-        """Take the lock if free, expired, ours, or left by a dead process; else the holder's row."""
+        """Take the lock if free, ours, expired, or held by an owner known dead; else the holder's row.
+        Taking another owner's lock (expired or dead) is recorded in the lock history."""
         now = self.clock.now()
         expires = now + timedelta(seconds=ttl_s)
         with self.engine.begin() as conn:
@@ -88,38 +91,46 @@ class LocksMixin:
             except sa.exc.IntegrityError:
                 pass
         with self.engine.begin() as conn:
-            taken = conn.execute(
-                locks.update()
-                .where(locks.c.name == name, sa.or_(locks.c.expires_at < now, locks.c.owner == owner))
-                .values(owner=owner, acquired_at=now, expires_at=expires)
-            ).rowcount
-            if taken == 1:
+            if conn.execute(locks.update().where(locks.c.name == name, locks.c.owner == owner)
+                            .values(acquired_at=now, expires_at=expires)).rowcount == 1:
                 return None
             holder = conn.execute(sa.select(locks).where(locks.c.name == name)).mappings().first()
         if holder is None:
             return self._try_lock(name, owner=owner, ttl_s=ttl_s)
         holder = dict(holder)
-        if lock_owner_alive(holder["owner"], since=holder["acquired_at"]) is False:
-            with self.engine.begin() as conn:
-                taken = conn.execute(
-                    locks.update().where(locks.c.name == name, locks.c.owner == holder["owner"])
-                    .values(owner=owner, acquired_at=now, expires_at=expires)
-                ).rowcount
-                if taken == 1:
-                    conn.execute(lock_events.insert().values(
-                        name=name, action="takeover", owner=holder["owner"], by=owner, at=now,
-                        reason=f"owner process is gone (held since {holder['acquired_at']:%Y-%m-%d %H:%M:%S} UTC)"))
-                    dead_run, _, _ = holder["owner"].rpartition("@")
-                    if dead_run:  # its run record would say "running" forever
-                        conn.execute(runs.update().where(runs.c.run_id == dead_run, runs.c.outcome == "running")
-                                     .values(outcome="failed", finished_at=now,
-                                             error=f"its process ended without finishing (lock taken over by {owner})"))
-            if taken == 1:
-                log.warning("kb_reindex: lock %r was held by %s, whose process is gone; taken over by %s",
-                            name, holder["owner"], owner)
-                return None
-            return self._try_lock(name, owner=owner, ttl_s=ttl_s)
-        return holder
+        if holder["expires_at"] < now:
+            reason = (f"its lock expired at {holder['expires_at']:%Y-%m-%d %H:%M:%S} UTC without renewal "
+                      f"(held since {holder['acquired_at']:%Y-%m-%d %H:%M:%S} UTC): its process stopped or stalled "
+                      "past KB_LOCK_TTL; if it continues, its writes are fenced")
+        else:
+            reason = owner_gone(holder["owner"], since=holder["acquired_at"])
+            if reason is None:
+                return holder
+        if self._take_over(name, holder, owner=owner, now=now, expires=expires, reason=reason):
+            log.warning("kb_reindex: lock %r was held by %s (%s); taken over by %s", name, holder["owner"], reason, owner)
+            return None
+        return self._try_lock(name, owner=owner, ttl_s=ttl_s)
+
+    def _take_over(self, name: str, holder: dict[str, Any], *, owner: str, now: datetime, expires: datetime,
+                   reason: str) -> bool:
+        """Move the lock from `holder` (unless it changed meanwhile: renewed, released, taken), record it, and
+        end the holder's run record, which would otherwise say "running" forever."""
+        with self.engine.begin() as conn:
+            taken = conn.execute(
+                locks.update().where(locks.c.name == name, locks.c.owner == holder["owner"],
+                                     locks.c.expires_at == holder["expires_at"])
+                .values(owner=owner, acquired_at=now, expires_at=expires)
+            ).rowcount
+            if taken != 1:
+                return False
+            conn.execute(lock_events.insert().values(name=name, action="takeover", owner=holder["owner"], by=owner,
+                                                     at=now, reason=reason))
+            dead_run, _, _ = holder["owner"].rpartition("@")
+            if dead_run:
+                conn.execute(runs.update().where(runs.c.run_id == dead_run, runs.c.outcome == "running")
+                             .values(outcome="failed", finished_at=now,
+                                     error=f"lock taken over by {owner}: {reason}"[:4000]))
+        return True
 
     def lock_held_by(self, name: str) -> str | None:
         """The owner of an unexpired lock of that name, or None."""
@@ -230,11 +241,24 @@ def _process_started_at(pid: int) -> datetime | None:
         return None
 
 
+def owner_gone(owner: str, *, since: datetime) -> str | None:
+    """Why the owner of an unexpired lock is known dead (for the lock history), or None."""
+    if is_dag_run_owner(owner):
+        alive, state = dag_run_alive(owner.rpartition("@")[0])
+        return f"its DAG run is {state} in Airflow, no longer running" if alive is False else None
+    if lock_owner_alive(owner, since=since) is False:
+        return f"owner process is gone (held since {since:%Y-%m-%d %H:%M:%S} UTC)"
+    return None
+
+
 def lock_owner_alive(owner: str, *, since: datetime | None = None) -> bool | None:
-    """True/False when this host can tell (the owner ran here, in this PID namespace), None for another host,
-    container or an unknown owner (then only the TTL frees its lock).
+    """True/False when this host can tell (the owner ran here, in this PID namespace; a DAG run's owner:
+    Airflow, where it can be asked, says whether the run still runs), None for another host, container, an
+    Airflow out of reach or an unknown owner (then only the TTL frees its lock).
 
     A PID that lives but started after the lock was taken is another process that reused the number."""
+    if is_dag_run_owner(owner):
+        return dag_run_alive(owner.rpartition("@")[0])[0]
     host, pid, space = parse_lock_owner(owner)
     if host is None or pid is None or host != socket.gethostname() or space != process_space() or space == "unknown":
         return None
@@ -257,8 +281,9 @@ def describe_lock_holder(name: str, holder: dict[str, Any]) -> str:
     where = {True: "its process is alive on this host", False: "its process is gone"}.get(
         alive, f"held from host {host}" if host else "held by an owner of unknown host")
     if is_dag_run_owner(holder["owner"]):
-        where = ("an Airflow DAG run: its tasks renew it while the run lives; if the run died, the lock expires "
-                 "after KB_LOCK_TTL")
+        where = ("an Airflow DAG run that Airflow reports running" if alive else
+                 "an Airflow DAG run: its tasks renew it while the run lives; a run Airflow reports finished is "
+                 "taken over at once, else the lock expires after KB_LOCK_TTL")
     return (f"another run is working on {subject}: {holder['owner']}, since {holder['acquired_at']:%Y-%m-%d %H:%M:%S} "
             f"UTC (lock {name!r}, expires {holder['expires_at']:%Y-%m-%d %H:%M:%S} UTC; {where}). Wait for it; if it "
             f"is stuck, stop that process, or break the lock: `kb-reindex unlock --reason ... --yes`")

@@ -307,6 +307,7 @@ class _Handler(BaseHTTPRequestHandler):
         """POST /api/embed: batch embedding with the fault plan applied."""
         started = time.perf_counter_ns()
         faults = self.server.fake.faults
+        self.server.fake._wait_at_hold(self.server.stopping)
         if faults.take("stall_next"):
             self._sleep(faults.stall_s)
         if faults.take("fail_next"):
@@ -430,6 +431,9 @@ class FakeOllamaServer:
         self._slots = threading.BoundedSemaphore(parallel) if parallel else None
         self._in_flight = 0
         self._max_in_flight = 0
+        self._open = threading.Event()  # cleared by hold(): embed requests wait until release()
+        self._open.set()
+        self._waiting = threading.Event()  # set once a request waits at the hold
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
         self._httpd: _Server | None = _Server((host, port), self, self._stopping)
@@ -467,6 +471,27 @@ class FakeOllamaServer:
             self._embed_requests = 0
             self._embedded_texts = 0
             self._max_in_flight = self._in_flight
+
+    def hold(self) -> None:
+        """From now on, /api/embed requests wait (unanswered, the client blocked) until `release()`: a build
+        held mid-way for as long as a test needs, without timing."""
+        self._waiting.clear()
+        self._open.clear()
+
+    def release(self) -> None:
+        """Answer the held requests, and every later one at once."""
+        self._open.set()
+
+    def wait_until_held(self, timeout_s: float) -> bool:
+        """True once an embed request waits at the hold (within `timeout_s`)."""
+        return self._waiting.wait(timeout_s)
+
+    def _wait_at_hold(self, stopping: threading.Event) -> None:
+        while not self._open.is_set():
+            self._waiting.set()
+            if stopping.is_set():
+                raise ConnectionAbortedError("server stopped while a request was held")
+            self._open.wait(0.05)
 
     def start(self) -> FakeOllamaServer:
         """Serve in a daemon thread; returns self so ``server = FakeOllamaServer(...).start()`` works."""

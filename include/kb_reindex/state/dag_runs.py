@@ -1,0 +1,95 @@
+"""Whether the Airflow DAG run that holds a lock (`<run_id>@airflow-dag-run`) is still running, asked of
+Airflow where this process can reach it: inside a task through the Task SDK's execution API; elsewhere
+(the api-server of the Knowledge index page, the CLI beside an Airflow install) in the metadata DB named by
+AIRFLOW__DATABASE__SQL_ALCHEMY_CONN or $AIRFLOW_HOME/airflow.cfg, or else the engine of an Airflow already
+imported in this process. A run Airflow reports finished (on-call marked it failed in the UI, say) is dead:
+its lock is taken over at once. Unknown (no Airflow here, the run not found, Airflow not answering): None,
+and the lock is freed only by its renewal stopping (KB_LOCK_TTL). Never imports Airflow itself."""
+
+from __future__ import annotations
+
+import configparser
+import functools
+import logging
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import sqlalchemy as sa
+
+log = logging.getLogger(__name__)
+
+#: the prefix of a kb run id made by `kb_reindex.dag_support.current_run_id`: `airflow__<dag_id>__<run_id>`
+RUN_ID_PREFIX = "airflow__"
+#: DAG run states in which its tasks may still renew the lock
+RUNNING_STATES = frozenset({"queued", "running"})
+#: the states Airflow ends a DAG run in
+FINISHED_STATES = frozenset({"success", "failed"})
+
+
+@dataclass(frozen=True)
+class DagRunRef:
+    dag_id: str
+    run_id: str
+
+
+def dag_run_of(kb_run_id: str) -> DagRunRef | None:
+    """The DAG run a kb run id (`airflow__<dag_id>__<airflow run id>`) names; None for any other id."""
+    if not kb_run_id.startswith(RUN_ID_PREFIX):
+        return None
+    dag_id, sep, run_id = kb_run_id[len(RUN_ID_PREFIX):].partition("__")
+    return DagRunRef(dag_id, run_id) if sep and dag_id and run_id else None
+
+
+def dag_run_state(ref: DagRunRef) -> str | None:
+    """Airflow's state of the DAG run, or None where this process cannot tell."""
+    try:
+        runner = sys.modules.get("airflow.sdk.execution_time.task_runner")
+        if runner is not None and getattr(runner, "SUPERVISOR_COMMS", None) is not None:
+            return str(runner.RuntimeTaskInstance.get_dagrun_state(ref.dag_id, ref.run_id))
+        url = metadata_db_url()
+        settings = sys.modules.get("airflow.settings")
+        engine = _engine(url) if url else getattr(settings, "engine", None) if settings is not None else None
+        return _query(engine, ref) if engine is not None else None
+    except Exception as exc:  # noqa: BLE001 - unknown is a safe answer: the TTL still frees the lock
+        log.info("kb_reindex: could not ask Airflow about DAG run %s of %s: %s", ref.run_id, ref.dag_id,
+                 str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__)
+        return None
+
+
+def metadata_db_url() -> str | None:
+    """The Airflow metadata DB configured for this environment, without importing Airflow."""
+    url = os.environ.get("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN")
+    if url:
+        return url
+    home = os.environ.get("AIRFLOW_HOME")
+    cfg = Path(home) / "airflow.cfg" if home else None
+    if cfg is None or not cfg.is_file():
+        return None
+    parser = configparser.ConfigParser(interpolation=None, strict=False)
+    parser.read(cfg, encoding="utf-8")
+    return parser.get("database", "sql_alchemy_conn", fallback=None) or None
+
+
+@functools.lru_cache(maxsize=4)
+def _engine(url: str) -> sa.Engine:
+    return sa.create_engine(url, pool_pre_ping=True)
+
+
+def _query(engine: sa.Engine, ref: DagRunRef) -> str | None:
+    with engine.connect() as conn:
+        state = conn.execute(sa.text("SELECT state FROM dag_run WHERE dag_id = :dag_id AND run_id = :run_id"),
+                             {"dag_id": ref.dag_id, "run_id": ref.run_id}).scalar()
+    return str(state) if state is not None else None
+
+
+def dag_run_alive(kb_run_id: str) -> tuple[bool | None, str | None]:
+    """(alive, Airflow's state): False only for a run Airflow reports finished."""
+    ref = dag_run_of(kb_run_id)
+    if ref is None:
+        return None, None
+    state = dag_run_state(ref)
+    if state is None:
+        return None, None
+    return (False if state in FINISHED_STATES else True if state in RUNNING_STATES else None), state
