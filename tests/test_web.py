@@ -381,6 +381,7 @@ def test_page_in_headless_chromium_on_call(busy_site: tuple[Settings, FakeAirflo
     their end with a link to the run; the pause toggle."""
     import uvicorn
     from selenium import webdriver
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support import expected_conditions
@@ -392,8 +393,11 @@ def test_page_in_headless_chromium_on_call(busy_site: tuple[Settings, FakeAirflo
                                            host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
-    while not server.started:
+    for _ in range(600):
+        if server.started or not thread.is_alive():
+            break
         time.sleep(0.05)
+    assert server.started, "the page's uvicorn server did not start"
     options = webdriver.ChromeOptions()
     options.binary_location = shutil.which("chromium")
     for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -401,6 +405,9 @@ def test_page_in_headless_chromium_on_call(busy_site: tuple[Settings, FakeAirflo
                  "--disable-dev-shm-usage", "--window-size=1280,900"):
         options.add_argument(flag)
     browser = webdriver.Chrome(service=Service(shutil.which("chromedriver")), options=options)
+    # every wait re-reads the page: an element a poll redrew because its data changed is found again (a loaded
+    # machine is slow, not wrong: the limit only bounds a failure)
+    wait = WebDriverWait(browser, 60, ignored_exceptions=(StaleElementReferenceException,))
     output = REPO / "test-output"
     output.mkdir(exist_ok=True)
 
@@ -408,15 +415,15 @@ def test_page_in_headless_chromium_on_call(busy_site: tuple[Settings, FakeAirflo
         return browser.find_element(By.CSS_SELECTOR, css).text
 
     def click(css: str) -> None:
-        """The page redraws its tables when the status changes: find the button again if it was replaced."""
-        from selenium.common.exceptions import StaleElementReferenceException
+        """Found and clicked in one step, found again if the data it shows changed meanwhile (the page keeps a
+        button whose data did not change: checked below)."""
+        wait.until(lambda b: b.find_element(By.CSS_SELECTOR, css).click() or True)
 
-        for _ in range(20):
-            try:
-                return browser.find_element(By.CSS_SELECTOR, css).click()
-            except StaleElementReferenceException:
-                time.sleep(0.1)
-        raise AssertionError(f"{css} kept being redrawn")
+    def still_shown(element: object) -> bool:
+        try:
+            return browser.execute_script("return arguments[0].isConnected", element)
+        except StaleElementReferenceException:
+            return False
 
     def run_message(expected: str) -> str:
         wait.until(lambda b: expected in text("#message"))
@@ -430,7 +437,6 @@ def test_page_in_headless_chromium_on_call(busy_site: tuple[Settings, FakeAirflo
         assert "/auth/login?next=" in browser.current_url and "serving" not in browser.page_source
         browser.add_cookie({"name": "_token", "value": tokens["user"]})  # what Airflow's login sets
         browser.get(f"http://127.0.0.1:{port}/ui")
-        wait = WebDriverWait(browser, 30)
         wait.until(expected_conditions.presence_of_element_located((By.ID, "version-5")))
         wait.until(lambda b: "scheduled__2026-01-02" in text("#runs"))
         assert "serving v3" in text("#serving")
@@ -464,6 +470,18 @@ def test_page_in_headless_chromium_on_call(busy_site: tuple[Settings, FakeAirflo
         assert failed.get_attribute("href").endswith(
             "/dags/knowledge_reindex/runs/scheduled__2026-01-02T00%3A00%3A00%2B00%3A00")
         assert "failed" in failed.find_element(By.XPATH, "../..").text
+
+        # a poll redraws only what changed: while the status changes on every poll (the age of the ready shadow)
+        # and Airflow lists one more run, the buttons and links on-call is about to click stay the same elements
+        held = {what: browser.find_element(By.CSS_SELECTOR, css) for what, css in (
+            ("rollback button", "#version-2 button.rollback"), ("promotion button", "#version-4 button.promote"),
+            ("freeze button", "#freeze-toggle"), ("report link", "#version-3 a"),
+            ("metric row", "#metric-run_success_rate"), ("chart point", "#chart circle.point-mrr"))}
+        held["Airflow run link"] = failed
+        age = text("#metric-ready_unpromoted_age_s")
+        airflow.seed("knowledge_reindex", "scheduled__2026-01-03T00:00:00+00:00", "success", "scheduled")
+        wait.until(lambda b: text("#metric-ready_unpromoted_age_s") != age and "scheduled__2026-01-03" in text("#runs"))
+        assert [what for what, element in held.items() if not still_shown(element)] == []
 
         # runbook step 3: pause the reindex, as the user, through Airflow
         assert "knowledge_reindex is active" in text("#reindex-paused")
