@@ -80,12 +80,13 @@ if [ "${#missing[@]}" -gt 0 ]; then
     || { cat "$run/pool.log"; exit 1; }
 fi
 
-# each component leads a session of its own (setsid), so stopping its process group stops its children too
-# (executor workers, task processes, api-server workers)
+# each component leads a session of its own (setsid), so airflow-stop.sh finds its children too (executor
+# workers, Celery's pool, task processes in process groups of their own, api-server workers)
 for name in ${missing[@]+"${missing[@]}"}; do
-  # a component killed with kill -9 may leave children in its process group (no leader: nobody stops them)
+  # a component killed with kill -9 may leave children in its session (no leader: nobody stops them)
   if [ -f "$run/$name.pid" ] && old="$(cat "$run/$name.pid")" && [[ "$old" =~ ^[0-9]+$ ]] && ! running "$old"; then
-    kill -KILL -- "-$old" 2> /dev/null || true
+    orphans="$(ps -e -o pid=,sid=,stat= | awk -v s="$old" '$2 == s && $3 !~ /^Z/ {print $1}')"
+    [ -z "$orphans" ] || kill -KILL $orphans 2> /dev/null || true
   fi
   extra=()
   case "$name" in

@@ -40,12 +40,12 @@ def test_celery_on_sqlite_or_a_bad_worker_count_is_refused_before_anything_start
 
 
 def test_stop_kills_at_once_what_a_component_killed_with_kill_9_left_behind(tmp_path: Path) -> None:
-    """The scheduler killed with kill -9 stays a zombie (nobody reaps it) while a child of its process group,
-    ignoring TERM, runs on: airflow-stop kills that group at once instead of skipping it (a zombie has no
+    """The scheduler killed with kill -9 stays a zombie (nobody reaps it) while a child of its session, in a
+    process group of its own (as Airflow runs a task) and ignoring TERM, runs on: airflow-stop kills that group at once instead of skipping it (a zombie has no
     command line to recognise) or waiting out the grace period on it."""
     run = tmp_path / "home" / "run"
     run.mkdir(parents=True)
-    leader = subprocess.Popen(["bash", "-c", "trap '' TERM; sleep 600 & echo started; wait"], start_new_session=True,
+    leader = subprocess.Popen(["bash", "-c", "trap '' TERM; set -m; sleep 600 & echo started; wait"], start_new_session=True,
                               stdout=subprocess.PIPE, text=True)
     try:
         assert leader.stdout is not None and leader.stdout.readline() == "started\n"  # its child runs
@@ -57,7 +57,7 @@ def test_stop_kills_at_once_what_a_component_killed_with_kill_9_left_behind(tmp_
         stopped = script("airflow-stop.sh", base_env(tmp_path / "home", KB_AIRFLOW_STOP_GRACE="600"))
         assert stopped.returncode == 0, stopped.stderr
         assert f"airflow scheduler (pid {leader.pid}) was gone; killed what it left behind" in stopped.stdout, stopped.stdout
-        left = subprocess.run(["ps", "-e", "-o", "pgid=,stat="], capture_output=True, text=True).stdout.split("\n")
+        left = subprocess.run(["ps", "-e", "-o", "sid=,stat="], capture_output=True, text=True).stdout.split("\n")
         assert not [line for line in left if line.split()[:1] == [str(leader.pid)] and not line.split()[1].startswith("Z")]
         assert not list(run.glob("*.pid"))
     finally:
@@ -66,3 +66,25 @@ def test_stop_kills_at_once_what_a_component_killed_with_kill_9_left_behind(tmp_
         except ProcessLookupError:
             pass
         leader.wait(timeout=30)
+
+
+def test_stop_recognises_its_components_by_their_airflow_home_not_their_title(tmp_path: Path) -> None:
+    """A Celery worker retitles itself ("[celeryd: ...]"), so its command line names no airflow: a component is
+    ours when it runs with this AIRFLOW_HOME. A pid file naming a process of another home (a reused pid) is
+    left alone."""
+    home, other = tmp_path / "home", tmp_path / "other"
+    (home / "run").mkdir(parents=True)
+    ours = subprocess.Popen(["bash", "-c", "exec -a '[celeryd: kb-worker-1@host:MainProcess]' sleep 600"],
+                            start_new_session=True, env={**os.environ, "AIRFLOW_HOME": str(home)})
+    theirs = subprocess.Popen(["sleep", "600"], start_new_session=True, env={**os.environ, "AIRFLOW_HOME": str(other)})
+    try:
+        (home / "run" / "worker-1.pid").write_text(str(ours.pid))
+        (home / "run" / "worker-2.pid").write_text(str(theirs.pid))
+        stopped = script("airflow-stop.sh", base_env(home))
+        assert f"stopping airflow worker-1 (pid {ours.pid})" in stopped.stdout, stopped.stdout
+        assert ours.wait(timeout=30) == -signal.SIGTERM
+        assert theirs.poll() is None, "a process of another Airflow home was stopped"
+    finally:
+        for process in (ours, theirs):
+            process.kill()
+            process.wait(timeout=30)

@@ -201,8 +201,22 @@ def celery_airflow(project: Path, qdrant: Any, ollama: Any, redis: Redis, databa
         stopped = subprocess.run(["bash", str(REPO / "scripts" / "airflow-stop.sh")], env=env, capture_output=True,
                                  text=True, timeout=120)
         assert stopped.returncode == 0, stopped.stderr
-        assert "ignored TERM" not in stopped.stdout, stopped.stdout
         assert not list((home / "run").glob("*.pid"))
+        assert started_from(home) == [], "make airflow-stop left processes of this Airflow running"
+
+
+def started_from(home: Path) -> list[int]:
+    """Processes still running (zombies aside) with this AIRFLOW_HOME in their environment."""
+    mark = f"AIRFLOW_HOME={home}".encode()
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and mark in (proc / "environ").read_bytes().split(b"\0") \
+                    and (proc / "stat").read_text().split(") ", 1)[1][0] != "Z":
+                found.append(int(proc.name))
+        except OSError:
+            continue
+    return found
 
 
 def build_tasks(airflow: LocalAirflow, run_id: str) -> list[dict[str, Any]]:
@@ -213,6 +227,20 @@ def build_tasks(airflow: LocalAirflow, run_id: str) -> list[dict[str, Any]]:
 
 def group_of(airflow: LocalAirflow, component: str) -> int:
     return int((airflow.home / "run" / f"{component}.pid").read_text())
+
+
+def kill_session(leader: int) -> None:
+    """`kill -9` of a worker and everything it started: Celery's pool, the task supervisor and the task process
+    (which Airflow puts in a process group of its own, so the worker's group alone would miss it)."""
+    listing = subprocess.run(["ps", "-e", "-o", "pid=,sid="], capture_output=True, text=True, check=True).stdout
+    members = [int(pid) for pid, sid in (line.split() for line in listing.splitlines() if line.strip())
+               if int(sid) == leader]
+    assert leader in members and len(members) >= 3, listing
+    for pid in members:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def both_slices_held(airflow: LocalAirflow, hold: Hold, run_id: str) -> list[dict[str, Any]]:
@@ -231,7 +259,7 @@ def start_held_run(airflow: LocalAirflow, hold: Hold) -> str:
 def test_slices_run_on_both_workers_and_a_worker_killed_mid_slice_is_retried_on_the_other(
         celery_airflow: LocalAirflow, hold: Hold, qdrant: Any) -> None:
     """Two mapped build slices held at the embedder at once, each on its own worker (the task instance's
-    hostname); `kill -9` of one worker's process group (the worker and its task) mid-slice. The scheduler
+    hostname); `kill -9` of one worker and all it started (its session: pool, supervisor, task) mid-slice. The scheduler
     fails the silent task, which is retried on the other worker; the version is promoted with exactly its
     manifest's points and equals a serial CLI build (IDs, vectors, payloads). `make airflow` again starts the
     killed worker alone, leaving what runs."""
@@ -244,7 +272,7 @@ def test_slices_run_on_both_workers_and_a_worker_killed_mid_slice_is_retried_on_
         assert {t["hostname"] for t in running} == set(WORKER_HOSTS), running
         victim = running[0]
         worker = WORKER_HOSTS[victim["hostname"]]
-        os.killpg(group_of(airflow, f"worker-{worker}"), signal.SIGKILL)
+        kill_session(group_of(airflow, f"worker-{worker}"))
     finally:
         hold.release()
     airflow.wait_for_success("knowledge_reindex", run_id, 240)
