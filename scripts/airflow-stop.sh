@@ -18,21 +18,29 @@ running() { local stat; stat="$(ps -o stat= -p "$1" 2> /dev/null)" && [[ "$stat"
 members() { ps -e -o pid=,sid=,stat= | awk -v s="$1" '$2 == s && $3 !~ /^Z/ {print $1}'; }
 kill_session() { local pids; pids="$(members "$1")"; [ -z "$pids" ] || kill -KILL $pids 2> /dev/null; }
 
+# A stale pid file must not stop someone else's process that reused the pid: ours leads its own session and is
+# older than its pid file, written just after it started (1 s for the clocks' rounding). Its command line and
+# environment are no proof: a Celery worker retitles itself "[celeryd: ...]", overwriting both.
+ours() {
+  local sid age written
+  sid="$(ps -o sid= -p "$1" | tr -d ' ')" && age="$(ps -o etimes= -p "$1" | tr -d ' ')" && written="$(stat -c %Y "$2")" \
+    && [ "$sid" = "$1" ] && [ "$age" -ge $(( $(date +%s) - written - 1 )) ]
+}
+
+trap 'rm -f "$run"/*.pid.stopping' EXIT
 sessions=()
 for pidfile in "$run"/*.pid; do
   [ -f "$pidfile" ] || continue
   pid="$(cat "$pidfile")"
   name="$(basename "$pidfile" .pid)"
-  rm -f "$pidfile"
+  mv -f "$pidfile" "$pidfile.stopping"  # read by `ours`, removed on exit
   [[ "$pid" =~ ^[0-9]+$ ]] && [ -n "$(members "$pid")" ] || continue
   if ! running "$pid"; then
     kill_session "$pid"
     echo "airflow $name (pid $pid) was gone; killed what it left behind"
     continue
   fi
-  # a stale pid file must not stop someone else's process that reused the pid: the leader is ours, started
-  # with this AIRFLOW_HOME (its command line is no proof: a Celery worker retitles itself "[celeryd: ...]")
-  tr '\0' '\n' < "/proc/$pid/environ" 2> /dev/null | grep -qxF "AIRFLOW_HOME=$AIRFLOW_HOME" || continue
+  ours "$pid" "$pidfile.stopping" || continue
   kill -TERM -- "-$pid" 2> /dev/null && sessions+=("$pid") && echo "stopping airflow $name (pid $pid)"
 done
 [ "${#sessions[@]}" -gt 0 ] || { echo "no Airflow started from $AIRFLOW_HOME is running"; exit 0; }

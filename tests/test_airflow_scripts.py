@@ -68,22 +68,26 @@ def test_stop_kills_at_once_what_a_component_killed_with_kill_9_left_behind(tmp_
         leader.wait(timeout=30)
 
 
-def test_stop_recognises_its_components_by_their_airflow_home_not_their_title(tmp_path: Path) -> None:
-    """A Celery worker retitles itself ("[celeryd: ...]"), so its command line names no airflow: a component is
-    ours when it runs with this AIRFLOW_HOME. A pid file naming a process of another home (a reused pid) is
-    left alone."""
-    home, other = tmp_path / "home", tmp_path / "other"
+def test_stop_recognises_its_components_by_their_session_and_age_not_their_title(tmp_path: Path) -> None:
+    """A Celery worker retitles itself ("[celeryd: ...]"), overwriting its command line and environment: a
+    component is ours when it leads its session and is older than its pid file. A pid file older than the process
+    it names (the pid was reused since) is left alone."""
+    home = tmp_path / "home"
     (home / "run").mkdir(parents=True)
     ours = subprocess.Popen(["bash", "-c", "exec -a '[celeryd: kb-worker-1@host:MainProcess]' sleep 600"],
-                            start_new_session=True, env={**os.environ, "AIRFLOW_HOME": str(home)})
-    theirs = subprocess.Popen(["sleep", "600"], start_new_session=True, env={**os.environ, "AIRFLOW_HOME": str(other)})
+                            start_new_session=True, env={})
+    theirs = subprocess.Popen(["sleep", "600"], start_new_session=True)
     try:
         (home / "run" / "worker-1.pid").write_text(str(ours.pid))
-        (home / "run" / "worker-2.pid").write_text(str(theirs.pid))
+        stale = home / "run" / "worker-2.pid"
+        stale.write_text(str(theirs.pid))
+        written = stale.stat().st_mtime - 600
+        os.utime(stale, (written, written))  # written ten minutes before its process started: a reused pid
         stopped = script("airflow-stop.sh", base_env(home))
         assert f"stopping airflow worker-1 (pid {ours.pid})" in stopped.stdout, stopped.stdout
         assert ours.wait(timeout=30) == -signal.SIGTERM
-        assert theirs.poll() is None, "a process of another Airflow home was stopped"
+        assert theirs.poll() is None, "a process that reused a stale pid file's pid was stopped"
+        assert not list((home / "run").iterdir())
     finally:
         for process in (ours, theirs):
             process.kill()
