@@ -1,6 +1,6 @@
 """One machine against two Celery workers: a full `knowledge_reindex` build under Airflow's own engines.
 
-    .venv/bin/python bench/celery_scale.py                 # ~6 min; writes bench/results/celery.json and .md
+    .venv/bin/python bench/celery_scale.py                 # ~6 min; writes celery.json and celery.md under --out (bench/results)
     .venv/bin/python bench/celery_scale.py --docs 60 --delay 0.01 --out /tmp/celery-bench   # a quick look
 
 Both runs start the real stack with scripts/airflow.sh (as `make airflow` does) and build the same synthetic
