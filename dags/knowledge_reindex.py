@@ -42,7 +42,7 @@ from kb_reindex.dag_support import KNOWLEDGE_ALIAS, POOL, current_run_id, releas
 
 
 @dag(
-    schedule=os.environ.get("KB_REINDEX_SCHEDULE", "@daily"),
+    schedule=os.environ.get("KB_REINDEX_SCHEDULE", "@daily") or None,  # set empty: triggered runs only
     start_date=datetime(2026, 1, 1),
     catchup=False,
     max_active_runs=1,
@@ -52,8 +52,9 @@ from kb_reindex.dag_support import KNOWLEDGE_ALIAS, POOL, current_run_id, releas
     doc_md=__doc__,
     tags=["knowledge", "qdrant"],
     # the run holds the alias's reindex lock from plan to cleanup; a task that fails for good releases it
-    default_args={"retries": 2, "retry_delay": timedelta(minutes=1), "retry_exponential_backoff": True,
-                  "on_failure_callback": release_run_lock},
+    # KB_RETRY_DELAY_S: seconds before a failed task's first retry (a test stack shortens it)
+    default_args={"retries": 2, "retry_delay": timedelta(seconds=int(os.environ.get("KB_RETRY_DELAY_S", "60"))),
+                  "retry_exponential_backoff": True, "on_failure_callback": release_run_lock},
     params={
         "force_full_rebuild": Param(False, type="boolean", title="Force full rebuild",
                                     description="Embed every chunk again; reuse no vector from live.", section="Build"),

@@ -1,40 +1,62 @@
 #!/usr/bin/env bash
-# Stop what scripts/airflow.sh started: each component's whole process group (its children included),
-# TERM first, KILL after a grace period. Safe to run again, or when nothing runs.
+# Stop what scripts/airflow.sh started (Celery workers included): each component's whole session (setsid), so
+# its children too, even those in process groups of their own (Airflow runs each task in its own group):
+# TERM to the component first, KILL to whatever of its session is left after a grace period
+# (KB_AIRFLOW_STOP_GRACE, 15 s). A session whose leader is already gone or a zombie (a component killed with
+# kill -9) holds only orphans nobody will stop: KILLed at once. Zombies are not waited for. Safe to run again,
+# or when nothing runs.
 set -uo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 export AIRFLOW_HOME="${AIRFLOW_HOME:-$root/.airflow}"
 run="$AIRFLOW_HOME/run"
-grace="${KB_AIRFLOW_STOP_GRACE:-30}"
+grace="${KB_AIRFLOW_STOP_GRACE:-15}"
 
-group_alive() { kill -0 -- "-$1" 2> /dev/null; }
+# a process runs unless gone or a zombie: a component killed with kill -9 stays a zombie while nobody reaps it
+# (in a container whose init does not reap orphans, forever), and kill -0 answers for zombies too
+running() { local stat; stat="$(ps -o stat= -p "$1" 2> /dev/null)" && [[ "$stat" != Z* ]]; }
+# the processes of a session that still run
+members() { ps -e -o pid=,sid=,stat= | awk -v s="$1" '$2 == s && $3 !~ /^Z/ {print $1}'; }
+kill_session() { local pids; pids="$(members "$1")"; [ -z "$pids" ] || kill -KILL $pids 2> /dev/null; }
 
-groups=()
+# A stale pid file must not stop someone else's process that reused the pid: ours leads its own session and is
+# older than its pid file, written just after it started (1 s for the clocks' rounding). Its command line and
+# environment are no proof: a Celery worker retitles itself "[celeryd: ...]", overwriting both.
+ours() {
+  local sid age written
+  sid="$(ps -o sid= -p "$1" | tr -d ' ')" && age="$(ps -o etimes= -p "$1" | tr -d ' ')" && written="$(stat -c %Y "$2")" \
+    && [ "$sid" = "$1" ] && [ "$age" -ge $(( $(date +%s) - written - 1 )) ]
+}
+
+trap 'rm -f "$run"/*.pid.stopping' EXIT
+sessions=()
 for pidfile in "$run"/*.pid; do
   [ -f "$pidfile" ] || continue
   pid="$(cat "$pidfile")"
-  rm -f "$pidfile"
-  [[ "$pid" =~ ^[0-9]+$ ]] && group_alive "$pid" || continue
-  # a stale pid file must not stop someone else's process that reused the pid: the leader is ours (airflow)
-  # or gone, leaving only its children in the group
-  if [ -e "/proc/$pid" ] && ! grep -qa airflow "/proc/$pid/cmdline" 2> /dev/null; then
+  name="$(basename "$pidfile" .pid)"
+  mv -f "$pidfile" "$pidfile.stopping"  # read by `ours`, removed on exit
+  [[ "$pid" =~ ^[0-9]+$ ]] && [ -n "$(members "$pid")" ] || continue
+  if ! running "$pid"; then
+    kill_session "$pid"
+    echo "airflow $name (pid $pid) was gone; killed what it left behind"
     continue
   fi
-  kill -TERM -- "-$pid" 2> /dev/null && groups+=("$pid") && echo "stopping airflow $(basename "$pidfile" .pid) (pid $pid)"
+  ours "$pid" "$pidfile.stopping" || continue
+  kill -TERM -- "-$pid" 2> /dev/null && sessions+=("$pid") && echo "stopping airflow $name (pid $pid)"
 done
-[ "${#groups[@]}" -gt 0 ] || { echo "no Airflow started from $AIRFLOW_HOME is running"; exit 0; }
+[ "${#sessions[@]}" -gt 0 ] || { echo "no Airflow started from $AIRFLOW_HOME is running"; exit 0; }
 
-for _ in $(seq 1 "$grace"); do
+deadline=$((SECONDS + grace))
+while [ "$SECONDS" -lt "$deadline" ]; do
   left=0
-  for pid in "${groups[@]}"; do group_alive "$pid" && left=1; done
+  for pid in "${sessions[@]}"; do running "$pid" && left=1; done
   [ "$left" = 0 ] && break
-  sleep 1
+  sleep 0.2
 done
-for pid in "${groups[@]}"; do
-  if group_alive "$pid"; then
-    echo "process group $pid ignored TERM for ${grace}s; killing it"
-    kill -KILL -- "-$pid" 2> /dev/null
+for pid in "${sessions[@]}"; do
+  if running "$pid"; then
+    echo "airflow (pid $pid) ignored TERM for ${grace}s; killing it"
   fi
+  kill_session "$pid"  # the component, or what it left behind when it ended
 done
 echo "stopped"
 exit 0

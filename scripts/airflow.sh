@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
-# A real local Airflow on the embedded default, without Docker: api-server, scheduler, dag-processor and
-# triggerer in the background (LocalExecutor, SQLite metadata DB), pid files and logs under $AIRFLOW_HOME/run.
-# Every setting below yields to the environment, so a test can run its own instance on a free port.
+# A real local Airflow without Docker: api-server, scheduler, dag-processor and triggerer in the background,
+# pid files and logs under $AIRFLOW_HOME/run. Every setting below yields to the environment, so a test can run
+# its own instance on a free port.
+#   default            LocalExecutor on SQLite (the embedded default, one machine)
+#   Celery             KB_AIRFLOW_EXECUTOR=CeleryExecutor KB_AIRFLOW_DB_URL=postgresql+psycopg2://... make airflow
+#                      adds KB_CELERY_WORKERS (2) Celery workers on the broker KB_CELERY_BROKER_URL (Redis)
+# Run again after a component died: it starts what is missing and leaves what runs.
 # Stop it with scripts/airflow-stop.sh (make airflow-stop).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -14,13 +18,19 @@ export AIRFLOW_HOME="${AIRFLOW_HOME:-$root/.airflow}"
 export AIRFLOW__CORE__DAGS_FOLDER="${AIRFLOW__CORE__DAGS_FOLDER:-$root/dags}"
 export AIRFLOW__CORE__PLUGINS_FOLDER="${AIRFLOW__CORE__PLUGINS_FOLDER:-$root/plugins}"
 export AIRFLOW__CORE__LOAD_EXAMPLES=False
-export AIRFLOW__CORE__EXECUTOR="${AIRFLOW__CORE__EXECUTOR:-LocalExecutor}"
-export AIRFLOW__DATABASE__SQL_ALCHEMY_CONN="${AIRFLOW__DATABASE__SQL_ALCHEMY_CONN:-sqlite:///$AIRFLOW_HOME/airflow.db}"
+export AIRFLOW__CORE__EXECUTOR="${KB_AIRFLOW_EXECUTOR:-${AIRFLOW__CORE__EXECUTOR:-LocalExecutor}}"
+export AIRFLOW__DATABASE__SQL_ALCHEMY_CONN="${KB_AIRFLOW_DB_URL:-${AIRFLOW__DATABASE__SQL_ALCHEMY_CONN:-sqlite:///$AIRFLOW_HOME/airflow.db}}"
+# Airflow's async engine on PostgreSQL: psycopg 3 (installed, pinned) rather than asyncpg (not installed)
+if [[ "$AIRFLOW__DATABASE__SQL_ALCHEMY_CONN" == postgresql* ]] && [ -z "${AIRFLOW__DATABASE__SQL_ALCHEMY_CONN_ASYNC:-}" ]; then
+  export AIRFLOW__DATABASE__SQL_ALCHEMY_CONN_ASYNC="postgresql+psycopg://${AIRFLOW__DATABASE__SQL_ALCHEMY_CONN#*://}"
+fi
 export AIRFLOW__CORE__AUTH_MANAGER="${AIRFLOW__CORE__AUTH_MANAGER:-airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager}"
 export AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS="${AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS:-admin:admin}"
 # tasks report to the api-server's execution API; its default assumes port 8080, and a task that cannot
 # reach it is killed before our code runs
 export AIRFLOW__CORE__EXECUTION_API_SERVER_URL="${AIRFLOW__CORE__EXECUTION_API_SERVER_URL:-$base/execution/}"
+# the hostname a task instance records: each Celery worker's own (KB_WORKER_HOSTNAME), else the machine's
+export AIRFLOW__CORE__HOSTNAME_CALLABLE="${AIRFLOW__CORE__HOSTNAME_CALLABLE:-kb_reindex.hostname.worker_hostname}"
 # the Knowledge index page triggers rollbacks through this api-server
 export KB_AIRFLOW_API_URL="${KB_AIRFLOW_API_URL:-$base}"
 # the embedded default: local-mode Qdrant and SQLite state under $KB_PROJECT_ROOT/.kb, multilingual-e5-small
@@ -32,31 +42,67 @@ run="$AIRFLOW_HOME/run"
 mkdir -p "$run"
 components=(api-server scheduler dag-processor triggerer)
 
-alive() { [ -f "$run/$1.pid" ] && kill -0 "$(cat "$run/$1.pid")" 2> /dev/null; }
+case "$AIRFLOW__CORE__EXECUTOR" in
+  *CeleryExecutor*)
+    if [[ "$AIRFLOW__DATABASE__SQL_ALCHEMY_CONN" == sqlite* ]]; then
+      echo "CeleryExecutor needs a metadata DB every worker reaches, not SQLite ($AIRFLOW__DATABASE__SQL_ALCHEMY_CONN):" \
+        "set KB_AIRFLOW_DB_URL=postgresql+psycopg2://user@host:5432/airflow" >&2
+      exit 1
+    fi
+    export AIRFLOW__CELERY__BROKER_URL="${KB_CELERY_BROKER_URL:-${AIRFLOW__CELERY__BROKER_URL:-redis://127.0.0.1:6379/0}}"
+    # unset: Celery keeps task results in the metadata DB (db+postgresql://...)
+    [ -n "${KB_CELERY_RESULT_BACKEND:-}" ] && export AIRFLOW__CELERY__RESULT_BACKEND="$KB_CELERY_RESULT_BACKEND"
+    workers="${KB_CELERY_WORKERS:-2}"
+    [[ "$workers" =~ ^[1-9][0-9]*$ ]] || { echo "KB_CELERY_WORKERS must be a whole number >= 1, not '$workers'" >&2; exit 1; }
+    for i in $(seq 1 "$workers"); do components+=("worker-$i"); done
+    ;;
+esac
 
+# runs: neither gone nor a zombie (a component killed with kill -9 stays a zombie while nobody reaps it, which
+# in a container whose init does not reap orphans is forever: kill -0 would still answer for it)
+running() { local stat; stat="$(ps -o stat= -p "$1" 2> /dev/null)" && [[ "$stat" != Z* ]]; }
+alive() { [ -f "$run/$1.pid" ] && running "$(cat "$run/$1.pid")"; }
+
+missing=()
 for name in "${components[@]}"; do
   if alive "$name"; then
-    echo "Airflow already runs from $AIRFLOW_HOME ($name pid $(cat "$run/$name.pid")); stop it with make airflow-stop" >&2
-    exit 1
+    echo "airflow $name already runs (pid $(cat "$run/$name.pid")); left as it is"
+  else
+    missing+=("$name")
   fi
 done
 
-airflow db migrate > "$run/db-migrate.log" 2>&1 || { tail -n 40 "$run/db-migrate.log"; exit 1; }
-# the write pool's slots are KB_BUILD_PARALLELISM (build slices writing at once), checked by the settings:
-# local mode admits one client, so a larger value there stops here with the reason
-slots="$(python -m kb_reindex.config)"
-airflow pools set kb_qdrant_writes "$slots" "Qdrant writes of kb-reindex (KB_BUILD_PARALLELISM)" > "$run/pool.log" 2>&1 \
-  || { cat "$run/pool.log"; exit 1; }
+if [ "${#missing[@]}" -gt 0 ]; then
+  airflow db migrate > "$run/db-migrate.log" 2>&1 || { tail -n 40 "$run/db-migrate.log"; exit 1; }
+  # the write pool's slots are KB_BUILD_PARALLELISM (build slices writing at once), checked by the settings:
+  # local mode admits one client, so a larger value there stops here with the reason
+  slots="$(python -m kb_reindex.config)"
+  airflow pools set kb_qdrant_writes "$slots" "Qdrant writes of kb-reindex (KB_BUILD_PARALLELISM)" > "$run/pool.log" 2>&1 \
+    || { cat "$run/pool.log"; exit 1; }
+fi
 
-# each component leads a session of its own (setsid), so stopping its process group stops its children too
-# (executor workers, task processes, api-server workers)
-for name in "${components[@]}"; do
+# each component leads a session of its own (setsid), so airflow-stop.sh finds its children too (executor
+# workers, Celery's pool, task processes in process groups of their own, api-server workers)
+for name in ${missing[@]+"${missing[@]}"}; do
+  # a component killed with kill -9 may leave children in its session (no leader: nobody stops them)
+  if [ -f "$run/$name.pid" ] && old="$(cat "$run/$name.pid")" && [[ "$old" =~ ^[0-9]+$ ]] && ! running "$old"; then
+    orphans="$(ps -e -o pid=,sid=,stat= | awk -v s="$old" '$2 == s && $3 !~ /^Z/ {print $1}')"
+    [ -z "$orphans" ] || kill -KILL $orphans 2> /dev/null || true
+  fi
+  extra=()
   case "$name" in
     api-server) command=(airflow api-server --host 127.0.0.1 --port "$port") ;;
+    worker-*)
+      n="${name#worker-}"
+      # its own Celery node name and the hostname its task instances record; its own log-server port
+      extra=(env "KB_WORKER_HOSTNAME=${KB_WORKER_HOSTNAME_PREFIX:-$(hostname -s)}-worker-$n"
+             "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT=$(( ${KB_CELERY_LOG_PORT:-8793} + n - 1 ))")
+      command=(airflow celery worker --celery-hostname "kb-worker-$n@%h" --concurrency "${KB_CELERY_CONCURRENCY:-1}") ;;
     *) command=(airflow "$name") ;;
   esac
-  setsid "${command[@]}" > "$run/$name.log" 2>&1 < /dev/null &
+  setsid ${extra[@]+"${extra[@]}"} "${command[@]}" > "$run/$name.log" 2>&1 < /dev/null &
   echo $! > "$run/$name.pid"
+  echo "started airflow $name (pid $!)"
 done
 
 timeout_s="${KB_AIRFLOW_START_TIMEOUT:-180}"
@@ -83,6 +129,6 @@ done
 passwords="${AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE:-$AIRFLOW_HOME/simple_auth_manager_passwords.json.generated}"
 login="$(python -c "import json, sys; users = json.load(open(sys.argv[1])); print('  '.join(f'{u} / {p}' for u, p in users.items()))" \
   "$passwords" 2> /dev/null || echo "see $passwords")"
-echo "Airflow is up: $base  (login: $login)"
+echo "Airflow is up: $base  (login: $login; executor $AIRFLOW__CORE__EXECUTOR)"
 echo "Knowledge index page: $base/knowledge-index/ui"
 echo "home $AIRFLOW_HOME, logs and pids in $run; stop with: make airflow-stop"

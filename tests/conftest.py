@@ -145,3 +145,51 @@ def mysql_url() -> Iterator[str]:
         with admin.begin() as conn:
             conn.execute(sa.text(f"DROP DATABASE IF EXISTS {name}"))
         admin.dispose()
+
+
+def postgres_base_url() -> str:
+    return os.environ.get("KB_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432")
+
+
+@pytest.fixture
+def postgres_url() -> Iterator[str]:
+    """A database of its own on the real PostgreSQL server (KB_TEST_POSTGRES_URL, default the local one with
+    trust auth), dropped afterwards. Skipped only outside CI when the server does not answer.
+
+    Its default collation is linguistic (ICU en-US, as on many production servers), not the code-point order
+    Python sorts by: the state DB must not depend on the database's collation."""
+    url = postgres_base_url()
+    name = f"kb_test_{uuid.uuid4().hex[:10]}"
+    try:
+        create_postgres_database(url, name)
+    except Exception as exc:  # psycopg's OperationalError: no server there
+        if os.environ.get("CI"):
+            raise
+        pytest.skip(f"PostgreSQL not reachable at {url}: {str(exc).splitlines()[0]}")
+    try:
+        yield f"{url.rstrip('/')}/{name}"
+    finally:
+        drop_postgres_database(url, name)
+
+
+def create_postgres_database(base: str, name: str, *, linguistic: bool = True) -> None:
+    import sqlalchemy as sa
+
+    admin = sa.create_engine(f"{base.rstrip('/')}/postgres", isolation_level="AUTOCOMMIT")
+    collation = " LOCALE_PROVIDER icu ICU_LOCALE 'en-US'" if linguistic else ""
+    try:
+        with admin.connect() as conn:
+            conn.execute(sa.text(f"CREATE DATABASE {name} ENCODING 'UTF8' TEMPLATE template0{collation}"))
+    finally:
+        admin.dispose()
+
+
+def drop_postgres_database(base: str, name: str) -> None:
+    import sqlalchemy as sa
+
+    admin = sa.create_engine(f"{base.rstrip('/')}/postgres", isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as conn:
+            conn.execute(sa.text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+    finally:
+        admin.dispose()

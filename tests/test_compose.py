@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import socket
 import shutil
 import subprocess
 import tomllib
@@ -355,6 +356,16 @@ def test_celery_is_an_opt_in_profile(services: dict[str, dict[str, Any]], airflo
     env = resolved_airflow_env(airflow_services["airflow-scheduler"], env_example)
     assert env["AIRFLOW__CORE__EXECUTOR"] == "LocalExecutor", "LocalExecutor is the default"
     assert env["AIRFLOW__CELERY__BROKER_URL"].startswith("redis://redis:")
+    # as tested (tests/test_celery_airflow.py): the result backend is the metadata DB, one task per worker at
+    # once, and each task instance names the worker that ran it
+    assert "AIRFLOW__CELERY__RESULT_BACKEND" not in env
+    worker = resolved_airflow_env(services["airflow-worker"], env_example)
+    assert worker["AIRFLOW__CELERY__WORKER_CONCURRENCY"] == "1"
+    assert worker["AIRFLOW__CORE__HOSTNAME_CALLABLE"] == "kb_reindex.hostname.worker_hostname"
+    from kb_reindex.hostname import worker_hostname
+
+    assert worker["AIRFLOW__CORE__HOSTNAME_CALLABLE"] == f"{worker_hostname.__module__}.{worker_hostname.__name__}"
+    assert worker_hostname() == socket.getfqdn(), "unset KB_WORKER_HOSTNAME: the container's own name"
 
 
 # --- secrets and .env.example ------------------------------------------------------------------------------

@@ -123,14 +123,14 @@ def test_a_frozen_alias_builds_but_promotes_nothing_until_unfrozen(deps: Deps) -
     migrated = engine.run_reindex(deps, kind="migration", embedder="hashing", model="hashing-freeze-v2")
     assert migrated["outcome"] == "frozen" and statuses(deps)[migrated["version"]] == "ready"
     with pytest.raises(AliasFrozen, match="promote --version 2"):
-        promote_shadow(deps, 2)
+        promote_shadow(deps, 2, expected_live=1)
     assert deps.store.alias_target(ALIAS).endswith("__v1")
 
     status = engine.status(deps)
     assert status["freeze"]["reason"] == "refund period incident" and status["freeze"]["set_by"] == "oncall@host"
     deps.state.unfreeze(ALIAS, by="lead@host")
     assert engine.status(deps)["freeze"] is None
-    assert promote_shadow(deps, 2)["version"] == 2 and deps.store.alias_target(ALIAS).endswith("__v2")
+    assert promote_shadow(deps, 2, expected_live=1)["version"] == 2 and deps.store.alias_target(ALIAS).endswith("__v2")
     assert [e["action"] for e in engine.history(deps)] == ["promote", "freeze", "unfreeze", "promote"]
 
 

@@ -1,4 +1,4 @@
-"""The state store on SQLite and on the real MariaDB/MySQL server."""
+"""The state store on SQLite, on the real MariaDB/MySQL server and on the real PostgreSQL server."""
 
 from __future__ import annotations
 
@@ -13,9 +13,10 @@ from kb_reindex.errors import ConfigError, LockHeldError
 from kb_reindex.state import StateStore
 
 
-@pytest.fixture(params=["sqlite", "mysql"])
+@pytest.fixture(params=["sqlite", pytest.param("mysql", marks=pytest.mark.mysql),
+                        pytest.param("postgres", marks=pytest.mark.postgres)])
 def state(request: pytest.FixtureRequest, tmp_path: Path) -> StateStore:
-    url = f"sqlite:///{tmp_path}/state.db" if request.param == "sqlite" else request.getfixturevalue("mysql_url")
+    url = f"sqlite:///{tmp_path}/state.db" if request.param == "sqlite" else request.getfixturevalue(f"{request.param}_url")
     store = StateStore(url)
     yield store
     store.dispose()
@@ -73,6 +74,22 @@ def test_manifest_write_that_fails_keeps_the_old_manifest(state: StateStore) -> 
     with pytest.raises(sa.exc.IntegrityError):
         state.write_manifest(version.id, [], [{"point_id": "p2", **row}, {"point_id": "p2", **row}])
     assert [c["point_id"] for c in state.manifest_chunks(version.id)] == ["p1"]
+
+
+def test_keys_compare_and_order_by_code_point_whatever_the_databases_collation(state: StateStore) -> None:
+    """A slice's documents are those whose keys lie between its first and last row's keys, in Python's order
+    (code points): on a PostgreSQL database with a linguistic collation 'Zeta' sorts after 'alpha', and the
+    slice [Zeta, alpha] would find no document."""
+    version = new_version(state)
+    keys = ["émile", "alpha", "Zeta", "Éclair"]
+    docs = [{"knowledge_key": key, "source": f"{key}.md", "title": key, "category": "c", "tenant": "default",
+             "content_hash": "a" * 64, "chunk_count": 1} for key in keys]
+    rows = [{"point_id": f"p{i}", "knowledge_key": key, "chunk_index": 0, "chunk_hash": f"{i:064d}",
+             "source_point_id": None} for i, key in enumerate(sorted(keys))]
+    state.write_manifest(version.id, docs, rows)
+    assert [d["knowledge_key"] for d in state.manifest_documents(version.id)] == sorted(keys)
+    assert [r.knowledge_key for r in state.manifest_refs(version.id)] == sorted(keys)
+    assert sorted(d["knowledge_key"] for d in state.slice_documents(version.id, "Zeta", "alpha")) == ["Zeta", "alpha"]
 
 
 def test_manifest_refs_stream_in_manifest_order_and_give_the_connection_back(state: StateStore) -> None:
@@ -327,7 +344,7 @@ def test_an_existing_state_db_gets_the_new_columns_at_open(state: StateStore) ->
     url = state.url
     version = new_version(state)
     with state.engine.begin() as conn:
-        if state.engine.dialect.name == "sqlite":
+        if state.engine.dialect.name in ("sqlite", "postgresql"):
             conn.execute(sa.text("DROP INDEX ix_kb_manifest_chunks_position"))
         else:
             conn.execute(sa.text("DROP INDEX ix_kb_manifest_chunks_position ON kb_manifest_chunks"))
@@ -356,3 +373,25 @@ def test_file_hashes_are_recorded_whole_or_in_part(state: StateStore) -> None:
     assert state.file_hashes("r") == {"a.md": FileHash(1, 10, "a" * 64, 100), "b.md": FileHash(3, 30, "c" * 64, 200)}
     state.record_file_hashes("r", {"文档/😀.md": FileHash(4, 40, "d" * 64, 300)}, replace_all=True)
     assert list(state.file_hashes("r")) == ["文档/😀.md"] and state.file_hashes("other") == {}
+
+
+@pytest.mark.postgres
+def test_the_kb_state_connection_may_be_a_postgres_one(postgres_url: str) -> None:
+    """An Airflow Connection of type postgres (as `airflow connections add` or AIRFLOW_CONN_KB_STATE makes it)
+    names a state DB the store opens through psycopg."""
+    from urllib.parse import urlsplit
+
+    from airflow.models.connection import Connection
+
+    from kb_reindex.airflow_tasks import state_url_from_connection
+
+    db = urlsplit(postgres_url)
+    conn = Connection(conn_id="kb_state", uri=f"postgres://{db.username}@{db.hostname}:{db.port}{db.path}")
+    url = state_url_from_connection(conn)
+    assert url == f"postgresql+psycopg://{db.username}@{db.hostname}:{db.port}{db.path}"
+    store = StateStore(url)
+    try:
+        assert new_version(store).version == 1
+    finally:
+        store.dispose()
+

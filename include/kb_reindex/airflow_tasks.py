@@ -45,7 +45,8 @@ def _connection(conn_id: str) -> Any | None:
 
 
 def state_url_from_connection(conn: Any) -> str:
-    """`kb_state` as a SQLAlchemy URL: MySQL through pymysql, or a SQLite file named by host/schema."""
+    """`kb_state` as a SQLAlchemy URL: MySQL through pymysql, PostgreSQL through psycopg, or a SQLite file
+    named by host/schema."""
     from sqlalchemy.engine import URL
 
     if conn.conn_type in ("mysql", "mariadb"):
@@ -54,11 +55,16 @@ def state_url_from_connection(conn: Any) -> str:
             host=conn.host or "127.0.0.1", port=conn.port or 3306, database=conn.schema or None,
             query={"charset": "utf8mb4"},
         ).render_as_string(hide_password=False)
+    if conn.conn_type in ("postgres", "postgresql"):
+        return URL.create(
+            "postgresql+psycopg", username=conn.login or None, password=conn.password or None,
+            host=conn.host or "127.0.0.1", port=conn.port or 5432, database=conn.schema or None,
+        ).render_as_string(hide_password=False)
     if conn.conn_type == "sqlite":
         if not (conn.host or conn.schema):
             raise ConfigError(f"connection {STATE_CONN_ID} (sqlite) names no database file: set its host to the path")
         return f"sqlite:///{conn.host or conn.schema}"
-    raise ConfigError(f"connection {STATE_CONN_ID} has type {conn.conn_type!r}; use mysql or sqlite")
+    raise ConfigError(f"connection {STATE_CONN_ID} has type {conn.conn_type!r}; use mysql, postgres or sqlite")
 
 
 def ollama_from_connection(conn: Any) -> tuple[str, dict[str, str] | None]:

@@ -49,8 +49,9 @@ def state_url_from_env(env: Mapping[str, str] | None = None) -> str:
     (a failed task still records its failure)."""
     env = os.environ if env is None else env
     url = env.get("KB_STATE_URL", "").strip() or f"sqlite:///{_resolve(project_root(env), '.kb/state.db')}"
-    if not url.startswith(("sqlite", "mysql")):
-        raise ConfigError("KB_STATE_URL must be a SQLAlchemy URL starting with sqlite:/// or mysql+pymysql://")
+    if not url.startswith(("sqlite", "mysql", "postgresql")):
+        raise ConfigError("KB_STATE_URL must be a SQLAlchemy URL starting with sqlite:///, mysql+pymysql:// or "
+                          "postgresql+psycopg://")
     return url
 
 

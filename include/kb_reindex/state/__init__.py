@@ -1,6 +1,7 @@
 """The state DB: versions, their manifests, runs, alias events and locks (SQLAlchemy Core).
 
-SQLite by default, MySQL/MariaDB through pymysql in production. The schema is created on first use.
+SQLite by default, MySQL/MariaDB through pymysql in production, or PostgreSQL through psycopg. The schema is
+created on first use.
 Qdrant holds vectors; this holds what they are supposed to be, so every check has something to compare.
 
 One module per concern: `schema` (tables, upgrades), `versions`, `manifests` (+ the plan's snapshot and the

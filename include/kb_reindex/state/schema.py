@@ -1,17 +1,18 @@
 """The state DB's tables, and the upgrades that bring a state DB made by an older kb-reindex up to them.
 
-SQLite by default, MySQL/MariaDB through pymysql in production. The schema is created on first use.
+SQLite by default, MySQL/MariaDB through pymysql in production, or PostgreSQL through psycopg. The schema is
+created on first use.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import mysql
+from sqlalchemy.dialects import mysql, postgresql
 
 log = logging.getLogger(__name__)
 
@@ -251,6 +252,19 @@ freezes = sa.Table(
     sa.Index("ix_kb_freezes_alias", "alias", "id"),
     **MYSQL_TABLE,
 )
+
+
+def code_point_order(tables: Iterable[sa.Table]) -> None:
+    """Keys compare and sort by code point on every backend, as Python sorts them (a build slice's documents
+    are a range of keys): SQLite's BINARY and MySQL's utf8mb4_bin (MYSQL_TABLE) do; on PostgreSQL each string
+    column is created COLLATE "C", whatever the database's default collation. Idempotent; called before
+    the schema is created, so it covers every table of `metadata`, wherever defined."""
+    for table in tables:
+        for column in table.c:
+            if type(column.type) is sa.String and not column.info.get("code_point_order"):
+                column.type = column.type.with_variant(postgresql.VARCHAR(column.type.length, collation="C"),
+                                                       "postgresql")
+                column.info["code_point_order"] = True
 
 
 @contextmanager

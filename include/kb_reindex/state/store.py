@@ -20,6 +20,7 @@ from kb_reindex.state.schema import (
     _schema_guard,
     _upgrade_schema,
     alias_events,
+    code_point_order,
     metadata,
     versions,
 )
@@ -40,6 +41,7 @@ class StateStore(VersionsMixin, ManifestsMixin, RunsMixin, HistoryMixin, LocksMi
         self.clock: Clock = clock or SystemClock()
         self.engine = engine or self._make_engine(url, create=create)
         self.display_url = self.engine.url.render_as_string(hide_password=True)
+        code_point_order(metadata.tables.values())
         try:
             if not create:
                 self._require_schema()
@@ -95,7 +97,8 @@ class StateStore(VersionsMixin, ManifestsMixin, RunsMixin, HistoryMixin, LocksMi
         try:
             parsed = make_url(url)
         except sa.exc.ArgumentError:
-            raise ConfigError("KB_STATE_URL is not a SQLAlchemy URL (sqlite:///path or mysql+pymysql://...)") from None
+            raise ConfigError("KB_STATE_URL is not a SQLAlchemy URL (sqlite:///path, mysql+pymysql://... or "
+                              "postgresql+psycopg://...)") from None
         if parsed.get_backend_name() == "sqlite":
             if parsed.database and parsed.database != ":memory:":
                 if not create and not Path(parsed.database).is_file():
@@ -119,7 +122,10 @@ class StateStore(VersionsMixin, ManifestsMixin, RunsMixin, HistoryMixin, LocksMi
             return sa.create_engine(
                 parsed, pool_pre_ping=True, pool_recycle=3600, connect_args={"connect_timeout": 10, "charset": "utf8mb4"}
             )
-        raise ConfigError(f"KB_STATE_URL backend {parsed.get_backend_name()!r} is not supported; use sqlite or mysql+pymysql")
+        if parsed.get_backend_name() == "postgresql":
+            return sa.create_engine(parsed, pool_pre_ping=True, pool_recycle=3600, connect_args={"connect_timeout": 10})
+        raise ConfigError(f"KB_STATE_URL backend {parsed.get_backend_name()!r} is not supported; use sqlite, "
+                          "mysql+pymysql or postgresql+psycopg")
 
     def dispose(self) -> None:
         self.engine.dispose()
