@@ -221,7 +221,7 @@ def test_the_dags_honour_the_freeze(project: Path, monkeypatch: pytest.MonkeyPat
 
     monkeypatch.setenv("KB_PROJECT_ROOT", str(project))
     cli_versions(project, 2)
-    ok, states = run_dag(None, "knowledge_rollback", {"reason": "bad coupon text", "confirm": True})
+    ok, states = run_dag(None, "knowledge_rollback", {"reason": "bad coupon text", "confirm": True, "live_version": 2})
     assert ok, states
     from kb_reindex.config import Settings
     from kb_reindex.runtime import open_deps

@@ -755,7 +755,7 @@ def test_rollback_is_offered_only_to_whole_versions(site: tuple[Settings, FakeAi
     assert rows[2]["rollback_problems"] == [
         f"{v2.collection} holds {v2.points_expected - 1} points, its manifest lists {v2.points_expected}"]
     assert not any("None" in p for p in s["problems"])
-    assert any(f"its collection {v1.collection} is missing" in p for p in s["problems"])
+    assert any(f"({v1.collection}) is retired in the state DB, but Qdrant has no such collection" in p for p in s["problems"])
     for version, missing in ((1, f"{v1.collection} is missing"), (2, "point count")):
         refused = user.post("/api/rollback", json={"to_version": version, "reason": "x", "live_version": 3})
         assert refused.status_code == 409 and missing in refused.json()["detail"], refused.json()
