@@ -20,10 +20,9 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from airflow.sdk import Param, TriggerRule, dag, task
-
+from kb_reindex.assets import KNOWLEDGE_ALIAS, POOL
 from kb_reindex.config import DEFAULT_MODELS, EMBEDDERS
-from kb_reindex.dag_support import KNOWLEDGE_ALIAS, POOL, current_run_id, release_run_lock
-
+from kb_reindex.dag_support import current_run_id, release_run_lock
 
 
 @dag(

@@ -26,8 +26,8 @@ from __future__ import annotations
 from datetime import datetime
 
 from airflow.sdk import Param, dag, task
-
-from kb_reindex.dag_support import KNOWLEDGE_ALIAS, POOL, current_run_id
+from kb_reindex.assets import KNOWLEDGE_ALIAS, POOL
+from kb_reindex.dag_support import current_run_id
 
 
 @dag(

@@ -36,9 +36,8 @@ import os
 from datetime import datetime, timedelta
 
 from airflow.sdk import Param, TriggerRule, dag, task
-
-from kb_reindex.dag_support import KNOWLEDGE_ALIAS, POOL, current_run_id, release_run_lock
-
+from kb_reindex.assets import KNOWLEDGE_ALIAS, POOL
+from kb_reindex.dag_support import current_run_id, release_run_lock
 
 
 @dag(

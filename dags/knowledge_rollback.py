@@ -33,8 +33,8 @@ from __future__ import annotations
 from datetime import datetime
 
 from airflow.sdk import Param, dag, task
-
-from kb_reindex.dag_support import KNOWLEDGE_ALIAS, current_run_id
+from kb_reindex.assets import KNOWLEDGE_ALIAS
+from kb_reindex.dag_support import current_run_id
 
 
 @dag(

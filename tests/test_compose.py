@@ -10,8 +10,8 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import socket
 import shutil
+import socket
 import subprocess
 import tomllib
 from collections.abc import Iterator
@@ -20,7 +20,6 @@ from typing import Any
 
 import pytest
 import yaml
-
 from conftest import REPO
 
 COMPOSE_FILE = REPO / "docker-compose.yml"
@@ -588,7 +587,7 @@ def test_init_connections_are_idempotent(init_commands: list[list[str]]) -> None
 
 def test_init_migrates_and_creates_the_pool(init_commands: list[list[str]]) -> None:
     from kb_reindex import airflow_tasks
-    from kb_reindex.dag_support import POOL
+    from kb_reindex.assets import POOL
 
     assert POOL == airflow_tasks.POOL
     assert ["airflow", "db", "migrate"] in init_commands

@@ -16,12 +16,12 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO, settings_for
 from kb_reindex import dag_lock, engine
-from kb_reindex.build import create_version, reindex_lock_name, run_is_active
+from kb_reindex.build import create_version
 from kb_reindex.config import Settings
 from kb_reindex.errors import ConfigError, LockHeldError, LockLostError
+from kb_reindex.locking import reindex_lock_name, run_is_active
 from kb_reindex.plan import plan
 from kb_reindex.retention import cleanup
 from kb_reindex.runtime import Deps, open_deps
@@ -250,9 +250,9 @@ def test_the_lock_of_a_dag_run_airflow_reports_failed_is_taken_over_at_once(
         deps: Deps, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """No callback fired (the UI's "mark failed" runs none): the next run asks Airflow's metadata DB, finds
     the run failed, takes its lock over at once and records it; while the run runs, it is refused."""
-    import sqlalchemy as sa
-
     from dataclasses import replace
+
+    import sqlalchemy as sa
 
     metadata = sa.create_engine(f"sqlite:///{tmp_path / 'airflow.db'}")
     with metadata.begin() as conn:

@@ -8,11 +8,16 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
-
 from kb_reindex.config import Settings
-from kb_reindex.embedding import HashingEmbedder, OllamaEmbedder, check_model_served, check_vectors, redact_url
+from kb_reindex.embedding import (
+    HashingEmbedder,
+    OllamaEmbedder,
+    check_model_served,
+    redact_url,
+)
 from kb_reindex.errors import ConfigError, EmbeddingError, ModelNotServed
 from kb_reindex.testing.ollama_server import FakeModel, FakeOllamaServer
+from kb_reindex.vectors import check_vectors
 
 
 def cosine(a: list[float], b: list[float]) -> float:

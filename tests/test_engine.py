@@ -6,14 +6,12 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
-
+from conftest import write_doc
 from kb_reindex import engine
 from kb_reindex.embedding import HashingEmbedder
 from kb_reindex.errors import AliasMovedError, StateDriftError
 from kb_reindex.runtime import Deps
 from kb_reindex.state import VersionRecord
-
-from conftest import write_doc
 
 
 class CountingEmbedder(HashingEmbedder):
@@ -267,10 +265,9 @@ def test_build_slices_add_what_they_wrote_to_their_run_record(deps: Deps, counti
 
 
 def test_rerun_result_equals_a_clean_run(deps: Deps, counting: CountingEmbedder, settings, tmp_path) -> None:
-    from qdrant_client import QdrantClient
-
     from kb_reindex.state import StateStore
     from kb_reindex.store import KnowledgeStore
+    from qdrant_client import QdrantClient
 
     deps.settings = deps.settings.__class__(**{**deps.settings.__dict__, "embed_batch_size": 8})
     counting.fail_after_batches = 2
@@ -442,12 +439,11 @@ def test_status_reports_metrics(deps: Deps, counting: CountingEmbedder) -> None:
 def test_validation_checks_every_point_id_against_the_manifest(deps: Deps, counting: CountingEmbedder, tamper: str) -> None:
     import uuid
 
-    from qdrant_client import models
-
     from kb_reindex.build import build, create_version
     from kb_reindex.errors import ValidationFailed
     from kb_reindex.plan import plan
     from kb_reindex.validate import validate
+    from qdrant_client import models
 
     created = create_version(deps, plan(deps))
     build(deps, created["version"])
@@ -474,7 +470,7 @@ def test_validation_checks_every_point_id_against_the_manifest(deps: Deps, count
 
 def test_a_run_holding_the_reindex_lock_stays_active_past_the_ttl(deps: Deps) -> None:
     """A long CLI build keeps its version: its lock heartbeat, not its start time, says it is alive."""
-    from kb_reindex.build import reindex_lock_name, run_is_active
+    from kb_reindex.locking import reindex_lock_name, run_is_active
     from kb_reindex.state import ManualClock, default_lock_owner
 
     deps.settings = deps.settings.__class__(**{**deps.settings.__dict__, "lock_ttl_s": 1})
@@ -567,7 +563,6 @@ def test_a_build_slice_reads_only_its_rows(deps: Deps, counting: CountingEmbedde
     """A slice's cost is its slice: its manifest rows come by range of position in SQL, its documents by a
     range of keys; no call reads the whole manifest."""
     import sqlalchemy as sa
-
     from kb_reindex.build import build, create_version
     from kb_reindex.state import StateStore
 
@@ -604,7 +599,6 @@ def test_a_build_slice_reads_only_its_rows(deps: Deps, counting: CountingEmbedde
 
 def test_a_snapshot_missing_a_text_stops_the_build_by_name(deps: Deps, counting: CountingEmbedder) -> None:
     import sqlalchemy as sa
-
     from kb_reindex.build import build, create_version
     from kb_reindex.errors import KbError
     from kb_reindex.state import chunk_texts

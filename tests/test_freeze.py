@@ -21,7 +21,8 @@ import sqlalchemy as sa
 from kb_reindex import engine
 from kb_reindex.embedding import HashingEmbedder
 from kb_reindex.errors import AliasFrozen, ConfigError, DimensionMismatch, LockHeldError
-from kb_reindex.promote import alias_lock_name, promote_shadow
+from kb_reindex.locking import alias_lock_name
+from kb_reindex.promote import promote_shadow
 from kb_reindex.runtime import Deps
 from kb_reindex.state import StateStore, metadata
 from kb_reindex.testing.ollama_server import FakeModel, FakeOllamaServer
@@ -247,9 +248,8 @@ def test_the_dags_honour_the_freeze(project: Path, monkeypatch: pytest.MonkeyPat
 @pytest.fixture
 def local_deps(settings: Any) -> Iterator[Deps]:
     """Local-mode Qdrant only, for what does not depend on how Qdrant is reached (the suite's time)."""
-    from qdrant_client import QdrantClient
-
     from kb_reindex.store import KnowledgeStore
+    from qdrant_client import QdrantClient
 
     client = QdrantClient(":memory:")
     state = StateStore(settings.state_url)

@@ -10,15 +10,13 @@ from pathlib import Path
 
 import pytest
 import yaml
-from qdrant_client import QdrantClient, models
-
+from conftest import settings_for, write_doc
 from kb_reindex import engine
 from kb_reindex.errors import GoldenSetError, KbError
 from kb_reindex.golden import load_golden_set, paired_comparison, sign_test_p
 from kb_reindex.retention import cleanup, drop_version, pin_version, unpin_version
 from kb_reindex.runtime import Deps
-
-from conftest import settings_for, write_doc
+from qdrant_client import QdrantClient, models
 
 ALIAS = "mall_knowledge"
 
@@ -273,8 +271,8 @@ def test_migrate_dry_run_estimates_and_writes_nothing(project: Path, monkeypatch
 
 def test_pin_and_unpin_commands_take_the_write_lock_and_show_in_status(
         project: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    from kb_reindex.build import reindex_lock_name
     from kb_reindex.cli import main
+    from kb_reindex.locking import reindex_lock_name
     from kb_reindex.state import StateStore
 
     monkeypatch.setenv("KB_PROJECT_ROOT", str(project))

@@ -5,17 +5,17 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from qdrant_client import QdrantClient
-
 from kb_reindex import engine
+from kb_reindex.alias import rollback_target
+from kb_reindex.checks import structural_problems
 from kb_reindex.errors import ConfigError, RollbackRefused
 from kb_reindex.reader import search_knowledge
 from kb_reindex.retention import cleanup, retention_victims
-from kb_reindex.rollback import rollback_target
 from kb_reindex.runtime import Deps
 from kb_reindex.state import StateStore
 from kb_reindex.store import KnowledgeStore
-from kb_reindex.validate import structural_problems, validate
+from kb_reindex.validate import validate
+from qdrant_client import QdrantClient
 
 ALIAS = "mall_knowledge"
 SHAPE_CHECKS = ("collection exists", "point count", "point ids", "dimension", "distance")

@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 import yaml
-from qdrant_client import models
-
+from conftest import write_doc
 from kb_reindex import engine, querylog
 from kb_reindex.errors import AliasReadBackError, ConfigError, GoldenSetError
 from kb_reindex.reader import search_knowledge
@@ -20,8 +19,7 @@ from kb_reindex.replay import load_replay_gate
 from kb_reindex.runtime import Deps
 from kb_reindex.state import StateStore
 from kb_reindex.watch import watch
-
-from conftest import write_doc
+from qdrant_client import models
 
 # customer questions about member points that are not in the golden set; live answers them with member-rules
 REAL_QUERIES = ["积分兑换的商品可以退吗", "银卡会员每年有几张运费券", "会员成长值怎么算", "积分抵扣现金的比例是多少"]
@@ -338,7 +336,7 @@ def test_watch_does_nothing_when_the_alias_moved_meanwhile(deps: Deps) -> None:
 
 
 def test_an_auto_rollback_is_passed_over_by_the_next_rollback_target(deps: Deps) -> None:
-    from kb_reindex.rollback import rollback_target
+    from kb_reindex.alias import rollback_target
 
     two_versions(deps)
     write_doc(deps.settings.root, "faq-more", "# 更多问题\n\n开具发票后可以修改抬头吗？可以在七天内修改。")
@@ -372,7 +370,6 @@ def test_cli_run_with_watch(project: Path, monkeypatch: pytest.MonkeyPatch, caps
 def test_the_dag_watch_task_is_skipped_at_window_0_and_fails_after_an_auto_rollback(
         project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
-
     from kb_reindex import airflow_tasks
     from kb_reindex.config import Settings
     from kb_reindex.runtime import open_deps

@@ -185,7 +185,8 @@ def busy_site(site: tuple[Settings, FakeAirflowApi]) -> tuple[Settings, FakeAirf
     """Beside v1-v3 (v3 live): a shadow v4 from a migration that was not promoted, a build v5 half-way (its
     process gone), and a lock left behind by a dead process on this host."""
 
-    from kb_reindex.build import build, create_version, reindex_lock_name
+    from kb_reindex.build import build, create_version
+    from kb_reindex.locking import reindex_lock_name
     from kb_reindex.plan import plan
 
     settings, airflow = site

@@ -356,9 +356,9 @@ def build_slices_task(*, version: dict[str, Any], slice_size: int, run_id: str |
 
 def run_fence(deps: Deps, run_id: str) -> Any:
     """The DAG run's lock, which every write batch and the promotion of the run check it still holds."""
-    from kb_reindex.build import reindex_lock_name
     from kb_reindex.dag_lock import dag_run_owner
     from kb_reindex.fence import Fence
+    from kb_reindex.locking import reindex_lock_name
 
     return Fence(reindex_lock_name(deps.settings.alias), dag_run_owner(run_id))
 
@@ -452,7 +452,7 @@ def announce_alias_move(deps: Deps, *, action: str, version: Any, previous_versi
     """Set the `extra` of this task's outlet event for the alias Asset (emitted when the task succeeds)."""
     from airflow.sdk import get_current_context
 
-    from kb_reindex.dag_support import KNOWLEDGE_ALIAS
+    from kb_reindex.assets import KNOWLEDGE_ALIAS
 
     extra = alias_move_extra(alias=deps.settings.alias, action=action, version=version,
                              previous_version=previous_version)

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import itertools
 import logging
-import time
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -18,21 +18,21 @@ from typing import Any
 from qdrant_client import models
 
 from kb_reindex.chunking import Chunk
+from kb_reindex.collection_setup import collection_metadata, version_collection_config
 from kb_reindex.corpus import DocumentInfo
-from kb_reindex.embedding import batched, check_vectors
+from kb_reindex.embedding import batched
 from kb_reindex.errors import EmbeddingError, FencedError, KbError, StoreError, one_line
 from kb_reindex.fence import Fence
-from kb_reindex.layouts import embed_recipe, payload_text, shape_payload, text_field, version_profile
+from kb_reindex.layouts import payload_text, shape_payload, text_field
+from kb_reindex.manifest import RESUMABLE_STEPS
 from kb_reindex.plan import Prepared, prepare
 from kb_reindex.runtime import Deps
 from kb_reindex.sources import Document, sha256_text
 from kb_reindex.state import SliceRow, VersionRecord
+from kb_reindex.vectors import check_vectors
 
 log = logging.getLogger(__name__)
 
-#: a version failed at one of these steps is continued by the next run of its plan; "promote": validated, but
-#: the alias move was refused (a Qdrant error, a move that did not take): nothing to build again
-RESUMABLE_STEPS = ("create", "build", "validate", "promote")
 PROGRESS_EVERY_S = 1.0
 
 
@@ -44,66 +44,6 @@ class BuildCounts:
     embedded: int = 0
     copied: int = 0
     skipped: int = 0
-
-
-def _same_plan(version: VersionRecord, plan: dict[str, Any]) -> bool:
-    return (
-        version.kind == plan["kind"]
-        and version.corpus_fingerprint == plan["fingerprint"]
-        and (version.embedder, version.embed_model, version.chunking_version)
-        == (plan["embedder"], plan["embed_model"], plan["chunking_version"])
-        and (plan["embed_dim"] is None or version.embed_dim == plan["embed_dim"])
-        and (version.base_version, version.base_collection) == (plan["base_version"], plan["base_collection"])
-        and version.payload_layout == plan.get("payload_layout", "native")
-        and plan.get("embed_profile") in (None, version_profile(version))
-    )
-
-
-def _owned_by_another_active_run(deps: Deps, version: VersionRecord, run_id: str | None) -> bool:
-    if not version.run_id or version.run_id == run_id:
-        return False
-    return run_is_active(deps, version.run_id)
-
-
-def reindex_lock_name(alias: str) -> str:
-    return f"reindex:{alias}"
-
-
-def run_is_active(deps: Deps, run_id: str) -> bool:
-    """A run still working (or retrying); its version must not be taken or deleted.
-
-    Decided by the alias's reindex lock alone: a CLI run holds it for as long as its process lives, a DAG run
-    from `plan` until `cleanup` or its failure callback, renewed by every task (a long build all along). A run
-    that died stops renewing: its lock expires after KB_LOCK_TTL (at once for a dead process on this host)."""
-    from kb_reindex.state import lock_owner_alive
-
-    holder = deps.state.lock_held_by(reindex_lock_name(deps.settings.alias))
-    if holder is None or holder.rpartition("@")[0] != run_id:
-        return False
-    return lock_owner_alive(holder) is not False
-
-
-def _resumable(deps: Deps, plan: dict[str, Any], run_id: str | None) -> VersionRecord | None:
-    """An unfinished version of exactly this plan: rerunning continues it instead of starting over. Also
-    one built and validated but never promoted (`ready`, never served: its run was killed before the alias
-    move, Qdrant refused the move, or the alias was frozen): the rerun validates it again and promotes it,
-    embedding nothing. The plan is the same when the manifest (corpus fingerprint), the base (the live
-    version it was planned against: live now, as this plan's base is), the model, recipe and layout are.
-
-    Not one that another run is still building: two concurrent runs build two versions, and the
-    compare-and-swap lets exactly one of them be promoted.
-    """
-    for version in deps.state.list_versions(plan["alias"], statuses=["building", "failed", "ready"]):
-        if version.status == "failed" and version.failed_step not in RESUMABLE_STEPS:
-            continue
-        if version.status == "ready" and version.promoted_at is not None:  # it served: a rollback target
-            continue
-        if _owned_by_another_active_run(deps, version, run_id):
-            continue
-        # a forced (or migration) plan reuses nothing, so only a version built the same way fits it
-        if _same_plan(version, plan) and (not plan["force_full"] or version.chunks_reused == 0):
-            return version
-    return None
 
 
 def create_version(deps: Deps, plan: dict[str, Any], *, run_id: str | None = None,
@@ -163,81 +103,6 @@ def create_version(deps: Deps, plan: dict[str, Any], *, run_id: str | None = Non
     )
     return {"version": version.version, "collection": version.collection, "resumed": created["resumed"],
             "embed_model": version.embed_model, "embed_dim": version.embed_dim}
-
-
-def collection_metadata(version: VersionRecord, config: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Written on the collection: enough to rebuild the version's record if the state DB is lost, and the
-    collection settings it was created with (`collection_config`: status shows them, a resumed build and
-    validation restore indexing from them)."""
-    metadata = {"kb_alias": version.alias, "kb_version": version.version, "kind": version.kind,
-                "embedder": version.embedder, "embed_model": version.embed_model, "embed_dim": version.embed_dim,
-                "chunking_version": version.chunking_version, "corpus_fingerprint": version.corpus_fingerprint,
-                "payload_layout": version.payload_layout, "embed_profile": version_profile(version),
-                "embed_recipe": embed_recipe(version.embedder, version.embed_model).name, "distance": version.distance,
-                # restored by `reconcile --rebuild-state`, which would otherwise date every version to the rebuild
-                "created_at": version.created_at.isoformat(timespec="seconds") + "Z"}
-    if config is not None:
-        metadata["collection_config"] = config
-    return metadata
-
-
-def version_collection_config(deps: Deps, base_collection: str | None) -> dict[str, Any]:
-    """The settings of a new version: configured keys, the rest inherited from the live collection, and on a
-    server always an explicit HNSW `m` to restore after the bulk load (Qdrant's default when nothing says).
-    Local mode applies none of them and reports fixed values, so nothing is inherited there."""
-    from kb_reindex.collection_config import DEFAULT_HNSW_M, effective, from_collection
-
-    configured = deps.settings.collection_config
-    if deps.store.is_local:
-        return dict(configured or {})
-    inherited = None
-    if base_collection and deps.store.exists(base_collection):
-        inherited = from_collection(deps.store.collection_info(base_collection))
-    config = effective(configured, inherited)
-    config["hnsw_config"] = {"m": DEFAULT_HNSW_M, **config.get("hnsw_config", {})}
-    return config
-
-
-def finish_bulk_load(deps: Deps, version: VersionRecord) -> None:
-    """Before validation's first query, on a server: restore the HNSW graph the bulk load deferred, then wait
-    (KB_INDEX_WAIT_S) until Qdrant reports the collection indexed. Done from the recorded settings, so a build
-    resumed after a crash, or built by several mapped tasks, is restored all the same. Local mode builds no
-    index: nothing to restore or wait for."""
-    if deps.store.is_local or not deps.store.exists(version.collection):
-        return
-    config = deps.store.collection_info(version.collection).config.metadata or {}
-    recorded = config.get("collection_config")
-    m = None
-    if isinstance(recorded, dict):  # collections created before settings were recorded were never deferred
-        from kb_reindex.collection_config import hnsw_m
-
-        m = hnsw_m(recorded)
-        deps.store.restore_indexing(version.collection, m=m)
-    deps.store.wait_until_indexed(version.collection, wait_s=deps.settings.index_wait_s, m=m)
-
-
-def _write_manifest(deps: Deps, version: VersionRecord, prepared: Prepared) -> None:
-    assert prepared.scan is not None, "a no-change plan has no manifest to write"
-    documents = [
-        {"knowledge_key": d.info.knowledge_key, "source": d.info.source, "title": d.info.title,
-         "category": d.info.category, "tenant": d.info.tenant, "content_hash": d.info.content_hash,
-         "chunk_count": len(d.chunks)}
-        for d in prepared.scan.documents
-    ]
-    reuse = prepared.reuse
-    # rows are made as they are inserted, a batch at a time, never all at once
-    chunks = (
-        {"point_id": c.point_id, "knowledge_key": c.knowledge_key, "chunk_index": c.chunk_index,
-         "chunk_hash": c.chunk_hash, "source_point_id": reuse.get(c.chunk_hash)}
-        for d in prepared.scan.documents for c in d.chunks
-    )
-    deps.state.write_manifest(version.id, documents, chunks)
-    total = sum(len(d.chunks) for d in prepared.scan.documents)
-    reused = sum(1 for d in prepared.scan.documents for c in d.chunks if c.chunk_hash in reuse)
-    deps.state.update_version(
-        version.id, docs_count=len(documents), points_expected=total,
-        chunks_reused=reused, chunks_embedded=total - reused,
-    )
 
 
 def payload_for(chunk: Chunk, doc: DocumentInfo | Document, version: VersionRecord) -> dict[str, Any]:

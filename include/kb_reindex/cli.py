@@ -330,7 +330,7 @@ def _cmd_migrate(args: argparse.Namespace, deps: Any) -> int:
     # a model the embedder cannot serve is a usage error (exit 2), refused before a run is recorded
     check_model_served(deps.settings, embedder=args.embedder, model=model)
     if args.dry_run:
-        from kb_reindex.estimate import estimate_migration, estimate_human
+        from kb_reindex.estimate import estimate_human, estimate_migration
 
         estimate = estimate_migration(deps, embedder=args.embedder, model=model, dim=args.dim)
         _print(args, estimate, estimate_human(estimate))
@@ -561,8 +561,7 @@ def _confirm_promotion(args: argparse.Namespace, deps: Any) -> bool:
 
 
 def _unlock(args: argparse.Namespace, deps: Any) -> int:
-    from kb_reindex.build import reindex_lock_name
-    from kb_reindex.promote import alias_lock_name
+    from kb_reindex.locking import alias_lock_name, reindex_lock_name
     from kb_reindex.state import default_lock_owner, is_dag_run_owner
 
     alias = deps.settings.alias
@@ -613,7 +612,7 @@ def _existing_version(deps: Any, number: int, flag: str) -> None:
 
 def _rollback(args: argparse.Namespace, deps: Any) -> int:
     from kb_reindex import engine
-    from kb_reindex.rollback import rollback_target
+    from kb_reindex.alias import rollback_target
 
     alias = deps.settings.alias
     # what on-call confirms: this live version, this target; the rollback moves nothing if another serves by then

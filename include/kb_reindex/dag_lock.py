@@ -15,8 +15,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from kb_reindex.build import reindex_lock_name
 from kb_reindex.errors import LockLostError
+from kb_reindex.locking import reindex_lock_name
 from kb_reindex.state import DAG_RUN_OWNER
 
 log = logging.getLogger(__name__)

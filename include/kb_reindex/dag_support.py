@@ -1,17 +1,11 @@
-"""What the DAG files share: the alias Asset, the pool, the run id. Imports only the Airflow SDK, so
-DAG parsing stays light."""
+"""What the DAG files share besides the Asset and the pool (kb_reindex.assets): the run id and the failure
+callback. Imports only the Airflow SDK, so DAG parsing stays light."""
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
-from airflow.sdk import Asset, get_current_context
-
-ALIAS = os.environ.get("KB_ALIAS", "mall_knowledge")
-#: updated whenever the alias moves (promotion, migration, rollback); consumers can schedule on it
-KNOWLEDGE_ALIAS = Asset(name=f"kb_alias_{ALIAS}", uri=f"qdrant://{ALIAS}")
-POOL = "kb_qdrant_writes"
+from airflow.sdk import get_current_context
 
 
 def current_run_id() -> str:

@@ -15,9 +15,9 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kb_reindex.embedding import Vector, check_vectors
 from kb_reindex.errors import ConfigError, ModelNotServed
 from kb_reindex.layouts import E5_RECIPE
+from kb_reindex.vectors import Vector, check_vectors
 
 
 @dataclass(frozen=True)

@@ -13,19 +13,20 @@ from contextlib import contextmanager
 from typing import Any
 
 from kb_reindex import querylog
-from kb_reindex.build import BuildCounts, build, create_version, reindex_lock_name
+from kb_reindex.alias import drift_advice, has_served, rollback_target
+from kb_reindex.build import BuildCounts, build, create_version
 from kb_reindex.errors import AliasFrozen, Failure, KbError, LockHeldError, classify
 from kb_reindex.fence import Fence
 from kb_reindex.freeze import FROZEN, freeze_view, frozen_view
 from kb_reindex.layouts import version_profile
+from kb_reindex.locking import reindex_lock_name
 from kb_reindex.plan import prepare_logged as make_plan
 from kb_reindex.promote import promote
-from kb_reindex.reconcile import drift_advice
 from kb_reindex.replay import summary as replay_summary
 from kb_reindex.retention import cleanup
-from kb_reindex.rollback import has_served, rollback, rollback_target
-from kb_reindex.snapshot import snapshot_plan
+from kb_reindex.rollback import rollback
 from kb_reindex.runtime import Deps, StateDeps, new_run_id
+from kb_reindex.snapshot import snapshot_plan
 from kb_reindex.state import VersionRecord, default_lock_owner
 from kb_reindex.store import describe_qdrant_failure
 from kb_reindex.validate import validate
@@ -243,7 +244,7 @@ def _consistent_view(deps: Deps, *, attempts: int = 6, pause_s: float = 0.25) ->
     A promotion moves the alias, then writes the state, under the alias lock: read half-way, the two
     disagree for a moment. Both are read, then the state again; a disagreement while the alias lock is
     held by a live process is re-read a few times and, if it lasts, reported as a promotion in progress."""
-    from kb_reindex.promote import alias_lock_name
+    from kb_reindex.locking import alias_lock_name
 
     alias = deps.settings.alias
     live, serving, moving = None, None, False
@@ -425,7 +426,7 @@ def metrics(deps: Deps) -> dict[str, Any]:
 def history(deps: Deps | StateDeps) -> list[dict[str, Any]]:
     """Every alias move, every lock broken by on-call or taken over from a dead process, and every freeze
     and unfreeze, in time order."""
-    from kb_reindex.promote import alias_lock_name
+    from kb_reindex.locking import alias_lock_name
 
     alias = deps.settings.alias
     moves = [

@@ -64,6 +64,6 @@ def freeze_for_rollback(deps: Any, *, reason: str, by: str) -> Freeze:
 
 def operator() -> str:
     """Who sets or lifts a freeze from this host (the login user, as a pin records it)."""
-    from kb_reindex.retention import pin_by
+    from kb_reindex.locking import pin_by
 
     return pin_by()

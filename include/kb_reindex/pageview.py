@@ -13,11 +13,11 @@ from enum import StrEnum
 from typing import Any
 
 from kb_reindex import engine, querylog
+from kb_reindex.alias import rollback_target
 from kb_reindex.config import Settings
 from kb_reindex.errors import KbError, StoreError
 from kb_reindex.freeze import freeze_view
 from kb_reindex.golden import load_golden_set, lowered_threshold_advice
-from kb_reindex.rollback import rollback_target
 from kb_reindex.runtime import StateDeps, open_deps
 from kb_reindex.state import StateStore
 from kb_reindex.store import make_client
@@ -164,7 +164,7 @@ def read_status(settings: Settings) -> PageStatus:
 
 def check_rollback_target(settings: Settings, version: int) -> list[str]:
     """The full structural check (count, IDs, dimension, distance) of a rollback target, before triggering."""
-    from kb_reindex.validate import structural_problems
+    from kb_reindex.checks import structural_problems
 
     state = StateStore(settings.state_url, create=False)
     client = None

@@ -45,7 +45,7 @@ def check_live_consistency(deps: Deps, *, audit: dict[str, Any] | None = None) -
     target = deps.store.alias_target(alias)
     expected = live.collection if live else None
     if target != expected:
-        from kb_reindex.reconcile import drift_advice
+        from kb_reindex.alias import drift_advice
 
         raise StateDriftError(f"nothing was changed: {drift_advice(deps, target, live)}")
     if live is not None:

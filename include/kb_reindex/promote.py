@@ -14,14 +14,11 @@ from typing import Any
 from kb_reindex.errors import AliasMovedError, ConfigError, KbError, StoreError
 from kb_reindex.fence import Fence
 from kb_reindex.freeze import ensure_not_frozen
+from kb_reindex.locking import alias_lock_name
 from kb_reindex.runtime import Deps
 from kb_reindex.state import VersionRecord, utcnow
 
 log = logging.getLogger(__name__)
-
-
-def alias_lock_name(alias: str) -> str:
-    return f"alias:{alias}"
 
 
 def switch_alias(
@@ -67,7 +64,7 @@ def switch_alias(
 
 def moved_meanwhile(deps: Deps, version: VersionRecord) -> str:
     """Why a run's compare-and-swap failed, from the alias history: who moved the alias to what while it built."""
-    from kb_reindex.rollback import ROLLBACK_ACTIONS
+    from kb_reindex.alias import ROLLBACK_ACTIONS
 
     alias = deps.settings.alias
     live = deps.state.live_version(alias)

@@ -11,11 +11,12 @@ from __future__ import annotations
 import json
 import logging
 import re
-from datetime import datetime
 from collections import defaultdict
+from datetime import datetime
 from types import SimpleNamespace
 from typing import Any
 
+from kb_reindex.alias import drift_advice
 from kb_reindex.errors import ConfigError, StateDriftError, StoreError
 from kb_reindex.runtime import Deps
 from kb_reindex.sources import corpus_fingerprint
@@ -28,32 +29,8 @@ MANIFEST_FIELDS = ("knowledge_key", "chunk_index", "chunk_hash", "content_hash",
                    "tenant", "embed_model", "chunking_version")
 
 
-def drift_advice(deps: Deps, serving: str | None, live: VersionRecord | None) -> str:
-    """What to do when the alias and the state DB disagree: one command that gets out, never a loop."""
-    alias = deps.settings.alias
-    said = f"alias {alias} points to {serving or 'nothing'} but the state DB says live is " + (
-        f"v{live.version} ({live.collection})" if live else "nothing")
-    known = deps.state.list_versions(alias)
-    if serving is not None and not known:
-        return (f"{said}, and the state DB knows no version of {alias} (lost or replaced?): rebuild it from Qdrant "
-                "with `kb-reindex reconcile --rebuild-state`")
-    if serving is None:
-        return (f"{said}: readers get nothing. `kb-reindex reconcile` points the alias back at "
-                f"v{live.version if live else 'N'} after checking its collection is whole")
-    usable = next((v for v in known if v.collection == serving and v.status != "deleted"), None)
-    if usable is None:
-        return (f"{said}, a collection the state DB does not know as a usable version: point the alias at a known "
-                "version (`kb-reindex rollback --to-version N --reason ...`), or, if the state DB is stale, rebuild "
-                "it from Qdrant with `kb-reindex reconcile --rebuild-state --replace`")
-    if live is not None and usable.version < live.version:
-        return (f"{said}: the alias was moved back to an older version (a rollback that crashed before its state "
-                f"write, or by hand). Record it as a rollback: `kb-reindex rollback --to-version {usable.version} "
-                "--reason ...`")
-    return f"{said}; run `kb-reindex reconcile` to record what Qdrant serves"
-
-
 def reconcile(deps: Deps, *, run_id: str | None = None) -> dict[str, Any]:
-    from kb_reindex.promote import alias_lock_name
+    from kb_reindex.locking import alias_lock_name
 
     alias = deps.settings.alias
     with deps.state.lock(alias_lock_name(alias), ttl_s=300, wait_s=deps.settings.lock_wait_s):
@@ -79,7 +56,7 @@ def reconcile(deps: Deps, *, run_id: str | None = None) -> dict[str, Any]:
 def _restore_missing_alias(deps: Deps, live: VersionRecord, *, run_id: str | None) -> dict[str, Any]:
     """The alias is gone (deleted by hand) while the state DB names a live version: point it back there, if
     that collection is whole, with the same compare-and-swap (from nothing) as a first promotion."""
-    from kb_reindex.validate import structural_problems
+    from kb_reindex.checks import structural_problems
 
     alias = deps.settings.alias
     problems = structural_problems(deps, live)
@@ -217,7 +194,7 @@ def rebuild_state(deps: Deps, *, replace: bool = False, run_id: str | None = Non
 
     The live version is the alias's target; the others take their status from what their collections note
     (`_rebuilt_status`). Which version preceded live is not guessed: a rollback names its target."""
-    from kb_reindex.promote import alias_lock_name
+    from kb_reindex.locking import alias_lock_name
 
     alias = deps.settings.alias
     with deps.state.lock(alias_lock_name(alias), ttl_s=300, wait_s=deps.settings.lock_wait_s):

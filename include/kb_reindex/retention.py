@@ -9,9 +9,9 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from kb_reindex.alias import rollback_target
 from kb_reindex.errors import ConfigError, KbError, StoreError
-from kb_reindex.promote import alias_lock_name
-from kb_reindex.rollback import rollback_target
+from kb_reindex.locking import alias_lock_name, pin_by
 from kb_reindex.runtime import Deps
 from kb_reindex.state import VersionRecord, utcnow
 
@@ -41,7 +41,7 @@ def cleanup(deps: Deps) -> dict[str, Any]:
     with deps.state.lock(alias_lock_name(alias), ttl_s=300, wait_s=deps.settings.lock_wait_s):
         target = rollback_target(deps)
         serving = deps.store.alias_target(alias)
-        from kb_reindex.build import run_is_active
+        from kb_reindex.locking import run_is_active
 
         versions = deps.state.list_versions(alias)
         protected = {v.id for v in versions if v.collection == serving}
@@ -103,18 +103,6 @@ def pinned_ids(deps: Deps, versions: list[VersionRecord]) -> set[int]:
     """Ids of the versions pinned now (a known-good baseline retention never drops)."""
     numbers = set(deps.state.active_pins(deps.settings.alias))
     return {v.id for v in versions if v.version in numbers}
-
-
-def pin_by() -> str:
-    """Who pins: the login user on this host (recorded with the pin)."""
-    import getpass
-    import socket
-
-    try:
-        user = getpass.getuser()
-    except Exception:  # noqa: BLE001 - no login name in some containers; the host still says where
-        user = "unknown"
-    return f"{user}@{socket.gethostname()}"
 
 
 def pin_version(deps: Deps, version_number: int, *, reason: str, by: str | None = None) -> dict[str, Any]:

@@ -9,51 +9,12 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from kb_reindex.alias import has_served, rollback_target
 from kb_reindex.errors import AliasMovedError, KbError, RollbackRefused
 from kb_reindex.promote import confirmed_live, switch_alias
 from kb_reindex.runtime import Deps
-from kb_reindex.state import VersionRecord
 
 log = logging.getLogger(__name__)
-
-
-#: alias events that undo a promotion: on-call's rollback and the watch's automatic one
-ROLLBACK_ACTIONS = ("rollback", "auto-rollback")
-
-
-def has_served(version: VersionRecord) -> bool:
-    """Served behind the alias at some point: every move to live stamps `promoted_at`."""
-    return version.promoted_at is not None
-
-
-def rollback_candidates(deps: Deps) -> list[VersionRecord]:
-    """Versions a rollback may reach: kept, not live, and served before (any model: that undoes a migration)."""
-    return [v for v in deps.state.list_versions(deps.settings.alias)
-            if v.status in ("retired", "ready") and has_served(v)]
-
-
-
-def rollback_target(deps: Deps, live: VersionRecord | None = None) -> VersionRecord | None:
-    """The version the alias pointed to before `live` (default: the current one) became live, from the alias
-    history.
-
-    Rollback events are passed over: after rolling v5 back to v4, the target is what preceded v4,
-    not the bad v5 just rolled away from.
-    """
-    alias = deps.settings.alias
-    live = live or deps.state.live_version(alias)
-    if live is None:
-        return None
-    for event in reversed(deps.state.alias_events(alias)):
-        if event["action"] in ROLLBACK_ACTIONS:
-            continue
-        if event["to_version"] == live.version and event["from_version"] is not None:
-            candidate = deps.state.get_version(alias, event["from_version"])
-            if candidate is not None and candidate.status not in ("failed", "deleted"):
-                return candidate
-            return None
-    return None
-
 
 
 def rollback(
@@ -74,7 +35,8 @@ def rollback(
     nothing moves and `AliasMovedError` says which. None (scripts, tests): whatever serves when this reads.
     Takes no reindex lock: a build in flight does not delay it, and fails its own compare-and-swap after.
     `action="auto-rollback"` is the watch's."""
-    from kb_reindex.validate import structural_problems, validate
+    from kb_reindex.checks import structural_problems
+    from kb_reindex.validate import validate
 
     alias = deps.settings.alias
     if not reason or not reason.strip():

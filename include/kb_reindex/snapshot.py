@@ -29,13 +29,13 @@ def snapshot_plan(deps: Deps, prepared: Prepared, *, run_id: str | None = None) 
 
     Rerun-safe: a plan that dies half-way leaves a version without a snapshot row, which the rerun of the
     same plan takes over and writes again (manifest replaced, texts already stored kept)."""
-    from kb_reindex.build import _resumable, _write_manifest
+    from kb_reindex.manifest import resumable, write_manifest
 
     plan = prepared.plan
     scan = prepared.scan
     if plan["no_change"] or scan is None:
         raise KbError("a plan that found nothing to change has nothing to snapshot")
-    version = _resumable(deps, plan, run_id)
+    version = resumable(deps, plan, run_id)
     if version is None:
         dim = plan["embed_dim"]
         if dim is None:
@@ -63,7 +63,7 @@ def snapshot_plan(deps: Deps, prepared: Prepared, *, run_id: str | None = None) 
                  version.version, version.collection, was)
     try:
         to_embed = _store_texts(deps, prepared, label=f"the plan of v{version.version}")
-        _write_manifest(deps, version, prepared)
+        write_manifest(deps, version, scan, prepared.reuse)
         # the golden set as the plan checked it (moments ago): the build's validation reads no file
         golden = deps.settings.golden_set.read_text(encoding="utf-8")
         deps.state.finish_snapshot(version.id, run_id=run_id, chunks_to_embed=to_embed, flagged=scan.flagged_lines(),

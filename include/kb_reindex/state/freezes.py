@@ -24,7 +24,7 @@ FREEZE_WAIT_S = 60.0
 
 
 def _alias_lock_name(alias: str) -> str:
-    """The alias lock every alias move holds (`kb_reindex.promote.alias_lock_name`, the same name)."""
+    """The alias lock every alias move holds (`kb_reindex.locking.alias_lock_name`, the same name)."""
     return f"alias:{alias}"
 
 

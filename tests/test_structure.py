@@ -1,0 +1,107 @@
+"""The package's shape, checked: every import arrow points down (no cycle among the package's modules,
+counting imports inside functions), and no engine function grows past 100 lines."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "include" / "kb_reindex"
+#: the test servers are tools, not the engine; their request handlers are long by nature of the protocol
+ENGINE_FILES = [p for p in PACKAGE.rglob("*.py") if "testing" not in p.parts]
+
+
+def module_name(path: Path, package: Path = PACKAGE) -> str:
+    parts = list(path.relative_to(package.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
+    modules = {module_name(p, package): p for p in package.rglob("*.py")}
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join(anchor + ([base] if base else []))
+                targets = [base, *(f"{base}.{alias.name}" for alias in node.names)]
+            else:
+                continue
+            for target in targets:
+                while target and target not in modules:
+                    target = target.rpartition(".")[0]
+                # a module importing its own package's __init__ is not an arrow between modules
+                if target and target != name and not name.startswith(target + "."):
+                    graph[name].add(target)
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Tarjan's strongly connected components with more than one module."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in graph[node]:
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            group = []
+            while True:
+                top = stack.pop()
+                on_stack.discard(top)
+                group.append(top)
+                if top == node:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for node in graph:
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_a_cycle_through_an_import_inside_a_function_is_found(tmp_path: Path) -> None:
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "low.py").write_text("def f():\n    from pkg.high import g\n    return g\n")
+    (package / "high.py").write_text("from pkg.low import f\n\ndef g():\n    return f\n")
+    (package / "alone.py").write_text("from . import low\n")
+    graph = import_graph(package)
+    assert graph["pkg.low"] == {"pkg.high"} and graph["pkg.alone"] == {"pkg.low"}
+    assert cycles(graph) == [["pkg.high", "pkg.low"]]
+
+
+def test_no_import_cycle_among_the_package_modules() -> None:
+    assert cycles(import_graph()) == []
+
+
+#: the engine functions still over 100 lines, each to be split (issue #22): the list may only shrink. A
+#: function that grows past 100 lines fails here, and so does one of these once it is split but still listed.
+STILL_LONG = {"web.py": {"create_app"}, "validate.py": {"_validate"}, "plan.py": {"prepare"}, "build.py": {"_fill"}}
+
+
+@pytest.mark.parametrize("path", ENGINE_FILES, ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_no_engine_function_grows_past_100_lines(path: Path) -> None:
+    long = {node.name for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+            and (node.end_lineno or node.lineno) - node.lineno + 1 > 100}
+    assert long == STILL_LONG.get(str(path.relative_to(PACKAGE)), set())
