@@ -155,6 +155,10 @@ def test_make_airflow_runs_reindex_and_rollback_under_the_real_scheduler(local_a
     last = kb(airflow.env, "history")["events"][-1]
     assert (last["action"], last["reason"]) == ("rollback", "local airflow check")
     assert last["run_id"].startswith("airflow__knowledge_rollback__")
+    # the rollback froze the alias (its `freeze` Param is on by default); lifted here for the tests that follow
+    assert status["freeze"]["set_by"].startswith("knowledge_rollback (airflow__knowledge_rollback__"), status["freeze"]
+    kb(airflow.env, "unfreeze")
+    assert kb(airflow.env, "status")["freeze"] is None
 
 
 @pytest.mark.airflow
@@ -278,12 +282,14 @@ def test_a_rollback_completes_while_a_reindex_builds_and_a_run_marked_failed_los
     with UpsertHold(qdrant) as hold:
         build = airflow.trigger("knowledge_reindex", {"force_full_rebuild": True})
         assert hold.held.wait(240), f"the build never wrote\n{airflow.logs()}"
+        # no freeze here: the build's promotion must meet the moved alias (its compare-and-swap), not a freeze
         rollback = airflow.trigger("knowledge_rollback", {"reason": "bad during a build", "confirm": True,
-                                                          "live_version": live})
+                                                          "live_version": live, "freeze": False})
         airflow.wait_for_success("knowledge_rollback", rollback, 180)
         assert not hold.open.is_set(), "the rollback completed while the build was held"
         assert kb(env, "status")["live"]["version"] == target
-        stale = airflow.trigger("knowledge_rollback", {"reason": "stale page", "confirm": True, "live_version": live})
+        stale = airflow.trigger("knowledge_rollback", {"reason": "stale page", "confirm": True, "live_version": live,
+                                                       "freeze": False})
         assert finished_state(airflow, "knowledge_rollback", stale, 180) == "failed"
         assert kb(env, "status")["live"]["version"] == target, "a stale confirmation moved nothing"
     assert finished_state(airflow, "knowledge_reindex", build, 300) == "failed"
