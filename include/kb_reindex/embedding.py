@@ -331,7 +331,7 @@ class OllamaEmbedder:
                     continue
                 self._release(host, failed=False)
                 if self._dim is None:
-                    return answer
+                    return [list(vector) for vector in answer]
                 return check_vectors(answer, expected=len(texts), dim=self._dim, source=self._source(host))
         if len(self._hosts) == 1:
             where, last = next(iter(failures.items()))

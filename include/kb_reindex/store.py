@@ -142,9 +142,7 @@ class KnowledgeStore:
 
     def shape(self, name: str) -> CollectionShape:
         info = self.client.get_collection(name)
-        params = info.config.params.vectors
-        if isinstance(params, dict):
-            raise StoreError(f"collection {name} uses named vectors; kb-reindex writes one unnamed vector")
+        params = _single_vector_params(name, info.config.params.vectors)
         return CollectionShape(
             dim=params.size,
             distance=str(params.distance.value if hasattr(params.distance, "value") else params.distance),
@@ -153,10 +151,7 @@ class KnowledgeStore:
 
     def dimension(self, name: str) -> int:
         """The collection's vector size, without counting its points."""
-        params = self.client.get_collection(name).config.params.vectors
-        if isinstance(params, dict):
-            raise StoreError(f"collection {name} uses named vectors; kb-reindex writes one unnamed vector")
-        return params.size
+        return _single_vector_params(name, self.client.get_collection(name).config.params.vectors).size
 
     def collection_metadata(self, name: str) -> dict[str, Any]:
         """What kb-reindex wrote on the collection at creation (model, embedder, chunking, version)."""
@@ -397,7 +392,7 @@ def open_store(settings: Settings, *, client: QdrantClient | None = None, create
     own = client is None
     if own:
         warnings.filterwarnings("ignore", message=_VERSION_CHECK_WARNING, category=UserWarning)
-        plain_url = bool(settings.qdrant_url) and settings.qdrant_url.lower().startswith("http://")
+        plain_url = settings.qdrant_url is not None and settings.qdrant_url.lower().startswith("http://")
         plain_host = bool(settings.qdrant_host) and not settings.qdrant_url and settings.qdrant_https is False
         if settings.qdrant_api_key and (plain_url or plain_host):
             warnings.filterwarnings("ignore", message=_INSECURE_KEY_WARNING, category=UserWarning)
@@ -480,3 +475,13 @@ def describe_qdrant_failure(exc: BaseException, settings: Settings, client: Qdra
     if isinstance(exc, ResponseHandlingException):
         return f"Qdrant at {where} sent an answer the client could not read: {type(cause).__name__}: {cause}"
     return None
+
+
+def _single_vector_params(name: str, params: models.VectorParams | dict[str, models.VectorParams] | None,
+                          ) -> models.VectorParams:
+    """The one unnamed vector's parameters: named vectors, or none, are not a collection kb-reindex wrote."""
+    if isinstance(params, dict):
+        raise StoreError(f"collection {name} uses named vectors; kb-reindex writes one unnamed vector")
+    if params is None:
+        raise StoreError(f"collection {name} has no vector parameters; kb-reindex writes one unnamed vector")
+    return params
