@@ -10,7 +10,7 @@ import logging
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypedDict
 
 from kb_reindex import querylog
 from kb_reindex.build import BuildCounts, build, create_version, reindex_lock_name
@@ -74,7 +74,14 @@ def chunk_counts(plan: dict[str, Any] | None, done: BuildCounts) -> dict[str, in
             "planned_embed": planned["embedded"], "planned_reuse": planned["reused"]}
 
 
-def built_counters(done: BuildCounts) -> dict[str, int]:
+class BuiltCounters(TypedDict):
+    """The run record's chunk columns, passed to `finish_run` as keywords."""
+
+    chunks_embedded: int
+    chunks_reused: int
+
+
+def built_counters(done: BuildCounts) -> BuiltCounters:
     """The run record's chunk columns: `chunks_embedded` embedded and `chunks_reused` copied by this run."""
     return {"chunks_embedded": done.embedded, "chunks_reused": done.copied}
 

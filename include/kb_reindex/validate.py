@@ -224,11 +224,11 @@ def _validate(deps: Deps, version: VersionRecord, *, min_hit_rate: float | None,
         base = deps.state.get_version(version.alias, version.base_version)
         if base and base.status not in ("deleted", "failed") and deps.store.exists(base.collection):
             baseline = base
-    same_model = bool(baseline) and (baseline.embedder, baseline.embed_model, baseline.embed_dim) == (
+    same_model = baseline is not None and (baseline.embedder, baseline.embed_model, baseline.embed_dim) == (
         version.embedder, version.embed_model, version.embed_dim)
     probes_fingerprint = golden_fingerprint(golden)
     live_rank = recorded_ranks(baseline, golden, probes_fingerprint) if baseline and structural_ok else None
-    if live_rank is not None and same_model and probe_vectors and golden.probes:
+    if baseline is not None and live_rank is not None and same_model and probe_vectors and golden.probes:
         # one search with today's vectors: if the model's answers drifted since live was scored
         # (e.g. new weights under the same tag), the record no longer compares like with like
         first = golden.probes[0]
