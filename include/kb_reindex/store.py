@@ -281,7 +281,8 @@ class KnowledgeStore:
             return missing, set()
         return missing, self.existing_ids(name) - set(expected)
 
-    def retrieve(self, name: str, ids: Sequence[str], *, vectors: bool = False, payload: bool = True) -> list[models.Record]:
+    def retrieve(self, name: str, ids: Sequence[str], *, vectors: bool = False,
+                 payload: bool | list[str] = True) -> list[models.Record]:
         return self.client.retrieve(name, ids=list(ids), with_vectors=vectors, with_payload=payload)
 
     def upsert(self, name: str, points: list[models.PointStruct]) -> None:
