@@ -603,7 +603,6 @@ def test_a_build_slice_reads_only_its_rows(deps: Deps, counting: CountingEmbedde
 
 
 def test_a_snapshot_missing_a_text_stops_the_build_by_name(deps: Deps, counting: CountingEmbedder) -> None:
-    import sqlalchemy as sa
 
     from kb_reindex.build import build, create_version
     from kb_reindex.errors import KbError

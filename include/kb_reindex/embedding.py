@@ -113,7 +113,7 @@ def hashing_features(text: str) -> Counter[str]:
             for char in token:
                 if char not in _STOP_CHARS:
                     features["u:" + char] += 1
-            for pair in zip(token, token[1:]):
+            for pair in zip(token, token[1:], strict=False):
                 bigram = "".join(pair)
                 if bigram not in _STOP_BIGRAMS and not (pair[0] in _STOP_CHARS and pair[1] in _STOP_CHARS):
                     features["b:" + bigram] += 2

@@ -110,7 +110,7 @@ def run_probes(deps: Deps, version: VersionRecord, golden: GoldenSet, *, collect
     if vectors is None:
         vectors = embed_probes(deps, version, golden)
     results = []
-    for probe, vector in zip(golden.probes, vectors):
+    for probe, vector in zip(golden.probes, vectors, strict=True):
         hits = deps.store.search(collection or version.collection, vector, k=golden.k)
         keys = [str((h.payload or {}).get("knowledge_key")) for h in hits]
         results.append({"probe": probe.id, "rank": first_hit_rank(keys, probe.expected), "top": keys})

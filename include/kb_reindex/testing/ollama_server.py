@@ -129,7 +129,7 @@ def e5_model(name: str = "multilingual-e5-small") -> FakeModel:
         vectors: list[list[float] | None] = [None] * len(texts)
         for prefix, embed in prefixes.items():
             picked = [i for i, text in enumerate(texts) if text.startswith(prefix)]
-            for i, vector in zip(picked, embed([texts[i][len(prefix):] for i in picked]) if picked else []):
+            for i, vector in zip(picked, embed([texts[i][len(prefix):] for i in picked]) if picked else [], strict=True):
                 vectors[i] = vector
         missing = [i for i, v in enumerate(vectors) if v is None]
         if missing:
