@@ -633,7 +633,7 @@ def test_an_unchanged_corpus_is_recognised_without_reading_a_file(deps: Deps, co
     reads: list[str] = []
     real_read = corpus.read_bytes
 
-    def read_bytes(path, source, **kwargs):  # noqa: ANN001, ANN202
+    def read_bytes(path, source, **kwargs):
         reads.append(source)
         return real_read(path, source, **kwargs)
 
@@ -693,7 +693,7 @@ def test_live_is_searched_again_only_when_the_golden_set_changed(deps: Deps, cou
     searched: list[str] = []
     real_search = type(deps.store).search
 
-    def search(self, name: str, vector, **kwargs):  # noqa: ANN001, ANN202
+    def search(self, name: str, vector, **kwargs):
         searched.append(name)
         return real_search(self, name, vector, **kwargs)
 

@@ -206,7 +206,7 @@ def release_run_lock(context: Any) -> None:
         finally:
             state.dispose()
         log.info("kb_reindex: run %s failed; its lock is released", run_id)
-    except Exception as exc:  # noqa: BLE001 - a callback cannot fail the run further; the lock expires by TTL
+    except Exception as exc:  # a callback cannot fail the run further; the lock expires by TTL
         log.warning("kb_reindex: could not release the failed run's lock (it expires after KB_LOCK_TTL): %s", exc)
 
 
@@ -250,7 +250,7 @@ def _last_try() -> bool:
     try:
         ti = get_current_context()["ti"]
         return ti.try_number > ti.max_tries
-    except Exception:  # noqa: BLE001 - outside a task context: treat as final
+    except Exception:  # outside a task context: treat as final
         return True
 
 

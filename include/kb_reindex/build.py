@@ -526,7 +526,7 @@ def _fill(deps: Deps, version: VersionRecord, window: tuple[int, int] | None,
         try:
             if not fenced:
                 record_progress(0, final=True)
-        except Exception as exc:  # noqa: BLE001 - progress is for display; the build's own error matters
+        except Exception as exc:  # progress is for display; the build's own error matters
             log.warning("kb_reindex: could not record build progress of v%d: %s", version.version,
                         one_line(str(exc)))
 

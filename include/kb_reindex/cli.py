@@ -221,7 +221,7 @@ def _main(argv: list[str]) -> int:
         return _dispatch(args)
     except BrokenPipeError:
         raise
-    except Exception as exc:  # noqa: BLE001 - the CLI answers in its own format; a traceback only for a bug
+    except Exception as exc:  # the CLI answers in its own format; a traceback only for a bug
         failure = _failure(exc)
         if not failure.expected:
             log.exception("kb_reindex: unexpected error")

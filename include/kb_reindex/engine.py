@@ -203,7 +203,7 @@ def _record_failure(deps: Deps, result: dict[str, Any], run_id: str, failure: Fa
                 result["validation"] = validation_summary(v.validation)
         deps.state.finish_run(run_id, outcome="failed", error=failure.message, version=result.get("version"),
                               **built_counters(done))
-    except Exception as exc:  # noqa: BLE001 - reported in one line; the run's own failure is what is returned
+    except Exception as exc:  # reported in one line; the run's own failure is what is returned
         lost = failure_of(exc, deps)
         if lost.expected:
             log.error("kb_reindex: run %s could not be recorded as failed: %s", run_id, lost.message)

@@ -112,7 +112,7 @@ def pin_by() -> str:
 
     try:
         user = getpass.getuser()
-    except Exception:  # noqa: BLE001 - no login name in some containers; the host still says where
+    except Exception:  # no login name in some containers; the host still says where
         user = "unknown"
     return f"{user}@{socket.gethostname()}"
 

@@ -462,7 +462,7 @@ def describe_qdrant_failure(exc: BaseException, settings: Settings, client: Qdra
     if isinstance(exc, UnexpectedResponse):
         try:
             detail = str(exc.structured()["status"]["error"])
-        except Exception:  # noqa: BLE001 - not Qdrant's error envelope: show the start of the raw answer
+        except Exception:  # not Qdrant's error envelope: show the start of the raw answer
             detail = exc.content[:200].decode("utf-8", "replace")
         detail = " ".join(detail.split())
         return f"Qdrant at {where} answered HTTP {exc.status_code} {exc.reason_phrase}" + (f": {detail}" if detail else "")

@@ -188,7 +188,7 @@ def validate(
                 # the scores too: a state DB rebuilt from Qdrant shows them again
                 deps.store.annotate(version.collection, {"validated": True, "hit_rate": result["hit_rate"],
                                                          "mrr": result["mrr"]})
-            except Exception as exc:  # noqa: BLE001 - the state DB has it; only a rebuilt state would miss it
+            except Exception as exc:  # the state DB has it; only a rebuilt state would miss it
                 log.warning("kb_reindex: could not note on %s that it passed validation (%s: %s)",
                             version.collection, type(exc).__name__, exc)
         else:

@@ -198,7 +198,7 @@ class LocksMixin:
                         log.error("kb_reindex: lock %r held by %s was lost (expired and taken, or broken by on-call)",
                                   name, owner)
                         return
-                except Exception as exc:  # noqa: BLE001 - the next beat tries again; the TTL is the backstop
+                except Exception as exc:  # the next beat tries again; the TTL is the backstop
                     log.warning("kb_reindex: renewing lock %r failed: %s", name, _first_line(exc))
 
         beat = threading.Thread(target=heartbeat, name=f"lock-heartbeat:{name}", daemon=True)

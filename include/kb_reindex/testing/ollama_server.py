@@ -187,7 +187,7 @@ class _Handler(BaseHTTPRequestHandler):
     server_version = "FakeOllama/" + OLLAMA_VERSION
     server: _Server
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
+    def log_message(self, format: str, *args: Any) -> None:  # stdlib signature
         """Silence per-request logging; tests and benchmarks don't want it."""
 
     # -- plumbing -----------------------------------------------------------------
