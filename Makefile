@@ -1,10 +1,13 @@
-.PHONY: setup demo test bench clean airflow airflow-stop
+.PHONY: setup demo lint test bench clean airflow airflow-stop
 
 setup:
 	bash scripts/setup.sh
 
 demo: setup
 	bash scripts/demo.sh
+
+lint: setup
+	bash scripts/lint.sh
 
 test: setup
 	bash scripts/test.sh

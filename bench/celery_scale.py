@@ -158,7 +158,7 @@ def measure(mode: str, args: argparse.Namespace, qdrant: FakeQdrantServer, ollam
     return Measured(mode=mode, slices=len(builds), points=points, build_s=round(max(ends) - min(starts), 2),
                     run_s=round(parse(run["end_date"]) - parse(run["start_date"]), 2),
                     queued_to_running_s=round(sum(queued) / max(len(queued), 1), 2),
-                    overhead_per_slice_s=round(sum(e - s for s, e in zip(starts, ends)) / len(builds) - per_slice_embed, 2),
+                    overhead_per_slice_s=round(sum(e - s for s, e in zip(starts, ends, strict=True)) / len(builds) - per_slice_embed, 2),
                     hostnames=sorted({t["hostname"] for t in builds}))
 
 

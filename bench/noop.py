@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
             plans.append(seconds)
         for label, code in (("fresh_python_s", "pass"), ("fresh_import_qdrant_client_s", "import qdrant_client"),
                             ("fresh_import_cli_s", "import kb_reindex.cli, kb_reindex.engine")):
-            runs = [timed(lambda: subprocess.run([sys.executable, "-c", code], env=child_env, check=True))[0]
+            runs = [timed(lambda code=code: subprocess.run([sys.executable, "-c", code], env=child_env, check=True))[0]
                     for _ in range(args.repeat)]
             result[label] = round(statistics.median(runs), 3)
         proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "kb_reindex.cli", "plan", "--json"],

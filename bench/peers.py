@@ -36,9 +36,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import corpus as corpus_mod  # noqa: E402
-from measure import BenchDeps, CountingStore, Meter, MeterRef, PeakRss, phase_timers, ru_maxrss_mb  # noqa: E402
-from sidecar import qdrant_store, server_requests  # noqa: E402
+import corpus as corpus_mod
+from measure import BenchDeps, CountingStore, Meter, MeterRef, PeakRss, phase_timers, ru_maxrss_mb
+from sidecar import qdrant_store, server_requests
 
 OLLAMA_MODEL = "bge-m3"
 DIM = 1024
@@ -533,7 +533,7 @@ def promotion_under_readers(deps: BenchDeps, meter: Meter, run: Callable[[Meter]
                     by_version[found["version"]] = by_version.get(found["version"], 0) + 1
                     if not found["results"]:
                         stats["empty"] += 1
-            except Exception as exc:  # noqa: BLE001 - every failure counts
+            except Exception as exc:  # every failure counts
                 with lock:
                     stats["failed"] += 1
                     if len(stats["errors"]) < 5:

@@ -75,7 +75,7 @@ def score_set(embedder: Embedder, golden: GoldenSet, chunk_vectors: np.ndarray, 
     queries = np.asarray(embedder.embed_queries([p.query for p in golden.probes]))
     ranks = []
     misses = []
-    for probe, similarities in zip(golden.probes, queries @ chunk_vectors.T):
+    for probe, similarities in zip(golden.probes, queries @ chunk_vectors.T, strict=True):
         top = [chunk_keys[i] for i in np.argsort(-similarities)[: golden.k]]
         rank = first_hit_rank(top, probe.expected)
         ranks.append(rank)

@@ -102,7 +102,7 @@ def run_job(job: dict[str, Any], timeout: float) -> list[dict[str, Any]]:
     label = f"{job['peer']}/" + ",".join(f"{t['embedder']}@{t['size']}" for t in job["tasks"])
     print(f"[bench] {label} ...", file=sys.stderr, flush=True)
     proc = subprocess.run([sys.executable, str(HERE / "peers.py"), json.dumps(job)], timeout=timeout,
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          capture_output=True, text=True,
                           env=_worker_env(Path(job["workdir"]), job["package"]))
     sys.stderr.write(proc.stderr[-20000:])
     if proc.returncode != 0:
@@ -128,7 +128,7 @@ def run_extra(kind: str, size: int, ms: float, seed: int, smoke: bool, workdir: 
             cmd += ["--repeat", "1"]
     started = time.perf_counter()
     print(f"[bench] {kind} at {size} docs ...", file=sys.stderr, flush=True)
-    proc = subprocess.run(cmd, timeout=timeout, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    proc = subprocess.run(cmd, timeout=timeout, capture_output=True, text=True,
                           env=_worker_env(folder, package))
     sys.stderr.write(proc.stderr[-20000:])
     if proc.returncode != 0:
@@ -297,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
     entries = []
     for size in sizes:
         entry: dict[str, Any] = {"docs": size, "corpus": stats[size], "ollama_ms": ollama_ms}
-        for job, runs in zip(jobs, results):
+        for job, runs in zip(jobs, results, strict=True):
             if job.get("profile"):
                 continue
             for result in runs:
@@ -326,10 +326,10 @@ def main(argv: list[str] | None = None) -> int:
         "scenarios": report.SCENARIOS,
         "sizes": entries,
     }
-    for (kind, _size), extra in zip(extras, extra_results):
+    for (kind, _size), extra in zip(extras, extra_results, strict=True):
         data[kind] = {**extra, "run": run_meta}
     if args.profile_size:
-        profile = next(r for j, r in zip(jobs, results) if j.get("profile"))[0]
+        profile = next(r for j, r in zip(jobs, results, strict=True) if j.get("profile"))[0]
         data["profile"] = {"size": args.profile_size, "text": str(args.out / f"profile-incremental-{args.profile_size}.txt"),
                            "scenario": profile["scenarios"]["kb.incremental"]}
     previous = args.out / "latest.json"

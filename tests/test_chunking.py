@@ -42,7 +42,7 @@ def test_long_paragraph_is_cut_at_chinese_sentence_ends_within_size() -> None:
 
 def test_neighbouring_chunks_overlap_by_whole_sentences() -> None:
     chunks = chunk_document(doc(f"## 规则\n{LONG_PARAGRAPH}"), chunk_size=200, overlap=40)
-    for first, second in zip(chunks, chunks[1:]):
+    for first, second in zip(chunks, chunks[1:], strict=False):
         last_sentence = first.text.rstrip("。").rsplit("。", 1)[-1] + "。"
         assert second.text.split("\n", 1)[1].startswith(last_sentence)
         assert len(last_sentence) <= 40
@@ -78,7 +78,7 @@ def test_point_ids_are_stable_and_depend_on_key_index_and_hash() -> None:
 def test_editing_one_section_changes_only_its_chunks() -> None:
     before = chunk_document(doc("## A\n甲规则。\n\n## B\n乙规则。\n\n## C\n丙规则。"))
     after = chunk_document(doc("## A\n甲规则。\n\n## B\n乙规则已修改。\n\n## C\n丙规则。"))
-    assert [b.chunk_hash == a.chunk_hash for b, a in zip(before, after)] == [True, False, True]
+    assert [b.chunk_hash == a.chunk_hash for b, a in zip(before, after, strict=True)] == [True, False, True]
 
 
 def test_chunking_version_names_its_parameters() -> None:

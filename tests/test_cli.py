@@ -120,7 +120,7 @@ def test_rollback_and_migrate_commands(cli_env: Path, capsys: pytest.CaptureFixt
     doc.write_text(doc.read_text(encoding="utf-8") + "\n\n补充：券不可转让。\n", encoding="utf-8")
     assert run_json(capsys, "run")[1]["version"] == 2
 
-    monkeypatch.setattr("sys.stdin", open("/dev/null"))  # noqa: SIM115 - no terminal: confirmation impossible
+    monkeypatch.setattr("sys.stdin", open("/dev/null"))  # no terminal: confirmation impossible
     code, refused = run_json(capsys, "rollback", "--reason", "test")
     assert code == 2 and "--yes" in refused["error"]
 

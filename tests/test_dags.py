@@ -493,8 +493,8 @@ def test_the_page_runs_in_airflows_api_server_and_rolls_back_as_the_signed_in_us
 def test_reindex_schedule_may_be_off_and_the_retry_delay_set(tmp_path: Path) -> None:
     """KB_REINDEX_SCHEDULE empty: triggered runs only (unpausing starts no run); KB_RETRY_DELAY_S: the first retry's
     delay (a test stack, or an operator, shortens the minute)."""
-    code = ("import runpy; dag = runpy.run_path(%r)['knowledge_reindex']; d = dag() if callable(dag) else dag; "
-            "print(type(d.timetable).__name__, d.default_args['retry_delay'].total_seconds())") % str(REPO / "dags" / "knowledge_reindex.py")
+    code = ("import runpy; dag = runpy.run_path({!r})['knowledge_reindex']; d = dag() if callable(dag) else dag; "
+            "print(type(d.timetable).__name__, d.default_args['retry_delay'].total_seconds())").format(str(REPO / "dags" / "knowledge_reindex.py"))
     env = {**os.environ, "KB_REINDEX_SCHEDULE": "", "KB_RETRY_DELAY_S": "2"}
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]

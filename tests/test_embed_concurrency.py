@@ -240,14 +240,14 @@ def test_every_server_must_serve_the_model_and_the_one_that_does_not_is_named() 
         with pytest.raises(ModelNotServed, match=rf"'bge-m3' is not on the Ollama server at {b.url} \(one of the 2"):
             check_model_served(settings, embedder="ollama", model="bge-m3")
         with pytest.raises(ModelNotServed, match=rf"at {a.url} \(one of the 2"):
-            embedder(a, b, dim=None, model="nomic-embed-text").dimension
+            embedder(a, b, dim=None, model="nomic-embed-text").dimension  # noqa: B018 (reading the property runs the probe under test)
 
 
 def test_the_dimension_probe_asks_every_server_and_they_must_agree() -> None:
     with FakeOllamaServer([FakeModel(name="bge-m3", dim=DIM)]) as a, \
             FakeOllamaServer([FakeModel(name="bge-m3", dim=DIM * 2)]) as b:
         with pytest.raises(EmbeddingError, match=rf"disagree .*{a.url} {DIM}-d, {b.url} {DIM * 2}-d"):
-            embedder(a, b, dim=None).dimension
+            embedder(a, b, dim=None).dimension  # noqa: B018 (reading the property runs the probe under test)
 
 
 def test_the_probe_passes_over_a_server_that_is_down(server: FakeOllamaServer) -> None:

@@ -598,7 +598,7 @@ def test_a_build_slice_reads_only_its_rows(deps: Deps, counting: CountingEmbedde
 
 
 def test_a_snapshot_missing_a_text_stops_the_build_by_name(deps: Deps, counting: CountingEmbedder) -> None:
-    import sqlalchemy as sa
+
     from kb_reindex.build import build, create_version
     from kb_reindex.errors import KbError
     from kb_reindex.state import chunk_texts
@@ -628,7 +628,7 @@ def test_an_unchanged_corpus_is_recognised_without_reading_a_file(deps: Deps, co
     reads: list[str] = []
     real_read = corpus.read_bytes
 
-    def read_bytes(path, source, **kwargs):  # noqa: ANN001, ANN202
+    def read_bytes(path, source, **kwargs):
         reads.append(source)
         return real_read(path, source, **kwargs)
 
@@ -688,7 +688,7 @@ def test_live_is_searched_again_only_when_the_golden_set_changed(deps: Deps, cou
     searched: list[str] = []
     real_search = type(deps.store).search
 
-    def search(self, name: str, vector, **kwargs):  # noqa: ANN001, ANN202
+    def search(self, name: str, vector, **kwargs):
         searched.append(name)
         return real_search(self, name, vector, **kwargs)
 

@@ -88,7 +88,7 @@ def test_plan_command_reports_a_bad_threshold_with_file_and_field(project: Path,
     assert str(golden) in answer["error"] and "'min_hit_rate' must be a number from 0 to 1" in answer["error"]
 
 
-def test_run_with_a_bad_golden_set_stops_before_any_version_exists(deps) -> None:  # noqa: ANN001
+def test_run_with_a_bad_golden_set_stops_before_any_version_exists(deps) -> None:
     from kb_reindex import engine
 
     _edit_golden(deps.settings.golden_set, k=0)
@@ -99,7 +99,7 @@ def test_run_with_a_bad_golden_set_stops_before_any_version_exists(deps) -> None
     assert deps.state.list_runs(deps.settings.alias)[0]["outcome"] == "failed"
 
 
-def test_plan_refuses_a_probe_expecting_a_document_not_in_the_files(deps) -> None:  # noqa: ANN001
+def test_plan_refuses_a_probe_expecting_a_document_not_in_the_files(deps) -> None:
     from kb_reindex.plan import plan
 
     (deps.settings.knowledge_dir / "payment-guide.md").unlink()

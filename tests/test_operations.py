@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 from kb_reindex import engine
@@ -180,7 +179,7 @@ def test_failed_build_versions_are_dropped_by_gc(deps: Deps, monkeypatch: pytest
     engine.run_reindex(deps)
     edit(deps, "coupon-rules", "补充：测试。")
 
-    def broken(self, version):  # noqa: ANN001
+    def broken(self, version):
         raise RuntimeError("embedder down")
 
     monkeypatch.setattr(Deps, "embedder_for", broken)
@@ -251,11 +250,11 @@ def test_fixing_the_golden_set_after_a_failed_validation_resumes_without_embeddi
     calls = {"texts": 0}
     original = Deps.embedder_for
 
-    def counting(self: Deps, version):  # noqa: ANN001
+    def counting(self: Deps, version):
         embedder = original(self, version)
         embed = embedder.embed
 
-        def counted(texts):  # noqa: ANN001
+        def counted(texts):
             calls["texts"] += sum(1 for t in texts if "补充：券不可转让" in t)
             return embed(texts)
 

@@ -8,7 +8,6 @@ asked of Qdrant. What no test here can show: that a real server builds the index
 from __future__ import annotations
 
 import json
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,10 +17,10 @@ from qdrant_client import QdrantClient, models
 
 from kb_reindex import engine
 from kb_reindex.config import Settings
-from kb_reindex.errors import ConfigError, StoreError
+from kb_reindex.errors import ConfigError
 from kb_reindex.runtime import open_deps
 from kb_reindex.store import make_client
-from kb_reindex.testing.qdrant_server import FakeQdrantServer, RequestRecord
+from kb_reindex.testing.qdrant_server import FakeQdrantServer
 
 from conftest import settings_for
 

@@ -133,7 +133,7 @@ def test_a_run_whose_lock_was_broken_does_not_promote(deps: Deps, monkeypatch: p
 
     real_validate = engine_module.validate
 
-    def validate_then_on_call_breaks_the_lock(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+    def validate_then_on_call_breaks_the_lock(*args, **kwargs):
         result = real_validate(*args, **kwargs)
         deps.state.break_lock(f"reindex:{ALIAS}", by="on-call", reason="looked stuck")
         return result
@@ -154,7 +154,7 @@ def test_status_and_reconcile_during_a_promotion_see_no_drift(deps: Deps, monkey
     moved, release = threading.Event(), threading.Event()
     real_record = deps.state.record_switch
 
-    def slow_record(**kwargs):  # noqa: ANN003, ANN202
+    def slow_record(**kwargs):
         moved.set()
         assert release.wait(30)
         return real_record(**kwargs)

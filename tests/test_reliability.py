@@ -379,7 +379,7 @@ def test_readers_see_no_error_and_no_empty_result_through_the_swap(deps: Deps) -
                 reads["n"] += 1
                 if not found["results"]:
                     empty["n"] += 1
-            except Exception as exc:  # noqa: BLE001 - every failure counts
+            except Exception as exc:  # every failure counts
                 errors.append(f"{type(exc).__name__}: {exc}")
 
     threads = [threading.Thread(target=reader, args=(q,)) for q in queries]

@@ -43,7 +43,7 @@ def test_concurrent_allocation_never_takes_a_number_twice(state: StateStore) -> 
         try:
             for _ in range(5):
                 numbers.append(new_version(state).version)
-        except BaseException as exc:  # noqa: BLE001 - reported below
+        except BaseException as exc:  # reported below
             errors.append(exc)
 
     threads = [threading.Thread(target=worker) for _ in range(4)]

@@ -155,7 +155,7 @@ class FakeAirflowApi:
                 else:
                     with engine.exclusive(deps):
                         promote_shadow(deps, conf["version"], reason=conf["reason"], expected_live=conf.get("live_version"))
-        except Exception as exc:  # noqa: BLE001 - as Airflow records a failed task and logs why
+        except Exception as exc:  # as Airflow records a failed task and logs why
             self.logs[run["dag_id"], run["dag_run_id"]] = [
                 {"timestamp": "2026-11-30T09:00:00Z", "event": "starting", "level": "info"},
                 {"timestamp": "2026-11-30T09:00:01Z", "event": "Task failed with exception", "level": "error",

@@ -11,7 +11,7 @@ import logging
 import re
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kb_reindex.config import Settings, split_ollama_hosts, state_url_from_env
 from kb_reindex.errors import (
@@ -25,6 +25,10 @@ from kb_reindex.errors import (
     classify,
 )
 from kb_reindex.runtime import Deps, open_deps
+
+if TYPE_CHECKING:
+    from kb_reindex.engine import BuiltCounters
+    from kb_reindex.state import VersionRecord
 
 log = logging.getLogger(__name__)
 
@@ -202,7 +206,7 @@ def release_run_lock(context: Any) -> None:
         finally:
             state.dispose()
         log.info("kb_reindex: run %s failed; its lock is released", run_id)
-    except Exception as exc:  # noqa: BLE001 - a callback cannot fail the run further; the lock expires by TTL
+    except Exception as exc:  # a callback cannot fail the run further; the lock expires by TTL
         log.warning("kb_reindex: could not release the failed run's lock (it expires after KB_LOCK_TTL): %s", exc)
 
 
@@ -246,7 +250,7 @@ def _last_try() -> bool:
     try:
         ti = get_current_context()["ti"]
         return ti.try_number > ti.max_tries
-    except Exception:  # noqa: BLE001 - outside a task context: treat as final
+    except Exception:  # outside a task context: treat as final
         return True
 
 
@@ -346,10 +350,7 @@ def build_slices_task(*, version: dict[str, Any], slice_size: int, run_id: str |
     with task_deps() as deps:
         if run_id is not None:
             dag_lock.renew(deps, run_id)
-        record = deps.state.get_version(deps.settings.alias, version["version"])
-        if record is None:
-            raise ConfigError(f"version {version['version']} does not exist")
-        total = record.points_expected
+        total = _recorded_version(deps, version["version"]).points_expected
     return [{"version": version["version"], "offset": start, "limit": slice_size}
             for start in range(0, max(total, 1), slice_size)]
 
@@ -399,7 +400,7 @@ def promote_task(*, plan: dict[str, Any], version: dict[str, Any], run_id: str) 
             deps.state.finish_run(run_id, outcome="promoted" if moved_by_this_run else "no_change",
                                   version=version["version"], **run_counters(plan), **_built_so_far(deps, run_id))
             if moved_by_this_run:
-                record = deps.state.get_version(deps.settings.alias, version["version"])
+                record = _recorded_version(deps, version["version"])
                 previous = (result["previous_version"] if not result["already_live"]
                             else _last_move_from(deps, record.version))
                 announce_alias_move(deps, action="migrate" if record.kind == "migration" else "promote",
@@ -472,7 +473,15 @@ def finish_shadow_task(*, plan: dict[str, Any], version: dict[str, Any], run_id:
     return {"version": version["version"], "promoted": False}
 
 
-def _built_so_far(deps: Deps, run_id: str) -> dict[str, int]:
+def _recorded_version(deps: Deps, number: int) -> VersionRecord:
+    """The state DB's row of this alias's version `number`; a version that is not there is a clear error."""
+    record = deps.state.get_version(deps.settings.alias, number)
+    if record is None:
+        raise ConfigError(f"version {number} does not exist (alias {deps.settings.alias!r} in the state DB)")
+    return record
+
+
+def _built_so_far(deps: Deps, run_id: str) -> BuiltCounters:
     """What the build tasks of this run wrote, as they added it to the run's record (not the plan's figures)."""
     row = deps.state.get_run(run_id) or {}
     return {"chunks_embedded": row.get("chunks_embedded") or 0, "chunks_reused": row.get("chunks_reused") or 0}
@@ -583,7 +592,7 @@ def promote_shadow_task(*, run_id: str, version: int, reason: str, confirm: bool
         with step(deps, run_id), engine.exclusive(deps, run_id=run_id):
             result = promote_shadow(deps, version, expected_live=live_version, run_id=run_id, reason=reason.strip())
         deps.state.finish_run(run_id, outcome="promoted", version=version)
-        record = deps.state.get_version(deps.settings.alias, version)
+        record = _recorded_version(deps, version)
         announce_alias_move(deps, action="migrate" if record.kind == "migration" else "promote", version=record,
                             previous_version=result["previous_version"])
         return result

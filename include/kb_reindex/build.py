@@ -11,9 +11,10 @@ import itertools
 import logging
 import threading
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from qdrant_client import models
 
@@ -219,6 +220,14 @@ class SnapshotTexts:
                      chunk_hash=row.chunk_hash, point_id=row.point_id)
 
 
+def _source_point_id(row: SliceRow) -> str:
+    """The live point a copied chunk's vector comes from (only rows with one are copied)."""
+    if row.source_point_id is None:
+        raise StoreError(f"manifest row for point {row.point_id} has no live point to copy from; "
+                         "rebuild with `kb-reindex run --force-full`")
+    return row.source_point_id
+
+
 def _live_chunk(row: SliceRow, record: models.Record, live: str, layout: str) -> Chunk:
     """A copied chunk's text and section from live's payload, in live's layout: the same chunk hash is the
     same text."""
@@ -320,9 +329,10 @@ def _fill(deps: Deps, version: VersionRecord, window: tuple[int, int] | None,
             base = deps.state.get_version(version.alias, version.base_version) if version.base_version else None
             base_layout = base.payload_layout if base is not None else "native"
             started = time.perf_counter()
+            base_collection = version.base_collection
 
-            def read(batch: list[SliceRow]) -> list[models.Record]:
-                return deps.store.retrieve(version.base_collection, [r.source_point_id for r in batch],
+            def read(batch: Sequence[SliceRow]) -> list[models.Record]:
+                return deps.store.retrieve(base_collection, [_source_point_id(r) for r in batch],
                                            vectors=True, payload=["section", text_field(base_layout)])
 
             # Read the next batch while this one is written: against a Qdrant server the two round trips
@@ -349,7 +359,8 @@ def _fill(deps: Deps, version: VersionRecord, window: tuple[int, int] | None,
                         raise StoreError(f"live collection {version.base_collection} returned no vector for {empty[0]}; "
                                          "rebuild with `kb-reindex run --force-full`")
                     write([
-                        point(r, vectors[r.source_point_id], _live_chunk(r, found[r.source_point_id], version.base_collection,
+                        # checked just above: a list, of the collection's dimension
+                        point(r, cast(list[float], vectors[r.source_point_id]), _live_chunk(r, found[r.source_point_id], version.base_collection,
                                                                      base_layout))
                         for r in batch])
                     record_progress(len(batch))
@@ -362,14 +373,14 @@ def _fill(deps: Deps, version: VersionRecord, window: tuple[int, int] | None,
                     f"embedder {embedder.model!r} answers {embedder.dimension}-d vectors; v{version.version} needs {version.embed_dim}"
                 )
             # up to KB_EMBED_CONCURRENCY requests in flight; answers come back in the batches' order
-            batches, sent = itertools.tee(
+            embed_batches, sent = itertools.tee(
                 (batch, [texts.chunk(r.knowledge_key, r.point_id) for r in batch])
                 for batch in batched(to_embed, settings.embed_batch_size))
             answers = embedder.embed_batches([c.text for c in batch_chunks] for _, batch_chunks in sent)
-            for (batch, batch_chunks), answer in zip(batches, answers):
-                vectors = check_vectors(answer, expected=len(batch), dim=version.embed_dim,
-                                        source=f"embedder {embedder.model!r}")
-                write([point(r, v, c) for r, v, c in zip(batch, vectors, batch_chunks)])
+            for (batch, batch_chunks), answer in zip(embed_batches, answers, strict=True):
+                embedded = check_vectors(answer, expected=len(batch), dim=version.embed_dim,
+                                         source=f"embedder {embedder.model!r}")
+                write([point(r, v, c) for r, v, c in zip(batch, embedded, batch_chunks, strict=True)])
                 record_progress(len(batch), embedded=True)
     except FencedError:
         fenced = True
@@ -380,7 +391,7 @@ def _fill(deps: Deps, version: VersionRecord, window: tuple[int, int] | None,
         try:
             if not fenced:
                 record_progress(0, final=True)
-        except Exception as exc:  # noqa: BLE001 - progress is for display; the build's own error matters
+        except Exception as exc:  # progress is for display; the build's own error matters
             log.warning("kb_reindex: could not record build progress of v%d: %s", version.version,
                         one_line(str(exc)))
 

@@ -57,7 +57,8 @@ def _parser(*, json_answer: bool = False) -> argparse.ArgumentParser:
     parser = _Parser(prog="kb-reindex", description=__doc__.splitlines()[0], parents=[common_flags(False)],
                      json_answer=json_answer)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
-                                parser_class=functools.partial(_Parser, json_answer=json_answer))
+                                # argparse only calls parser_class(...): a partial that binds json_answer works
+                                parser_class=functools.partial(_Parser, json_answer=json_answer))  # type: ignore[call-overload]
 
     run = sub.add_parser("run", parents=[common], help="plan, build, validate and promote a new version")
     run.add_argument("--force-full", action="store_true", help="embed every chunk; reuse no vector")
@@ -220,7 +221,7 @@ def _main(argv: list[str]) -> int:
         return _dispatch(args)
     except BrokenPipeError:
         raise
-    except Exception as exc:  # noqa: BLE001 - the CLI answers in its own format; a traceback only for a bug
+    except Exception as exc:  # the CLI answers in its own format; a traceback only for a bug
         failure = _failure(exc)
         if not failure.expected:
             log.exception("kb_reindex: unexpected error")

@@ -220,7 +220,7 @@ class Settings:
     build_parallelism: int = 1
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> Settings:
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
         env = os.environ if env is None else env
         root = project_root(env)
         alias = env.get("KB_ALIAS", "mall_knowledge").strip()

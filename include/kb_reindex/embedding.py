@@ -99,7 +99,7 @@ def hashing_features(text: str) -> Counter[str]:
             for char in token:
                 if char not in _STOP_CHARS:
                     features["u:" + char] += 1
-            for pair in zip(token, token[1:]):
+            for pair in zip(token, token[1:], strict=False):
                 bigram = "".join(pair)
                 if bigram not in _STOP_BIGRAMS and not (pair[0] in _STOP_CHARS and pair[1] in _STOP_CHARS):
                     features["b:" + bigram] += 2
@@ -317,7 +317,7 @@ class OllamaEmbedder:
                     continue
                 self._release(host, failed=False)
                 if self._dim is None:
-                    return answer
+                    return [list(vector) for vector in answer]
                 return check_vectors(answer, expected=len(texts), dim=self._dim, source=self._source(host))
         if len(self._hosts) == 1:
             where, last = next(iter(failures.items()))

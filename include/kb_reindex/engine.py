@@ -10,7 +10,7 @@ import logging
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypedDict
 
 from kb_reindex import querylog
 from kb_reindex.alias import drift_advice, has_served, rollback_target
@@ -75,7 +75,14 @@ def chunk_counts(plan: dict[str, Any] | None, done: BuildCounts) -> dict[str, in
             "planned_embed": planned["embedded"], "planned_reuse": planned["reused"]}
 
 
-def built_counters(done: BuildCounts) -> dict[str, int]:
+class BuiltCounters(TypedDict):
+    """The run record's chunk columns, passed to `finish_run` as keywords."""
+
+    chunks_embedded: int
+    chunks_reused: int
+
+
+def built_counters(done: BuildCounts) -> BuiltCounters:
     """The run record's chunk columns: `chunks_embedded` embedded and `chunks_reused` copied by this run."""
     return {"chunks_embedded": done.embedded, "chunks_reused": done.copied}
 
@@ -197,7 +204,7 @@ def _record_failure(deps: Deps, result: dict[str, Any], run_id: str, failure: Fa
                 result["validation"] = validation_summary(v.validation)
         deps.state.finish_run(run_id, outcome="failed", error=failure.message, version=result.get("version"),
                               **built_counters(done))
-    except Exception as exc:  # noqa: BLE001 - reported in one line; the run's own failure is what is returned
+    except Exception as exc:  # reported in one line; the run's own failure is what is returned
         lost = failure_of(exc, deps)
         if lost.expected:
             log.error("kb_reindex: run %s could not be recorded as failed: %s", run_id, lost.message)

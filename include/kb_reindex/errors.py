@@ -247,5 +247,5 @@ def mask_url(url: str) -> str:
 
     try:
         return make_url(url).render_as_string(hide_password=True)
-    except Exception:  # noqa: BLE001 - not a URL: say nothing of it rather than risk a secret
+    except Exception:  # not a URL: say nothing of it rather than risk a secret
         return "(KB_STATE_URL)"

@@ -34,6 +34,6 @@ def pin_by() -> str:
     """Who pins: the login user on this host (recorded with the pin)."""
     try:
         user = getpass.getuser()
-    except Exception:  # noqa: BLE001 - no login name in some containers; the host still says where
+    except Exception:  # no login name in some containers; the host still says where
         user = "unknown"
     return f"{user}@{socket.gethostname()}"

@@ -13,14 +13,14 @@ log = logging.getLogger(__name__)
 PREFIX = "kb_reindex"
 
 
-def _stats():  # noqa: ANN202 - Airflow's Stats facade, or None
+def _stats():  # Airflow's Stats facade, or None
     # Only where Airflow already runs this code: importing it from the CLI costs seconds and writes an
     # airflow.cfg, for metrics that would go nowhere.
     if "airflow.sdk" not in sys.modules:
         return None
     try:
         from airflow.sdk.observability.stats import Stats
-    except Exception:  # noqa: BLE001 - no Airflow here: metrics are optional
+    except Exception:  # no Airflow here: metrics are optional
         return None
     return Stats
 

@@ -153,7 +153,7 @@ def prepare(
     # the profile of the vectors to build; a dimension still to be probed is the live one when the model is
     # live's (a model answers one dimension), else unknown until the collection is created
     same_model_as_live = live is not None and (live.embedder, live.embed_model) == (embedder, model)
-    profile_dim = dim if dim is not None else (live.embed_dim if same_model_as_live else None)
+    profile_dim = dim if dim is not None else (live.embed_dim if live is not None and same_model_as_live else None)
     profile = None if profile_dim is None else embedding_profile(
         embedder=embedder, model=model, dim=profile_dim, distance=DISTANCE.value, chunking_version=cv)
     if kind == "migration" and live is not None and profile == version_profile(live):

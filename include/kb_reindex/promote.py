@@ -56,7 +56,7 @@ def switch_alias(
         deps.state.record_switch(alias=alias, action=action, to=target, previous=previous, run_id=run_id, reason=reason)
     try:
         deps.store.annotate(target.collection, {"served": True, "last_served_at": utcnow().isoformat(timespec="seconds") + "Z"})
-    except Exception as exc:  # noqa: BLE001 - the move is done and recorded; only the Qdrant-side note is missing
+    except Exception as exc:  # the move is done and recorded; only the Qdrant-side note is missing
         log.warning("kb_reindex: could not note on %s that it served (%s: %s); the state DB has it, a state "
                     "rebuilt from Qdrant would not", target.collection, type(exc).__name__, exc)
     return previous

@@ -98,7 +98,7 @@ def log_search(deps: Any, *, query: str, tenant: str | None, k: int, version: in
         record(_state_for(deps), alias=settings.alias, query=query, tenant=tenant, k=k, version=version, keys=keys,
                keep=settings.query_log_keep)
         return True
-    except Exception as exc:  # noqa: BLE001 - a logging failure must not fail the query; it is said, not hidden
+    except Exception as exc:  # a logging failure must not fail the query; it is said, not hidden
         log.warning("kb_reindex: query log (KB_QUERY_LOG) not written, the query was answered: %s: %s",
                     type(exc).__name__, " ".join(str(exc).split())[:300])
         return False

@@ -214,7 +214,7 @@ def rebuild_state(deps: Deps, *, replace: bool = False, run_id: str | None = Non
             raise StateDriftError(f"alias {alias} points to {serving}, which is not a version collection of "
                                   f"{alias}; point it at one before rebuilding the state")
         read = [(number, name, read_version(deps, name)) for number, name in found]
-        for number, name, facts in read:
+        for _number, name, facts in read:
             if name == serving and facts["problems"]:
                 raise StoreError(f"the live collection {name} cannot give a manifest: {'; '.join(facts['problems'])}"
                                  "; nothing was recorded")

@@ -114,8 +114,8 @@ def replay(deps: Deps, version: VersionRecord, baseline: VersionRecord | None, *
         return {"skipped": "no logged queries (KB_QUERY_LOG is off, or nothing was asked yet)"}, []
     rows.reverse()  # oldest first, as they were asked
     texts = sorted({r["query"] for r in rows})
-    candidate_vectors = dict(zip(texts, _embed(deps, version, texts)))
-    live_vectors = candidate_vectors if same_model else dict(zip(texts, _embed(deps, baseline, texts)))
+    candidate_vectors = dict(zip(texts, _embed(deps, version, texts), strict=True))
+    live_vectors = candidate_vectors if same_model else dict(zip(texts, _embed(deps, baseline, texts), strict=True))
     changed = changed_documents(deps, version, baseline)
 
     per_query = []

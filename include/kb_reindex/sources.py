@@ -27,8 +27,12 @@ DEFAULT_TENANT = "default"
 
 
 class HasContentHash(Protocol):
-    knowledge_key: str
-    content_hash: str
+    # read-only: frozen dataclasses and named tuples satisfy it
+    @property
+    def knowledge_key(self) -> str: ...
+
+    @property
+    def content_hash(self) -> str: ...
 
 
 @dataclass(frozen=True)

@@ -142,9 +142,7 @@ class KnowledgeStore:
 
     def shape(self, name: str) -> CollectionShape:
         info = self.client.get_collection(name)
-        params = info.config.params.vectors
-        if isinstance(params, dict):
-            raise StoreError(f"collection {name} uses named vectors; kb-reindex writes one unnamed vector")
+        params = _single_vector_params(name, info.config.params.vectors)
         return CollectionShape(
             dim=params.size,
             distance=str(params.distance.value if hasattr(params.distance, "value") else params.distance),
@@ -153,10 +151,7 @@ class KnowledgeStore:
 
     def dimension(self, name: str) -> int:
         """The collection's vector size, without counting its points."""
-        params = self.client.get_collection(name).config.params.vectors
-        if isinstance(params, dict):
-            raise StoreError(f"collection {name} uses named vectors; kb-reindex writes one unnamed vector")
-        return params.size
+        return _single_vector_params(name, self.client.get_collection(name).config.params.vectors).size
 
     def collection_metadata(self, name: str) -> dict[str, Any]:
         """What kb-reindex wrote on the collection at creation (model, embedder, chunking, version)."""
@@ -286,7 +281,8 @@ class KnowledgeStore:
             return missing, set()
         return missing, self.existing_ids(name) - set(expected)
 
-    def retrieve(self, name: str, ids: Sequence[str], *, vectors: bool = False, payload: bool = True) -> list[models.Record]:
+    def retrieve(self, name: str, ids: Sequence[str], *, vectors: bool = False,
+                 payload: bool | list[str] = True) -> list[models.Record]:
         return self.client.retrieve(name, ids=list(ids), with_vectors=vectors, with_payload=payload)
 
     def upsert(self, name: str, points: list[models.PointStruct]) -> None:
@@ -397,7 +393,7 @@ def open_store(settings: Settings, *, client: QdrantClient | None = None, create
     own = client is None
     if own:
         warnings.filterwarnings("ignore", message=_VERSION_CHECK_WARNING, category=UserWarning)
-        plain_url = bool(settings.qdrant_url) and settings.qdrant_url.lower().startswith("http://")
+        plain_url = settings.qdrant_url is not None and settings.qdrant_url.lower().startswith("http://")
         plain_host = bool(settings.qdrant_host) and not settings.qdrant_url and settings.qdrant_https is False
         if settings.qdrant_api_key and (plain_url or plain_host):
             warnings.filterwarnings("ignore", message=_INSECURE_KEY_WARNING, category=UserWarning)
@@ -466,7 +462,7 @@ def describe_qdrant_failure(exc: BaseException, settings: Settings, client: Qdra
     if isinstance(exc, UnexpectedResponse):
         try:
             detail = str(exc.structured()["status"]["error"])
-        except Exception:  # noqa: BLE001 - not Qdrant's error envelope: show the start of the raw answer
+        except Exception:  # not Qdrant's error envelope: show the start of the raw answer
             detail = exc.content[:200].decode("utf-8", "replace")
         detail = " ".join(detail.split())
         return f"Qdrant at {where} answered HTTP {exc.status_code} {exc.reason_phrase}" + (f": {detail}" if detail else "")
@@ -480,3 +476,13 @@ def describe_qdrant_failure(exc: BaseException, settings: Settings, client: Qdra
     if isinstance(exc, ResponseHandlingException):
         return f"Qdrant at {where} sent an answer the client could not read: {type(cause).__name__}: {cause}"
     return None
+
+
+def _single_vector_params(name: str, params: models.VectorParams | dict[str, models.VectorParams] | None,
+                          ) -> models.VectorParams:
+    """The one unnamed vector's parameters: named vectors, or none, are not a collection kb-reindex wrote."""
+    if isinstance(params, dict):
+        raise StoreError(f"collection {name} uses named vectors; kb-reindex writes one unnamed vector")
+    if params is None:
+        raise StoreError(f"collection {name} has no vector parameters; kb-reindex writes one unnamed vector")
+    return params

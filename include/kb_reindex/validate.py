@@ -38,7 +38,7 @@ def run_probes(deps: Deps, version: VersionRecord, golden: GoldenSet, *, collect
     if vectors is None:
         vectors = embed_probes(deps, version, golden)
     results = []
-    for probe, vector in zip(golden.probes, vectors):
+    for probe, vector in zip(golden.probes, vectors, strict=True):
         hits = deps.store.search(collection or version.collection, vector, k=golden.k)
         keys = [str((h.payload or {}).get("knowledge_key")) for h in hits]
         results.append({"probe": probe.id, "rank": first_hit_rank(keys, probe.expected), "top": keys})
@@ -116,7 +116,7 @@ def validate(
                 # the scores too: a state DB rebuilt from Qdrant shows them again
                 deps.store.annotate(version.collection, {"validated": True, "hit_rate": result["hit_rate"],
                                                          "mrr": result["mrr"]})
-            except Exception as exc:  # noqa: BLE001 - the state DB has it; only a rebuilt state would miss it
+            except Exception as exc:  # the state DB has it; only a rebuilt state would miss it
                 log.warning("kb_reindex: could not note on %s that it passed validation (%s: %s)",
                             version.collection, type(exc).__name__, exc)
         else:
@@ -152,11 +152,11 @@ def _validate(deps: Deps, version: VersionRecord, *, min_hit_rate: float | None,
         base = deps.state.get_version(version.alias, version.base_version)
         if base and base.status not in ("deleted", "failed") and deps.store.exists(base.collection):
             baseline = base
-    same_model = bool(baseline) and (baseline.embedder, baseline.embed_model, baseline.embed_dim) == (
+    same_model = baseline is not None and (baseline.embedder, baseline.embed_model, baseline.embed_dim) == (
         version.embedder, version.embed_model, version.embed_dim)
     probes_fingerprint = golden_fingerprint(golden)
     live_rank = recorded_ranks(baseline, golden, probes_fingerprint) if baseline and structural_ok else None
-    if live_rank is not None and same_model and probe_vectors and golden.probes:
+    if baseline is not None and live_rank is not None and same_model and probe_vectors and golden.probes:
         # one search with today's vectors: if the model's answers drifted since live was scored
         # (e.g. new weights under the same tag), the record no longer compares like with like
         first = golden.probes[0]

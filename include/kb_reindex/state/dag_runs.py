@@ -52,7 +52,7 @@ def dag_run_state(ref: DagRunRef) -> str | None:
         settings = sys.modules.get("airflow.settings")
         engine = _engine(url) if url else getattr(settings, "engine", None) if settings is not None else None
         return _query(engine, ref) if engine is not None else None
-    except Exception as exc:  # noqa: BLE001 - unknown is a safe answer: the TTL still frees the lock
+    except Exception as exc:  # unknown is a safe answer: the TTL still frees the lock
         log.info("kb_reindex: could not ask Airflow about DAG run %s of %s: %s", ref.run_id, ref.dag_id,
                  str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__)
         return None

@@ -94,10 +94,11 @@ class LocksMixin:
             if conn.execute(locks.update().where(locks.c.name == name, locks.c.owner == owner)
                             .values(acquired_at=now, expires_at=expires)).rowcount == 1:
                 return None
-            holder = conn.execute(sa.select(locks).where(locks.c.name == name)).mappings().first()
-        if holder is None:
+            row = conn.execute(sa.select(locks).where(locks.c.name == name)).mappings().first()
+        if row is None:
             return self._try_lock(name, owner=owner, ttl_s=ttl_s)
-        holder = dict(holder)
+        holder = dict(row)
+        reason: str | None
         if holder["expires_at"] < now:
             reason = (f"its lock expired at {holder['expires_at']:%Y-%m-%d %H:%M:%S} UTC without renewal "
                       f"(held since {holder['acquired_at']:%Y-%m-%d %H:%M:%S} UTC): its process stopped or stalled "
@@ -197,7 +198,7 @@ class LocksMixin:
                         log.error("kb_reindex: lock %r held by %s was lost (expired and taken, or broken by on-call)",
                                   name, owner)
                         return
-                except Exception as exc:  # noqa: BLE001 - the next beat tries again; the TTL is the backstop
+                except Exception as exc:  # the next beat tries again; the TTL is the backstop
                     log.warning("kb_reindex: renewing lock %r failed: %s", name, _first_line(exc))
 
         beat = threading.Thread(target=heartbeat, name=f"lock-heartbeat:{name}", daemon=True)
@@ -278,8 +279,10 @@ def describe_lock_holder(name: str, holder: dict[str, Any]) -> str:
     subject = name.split(":", 1)[-1]
     alive = lock_owner_alive(holder["owner"], since=holder["acquired_at"])
     host, _, _ = parse_lock_owner(holder["owner"])
-    where = {True: "its process is alive on this host", False: "its process is gone"}.get(
-        alive, f"held from host {host}" if host else "held by an owner of unknown host")
+    if alive is None:
+        where = f"held from host {host}" if host else "held by an owner of unknown host"
+    else:
+        where = "its process is alive on this host" if alive else "its process is gone"
     if is_dag_run_owner(holder["owner"]):
         where = ("an Airflow DAG run that Airflow reports running" if alive else
                  "an Airflow DAG run: its tasks renew it while the run lives; a run Airflow reports finished is "

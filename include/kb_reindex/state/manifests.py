@@ -109,7 +109,7 @@ class ManifestsMixin:
             result = conn.execute(query.order_by(manifest_chunks.c.knowledge_key, manifest_chunks.c.chunk_index))
             keys = list(result.keys())
             # rows zipped with the column names: a third of the time of a RowMapping per row
-            return [dict(zip(keys, row)) for row in result]
+            return [dict(zip(keys, row, strict=True)) for row in result]
 
     # --- the plan's snapshot -------------------------------------------------------------------
 

@@ -10,6 +10,7 @@ import logging
 import os
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import mysql, postgresql
@@ -18,7 +19,7 @@ log = logging.getLogger(__name__)
 
 metadata = sa.MetaData()
 # MySQL: exact (binary) comparison of keys, as Python compares them; 'café' and 'cafe' are two documents.
-MYSQL_TABLE = {"mysql_charset": "utf8mb4", "mysql_collate": "utf8mb4_bin", "mariadb_charset": "utf8mb4",
+MYSQL_TABLE: dict[str, Any] = {"mysql_charset": "utf8mb4", "mysql_collate": "utf8mb4_bin", "mariadb_charset": "utf8mb4",
                "mariadb_collate": "utf8mb4_bin"}
 Timestamp = sa.DateTime().with_variant(mysql.DATETIME(fsp=6), "mysql", "mariadb")
 LongText = sa.Text().with_variant(mysql.LONGTEXT(), "mysql", "mariadb")

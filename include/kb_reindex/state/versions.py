@@ -97,7 +97,7 @@ class VersionsMixin:
                     )
                 except sa.exc.IntegrityError:
                     continue
-                return self.version_by_id(result.inserted_primary_key[0], conn=conn)
+                return self.version_by_id(_inserted_id(result), conn=conn)
         raise KbError(f"could not allocate a version number for alias {alias!r} after 20 attempts")
 
     def insert_version(self, *, alias: str, version: int, **columns: Any) -> VersionRecord:
@@ -106,7 +106,7 @@ class VersionsMixin:
         with self.engine.begin() as conn:
             result = conn.execute(versions.insert().values(**{"created_at": now, "updated_at": now, **columns},
                                                            alias=alias, version=version))
-            return self.version_by_id(result.inserted_primary_key[0], conn=conn)
+            return self.version_by_id(_inserted_id(result), conn=conn)
 
     def forget_versions(self, alias: str) -> None:
         """Drop this alias's version rows and manifests (a state being replaced); history and runs stay."""
@@ -165,3 +165,11 @@ class VersionsMixin:
 
     def mark_failed(self, version_id: int, *, step: str, error: str) -> None:
         self.update_version(version_id, status="failed", failed_step=step, error=error[:4000])
+
+
+def _inserted_id(result: sa.CursorResult[Any]) -> int:
+    """The id of the row an INSERT just made; a driver that reports none is an error, not a guess."""
+    key = result.inserted_primary_key
+    if key is None:
+        raise KbError("the state DB did not report the id of the kb_versions row just inserted")
+    return int(key[0])

@@ -129,7 +129,7 @@ def e5_model(name: str = "multilingual-e5-small") -> FakeModel:
         vectors: list[list[float] | None] = [None] * len(texts)
         for prefix, embed in prefixes.items():
             picked = [i for i, text in enumerate(texts) if text.startswith(prefix)]
-            for i, vector in zip(picked, embed([texts[i][len(prefix):] for i in picked]) if picked else []):
+            for i, vector in zip(picked, embed([texts[i][len(prefix):] for i in picked]) if picked else [], strict=True):
                 vectors[i] = vector
         missing = [i for i, v in enumerate(vectors) if v is None]
         if missing:
@@ -187,7 +187,7 @@ class _Handler(BaseHTTPRequestHandler):
     server_version = "FakeOllama/" + OLLAMA_VERSION
     server: _Server
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
+    def log_message(self, format: str, *args: Any) -> None:  # stdlib signature
         """Silence per-request logging; tests and benchmarks don't want it."""
 
     # -- plumbing -----------------------------------------------------------------

@@ -560,7 +560,7 @@ class _Handler(BaseHTTPRequestHandler):
     server_version = "qdrant-test-double"
     server: _Server
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - stdlib signature
+    def log_message(self, format: str, *args: Any) -> None:  # stdlib signature
         """Silence per-request logging; the request log is in memory."""
 
     def do_GET(self) -> None:
@@ -694,7 +694,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._send_json(exc.status, {"status": {"error": exc.message}, "time": time.perf_counter() - started})
         except (ConnectionError, TimeoutError, OSError):
             self.close_connection = True  # the client left, or stop() aborted a delay: no answer
-        except Exception as exc:  # noqa: BLE001 - answer like Qdrant's internal error, never hang
+        except Exception as exc:  # answer like Qdrant's internal error, never hang
             record.status = 500
             self._send_json(500, {"status": {"error": f"Service internal error: {type(exc).__name__}: {exc}"},
                                   "time": time.perf_counter() - started})
