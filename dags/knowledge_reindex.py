@@ -1,33 +1,18 @@
 """
 ### knowledge_reindex: rebuild the help-centre index without ever serving a half-built one
 
-Runbook (also in the README):
+1. **plan**: SHA-256 per document and chunk against live's manifest; nothing changed → `no_change`. Otherwise
+   the plan is snapshotted in the state DB (the only task that reads `knowledge/`).
+2. **create_version** → `<alias>__<model>__v<N>` (an unfinished or ready version of the same plan is taken over).
+3. **build** (mapped over slices): copy unchanged vectors from live, embed the rest; a retry skips what is written.
+4. **validate**: exact count and IDs, dimension, payload, golden set (hit@k, MRR, no regression). Fails → alias stays.
+5. **promote**: compare-and-swap of the alias; the previous version is kept for rollback. A frozen alias
+   (`kb-reindex freeze`, a rollback's freeze) skips it: the version is kept unpromoted, the run ends `frozen`.
+6. **watch** (`KB_WATCH_MINUTES` > 0) rolls back automatically on a regression; **cleanup** applies retention,
+   never touching live or the rollback target.
 
-1. **plan**: hash every Markdown file in `knowledge/docs` and every chunk; diff against the live
-   version's manifest. Nothing changed (docs, model, chunking) → the run stops here as `no_change`.
-   Otherwise it snapshots the plan in the state DB (version N, manifest, texts to embed): the only task
-   that reads the knowledge folder; a file edited after it waits for the next run.
-2. **create_version**: allocate version N and create `<alias>__<model>__v<N>`; an unfinished build of the
-   same plan is resumed instead. (Only this build path is skipped on no change: cleanup still runs.)
-3. **build** (mapped over slices of point IDs): copy vectors of unchanged chunks from live, embed the
-   rest in batches. A retry skips points already written.
-4. **validate**: exact point count and IDs, dimension, payload sample, golden set (hit@k, MRR, no
-   regression against live). Failure fails the run; the alias stays where it was.
-5. **promote**: compare-and-swap of the alias in one request; the previous version is kept for rollback.
-   It updates the alias Asset with `extra` {alias, action, version, collection, model, dimension,
-   previous_version}; a version already live moves nothing and the task is skipped (no Asset event).
-6. **watch** (beside cleanup; skipped when `KB_WATCH_MINUTES` is 0): for that window, every
-   `KB_WATCH_INTERVAL_S`, the golden probes through the alias and the query log's empty-result rate; a
-   regression rolls back automatically (alias event `auto-rollback`, only while the alias still points at
-   this run's version) and fails the task.
-7. **cleanup**: retention (`KB_KEEP_VERSIONS`); never the live version or the rollback target. Runs after
-   a promotion *and* after a no-change plan (abandoned builds are reclaimed on a quiet knowledge base),
-   never after a failure, never on a dry run.
-
-Params: `force_full_rebuild` (embed everything, reuse nothing), `dry_run` (plan only), `payload_layout`
-(empty: keep live's layout; set it to change the layout on purpose).
-A frozen alias (`kb-reindex freeze`, a rollback's freeze) holds the promotion: the run builds and validates,
-then ends `frozen` with the version kept unpromoted; `promote` is skipped and says why.
+Params: `force_full_rebuild`, `dry_run`, `build_slice_size`, `payload_layout` (empty: keep live's layout).
+What on-call sees and does at each step: `docs/runbook.md` (rollback, locks, every status message).
 """
 
 from __future__ import annotations
