@@ -498,6 +498,7 @@ def test_page_in_headless_chromium_on_call(busy_site: tuple[Settings, FakeAirflo
         click("#version-2 button.rollback")
         prompt = wait.until(expected_conditions.alert_is_present())
         assert "v3 -> v2" in prompt.text and "knowledge_rollback is PAUSED in Airflow: it will be unpaused" in prompt.text
+        assert "is then frozen: no run, migration or shadow promotion moves it forward" in prompt.text
         prompt.send_keys("wrong coupon rule")
         prompt.accept()
         href = run_message("knowledge_rollback run manual__2026-11-30T09:00:01+00:00 succeeded")
