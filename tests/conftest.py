@@ -193,3 +193,14 @@ def drop_postgres_database(base: str, name: str) -> None:
             conn.execute(sa.text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
     finally:
         admin.dispose()
+
+
+#: the modules whose tests run a real Airflow stack (minutes each): started first, so the two workers' long
+#: modules overlap the short ones instead of running alone at the end of the suite
+SLOW_FIRST = ("test_celery_airflow.py", "test_local_airflow.py", "test_bench_smoke.py", "test_dags.py")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Whole modules move, never single tests: a module's tests keep their order (some build on the one before)."""
+    rank = {name: position for position, name in enumerate(SLOW_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(SLOW_FIRST)))
