@@ -11,6 +11,7 @@ import logging
 from dataclasses import replace
 from typing import Any
 
+from kb_reindex.alias import ROLLBACK_ACTIONS
 from kb_reindex.errors import AliasMovedError, ConfigError, KbError, StoreError
 from kb_reindex.fence import Fence
 from kb_reindex.freeze import ensure_not_frozen
@@ -64,8 +65,6 @@ def switch_alias(
 
 def moved_meanwhile(deps: Deps, version: VersionRecord) -> str:
     """Why a run's compare-and-swap failed, from the alias history: who moved the alias to what while it built."""
-    from kb_reindex.alias import ROLLBACK_ACTIONS
-
     alias = deps.settings.alias
     live = deps.state.live_version(alias)
     serving = deps.store.alias_target(alias)
