@@ -1,8 +1,8 @@
 """Step 1, plan: what changed since the live version, and which vectors can be carried over.
 
-The plan is a frozen `kb_reindex.planning.Plan` (a dict only through XCom: `Plan.to_dict`). A plan that builds writes its snapshot into
-the state DB (`kb_reindex.snapshot`): the manifest, the texts of the chunks to embed and the flagged lines;
-every later step reads that, never the knowledge folder. `prepare` itself writes nothing but, when asked
+The plan is a frozen `kb_reindex.planning.Plan` (a dict only through XCom: `Plan.to_dict`). A plan that
+builds writes its snapshot into the state DB (`kb_reindex.snapshot`): the manifest, the texts of the chunks
+to embed and the flagged lines; every later step reads that, never the knowledge folder. `prepare` itself writes nothing but, when asked
 (`record`), the file hashes that let the next plan over unchanged files read none of them.
 """
 
@@ -39,6 +39,24 @@ class Prepared:
     scan: CorpusScan | None  # None when unchanged files were recognised without reading them (no change)
     reuse: dict[str, str] = field(default_factory=dict)  # chunk_hash -> point id in the live collection
     live: VersionRecord | None = None
+
+
+@dataclass(frozen=True)
+class Target:
+    """The embedding model the version is built with; `dim` None: probed when its collection is created."""
+
+    embedder: str
+    model: str
+    dim: int | None
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """How the version to build makes its points: the model, the chunking and the payload layout."""
+
+    target: Target
+    chunking_version: str
+    payload_layout: str
 
 
 def check_live_consistency(deps: Deps, *, audit: dict[str, Any] | None = None) -> VersionRecord | None:
@@ -107,24 +125,6 @@ def prepare(
             return unchanged
     scan = _scan(deps, record=record)
     return _plan_scan(deps, scan, live, recipe, kind=kind, force_full=force_full, notes=notes, audit=audited)
-
-
-@dataclass(frozen=True)
-class Target:
-    """The embedding model the version is built with; `dim` None: probed when its collection is created."""
-
-    embedder: str
-    model: str
-    dim: int | None
-
-
-@dataclass(frozen=True)
-class Recipe:
-    """How the version to build makes its points: the model, the chunking and the payload layout."""
-
-    target: Target
-    chunking_version: str
-    payload_layout: str
 
 
 def choose_model(deps: Deps, kind: RunKind, live: VersionRecord | None, *, embedder: str | None,
