@@ -21,6 +21,7 @@ from kb_reindex import engine
 from kb_reindex.config import Settings
 from kb_reindex.runtime import open_deps
 from kb_reindex.web import create_app
+from kb_reindex.status import status_view
 
 
 def free_port() -> int:
@@ -570,7 +571,7 @@ def test_page_in_headless_chromium_on_call(busy_site: tuple[Settings, FakeAirflo
 
 def engine_status(settings: Settings) -> dict:
     with open_deps(settings) as deps:
-        return engine.status(deps)
+        return status_view(deps).to_dict()
 
 
 # --- issue #20 (on-call) and #22: what the page shows and refuses ----------------------------------------
