@@ -702,6 +702,14 @@ def test_the_page_never_creates_a_state_db(project: Path, tokens: dict[str, str]
     assert str(state_file) in answer.json()["detail"]
     assert not state_file.exists() and not settings.qdrant_path.exists()
     assert client.get("/ui").status_code == 200  # the page itself loads, and shows the error in its banner
+    # nor does an action: each says the state DB is missing, and still creates nothing
+    user = TestClient(create_app(settings_factory=lambda: settings, airflow_api_url="http://127.0.0.1:9"),
+                      cookies={"_token": tokens["user"]})
+    for path, body in (("/api/freeze", {"reason": "x"}), ("/api/unfreeze", {}),
+                       ("/api/rollback", {"to_version": 1, "reason": "x"})):
+        answer = user.post(path, json=body)
+        assert answer.status_code == 503 and "KB_STATE_URL" in answer.json()["detail"], (path, answer.text)
+    assert not state_file.exists() and not settings.qdrant_path.exists()
 
 
 def test_a_failed_version_and_a_failed_run_say_why(site: tuple[Settings, FakeAirflowApi],
