@@ -142,7 +142,7 @@ class QueryLogView:
 
 @dataclass(frozen=True)
 class Metrics:
-    """The run metrics status reports (also sent to Airflow's Stats by kb_reindex.metrics)."""
+    """The run metrics status reports (of the last 200 reindex and migration runs)."""
 
     runs: int
     run_success_rate: float | None
