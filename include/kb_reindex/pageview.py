@@ -14,12 +14,12 @@ from typing import Any
 
 from kb_reindex.checks import structural_problems
 from kb_reindex.config import Settings
-from kb_reindex.errors import KbError, StoreError
+from kb_reindex.errors import KbError, classify
 from kb_reindex.golden import load_golden_set, lowered_threshold_advice
 from kb_reindex.runtime import StateDeps, open_deps
 from kb_reindex.state import StateStore
 from kb_reindex.status import HistoryEvent, StatusView, VersionRow, history, state_only_view, status_view
-from kb_reindex.store import make_client
+from kb_reindex.store import describe_qdrant_failure, make_client
 
 #: how many runs of the state DB the page lists
 RECENT_RUNS = 8
@@ -114,17 +114,20 @@ def _threshold_problem(settings: Settings, status: StatusView, state: StateStore
 
 
 def _qdrant_status(settings: Settings, state: StateStore) -> tuple[StatusView | None, QdrantAccess, str | None]:
-    """status_view when Qdrant opens at once (local mode: busy now is busy, no waiting), else why not."""
+    """status_view when Qdrant opens at once (local mode: busy now is busy, no waiting), else why not: a
+    failure errors.classify expects (a setting, Qdrant down or busy) leaves the page the state DB's half."""
     client = None
     try:
         client = make_client(settings, wait_s=0, create=False)
         with open_deps(settings, client=client, state=state, create=False) as deps:
             return status_view(deps), QdrantAccess.READ, None
-    except StoreError as exc:
-        local_held = settings.qdrant_path is not None and "in use by another process" in str(exc)
-        return None, (QdrantAccess.BUSY if local_held else QdrantAccess.UNAVAILABLE), str(exc)
-    except KbError as exc:
-        return None, QdrantAccess.UNAVAILABLE, str(exc)
+    except Exception as exc:
+        failure = classify(exc, state_url=settings.state_url,
+                           qdrant=lambda e: describe_qdrant_failure(e, settings, client))
+        if not failure.expected:
+            raise
+        local_held = settings.qdrant_path is not None and "in use by another process" in failure.message
+        return None, (QdrantAccess.BUSY if local_held else QdrantAccess.UNAVAILABLE), failure.message
     finally:
         if client is not None:
             client.close()
