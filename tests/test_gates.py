@@ -14,6 +14,7 @@ from conftest import settings_for, write_doc
 from kb_reindex import engine
 from kb_reindex.errors import GoldenSetError, KbError
 from kb_reindex.golden import load_golden_set, paired_comparison, sign_test_p
+from kb_reindex.validation_model import ProbeResult
 from kb_reindex.retention import cleanup, drop_version, pin_version, unpin_version
 from kb_reindex.runtime import Deps
 from qdrant_client import QdrantClient, models
@@ -110,17 +111,18 @@ def test_sign_test_is_exact() -> None:
 
 
 def test_paired_comparison_separates_a_pattern_from_one_probe() -> None:
-    def probes(pairs: list[tuple[int | None, int | None]]) -> list[dict]:
-        return [{"probe": str(i), "rank_live": live, "rank_candidate": cand} for i, (live, cand) in enumerate(pairs)]
+    def probes(pairs: list[tuple[int | None, int | None]]) -> list[ProbeResult]:
+        return [ProbeResult.from_dict({"probe": str(i), "rank_live": live, "rank_candidate": cand})
+                for i, (live, cand) in enumerate(pairs)]
 
     one = paired_comparison(probes([(1, 2)] + [(1, 1)] * 10), alpha=0.05)
-    assert (one["worse"], one["better"], one["ties"]) == (1, 0, 10)
-    assert one["p_worse"] == 0.5 and not one["significant_worse"] and one["verdict"] == "no significant difference"
+    assert (one.worse, one.better, one.ties) == (1, 0, 10)
+    assert one.p_worse == 0.5 and not one.significant_worse and one.verdict == "no significant difference"
     many = paired_comparison(probes([(1, None)] * 3 + [(1, 3)] * 3 + [(2, 2)] * 10), alpha=0.05)
-    assert many["worse"] == 6 and many["p_worse"] == pytest.approx(1 / 64, abs=1e-4)
-    assert many["significant_worse"] and many["verdict"] == "worse"
+    assert many.worse == 6 and many.p_worse == pytest.approx(1 / 64, abs=1e-4)
+    assert many.significant_worse and many.verdict == "worse"
     better = paired_comparison(probes([(None, 1)] * 6), alpha=0.05)
-    assert better["verdict"] == "better" and not better["significant_worse"]
+    assert better.verdict == "better" and not better.significant_worse
 
 
 def test_candidate_worse_than_live_by_the_sign_test_fails_even_within_the_thresholds(deps: Deps) -> None:

@@ -171,4 +171,4 @@ def promote_shadow(deps: Deps, version_number: int, *, expected_live: int | None
              version.embed_model, version.embed_dim)
     return {"version": version.version, "collection": version.collection, "embed_model": version.embed_model,
             "dim": version.embed_dim, "previous_version": previous.version if previous else None,
-            "lowered_thresholds": warn_lowered_thresholds(deps, replace(version, validation=checked))}
+            "lowered_thresholds": warn_lowered_thresholds(deps, replace(version, validation=checked.to_dict()))}

@@ -21,6 +21,7 @@ from typing import Any
 
 import yaml
 
+from kb_reindex import querylog
 from kb_reindex.embedding import batched
 from kb_reindex.errors import GoldenSetError
 from kb_reindex.golden import first_hit_rank
@@ -101,8 +102,6 @@ def _share(count: int, total: int) -> float | None:
 def replay(deps: Deps, version: VersionRecord, baseline: VersionRecord | None, *, same_model: bool,
            gate: ReplayGate | None = None) -> tuple[dict[str, Any], list[str]]:
     """(report, gate failures). Skipped, and said so, without a live version or without logged queries."""
-    from kb_reindex import querylog
-
     settings = deps.settings
     if settings.replay_queries == 0:
         return {"skipped": "KB_REPLAY_QUERIES=0"}, []
