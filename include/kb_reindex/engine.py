@@ -381,7 +381,7 @@ def version_row(v: VersionRecord, *, target: VersionRecord | None, pins: dict[in
         "run_id": v.run_id,
         # the settings it was created with (collection metadata); None for a dropped or older collection
         "collection_config": collection_config,
-        "snapshot": (v.validation or {}).get("snapshot"),
+        "snapshot": v.snapshot_view(),
         **pin_view(pins.get(v.version)),
     }
 
