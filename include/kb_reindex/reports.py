@@ -10,7 +10,7 @@ import pandas as pd
 
 from kb_reindex.state import VersionRecord
 from kb_reindex.templating import templates
-from kb_reindex.validation_model import ValidationResult
+from kb_reindex.validation_model import ReplayReport, ValidationResult
 
 #: the files a validation writes into its report folder (and the only ones the page serves)
 REPORT_FILES = ("validation.html", "validation.md", "validation.csv")
@@ -213,9 +213,9 @@ def _markdown(frame: pd.DataFrame) -> str:
     return "\n".join([header, rule, *rows])
 
 
-def _replay_rows(report: dict[str, Any]) -> pd.DataFrame:
+def _replay_rows(report: ReplayReport) -> pd.DataFrame:
     """The replay's per-query rows, the query cut to 80 characters and ranks as whole numbers."""
-    rows = pd.DataFrame(report["per_query"], columns=["log_id", "query", "tenant", "overlap", "live_top", "top_changed",
+    rows = pd.DataFrame([q.to_dict() for q in report.per_query], columns=["log_id", "query", "tenant", "overlap", "live_top", "top_changed",
                                                       "rank_candidate", "rank_change", "lost_top_hit", "empty_live",
                                                       "empty_candidate"])
     rows["query"] = rows["query"].map(lambda q: q if len(q) <= 80 else q[:79] + "…")
@@ -224,42 +224,42 @@ def _replay_rows(report: dict[str, Any]) -> pd.DataFrame:
     return rows
 
 
-def _replay_verdict(report: dict[str, Any]) -> str:
-    return ("PASSED" if report["passed"] else "FAILED") if report["gated"] else "reported, not gated (another model)"
+def _replay_verdict(report: ReplayReport) -> str:
+    return ("PASSED" if report.passed else "FAILED") if report.gated else "reported, not gated (another model)"
 
 
 def _rate(value: Any) -> str:
     return "-" if value is None else f"{value:.3f}"
 
 
-def replay_html(report: dict[str, Any] | None) -> str:
+def replay_html(report: ReplayReport | None) -> str:
     """The replay of logged queries (kb_reindex.replay): totals, thresholds and the worst queries first.
     Logged query text is personal data; it is shown here as it is in the state DB, cut to 80 characters."""
     from markupsafe import Markup
 
     values: dict[str, Any] = {"report": report, "skipped": None}
-    if report is not None and "skipped" in report:
-        values["skipped"] = report["skipped"]
+    if report is not None and report.skipped is not None:
+        values["skipped"] = report.skipped
     elif report is not None:
-        values.update(verdict=_replay_verdict(report), thresholds=report["thresholds"], rate=_rate,
+        values.update(verdict=_replay_verdict(report), thresholds=report.thresholds, rate=_rate,
                       rows=_table(_replay_rows(report), na_rep="-"))
     return Markup(templates().get_template("_replay.html.j2").render(**values))
 
 
-def replay_markdown(report: dict[str, Any] | None) -> list[str]:
+def replay_markdown(report: ReplayReport | None) -> list[str]:
     """The replay section of validation.md: the same totals and rows as the HTML report's."""
     title = "## Replay of logged queries"
     if report is None:
         return [title, "", "Not run (the structural checks failed).", ""]
-    if "skipped" in report:
-        return [title, "", f"Skipped: {report['skipped']}.", ""]
-    thresholds = report["thresholds"]
+    if report.skipped is not None:
+        return [title, "", f"Skipped: {report.skipped}.", ""]
+    thresholds = report.thresholds
     return [f"{title}: {_replay_verdict(report)}", "",
-            f"- {report['queries']} queries on live v{report['live_version']} and on this version",
-            f"- mean top-k overlap: {_rate(report['mean_overlap'])}",
-            f"- empty results: {_rate(report['empty_live'])} on live, {_rate(report['empty_candidate'])} here "
+            f"- {report.queries} queries on live v{report.live_version} and on this version",
+            f"- mean top-k overlap: {_rate(report.mean_overlap)}",
+            f"- empty results: {_rate(report.empty_live)} on live, {_rate(report.empty_candidate)} here "
             f"(max +{thresholds['max_empty_increase']})",
-            f"- live's top hit, a document this run did not change, lost from the top k: {report['lost_top_hits']} of "
-            f"{report['unchanged_top_hits']} queries (max share {thresholds['max_lost_top_hits']})",
-            f"- document(s) changed by this run: {report['changed_documents']}", "",
+            f"- live's top hit, a document this run did not change, lost from the top k: {report.lost_top_hits} of "
+            f"{report.unchanged_top_hits} queries (max share {thresholds['max_lost_top_hits']})",
+            f"- document(s) changed by this run: {report.changed_documents}", "",
             _markdown(_replay_rows(report)), ""]

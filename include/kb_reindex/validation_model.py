@@ -159,9 +159,91 @@ class Thresholds:
 
 
 @dataclass(frozen=True)
+class ReplayQuery:
+    """One logged query searched on live and on the candidate (kb_reindex.replay). `rank_candidate`: where
+    live's top hit ranks on the candidate; `rank_change` 0 when still first, None when gone (or no hit on live);
+    `live`/`candidate` the keys of each top k joined by commas."""
+
+    log_id: int
+    query: str
+    tenant: str | None
+    k: int
+    overlap: float | None
+    live_top: str | None
+    top_changed: bool | None
+    rank_candidate: int | None
+    rank_change: int | None
+    lost_top_hit: bool
+    empty_live: bool
+    empty_candidate: bool
+    live: str
+    candidate: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"log_id": self.log_id, "query": self.query, "tenant": self.tenant, "k": self.k,
+                "overlap": self.overlap, "live_top": self.live_top, "top_changed": self.top_changed,
+                "rank_candidate": self.rank_candidate, "rank_change": self.rank_change,
+                "lost_top_hit": self.lost_top_hit, "empty_live": self.empty_live,
+                "empty_candidate": self.empty_candidate, "live": self.live, "candidate": self.candidate}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ReplayQuery:
+        return cls(log_id=data.get("log_id", 0), query=str(data.get("query", "")), tenant=data.get("tenant"),
+                   k=data.get("k", 0), overlap=data.get("overlap"), live_top=data.get("live_top"),
+                   top_changed=data.get("top_changed"), rank_candidate=data.get("rank_candidate"),
+                   rank_change=data.get("rank_change"), lost_top_hit=bool(data.get("lost_top_hit")),
+                   empty_live=bool(data.get("empty_live")), empty_candidate=bool(data.get("empty_candidate")),
+                   live=str(data.get("live", "")), candidate=str(data.get("candidate", "")))
+
+
+@dataclass(frozen=True)
+class ReplayReport:
+    """The replay of logged queries on live and on the candidate, or why it was skipped (`skipped`: then
+    only that is recorded). `thresholds`: the `replay:` gate of the golden set file, as applied."""
+
+    skipped: str | None = None
+    queries: int = 0
+    mean_overlap: float | None = None
+    empty_live: float = 0.0
+    empty_candidate: float = 0.0
+    lost_top_hits: int = 0  # of the queries whose live top hit is a document this run did not change
+    lost_top_hits_any: int = 0
+    unchanged_top_hits: int = 0
+    lost_share: float | None = None
+    changed_documents: int = 0
+    live_version: int | None = None
+    gated: bool = False
+    passed: bool = True
+    thresholds: dict[str, Any] = field(default_factory=dict)
+    per_query: tuple[ReplayQuery, ...] = ()  # the worst first, at most replay.PER_QUERY_KEPT
+
+    def to_dict(self) -> dict[str, Any]:
+        if self.skipped is not None:
+            return {"skipped": self.skipped}
+        return {"queries": self.queries, "mean_overlap": self.mean_overlap, "empty_live": self.empty_live,
+                "empty_candidate": self.empty_candidate, "lost_top_hits": self.lost_top_hits,
+                "lost_top_hits_any": self.lost_top_hits_any, "unchanged_top_hits": self.unchanged_top_hits,
+                "lost_share": self.lost_share, "changed_documents": self.changed_documents,
+                "live_version": self.live_version, "gated": self.gated, "passed": self.passed,
+                "thresholds": dict(self.thresholds), "per_query": [q.to_dict() for q in self.per_query]}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ReplayReport:
+        if "skipped" in data:
+            return cls(skipped=str(data["skipped"]))
+        return cls(queries=data.get("queries", 0), mean_overlap=data.get("mean_overlap"),
+                   empty_live=data.get("empty_live", 0.0), empty_candidate=data.get("empty_candidate", 0.0),
+                   lost_top_hits=data.get("lost_top_hits", 0), lost_top_hits_any=data.get("lost_top_hits_any", 0),
+                   unchanged_top_hits=data.get("unchanged_top_hits", 0), lost_share=data.get("lost_share"),
+                   changed_documents=data.get("changed_documents", 0), live_version=data.get("live_version"),
+                   gated=bool(data.get("gated")), passed=bool(data.get("passed", True)),
+                   thresholds=dict(data.get("thresholds") or {}),
+                   per_query=tuple(ReplayQuery.from_dict(q) for q in data.get("per_query") or ()))
+
+
+@dataclass(frozen=True)
 class ValidationResult:
-    """What `kb_reindex.validate.validate` found. `replay` stays the replay's JSON report (kb_reindex.replay);
-    `flagged_instructions` the plan's {source, line, text} rows; `report`/`report_html` the written reports'
+    """What `kb_reindex.validate.validate` found. `flagged_instructions` the plan's {source, line, text} rows; `report`/`report_html` the written reports'
     paths (None until they are written)."""
 
     version: int
@@ -186,7 +268,7 @@ class ValidationResult:
     paired: PairedComparison | None = None
     probes_fingerprint: str | None = None
     flagged_instructions: tuple[dict[str, Any], ...] = ()
-    replay: dict[str, Any] | None = None
+    replay: ReplayReport | None = None  # None: not run (the structural checks failed)
     report: str | None = None
     report_html: str | None = None
     extra: dict[str, Any] = field(default_factory=dict, compare=False)  # keys of an older record kept as they were
@@ -203,7 +285,8 @@ class ValidationResult:
             "live_hit_rate": self.live_hit_rate, "live_mrr": self.live_mrr,
             "probes": [p.to_dict() for p in self.probes], "by_category": [c.to_dict() for c in self.by_category],
             "paired": self.paired.to_dict() if self.paired else None, "probes_fingerprint": self.probes_fingerprint,
-            "flagged_instructions": [dict(f) for f in self.flagged_instructions], "replay": self.replay,
+            "flagged_instructions": [dict(f) for f in self.flagged_instructions],
+            "replay": self.replay.to_dict() if self.replay is not None else None,
         }
         if self.report is not None:
             out["report"] = self.report
@@ -216,7 +299,7 @@ class ValidationResult:
     def from_dict(cls, data: Mapping[str, Any]) -> ValidationResult:
         """Any stored record; a key it lacks takes its empty value (an older record, or scores restored from
         collection metadata). Keys this type does not know are kept in `extra`."""
-        paired = data.get("paired")
+        paired, replayed = data.get("paired"), data.get("replay")
         return cls(
             version=data.get("version", 0), collection=data.get("collection", ""),
             passed=bool(data.get("passed")), failures=tuple(data.get("failures") or ()),
@@ -230,7 +313,8 @@ class ValidationResult:
             by_category=tuple(CategoryScore.from_dict(c) for c in data.get("by_category") or ()),
             paired=PairedComparison.from_dict(paired) if paired else None,
             probes_fingerprint=data.get("probes_fingerprint"),
-            flagged_instructions=tuple(data.get("flagged_instructions") or ()), replay=data.get("replay"),
+            flagged_instructions=tuple(data.get("flagged_instructions") or ()),
+            replay=ReplayReport.from_dict(replayed) if replayed is not None else None,
             report=data.get("report"), report_html=data.get("report_html"),
             extra={k: v for k, v in data.items() if k not in _KNOWN},
         )
