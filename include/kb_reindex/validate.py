@@ -128,12 +128,13 @@ def validate(
 def _record(deps: Deps, version: VersionRecord, result: ValidationResult) -> None:
     """The result on the version's record; its status too when it was checked as a build (building, a ready
     shadow, or one that failed at build or validate): ready when it passed, failed when not."""
+    stored = result.to_dict()
     as_build = version.status in (VersionStatus.BUILDING, VersionStatus.READY) or (
         version.status == VersionStatus.FAILED and version.failed_step in ("validate", "build"))
     if not as_build:
-        deps.state.update_version(version.id, validation=result)
+        deps.state.update_version(version.id, validation=stored)
     elif result.passed:
-        deps.state.update_version(version.id, status="ready", validation=result, ready_at=utcnow(), error=None, failed_step=None)
+        deps.state.update_version(version.id, status="ready", validation=stored, ready_at=utcnow(), error=None, failed_step=None)
         try:
             # the scores too: a state DB rebuilt from Qdrant shows them again
             deps.store.annotate(version.collection, {"validated": True, "hit_rate": result.hit_rate,
@@ -142,7 +143,7 @@ def _record(deps: Deps, version: VersionRecord, result: ValidationResult) -> Non
             log.warning("kb_reindex: could not note on %s that it passed validation (%s: %s)",
                         version.collection, type(exc).__name__, exc)
     else:
-        deps.state.update_version(version.id, validation=result)
+        deps.state.update_version(version.id, validation=stored)
         deps.state.mark_failed(version.id, step="validate", error="; ".join(result.failures))
 
 

@@ -12,7 +12,6 @@ import sqlalchemy as sa
 
 from kb_reindex.errors import KbError
 from kb_reindex.state.schema import manifest_chunks, manifest_documents, snapshots, versions
-from kb_reindex.validation_model import ValidationResult
 
 if TYPE_CHECKING:
     from kb_reindex.state.clock import Clock
@@ -165,10 +164,7 @@ class VersionsMixin:
 
     def update_version(self, version_id: int, **columns: Any) -> None:
         if "validation" in columns and columns["validation"] is not None:
-            validation = columns["validation"]
-            if isinstance(validation, ValidationResult):
-                validation = validation.to_dict()
-            columns["validation"] = json.dumps(validation, ensure_ascii=False)
+            columns["validation"] = json.dumps(columns["validation"], ensure_ascii=False)
         if "status" in columns and columns["status"] not in STATUSES:
             raise ValueError(f"unknown status {columns['status']!r}")
         columns["updated_at"] = self.clock.now()
