@@ -14,7 +14,7 @@ from conftest import settings_for, write_doc
 from kb_reindex import engine
 from kb_reindex.errors import GoldenSetError, KbError
 from kb_reindex.golden import load_golden_set, paired_comparison, sign_test_p
-from kb_reindex.validation_model import ProbeResult
+from kb_reindex.validation_model import ProbeResult, ValidationResult
 from kb_reindex.retention import cleanup, drop_version, pin_version, unpin_version
 from kb_reindex.runtime import Deps
 from qdrant_client import QdrantClient, models
@@ -338,3 +338,22 @@ def test_migrate_dry_run_times_one_real_batch_of_the_new_model(project: Path, mo
     assert estimate["embed_model"] == "bge-m3" and estimate["dim"] == 64
     assert estimate["probe_batch_s"] >= 0.002 * estimate["probe_batch_texts"]  # the server's delay was measured
     assert estimate["estimated_embed_s"] == pytest.approx(estimate["probe_batch_s"] * estimate["batches"], abs=0.01)
+
+
+# --- the validation record --------------------------------------------------------------------------
+
+
+def test_a_stored_validation_reads_back_as_the_same_record_and_an_older_one_still_loads(deps: Deps) -> None:
+    """The `validation` column holds ValidationResult.to_dict(); from_dict gives back the same JSON, key for
+    key. A record with keys missing (scores restored from collection metadata) loads, its unknown keys kept."""
+    assert engine.run_reindex(deps)["outcome"] == "promoted"
+    stored = deps.state.live_version(ALIAS).validation
+    result = ValidationResult.from_dict(stored)
+    assert json.dumps(result.to_dict(), ensure_ascii=False) == json.dumps(stored, ensure_ascii=False)
+    assert result.passed and result.checks and all(c.passed for c in result.checks) and result.probes
+    assert result["hit_rate"] == result.hit_rate  # transitional: read as the dict it was
+
+    older = {"passed": True, "hit_rate": 0.9, "mrr": 0.8, "restored_from": "collection metadata"}
+    loaded = ValidationResult.from_dict(older)
+    assert (loaded.hit_rate, loaded.mrr, loaded.probes, loaded.replay) == (0.9, 0.8, (), None)
+    assert loaded.to_dict()["restored_from"] == "collection metadata"
