@@ -265,7 +265,7 @@ def run_reindex(
     """plan -> create version -> build -> validate -> promote -> cleanup, under the reindex lock, in one process."""
     request = RunRequest(kind=RunKind(kind), force_full=force_full, dry_run=dry_run, embedder=embedder, model=model,
                          dim=dim, layout=layout, promote=promote_version, min_hit_rate=min_hit_rate, min_mrr=min_mrr)
-    recorder = Recorder(deps, run_id or new_run_id(request.kind))
+    recorder = Recorder.of(deps, run_id or new_run_id(request.kind))
     recorder.start(request.kind, trigger)
     done = BuildCounts()
     progress = _Progress(RunResult())

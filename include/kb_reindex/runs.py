@@ -7,7 +7,7 @@ watch calls too (so this module sits below the pipeline and the watch).
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -19,7 +19,7 @@ from kb_reindex.locking import reindex_lock_name
 from kb_reindex.model import RunKind, RunOutcome
 from kb_reindex.rollback import rollback
 from kb_reindex.runtime import Deps, StateDeps, new_run_id
-from kb_reindex.state import default_lock_owner
+from kb_reindex.state import StateStore, default_lock_owner
 from kb_reindex.store import describe_qdrant_failure
 
 log = logging.getLogger(__name__)
@@ -79,21 +79,29 @@ def no_change_counters(plan: dict[str, Any]) -> dict[str, Any]:
 @dataclass(frozen=True)
 class Recorder:
     """One run's row: `start`, then exactly one of `finish` or `fail`. The chunk counts are what the build
-    steps of this run added to the row as they wrote (`add_run_chunks`), in one process or in many tasks."""
+    steps of this run added to the row as they wrote (`add_run_chunks`), in one process or in many tasks.
+    `judge` is errors.classify bound to this deployment (`failure_of`); `Recorder.of` makes one from deps."""
 
-    deps: Deps | StateDeps
+    state: StateStore
     run_id: str
+    alias: str | None = None
+    judge: Callable[[BaseException], Failure] = classify
+
+    @classmethod
+    def of(cls, deps: Deps | StateDeps, run_id: str) -> Recorder:
+        return cls(deps.state, run_id, deps.settings.alias, lambda exc: failure_of(exc, deps))
 
     def start(self, kind: RunKind, trigger: str) -> None:
-        self.deps.state.start_run(run_id=self.run_id, alias=self.deps.settings.alias, kind=kind, trigger=trigger)
+        assert self.alias is not None, "a run is started for an alias"
+        self.state.start_run(run_id=self.run_id, alias=self.alias, kind=kind, trigger=trigger)
 
     def version(self, number: int) -> None:
         """The version this run builds: a run that dies now is found by the next (`fail_orphaned_runs`)."""
-        self.deps.state.update_run(self.run_id, version=number)
+        self.state.update_run(self.run_id, version=number)
 
     def built(self) -> BuiltCounters:
         """What the build steps of this run wrote, as they added it to the run's record."""
-        row = self.deps.state.get_run(self.run_id) or {}
+        row = self.state.get_run(self.run_id) or {}
         return {"chunks_embedded": row.get("chunks_embedded") or 0, "chunks_reused": row.get("chunks_reused") or 0}
 
     def finish(self, outcome: RunOutcome, *, version: int | None = None, plan: dict[str, Any] | None = None) -> None:
@@ -104,27 +112,27 @@ class Recorder:
             counters = no_change_counters(plan)
         elif plan is not None:
             counters = {**run_counters(plan), **(self.built() if outcome != RunOutcome.DRY_RUN else {})}
-        self.deps.state.finish_run(self.run_id, outcome=outcome, version=version, **counters)
+        self.state.finish_run(self.run_id, outcome=outcome, version=version, **counters)
 
     def fail(self, exc: BaseException, *, retry_left: bool = False, version: int | None = None) -> Failure:
         """The one failure path: classify the exception (errors.classify), log and count it, and record the run
         as failed when it really ends: always for a permanent error, for a transient one only when no retry
         follows (`retry_left`: an Airflow task that will be tried again). A state DB that is gone is not
         written to: the next run records this one as failed (it takes over the dead run's lock)."""
-        failure = failure_of(exc, self.deps)
+        failure = self.judge(exc)
         if not failure.expected:
             log.exception("kb_reindex: unexpected error", exc_info=exc)
-        if isinstance(exc, AliasMovedError):
-            metrics.incr("alias_switch.failures", alias=self.deps.settings.alias)
-        if isinstance(exc, EmbeddingError):
-            metrics.incr("embedding.batch_failures", alias=self.deps.settings.alias)
+        if isinstance(exc, AliasMovedError) and self.alias is not None:
+            metrics.incr("alias_switch.failures", alias=self.alias)
+        if isinstance(exc, EmbeddingError) and self.alias is not None:
+            metrics.incr("embedding.batch_failures", alias=self.alias)
         final = not failure.transient or not retry_left
         if final and failure.kind != "state_unreachable":
             try:
-                self.deps.state.finish_run(self.run_id, outcome=RunOutcome.FAILED, error=failure.message,
+                self.state.finish_run(self.run_id, outcome=RunOutcome.FAILED, error=failure.message,
                                            **({"version": version} if version is not None else {}))
             except Exception as lost:  # reported in one line; the run's own failure is what is returned
-                unrecorded = failure_of(lost, self.deps)
+                unrecorded = self.judge(lost)
                 if not unrecorded.expected:
                     raise
                 log.error("kb_reindex: run %s could not be recorded as failed: %s", self.run_id, unrecorded.message)
@@ -136,7 +144,7 @@ def run_rollback(deps: Deps, *, reason: str, to_version: int | None = None, run_
                  trigger: str = "cli", revalidate: bool = True, action: str = "rollback",
                  expected_live: int | None = None) -> dict[str, Any]:
     """A recorded rollback (`rollback.rollback`): no reindex lock, so a build in flight never delays it."""
-    recorder = Recorder(deps, run_id or new_run_id(RunKind.ROLLBACK))
+    recorder = Recorder.of(deps, run_id or new_run_id(RunKind.ROLLBACK))
     recorder.start(RunKind.ROLLBACK, trigger)
     try:
         result = rollback(deps, reason=reason, to_version=to_version, run_id=recorder.run_id, revalidate=revalidate,

@@ -19,8 +19,7 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 from kb_reindex import dag_lock
 from kb_reindex.airflow.connections import state_url, task_deps, task_settings
 from kb_reindex.airflow.constants import KNOWLEDGE_ALIAS
-from kb_reindex.config import Settings
-from kb_reindex.errors import PERMANENT, KbError, StateUnreachable, StoreError
+from kb_reindex.errors import PERMANENT, KbError, StateUnreachable, StoreError, classify
 from kb_reindex.fence import Fence
 from kb_reindex.freeze import freeze_for_rollback
 from kb_reindex.layouts import version_profile
@@ -42,7 +41,7 @@ from kb_reindex.pipeline import (
 )
 from kb_reindex.promote import promote_shadow
 from kb_reindex.runs import Recorder, exclusive, run_rollback
-from kb_reindex.runtime import Deps, StateDeps
+from kb_reindex.runtime import Deps
 from kb_reindex.state import StateStore, VersionRecord
 
 __all__ = ["PERMANENT", "build_slices_task", "build_task", "cleanup_task", "create_version_task", "plan_task",
@@ -67,7 +66,7 @@ def step(deps: Deps, run_id: str) -> Iterator[None]:
     try:
         yield
     except Exception as exc:
-        failure = Recorder(deps, run_id).fail(exc, retry_left=not _last_try())
+        failure = Recorder.of(deps, run_id).fail(exc, retry_left=not _last_try())
         if failure.kind == "state_unreachable" and not isinstance(exc, KbError):
             raise StateUnreachable(failure.message) from None  # nothing to record it in: the next run does
         if not failure.transient:
@@ -95,10 +94,11 @@ def task_step(run_id: str) -> Iterator[Deps]:
 def _opening_failed(run_id: str, exc: KbError) -> None:
     """The stores could not be opened: recorded through the state DB alone (the rest may be what failed)."""
     try:
-        state = StateStore(state_url(), create=False)
+        url = state_url()
+        state = StateStore(url, create=False)
         try:
-            failure = Recorder(StateDeps(settings=Settings.from_env(), state=state), run_id).fail(
-                exc, retry_left=not _last_try())
+            recorder = Recorder(state, run_id, judge=lambda e: classify(e, state_url=url))
+            failure = recorder.fail(exc, retry_left=not _last_try())
         finally:
             state.dispose()
     except KbError as unrecorded:  # the state DB itself is what failed: Airflow's log is the record
@@ -126,7 +126,7 @@ def plan_task(*, run_id: str, kind: str = RunKind.REINDEX, force_full: bool = Fa
     request = RunRequest(kind=RunKind(kind), force_full=force_full, dry_run=dry_run, embedder=embedder, model=model,
                          dim=dim, layout=layout, layout_from="Param payload_layout")
     with task_deps() as deps:
-        recorder = Recorder(deps, run_id)
+        recorder = Recorder.of(deps, run_id)
         recorder.start(request.kind, "airflow")
         with step(deps, run_id):
             dag_lock.take(deps, run_id)
@@ -139,7 +139,7 @@ def should_build_task(*, plan: dict[str, Any], dry_run: bool, run_id: str) -> bo
         dag_lock.renew(deps, run_id)
         if builds(plan, dry_run=dry_run):
             return True
-        outcome = finish_unbuilt(Recorder(deps, run_id), plan)
+        outcome = finish_unbuilt(Recorder.of(deps, run_id), plan)
         log.info("kb_reindex: %s; nothing is built", outcome)
         if dry_run:  # nothing else of this run writes (cleanup skips a dry run); a no-change run's cleanup does
             dag_lock.release(deps, run_id)
@@ -148,7 +148,7 @@ def should_build_task(*, plan: dict[str, Any], dry_run: bool, run_id: str) -> bo
 
 def create_version_task(*, plan: dict[str, Any], run_id: str) -> dict[str, Any]:
     with task_step(run_id) as deps:
-        return create_version_step(deps, Recorder(deps, run_id), plan)
+        return create_version_step(deps, Recorder.of(deps, run_id), plan)
 
 
 def build_slices_task(*, version: dict[str, Any], slice_size: int, run_id: str | None = None) -> list[dict[str, Any]]:
@@ -162,7 +162,7 @@ def build_slices_task(*, version: dict[str, Any], slice_size: int, run_id: str |
 
 def build_task(*, version: dict[str, Any], run_id: str, window: tuple[int, int] | None = None) -> dict[str, Any]:
     with task_step(run_id) as deps:
-        return build_step(deps, Recorder(deps, run_id), version["version"], run_fence(deps, run_id), window=window)
+        return build_step(deps, Recorder.of(deps, run_id), version["version"], run_fence(deps, run_id), window=window)
 
 
 def validate_task(*, version: dict[str, Any], run_id: str, min_hit_rate: float | None = None,
@@ -178,7 +178,7 @@ def promote_task(*, plan: dict[str, Any], version: dict[str, Any], run_id: str, 
     (a migration's shadow: the run ends `shadow`)."""
     number = version["version"]
     with task_step(run_id) as deps:
-        promotion = promote_step(deps, Recorder(deps, run_id), plan, number, run_fence(deps, run_id),
+        promotion = promote_step(deps, Recorder.of(deps, run_id), plan, number, run_fence(deps, run_id),
                                  request=RunRequest(promote=promote))
         if promotion.moved:
             record = recorded_version(deps, number)
@@ -297,7 +297,7 @@ def promote_shadow_task(*, run_id: str, version: int | None, reason: str, confir
     if not reason or not reason.strip():
         raise AirflowFailException("a promotion needs a reason (it is recorded in the alias history)")
     with task_deps() as deps:
-        recorder = Recorder(deps, run_id)
+        recorder = Recorder.of(deps, run_id)
         recorder.start(RunKind.PROMOTE, "airflow")
         with step(deps, run_id), exclusive(deps, run_id=run_id):
             result = promote_shadow(deps, version, expected_live=live_version, run_id=run_id, reason=reason.strip())
