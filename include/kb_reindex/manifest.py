@@ -3,11 +3,11 @@ ready, never served) version of the same plan to take over instead of starting a
 
 from __future__ import annotations
 
-from typing import Any
-
 from kb_reindex.corpus import CorpusScan
 from kb_reindex.layouts import version_profile
 from kb_reindex.locking import run_is_active
+from kb_reindex.model import VersionStatus
+from kb_reindex.planning import Plan
 from kb_reindex.runtime import Deps
 from kb_reindex.state import VersionRecord
 
@@ -16,16 +16,16 @@ from kb_reindex.state import VersionRecord
 RESUMABLE_STEPS = ("create", "build", "validate", "promote")
 
 
-def same_plan(version: VersionRecord, plan: dict[str, Any]) -> bool:
+def same_plan(version: VersionRecord, plan: Plan) -> bool:
     return (
-        version.kind == plan["kind"]
-        and version.corpus_fingerprint == plan["fingerprint"]
+        version.kind == plan.kind
+        and version.corpus_fingerprint == plan.fingerprint
         and (version.embedder, version.embed_model, version.chunking_version)
-        == (plan["embedder"], plan["embed_model"], plan["chunking_version"])
-        and (plan["embed_dim"] is None or version.embed_dim == plan["embed_dim"])
-        and (version.base_version, version.base_collection) == (plan["base_version"], plan["base_collection"])
-        and version.payload_layout == plan.get("payload_layout", "native")
-        and plan.get("embed_profile") in (None, version_profile(version))
+        == (plan.embedder, plan.embed_model, plan.chunking_version)
+        and (plan.embed_dim is None or version.embed_dim == plan.embed_dim)
+        and (version.base_version, version.base_collection) == (plan.base_version, plan.base_collection)
+        and version.payload_layout == plan.payload_layout
+        and plan.embed_profile in (None, version_profile(version))
     )
 
 
@@ -35,7 +35,7 @@ def owned_by_another_active_run(deps: Deps, version: VersionRecord, run_id: str 
     return run_is_active(deps, version.run_id)
 
 
-def resumable(deps: Deps, plan: dict[str, Any], run_id: str | None) -> VersionRecord | None:
+def resumable(deps: Deps, plan: Plan, run_id: str | None) -> VersionRecord | None:
     """An unfinished version of exactly this plan: rerunning continues it instead of starting over. Also
     one built and validated but never promoted (`ready`, never served: its run was killed before the alias
     move, Qdrant refused the move, or the alias was frozen): the rerun validates it again and promotes it,
@@ -45,15 +45,16 @@ def resumable(deps: Deps, plan: dict[str, Any], run_id: str | None) -> VersionRe
     Not one that another run is still building: two concurrent runs build two versions, and the
     compare-and-swap lets exactly one of them be promoted.
     """
-    for version in deps.state.list_versions(plan["alias"], statuses=["building", "failed", "ready"]):
-        if version.status == "failed" and version.failed_step not in RESUMABLE_STEPS:
+    statuses = [VersionStatus.BUILDING, VersionStatus.FAILED, VersionStatus.READY]
+    for version in deps.state.list_versions(plan.alias, statuses=statuses):
+        if version.status == VersionStatus.FAILED and version.failed_step not in RESUMABLE_STEPS:
             continue
-        if version.status == "ready" and version.promoted_at is not None:  # it served: a rollback target
+        if version.status == VersionStatus.READY and version.promoted_at is not None:  # served: a rollback target
             continue
         if owned_by_another_active_run(deps, version, run_id):
             continue
         # a forced (or migration) plan reuses nothing, so only a version built the same way fits it
-        if same_plan(version, plan) and (not plan["force_full"] or version.chunks_reused == 0):
+        if same_plan(version, plan) and (not plan.force_full or version.chunks_reused == 0):
             return version
     return None
 

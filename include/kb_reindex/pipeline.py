@@ -18,6 +18,7 @@ from kb_reindex.freeze import frozen_view
 from kb_reindex.locking import reindex_lock_name
 from kb_reindex.model import RunKind, RunOutcome
 from kb_reindex.plan import prepare_logged
+from kb_reindex.planning import BuildResult, CreatedVersion, Plan
 from kb_reindex.promote import promote
 from kb_reindex.replay import summary as replay_summary
 from kb_reindex.retention import cleanup
@@ -33,12 +34,12 @@ def _no_docs() -> dict[str, int]:
     return {"added": 0, "changed": 0, "unchanged": 0, "removed": 0}
 
 
-def chunk_counts(plan: dict[str, Any] | None, done: BuildCounts) -> dict[str, int]:
+def chunk_counts(plan: Plan | None, done: BuildCounts) -> dict[str, int]:
     """What this run did (`embedded`, `copied`, `skipped` as already written by an earlier attempt),
     beside what the plan expected (`planned_embed`, `planned_reuse`): a resumed or failed run differs."""
-    planned = plan["chunks"] if plan else {"total": 0, "embedded": 0, "reused": 0}
-    return {"total": planned["total"], "embedded": done.embedded, "copied": done.copied, "skipped": done.skipped,
-            "planned_embed": planned["embedded"], "planned_reuse": planned["reused"]}
+    total, embedded, reused = (plan.chunks.total, plan.chunks.embedded, plan.chunks.reused) if plan else (0, 0, 0)
+    return {"total": total, "embedded": done.embedded, "copied": done.copied, "skipped": done.skipped,
+            "planned_embed": embedded, "planned_reuse": reused}
 
 
 @dataclass(frozen=True)
@@ -54,9 +55,8 @@ class RunResult:
     validation: dict[str, Any] | None = None
     error: str | None = None
     error_kind: str | None = None
-    plan: dict[str, Any] | None = None  # set once planned (with `notes`); kept out of the CLI's output
-    audit: dict[str, Any] | None = None
-    build: dict[str, Any] | None = None
+    plan: Plan | None = None  # set once planned (with `notes`); kept out of the CLI's output
+    build: BuildResult | None = None
     lowered_thresholds: str | None = None
     frozen: dict[str, Any] | None = None
     cleanup: dict[str, Any] | None = None
@@ -66,9 +66,10 @@ class RunResult:
                                "docs": self.docs, "chunks": self.chunks, "validation": self.validation,
                                "error": self.error, "error_kind": self.error_kind}
         if self.plan is not None:
-            out.update(plan=self.plan, notes=self.plan.get("notes", []))
-        optional = {"audit": self.audit, "build": self.build, "lowered_thresholds": self.lowered_thresholds,
-                    "frozen": self.frozen, "cleanup": self.cleanup}
+            out.update(plan=self.plan.to_dict(), notes=list(self.plan.notes))
+        optional = {"audit": self.plan.audit if self.plan else None,
+                    "build": self.build.to_dict() if self.build else None,
+                    "lowered_thresholds": self.lowered_thresholds, "frozen": self.frozen, "cleanup": self.cleanup}
         out.update({k: v for k, v in optional.items() if v})
         return out
 
@@ -124,7 +125,7 @@ class RunRequest:
 # --- the steps: each one DAG task, and one stage of the CLI's run ---------------------------------------
 
 
-def plan_step(deps: Deps, recorder: Recorder, request: RunRequest) -> dict[str, Any]:
+def plan_step(deps: Deps, recorder: Recorder, request: RunRequest) -> Plan:
     """The only step that reads the knowledge folder. Under the run's lock: runs that died are recorded as
     failed, then the plan; one that builds is snapshotted in the state DB (version, manifest, texts to embed),
     and the plan names its version (`version`). The scan itself (tens of MB at 100k chunks) is not kept."""
@@ -133,27 +134,26 @@ def plan_step(deps: Deps, recorder: Recorder, request: RunRequest) -> dict[str, 
                               kind=request.kind, embedder=request.embedder, model=request.model, dim=request.dim,
                               layout=request.layout, layout_from=request.layout_from, audit_run_id=recorder.run_id,
                               record=True)
-    plan = prepared.plan
-    if builds(plan, dry_run=request.dry_run):
-        plan.update(snapshot_plan(deps, prepared, run_id=recorder.run_id))
-    return plan
+    if builds(prepared.plan, dry_run=request.dry_run):
+        return snapshot_plan(deps, prepared, run_id=recorder.run_id)
+    return prepared.plan
 
 
-def builds(plan: dict[str, Any], *, dry_run: bool) -> bool:
+def builds(plan: Plan, *, dry_run: bool) -> bool:
     """Whether the run goes on past its plan: something changed, and more than a dry run was asked for."""
-    return not plan["no_change"] and not dry_run
+    return not plan.no_change and not dry_run
 
 
-def finish_unbuilt(recorder: Recorder, plan: dict[str, Any]) -> RunOutcome:
+def finish_unbuilt(recorder: Recorder, plan: Plan) -> RunOutcome:
     """The end of a run that builds nothing: `no_change`, or `dry_run` (what would change, reported)."""
-    outcome = RunOutcome.NO_CHANGE if plan["no_change"] else RunOutcome.DRY_RUN
-    recorder.finish(outcome, version=plan["base_version"], plan=plan)
+    outcome = RunOutcome.NO_CHANGE if plan.no_change else RunOutcome.DRY_RUN
+    recorder.finish(outcome, version=plan.base_version, plan=plan)
     return outcome
 
 
-def create_version_step(deps: Deps, recorder: Recorder, plan: dict[str, Any]) -> dict[str, Any]:
+def create_version_step(deps: Deps, recorder: Recorder, plan: Plan) -> CreatedVersion:
     created = create_version(deps, plan, run_id=recorder.run_id)
-    recorder.version(created["version"])
+    recorder.version(created.version)
     return created
 
 
@@ -172,7 +172,7 @@ def build_windows(deps: Deps, version_number: int, slice_size: int) -> list[tupl
 
 
 def build_step(deps: Deps, recorder: Recorder, version_number: int, fence: Fence, *,
-               window: tuple[int, int] | None = None, counts: BuildCounts | None = None) -> dict[str, Any]:
+               window: tuple[int, int] | None = None, counts: BuildCounts | None = None) -> BuildResult:
     """Fill the version (or one window of it); what is written is added to the run's record as it goes."""
     return build(deps, version_number, run_id=recorder.run_id, window=window, counts=counts, fence=fence)
 
@@ -207,7 +207,7 @@ def _last_move(deps: Deps, version_number: int) -> dict[str, Any] | None:
     return moves[-1] if moves else None
 
 
-def promote_step(deps: Deps, recorder: Recorder, plan: dict[str, Any], version_number: int, fence: Fence, *,
+def promote_step(deps: Deps, recorder: Recorder, plan: Plan, version_number: int, fence: Fence, *,
                  request: RunRequest) -> Promotion:
     """Move the alias (compare-and-swap) and record how the run ended. A version already live moved nothing,
     unless this very run moved it in an attempt that died before reporting; a frozen alias moves nothing and
@@ -272,13 +272,13 @@ def run_reindex(
     try:
         with exclusive(deps, run_id=recorder.run_id) as owner:
             plan = plan_step(deps, recorder, request)
-            progress.result = replace(progress.result, docs=plan["docs"], chunks=chunk_counts(plan, done), plan=plan,
-                                      audit=plan.get("audit") or None)
+            progress.result = replace(progress.result, docs=plan.docs.to_dict(), chunks=chunk_counts(plan, done),
+                                      plan=plan)
             if not builds(plan, dry_run=dry_run):
                 outcome = finish_unbuilt(recorder, plan)
                 if outcome == RunOutcome.NO_CHANGE:
-                    return replace(progress.result, outcome=outcome, version=plan["base_version"],
-                                   collection=plan["base_collection"])
+                    return replace(progress.result, outcome=outcome, version=plan.base_version,
+                                   collection=plan.base_collection)
                 return replace(progress.result, outcome=outcome)
             fence = Fence(reindex_lock_name(deps.settings.alias), owner)
             _build_and_release(deps, recorder, request, plan, fence, done, progress)
@@ -294,11 +294,11 @@ class _Progress:
     result: RunResult
 
 
-def _build_and_release(deps: Deps, recorder: Recorder, request: RunRequest, plan: dict[str, Any], fence: Fence,
+def _build_and_release(deps: Deps, recorder: Recorder, request: RunRequest, plan: Plan, fence: Fence,
                        done: BuildCounts, progress: _Progress) -> None:
     created = create_version_step(deps, recorder, plan)
-    number = created["version"]
-    progress.result = replace(progress.result, version=number, collection=created["collection"])
+    number = created.version
+    progress.result = replace(progress.result, version=number, collection=created.collection)
     built = build_step(deps, recorder, number, fence, counts=done)
     progress.result = replace(progress.result, build=built, chunks=chunk_counts(plan, done))
     progress.result = replace(progress.result, validation=validate_step(deps, number, request))

@@ -17,6 +17,7 @@ from kb_reindex import metrics
 from kb_reindex.errors import AliasMovedError, EmbeddingError, Failure, KbError, LockHeldError, classify
 from kb_reindex.locking import reindex_lock_name
 from kb_reindex.model import RunKind, RunOutcome
+from kb_reindex.planning import Plan
 from kb_reindex.rollback import rollback
 from kb_reindex.runtime import Deps, StateDeps, new_run_id
 from kb_reindex.state import StateStore, default_lock_owner
@@ -59,21 +60,20 @@ class BuiltCounters(TypedDict):
     chunks_reused: int
 
 
-def run_counters(plan: dict[str, Any]) -> dict[str, Any]:
+def run_counters(plan: Plan) -> dict[str, Any]:
     """The run record's plan columns: documents added/changed/unchanged/removed, chunks, when the source changed."""
-    docs, chunks = plan["docs"], plan["chunks"]
-    changed_at = plan.get("source_changed_at")
+    docs, changed_at = plan.docs, plan.source_changed_at
     return {
         "source_changed_at": datetime.fromtimestamp(changed_at, UTC).replace(tzinfo=None) if changed_at else None,
-        "docs_added": docs["added"], "docs_changed": docs["changed"], "docs_unchanged": docs["unchanged"],
-        "docs_removed": docs["removed"], "chunks_total": chunks["total"],
+        "docs_added": docs.added, "docs_changed": docs.changed, "docs_unchanged": docs.unchanged,
+        "docs_removed": docs.removed, "chunks_total": plan.chunks.total,
     }
 
 
-def no_change_counters(plan: dict[str, Any]) -> dict[str, Any]:
+def no_change_counters(plan: Plan) -> dict[str, Any]:
     """What a run that found nothing to build records, from the CLI and the DAG alike: no chunk was
     embedded or reused, because nothing was built."""
-    return {"docs_unchanged": plan["docs"]["unchanged"], "chunks_total": plan["chunks"]["total"]}
+    return {"docs_unchanged": plan.docs.unchanged, "chunks_total": plan.chunks.total}
 
 
 @dataclass(frozen=True)
@@ -104,11 +104,11 @@ class Recorder:
         row = self.state.get_run(self.run_id) or {}
         return {"chunks_embedded": row.get("chunks_embedded") or 0, "chunks_reused": row.get("chunks_reused") or 0}
 
-    def finish(self, outcome: RunOutcome, *, version: int | None = None, plan: dict[str, Any] | None = None) -> None:
+    def finish(self, outcome: RunOutcome, *, version: int | None = None, plan: Plan | None = None) -> None:
         """The run ended as it should: a run that built records the plan's figures and what it wrote; a run
         that found nothing to build (no change, dry run) records what the plan found unchanged."""
         counters: dict[str, Any] = {}
-        if plan is not None and outcome == RunOutcome.NO_CHANGE and plan["no_change"]:
+        if plan is not None and outcome == RunOutcome.NO_CHANGE and plan.no_change:
             counters = no_change_counters(plan)
         elif plan is not None:
             counters = {**run_counters(plan), **(self.built() if outcome != RunOutcome.DRY_RUN else {})}

@@ -39,6 +39,7 @@ from kb_reindex.pipeline import (
     validate_step,
     watch_step,
 )
+from kb_reindex.planning import Plan
 from kb_reindex.promote import promote_shadow
 from kb_reindex.runs import Recorder, exclusive, run_rollback
 from kb_reindex.runtime import Deps
@@ -130,16 +131,17 @@ def plan_task(*, run_id: str, kind: str = RunKind.REINDEX, force_full: bool = Fa
         recorder.start(request.kind, "airflow")
         with step(deps, run_id):
             dag_lock.take(deps, run_id)
-            return plan_step(deps, recorder, request)
+            return plan_step(deps, recorder, request).to_dict()
 
 
 def should_build_task(*, plan: dict[str, Any], dry_run: bool, run_id: str) -> bool:
     """False ends the run here (short-circuit): nothing changed, or only a dry run was asked for."""
     with task_deps() as deps:
         dag_lock.renew(deps, run_id)
-        if builds(plan, dry_run=dry_run):
+        planned = Plan.from_dict(plan)
+        if builds(planned, dry_run=dry_run):
             return True
-        outcome = finish_unbuilt(Recorder.of(deps, run_id), plan)
+        outcome = finish_unbuilt(Recorder.of(deps, run_id), planned)
         log.info("kb_reindex: %s; nothing is built", outcome)
         if dry_run:  # nothing else of this run writes (cleanup skips a dry run); a no-change run's cleanup does
             dag_lock.release(deps, run_id)
@@ -148,7 +150,7 @@ def should_build_task(*, plan: dict[str, Any], dry_run: bool, run_id: str) -> bo
 
 def create_version_task(*, plan: dict[str, Any], run_id: str) -> dict[str, Any]:
     with task_step(run_id) as deps:
-        return create_version_step(deps, Recorder.of(deps, run_id), plan)
+        return create_version_step(deps, Recorder.of(deps, run_id), Plan.from_dict(plan)).to_dict()
 
 
 def build_slices_task(*, version: dict[str, Any], slice_size: int, run_id: str | None = None) -> list[dict[str, Any]]:
@@ -162,7 +164,8 @@ def build_slices_task(*, version: dict[str, Any], slice_size: int, run_id: str |
 
 def build_task(*, version: dict[str, Any], run_id: str, window: tuple[int, int] | None = None) -> dict[str, Any]:
     with task_step(run_id) as deps:
-        return build_step(deps, Recorder.of(deps, run_id), version["version"], run_fence(deps, run_id), window=window)
+        return build_step(deps, Recorder.of(deps, run_id), version["version"], run_fence(deps, run_id),
+                          window=window).to_dict()
 
 
 def validate_task(*, version: dict[str, Any], run_id: str, min_hit_rate: float | None = None,
@@ -178,7 +181,7 @@ def promote_task(*, plan: dict[str, Any], version: dict[str, Any], run_id: str, 
     (a migration's shadow: the run ends `shadow`)."""
     number = version["version"]
     with task_step(run_id) as deps:
-        promotion = promote_step(deps, Recorder.of(deps, run_id), plan, number, run_fence(deps, run_id),
+        promotion = promote_step(deps, Recorder.of(deps, run_id), Plan.from_dict(plan), number, run_fence(deps, run_id),
                                  request=RunRequest(promote=promote))
         if promotion.moved:
             record = recorded_version(deps, number)
