@@ -198,7 +198,7 @@ class Promotion:
         return self.outcome == RunOutcome.PROMOTED
 
     def to_dict(self) -> dict[str, Any]:
-        return {"outcome": self.outcome, "version": self.version, "previous_version": self.previous_version,
+        return {"outcome": str(self.outcome), "version": self.version, "previous_version": self.previous_version,
                 "lowered_thresholds": self.lowered_thresholds, "frozen": self.frozen}
 
 
