@@ -14,6 +14,7 @@ from kb_reindex.errors import AliasMovedError, StateDriftError
 from kb_reindex.planning import Plan
 from kb_reindex.runtime import Deps
 from kb_reindex.state import VersionRecord
+from kb_reindex.status import status_view
 
 
 class CountingEmbedder(HashingEmbedder):
@@ -313,7 +314,7 @@ def test_drifted_live_collection_blocks_the_plan(deps: Deps, counting: CountingE
     deps.store.client.delete(first["collection"], points_selector=[some_id])
     result = engine.run_reindex(deps, force_full=True)
     assert result["outcome"] == "failed" and "manifest lists" in result["error"]
-    assert engine.status(deps)["problems"]
+    assert status_view(deps).to_dict()["problems"]
 
 
 def test_alias_moved_back_by_hand_is_recorded_as_a_rollback_never_by_reconcile(deps: Deps, counting: CountingEmbedder) -> None:
@@ -330,14 +331,14 @@ def test_alias_moved_back_by_hand_is_recorded_as_a_rollback_never_by_reconcile(d
         from kb_reindex.plan import plan
 
         plan(deps)
-    assert any("rollback --to-version 1" in p for p in engine.status(deps)["problems"])
+    assert any("rollback --to-version 1" in p for p in status_view(deps).to_dict()["problems"])
     with pytest.raises(StateDriftError, match="rollback --to-version 1"):
         reconcile(deps)
     assert deps.state.live_version("mall_knowledge").version == 2
     done = engine.run_rollback(deps, reason="moved back by hand", to_version=1, revalidate=False)
     assert done["to_version"] == 1
     assert deps.state.alias_events("mall_knowledge")[-1]["action"] == "rollback"
-    assert not engine.status(deps)["problems"]
+    assert not status_view(deps).to_dict()["problems"]
 
 
 def test_alias_moved_forward_before_the_state_write_is_reconciled(deps: Deps, counting: CountingEmbedder,
@@ -358,7 +359,7 @@ def test_alias_moved_forward_before_the_state_write_is_reconciled(deps: Deps, co
     outcome = reconcile(deps)
     assert outcome["changed"] and outcome["live_version"] == 2
     assert deps.state.alias_events("mall_knowledge")[-1]["action"] == "reconcile"
-    assert not engine.status(deps)["problems"]
+    assert not status_view(deps).to_dict()["problems"]
 
 
 def test_two_runs_never_take_the_same_version_number(deps: Deps, counting: CountingEmbedder) -> None:
@@ -406,16 +407,17 @@ def test_report_ranks_are_whole_numbers_when_a_probe_misses(tmp_path: Path) -> N
     from types import SimpleNamespace
 
     from kb_reindex.reports import write_html_report, write_validation_report
+    from kb_reindex.validation_model import ValidationResult
 
     version = SimpleNamespace(alias="kb", version=3, collection="kb__m__v3", embed_model="m", embed_dim=8,
                               distance="Cosine")
     probe = {"query": "q", "expected": "a", "hit": True, "regression": False, "top": "a"}
-    result = {
+    result = ValidationResult.from_dict({
         "passed": False, "failures": [], "k": 4, "hit_rate": 0.5, "mrr": 0.5, "regressions": 0, "live_version": None,
         "thresholds": {"min_hit_rate": 0.9, "min_mrr": 0.7, "max_regressions": 0}, "checks": [],
         "probes": [{**probe, "probe": "found", "rank_live": None, "rank_candidate": 1},
                    {**probe, "probe": "missed", "rank_live": None, "rank_candidate": None, "hit": False}],
-    }
+    })
     markdown = write_validation_report(tmp_path, version, result).read_text(encoding="utf-8")
     assert "| found | q | a |  | 1 | True | False |" in markdown
     csv = (tmp_path / "kb" / "v3" / "validation.csv").read_text(encoding="utf-8").splitlines()
@@ -429,7 +431,7 @@ def test_status_reports_metrics(deps: Deps, counting: CountingEmbedder) -> None:
     (docs(deps) / "coupon-rules.md").write_text(
         (docs(deps) / "coupon-rules.md").read_text(encoding="utf-8") + "\n\n补充：券不退现。\n", encoding="utf-8")
     second = engine.run_reindex(deps)
-    metrics = engine.status(deps)["metrics"]
+    metrics = status_view(deps).to_dict()["metrics"]
     assert metrics["runs"] == 2 and metrics["run_success_rate"] == 1.0
     assert metrics["last_changed_chunks"] == second["chunks"]["embedded"]
     total = second["chunks"]["embedded"] + second["chunks"]["copied"]

@@ -14,8 +14,10 @@ from conftest import settings_for, write_doc
 from kb_reindex import engine
 from kb_reindex.errors import GoldenSetError, KbError
 from kb_reindex.golden import load_golden_set, paired_comparison, sign_test_p
+from kb_reindex.validation_model import ProbeResult, ValidationResult
 from kb_reindex.retention import cleanup, drop_version, pin_version, unpin_version
 from kb_reindex.runtime import Deps
+from kb_reindex.status import status_view
 from qdrant_client import QdrantClient, models
 
 ALIAS = "mall_knowledge"
@@ -110,17 +112,18 @@ def test_sign_test_is_exact() -> None:
 
 
 def test_paired_comparison_separates_a_pattern_from_one_probe() -> None:
-    def probes(pairs: list[tuple[int | None, int | None]]) -> list[dict]:
-        return [{"probe": str(i), "rank_live": live, "rank_candidate": cand} for i, (live, cand) in enumerate(pairs)]
+    def probes(pairs: list[tuple[int | None, int | None]]) -> list[ProbeResult]:
+        return [ProbeResult.from_dict({"probe": str(i), "rank_live": live, "rank_candidate": cand})
+                for i, (live, cand) in enumerate(pairs)]
 
     one = paired_comparison(probes([(1, 2)] + [(1, 1)] * 10), alpha=0.05)
-    assert (one["worse"], one["better"], one["ties"]) == (1, 0, 10)
-    assert one["p_worse"] == 0.5 and not one["significant_worse"] and one["verdict"] == "no significant difference"
+    assert (one.worse, one.better, one.ties) == (1, 0, 10)
+    assert one.p_worse == 0.5 and not one.significant_worse and one.verdict == "no significant difference"
     many = paired_comparison(probes([(1, None)] * 3 + [(1, 3)] * 3 + [(2, 2)] * 10), alpha=0.05)
-    assert many["worse"] == 6 and many["p_worse"] == pytest.approx(1 / 64, abs=1e-4)
-    assert many["significant_worse"] and many["verdict"] == "worse"
+    assert many.worse == 6 and many.p_worse == pytest.approx(1 / 64, abs=1e-4)
+    assert many.significant_worse and many.verdict == "worse"
     better = paired_comparison(probes([(None, 1)] * 6), alpha=0.05)
-    assert better["verdict"] == "better" and not better["significant_worse"]
+    assert better.verdict == "better" and not better.significant_worse
 
 
 def test_candidate_worse_than_live_by_the_sign_test_fails_even_within_the_thresholds(deps: Deps) -> None:
@@ -156,14 +159,14 @@ def test_a_pinned_version_survives_retention_and_drop_until_unpinned(deps: Deps)
     with pytest.raises(KbError, match=r"v1 is pinned \('known-good baseline before the spring sale', by alice@test"):
         drop_version(deps, 1)
 
-    status = engine.status(deps)
+    status = status_view(deps).to_dict()
     row = next(v for v in status["versions"] if v["version"] == 1)
     assert row["pinned"] and row["pin"]["reason"].startswith("known-good") and status["pinned"] == [1]
 
     assert unpin_version(deps, 1, by="bob@test")["was_pinned"]
     assert unpin_version(deps, 1)["was_pinned"] is False
     assert [d["version"] for d in cleanup(deps)["deleted"]] == [1]
-    assert not engine.status(deps)["pinned"]
+    assert not status_view(deps).to_dict()["pinned"]
 
 
 def test_only_a_whole_version_can_be_pinned(deps: Deps, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -194,7 +197,7 @@ def test_every_run_audits_live_and_status_reports_it(deps: Deps, damage: str) ->
     collection, total = first["collection"], first["chunks"]["total"]
     again = engine.run_reindex(deps)
     assert again["outcome"] == "no_change" and again["audit"]["missing"] == again["audit"]["orphans"] == 0
-    assert engine.status(deps)["audit"]["expected"] == total
+    assert status_view(deps).to_dict()["audit"]["expected"] == total
 
     if damage in ("delete", "swap"):
         deps.store.client.delete(collection, points_selector=models.PointIdsList(points=[_a_point(deps, collection)]),
@@ -210,11 +213,11 @@ def test_every_run_audits_live_and_status_reports_it(deps: Deps, damage: str) ->
     if damage == "swap":
         assert "lacks 1 of the points its manifest lists" in result["error"]
     missing, orphans = {"delete": (1, 0), "orphan": (0, 1), "swap": (1, 1)}[damage]
-    audit = engine.status(deps)["audit"]
+    audit = status_view(deps).to_dict()["audit"]
     assert (audit["missing"], audit["orphans"], audit["expected"]) == (missing, orphans, total)
     assert audit["missing_ratio"] == pytest.approx(missing / total, abs=1e-6)
     assert audit["run_id"] == deps.state.list_runs(ALIAS, limit=1)[0]["run_id"]
-    assert any("the audit of live v1" in p for p in engine.status(deps)["problems"])
+    assert any("the audit of live v1" in p for p in status_view(deps).to_dict()["problems"])
 
 
 # --- migrate --dry-run -----------------------------------------------------------------------------
@@ -336,3 +339,22 @@ def test_migrate_dry_run_times_one_real_batch_of_the_new_model(project: Path, mo
     assert estimate["embed_model"] == "bge-m3" and estimate["dim"] == 64
     assert estimate["probe_batch_s"] >= 0.002 * estimate["probe_batch_texts"]  # the server's delay was measured
     assert estimate["estimated_embed_s"] == pytest.approx(estimate["probe_batch_s"] * estimate["batches"], abs=0.01)
+
+
+# --- the validation record --------------------------------------------------------------------------
+
+
+def test_a_stored_validation_reads_back_as_the_same_record_and_an_older_one_still_loads(deps: Deps) -> None:
+    """The `validation` column holds ValidationResult.to_dict(); from_dict gives back the same JSON, key for
+    key. A record with keys missing (scores restored from collection metadata) loads, its unknown keys kept."""
+    assert engine.run_reindex(deps)["outcome"] == "promoted"
+    stored = deps.state.live_version(ALIAS).validation
+    result = ValidationResult.from_dict(stored)
+    assert json.dumps(result.to_dict(), ensure_ascii=False) == json.dumps(stored, ensure_ascii=False)
+    assert result.passed and result.checks and all(c.passed for c in result.checks) and result.probes
+    assert result["hit_rate"] == result.hit_rate  # transitional: read as the dict it was
+
+    older = {"passed": True, "hit_rate": 0.9, "mrr": 0.8, "restored_from": "collection metadata"}
+    loaded = ValidationResult.from_dict(older)
+    assert (loaded.hit_rate, loaded.mrr, loaded.probes, loaded.replay) == (0.9, 0.8, (), None)
+    assert loaded.to_dict()["restored_from"] == "collection metadata"

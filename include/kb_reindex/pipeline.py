@@ -27,6 +27,7 @@ from kb_reindex.runtime import Deps, new_run_id
 from kb_reindex.snapshot import snapshot_plan
 from kb_reindex.state import VersionRecord
 from kb_reindex.validate import validate
+from kb_reindex.validation_model import ValidationResult
 from kb_reindex.watch import watch
 
 
@@ -89,7 +90,8 @@ def empty_result(outcome: str = RunOutcome.FAILED) -> dict[str, Any]:
     return RunResult(outcome=outcome).to_dict()
 
 
-def validation_summary(result: dict[str, Any]) -> dict[str, Any]:
+def validation_summary(result: dict[str, Any] | ValidationResult) -> dict[str, Any]:
+    """What a run's JSON and the CLI carry of a validation: a fresh result, or a version's stored record."""
     return {
         "passed": result["passed"],
         "hit_rate": result["hit_rate"],
