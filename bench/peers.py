@@ -507,7 +507,7 @@ def promotion_under_readers(deps: BenchDeps, meter: Meter, run: Callable[[Meter]
     alias with the reader API. Readers start when the promote step starts and read the old version for a
     moment first; they stop once each has read the new one, after cleanup. The build and validation
     before are not slowed down by them (that is not what P6 is about)."""
-    import kb_reindex.engine as engine
+    import kb_reindex.pipeline as pipeline
     from kb_reindex.reader import search_knowledge
     from kb_reindex.runtime import Deps
     from kb_reindex.store import KnowledgeStore
@@ -541,7 +541,7 @@ def promotion_under_readers(deps: BenchDeps, meter: Meter, run: Callable[[Meter]
             time.sleep(pause)
 
     threads = [threading.Thread(target=reader, args=(q,), daemon=True) for q in READER_QUERIES[:READERS]]
-    original_promote = engine.promote
+    original_promote = pipeline.promote  # the name the pipeline's promote step calls
 
     def wait_for_reads(count: int, version: int | None = None, limit_s: float = 10.0) -> None:
         deadline = time.monotonic() + limit_s
@@ -558,12 +558,12 @@ def promotion_under_readers(deps: BenchDeps, meter: Meter, run: Callable[[Meter]
         wait_for_reads(2 * READERS)  # every reader is busy on the old version
         return original_promote(*args, **kwargs)
 
-    engine.promote = promote_under_readers
+    pipeline.promote = promote_under_readers  # type: ignore[assignment]
     row: dict[str, Any] | None = None
     try:
         row = run(meter)
     finally:
-        engine.promote = original_promote
+        pipeline.promote = original_promote  # type: ignore[assignment]
         started = [t for t in threads if t.ident is not None]
         if started:  # every reader also reads the new version before they stop
             wait_for_reads(2 * READERS, version=row["version"] if row else None)

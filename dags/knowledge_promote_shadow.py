@@ -18,7 +18,7 @@ kept as the rollback target. A retired, failed, deleted or unknown version is re
 On success the alias Asset is updated with `extra` {alias, action (`migrate` for a migration's shadow),
 version, collection, model, dimension, previous_version}.
 
-Without Airflow: `kb-reindex promote --version N`.
+Without Airflow: `kb-reindex promote --version N`. On-call's steps: `docs/runbook.md`.
 """
 
 from __future__ import annotations
@@ -26,8 +26,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from airflow.sdk import Param, dag, task
-from kb_reindex.assets import KNOWLEDGE_ALIAS, POOL
-from kb_reindex.dag_support import current_run_id
+from kb_reindex.airflow.constants import KNOWLEDGE_ALIAS, POOL, current_run_id
 
 
 @dag(
@@ -55,12 +54,8 @@ from kb_reindex.dag_support import current_run_id
 def knowledge_promote_shadow():
     @task(pool=POOL, retries=0, outlets=[KNOWLEDGE_ALIAS])
     def promote_shadow(params: dict | None = None) -> dict:
-        from kb_reindex.airflow_tasks import promote_shadow_task
+        from kb_reindex.airflow.tasks import promote_shadow_task
 
-        if params["version"] is None:
-            from airflow.sdk.exceptions import AirflowFailException
-
-            raise AirflowFailException("name the shadow version to promote (the 'version' param)")
         return promote_shadow_task(run_id=current_run_id(), version=params["version"], reason=params["reason"],
                                    confirm=params["confirm"], live_version=params["live_version"])
 

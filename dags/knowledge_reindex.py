@@ -18,27 +18,18 @@ What on-call sees and does at each step: `docs/runbook.md` (rollback, locks, eve
 from __future__ import annotations
 
 import os
-from datetime import datetime, timedelta
 
-from airflow.sdk import Param, TriggerRule, dag, task
-from kb_reindex.assets import KNOWLEDGE_ALIAS, POOL
-from kb_reindex.dag_support import current_run_id, release_run_lock
+from airflow.sdk import Param
+from kb_reindex.airflow.constants import BUILD_SLICE_SIZE
+from kb_reindex.airflow.factory import knowledge_dag
+from kb_reindex.model import RunKind
 
-
-@dag(
-    schedule=os.environ.get("KB_REINDEX_SCHEDULE", "@daily") or None,  # set empty: triggered runs only
-    start_date=datetime(2026, 1, 1),
-    catchup=False,
-    max_active_runs=1,
-    # a run that fails as a whole (marked failed in the UI, timed out) lets its lock go too; the lock's
-    # liveness check asks Airflow about the run as well, so nothing depends on this callback firing
-    on_failure_callback=release_run_lock,
+knowledge_reindex = knowledge_dag(
+    "knowledge_reindex",
+    kind=RunKind.REINDEX,
     doc_md=__doc__,
+    schedule=os.environ.get("KB_REINDEX_SCHEDULE", "@daily") or None,  # set empty: triggered runs only
     tags=["knowledge", "qdrant"],
-    # the run holds the alias's reindex lock from plan to cleanup; a task that fails for good releases it
-    # KB_RETRY_DELAY_S: seconds before a failed task's first retry (a test stack shortens it)
-    default_args={"retries": 2, "retry_delay": timedelta(seconds=int(os.environ.get("KB_RETRY_DELAY_S", "60"))),
-                  "retry_exponential_backoff": True, "on_failure_callback": release_run_lock},
     params={
         "force_full_rebuild": Param(False, type="boolean", title="Force full rebuild",
                                     description="Embed every chunk again; reuse no vector from live.", section="Build"),
@@ -49,76 +40,7 @@ from kb_reindex.dag_support import current_run_id, release_run_lock
                                             "first build). Set to change it on purpose: native, langchain4j (or "
                                             "langchain4j:<text key>), langchain, llamaindex; vectors are copied.",
                                 section="Build"),
-        "build_slice_size": Param(2000, type="integer", minimum=1, title="Points per build task",
+        "build_slice_size": Param(BUILD_SLICE_SIZE, type="integer", minimum=1, title="Points per build task",
                                   description="Size of each mapped build slice.", section="Build"),
     },
 )
-def knowledge_reindex():
-    @task
-    def plan(params: dict | None = None) -> dict:
-        from kb_reindex.airflow_tasks import plan_task
-
-        return plan_task(run_id=current_run_id(), force_full=params["force_full_rebuild"], dry_run=params["dry_run"],
-                         layout=params.get("payload_layout"))
-
-    # skips only the build path; cleanup follows its own trigger rule
-    @task.short_circuit(ignore_downstream_trigger_rules=False)
-    def has_changes(plan: dict, params: dict | None = None) -> bool:
-        from kb_reindex.airflow_tasks import should_build_task
-
-        return should_build_task(plan=plan, dry_run=params["dry_run"], run_id=current_run_id())
-
-    @task(pool=POOL)
-    def create_version(plan: dict) -> dict:
-        from kb_reindex.airflow_tasks import create_version_task
-
-        return create_version_task(plan=plan, run_id=current_run_id())
-
-    @task
-    def build_slices(version: dict, params: dict | None = None) -> list[dict]:
-        from kb_reindex.airflow_tasks import build_slices_task
-
-        return build_slices_task(version=version, slice_size=params["build_slice_size"], run_id=current_run_id())
-
-    @task(pool=POOL, retries=3)
-    def build(work: dict) -> dict:
-        from kb_reindex.airflow_tasks import build_task
-
-        return build_task(version=work, run_id=current_run_id(), window=(work["offset"], work["limit"]))
-
-    @task
-    def validate(version: dict) -> dict:
-        from kb_reindex.airflow_tasks import validate_task
-
-        return validate_task(version=version, run_id=current_run_id())
-
-    @task(pool=POOL, outlets=[KNOWLEDGE_ALIAS])
-    def promote(plan: dict, version: dict) -> dict:
-        from kb_reindex.airflow_tasks import promote_task
-
-        return promote_task(plan=plan, version=version, run_id=current_run_id())
-
-    @task
-    def watch(promoted: dict) -> dict:
-        from kb_reindex.airflow_tasks import watch_task
-
-        return watch_task(promoted=promoted, run_id=current_run_id())
-
-    @task(pool=POOL, trigger_rule=TriggerRule.NONE_FAILED)
-    def cleanup(params: dict | None = None) -> dict:
-        from kb_reindex.airflow_tasks import cleanup_task
-
-        return cleanup_task(dry_run=params["dry_run"], run_id=current_run_id())
-
-    planned = plan()
-    version = create_version(planned)
-    has_changes(planned) >> version
-    built = build.expand(work=build_slices(version))
-    checked = validate(version)
-    built >> checked
-    promoted = promote(planned, version)
-    checked >> promoted >> cleanup()
-    watch(promoted)  # beside cleanup, which never drops live or the rollback target
-
-
-knowledge_reindex()

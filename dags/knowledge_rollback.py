@@ -25,7 +25,7 @@ compare-and-swap as a promotion; the version rolled away from becomes `retired` 
 A reindex or migration building meanwhile does not delay it (no reindex lock, its own pool slot): that
 run's promotion then fails its compare-and-swap and keeps its version `ready`, unpromoted.
 
-Without Airflow: `kb-reindex rollback --reason "..." --freeze --yes`.
+Without Airflow: `kb-reindex rollback --reason "..." --freeze --yes`. On-call's steps: `docs/runbook.md`.
 """
 
 from __future__ import annotations
@@ -33,8 +33,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from airflow.sdk import Param, dag, task
-from kb_reindex.assets import KNOWLEDGE_ALIAS
-from kb_reindex.dag_support import current_run_id
+from kb_reindex.airflow.constants import KNOWLEDGE_ALIAS, current_run_id
 
 
 @dag(
@@ -68,7 +67,7 @@ def knowledge_rollback():
     # default_pool, not kb_qdrant_writes: the build slices of a long reindex fill that one
     @task(retries=0, outlets=[KNOWLEDGE_ALIAS])
     def rollback(params: dict | None = None) -> dict:
-        from kb_reindex.airflow_tasks import rollback_task
+        from kb_reindex.airflow.tasks import rollback_task
 
         return rollback_task(
             run_id=current_run_id(),

@@ -558,7 +558,7 @@ def connection_adds(script: str) -> dict[str, dict[str, str]]:
 
 
 def test_init_creates_every_connection_the_dags_use(services: dict[str, dict[str, Any]]) -> None:
-    from kb_reindex import airflow_tasks
+    from kb_reindex.airflow import connections as airflow_tasks
 
     added = connection_adds(AIRFLOW_INIT.read_text(encoding="utf-8"))
     expected = {
@@ -586,14 +586,12 @@ def test_init_connections_are_idempotent(init_commands: list[list[str]]) -> None
 
 
 def test_init_migrates_and_creates_the_pool(init_commands: list[list[str]]) -> None:
-    from kb_reindex import airflow_tasks
-    from kb_reindex.assets import POOL
+    from kb_reindex.airflow.constants import POOL
 
-    assert POOL == airflow_tasks.POOL
     assert ["airflow", "db", "migrate"] in init_commands
     pools = [cmd for cmd in init_commands if cmd[:3] == ["airflow", "pools", "set"]]
     # its slots are KB_BUILD_PARALLELISM as the settings accept it (local mode refuses more than 1)
-    assert any(cmd[3] == airflow_tasks.POOL and cmd[4] == "$slots" for cmd in pools), f"pool {airflow_tasks.POOL}: {pools}"
+    assert any(cmd[3] == POOL and cmd[4] == "$slots" for cmd in pools), f"pool {POOL}: {pools}"
     assert ["slots=$(python -m kb_reindex.config)"] in init_commands
     migrate = init_commands.index(["airflow", "db", "migrate"])
     assert all(init_commands.index(cmd) > migrate for cmd in pools)

@@ -115,8 +115,8 @@ def dag_env(project: Path, monkeypatch: pytest.MonkeyPatch, airflow_db: None) ->
 @pytest.mark.airflow
 def test_dag_run_holds_the_lock_from_plan_to_cleanup_and_lets_it_go(dag_env: Path,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    from kb_reindex import promote as promote_module
-    from kb_reindex import retention as retention_module
+    from kb_reindex import pipeline as promote_module  # the names the pipeline steps call
+    from kb_reindex import pipeline as retention_module
 
     seen: dict[str, object] = {}
     real_promote, real_cleanup = promote_module.promote, retention_module.cleanup

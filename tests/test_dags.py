@@ -235,15 +235,15 @@ def test_promote_that_finds_its_version_already_live_emits_no_asset_event(dagbag
     assert run_dag(dagbag, "knowledge_reindex")[0]
     path = dag_env / "knowledge" / "docs" / "coupon-rules.md"
     path.write_text(path.read_text(encoding="utf-8") + "\n\n补充：仅限线上。\n", encoding="utf-8")
-    from kb_reindex import promote as promote_module
+    from kb_reindex import pipeline
 
-    real_promote = promote_module.promote
+    real_promote = pipeline.promote
 
     def promoted_first_by_someone_else(deps, version_number, *, run_id=None, fence=None):
         real_promote(deps, version_number, run_id="cli__someone-else")
         return real_promote(deps, version_number, run_id=run_id, fence=fence)
 
-    monkeypatch.setattr(promote_module, "promote", promoted_first_by_someone_else)
+    monkeypatch.setattr(pipeline, "promote", promoted_first_by_someone_else)
     ok, states = run_dag(dagbag, "knowledge_reindex")
     assert ok, states
     assert states["promote"] == "skipped" and states["cleanup"] == "success"
@@ -308,7 +308,9 @@ def test_migration_dag_with_promote_and_as_shadow(dagbag, dag_env: Path) -> None
     ok, states = run_dag(dagbag, "knowledge_model_migration",
                          {"embedder": "hashing", "model": "hashing-ngram-v4", "dimension": 512, "promote": False})
     assert ok, states
-    assert states["keep_shadow"] == "success" and states["promote"] == "skipped"
+    # the same run as a reindex: promote off keeps a shadow (the promote task skipped, so no watch); cleanup runs
+    assert states["promote"] == "skipped" and states["watch"] == "skipped" and states["cleanup"] == "success"
+    assert "build_slices" in states, "the migration maps its build over slices as the reindex does"
     status = kb(dag_env, "status")
     assert status["live"]["version"] == 1
     assert {v["version"]: v["status"] for v in status["versions"]}[2] == "ready"

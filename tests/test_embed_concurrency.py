@@ -16,7 +16,7 @@ import pytest
 from qdrant_client import QdrantClient
 
 from kb_reindex import engine
-from kb_reindex.airflow_tasks import ollama_from_connection
+from kb_reindex.airflow.connections import ollama_from_connection
 from kb_reindex.config import Settings, split_ollama_hosts
 from kb_reindex.embedding import HashingEmbedder, OllamaEmbedder, check_model_served, make_embedder
 from kb_reindex.errors import ConfigError, EmbeddingError, ModelNotServed

@@ -322,7 +322,7 @@ def test_a_migration_asking_a_dimension_the_server_does_not_answer_is_refused_at
 def test_a_dimension_mismatch_is_not_retried_by_airflow(local_deps: Deps) -> None:
     deps = local_deps
     from airflow.sdk.exceptions import AirflowFailException
-    from kb_reindex.airflow_tasks import PERMANENT, step
+    from kb_reindex.airflow.tasks import PERMANENT, step
 
     assert issubclass(DimensionMismatch, PERMANENT) and issubclass(AliasFrozen, PERMANENT)
     deps.state.start_run(run_id="r1", alias=ALIAS, kind="migration", trigger="airflow")

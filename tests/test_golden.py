@@ -112,15 +112,15 @@ def test_plan_refuses_a_probe_expecting_a_document_not_in_the_files(deps) -> Non
 def test_airflow_plan_task_fails_for_good_on_a_bad_golden_set(project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from airflow.sdk.exceptions import AirflowFailException
 
-    from kb_reindex import airflow_tasks
+    from kb_reindex.airflow import connections, tasks
     from kb_reindex.config import Settings
     from kb_reindex.runtime import open_deps
 
     monkeypatch.setenv("KB_PROJECT_ROOT", str(project))
-    monkeypatch.setattr(airflow_tasks, "_connection", lambda conn_id: None)  # no Airflow Connections defined
+    monkeypatch.setattr(connections, "_connection", lambda conn_id: None)  # no Airflow Connections defined
     _edit_golden(project / "knowledge" / "golden.yaml", min_mrr=1.5)
     with pytest.raises(AirflowFailException, match="GoldenSetError: .*golden.yaml: 'min_mrr'"):
-        airflow_tasks.plan_task(run_id="airflow__plan__golden")
+        tasks.plan_task(run_id="airflow__plan__golden")
     with open_deps(Settings.from_env()) as deps:
         assert deps.state.get_run("airflow__plan__golden")["outcome"] == "failed"
         assert deps.state.list_versions(deps.settings.alias) == []

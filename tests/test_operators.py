@@ -58,7 +58,7 @@ with open_reader(Settings.from_env()) as reader:
 #: a DAG run's tasks, called as Airflow's worker calls them (no Connections defined: the environment)
 DAG_TASKS = """
 import json
-from kb_reindex import airflow_tasks as t
+from kb_reindex.airflow import tasks as t
 run = "airflow__knowledge_reindex__multi-host"
 plan = t.plan_task(run_id=run, force_full=True)
 version = t.create_version_task(plan=plan, run_id=run)

@@ -89,7 +89,7 @@ def test_bad_client_options_are_refused_by_name(project: Path, env: dict[str, st
 def test_an_airflow_connection_in_json_gives_a_client_at_the_server(
     project: Path, server: FakeQdrantServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from kb_reindex.airflow_tasks import task_deps
+    from kb_reindex.airflow.connections import task_deps
 
     port = int(server.url.rsplit(":", 1)[1])
     monkeypatch.setenv("KB_PROJECT_ROOT", str(project))

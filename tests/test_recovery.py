@@ -130,7 +130,7 @@ def test_status_shows_a_held_lock_and_unlock_breaks_it_on_the_record(cli_env: Pa
 
 
 def test_a_run_whose_lock_was_broken_does_not_promote(deps: Deps, monkeypatch: pytest.MonkeyPatch) -> None:
-    import kb_reindex.engine as engine_module
+    import kb_reindex.pipeline as engine_module
 
     real_validate = engine_module.validate
 
@@ -480,7 +480,7 @@ def test_a_task_whose_stores_cannot_be_opened_is_decided_like_a_failed_step(
 
     from airflow.sdk.exceptions import AirflowFailException
 
-    from kb_reindex.airflow_tasks import build_task
+    from kb_reindex.airflow.tasks import build_task
 
     state = StateStore(f"sqlite:///{state_db(project)}")
     state.start_run(run_id="airflow__r1", alias=ALIAS, kind="reindex", trigger="airflow")

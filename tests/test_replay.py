@@ -371,22 +371,22 @@ def test_cli_run_with_watch(project: Path, monkeypatch: pytest.MonkeyPatch, caps
 def test_the_dag_watch_task_is_skipped_at_window_0_and_fails_after_an_auto_rollback(
         project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
-    from kb_reindex import airflow_tasks
+    from kb_reindex.airflow import connections, tasks
     from kb_reindex.config import Settings
     from kb_reindex.runtime import open_deps
 
     monkeypatch.setenv("KB_PROJECT_ROOT", str(project))
-    monkeypatch.setattr(airflow_tasks, "_connection", lambda conn_id: None)  # no Airflow Connections defined
+    monkeypatch.setattr(connections, "_connection", lambda conn_id: None)  # no Airflow Connections defined
     with open_deps(Settings.from_env()) as deps:
         two_versions(deps)
     with pytest.raises(AirflowSkipException, match="KB_WATCH_MINUTES is 0"):
-        airflow_tasks.watch_task(promoted={"version": 2}, run_id="airflow__reindex__w")
+        tasks.watch_task(promoted={"version": 2}, run_id="airflow__reindex__w")
 
     with open_deps(Settings.from_env()) as deps:
         damage(deps, 2, ["return-policy", "member-rules"])
     monkeypatch.setenv("KB_WATCH_MINUTES", "0.001")
     with pytest.raises(AirflowFailException, match="v2 was rolled back to v1 automatically: watch of v2: golden"):
-        airflow_tasks.watch_task(promoted={"version": 2}, run_id="airflow__reindex__w")
+        tasks.watch_task(promoted={"version": 2}, run_id="airflow__reindex__w")
     with open_deps(Settings.from_env()) as deps:
         assert deps.state.live_version(deps.settings.alias).version == 1
         event = deps.state.alias_events(deps.settings.alias)[-1]

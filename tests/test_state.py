@@ -411,7 +411,7 @@ def test_the_kb_state_connection_may_be_a_postgres_one(postgres_url: str) -> Non
 
     from airflow.models.connection import Connection
 
-    from kb_reindex.airflow_tasks import state_url_from_connection
+    from kb_reindex.airflow.connections import state_url_from_connection
 
     db = urlsplit(postgres_url)
     conn = Connection(conn_id="kb_state", uri=f"postgres://{db.username}@{db.hostname}:{db.port}{db.path}")

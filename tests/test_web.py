@@ -807,12 +807,12 @@ def test_state_db_run_ids_of_dag_runs_link_to_airflow() -> None:
 def test_a_bad_payload_layout_param_is_named_as_the_param(project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The migration DAG's Param, not the environment variable it defaults to, is what on-call fixes."""
     from airflow.sdk.exceptions import AirflowFailException
-    from kb_reindex import airflow_tasks
+    from kb_reindex.airflow import connections, tasks
 
     monkeypatch.setenv("KB_PROJECT_ROOT", str(project))
-    monkeypatch.setattr(airflow_tasks, "_connection", lambda conn_id: None)
+    monkeypatch.setattr(connections, "_connection", lambda conn_id: None)
     with pytest.raises(AirflowFailException) as failed:
-        airflow_tasks.plan_task(run_id="airflow__knowledge_model_migration__m1", kind="migration",
+        tasks.plan_task(run_id="airflow__knowledge_model_migration__m1", kind="migration",
                                 embedder="hashing", layout="foo")
     assert "Param payload_layout='foo' is unknown" in str(failed.value)
     assert "KB_PAYLOAD_LAYOUT" not in str(failed.value)

@@ -5,7 +5,7 @@
 #   3. pool                        kb_qdrant_writes, KB_BUILD_PARALLELISM slots (default 1): build slices writing at once
 #   4. Connections                 qdrant_default, kb_state, ollama_default (recreated from .env)
 #   5. smoke check                 kb-reindex status: state DB and Qdrant reachable with these secrets
-# The Connection ids are the ones include/kb_reindex/airflow_tasks.py reads. A failure here (exit != 0)
+# The Connection ids are the ones include/kb_reindex/airflow/connections.py reads. A failure here (exit != 0)
 # keeps every other Airflow service from starting: `docker compose logs airflow-init` says why.
 set -euo pipefail
 
@@ -36,7 +36,7 @@ airflow pools set kb_qdrant_writes "$slots" "Qdrant writes of kb-reindex (KB_BUI
 
 # `connections add` refuses an existing id: delete first, so values changed in .env are applied.
 # --conn-json rather than --conn-type: for a type no installed provider registers, --conn-type silently
-# stores "generic", and kb_state must stay "mysql" (airflow_tasks.state_url_from_connection).
+# stores "generic", and kb_state must stay "mysql" (kb_reindex.airflow.connections.state_url_from_connection).
 conn_json() {
     python - "$@" <<'PY'
 import json, sys

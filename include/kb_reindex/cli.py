@@ -17,6 +17,7 @@ from typing import Any, NoReturn
 
 from kb_reindex.config import DEFAULT_MODELS, EMBEDDERS, Settings
 from kb_reindex.errors import ConfigError, Failure, KbError, StateEmpty, classify
+from kb_reindex.model import RunOutcome, WatchOutcome
 from kb_reindex.status import StatusView, history, status_view
 
 log = logging.getLogger("kb_reindex.cli")
@@ -309,14 +310,15 @@ def _cmd_run(args: argparse.Namespace, deps: Any) -> int:
     minutes = settings.watch_minutes if args.watch is None else args.watch
     if not 0 <= minutes <= 24 * 60:
         raise ConfigError(f"--watch {args.watch}: minutes must be from 0 (off) to 1440")
-    result = engine.run_reindex(deps, force_full=args.force_full, dry_run=args.dry_run, layout=args.layout)
+    result = engine.run_reindex(deps, force_full=args.force_full, dry_run=args.dry_run, layout=args.layout).to_dict()
     result.pop("plan", None)
-    if result["outcome"] == "promoted" and minutes > 0:
+    if result["outcome"] == RunOutcome.PROMOTED and minutes > 0:
         from kb_reindex.watch import watch
 
         result["watch"] = watch(deps, result["version"], minutes=minutes, interval_s=settings.watch_interval_s)
-        if result["watch"]["outcome"] in ("rolled_back", "regressed"):
-            result["outcome"] = "auto_rolled_back" if result["watch"]["outcome"] == "rolled_back" else "regressed"
+        if result["watch"]["outcome"] in (WatchOutcome.ROLLED_BACK, WatchOutcome.REGRESSED):
+            result["outcome"] = ("auto_rolled_back" if result["watch"]["outcome"] == WatchOutcome.ROLLED_BACK
+                                 else "regressed")
     _print(args, result, _run_human(result))
     return _run_exit_code(result)
 
@@ -339,7 +341,7 @@ def _cmd_migrate(args: argparse.Namespace, deps: Any) -> int:
         deps, kind="migration", embedder=args.embedder, model=model, dim=args.dim,
         promote_version=not args.no_promote, min_hit_rate=args.min_hit_rate, min_mrr=args.min_mrr,
         layout=args.layout,
-    )
+    ).to_dict()
     result.pop("plan", None)
     _print(args, result, _run_human(result))
     return _run_exit_code(result)
@@ -594,7 +596,7 @@ def _run_exit_code(result: dict[str, Any]) -> int:
     """A run stopped by a setting (e.g. no knowledge folder) is a configuration error, not a failed run."""
     if result["outcome"] in ("auto_rolled_back", "regressed"):  # the watch undid (or could not undo) it
         return 1
-    if result["outcome"] != "failed":
+    if result["outcome"] != RunOutcome.FAILED:
         return 0
     return 2 if result.get("error_kind") == "config" else 1
 
@@ -631,7 +633,7 @@ def _rollback(args: argparse.Namespace, deps: Any) -> int:
         print("Switch the alias? Type 'yes': ", end="", file=ask, flush=True)
         if sys.stdin.readline().strip().lower() != "yes":
             # declining is an answer, not a failure
-            _print(args, {"outcome": "cancelled", "changed": False, "message": "nothing changed"}, "nothing changed")
+            _print(args, {"outcome": RunOutcome.CANCELLED, "changed": False, "message": "nothing changed"}, "nothing changed")
             return 0
     held = _rollback_freeze(args, deps)
     result = engine.run_rollback(deps, reason=args.reason, to_version=target.version if target else None,

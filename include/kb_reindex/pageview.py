@@ -70,7 +70,7 @@ class PageStatus:
 
 
 def airflow_run(run_id: str | None) -> tuple[str | None, str | None]:
-    """(dag_id, dag_run_id) of a state-DB run id written by a DAG task (dag_support.current_run_id)."""
+    """(dag_id, dag_run_id) of a state-DB run id written by a DAG task (kb_reindex.airflow.constants.kb_run_id)."""
     if not run_id or not run_id.startswith(AIRFLOW_RUN_PREFIX):
         return None, None
     dag_id, _, dag_run_id = run_id.removeprefix(AIRFLOW_RUN_PREFIX).partition("__")

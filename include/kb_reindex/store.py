@@ -1,7 +1,7 @@
 """Qdrant access: collections, points, and the alias that readers follow.
 
 Local mode (`QdrantClient(path=...)`) by default, a Qdrant server in production; the same API either way.
-In Airflow the client comes from the `qdrant_default` Connection through the provider's QdrantHook.
+In Airflow the `qdrant_default` Connection sets the same settings (kb_reindex.airflow.connections).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ class CollectionShape:
 
 def make_client(settings: Settings, *, wait_s: float = 10.0, create: bool = True) -> QdrantClient:
     """The one place a client is built: the CLI's settings come from the environment, an Airflow task's
-    from the `qdrant_default` Connection (airflow_tasks.qdrant_overrides) or the same environment.
+    from the `qdrant_default` Connection (kb_reindex.airflow.connections.qdrant_overrides) or the same environment.
 
     `create=False` (read-only commands) never makes a local store: a wrong KB_QDRANT_PATH is named, not
     answered from a fresh empty folder."""

@@ -22,6 +22,7 @@ from typing import Any
 
 from kb_reindex.errors import AliasMovedError, KbError
 from kb_reindex.golden import first_hit_rank, load_golden_set, score
+from kb_reindex.runs import run_rollback
 from kb_reindex.runtime import Deps
 from kb_reindex.state import VersionRecord
 
@@ -151,7 +152,6 @@ def watch(
 
 def _undo(deps: Deps, version: VersionRecord, check: dict[str, Any], checks: list[dict[str, Any]], *,
           run_id: str | None, trigger: str) -> dict[str, Any]:
-    from kb_reindex.engine import run_rollback
     from kb_reindex.errors import RollbackRefused
 
     reason = f"watch of v{version.version}: " + "; ".join(check["signals"])

@@ -20,7 +20,7 @@ import sqlalchemy as sa
 
 log = logging.getLogger(__name__)
 
-#: the prefix of a kb run id made by `kb_reindex.dag_support.current_run_id`: `airflow__<dag_id>__<run_id>`
+#: the prefix of a kb run id made by `kb_reindex.airflow.constants.kb_run_id`: `airflow__<dag_id>__<run_id>`
 RUN_ID_PREFIX = "airflow__"
 #: DAG run states in which its tasks may still renew the lock
 RUNNING_STATES = frozenset({"queued", "running"})

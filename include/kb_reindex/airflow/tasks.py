@@ -1,0 +1,311 @@
+"""The bodies of the DAG tasks: Airflow Connections in, one kb_reindex.pipeline step each, small dicts out
+(XCom: the plan, version numbers and windows, summaries; never a vector).
+
+Every failure goes through the run recorder (`runs.Recorder.fail`, i.e. errors.classify, the one error
+policy): a permanent one fails the task at once (AirflowFailException, no retry) and ends the run; a
+transient one is raised for Airflow to retry, and ends the run only on the last try.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from typing import Any
+
+from airflow.sdk import get_current_context
+from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
+
+from kb_reindex import dag_lock
+from kb_reindex.airflow.connections import state_url, task_deps, task_settings
+from kb_reindex.airflow.constants import KNOWLEDGE_ALIAS
+from kb_reindex.errors import PERMANENT, KbError, StateUnreachable, StoreError, classify
+from kb_reindex.fence import Fence
+from kb_reindex.freeze import freeze_for_rollback
+from kb_reindex.layouts import version_profile
+from kb_reindex.locking import reindex_lock_name
+from kb_reindex.model import RunKind, RunOutcome, WatchOutcome
+from kb_reindex.pipeline import (
+    RunRequest,
+    build_step,
+    build_windows,
+    builds,
+    cleanup_step,
+    create_version_step,
+    finish_unbuilt,
+    plan_step,
+    promote_step,
+    recorded_version,
+    validate_step,
+    watch_step,
+)
+from kb_reindex.planning import Plan
+from kb_reindex.promote import promote_shadow
+from kb_reindex.runs import Recorder, exclusive, run_rollback
+from kb_reindex.runtime import Deps
+from kb_reindex.state import StateStore, VersionRecord
+
+__all__ = ["PERMANENT", "build_slices_task", "build_task", "cleanup_task", "create_version_task", "plan_task",
+           "promote_shadow_task", "promote_task", "rollback_task", "should_build_task", "step", "task_deps",
+           "validate_task", "watch_task"]
+
+log = logging.getLogger(__name__)
+
+
+def _last_try() -> bool:
+    """True when Airflow will not retry this task again (a retried step's run is still in progress)."""
+    try:
+        ti = get_current_context()["ti"]
+        return bool(ti.try_number > ti.max_tries)
+    except Exception:  # outside a task context: treat as final
+        return True
+
+
+@contextmanager
+def step(deps: Deps, run_id: str) -> Iterator[None]:
+    """Record the run as failed when it really ends, and tell Airflow whether to retry."""
+    try:
+        yield
+    except Exception as exc:
+        failure = Recorder.of(deps, run_id).fail(exc, retry_left=not _last_try())
+        if failure.kind == "state_unreachable" and not isinstance(exc, KbError):
+            raise StateUnreachable(failure.message) from None  # nothing to record it in: the next run does
+        if not failure.transient:
+            raise AirflowFailException(f"{type(exc).__name__}: {exc}") from None
+        if not isinstance(exc, KbError) and failure.expected:  # Qdrant unreachable: one line, and a retry
+            raise StoreError(failure.message) from None
+        raise
+
+
+@contextmanager
+def task_step(run_id: str) -> Iterator[Deps]:
+    """`task_deps` inside `step`, under the run's reindex lock (renewed now and all along the step): an error
+    while opening the stores (Qdrant down, a bad Connection) is decided like one in the step's body."""
+    stack = ExitStack()
+    try:
+        deps = stack.enter_context(task_deps())
+    except KbError as exc:
+        stack.close()
+        _opening_failed(run_id, exc)
+        raise
+    with stack, step(deps, run_id), dag_lock.held(deps, run_id):
+        yield deps
+
+
+def _opening_failed(run_id: str, exc: KbError) -> None:
+    """The stores could not be opened: recorded through the state DB alone (the rest may be what failed)."""
+    try:
+        url = state_url()
+        state = StateStore(url, create=False)
+        try:
+            recorder = Recorder(state, run_id, judge=lambda e: classify(e, state_url=url))
+            failure = recorder.fail(exc, retry_left=not _last_try())
+        finally:
+            state.dispose()
+    except KbError as unrecorded:  # the state DB itself is what failed: Airflow's log is the record
+        log.warning("kb_reindex: run %s failed and could not be recorded: %s", run_id, unrecorded)
+        if isinstance(exc, PERMANENT):
+            raise AirflowFailException(f"{type(exc).__name__}: {exc}") from None
+        return
+    if not failure.transient:
+        raise AirflowFailException(f"{type(exc).__name__}: {exc}") from None
+
+
+def run_fence(deps: Deps, run_id: str) -> Fence:
+    """The DAG run's lock, which every write batch and the promotion of the run check it still holds."""
+    return Fence(reindex_lock_name(deps.settings.alias), dag_lock.dag_run_owner(run_id))
+
+
+# --- knowledge_reindex & knowledge_model_migration ---------------------------------------------------
+
+
+def plan_task(*, run_id: str, kind: str = RunKind.REINDEX, force_full: bool = False, embedder: str | None = None,
+              model: str | None = None, dim: int | None = None, layout: str | None = None,
+              dry_run: bool = False) -> dict[str, Any]:
+    """Start the run's record and take its reindex lock (held until cleanup, or the failure callback, lets it
+    go), then plan: the only task that reads the knowledge folder."""
+    request = RunRequest(kind=RunKind(kind), force_full=force_full, dry_run=dry_run, embedder=embedder, model=model,
+                         dim=dim, layout=layout, layout_from="Param payload_layout")
+    with task_deps() as deps:
+        recorder = Recorder.of(deps, run_id)
+        recorder.start(request.kind, "airflow")
+        with step(deps, run_id):
+            dag_lock.take(deps, run_id)
+            return plan_step(deps, recorder, request).to_dict()
+
+
+def should_build_task(*, plan: dict[str, Any], dry_run: bool, run_id: str) -> bool:
+    """False ends the run here (short-circuit): nothing changed, or only a dry run was asked for."""
+    with task_deps() as deps:
+        dag_lock.renew(deps, run_id)
+        planned = Plan.from_dict(plan)
+        if builds(planned, dry_run=dry_run):
+            return True
+        outcome = finish_unbuilt(Recorder.of(deps, run_id), planned)
+        log.info("kb_reindex: %s; nothing is built", outcome)
+        if dry_run:  # nothing else of this run writes (cleanup skips a dry run); a no-change run's cleanup does
+            dag_lock.release(deps, run_id)
+    return False
+
+
+def create_version_task(*, plan: dict[str, Any], run_id: str) -> dict[str, Any]:
+    with task_step(run_id) as deps:
+        return create_version_step(deps, Recorder.of(deps, run_id), Plan.from_dict(plan)).to_dict()
+
+
+def build_slices_task(*, version: dict[str, Any], slice_size: int, run_id: str | None = None) -> list[dict[str, Any]]:
+    """(offset, limit) windows over the version's manifest, for dynamic task mapping of the build."""
+    with task_deps() as deps:
+        if run_id is not None:
+            dag_lock.renew(deps, run_id)
+        windows = build_windows(deps, version["version"], slice_size)
+    return [{"version": version["version"], "offset": offset, "limit": limit} for offset, limit in windows]
+
+
+def build_task(*, version: dict[str, Any], run_id: str, window: tuple[int, int] | None = None) -> dict[str, Any]:
+    with task_step(run_id) as deps:
+        return build_step(deps, Recorder.of(deps, run_id), version["version"], run_fence(deps, run_id),
+                          window=window).to_dict()
+
+
+def validate_task(*, version: dict[str, Any], run_id: str, min_hit_rate: float | None = None,
+                  min_mrr: float | None = None) -> dict[str, Any]:
+    with task_step(run_id) as deps:
+        return validate_step(deps, version["version"], RunRequest(min_hit_rate=min_hit_rate, min_mrr=min_mrr))
+
+
+def promote_task(*, plan: dict[str, Any], version: dict[str, Any], run_id: str, promote: bool = True) -> dict[str, Any]:
+    """Move the alias and announce it on the alias Asset. The task is skipped (no Asset event, no watch;
+    `cleanup` still runs) when nothing moved: the version was already live (unless this very run moved it in
+    an attempt that died before reporting), the alias is frozen (the run ends `frozen`), or `promote` is off
+    (a migration's shadow: the run ends `shadow`)."""
+    number = version["version"]
+    with task_step(run_id) as deps:
+        promotion = promote_step(deps, Recorder.of(deps, run_id), Plan.from_dict(plan), number, run_fence(deps, run_id),
+                                 request=RunRequest(promote=promote))
+        if promotion.moved:
+            record = recorded_version(deps, number)
+            announce_alias_move(deps, action=_move_action(record), version=record,
+                                previous_version=promotion.previous_version)
+    if promotion.outcome == RunOutcome.FROZEN and promotion.frozen is not None:  # outside `step`: not a failure
+        raise AirflowSkipException(str(promotion.frozen["message"]))
+    if promotion.outcome == RunOutcome.SHADOW:
+        raise AirflowSkipException(f"promote is off: v{number} is kept as a shadow (built and validated, never "
+                                   "served); knowledge_promote_shadow puts it live")
+    if not promotion.moved:
+        raise AirflowSkipException(f"v{number} is already live: the alias did not move")
+    return promotion.to_dict()
+
+
+def _move_action(record: VersionRecord) -> str:
+    return "migrate" if record.kind == RunKind.MIGRATION else "promote"
+
+
+def alias_move_extra(*, alias: str, action: str, version: VersionRecord,
+                     previous_version: int | None) -> dict[str, Any]:
+    """What an Asset event of the alias says moved: consumers (a cache warmer, an evaluation DAG) need not
+    ask the state DB which collection, model and dimension now serve, nor how its payloads look."""
+    return {"alias": alias, "action": action, "version": version.version, "collection": version.collection,
+            "model": version.embed_model, "dimension": version.embed_dim, "previous_version": previous_version,
+            "payload_layout": version.payload_layout, "embed_profile": version_profile(version)}
+
+
+def announce_alias_move(deps: Deps, *, action: str, version: VersionRecord,
+                        previous_version: int | None) -> dict[str, Any]:
+    """Set the `extra` of this task's outlet event for the alias Asset (emitted when the task succeeds)."""
+    extra = alias_move_extra(alias=deps.settings.alias, action=action, version=version,
+                             previous_version=previous_version)
+    get_current_context()["outlet_events"][KNOWLEDGE_ALIAS].extra = extra
+    log.info("kb_reindex: alias %s moved: %s", deps.settings.alias, extra)
+    return extra
+
+
+def cleanup_task(*, dry_run: bool = False, run_id: str | None = None) -> dict[str, Any]:
+    """Retention after any run that did not fail: a quiet knowledge base reclaims abandoned builds too.
+    A dry run promised to change nothing, so it deletes nothing either. The run's last step: retention runs
+    under the run's lock, then lets it go (a failed retention keeps it for its retry, or the failure callback)."""
+    if dry_run:
+        if run_id is not None:
+            with task_deps() as deps:
+                dag_lock.release(deps, run_id)
+        raise AirflowSkipException("dry run: retention deletes nothing")
+    with task_deps() as deps:
+        if run_id is None:
+            return cleanup_step(deps)
+        with dag_lock.held(deps, run_id):
+            result = cleanup_step(deps)
+        dag_lock.release(deps, run_id)
+        return result
+
+
+def watch_task(*, promoted: dict[str, Any], run_id: str) -> dict[str, Any]:
+    """The watch after `promote`, for KB_WATCH_MINUTES (0: skipped). An automatic rollback, or a regression
+    with nowhere to go back to, fails the task without retry: on-call must hear of it."""
+    settings, _headers = task_settings()
+    if settings.watch_minutes <= 0:
+        raise AirflowSkipException("KB_WATCH_MINUTES is 0: no watch after the promotion")
+    with task_deps() as deps:
+        result = watch_step(deps, promoted["version"], minutes=settings.watch_minutes,
+                            run_id=f"{run_id}__watch"[:255], trigger="watch")
+    if result["outcome"] == WatchOutcome.ROLLED_BACK:
+        raise AirflowFailException(f"v{promoted['version']} was rolled back to v{result['to_version']} "
+                                   f"automatically: {result['reason']}")
+    if result["outcome"] == WatchOutcome.REGRESSED:
+        raise AirflowFailException(f"v{promoted['version']} regressed after its promotion and could not be rolled "
+                                   f"back: {'; '.join(result['signals'])}; {result['error']}")
+    return result
+
+
+# --- knowledge_rollback ----------------------------------------------------------------------------
+
+
+def rollback_task(*, run_id: str, live_version: int | None, to_version: int | None, reason: str, confirm: bool,
+                  revalidate: bool, freeze: bool = True) -> dict[str, Any]:
+    """On-call's rollback from `live_version` (the version they saw serving) to `to_version` (default: the one
+    before it): refused, moving nothing, if another version serves by the move. No reindex lock: it completes
+    while a build runs, and that build's promotion then fails its compare-and-swap. `freeze`: set the
+    product's freeze before the alias moves back (kb_reindex.freeze), so no later run promotes the bad change
+    again; the result says so."""
+    if not confirm:
+        raise AirflowFailException("rollback not confirmed: set the 'confirm' param to true; nothing changed")
+    if live_version is None:
+        raise AirflowFailException("name the version you saw serving (the 'live_version' param, from the Knowledge "
+                                   "index page or `kb-reindex status`); nothing changed")
+    with task_deps() as deps:
+        try:
+            held = (freeze_for_rollback(deps, reason=reason, by=f"knowledge_rollback ({run_id})").view()
+                    if freeze else None)
+            result = run_rollback(deps, reason=reason, to_version=to_version, run_id=run_id, trigger="airflow",
+                                  revalidate=revalidate, expected_live=live_version)
+        except PERMANENT as exc:
+            raise AirflowFailException(f"{type(exc).__name__}: {exc}") from None
+        target = recorded_version(deps, result["to_version"])
+        announce_alias_move(deps, action="rollback", version=target, previous_version=result["from_version"])
+        return {**result, "freeze": held}
+
+
+# --- knowledge_promote_shadow ------------------------------------------------------------------------
+
+
+def promote_shadow_task(*, run_id: str, version: int | None, reason: str, confirm: bool,
+                        live_version: int | None) -> dict[str, Any]:
+    """Put a shadow (built, validated, never served) live on purpose: validated again against what serves
+    now, under the alias's lock, and announced on the alias Asset. A retired or unknown version is refused:
+    a version that served goes back through a rollback. Moves only from `live_version`, the version on-call
+    saw serving (None: only when nothing serves)."""
+    if version is None:
+        raise AirflowFailException("name the shadow version to promote (the 'version' param)")
+    if not confirm:
+        raise AirflowFailException("promotion not confirmed: set the 'confirm' param to true; nothing changed")
+    if not reason or not reason.strip():
+        raise AirflowFailException("a promotion needs a reason (it is recorded in the alias history)")
+    with task_deps() as deps:
+        recorder = Recorder.of(deps, run_id)
+        recorder.start(RunKind.PROMOTE, "airflow")
+        with step(deps, run_id), exclusive(deps, run_id=run_id):
+            result = promote_shadow(deps, version, expected_live=live_version, run_id=run_id, reason=reason.strip())
+        recorder.finish(RunOutcome.PROMOTED, version=version)
+        record = recorded_version(deps, version)
+        announce_alias_move(deps, action=_move_action(record), version=record,
+                            previous_version=result["previous_version"])
+        return result
