@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import settings_for, write_doc
+from conftest import force_status, settings_for, write_doc
 from kb_reindex import engine
 from kb_reindex.errors import GoldenSetError, KbError
 from kb_reindex.golden import load_golden_set, paired_comparison, sign_test_p
@@ -174,7 +174,7 @@ def test_only_a_whole_version_can_be_pinned(deps: Deps, monkeypatch: pytest.Monk
         pin_version(deps, 1, reason="  ")
     with pytest.raises(ConfigError, match="has no version 7"):
         pin_version(deps, 7, reason="x")
-    deps.state.mark_failed(deps.state.get_version(ALIAS, 1).id, step="build", error="test")
+    force_status(deps.state, deps.state.get_version(ALIAS, 1).id, "failed")
     with pytest.raises(ConfigError, match="v1 is failed; only a live, ready or retired version can be pinned"):
         pin_version(deps, 1, reason="x")
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 
 import pytest
+from conftest import force_status
 from kb_reindex import engine
 from kb_reindex.alias import rollback_target
 from kb_reindex.checks import structural_problems
@@ -57,7 +58,7 @@ def test_rollback_refuses_a_broken_target_and_nothing_moves(deps: Deps, damage: 
     if damage == "missing":
         deps.store.delete_collection(target.collection)
     elif damage in ("failed", "deleted"):
-        deps.state.update_version(target.id, status=damage)
+        force_status(deps.state, target.id, damage)
     else:
         points, _ = deps.store.client.scroll(target.collection, limit=1)
         deps.store.client.delete(target.collection, points_selector=[points[0].id])

@@ -18,6 +18,8 @@ from typing import Any
 
 from kb_reindex.alias import drift_advice
 from kb_reindex.errors import ConfigError, StateDriftError, StoreError
+from kb_reindex.lifecycle import DELETED, FAILED, LIVE, READY, RECONCILABLE, RETIRED
+from kb_reindex.model import RunKind, VersionStatus
 from kb_reindex.runtime import Deps
 from kb_reindex.sources import corpus_fingerprint
 from kb_reindex.state import VersionRecord, utcnow
@@ -41,13 +43,13 @@ def reconcile(deps: Deps, *, run_id: str | None = None) -> dict[str, Any]:
         if serving is None and live is not None:
             return _restore_missing_alias(deps, live, run_id=run_id)
         target = next((v for v in deps.state.list_versions(alias) if v.collection == serving), None)
-        if serving is None or target is None or target.status == "deleted" or (
+        if serving is None or target is None or target.status == DELETED or (
                 live is not None and target.version < live.version):
             # never record a version older than live as live: that is a rollback, and recorded as one
             raise StateDriftError(drift_advice(deps, serving, live))
         deps.state.record_switch(alias=alias, action="reconcile", to=target, previous=live, run_id=run_id,
                                  reason=f"alias found pointing at {serving}; state said "
-                                        f"{live.collection if live else 'nothing'}")
+                                        f"{live.collection if live else 'nothing'}", from_=RECONCILABLE)
     return {"changed": True, "live_version": target.version, "previous_version": live.version if live else None,
             "message": f"{alias}: recorded v{target.version} ({serving}) as live"
                        + (f"; v{live.version} retired" if live else "")}
@@ -128,7 +130,7 @@ def read_version(deps: Deps, name: str) -> dict[str, Any]:
         problems.append("neither its metadata nor its points name the embedding model and chunking")
     embedder = meta.get("embedder") or ("hashing" if (model or "").startswith("hashing") else "ollama")
     return {
-        "kind": meta.get("kind") or "reindex", "embedder": embedder, "embed_model": model or "unknown",
+        "kind": meta.get("kind") or RunKind.REINDEX, "embedder": embedder, "embed_model": model or "unknown",
         "embed_dim": dim, "distance": distance, "chunking_version": chunking or "unknown",
         "corpus_fingerprint": corpus_fingerprint(SimpleNamespace(**d) for d in documents.values()),
         "documents": sorted(documents.values(), key=lambda d: d["knowledge_key"]), "chunks": chunks,
@@ -168,7 +170,7 @@ def _served_at(meta: dict[str, Any]) -> datetime | None:
         return utcnow()
 
 
-def _rebuilt_status(facts: dict[str, Any], *, serving: bool) -> tuple[str, str | None]:
+def _rebuilt_status(facts: dict[str, Any], *, serving: bool) -> tuple[VersionStatus, str | None]:
     """(status, note) of a version rebuilt from its collection, by what the collection notes it went through:
     behind the alias -> live; served before -> retired (a rollback may return to it); validated but never
     served -> ready, a shadow only a promotion (which validates again) puts live; neither -> failed, a build
@@ -177,16 +179,16 @@ def _rebuilt_status(facts: dict[str, Any], *, serving: bool) -> tuple[str, str |
     if facts["problems"]:
         if serving:
             raise StoreError(f"the live collection cannot give a manifest: {'; '.join(facts['problems'])}")
-        return "failed", "rebuilt from Qdrant: " + "; ".join(facts["problems"])
+        return FAILED, "rebuilt from Qdrant: " + "; ".join(facts["problems"])
     if serving:
-        return "live", None
+        return LIVE, None
     if facts["served_at"] is not None:
-        return "retired", None
+        return RETIRED, None
     if facts["validated"]:
-        return "ready", None
+        return READY, None
     if facts["legacy"]:
-        return "ready", "rebuilt from Qdrant: made before collections noted their history; promote validates it again"
-    return "failed", "rebuilt from Qdrant: never validated (a build that did not finish)"
+        return READY, "rebuilt from Qdrant: made before collections noted their history; promote validates it again"
+    return FAILED, "rebuilt from Qdrant: never validated (a build that did not finish)"
 
 
 def rebuild_state(deps: Deps, *, replace: bool = False, run_id: str | None = None) -> dict[str, Any]:
@@ -230,16 +232,16 @@ def rebuild_state(deps: Deps, *, replace: bool = False, run_id: str | None = Non
                 distance=facts["distance"], chunking_version=facts["chunking_version"],
                 corpus_fingerprint=facts["corpus_fingerprint"], docs_count=len(facts["documents"]),
                 points_expected=len(facts["chunks"]), points_written=len(facts["chunks"]),
-                error=note, failed_step="rebuild" if status == "failed" else None,
-                promoted_at=now if status == "live" else facts["served_at"],
-                retired_at=(facts["served_at"] or now) if status == "retired" else None,
+                error=note, failed_step="rebuild" if status == FAILED else None,
+                promoted_at=now if status == LIVE else facts["served_at"],
+                retired_at=(facts["served_at"] or now) if status == RETIRED else None,
                 payload_layout=facts["payload_layout"], embed_profile=facts["embed_profile"],
                 validation=json.dumps(facts["validation"]) if facts["validation"] else None,
                 **({"created_at": facts["created_at"]} if facts["created_at"] else {}),
             )
-            if status != "failed":
+            if status != FAILED:
                 deps.state.write_manifest(record.id, facts["documents"], facts["chunks"])
-            live = record if status == "live" else live
+            live = record if status == LIVE else live
             rebuilt.append({"version": number, "collection": name, "status": status, "points": len(facts["chunks"]),
                             "embed_model": facts["embed_model"], "dim": facts["embed_dim"],
                             "payload_layout": facts["payload_layout"], "problems": facts["problems"]})

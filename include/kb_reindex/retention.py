@@ -11,7 +11,8 @@ from typing import Any
 
 from kb_reindex.alias import rollback_target
 from kb_reindex.errors import ConfigError, KbError, StoreError
-from kb_reindex.locking import alias_lock_name, pin_by
+from kb_reindex.lifecycle import BUILDING, DELETED, FAILED, LIVE, RETIRED
+from kb_reindex.locking import alias_lock_name, pin_by, run_is_active
 from kb_reindex.runtime import Deps
 from kb_reindex.state import VersionRecord, utcnow
 
@@ -28,11 +29,11 @@ def retention_victims(
     version ids; they are kept on top of `keep`, not in its place).
     """
     protected = set(protected) | set(pinned)
-    retired = sorted((v for v in versions if v.status == "retired" and v.id not in pinned),
+    retired = sorted((v for v in versions if v.status == RETIRED and v.id not in pinned),
                      key=lambda v: (v.retired_at or v.created_at, v.version), reverse=True)
     keep_ids = {v.id for v in retired[: max(keep, 1)]} | protected
     victims = [v for v in retired if v.id not in keep_ids]
-    victims += [v for v in versions if v.status == "failed" and v.id not in protected]
+    victims += [v for v in versions if v.status == FAILED and v.id not in protected]
     return sorted(victims, key=lambda v: v.version)
 
 
@@ -41,18 +42,17 @@ def cleanup(deps: Deps) -> dict[str, Any]:
     with deps.state.lock(alias_lock_name(alias), ttl_s=300, wait_s=deps.settings.lock_wait_s):
         target = rollback_target(deps)
         serving = deps.store.alias_target(alias)
-        from kb_reindex.locking import run_is_active
-
         versions = deps.state.list_versions(alias)
         protected = {v.id for v in versions if v.collection == serving}
         if target is not None:
             protected.add(target.id)
         # a failed or unfinished build whose run may still retry is left alone; an abandoned one goes
-        protected |= {v.id for v in versions if v.status in ("failed", "building") and v.run_id
+        protected |= {v.id for v in versions if v.status in (FAILED, BUILDING) and v.run_id
                       and run_is_active(deps, v.run_id)}
         for v in versions:
-            if v.status == "building" and v.id not in protected:
-                deps.state.mark_failed(v.id, step="build", error="abandoned: its run ended without finishing the build")
+            if v.status == BUILDING and v.id not in protected:
+                deps.state.mark_failed(v.id, step="build", error="abandoned: its run ended without finishing the build",
+                                       from_=[BUILDING])
         versions = deps.state.list_versions(alias)
         pinned = pinned_ids(deps, versions)
         deleted = []
@@ -76,19 +76,19 @@ def drop_version(deps: Deps, version_number: int) -> dict[str, Any]:
         if version is None:
             raise KbError(f"version {version_number} of {alias} does not exist")
         target = rollback_target(deps)
-        if version.status == "live" or deps.store.alias_target(alias) == version.collection:
+        if version.status == LIVE or deps.store.alias_target(alias) == version.collection:
             raise KbError(f"v{version.version} is live; roll back or promote another version first")
         if target is not None and target.id == version.id:
             raise KbError(f"v{version.version} is the rollback target; it is kept")
-        if version.status == "building":
+        if version.status == BUILDING:
             raise KbError(f"v{version.version} is still building")
         pin = deps.state.active_pins(alias).get(version.version)
-        if pin is not None and version.status != "deleted":
+        if pin is not None and version.status != DELETED:
             raise KbError(f"v{version.version} is pinned ({pin['reason']!r}, by {pin['pinned_by']} at "
                           f"{pin['pinned_at']:%Y-%m-%d %H:%M:%S} UTC); `kb-reindex unpin --version {version.version}` "
                           "first if it should go")
-        if version.status == "deleted":
-            return {"version": version.version, "collection": version.collection, "was": "deleted",
+        if version.status == DELETED:
+            return {"version": version.version, "collection": version.collection, "was": DELETED,
                     "collection_dropped": False, "already_deleted": True}
         dropped, snapshot = _drop_collection(deps, version)
         deps.state.drop_unneeded_texts()
@@ -114,7 +114,7 @@ def pin_version(deps: Deps, version_number: int, *, reason: str, by: str | None 
     version = deps.state.get_version(alias, version_number)
     if version is None:
         raise ConfigError(f"--version {version_number}: {alias} has no version {version_number}")
-    if version.status in ("failed", "deleted", "building"):
+    if version.status in (FAILED, DELETED, BUILDING):
         raise ConfigError(f"v{version.version} is {version.status}; only a live, ready or retired version can be pinned")
     existing = deps.state.active_pins(alias).get(version.version)
     pin = deps.state.pin_version(alias=alias, version=version.version, reason=reason.strip(), by=by or pin_by())
@@ -156,5 +156,5 @@ def _drop_collection(deps: Deps, version: VersionRecord) -> tuple[bool, str | No
         log.info("kb_reindex: snapshot %s of %s (v%d) taken before dropping it", snapshot, version.collection,
                  version.version)
     dropped = deps.store.delete_collection(version.collection)
-    deps.state.update_version(version.id, status="deleted", deleted_at=utcnow())
+    deps.state.transition_version(version.id, from_=[version.status], to=DELETED)
     return dropped, snapshot

@@ -17,6 +17,7 @@ from typing import Any
 from kb_reindex.corpus import DocumentTexts
 from kb_reindex.errors import KbError
 from kb_reindex.layouts import embedding_profile
+from kb_reindex.lifecycle import BUILDING, FAILED, READY
 from kb_reindex.plan import Prepared
 from kb_reindex.runtime import Deps
 from kb_reindex.store import DISTANCE, collection_name
@@ -57,7 +58,7 @@ def snapshot_plan(deps: Deps, prepared: Prepared, *, run_id: str | None = None) 
         resumed = False
     else:
         was = f"{version.status} at {version.failed_step}" if version.status == "failed" else version.status
-        deps.state.update_version(version.id, status="building", error=None, failed_step=None, run_id=run_id)
+        deps.state.transition_version(version.id, from_=[BUILDING, FAILED, READY], to=BUILDING, run_id=run_id)
         resumed = True
         log.info("kb_reindex: resuming v%d (%s, was %s): the same plan; what it holds is not written again",
                  version.version, version.collection, was)
@@ -71,7 +72,7 @@ def snapshot_plan(deps: Deps, prepared: Prepared, *, run_id: str | None = None) 
     except Exception as exc:
         # "create": a rerun of the same plan takes this version over and writes its snapshot again
         deps.state.mark_failed(version.id, step="create", error=str(exc) if isinstance(exc, KbError)
-                               else f"{type(exc).__name__}: {exc}")
+                               else f"{type(exc).__name__}: {exc}", from_=[BUILDING])
         raise
     log.info("kb_reindex: plan snapshot of v%d written (%d chunks, %d to embed)", version.version,
              plan["chunks"]["total"], to_embed)

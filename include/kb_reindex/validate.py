@@ -24,6 +24,7 @@ from kb_reindex.golden import (
     probe_categories,
     score,
 )
+from kb_reindex.lifecycle import BUILDING, READY, may_validate
 from kb_reindex.runtime import Deps
 from kb_reindex.state import VersionRecord
 
@@ -95,23 +96,21 @@ def validate(
     try:
         finish_bulk_load(deps, version)
     except KbError as exc:
-        if version.status == "building":  # a kept version re-checked while Qdrant re-indexes it stays as it is
-            deps.state.mark_failed(version.id, step="validate", error=str(exc))
+        if version.status == BUILDING:  # a kept version re-checked while Qdrant re-indexes it stays as it is
+            deps.state.mark_failed(version.id, step="validate", error=str(exc), from_=[BUILDING])
         raise
     try:
         result = _validate(deps, version, min_hit_rate=min_hit_rate, min_mrr=min_mrr, compare_live=compare_live,
                            flagged=flagged)
     except GoldenSetError as exc:
-        if record and version.status in ("building", "ready"):
-            deps.state.mark_failed(version.id, step="validate", error=str(exc))
+        if record and version.status in (BUILDING, READY):
+            deps.state.mark_failed(version.id, step="validate", error=str(exc), from_=[version.status])
         raise ValidationFailed(f"v{version.version} not validated: {exc}") from None
     if not record:
         pass
-    elif version.status in ("building", "ready", "failed") and not (version.status == "failed" and version.failed_step not in ("validate", "build")):
+    elif may_validate(version.status, version.failed_step):
         if result["passed"]:
-            from kb_reindex.state import utcnow
-
-            deps.state.update_version(version.id, status="ready", validation=result, ready_at=utcnow(), error=None, failed_step=None)
+            deps.state.transition_version(version.id, from_=[version.status], to=READY, validation=result)
             try:
                 # the scores too: a state DB rebuilt from Qdrant shows them again
                 deps.store.annotate(version.collection, {"validated": True, "hit_rate": result["hit_rate"],
@@ -121,7 +120,8 @@ def validate(
                             version.collection, type(exc).__name__, exc)
         else:
             deps.state.update_version(version.id, validation=result)
-            deps.state.mark_failed(version.id, step="validate", error="; ".join(result["failures"]))
+            deps.state.mark_failed(version.id, step="validate", error="; ".join(result["failures"]),
+                                   from_=[version.status])
     else:
         deps.state.update_version(version.id, validation=result)
     log.info("kb_reindex: validate v%d: %s (hit rate %.3f, MRR %.3f, regressions %d)", version.version,
