@@ -38,14 +38,14 @@ def test_rollback_to_previous_then_to_a_chosen_version(deps: Deps) -> None:
     three_versions(deps)
     assert rollback_target(deps).version == 2
     result = engine.run_rollback(deps, reason="bad shipping text")
-    assert (result["from_version"], result["to_version"], result["outcome"]) == (3, 2, "rolled_back")
-    assert result["validation"]["passed"]
-    assert deps.store.alias_target(ALIAS) == result["collection"]
+    assert (result.from_version, result.to_version, result.outcome) == (3, 2, "rolled_back")
+    assert result.validation is not None and result.validation.passed
+    assert deps.store.alias_target(ALIAS) == result.collection
     assert deps.state.get_version(ALIAS, 3).status == "retired"
     assert deps.store.exists(deps.state.get_version(ALIAS, 3).collection)
 
     chosen = engine.run_rollback(deps, reason="back to the first", to_version=1)
-    assert chosen["to_version"] == 1
+    assert chosen.to_version == 1
     events = engine.history(deps)
     assert [e["action"] for e in events] == ["promote", "promote", "promote", "rollback", "rollback"]
     assert events[-1]["reason"] == "back to the first" and events[-1]["from_version"] == 2
@@ -189,7 +189,7 @@ def test_failed_build_versions_are_dropped_by_gc(deps: Deps, monkeypatch: pytest
     assert failed.status == "failed" and deps.store.exists(failed.collection)
     monkeypatch.undo()
     result = cleanup(deps)
-    assert [d["version"] for d in result["deleted"]] == [2]
+    assert [d.version for d in result.deleted] == [2]
     assert not deps.store.exists(failed.collection)
     assert deps.state.live_version(ALIAS).version == 1
 
@@ -206,7 +206,7 @@ def test_shadow_version_is_dropped_only_explicitly_and_live_or_target_never(deps
     with pytest.raises(KbError, match="rollback target"):
         drop_version(deps, 2)
     dropped = drop_version(deps, shadow["version"])
-    assert dropped["collection_dropped"] and not deps.store.exists(shadow["collection"])
+    assert dropped.collection_dropped and not deps.store.exists(shadow["collection"])
     assert deps.state.get_version(ALIAS, shadow["version"]).status == "deleted"
 
 
@@ -220,8 +220,8 @@ def test_rollback_is_not_blocked_by_a_golden_set_naming_newer_documents(deps: De
                       + "  - id: gift-card-use\n    query: 礼品卡怎么用\n    expected: [gift-card]\n", encoding="utf-8")
     assert engine.run_reindex(deps)["outcome"] == "promoted"
     result = engine.run_rollback(deps, reason="gift card text is wrong")
-    assert result["to_version"] == 1 and deps.state.live_version(ALIAS).version == 1
-    assert result["validation"]["passed"] is None and "gift-card" in result["validation"]["error"]
+    assert result.to_version == 1 and deps.state.live_version(ALIAS).version == 1
+    assert result.to_dict()["validation"]["passed"] is None and "gift-card" in result.to_dict()["validation"]["error"]
     assert deps.state.get_version(ALIAS, 1).status == "live"
 
 
@@ -285,7 +285,7 @@ def test_gc_drops_a_build_abandoned_by_a_run_that_ended(deps: Deps) -> None:
     deps.state.finish_run("crashed", outcome="failed", error="worker lost")
     dag_lock.release(deps, "crashed")  # its failure callback
     result = cleanup(deps)
-    assert [d["version"] for d in result["deleted"]] == [2]
+    assert [d.version for d in result.deleted] == [2]
     assert not deps.store.exists(created["collection"])
 
 

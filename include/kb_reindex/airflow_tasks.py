@@ -503,9 +503,9 @@ def cleanup_task(*, dry_run: bool = False, run_id: str | None = None) -> dict[st
         raise AirflowSkipException("dry run: retention deletes nothing")
     with task_deps() as deps:
         if run_id is None:
-            return cleanup(deps)
+            return cleanup(deps).to_dict()
         with dag_lock.held(deps, run_id):
-            result = cleanup(deps)
+            result = cleanup(deps).to_dict()
         dag_lock.release(deps, run_id)
         return result
 
@@ -558,9 +558,9 @@ def rollback_task(*, run_id: str, live_version: int | None, to_version: int | No
                                   revalidate=revalidate, expected_live=live_version)
         except PERMANENT as exc:
             raise AirflowFailException(f"{type(exc).__name__}: {exc}") from None
-        target = deps.state.get_version(deps.settings.alias, result["to_version"])
-        announce_alias_move(deps, action="rollback", version=target, previous_version=result["from_version"])
-        return {**result, "freeze": held}
+        target = deps.state.get_version(deps.settings.alias, result.to_version)
+        announce_alias_move(deps, action="rollback", version=target, previous_version=result.from_version)
+        return {**result.to_dict(), "freeze": held}
 
 
 def _rollback_freeze(deps: Deps, *, run_id: str, reason: str) -> dict[str, Any]:

@@ -138,11 +138,11 @@ class _Progress:
 
 
 def build(deps: Deps, version_number: int, *, run_id: str | None = None,
-          window: tuple[int, int] | None = None, prepared: Prepared | None = None,
+          window: tuple[int, int] | None = None,
           counts: BuildCounts | None = None, fence: Fence | None = None) -> dict[str, Any]:
     """Fill the version's collection; `window` (offset, limit) into the manifest limits the work to one
     slice (read by range from the plan's snapshot), so mapped tasks each take a part and hand only two numbers
-    through XCom. Nothing is read from the knowledge folder; `prepared` is accepted for older callers and unused.
+    through XCom. Nothing is read from the knowledge folder.
 
     What is written is added to `counts` (when given) and to run `run_id`'s record as it goes, so both
     say what this build did even when it fails; slices and retries each add their own.
@@ -165,7 +165,7 @@ def build(deps: Deps, version_number: int, *, run_id: str | None = None,
     if version.status == FAILED:
         deps.state.transition_version(version.id, from_=[FAILED], to=BUILDING)
     try:
-        return _fill(deps, version, window, prepared, run_id, counts, fence)
+        return _fill(deps, version, window, run_id, counts, fence)
     except FencedError:
         raise  # not this run's version any more: its record is not ours to mark
     except Exception as exc:
@@ -253,8 +253,7 @@ def _slice_documents(deps: Deps, version: VersionRecord, manifest: list[SliceRow
     return by_key
 
 
-def _fill(deps: Deps, version: VersionRecord, window: tuple[int, int] | None,
-          prepared: Prepared | None, run_id: str | None, counts: BuildCounts,
+def _fill(deps: Deps, version: VersionRecord, window: tuple[int, int] | None, run_id: str | None, counts: BuildCounts,
           fence: Fence | None = None) -> dict[str, Any]:
     """Build from the plan's snapshot only: the slice's manifest rows by range, its documents' payload
     fields, the texts of what it embeds; copied chunks take text and section from live's payload."""

@@ -24,7 +24,7 @@ from kb_reindex.plan import prepare_logged as make_plan
 from kb_reindex.promote import promote
 from kb_reindex.replay import summary as replay_summary
 from kb_reindex.retention import cleanup
-from kb_reindex.rollback import rollback
+from kb_reindex.rollback import RollbackResult, rollback
 from kb_reindex.runtime import Deps, StateDeps, new_run_id
 from kb_reindex.snapshot import snapshot_plan
 from kb_reindex.state import VersionRecord, default_lock_owner
@@ -170,7 +170,7 @@ def run_reindex(
                     result.update(outcome=FROZEN, frozen=frozen_view(deps, frozen))
             else:
                 result["outcome"] = "shadow"
-            result["cleanup"] = cleanup(deps)
+            result["cleanup"] = cleanup(deps).to_dict()
     except Exception as exc:
         failure = failure_of(exc, deps)
         if not failure.expected:
@@ -230,7 +230,7 @@ def validation_summary(result: dict[str, Any]) -> dict[str, Any]:
 
 def run_rollback(deps: Deps, *, reason: str, to_version: int | None = None, run_id: str | None = None,
                  trigger: str = "cli", revalidate: bool = True, action: str = "rollback",
-                 expected_live: int | None = None) -> dict[str, Any]:
+                 expected_live: int | None = None) -> RollbackResult:
     """A recorded rollback (`rollback.rollback`): no reindex lock, so a build in flight never delays it."""
     alias = deps.settings.alias
     run_id = run_id or new_run_id("rollback")
@@ -241,7 +241,7 @@ def run_rollback(deps: Deps, *, reason: str, to_version: int | None = None, run_
     except KbError as exc:
         deps.state.finish_run(run_id, outcome="failed", error=str(exc))
         raise
-    deps.state.finish_run(run_id, outcome="rolled_back", version=result["to_version"])
+    deps.state.finish_run(run_id, outcome="rolled_back", version=result.to_version)
     return result
 
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from kb_reindex.errors import AliasFrozen, RollbackRefused
 from kb_reindex.lifecycle import LIVE
+from kb_reindex.locking import pin_by
 from kb_reindex.runtime import Deps
 from kb_reindex.state import Freeze, VersionRecord
 
@@ -65,6 +66,4 @@ def freeze_for_rollback(deps: Any, *, reason: str, by: str) -> Freeze:
 
 def operator() -> str:
     """Who sets or lifts a freeze from this host (the login user, as a pin records it)."""
-    from kb_reindex.locking import pin_by
-
     return pin_by()

@@ -15,11 +15,13 @@ from kb_reindex.alias import ROLLBACK_ACTIONS
 from kb_reindex.errors import AliasMovedError, ConfigError, KbError, StoreError
 from kb_reindex.fence import Fence
 from kb_reindex.freeze import ensure_not_frozen
+from kb_reindex.golden import load_golden_set, lowered_threshold_advice
 from kb_reindex.lifecycle import LIVE, READY, RETIRED, SWITCHABLE
 from kb_reindex.locking import alias_lock_name
 from kb_reindex.model import RunKind
 from kb_reindex.runtime import Deps
 from kb_reindex.state import VersionRecord, utcnow
+from kb_reindex.validate import validate
 
 log = logging.getLogger(__name__)
 
@@ -116,8 +118,6 @@ def promote(deps: Deps, version_number: int, *, run_id: str | None = None,
 def warn_lowered_thresholds(deps: Deps, version: VersionRecord) -> str | None:
     """Said at promotion: a version validated with lowered thresholds and scoring under the golden set's
     own leaves every later reindex failing them (kb_reindex.golden.lowered_threshold_advice)."""
-    from kb_reindex.golden import load_golden_set, lowered_threshold_advice
-
     path = deps.settings.golden_set
     try:
         advice = lowered_threshold_advice(version.version, version.validation, load_golden_set(path), path)
@@ -147,8 +147,6 @@ def promote_shadow(deps: Deps, version_number: int, *, expected_live: int | None
     """Put a shadow (built and validated, never served) behind the alias on purpose: validated again
     against what serves now, then the same compare-and-swap, from `expected_live`, the version on-call
     confirmed serving (None: nothing serves); if another serves by the move, nothing moves."""
-    from kb_reindex.validate import validate
-
     alias = deps.settings.alias
     version = deps.state.get_version(alias, version_number)
     if version is None:
