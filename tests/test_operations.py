@@ -294,7 +294,7 @@ def test_a_rollback_moves_nothing_when_another_version_goes_live_between_its_che
     """On-call confirmed v2 -> v1; while the rollback scores v1, a shadow v3 is promoted. The confirmed live
     version is checked by the compare-and-swap under the alias lock, not by a read before: nothing moves,
     and the error says what serves now."""
-    import kb_reindex.validate as validation
+    import kb_reindex.rollback as rollback_module
     from kb_reindex.errors import AliasMovedError
     from kb_reindex.promote import promote_shadow
 
@@ -303,16 +303,16 @@ def test_a_rollback_moves_nothing_when_another_version_goes_live_between_its_che
     assert engine.run_reindex(deps)["outcome"] == "promoted"
     edit(deps, "shipping-policy", "补充二：大件商品送货上门。")
     assert engine.run_reindex(deps, promote_version=False)["outcome"] == "shadow"
-    scores = validation.validate
+    scores = rollback_module.validate
     promoted: list[int] = []
 
     def scoring_while_v3_is_promoted(*args, **kwargs):  # type: ignore[no-untyped-def]
         if not promoted:
-            promoted.append(0)  # the promotion's own validation passes through
+            promoted.append(0)
             promoted[0] = promote_shadow(deps, 3, expected_live=2, reason="meanwhile")["version"]
         return scores(*args, **kwargs)
 
-    monkeypatch.setattr(validation, "validate", scoring_while_v3_is_promoted)
+    monkeypatch.setattr(rollback_module, "validate", scoring_while_v3_is_promoted)
     with pytest.raises(AliasMovedError) as refused:
         engine.run_rollback(deps, reason="v2 is bad", expected_live=2, to_version=1)
     assert str(refused.value).startswith(f"{ALIAS} serves v3 now, not v2 (which you confirmed): nothing was rolled back")
