@@ -26,6 +26,7 @@ from kb_reindex.plan import plan
 from kb_reindex.retention import cleanup
 from kb_reindex.runtime import Deps, open_deps
 from kb_reindex.state import ManualClock, utcnow
+from kb_reindex.status import history, status_view
 
 BIN = Path(sys.executable).parent
 ALIAS = "mall_knowledge"
@@ -57,7 +58,7 @@ def test_a_dead_dag_runs_lock_expires_after_its_ttl_and_gc_then_reclaims_its_bui
             pass
     assert run_id in str(refused.value) and "Airflow DAG run" in str(refused.value)
     assert "kb-reindex unlock" in str(refused.value)
-    held = next(row for row in engine.status(deps)["locks"] if row["name"] == reindex_lock_name(ALIAS))
+    held = next(row for row in status_view(deps).to_dict()["locks"] if row["name"] == reindex_lock_name(ALIAS))
     assert held["owner"] == owner and held["owner_alive"].startswith("DAG run")
     # a retried task renews the same owner; cleanup under another lock leaves the live run's build alone
     assert dag_lock.renew(deps, run_id) == owner
@@ -263,7 +264,7 @@ def test_the_lock_of_a_dag_run_airflow_reports_failed_is_taken_over_at_once(
     run_id = "airflow__knowledge_reindex__manual__2026-11-30"
     deps.state.start_run(run_id=run_id, alias=ALIAS, kind="reindex", trigger="airflow")
     dag_lock.take(deps, run_id)
-    held = next(row for row in engine.status(deps)["locks"] if row["name"] == reindex_lock_name(ALIAS))
+    held = next(row for row in status_view(deps).to_dict()["locks"] if row["name"] == reindex_lock_name(ALIAS))
     assert held["owner_alive"] == "yes", "Airflow says the run runs"
     with pytest.raises(LockHeldError, match="an Airflow DAG run that Airflow reports running"):
         with engine.exclusive(deps):
@@ -271,10 +272,10 @@ def test_the_lock_of_a_dag_run_airflow_reports_failed_is_taken_over_at_once(
 
     with metadata.begin() as conn:  # on-call marks the run failed in the UI: no task callback fires
         conn.execute(sa.text("UPDATE dag_run SET state = 'failed'"))
-    assert next(row for row in engine.status(deps)["locks"])["owner_alive"] == "no"
+    assert next(row for row in status_view(deps).to_dict()["locks"])["owner_alive"] == "no"
     result = engine.run_reindex(deps)
     assert result["outcome"] in ("promoted", "no_change"), result
     assert deps.state.get_run(run_id)["outcome"] == "failed"
-    takeover = [e for e in engine.history(deps) if e["action"] == "lock-takeover"]
-    assert len(takeover) == 1 and "its DAG run is failed in Airflow, no longer running" in takeover[0]["reason"]
-    assert run_id in takeover[0]["reason"]
+    takeover = [e for e in history(deps) if e.action == "lock-takeover"]
+    assert len(takeover) == 1 and "its DAG run is failed in Airflow, no longer running" in takeover[0].reason
+    assert run_id in takeover[0].reason

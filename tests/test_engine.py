@@ -12,6 +12,7 @@ from kb_reindex.embedding import HashingEmbedder
 from kb_reindex.errors import AliasMovedError, StateDriftError
 from kb_reindex.runtime import Deps
 from kb_reindex.state import VersionRecord
+from kb_reindex.status import status_view
 
 
 class CountingEmbedder(HashingEmbedder):
@@ -311,7 +312,7 @@ def test_drifted_live_collection_blocks_the_plan(deps: Deps, counting: CountingE
     deps.store.client.delete(first["collection"], points_selector=[some_id])
     result = engine.run_reindex(deps, force_full=True)
     assert result["outcome"] == "failed" and "manifest lists" in result["error"]
-    assert engine.status(deps)["problems"]
+    assert status_view(deps).to_dict()["problems"]
 
 
 def test_alias_moved_back_by_hand_is_recorded_as_a_rollback_never_by_reconcile(deps: Deps, counting: CountingEmbedder) -> None:
@@ -328,14 +329,14 @@ def test_alias_moved_back_by_hand_is_recorded_as_a_rollback_never_by_reconcile(d
         from kb_reindex.plan import plan
 
         plan(deps)
-    assert any("rollback --to-version 1" in p for p in engine.status(deps)["problems"])
+    assert any("rollback --to-version 1" in p for p in status_view(deps).to_dict()["problems"])
     with pytest.raises(StateDriftError, match="rollback --to-version 1"):
         reconcile(deps)
     assert deps.state.live_version("mall_knowledge").version == 2
     done = engine.run_rollback(deps, reason="moved back by hand", to_version=1, revalidate=False)
     assert done.to_version == 1
     assert deps.state.alias_events("mall_knowledge")[-1]["action"] == "rollback"
-    assert not engine.status(deps)["problems"]
+    assert not status_view(deps).to_dict()["problems"]
 
 
 def test_alias_moved_forward_before_the_state_write_is_reconciled(deps: Deps, counting: CountingEmbedder,
@@ -356,7 +357,7 @@ def test_alias_moved_forward_before_the_state_write_is_reconciled(deps: Deps, co
     outcome = reconcile(deps)
     assert outcome.changed and outcome.live_version == 2
     assert deps.state.alias_events("mall_knowledge")[-1]["action"] == "reconcile"
-    assert not engine.status(deps)["problems"]
+    assert not status_view(deps).to_dict()["problems"]
 
 
 def test_two_runs_never_take_the_same_version_number(deps: Deps, counting: CountingEmbedder) -> None:
@@ -427,7 +428,7 @@ def test_status_reports_metrics(deps: Deps, counting: CountingEmbedder) -> None:
     (docs(deps) / "coupon-rules.md").write_text(
         (docs(deps) / "coupon-rules.md").read_text(encoding="utf-8") + "\n\n补充：券不退现。\n", encoding="utf-8")
     second = engine.run_reindex(deps)
-    metrics = engine.status(deps)["metrics"]
+    metrics = status_view(deps).to_dict()["metrics"]
     assert metrics["runs"] == 2 and metrics["run_success_rate"] == 1.0
     assert metrics["last_changed_chunks"] == second["chunks"]["embedded"]
     total = second["chunks"]["embedded"] + second["chunks"]["copied"]

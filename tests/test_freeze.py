@@ -27,6 +27,7 @@ from kb_reindex.runtime import Deps
 from kb_reindex.state import StateStore, metadata
 from kb_reindex.testing.ollama_server import FakeModel, FakeOllamaServer
 from kb_reindex.testing.qdrant_server import QdrantServerProcess, start_process
+from kb_reindex.status import history, status_view
 
 ALIAS = "mall_knowledge"
 CLI = Path(sys.executable).with_name("kb-reindex")
@@ -127,12 +128,12 @@ def test_a_frozen_alias_builds_but_promotes_nothing_until_unfrozen(deps: Deps) -
         promote_shadow(deps, 2, expected_live=1)
     assert deps.store.alias_target(ALIAS).endswith("__v1")
 
-    status = engine.status(deps)
+    status = status_view(deps).to_dict()
     assert status["freeze"]["reason"] == "refund period incident" and status["freeze"]["set_by"] == "oncall@host"
     deps.state.unfreeze(ALIAS, by="lead@host")
-    assert engine.status(deps)["freeze"] is None
+    assert status_view(deps).to_dict()["freeze"] is None
     assert promote_shadow(deps, 2, expected_live=1)["version"] == 2 and deps.store.alias_target(ALIAS).endswith("__v2")
-    assert [e["action"] for e in engine.history(deps)] == ["promote", "freeze", "unfreeze", "promote"]
+    assert [e.action for e in history(deps)] == ["promote", "freeze", "unfreeze", "promote"]
 
 
 def test_a_rollback_runs_while_frozen_and_rollback_freeze_sets_the_freeze(project: Path,

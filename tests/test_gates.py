@@ -16,6 +16,7 @@ from kb_reindex.errors import GoldenSetError, KbError
 from kb_reindex.golden import load_golden_set, paired_comparison, sign_test_p
 from kb_reindex.retention import cleanup, drop_version, pin_version, unpin_version
 from kb_reindex.runtime import Deps
+from kb_reindex.status import status_view
 from qdrant_client import QdrantClient, models
 
 ALIAS = "mall_knowledge"
@@ -156,14 +157,14 @@ def test_a_pinned_version_survives_retention_and_drop_until_unpinned(deps: Deps)
     with pytest.raises(KbError, match=r"v1 is pinned \('known-good baseline before the spring sale', by alice@test"):
         drop_version(deps, 1)
 
-    status = engine.status(deps)
+    status = status_view(deps).to_dict()
     row = next(v for v in status["versions"] if v["version"] == 1)
     assert row["pinned"] and row["pin"]["reason"].startswith("known-good") and status["pinned"] == [1]
 
     assert unpin_version(deps, 1, by="bob@test").was_pinned
     assert unpin_version(deps, 1).was_pinned is False
     assert [d.version for d in cleanup(deps).deleted] == [1]
-    assert not engine.status(deps)["pinned"]
+    assert not status_view(deps).to_dict()["pinned"]
 
 
 def test_only_a_whole_version_can_be_pinned(deps: Deps, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -194,7 +195,7 @@ def test_every_run_audits_live_and_status_reports_it(deps: Deps, damage: str) ->
     collection, total = first["collection"], first["chunks"]["total"]
     again = engine.run_reindex(deps)
     assert again["outcome"] == "no_change" and again["audit"]["missing"] == again["audit"]["orphans"] == 0
-    assert engine.status(deps)["audit"]["expected"] == total
+    assert status_view(deps).to_dict()["audit"]["expected"] == total
 
     if damage in ("delete", "swap"):
         deps.store.client.delete(collection, points_selector=models.PointIdsList(points=[_a_point(deps, collection)]),
@@ -210,11 +211,11 @@ def test_every_run_audits_live_and_status_reports_it(deps: Deps, damage: str) ->
     if damage == "swap":
         assert "lacks 1 of the points its manifest lists" in result["error"]
     missing, orphans = {"delete": (1, 0), "orphan": (0, 1), "swap": (1, 1)}[damage]
-    audit = engine.status(deps)["audit"]
+    audit = status_view(deps).to_dict()["audit"]
     assert (audit["missing"], audit["orphans"], audit["expected"]) == (missing, orphans, total)
     assert audit["missing_ratio"] == pytest.approx(missing / total, abs=1e-6)
     assert audit["run_id"] == deps.state.list_runs(ALIAS, limit=1)[0]["run_id"]
-    assert any("the audit of live v1" in p for p in engine.status(deps)["problems"])
+    assert any("the audit of live v1" in p for p in status_view(deps).to_dict()["problems"])
 
 
 # --- migrate --dry-run -----------------------------------------------------------------------------

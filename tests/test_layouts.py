@@ -23,6 +23,7 @@ from kb_reindex.layouts import embedding_profile, layout_spec, payload_text, ver
 from kb_reindex.reader import search_knowledge, serving_model
 from kb_reindex.runtime import Deps
 from kb_reindex.state import StateStore
+from kb_reindex.status import status_view
 
 from conftest import settings_for
 
@@ -201,7 +202,7 @@ def test_layout_change_is_a_new_gated_version_and_rollback_returns_native(deps: 
     assert (v1.payload_layout, v2.payload_layout) == ("native", "langchain")
     assert v1.embed_profile == v2.embed_profile, "the layout is not part of the embedding profile"
     assert deps.store.collection_metadata(v2.collection)["payload_layout"] == "langchain"
-    status = {v["version"]: v for v in engine.status(deps)["versions"]}
+    status = {v["version"]: v for v in status_view(deps).to_dict()["versions"]}
     assert (status[1]["payload_layout"], status[2]["payload_layout"]) == ("native", "langchain")
     assert engine.run_reindex(deps)["outcome"] == "no_change", "the next reindex keeps live's layout"
     text = search_knowledge(deps, QUESTION, k=1)["results"][0]["text"]

@@ -15,6 +15,7 @@ from kb_reindex.runtime import Deps
 from kb_reindex.state import StateStore
 from kb_reindex.store import KnowledgeStore
 from kb_reindex.validate import validate
+from kb_reindex.status import history
 from qdrant_client import QdrantClient
 
 ALIAS = "mall_knowledge"
@@ -46,9 +47,9 @@ def test_rollback_to_previous_then_to_a_chosen_version(deps: Deps) -> None:
 
     chosen = engine.run_rollback(deps, reason="back to the first", to_version=1)
     assert chosen.to_version == 1
-    events = engine.history(deps)
-    assert [e["action"] for e in events] == ["promote", "promote", "promote", "rollback", "rollback"]
-    assert events[-1]["reason"] == "back to the first" and events[-1]["from_version"] == 2
+    events = history(deps)
+    assert [e.action for e in events] == ["promote", "promote", "promote", "rollback", "rollback"]
+    assert events[-1].reason == "back to the first" and events[-1].from_version == 2
 
 
 @pytest.mark.parametrize("damage", ["missing", "failed", "deleted", "short"])
@@ -103,7 +104,7 @@ def test_migration_to_another_dimension_with_promote(deps: Deps) -> None:
     live = deps.state.live_version(ALIAS)
     assert (live.embed_model, live.embed_dim, live.kind) == ("hashing-ngram-v2", 384, "migration")
     assert deps.store.shape(result["collection"]).dim == 384
-    assert engine.history(deps)[-1]["action"] == "migrate"
+    assert history(deps)[-1].action == "migrate"
     validation = deps.state.get_version(ALIAS, 2).validation
     assert validation["compared_as"] == "side_by_side" and validation["regressions"] == 0
     assert all("rank_live" in p and "rank_candidate" in p for p in validation["probes"])
@@ -319,7 +320,7 @@ def test_a_rollback_moves_nothing_when_another_version_goes_live_between_its_che
     assert promoted == [3] and deps.state.live_version(ALIAS).version == 3
     assert deps.store.alias_target(ALIAS) == deps.state.get_version(ALIAS, 3).collection
     assert deps.state.get_version(ALIAS, 1).status == "retired"
-    assert [e["action"] for e in engine.history(deps)] == ["promote", "promote", "promote"]
+    assert [e.action for e in history(deps)] == ["promote", "promote", "promote"]
     # and a stale confirmation is refused before anything is scored
     with pytest.raises(AliasMovedError, match="serves v3 now, not v2 .which you confirmed.: nothing was rolled back"):
         engine.run_rollback(deps, reason="v2 is bad", expected_live=2)

@@ -430,13 +430,14 @@ def test_symlink_loops_are_listed_by_name_with_the_other_bad_documents(project: 
 def test_status_names_a_version_whose_collection_is_gone_instead_of_none_points(project: Path) -> None:
     """Seen after collections were dropped under another state DB: `v14 … holds None points`."""
     from kb_reindex import engine
+    from kb_reindex.status import status_view
 
     deps = engine_deps(project)
     first = engine.run_reindex(deps)
     (project / "knowledge" / "docs" / "gift-wrap.md").write_text("# 礼品包装\n\n礼品包装免费。\n", encoding="utf-8")
     assert engine.run_reindex(deps)["outcome"] == "promoted"
     deps.store.client.delete_collection(first["collection"])
-    problems = engine.status(deps)["problems"]
+    problems = status_view(deps).to_dict()["problems"]
     assert not any("None" in p for p in problems), problems
     assert any(p.startswith(f"v1 ({first['collection']}) is retired in the state DB, but Qdrant has no such collection")
                and "kb-reindex drop --version 1" in p for p in problems), problems
@@ -528,6 +529,7 @@ def test_rebuild_state_keeps_each_versions_creation_time_hit_rate_and_mrr(projec
     from kb_reindex import engine
     from kb_reindex.reconcile import rebuild_state
     from kb_reindex.state.clock import ManualClock, utcnow
+    from kb_reindex.status import status_view
 
     deps = engine_deps(project)
     engine.run_reindex(deps)
@@ -536,7 +538,7 @@ def test_rebuild_state_keeps_each_versions_creation_time_hit_rate_and_mrr(projec
 
     def seen() -> list[tuple[Any, ...]]:
         return [(v["version"], v["status"], v["created_at"], v["hit_rate"], v["mrr"])
-                for v in engine.status(deps)["versions"]]
+                for v in status_view(deps).to_dict()["versions"]]
 
     before = seen()
     assert all(row[3] is not None for row in before)

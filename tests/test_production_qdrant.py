@@ -21,6 +21,7 @@ from kb_reindex.errors import ConfigError
 from kb_reindex.runtime import open_deps
 from kb_reindex.store import make_client
 from kb_reindex.testing.qdrant_server import FakeQdrantServer
+from kb_reindex.status import status_view
 
 from conftest import settings_for
 
@@ -173,7 +174,7 @@ def test_new_versions_carry_configured_or_inherited_settings_and_three_payload_i
     with open_deps(on_server(project, server, KB_QDRANT_COLLECTION_CONFIG='{"hnsw_config": {"m": 48}}')) as deps:
         second = engine.run_reindex(deps)
         assert second["outcome"] == "promoted", second["error"]
-        versions = {v["version"]: v for v in engine.status(deps)["versions"]}
+        versions = {v["version"]: v for v in status_view(deps).to_dict()["versions"]}
     body = created(server, second["collection"])
     assert body["hnsw_config"]["m"] == 0 and body["hnsw_config"]["ef_construct"] == 256
     assert body["shard_number"] == 2 and body["vectors"]["on_disk"] is True and "quantization_config" in body
@@ -189,7 +190,7 @@ def test_local_mode_records_only_what_was_configured(settings: Settings, project
         assert deps.store.is_local
         result = engine.run_reindex(deps)
         assert result["outcome"] == "promoted", result["error"]
-        [version] = engine.status(deps)["versions"]
+        [version] = status_view(deps).to_dict()["versions"]
     assert version["collection_config"] == {"on_disk": True}
 
 
@@ -310,7 +311,7 @@ def test_retention_snapshots_each_collection_before_dropping_it(project: Path, s
         assert dropped["version"] == 1 and dropped["collection_dropped"] and dropped["snapshot"].endswith(".snapshot")
         ops = [(r.op, r.collection) for r in server.requests() if r.op in ("create_snapshot", "delete_collection")]
         assert ops == [("create_snapshot", dropped["collection"]), ("delete_collection", dropped["collection"])]
-        v1 = next(v for v in engine.status(deps)["versions"] if v["version"] == 1)
+        v1 = next(v for v in status_view(deps).to_dict()["versions"] if v["version"] == 1)
         assert v1["status"] == "deleted" and v1["snapshot"]["name"] == dropped["snapshot"]
         assert v1["snapshot"]["collection"] == dropped["collection"]
 
@@ -320,7 +321,7 @@ def test_retention_snapshots_each_collection_before_dropping_it(project: Path, s
         failed_cleanup = engine.run_reindex(deps)
         assert failed_cleanup["outcome"] == "failed"
         assert "snapshot of mall_knowledge__" in failed_cleanup["error"] and "not dropped" in failed_cleanup["error"]
-        assert deps.store.exists(next(v["collection"] for v in engine.status(deps)["versions"] if v["version"] == 2))
+        assert deps.store.exists(next(v["collection"] for v in status_view(deps).to_dict()["versions"] if v["version"] == 2))
 
 
 def test_drop_takes_a_snapshot_too(project: Path, server: FakeQdrantServer) -> None:

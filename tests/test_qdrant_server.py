@@ -28,6 +28,7 @@ from kb_reindex.reader import search_knowledge
 from kb_reindex.runtime import open_deps
 from kb_reindex.store import open_store
 from kb_reindex.testing.qdrant_server import FakeQdrantServer, QdrantServerProcess, server_version, start_process
+from kb_reindex.status import status_view
 
 from conftest import settings_for
 
@@ -139,7 +140,7 @@ def test_reindex_cycle_through_the_server(project: Path, qdrant_server: QdrantSe
         assert {"upsert", "retrieve", "query", "count", "update_aliases", "create_collection", "create_index"} <= set(seen)
 
         assert deps.store.alias_target(ALIAS) == second["collection"]
-        assert engine.status(deps)["problems"] == []
+        assert status_view(deps).to_dict()["problems"] == []
         answer = search_knowledge(deps, "怎么先用后付", k=3)
         assert answer["version"] == 2 and answer["results"]
         assert answer["results"][0]["knowledge_key"] == "payment-guide"
@@ -147,7 +148,7 @@ def test_reindex_cycle_through_the_server(project: Path, qdrant_server: QdrantSe
         rolled = engine.run_rollback(deps, reason="x")
         assert rolled.to_version == 1
         assert deps.store.alias_target(ALIAS) == first["collection"]
-        assert engine.status(deps)["problems"] == []
+        assert status_view(deps).to_dict()["problems"] == []
 
 
 # --- refused key, refused connection, timeout ------------------------------------------------------------
@@ -237,7 +238,7 @@ def test_two_cli_runs_at_once_promote_exactly_once(project: Path, qdrant_server:
         assert live is not None and live.version == 1
         assert deps.store.alias_target(ALIAS) == live.collection
         assert deps.store.count(live.collection) == live.points_expected
-        assert engine.status(deps)["problems"] == []
+        assert status_view(deps).to_dict()["problems"] == []
 
 
 def test_server_killed_mid_build_leaves_the_alias_and_a_rerun_resumes(
@@ -278,7 +279,7 @@ def test_server_killed_mid_build_leaves_the_alias_and_a_rerun_resumes(
         again = engine.run_reindex(deps)
         assert again["outcome"] == "promoted" and again["version"] == 2, again["error"]
         assert again["build"]["skipped"] >= 2 * 2, "points written before the crash are not written again"
-        assert engine.status(deps)["problems"] == []
+        assert status_view(deps).to_dict()["problems"] == []
 
 
 def test_a_503_on_one_upsert_fails_the_run_cleanly_and_a_rerun_completes(
@@ -300,4 +301,4 @@ def test_a_503_on_one_upsert_fails_the_run_cleanly_and_a_rerun_completes(
         again = engine.run_reindex(deps)
         assert again["outcome"] == "promoted" and again["version"] == 2, again["error"]
         assert deps.store.alias_target(ALIAS) == again["collection"]
-        assert engine.status(deps)["problems"] == []
+        assert status_view(deps).to_dict()["problems"] == []

@@ -26,13 +26,13 @@ CLI = Path(sys.executable).with_name("kb-reindex")
 #: a process that reads status in a loop until the stop file appears, one JSON line per read
 STATUS_LOOP = """
 import json, pathlib, sys
-from kb_reindex import engine
+from kb_reindex.status import status_view
 from kb_reindex.config import Settings
 from kb_reindex.runtime import open_deps
 stop = pathlib.Path(sys.argv[1])
 with open_deps(Settings.from_env(), create=False) as deps:
     while not stop.exists():
-        s = engine.status(deps)
+        s = status_view(deps).to_dict()
         print(json.dumps({"problems": s["problems"], "notes": s["notes"], "live": (s["live"] or {}).get("version")}),
               flush=True)
 """

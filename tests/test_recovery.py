@@ -21,6 +21,7 @@ from kb_reindex.cli import main
 from kb_reindex.errors import StateDriftError
 from kb_reindex.runtime import Deps
 from kb_reindex.state import StateStore, default_lock_owner
+from kb_reindex.status import status_view
 
 ALIAS = "mall_knowledge"
 
@@ -166,7 +167,7 @@ def test_status_and_reconcile_during_a_promotion_see_no_drift(deps: Deps, monkey
     runner.start()
     assert moved.wait(60)
     assert deps.store.alias_target(ALIAS).endswith("__v2") and deps.state.live_version(ALIAS).version == 1
-    status = engine.status(deps)
+    status = status_view(deps).to_dict()
     assert status["problems"] == [] and any("promotion in progress" in n for n in status["notes"])
     reconciler = threading.Thread(target=lambda: results.update(reconcile=reconcile(deps)))
     reconciler.start()
@@ -394,12 +395,12 @@ def test_a_deleted_alias_is_pointed_back_at_live_by_reconcile(deps: Deps) -> Non
     engine.run_reindex(deps)
     deps.store.client.update_collection_aliases(change_aliases_operations=[
         models.DeleteAliasOperation(delete_alias=models.DeleteAlias(alias_name=ALIAS))])
-    [problem] = engine.status(deps)["problems"]
+    [problem] = status_view(deps).to_dict()["problems"]
     assert "points to nothing" in problem and "kb-reindex reconcile" in problem
     outcome = reconcile(deps)
     assert outcome.changed and deps.store.alias_target(ALIAS).endswith("__v1")
     assert deps.state.alias_events(ALIAS)[-1]["action"] == "reconcile"
-    assert engine.status(deps)["problems"] == []
+    assert status_view(deps).to_dict()["problems"] == []
 
 
 def test_a_shadow_that_fails_its_recheck_stays_a_shadow(cli_env: Path, capsys: pytest.CaptureFixture[str]) -> None:

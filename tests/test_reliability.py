@@ -31,6 +31,7 @@ from kb_reindex.state import StateStore
 from kb_reindex.store import KnowledgeStore
 from kb_reindex.testing.ollama_server import FakeModel, FakeOllamaServer
 from kb_reindex.validate import validate
+from kb_reindex.status import status_view
 
 from conftest import settings_for, write_doc
 
@@ -235,7 +236,7 @@ def test_qdrant_unreachable_at_each_step_leaves_live_and_a_rerun_completes(
     monkeypatch.undo()
     assert deps.store.alias_target(ALIAS) == first["collection"]
     assert deps.state.live_version(ALIAS).version == 1
-    assert not engine.status(deps)["problems"]
+    assert not status_view(deps).to_dict()["problems"]
     again = engine.run_reindex(deps)
     assert again["outcome"] == "promoted", again["error"]
     assert deps.state.live_version(ALIAS).version == again["version"]
@@ -269,7 +270,7 @@ def test_crash_after_alias_move_is_detected_and_the_retry_completes(deps: Deps, 
         promote(deps, created["version"])
     monkeypatch.undo()
     assert deps.store.alias_target(ALIAS) == created["collection"]
-    status = engine.status(deps)
+    status = status_view(deps).to_dict()
     assert any("kb-reindex reconcile" in problem for problem in status["problems"])
     rerun = engine.run_reindex(deps)
     assert rerun["outcome"] == "failed" and "reconcile" in rerun["error"], "never silently"
@@ -278,7 +279,7 @@ def test_crash_after_alias_move_is_detected_and_the_retry_completes(deps: Deps, 
     done = promote(deps, created["version"])
     assert done["version"] == created["version"]
     assert deps.state.live_version(ALIAS).version == created["version"]
-    assert not engine.status(deps)["problems"]
+    assert not status_view(deps).to_dict()["problems"]
     assert [e["action"] for e in deps.state.alias_events(ALIAS)] == ["promote", "promote"]
 
 
@@ -412,7 +413,7 @@ def test_restart_between_every_step_survives(project: Path) -> None:
     step(lambda d: build(d, created["version"]))
     step(lambda d: validate(d, created["version"]))
     step(lambda d: promote(d, created["version"]))
-    status = step(engine.status)
+    status = step(status_view).to_dict()
     assert status["live"]["version"] == 1 and status["live"]["points"] == p["chunks"]["total"]
     assert not status["problems"]
     found = step(lambda d: search_knowledge(d, "怎么申请售后", k=2))

@@ -19,6 +19,7 @@ from kb_reindex.replay import load_replay_gate
 from kb_reindex.runtime import Deps
 from kb_reindex.state import StateStore
 from kb_reindex.watch import watch
+from kb_reindex.status import status_view
 from qdrant_client import models
 
 # customer questions about member points that are not in the golden set; live answers them with member-rules
@@ -56,7 +57,7 @@ def crowding_page(root: Path, queries: list[str]) -> None:
 
 def test_query_log_is_off_by_default_and_records_text_tenant_version_and_keys_when_on(deps: Deps, logged: Deps) -> None:
     assert engine.run_reindex(deps)["outcome"] == "promoted"
-    assert engine.status(deps)["query_log"] == {"enabled": False, "queries": 0, "keep": 5000}
+    assert status_view(deps).to_dict()["query_log"] == {"enabled": False, "queries": 0, "keep": 5000}
     ask(deps, REAL_QUERIES[:1])  # off: nothing recorded
     assert querylog.recent(deps.state, deps.settings.alias, limit=10) == []
 
@@ -67,8 +68,8 @@ def test_query_log_is_off_by_default_and_records_text_tenant_version_and_keys_wh
     assert {(r["tenant"], r["k"], r["version"]) for r in rows} == {("default", 3, 1)}
     # one COUNT of this alias's rows: on, 2 held; rows of another alias are not counted
     querylog.record(deps.state, alias="other", query="q", tenant=None, k=1, version=None, keys=[], keep=10)
-    assert engine.status(logged)["query_log"] == {"enabled": True, "queries": 2, "keep": 5000}
-    assert engine.status(deps)["query_log"]["queries"] == 2  # switched off, the rows it holds are still said
+    assert status_view(logged).to_dict()["query_log"] == {"enabled": True, "queries": 2, "keep": 5000}
+    assert status_view(deps).to_dict()["query_log"]["queries"] == 2  # switched off, the rows it holds are still said
 
 
 def test_status_of_a_state_db_made_before_the_query_log_counts_none_and_creates_nothing(deps: Deps) -> None:

@@ -21,6 +21,7 @@ from kb_reindex import engine
 from kb_reindex.config import Settings
 from kb_reindex.runtime import open_deps
 from kb_reindex.web import create_app
+from kb_reindex.status import status_view
 
 
 def free_port() -> int:
@@ -570,7 +571,7 @@ def test_page_in_headless_chromium_on_call(busy_site: tuple[Settings, FakeAirflo
 
 def engine_status(settings: Settings) -> dict:
     with open_deps(settings) as deps:
-        return engine.status(deps)
+        return status_view(deps).to_dict()
 
 
 # --- issue #20 (on-call) and #22: what the page shows and refuses ----------------------------------------
@@ -701,6 +702,14 @@ def test_the_page_never_creates_a_state_db(project: Path, tokens: dict[str, str]
     assert str(state_file) in answer.json()["detail"]
     assert not state_file.exists() and not settings.qdrant_path.exists()
     assert client.get("/ui").status_code == 200  # the page itself loads, and shows the error in its banner
+    # nor does an action: each says the state DB is missing, and still creates nothing
+    user = TestClient(create_app(settings_factory=lambda: settings, airflow_api_url="http://127.0.0.1:9"),
+                      cookies={"_token": tokens["user"]})
+    for path, body in (("/api/freeze", {"reason": "x"}), ("/api/unfreeze", {}),
+                       ("/api/rollback", {"to_version": 1, "reason": "x"})):
+        answer = user.post(path, json=body)
+        assert answer.status_code == 503 and "KB_STATE_URL" in answer.json()["detail"], (path, answer.text)
+    assert not state_file.exists() and not settings.qdrant_path.exists()
 
 
 def test_a_failed_version_and_a_failed_run_say_why(site: tuple[Settings, FakeAirflowApi],

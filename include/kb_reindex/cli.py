@@ -17,6 +17,7 @@ from typing import Any, NoReturn
 
 from kb_reindex.config import DEFAULT_MODELS, EMBEDDERS, Settings
 from kb_reindex.errors import ConfigError, Failure, KbError, StateEmpty, classify
+from kb_reindex.status import StatusView, history, status_view
 
 log = logging.getLogger("kb_reindex.cli")
 
@@ -295,9 +296,7 @@ def _cmd_query(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _cmd_history(args: argparse.Namespace, deps: Any) -> int:
-    from kb_reindex import engine
-
-    events = engine.history(deps)
+    events = [e.to_dict() for e in history(deps)]
     _print(args, {"alias": deps.settings.alias, "events": events},
            _table(events, ["at", "action", "from_version", "to_version", "run_id", "reason"]))
     return 0
@@ -378,23 +377,21 @@ def _cmd_plan(args: argparse.Namespace, deps: Any) -> int:
 
 
 def _cmd_status(args: argparse.Namespace, deps: Any) -> int:
-    from kb_reindex import engine
-
-    s = engine.status(deps)
-    head = _status_head(s)
-    rows = [{**v, "status": v["status"] + (" *rollback target" if v["rollback_target"] else "")
-             + (" *pinned" if v.get("pinned") else "")} for v in s["versions"]]
-    human = "\n".join([head, "", _table(rows, ["version", "status", "collection", "points", "embed_model", "dim",
-                                                "payload_layout", "hit_rate", "mrr", "created_at"])]
-                      + ([f"\nFROZEN: {s['freeze']['message']} (promotions held; `kb-reindex unfreeze` lifts it)"]
-                         if s.get("freeze") else [])
+    s = status_view(deps)
+    data = s.to_dict()
+    rows = [{**row, "status": v.status + (" *rollback target" if v.rollback_target else "")
+             + (" *pinned" if v.pinned else "")} for v, row in zip(s.versions, data["versions"], strict=True)]
+    human = "\n".join([_status_head(s), "", _table(rows, ["version", "status", "collection", "points", "embed_model",
+                                                        "dim", "payload_layout", "hit_rate", "mrr", "created_at"])]
+                      + ([f"\nFROZEN: {s.freeze['message']} (promotions held; `kb-reindex unfreeze` lifts it)"]
+                         if s.freeze else [])
                       + _pins_and_audit_human(s)
-                      + ([f"\nlocks:\n{_table(s['locks'], ['name', 'owner', 'since', 'expires', 'owner_alive'])}"]
-                         if s["locks"] else [])
-                      + [f"NOTE: {n}" for n in s["notes"]]
-                      + [f"PROBLEM: {p}" for p in s["problems"]])
-    _print(args, s, human)
-    return 1 if s["problems"] else 0
+                      + ([f"\nlocks:\n{_table(data['locks'], ['name', 'owner', 'since', 'expires', 'owner_alive'])}"]
+                         if s.locks else [])
+                      + [f"NOTE: {n}" for n in s.notes]
+                      + [f"PROBLEM: {p}" for p in s.problems])
+    _print(args, data, human)
+    return 1 if s.problems else 0
 
 
 def _cmd_validate(args: argparse.Namespace, deps: Any) -> int:
@@ -507,35 +504,32 @@ def _cmd_reconcile(args: argparse.Namespace, deps: Any) -> int:
     return 0
 
 
-def _status_head(s: dict[str, Any]) -> str:
+def _status_head(s: StatusView) -> str:
     """What the alias serves (read from Qdrant), not what the state DB records: in a drift the two differ,
     and the state DB's view is said beside it."""
-    serving = next((v for v in s["versions"] if v["serving"]), None)
+    serving = next((v for v in s.versions if v.serving), None)
     if serving is not None:
-        head = (f"alias {s['alias']} -> v{serving['version']} ({serving['collection']}, {serving['points']} points, "
-                f"{serving['embed_model']} {serving['dim']}-d)")
+        head = (f"alias {s.alias} -> v{serving.version} ({serving.collection}, {serving.points} points, "
+                f"{serving.embed_model} {serving.dim}-d)")
     else:
-        head = f"alias {s['alias']} -> {s['serving_collection'] or 'nothing'}"
-    live = s["live"]
-    if (live["collection"] if live else None) != s["serving_collection"]:
-        recorded = f"v{live['version']}" if live else "nothing"
+        head = f"alias {s.alias} -> {s.serving_collection or 'nothing'}"
+    if (s.live.collection if s.live else None) != s.serving_collection:
+        recorded = f"v{s.live.version}" if s.live else "nothing"
         head += f"; the state DB says live is {recorded} (see PROBLEM below)"
     return head
 
 
-def _pins_and_audit_human(s: dict[str, Any]) -> list[str]:
+def _pins_and_audit_human(s: StatusView) -> list[str]:
     """Status lines for pinned versions, the newest audit of live and the query log."""
-    lines = [f"pinned: v{v['version']} ({v['pin']['reason']}; {v['pin']['by']}, {v['pin']['at']})"
-             for v in s["versions"] if v.get("pinned")]
-    audit = s.get("audit")
+    lines = [f"pinned: v{v.version} ({v.pin.reason}; {v.pin.by}, {v.pin.at})" for v in s.versions if v.pin]
+    audit = s.audit
     if audit:
-        lines.append(f"audit of live v{audit['version']} ({audit['at']}): {audit['points']} points, manifest "
-                     f"{audit['expected']}; missing {audit['missing']} ({audit['missing_ratio']:.2%}), orphans "
-                     f"{audit['orphans']} ({audit['orphan_ratio']:.2%})")
-    logged = s.get("query_log")
-    if logged:
-        lines.append(f"query log (KB_QUERY_LOG): {'on' if logged['enabled'] else 'off'}, {logged['queries']} logged "
-                     f"quer{'y' if logged['queries'] == 1 else 'ies'} held (keeps the newest {logged['keep']})")
+        lines.append(f"audit of live v{audit.version} ({audit.at}): {audit.points} points, manifest "
+                     f"{audit.expected}; missing {audit.missing} ({audit.missing_ratio:.2%}), orphans "
+                     f"{audit.orphans} ({audit.orphan_ratio:.2%})")
+    logged = s.query_log
+    lines.append(f"query log (KB_QUERY_LOG): {'on' if logged.enabled else 'off'}, {logged.queries} logged "
+                 f"quer{'y' if logged.queries == 1 else 'ies'} held (keeps the newest {logged.keep})")
     return ([""] if lines else []) + lines
 
 

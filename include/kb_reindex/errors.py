@@ -121,6 +121,9 @@ class Failure:
     exit_code: int  # the CLI's: 2 a setting to fix, 1 a failed run
     message: str  # one line: what failed, where, what to do
     expected: bool = True  # False: a bug or an unknown failure, whose traceback is worth logging
+    #: False when the request never got through (bad URL, name not resolved, connection refused or not made in
+    #: time): nothing happened on the other side, so a write may be sent again without asking whether it landed
+    reached: bool = True
 
 
 def classify(exc: BaseException, *, state_url: str | None = None, qdrant: Callable[[BaseException], str | None] | None = None) -> Failure:
@@ -135,9 +138,25 @@ def classify(exc: BaseException, *, state_url: str | None = None, qdrant: Callab
         return Failure(kind, not permanent, 2 if isinstance(exc, ConfigError) else 1, str(exc))
     if (database := state_db_failure(exc)) is not None:
         return Failure("state_unreachable", True, 1, state_unreachable_message(database, state_url))
+    reached = not never_sent(exc)
     if qdrant is not None and (said := qdrant(exc)) is not None:
-        return Failure("store_unreachable", True, 1, one_line(said))
-    return Failure("unexpected", True, 1, one_line(f"{type(exc).__name__}: {exc}"), expected=False)
+        if refused_credentials(exc):  # a key to set or fix: no retry helps
+            return Failure("config", False, 2, one_line(said), reached=reached)
+        return Failure("store_unreachable", True, 1, one_line(said), reached=reached)
+    return Failure("unexpected", True, 1, one_line(f"{type(exc).__name__}: {exc}"), expected=False, reached=reached)
+
+
+def refused_credentials(exc: BaseException) -> bool:
+    """A server answered HTTP 401 or 403: it wants credentials we lack, or refused the ones we sent."""
+    return getattr(exc, "status_code", None) in (401, 403)
+
+
+def never_sent(exc: BaseException) -> bool:
+    """The HTTP request never left (an invalid URL, or a connection not made: name, refusal, TLS, timeout), so
+    the server cannot have acted on it; False when it may have arrived (a read timeout, a lost answer)."""
+    import httpx
+
+    return any(isinstance(cause, (httpx.ConnectError, httpx.ConnectTimeout, httpx.InvalidURL)) for cause in causes(exc))
 
 
 def one_line(text: str) -> str:
@@ -147,7 +166,7 @@ def one_line(text: str) -> str:
 
 def causes(exc: BaseException) -> Iterator[BaseException]:
     """The exception and everything it was raised from or during, each once (explicit and implicit chains,
-    and PyMySQL's `original_exception`)."""
+    PyMySQL's `original_exception`, SQLAlchemy's `orig` and the Qdrant client's `source`)."""
     seen: set[int] = set()
     todo = [exc]
     while todo:
@@ -157,7 +176,8 @@ def causes(exc: BaseException) -> Iterator[BaseException]:
         seen.add(id(current))
         yield current
         todo += [e for e in (current.__cause__, current.__context__, getattr(current, "original_exception", None),
-                             getattr(current, "orig", None)) if isinstance(e, BaseException)]
+                             getattr(current, "orig", None), getattr(current, "source", None))
+                 if isinstance(e, BaseException)]
 
 
 def connect_failure(exc: BaseException) -> str | None:

@@ -8,19 +8,18 @@ the parts only Qdrant knows (point counts, the alias, the audit, the structural 
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from enum import StrEnum
 from typing import Any
 
-from kb_reindex import engine, querylog
-from kb_reindex.alias import rollback_target
+from kb_reindex.checks import structural_problems
 from kb_reindex.config import Settings
-from kb_reindex.errors import KbError, StoreError
-from kb_reindex.freeze import freeze_view
+from kb_reindex.errors import KbError, classify
 from kb_reindex.golden import load_golden_set, lowered_threshold_advice
 from kb_reindex.runtime import StateDeps, open_deps
 from kb_reindex.state import StateStore
-from kb_reindex.store import make_client
+from kb_reindex.status import HistoryEvent, StatusView, VersionRow, history, state_only_view, status_view
+from kb_reindex.store import describe_qdrant_failure, make_client
 
 #: how many runs of the state DB the page lists
 RECENT_RUNS = 8
@@ -53,13 +52,20 @@ class RunRow:
 class PageStatus:
     qdrant: QdrantAccess
     qdrant_detail: str | None
-    #: engine.status (Qdrant read) or its state-DB half (Qdrant busy): the JSON edge
-    status: dict[str, Any]
-    history: list[dict[str, Any]]
+    #: status.status_view (Qdrant read) or status.state_only_view (Qdrant busy or unavailable)
+    status: StatusView
+    history: tuple[HistoryEvent, ...]
     runs: tuple[RunRow, ...]
+    #: version -> what makes it unfit for a rollback, as far as the page can tell without the full check
+    rollback_problems: dict[int, tuple[str, ...]]
 
     def to_json(self) -> dict[str, Any]:
-        return {**self.status, "history": self.history, "runs": [asdict(r) for r in self.runs],
+        """The page's /api/status JSON: the status (each version with its `rollback_problems`), the history,
+        the state DB's recent runs and whether Qdrant could be read."""
+        status = self.status.to_dict()
+        for row in status["versions"]:
+            row["rollback_problems"] = list(self.rollback_problems.get(row["version"], ()))
+        return {**status, "history": [e.to_dict() for e in self.history], "runs": [asdict(r) for r in self.runs],
                 "qdrant": {"access": self.qdrant.value, "detail": self.qdrant_detail}}
 
 
@@ -83,89 +89,72 @@ def recent_runs(state: StateStore, alias: str) -> tuple[RunRow, ...]:
         for r in state.list_runs(alias, limit=RECENT_RUNS))
 
 
-def rollback_problems(row: dict[str, Any]) -> list[str]:
+def rollback_problems(row: VersionRow) -> tuple[str, ...]:
     """What the status already shows that makes a kept version unfit to serve (the full structural check,
     IDs included, runs when on-call asks for the rollback)."""
-    if not row["rollback_allowed"]:
-        return []
-    if row["points"] is None:
-        return [f"collection {row['collection']} is missing from Qdrant"]
-    if row["points"] != row["points_expected"]:
-        return [f"{row['collection']} holds {row['points']} points, its manifest lists {row['points_expected']}"]
-    return []
+    if not row.rollback_allowed:
+        return ()
+    if row.points is None:
+        return (f"collection {row.collection} is missing from Qdrant",)
+    if row.points != row.points_expected:
+        return (f"{row.collection} holds {row.points} points, its manifest lists {row.points_expected}",)
+    return ()
 
 
-def _state_only(deps: StateDeps) -> dict[str, Any]:
-    """engine.status without Qdrant: what the state DB records, Qdrant's numbers left None."""
-    alias = deps.settings.alias
-    live = deps.state.live_version(alias)
-    target = rollback_target(deps) if live else None  # type: ignore[arg-type]  # reads only the state DB
-    pins = deps.state.active_pins(alias)
-    versions = [engine.version_row(v, target=target, pins=pins, serving=None, points=None, collection_config=None)
-                for v in deps.state.list_versions(alias)]
-    live_info = None
-    if live is not None:
-        row = next(v for v in versions if v["version"] == live.version)
-        live_info = {k: row[k] for k in ("version", "collection", "points", "embed_model", "dim", "embedder",
-                                         "payload_layout", "embed_profile")}
-    return {"alias": alias, "serving_collection": None, "live": live_info,
-            "rollback_target": target.version if target else None, "pinned": sorted(pins), "audit": None,
-            "versions": versions, "locks": engine.lock_view(deps), "problems": [], "notes": [],  # type: ignore[arg-type]
-            "metrics": engine.metrics(deps), "query_log": querylog.summary(deps),  # type: ignore[arg-type]
-            "freeze": freeze_view(deps)}
-
-
-def _threshold_problem(settings: Settings, status: dict[str, Any], state: StateStore) -> str | None:
-    live = status["live"]
-    if live is None:
+def _threshold_problem(settings: Settings, status: StatusView, state: StateStore) -> str | None:
+    if status.live is None:
         return None
-    version = state.get_version(settings.alias, live["version"])
+    version = state.get_version(settings.alias, status.live.version)
     try:
         golden = load_golden_set(settings.golden_set)
     except KbError as exc:
         return f"the golden set cannot be read, so later reindexes will fail: {exc}"
-    return lowered_threshold_advice(live["version"], version.validation if version else None, golden,
+    return lowered_threshold_advice(status.live.version, version.validation if version else None, golden,
                                     settings.golden_set)
+
+
+def _qdrant_status(settings: Settings, state: StateStore) -> tuple[StatusView | None, QdrantAccess, str | None]:
+    """status_view when Qdrant opens at once (local mode: busy now is busy, no waiting), else why not: a
+    failure errors.classify expects (a setting, Qdrant down or busy) leaves the page the state DB's half."""
+    client = None
+    try:
+        client = make_client(settings, wait_s=0, create=False)
+        with open_deps(settings, client=client, state=state, create=False) as deps:
+            return status_view(deps), QdrantAccess.READ, None
+    except Exception as exc:
+        failure = classify(exc, state_url=settings.state_url,
+                           qdrant=lambda e: describe_qdrant_failure(e, settings, client))
+        if not failure.expected:
+            raise
+        local_held = settings.qdrant_path is not None and "in use by another process" in failure.message
+        return None, (QdrantAccess.BUSY if local_held else QdrantAccess.UNAVAILABLE), failure.message
+    finally:
+        if client is not None:
+            client.close()
 
 
 def read_status(settings: Settings) -> PageStatus:
     """The page's status, read-only. Raises ConfigError when there is no state DB (nothing is created)."""
     state = StateStore(settings.state_url, create=False)
     try:
-        access, detail = QdrantAccess.READ, None
-        client = None
-        try:
-            client = make_client(settings, wait_s=0, create=False)  # local mode: busy now is busy, no waiting
-            with open_deps(settings, client=client, state=state, create=False) as deps:
-                status = engine.status(deps)
-        except StoreError as exc:
-            local_held = settings.qdrant_path is not None and "in use by another process" in str(exc)
-            access, detail = (QdrantAccess.BUSY if local_held else QdrantAccess.UNAVAILABLE), str(exc)
-        except KbError as exc:
-            access, detail = QdrantAccess.UNAVAILABLE, str(exc)
-        finally:
-            if client is not None:
-                client.close()
+        status, access, detail = _qdrant_status(settings, state)
         deps_state = StateDeps(settings=settings, state=state)
-        if access is not QdrantAccess.READ:
-            status = _state_only(deps_state)
-        for row in status["versions"]:
-            row["rollback_problems"] = (rollback_problems(row) if access is QdrantAccess.READ else
-                                        ["Qdrant is busy or unavailable: the structural check cannot run now"]
-                                        if row["rollback_allowed"] else [])
+        if status is None:
+            status = state_only_view(deps_state)
+        busy = ("Qdrant is busy or unavailable: the structural check cannot run now",)
+        problems = {row.version: rollback_problems(row) if access is QdrantAccess.READ else
+                    busy if row.rollback_allowed else () for row in status.versions}
         advice = _threshold_problem(settings, status, state)
         if advice:
-            status["problems"].append(advice)
-        return PageStatus(qdrant=access, qdrant_detail=detail, status=status, history=engine.history(deps_state),
-                          runs=recent_runs(state, settings.alias))
+            status = replace(status, problems=(*status.problems, advice))
+        return PageStatus(qdrant=access, qdrant_detail=detail, status=status, history=tuple(history(deps_state)),
+                          runs=recent_runs(state, settings.alias), rollback_problems=problems)
     finally:
         state.dispose()
 
 
 def check_rollback_target(settings: Settings, version: int) -> list[str]:
     """The full structural check (count, IDs, dimension, distance) of a rollback target, before triggering."""
-    from kb_reindex.checks import structural_problems
-
     state = StateStore(settings.state_url, create=False)
     client = None
     try:
@@ -177,4 +166,3 @@ def check_rollback_target(settings: Settings, version: int) -> list[str]:
         if client is not None:
             client.close()
         state.dispose()
-

@@ -25,7 +25,9 @@ from kb_reindex.errors import (
     KbError,
     StoreError,
     StoreUnreachable,
+    classify,
     connect_failure,
+    refused_credentials,
 )
 from kb_reindex.embedding import redact_url
 
@@ -430,24 +432,15 @@ def _where(settings: Settings, client: QdrantClient | None) -> str:
 
 
 def _open_error(exc: Exception, settings: Settings, client: QdrantClient) -> KbError:
-    """One line for a store that cannot be used: refused key or connection -> ConfigError, else StoreError."""
-    import httpx
-    from qdrant_client.http.exceptions import ResponseHandlingException, UnexpectedResponse
-
-    where = _where(settings, client)
-    untouched = "the live alias was not touched"
-    if isinstance(exc, UnexpectedResponse) and exc.status_code in (401, 403):
-        if settings.qdrant_api_key or client.init_options.get("api_key"):
-            return ConfigError(f"Qdrant at {where} refused the API key (HTTP {exc.status_code}): check "
-                               f"KB_QDRANT_API_KEY; {untouched}")
-        return ConfigError(f"Qdrant at {where} requires an API key (HTTP {exc.status_code}): set "
-                           f"KB_QDRANT_API_KEY; {untouched}")
-    cause = exc.source if isinstance(exc, ResponseHandlingException) else exc
-    if isinstance(cause, httpx.ConnectError):
-        return StoreUnreachable(f"Qdrant at {where} is unreachable ({connect_failure(cause) or 'connection failed'}): "
-                                f"check KB_QDRANT_URL and that the server runs; {untouched}")
-    return StoreError(f"{describe_qdrant_failure(exc, settings, client) or f'Qdrant at {where} is unreachable'}; "
-                      f"{untouched}")
+    """A store that cannot be used, as errors.classify sees the failure: a refused or missing API key is a
+    ConfigError, a server the request never reached StoreUnreachable, anything else a StoreError; one line each,
+    naming the server, never the key."""
+    failure = classify(exc, qdrant=lambda e: describe_qdrant_failure(e, settings, client))
+    said = failure.message if failure.expected else f"Qdrant at {_where(settings, client)} failed: {failure.message}"
+    message = f"{said}; the live alias was not touched"
+    if failure.kind == "config":
+        return ConfigError(message)
+    return StoreError(message) if failure.reached else StoreUnreachable(message)
 
 
 def describe_qdrant_failure(exc: BaseException, settings: Settings, client: QdrantClient | None = None) -> str | None:
@@ -459,6 +452,10 @@ def describe_qdrant_failure(exc: BaseException, settings: Settings, client: Qdra
     from qdrant_client.http.exceptions import ResponseHandlingException, UnexpectedResponse
 
     where = _where(settings, client)
+    if isinstance(exc, UnexpectedResponse) and refused_credentials(exc):
+        if settings.qdrant_api_key or (client is not None and client.init_options.get("api_key")):
+            return f"Qdrant at {where} refused the API key (HTTP {exc.status_code}): check KB_QDRANT_API_KEY"
+        return f"Qdrant at {where} requires an API key (HTTP {exc.status_code}): set KB_QDRANT_API_KEY"
     if isinstance(exc, UnexpectedResponse):
         try:
             detail = str(exc.structured()["status"]["error"])

@@ -1,0 +1,123 @@
+"""What the page does, each behind Airflow's own authorization: a rollback or a shadow promotion triggered as
+the caller through Airflow's REST API (carrying the live version on-call confirmed, refused once the alias has
+moved), the reindex paused, and the alias frozen or unfrozen in the state DB as the signed-in user."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi.responses import JSONResponse
+
+from kb_reindex.config import Settings
+from kb_reindex.errors import LockHeldError
+from kb_reindex.pageview import check_rollback_target
+from kb_reindex.state import StateStore
+from kb_reindex.web.airflow_api import PROMOTE_SHADOW_DAG, REINDEX_DAG, ROLLBACK_DAG
+from kb_reindex.web.context import PageContext, positive_int, reason_of, refusal
+
+#: how long a freeze from the page waits for a promotion in progress (the alias lock) before saying so
+FREEZE_WAIT_S = 10.0
+
+
+async def rollback(ctx: PageContext, request: Request) -> dict[str, Any]:
+    """Trigger the rollback DAG to a version that served and is whole, from the live version on-call saw."""
+    body = await request.json()
+    reason = reason_of(body)
+    to_version = positive_int(body, "to_version", " (the version to roll back to)")
+    live = await ctx.confirmed_live(body)
+    if live is None:
+        raise HTTPException(409, "nothing is live: there is nothing to roll back from")
+    row = await ctx.version_row(to_version)
+    if not row.rollback_allowed:
+        raise HTTPException(409, f"v{to_version} never served or is not kept: a rollback returns only to a "
+                                 "version that served (a shadow goes live by promotion)")
+    settings = ctx.settings_factory()
+    try:
+        problems = await asyncio.to_thread(check_rollback_target, settings, to_version)
+    except Exception as exc:
+        raise HTTPException(409, f"the structural check of v{to_version} cannot run now "
+                                 f"({refusal(exc, settings).detail}); "
+                                 "nothing was triggered") from None
+    if problems:
+        raise HTTPException(409, f"v{to_version} ({row.collection}) is not whole, a rollback to it would be "
+                                 f"refused: {'; '.join(problems)}. Nothing was triggered")
+    run = await ctx.airflow.trigger(request, ROLLBACK_DAG,
+                                    {"to_version": to_version, "reason": reason, "confirm": True, "live_version": live},
+                                    fallback="On-call can run `kb-reindex rollback` instead",
+                                    unpause=body.get("unpause") is True)
+    return run.to_dict()
+
+
+async def promote_shadow(ctx: PageContext, request: Request) -> dict[str, Any]:
+    """Trigger the shadow promotion DAG for a ready version that never served."""
+    body = await request.json()
+    reason = reason_of(body)
+    version = positive_int(body, "version")
+    live = await ctx.confirmed_live(body)
+    if not (await ctx.version_row(version)).shadow:
+        raise HTTPException(409, f"v{version} is not a shadow (ready, never served); a version that served "
+                                 "goes back through a rollback")
+    run = await ctx.airflow.trigger(request, PROMOTE_SHADOW_DAG,
+                                    {"version": version, "reason": reason, "confirm": True, "live_version": live},
+                                    fallback=f"On-call can run `kb-reindex promote --version {version}` instead",
+                                    unpause=body.get("unpause") is True)
+    return run.to_dict()
+
+
+def set_freeze(settings: Settings, by: str, reason: str | None) -> dict[str, Any]:
+    """Freeze (a reason) or unfreeze (None) the alias in the state DB, which must exist (never created); the
+    freeze as the page shows it."""
+    try:
+        state = StateStore(settings.state_url, create=False)
+    except Exception as exc:
+        raise refusal(exc, settings, status=503) from None
+    try:
+        if reason is None:
+            lifted = state.unfreeze(settings.alias, by=by)
+            return {"frozen": False, "lifted": lifted.view() if lifted else None}
+        return state.freeze(settings.alias, reason=reason, by=by, wait_s=FREEZE_WAIT_S).view()
+    except Exception as exc:
+        refused = refusal(exc, settings)
+        if isinstance(exc, LockHeldError):
+            refused.detail = (f"a promotion holds the alias lock, nothing was frozen; try again in a moment "
+                              f"({refused.detail})")
+        raise refused from None
+    finally:
+        state.dispose()
+
+
+def add_actions(app: FastAPI, ctx: PageContext) -> None:
+    """The routes that act, each requiring what Airflow requires for it."""
+    auth = ctx.auth
+
+    @app.post("/api/rollback", dependencies=auth.may_trigger(ROLLBACK_DAG))
+    async def rollback_route(request: Request) -> JSONResponse:
+        return JSONResponse(await rollback(ctx, request))
+
+    @app.post("/api/promote-shadow", dependencies=auth.may_trigger(PROMOTE_SHADOW_DAG))
+    async def promote_shadow_route(request: Request) -> JSONResponse:
+        return JSONResponse(await promote_shadow(ctx, request))
+
+    @app.post("/api/reindex-paused", dependencies=auth.may_edit(REINDEX_DAG))
+    async def pause_reindex(request: Request) -> JSONResponse:
+        """Runbook step 3 after a rollback: pause the reindex so it does not rebuild the bad change."""
+        paused = (await request.json()).get("paused")
+        if not isinstance(paused, bool):
+            raise HTTPException(422, "paused must be true or false")
+        dag = await ctx.airflow.call(request, "PATCH", f"dags/{REINDEX_DAG}", body={"is_paused": paused})
+        return JSONResponse({"dag_id": REINDEX_DAG, "reindex_paused": dag.get("is_paused")})
+
+    may_freeze = auth.may_edit(REINDEX_DAG)
+
+    @app.post("/api/freeze", dependencies=may_freeze)
+    async def freeze(request: Request, user: Any = Depends(auth.get_user)) -> JSONResponse:  # noqa: B008 - FastAPI's form
+        """Pause the product: no promotion moves the alias until unfrozen (rollbacks still do). Written to the
+        state DB as the signed-in user; allowed to whoever may pause knowledge_reindex."""
+        reason = reason_of(await request.json())
+        return JSONResponse(await asyncio.to_thread(set_freeze, ctx.settings_factory(), user.get_name(), reason))
+
+    @app.post("/api/unfreeze", dependencies=may_freeze)
+    async def unfreeze(user: Any = Depends(auth.get_user)) -> JSONResponse:  # noqa: B008 - FastAPI's form
+        return JSONResponse(await asyncio.to_thread(set_freeze, ctx.settings_factory(), user.get_name(), None))

@@ -1,0 +1,175 @@
+"""Airflow's REST API as the page calls it: *as the signed-in user* (their token), with answers on-call can act on.
+
+Runs and the paused flags are read, and the on-call DAGs triggered, through it: Airflow's authorization
+decides every call. Only our DAGs are followed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+from fastapi import HTTPException, Request
+
+from kb_reindex.errors import classify
+
+REINDEX_DAG = "knowledge_reindex"
+ROLLBACK_DAG = "knowledge_rollback"
+MIGRATION_DAG = "knowledge_model_migration"
+PROMOTE_SHADOW_DAG = "knowledge_promote_shadow"
+#: the DAGs whose runs the page lists and follows (no other DAG is proxied)
+OUR_DAGS = (REINDEX_DAG, ROLLBACK_DAG, MIGRATION_DAG, PROMOTE_SHADOW_DAG)
+RECENT_RUNS_PER_DAG = 5
+
+
+def run_ui_path(dag_id: str, run_id: str) -> str:
+    """Where Airflow's UI shows a run (the page is served by the same api-server)."""
+    return f"/dags/{quote(dag_id, safe='')}/runs/{quote(run_id, safe='')}"
+
+
+@dataclass(frozen=True)
+class DagRun:
+    """The fields of an Airflow dag run the page shows, with the link to it."""
+
+    dag_id: str
+    dag_run_id: str
+    state: str | None
+    run_type: str | None
+    run_after: str | None
+    start_date: str | None
+    end_date: str | None
+    url: str
+
+    @classmethod
+    def of(cls, dag_id: str, run: dict[str, Any]) -> DagRun:
+        """From Airflow's JSON for a dag run."""
+        run_id = run.get("dag_run_id") or ""
+        return cls(dag_id=dag_id, dag_run_id=run_id, state=run.get("state"), run_type=run.get("run_type"),
+                   run_after=run.get("run_after"), start_date=run.get("start_date"), end_date=run.get("end_date"),
+                   url=run_ui_path(dag_id, run_id))
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Triggered:
+    """A run the page triggered, and whether its DAG was unpaused first (on-call agreed to it)."""
+
+    run: DagRun
+    unpaused: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.run.to_dict(), "unpaused": self.unpaused}
+
+
+def last_error_line(content: list[Any]) -> str | None:
+    """The last error of a task log as Airflow's API returns it (structured messages): the exception raised
+    (its value; the type too unless it is the AirflowFailException our tasks wrap an error in, whose value
+    names the error) when the message carries one, else the message."""
+    for entry in reversed(content):
+        if not isinstance(entry, dict) or str(entry.get("level", "")).lower() not in ("error", "critical"):
+            continue
+        for detail in entry.get("error_detail") or []:
+            if isinstance(detail, dict) and detail.get("exc_value"):
+                kind = detail.get("exc_type") or "Error"
+                text = str(detail["exc_value"]) if kind == "AirflowFailException" else f"{kind}: {detail['exc_value']}"
+                return text.splitlines()[0]
+        return str(entry.get("event", "")).splitlines()[0] or None
+    return None
+
+
+def caller_token(request: Request) -> str | None:
+    """The signed-in user's JWT: the `Authorization: Bearer` header, or Airflow's `_token` cookie."""
+    header = request.headers.get("authorization", "")
+    if header.lower().startswith("bearer "):
+        return header[7:].strip() or None
+    return request.cookies.get("_token")
+
+
+class AirflowApi:
+    """Airflow's REST API called *as the signed-in user* (their token), with answers on-call can act on."""
+
+    def __init__(self, base_url: str) -> None:
+        self.base_url = base_url
+
+    async def call(self, request: Request, method: str, path: str, *, body: dict[str, Any] | None = None,
+                   params: dict[str, Any] | None = None, action: dict[str, str] | None = None) -> dict[str, Any]:
+        """`action` names what a write would have done, for the message when its fate is unknown."""
+        token = caller_token(request)
+        if not token:
+            raise HTTPException(401, "sign in to Airflow first: the page acts as you, through the Airflow API")
+        try:
+            async with httpx.AsyncClient(timeout=30) as client:
+                answer = await client.request(method, f"{self.base_url}/api/v2/{path}", params=params, json=body,
+                                              headers={"Authorization": f"Bearer {token}",
+                                                       "Accept": "application/json"})
+        except (httpx.HTTPError, httpx.InvalidURL) as exc:
+            raise self._unanswered(exc, action) from None
+        if answer.status_code in (401, 403):
+            raise HTTPException(answer.status_code, f"Airflow refused: you may not {method} {path}")
+        if answer.status_code == 404:
+            raise HTTPException(404, f"Airflow has no {path}")
+        if answer.status_code >= 400:
+            raise HTTPException(502, f"Airflow API answered {answer.status_code}: {answer.text[:300]}")
+        return answer.json()
+
+    def _unanswered(self, exc: Exception, action: dict[str, str] | None) -> HTTPException:
+        """A call that got no answer (errors.classify): one never sent changed nothing; one that may have
+        arrived must not be followed blindly by a second click."""
+        failure = classify(exc)
+        where = f"Airflow API at {self.base_url} (KB_AIRFLOW_API_URL)"
+        if not failure.reached:
+            return HTTPException(502, f"{where} could not be reached: {failure.message}"
+                                      + (f"; nothing was triggered, the alias is unchanged. {action['fallback']}"
+                                         if action else ""))
+        return HTTPException(502, f"{where} gave no answer: {failure.message}"
+                                  + (f"; {action['unknown']}" if action else ""))
+
+    async def trigger(self, request: Request, dag_id: str, conf: dict[str, Any], *, fallback: str,
+                      unpause: bool) -> Triggered:
+        """A manual run of an on-call DAG. A paused DAG would leave the run queued for ever: unpaused first
+        when on-call agreed to it in the page's dialog (`unpause`), else refused with what to do. On-call
+        DAGs have no schedule, so unpausing one starts nothing but the runs on-call triggers."""
+        unpaused = False
+        before = {"fallback": fallback, "unknown": f"nothing was triggered. {fallback}"}
+        if (await self.call(request, "GET", f"dags/{dag_id}", action=before)).get("is_paused"):
+            if not unpause:
+                raise HTTPException(409, f"{dag_id} is paused in Airflow: a run triggered now would stay queued "
+                                         "until it is unpaused. Let the page unpause it (it asks first), or "
+                                         f"`airflow dags unpause {dag_id}`; nothing was triggered")
+            await self.call(request, "PATCH", f"dags/{dag_id}", body={"is_paused": False},
+                            action={"fallback": fallback, "unknown": f"{dag_id} may have been unpaused; nothing was "
+                                                                     f"triggered. {fallback}"})
+            unpaused = True
+        run = await self.call(request, "POST", f"dags/{dag_id}/dagRuns", body={"logical_date": None, "conf": conf},
+                              action={"fallback": fallback,
+                                      "unknown": f"a {dag_id} run may have been created. Check its runs (or "
+                                                 "`kb-reindex status`) before trying again"})
+        return Triggered(DagRun.of(dag_id, run), unpaused)
+
+    async def run(self, request: Request, dag_id: str, run_id: str) -> DagRun:
+        return DagRun.of(dag_id, await self.call(request, "GET", f"dags/{dag_id}/dagRuns/{quote(run_id, safe='')}"))
+
+    async def recent_runs(self, request: Request, dag_id: str) -> list[DagRun]:
+        page = await self.call(request, "GET", f"dags/{dag_id}/dagRuns",
+                               params={"order_by": "-run_after", "limit": RECENT_RUNS_PER_DAG})
+        return [DagRun.of(dag_id, run) for run in page.get("dag_runs", [])]
+
+    async def is_paused(self, request: Request, dag_id: str) -> bool:
+        return bool((await self.call(request, "GET", f"dags/{dag_id}")).get("is_paused"))
+
+    async def failure(self, request: Request, dag_id: str, run_id: str) -> str | None:
+        """The failing task's last error line, from its log in Airflow (None when no log says one)."""
+        base = f"dags/{dag_id}/dagRuns/{quote(run_id, safe='')}/taskInstances"
+        tasks = (await self.call(request, "GET", base)).get("task_instances", [])
+        for task in (t for t in tasks if t.get("state") == "failed"):
+            log = await self.call(request, "GET", f"{base}/{quote(task['task_id'], safe='')}/logs/"
+                                                  f"{task.get('try_number') or 1}",
+                                  params={"map_index": task.get("map_index", -1)})
+            line = last_error_line(log.get("content") or [])
+            if line:
+                return f"{task['task_id']}: {line}"
+        return None

@@ -1,0 +1,83 @@
+"""What every route of the page shares: the settings, Airflow's API and checks, the typed status, and the one
+error policy (errors.classify) turned into HTTP answers."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import HTTPException
+
+from kb_reindex.config import Settings
+from kb_reindex.errors import classify
+from kb_reindex.pageview import PageStatus, read_status
+from kb_reindex.status import VersionRow
+from kb_reindex.store import describe_qdrant_failure
+from kb_reindex.web.airflow_api import AirflowApi
+from kb_reindex.web.auth import AirflowAuth
+
+#: failures that mean the page's backing services are missing or down (503), not a refusal of the request (409)
+UNAVAILABLE = frozenset({"config", "state_unreachable", "store_unreachable"})
+
+
+def refusal(exc: Exception, settings: Settings, *, status: int | None = None) -> HTTPException:
+    """An exception as the page answers it, by errors.classify: a setting to fix or a service down is 503, a
+    refusal 409 (unless `status` says), with the one-line message. A bug is raised as it is (500, logged)."""
+    failure = classify(exc, state_url=settings.state_url, qdrant=lambda e: describe_qdrant_failure(e, settings))
+    if not failure.expected:
+        raise exc
+    return HTTPException(status or (503 if failure.kind in UNAVAILABLE else 409), failure.message)
+
+
+def page_status(settings: Settings) -> PageStatus:
+    """The page's status (kb_reindex.pageview: read-only, never creates a state DB, fast while a build holds
+    the local Qdrant store); a missing or unreadable state DB is a 503 naming KB_STATE_URL."""
+    try:
+        return read_status(settings)
+    except Exception as exc:
+        raise refusal(exc, settings, status=503) from None
+
+
+def reason_of(body: dict[str, Any]) -> str:
+    reason = str(body.get("reason") or "").strip()
+    if not reason:
+        raise HTTPException(422, "a reason is required")
+    return reason
+
+
+def positive_int(body: dict[str, Any], key: str, meaning: str = "") -> int:
+    value = body.get(key)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise HTTPException(422, f"{key} must be a positive integer{meaning}")
+    return value
+
+
+@dataclass(frozen=True)
+class PageContext:
+    settings_factory: Callable[[], Settings]
+    airflow: AirflowApi
+    auth: AirflowAuth
+
+    async def status_now(self) -> PageStatus:
+        return await asyncio.to_thread(page_status, self.settings_factory())
+
+    async def version_row(self, number: int) -> VersionRow:
+        row = (await self.status_now()).status.version(number)
+        if row is None:
+            raise HTTPException(404, f"no version {number}")
+        return row
+
+    async def confirmed_live(self, body: dict[str, Any]) -> int | None:
+        """The live version on-call saw and confirmed ("vX -> vY"): refused when the alias has moved since."""
+        confirmed = body.get("live_version")
+        if confirmed is not None and (isinstance(confirmed, bool) or not isinstance(confirmed, int)):
+            raise HTTPException(422, "live_version must be the version number the page showed live")
+        live = (await self.status_now()).status.live
+        now = live.version if live else None
+        if confirmed != now:
+            raise HTTPException(409, f"{self.settings_factory().alias} serves {f'v{now}' if now else 'nothing'} now, "
+                                     f"not {f'v{confirmed}' if confirmed else 'nothing'} as you confirmed: reload the "
+                                     "page and confirm again; nothing was triggered")
+        return now
