@@ -405,16 +405,17 @@ def test_report_ranks_are_whole_numbers_when_a_probe_misses(tmp_path: Path) -> N
     from types import SimpleNamespace
 
     from kb_reindex.reports import write_html_report, write_validation_report
+    from kb_reindex.validation_model import ValidationResult
 
     version = SimpleNamespace(alias="kb", version=3, collection="kb__m__v3", embed_model="m", embed_dim=8,
                               distance="Cosine")
     probe = {"query": "q", "expected": "a", "hit": True, "regression": False, "top": "a"}
-    result = {
+    result = ValidationResult.from_dict({
         "passed": False, "failures": [], "k": 4, "hit_rate": 0.5, "mrr": 0.5, "regressions": 0, "live_version": None,
         "thresholds": {"min_hit_rate": 0.9, "min_mrr": 0.7, "max_regressions": 0}, "checks": [],
         "probes": [{**probe, "probe": "found", "rank_live": None, "rank_candidate": 1},
                    {**probe, "probe": "missed", "rank_live": None, "rank_candidate": None, "hit": False}],
-    }
+    })
     markdown = write_validation_report(tmp_path, version, result).read_text(encoding="utf-8")
     assert "| found | q | a |  | 1 | True | False |" in markdown
     csv = (tmp_path / "kb" / "v3" / "validation.csv").read_text(encoding="utf-8").splitlines()

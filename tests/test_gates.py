@@ -14,6 +14,7 @@ from conftest import force_status, settings_for, write_doc
 from kb_reindex import engine
 from kb_reindex.errors import GoldenSetError, KbError
 from kb_reindex.golden import load_golden_set, paired_comparison, sign_test_p
+from kb_reindex.validation_model import ProbeResult, ValidationResult
 from kb_reindex.retention import cleanup, drop_version, pin_version, unpin_version
 from kb_reindex.runtime import Deps
 from kb_reindex.status import status_view
@@ -111,17 +112,18 @@ def test_sign_test_is_exact() -> None:
 
 
 def test_paired_comparison_separates_a_pattern_from_one_probe() -> None:
-    def probes(pairs: list[tuple[int | None, int | None]]) -> list[dict]:
-        return [{"probe": str(i), "rank_live": live, "rank_candidate": cand} for i, (live, cand) in enumerate(pairs)]
+    def probes(pairs: list[tuple[int | None, int | None]]) -> list[ProbeResult]:
+        return [ProbeResult.from_dict({"probe": str(i), "rank_live": live, "rank_candidate": cand})
+                for i, (live, cand) in enumerate(pairs)]
 
     one = paired_comparison(probes([(1, 2)] + [(1, 1)] * 10), alpha=0.05)
-    assert (one["worse"], one["better"], one["ties"]) == (1, 0, 10)
-    assert one["p_worse"] == 0.5 and not one["significant_worse"] and one["verdict"] == "no significant difference"
+    assert (one.worse, one.better, one.ties) == (1, 0, 10)
+    assert one.p_worse == 0.5 and not one.significant_worse and one.verdict == "no significant difference"
     many = paired_comparison(probes([(1, None)] * 3 + [(1, 3)] * 3 + [(2, 2)] * 10), alpha=0.05)
-    assert many["worse"] == 6 and many["p_worse"] == pytest.approx(1 / 64, abs=1e-4)
-    assert many["significant_worse"] and many["verdict"] == "worse"
+    assert many.worse == 6 and many.p_worse == pytest.approx(1 / 64, abs=1e-4)
+    assert many.significant_worse and many.verdict == "worse"
     better = paired_comparison(probes([(None, 1)] * 6), alpha=0.05)
-    assert better["verdict"] == "better" and not better["significant_worse"]
+    assert better.verdict == "better" and not better.significant_worse
 
 
 def test_candidate_worse_than_live_by_the_sign_test_fails_even_within_the_thresholds(deps: Deps) -> None:
@@ -337,3 +339,22 @@ def test_migrate_dry_run_times_one_real_batch_of_the_new_model(project: Path, mo
     assert estimate["embed_model"] == "bge-m3" and estimate["dim"] == 64
     assert estimate["probe_batch_s"] >= 0.002 * estimate["probe_batch_texts"]  # the server's delay was measured
     assert estimate["estimated_embed_s"] == pytest.approx(estimate["probe_batch_s"] * estimate["batches"], abs=0.01)
+
+
+# --- the validation record --------------------------------------------------------------------------
+
+
+def test_a_stored_validation_reads_back_as_the_same_record_and_an_older_one_still_loads(deps: Deps) -> None:
+    """The `validation` column holds ValidationResult.to_dict(); from_dict gives back the same JSON, key for
+    key. A record with keys missing (scores restored from collection metadata) loads, its unknown keys kept."""
+    assert engine.run_reindex(deps)["outcome"] == "promoted"
+    stored = deps.state.live_version(ALIAS).validation
+    result = ValidationResult.from_dict(stored)
+    assert json.dumps(result.to_dict(), ensure_ascii=False) == json.dumps(stored, ensure_ascii=False)
+    assert result.passed and result.checks and all(c.passed for c in result.checks) and result.probes
+    assert result["hit_rate"] == result.hit_rate  # transitional: read as the dict it was
+
+    older = {"passed": True, "hit_rate": 0.9, "mrr": 0.8, "restored_from": "collection metadata"}
+    loaded = ValidationResult.from_dict(older)
+    assert (loaded.hit_rate, loaded.mrr, loaded.probes, loaded.replay) == (0.9, 0.8, (), None)
+    assert loaded.to_dict()["restored_from"] == "collection metadata"

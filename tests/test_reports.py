@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from kb_reindex.reports import REPORT_FILES, report_dir, score_figure, write_html_report, write_validation_report
+from kb_reindex.validation_model import ValidationResult
 
 
 @pytest.mark.parametrize("count", [1, 2, 3, 12, 30])
@@ -36,23 +37,24 @@ def test_score_plot_ticks_only_whole_versions(count: int) -> None:
 SCRIPT = "<script>alert('kb')</script>"
 
 
-def report_result(replay: dict | None) -> dict:
+def report_result(replay: dict | None) -> ValidationResult:
     """A failed validation whose every user- or author-written value carries a script tag."""
     probe = {"query": f"退货{SCRIPT}", "expected": f"refund{SCRIPT}", "hit": True, "regression": False,
              "top": f"refund{SCRIPT}"}
-    return {
+    return ValidationResult.from_dict({
         "passed": False, "failures": [f"hit rate too low for {SCRIPT}"], "k": 4, "hit_rate": 0.5, "mrr": 0.5,
         "regressions": 0, "live_version": 2, "live_hit_rate": 0.75, "live_mrr": 0.6, "live_embed_model": "m",
         "thresholds": {"min_hit_rate": 0.9, "min_mrr": 0.7, "max_regressions": 0, "max_category_drop": 0.1},
-        "checks": [["points match the manifest", True, f"title {SCRIPT}"]],
+        "checks": [{"check": "points match the manifest", "passed": True, "detail": f"title {SCRIPT}"}],
         "probes": [{**probe, "probe": "p1", "rank_live": 1, "rank_candidate": 2}],
         "by_category": [{"category": f"售后{SCRIPT}", "probes": 1, "hit_rate": 1.0, "live_hit_rate": 1.0,
                          "hit_rate_drop": 0.0, "mrr": 0.5, "live_mrr": 1.0, "dropped": False}],
         "paired": {"test": "sign test", "better": 0, "worse": 1, "ties": 0, "pairs": 1, "p_worse": 0.5,
                    "p_better": 1.0, "alpha": 0.05, "verdict": f"no difference {SCRIPT}"},
-        "flagged_instructions": [[f"faq{SCRIPT}.md", 3, f"ignore previous instructions {SCRIPT}"]],
+        "flagged_instructions": [{"source": f"faq{SCRIPT}.md", "line": 3,
+                                  "text": f"ignore previous instructions {SCRIPT}"}],
         "replay": replay,
-    }
+    })
 
 
 def replay_report() -> dict:

@@ -367,6 +367,34 @@ def test_an_existing_state_db_gets_the_new_columns_at_open(state: StateStore) ->
     upgraded.dispose()
 
 
+def test_an_old_state_db_gets_the_snapshot_columns_and_its_old_snapshot_records_still_show(state: StateStore) -> None:
+    """A state DB from before the snapshot had its own column kept the snapshot in the validation record:
+    opening it adds the columns, and status reads the old record until a new snapshot is taken."""
+    from datetime import datetime
+
+    url = state.url
+    version = new_version(state)
+    old = {"name": "kb__m__v1-1.snapshot", "collection": version.collection, "at": "2026-01-02T03:04:05Z"}
+    state.update_version(version.id, validation={"hit_rate": 1.0, "snapshot": old})
+    with state.engine.begin() as conn:
+        for column in ("qdrant_snapshot", "qdrant_snapshot_at"):
+            conn.execute(sa.text(f"ALTER TABLE kb_versions DROP COLUMN {column}"))
+    state.dispose()
+    upgraded = StateStore(url)
+    try:
+        columns = {c["name"] for c in sa.inspect(upgraded.engine).get_columns("kb_versions")}
+        assert {"qdrant_snapshot", "qdrant_snapshot_at"} <= columns
+        record = upgraded.version_by_id(version.id)
+        assert record.qdrant_snapshot is None and record.snapshot_view() == old
+        upgraded.update_version(version.id, qdrant_snapshot="kb__m__v1-2.snapshot",
+                                qdrant_snapshot_at=datetime(2026, 2, 3, 4, 5, 6, 789))
+        assert upgraded.version_by_id(version.id).snapshot_view() == {
+            "name": "kb__m__v1-2.snapshot", "collection": version.collection, "at": "2026-02-03T04:05:06Z"}
+        assert "qdrant_snapshot" not in upgraded.version_by_id(version.id).summary()
+    finally:
+        upgraded.dispose()
+
+
 def test_file_hashes_are_recorded_whole_or_in_part(state: StateStore) -> None:
     from kb_reindex.state import FileHash
 

@@ -5,26 +5,26 @@ from __future__ import annotations
 
 import hashlib
 import random
-from typing import Any
-
 from kb_reindex.layouts import describe_layout, payload_problems, payload_text
+from kb_reindex.model import VersionStatus
 from kb_reindex.runtime import Deps
 from kb_reindex.state import ManifestRef, VersionRecord
 from kb_reindex.store import DISTANCE
+from kb_reindex.validation_model import Check
 
 #: points whose payload and vector the structural check reads back (the count and IDs are checked in full)
 SAMPLE_SIZE = 64
 
 
-def shape_checks(deps: Deps, version: VersionRecord, manifest: list[ManifestRef]) -> tuple[list[dict[str, Any]], int | None]:
+def shape_checks(deps: Deps, version: VersionRecord, manifest: list[ManifestRef]) -> tuple[list[Check], int | None]:
     """Exact count and IDs against the manifest, dimension and distance against the record: the one
     structural check, shared by validation and by rollback/reconcile (`structural_problems`).
 
     Returns the checks and the collection's point count (None when the collection is missing)."""
-    checks: list[dict[str, Any]] = []
+    checks: list[Check] = []
 
     def check(name: str, passed: bool, detail: str) -> None:
-        checks.append({"check": name, "passed": bool(passed), "detail": detail})
+        checks.append(Check(name, bool(passed), detail))
 
     store = deps.store
     if not store.exists(version.collection):
@@ -44,22 +44,18 @@ def structural_problems(deps: Deps, version: VersionRecord) -> list[str]:
     """What makes a kept collection unfit to serve (empty when whole): the shape checks, without the
     golden set, for a rollback target or a live version the alias is pointed back at."""
     checks, _points = shape_checks(deps, version, deps.state.manifest_refs(version.id))
-    return [f"{c['check']}: {c['detail']}" for c in checks if not c["passed"]]
+    return [c.line for c in checks if not c.passed]
 
 
-def structural_checks(deps: Deps, version: VersionRecord, manifest: list[ManifestRef]) -> list[dict[str, Any]]:
+def structural_checks(deps: Deps, version: VersionRecord, manifest: list[ManifestRef]) -> list[Check]:
     checks, points = shape_checks(deps, version, manifest)
     if points is None:
         return checks
-    if version.status in ("building", "ready", "failed") and version.points_written != points:
+    if version.status in (VersionStatus.BUILDING, VersionStatus.READY, VersionStatus.FAILED) and version.points_written != points:
         # mapped build slices only add up what each wrote; this is the count
         deps.state.update_version(version.id, points_written=points)
 
-    def check(name: str, passed: bool, detail: str) -> None:
-        checks.append({"check": name, "passed": bool(passed), "detail": detail})
-
     store = deps.store
-
     picked = random.Random(version.version).sample(manifest, min(SAMPLE_SIZE, len(manifest)))
     sample = deps.state.manifest_chunks(version.id, point_ids=[row.point_id for row in picked]) if picked else []
     records = {str(r.id): r for r in store.retrieve(version.collection, [row["point_id"] for row in sample], vectors=True)} if sample else {}
@@ -83,5 +79,6 @@ def structural_checks(deps: Deps, version: VersionRecord, manifest: list[Manifes
             problems.append(f"{row['point_id']}: payload key/index/version/model disagree with the manifest")
         if record.vector is None or len(record.vector) != version.embed_dim:
             problems.append(f"{row['point_id']}: vector missing or of the wrong size")
-    check("payload sample", not problems, f"{len(sample)} sampled" + (f"; {problems[0]}" if problems else ", all well-formed"))
+    checks.append(Check("payload sample", not problems,
+                        f"{len(sample)} sampled" + (f"; {problems[0]}" if problems else ", all well-formed")))
     return checks

@@ -26,6 +26,7 @@ from kb_reindex.snapshot import snapshot_plan
 from kb_reindex.state import default_lock_owner
 from kb_reindex.store import describe_qdrant_failure
 from kb_reindex.validate import validate
+from kb_reindex.validation_model import ValidationResult
 
 log = logging.getLogger(__name__)
 
@@ -208,7 +209,8 @@ def _record_failure(deps: Deps, result: dict[str, Any], run_id: str, failure: Fa
             raise
 
 
-def validation_summary(result: dict[str, Any]) -> dict[str, Any]:
+def validation_summary(result: dict[str, Any] | ValidationResult) -> dict[str, Any]:
+    """What a run's JSON and the CLI carry of a validation: a fresh result, or a version's stored record."""
     return {
         "passed": result["passed"],
         "hit_rate": result["hit_rate"],

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from math import comb
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from kb_reindex.errors import GoldenSetError, GoldenSetMissing
+from kb_reindex.validation_model import CategoryScore, PairedComparison, ProbeResult
 
 
 @dataclass(frozen=True)
@@ -169,29 +171,28 @@ def probe_categories(golden: GoldenSet, doc_categories: dict[str, str]) -> dict[
     return {p.id: p.category or doc_categories.get(p.expected[0]) or "(none)" for p in golden.probes}
 
 
-def category_scores(probes: Sequence[dict[str, Any]], categories: dict[str, str], *, compare: bool,
-                    max_drop: float) -> list[dict[str, Any]]:
+def category_scores(probes: Sequence[ProbeResult], categories: dict[str, str], *, compare: bool,
+                    max_drop: float) -> list[CategoryScore]:
     """Hit rate and MRR per category on the candidate and on live. `dropped`: the category's hit rate fell
     more than `max_drop` below live's (only meaningful when `compare`: live was scored like for like).
     Totals can hide a category that lost most of its probes while the others held or improved."""
-    groups: dict[str, list[dict[str, Any]]] = {}
+    groups: dict[str, list[ProbeResult]] = {}
     for p in probes:
-        groups.setdefault(categories.get(p["probe"], "(none)"), []).append(p)
+        groups.setdefault(categories.get(p.probe, "(none)"), []).append(p)
     rows = []
     for name in sorted(groups):
         members = groups[name]
-        hit, mrr = score([p["rank_candidate"] for p in members])
-        live_hit, live_mrr = score([p.get("rank_live") for p in members]) if compare else (None, None)
+        hit, mrr = score([p.rank_candidate for p in members])
+        live_hit, live_mrr = score([p.rank_live for p in members]) if compare else (None, None)
         drop = None if live_hit is None else live_hit - hit
-        rows.append({
-            "category": name, "probes": len(members),
-            "hit_rate": round(hit, 4), "mrr": round(mrr, 4),
-            "live_hit_rate": None if live_hit is None else round(live_hit, 4),
-            "live_mrr": None if live_mrr is None else round(live_mrr, 4),
-            "hit_rate_drop": None if drop is None else round(drop, 4),
-            "dropped": drop is not None and drop > max_drop + 1e-9,
-            "lost": [p["probe"] for p in members if p.get("rank_live") is not None and p["rank_candidate"] is None],
-        })
+        rows.append(CategoryScore(
+            category=name, probes=len(members), hit_rate=round(hit, 4), mrr=round(mrr, 4),
+            live_hit_rate=None if live_hit is None else round(live_hit, 4),
+            live_mrr=None if live_mrr is None else round(live_mrr, 4),
+            hit_rate_drop=None if drop is None else round(drop, 4),
+            dropped=drop is not None and drop > max_drop + 1e-9,
+            lost=tuple(p.probe for p in members if p.rank_live is not None and p.rank_candidate is None),
+        ))
     return rows
 
 
@@ -199,12 +200,10 @@ def sign_test_p(successes: int, trials: int) -> float:
     """One-sided exact sign test: P(X >= successes) for X ~ Binomial(trials, 1/2)."""
     if trials <= 0:
         return 1.0
-    from math import comb
-
     return sum(comb(trials, i) for i in range(successes, trials + 1)) / 2 ** trials
 
 
-def paired_comparison(probes: Sequence[dict[str, Any]], *, alpha: float) -> dict[str, Any]:
+def paired_comparison(probes: Sequence[ProbeResult], *, alpha: float) -> PairedComparison:
     """Probe by probe, candidate against live on the reciprocal rank (a miss counts 0), with an exact sign
     test: ties carry no information and are left out. `worse` is significant when seeing that many probes
     worse out of the untied ones is unlikely (p < alpha) if the candidate were as good as live. A small
@@ -212,10 +211,8 @@ def paired_comparison(probes: Sequence[dict[str, Any]], *, alpha: float) -> dict
     threshold met by luck is shown as such (`p_better`, `p_worse` beside the thresholds)."""
     better = worse = ties = 0
     for p in probes:
-        live = p.get("rank_live")
-        cand = p.get("rank_candidate")
-        live_rr = 1.0 / live if live else 0.0
-        cand_rr = 1.0 / cand if cand else 0.0
+        live_rr = 1.0 / p.rank_live if p.rank_live else 0.0
+        cand_rr = 1.0 / p.rank_candidate if p.rank_candidate else 0.0
         if cand_rr > live_rr:
             better += 1
         elif cand_rr < live_rr:
@@ -225,6 +222,6 @@ def paired_comparison(probes: Sequence[dict[str, Any]], *, alpha: float) -> dict
     n = better + worse
     p_worse, p_better = sign_test_p(worse, n), sign_test_p(better, n)
     verdict = ("worse" if p_worse < alpha else "better" if p_better < alpha else "no significant difference")
-    return {"test": "exact sign test on reciprocal rank (one-sided)", "alpha": alpha, "pairs": len(probes),
-            "better": better, "worse": worse, "ties": ties, "p_worse": round(p_worse, 4),
-            "p_better": round(p_better, 4), "verdict": verdict, "significant_worse": p_worse < alpha}
+    return PairedComparison(test="exact sign test on reciprocal rank (one-sided)", alpha=alpha, pairs=len(probes),
+                            better=better, worse=worse, ties=ties, p_worse=round(p_worse, 4),
+                            p_better=round(p_better, 4), verdict=verdict, significant_worse=p_worse < alpha)

@@ -159,7 +159,7 @@ def promote_shadow(deps: Deps, version_number: int, *, expected_live: int | None
     built_with = (version.validation or {}).get("thresholds") or {}
     checked = validate(deps, version.version, min_hit_rate=built_with.get("min_hit_rate"),
                        min_mrr=built_with.get("min_mrr"), record=False)
-    deps.state.update_version(version.id, validation=checked)
+    deps.state.update_version(version.id, validation=checked.to_dict())
     try:
         previous = switch_alias(deps, version, expected_from=expected_from,
                                 action="migrate" if version.kind == RunKind.MIGRATION else "promote", run_id=run_id,
@@ -171,4 +171,4 @@ def promote_shadow(deps: Deps, version_number: int, *, expected_live: int | None
              version.embed_model, version.embed_dim)
     return {"version": version.version, "collection": version.collection, "embed_model": version.embed_model,
             "dim": version.embed_dim, "previous_version": previous.version if previous else None,
-            "lowered_thresholds": warn_lowered_thresholds(deps, replace(version, validation=checked))}
+            "lowered_thresholds": warn_lowered_thresholds(deps, replace(version, validation=checked.to_dict()))}

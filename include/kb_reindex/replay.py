@@ -21,11 +21,13 @@ from typing import Any
 
 import yaml
 
+from kb_reindex import querylog
 from kb_reindex.embedding import batched
 from kb_reindex.errors import GoldenSetError
 from kb_reindex.golden import first_hit_rank
 from kb_reindex.runtime import Deps
 from kb_reindex.state import VersionRecord
+from kb_reindex.validation_model import ReplayQuery, ReplayReport
 
 log = logging.getLogger(__name__)
 
@@ -99,19 +101,17 @@ def _share(count: int, total: int) -> float | None:
 
 
 def replay(deps: Deps, version: VersionRecord, baseline: VersionRecord | None, *, same_model: bool,
-           gate: ReplayGate | None = None) -> tuple[dict[str, Any], list[str]]:
+           gate: ReplayGate | None = None) -> tuple[ReplayReport, list[str]]:
     """(report, gate failures). Skipped, and said so, without a live version or without logged queries."""
-    from kb_reindex import querylog
-
     settings = deps.settings
     if settings.replay_queries == 0:
-        return {"skipped": "KB_REPLAY_QUERIES=0"}, []
+        return ReplayReport(skipped="KB_REPLAY_QUERIES=0"), []
     if baseline is None:
-        return {"skipped": "no live version to replay against (a first version, or not compared with live)"}, []
+        return ReplayReport(skipped="no live version to replay against (a first version, or not compared with live)"), []
     gate = gate or load_replay_gate(settings.golden_set)
     rows = querylog.recent(deps.state, settings.alias, limit=settings.replay_queries)
     if not rows:
-        return {"skipped": "no logged queries (KB_QUERY_LOG is off, or nothing was asked yet)"}, []
+        return ReplayReport(skipped="no logged queries (KB_QUERY_LOG is off, or nothing was asked yet)"), []
     rows.reverse()  # oldest first, as they were asked
     texts = sorted({r["query"] for r in rows})
     candidate_vectors = dict(zip(texts, _embed(deps, version, texts), strict=True))
@@ -125,55 +125,55 @@ def replay(deps: Deps, version: VersionRecord, baseline: VersionRecord | None, *
         on_candidate = _keys(deps.store.search(version.collection, candidate_vectors[text], k=k, tenant=tenant))
         top = on_live[0] if on_live else None
         rank = first_hit_rank(on_candidate, [top]) if top is not None else None
-        per_query.append({
-            "log_id": row["id"], "query": text, "tenant": tenant, "k": k,
-            "overlap": round(len(set(on_live) & set(on_candidate)) / len(set(on_live)), 4) if on_live else None,
-            "live_top": top, "top_changed": top in changed if top is not None else None,
-            "rank_candidate": rank,
+        per_query.append(ReplayQuery(
+            log_id=row["id"], query=text, tenant=tenant, k=k,
+            overlap=round(len(set(on_live) & set(on_candidate)) / len(set(on_live)), 4) if on_live else None,
+            live_top=top, top_changed=top in changed if top is not None else None,
+            rank_candidate=rank,
             # 0: still first; n: n places lower; None: gone from the top k (or live had no hit)
-            "rank_change": (rank - 1) if rank is not None else None,
-            "lost_top_hit": top is not None and rank is None,
-            "empty_live": not on_live, "empty_candidate": not on_candidate,
-            "live": ",".join(on_live), "candidate": ",".join(on_candidate),
-        })
+            rank_change=(rank - 1) if rank is not None else None,
+            lost_top_hit=top is not None and rank is None,
+            empty_live=not on_live, empty_candidate=not on_candidate,
+            live=",".join(on_live), candidate=",".join(on_candidate),
+        ))
     total = len(per_query)
-    overlaps = [q["overlap"] for q in per_query if q["overlap"] is not None]
-    eligible = [q for q in per_query if q["live_top"] is not None and not q["top_changed"]]
-    lost = [q for q in eligible if q["lost_top_hit"]]
-    empty_live = sum(q["empty_live"] for q in per_query) / total
-    empty_candidate = sum(q["empty_candidate"] for q in per_query) / total
+    overlaps = [q.overlap for q in per_query if q.overlap is not None]
+    eligible = [q for q in per_query if q.live_top is not None and not q.top_changed]
+    lost = [q for q in eligible if q.lost_top_hit]
+    empty_live = sum(q.empty_live for q in per_query) / total
+    empty_candidate = sum(q.empty_candidate for q in per_query) / total
     failures: list[str] = []
     if same_model:
         if empty_candidate > empty_live + gate.max_empty_increase + 1e-9:
             failures.append(f"replay: empty-result rate {empty_candidate:.3f} on the candidate > {empty_live:.3f} on "
                             f"live v{baseline.version} (+{gate.max_empty_increase} allowed) over {total} logged queries")
         if eligible and len(lost) / len(eligible) > gate.max_lost_top_hits + 1e-9:
-            docs = sorted({q["live_top"] for q in lost})
+            docs = sorted({str(q.live_top) for q in lost})
             failures.append(
                 f"replay: {len(lost)} of {len(eligible)} logged queries lost live's top hit, a document this run did "
                 f"not change (share {len(lost) / len(eligible):.3f} > replay.max_lost_top_hits "
                 f"{gate.max_lost_top_hits}): {', '.join(docs[:5])}" + (" ..." if len(docs) > 5 else ""))
     # the worst first: lost top hits, then the lowest overlap
-    per_query.sort(key=lambda q: (not q["lost_top_hit"], q["overlap"] if q["overlap"] is not None else 2.0))
-    report = {
-        "queries": total,
-        "mean_overlap": round(sum(overlaps) / len(overlaps), 4) if overlaps else None,
-        "empty_live": round(empty_live, 4),
-        "empty_candidate": round(empty_candidate, 4),
-        "lost_top_hits": len(lost),
-        "lost_top_hits_any": sum(1 for q in per_query if q["lost_top_hit"]),
-        "unchanged_top_hits": len(eligible),
-        "lost_share": _share(len(lost), len(eligible)),
-        "changed_documents": len(changed),
-        "live_version": baseline.version,
-        "gated": same_model,
-        "passed": not failures,
-        "thresholds": asdict(gate),
-        "per_query": per_query[:PER_QUERY_KEPT],
-    }
+    per_query.sort(key=lambda q: (not q.lost_top_hit, q.overlap if q.overlap is not None else 2.0))
+    report = ReplayReport(
+        queries=total,
+        mean_overlap=round(sum(overlaps) / len(overlaps), 4) if overlaps else None,
+        empty_live=round(empty_live, 4),
+        empty_candidate=round(empty_candidate, 4),
+        lost_top_hits=len(lost),
+        lost_top_hits_any=sum(1 for q in per_query if q.lost_top_hit),
+        unchanged_top_hits=len(eligible),
+        lost_share=_share(len(lost), len(eligible)),
+        changed_documents=len(changed),
+        live_version=baseline.version,
+        gated=same_model,
+        passed=not failures,
+        thresholds=asdict(gate),
+        per_query=tuple(per_query[:PER_QUERY_KEPT]),
+    )
     log.info("kb_reindex: replay of %d logged queries on v%d vs live v%d: mean overlap %s, empty %.3f -> %.3f, "
              "%d lost top hit(s) on unchanged documents%s", total, version.version, baseline.version,
-             report["mean_overlap"], empty_live, empty_candidate, len(lost), "" if same_model else " (not gated)")
+             report.mean_overlap, empty_live, empty_candidate, len(lost), "" if same_model else " (not gated)")
     return report, failures
 
 

@@ -195,9 +195,9 @@ def unpin_version(deps: Deps, version_number: int, *, by: str | None = None) -> 
 def _drop_collection(deps: Deps, version: VersionRecord) -> tuple[bool, str | None]:
     """Delete a version's collection and mark it deleted; with KB_SNAPSHOT_BEFORE_DROP, snapshot it first.
 
-    The snapshot's name is kept where the version's record already holds JSON about it: its `validation`
-    under `snapshot` (with the collection and the time), shown by `kb-reindex status --json`. A failed
-    snapshot keeps the collection: nothing is dropped without the copy that was asked for."""
+    The snapshot's name and time are kept on the version (`qdrant_snapshot`, `qdrant_snapshot_at`), shown by
+    `kb-reindex status --json`. A failed snapshot keeps the collection: nothing is dropped without the copy
+    that was asked for."""
     snapshot = None
     if deps.settings.snapshot_before_drop and deps.store.exists(version.collection):
         try:
@@ -207,9 +207,7 @@ def _drop_collection(deps: Deps, version: VersionRecord) -> tuple[bool, str | No
         except Exception as exc:
             raise StoreError(f"snapshot of {version.collection} (v{version.version}) failed, so it is not dropped: "
                              f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}") from None
-        taken = {"name": snapshot, "collection": version.collection,
-                 "at": utcnow().isoformat(timespec="seconds") + "Z"}
-        deps.state.update_version(version.id, validation={**(version.validation or {}), "snapshot": taken})
+        deps.state.update_version(version.id, qdrant_snapshot=snapshot, qdrant_snapshot_at=utcnow())
         log.info("kb_reindex: snapshot %s of %s (v%d) taken before dropping it", snapshot, version.collection,
                  version.version)
     dropped = deps.store.delete_collection(version.collection)

@@ -103,8 +103,7 @@ def rollback(
         # or an embedder outage must not stand between on-call and a structurally whole version.
         try:
             result = validate(deps, target.version, compare_live=False, raise_on_failure=False)
-            scores = Rescore(passed=result["passed"], hit_rate=result["hit_rate"], mrr=result["mrr"],
-                             report=result["report"])
+            scores = Rescore(passed=result.passed, hit_rate=result.hit_rate, mrr=result.mrr, report=result.report)
         except KbError as exc:
             scores = Rescore(passed=None, error=str(exc))
             log.warning("kb_reindex: re-scoring v%d failed (%s); rolling back anyway", target.version, exc)

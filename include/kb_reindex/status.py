@@ -351,7 +351,7 @@ def version_row(v: VersionRecord, *, target: VersionRecord | None, pins: dict[in
         rollback_allowed=v.status in (VersionStatus.RETIRED, VersionStatus.READY) and served,
         shadow=v.status == VersionStatus.READY and not served,
         serving=v.collection == serving, error=v.error, run_id=v.run_id,
-        collection_config=collection_config, snapshot=validation.get("snapshot"),
+        collection_config=collection_config, snapshot=v.snapshot_view(),
         pinned=v.version in pins, pin=pin_view(pins.get(v.version)),
     )
 

@@ -59,6 +59,9 @@ versions = sa.Table(
     # how its payloads look (kb_reindex.layouts) and what made its vectors (the embedding profile)
     sa.Column("payload_layout", sa.String(64), nullable=False, server_default="native"),
     sa.Column("embed_profile", sa.String(128)),
+    # the name of the Qdrant snapshot taken before its collection was dropped (KB_SNAPSHOT_BEFORE_DROP), and when
+    sa.Column("qdrant_snapshot", sa.String(512)),
+    sa.Column("qdrant_snapshot_at", Timestamp),
     sa.UniqueConstraint("alias", "version", name="uq_kb_versions_alias_version"),
     **MYSQL_TABLE,
 )
@@ -297,7 +300,8 @@ def _schema_guard(engine: sa.Engine) -> Iterator[None]:
 
 #: columns added after their table first shipped: a state DB made by an older kb-reindex gains them at open
 #: (nullable or with a default, so its rows stay valid), with the indexes that use them
-ADDED_COLUMNS = ((versions, "payload_layout"), (versions, "embed_profile"), (manifest_chunks, "position"))
+ADDED_COLUMNS = ((versions, "payload_layout"), (versions, "embed_profile"), (manifest_chunks, "position"),
+                 (versions, "qdrant_snapshot"), (versions, "qdrant_snapshot_at"))
 
 
 def _upgrade_schema(engine: sa.Engine, *, tables: tuple[sa.Table, ...] | None = None) -> None:

@@ -56,6 +56,9 @@ class VersionRecord:
     deleted_at: datetime | None
     payload_layout: str = "native"
     embed_profile: str | None = None
+    # the Qdrant snapshot taken before its collection was dropped (KB_SNAPSHOT_BEFORE_DROP), and when
+    qdrant_snapshot: str | None = None
+    qdrant_snapshot_at: datetime | None = None
 
     @classmethod
     def from_row(cls, row: sa.RowMapping) -> VersionRecord:
@@ -63,10 +66,20 @@ class VersionRecord:
         data["validation"] = json.loads(data["validation"]) if data["validation"] else None
         return cls(**data)
 
+    def snapshot_view(self) -> dict[str, Any] | None:
+        """The Qdrant snapshot of its dropped collection as status shows it ({name, collection, at}); a row
+        written before the column existed keeps it in its validation record, under `snapshot`."""
+        if self.qdrant_snapshot is None:
+            return (self.validation or {}).get("snapshot")
+        at = self.qdrant_snapshot_at
+        return {"name": self.qdrant_snapshot, "collection": self.collection,
+                "at": at.isoformat(timespec="seconds") + "Z" if at else None}
+
     def summary(self) -> dict[str, Any]:
-        """The JSON-able view the CLI and XCom carry (no validation detail)."""
+        """The JSON-able view the CLI and XCom carry (no validation detail, no snapshot)."""
         out = asdict(self)
-        out.pop("validation")
+        for detail in ("validation", "qdrant_snapshot", "qdrant_snapshot_at"):
+            out.pop(detail)
         for key, value in out.items():
             if isinstance(value, datetime):
                 out[key] = value.isoformat(timespec="seconds") + "Z"
