@@ -31,7 +31,7 @@ from urllib.parse import quote
 
 import pytest
 from conftest import REPO, create_postgres_database, drop_postgres_database, postgres_base_url
-from test_local_airflow import BIN, LocalAirflow, free_port, kb
+from test_local_airflow import BIN, TEST_STACK_ENV, LocalAirflow, free_port, kb, points
 
 pytestmark = [pytest.mark.airflow, pytest.mark.celery, pytest.mark.postgres]
 
@@ -187,10 +187,10 @@ def celery_airflow(project: Path, qdrant: Any, ollama: Any, redis: Redis, databa
         KB_CELERY_BROKER_URL=redis.url, KB_CELERY_WORKERS="2", KB_CELERY_LOG_PORT=str(two_free_ports()),
         KB_WORKER_HOSTNAME_PREFIX="kbtest", KB_STATE_URL=state_db, KB_QDRANT_URL=qdrant.url,
         KB_BUILD_PARALLELISM="2", KB_EMBEDDER="ollama", OLLAMA_HOST=ollama.url, KB_EMBED_MODEL="bge-m3",
-        KB_EMBED_BATCH_SIZE="4", KB_EMBED_CONCURRENCY="1", KB_REINDEX_SCHEDULE="", KB_RETRY_DELAY_S="2", KB_AIRFLOW_START_TIMEOUT="240",
+        KB_EMBED_BATCH_SIZE="4", KB_EMBED_CONCURRENCY="1", KB_RETRY_DELAY_S="2", KB_AIRFLOW_START_TIMEOUT="240",
         AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT="20",
         AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT_DETECTION_INTERVAL="5",
-        AIRFLOW__SCHEDULER__TASK_QUEUED_TIMEOUT="30",
+        AIRFLOW__SCHEDULER__TASK_QUEUED_TIMEOUT="30", **TEST_STACK_ENV,
     )
     try:
         out = start(env)
@@ -321,21 +321,6 @@ def test_scheduler_killed_and_broker_restarted_mid_run_the_run_still_promotes(ce
     airflow.wait_for_success("knowledge_reindex", run_id, 240)
     status = kb(airflow.env, "status")
     assert status["problems"] == [] and status["live"]["version"] == before + 1
-
-
-def points(url: str, collection: str) -> dict[str, tuple[list[float], dict]]:
-    from qdrant_client import QdrantClient
-
-    client = QdrantClient(url=url, timeout=60)
-    found, offset = {}, None
-    try:
-        while True:
-            page, offset = client.scroll(collection, limit=256, offset=offset, with_vectors=True, with_payload=True)
-            found.update({str(p.id): (p.vector, p.payload) for p in page})
-            if offset is None:
-                return found
-    finally:
-        client.close()
 
 
 if __name__ == "__main__":

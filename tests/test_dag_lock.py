@@ -63,7 +63,7 @@ def test_a_dead_dag_runs_lock_expires_after_its_ttl_and_gc_then_reclaims_its_bui
     # a retried task renews the same owner; cleanup under another lock leaves the live run's build alone
     assert dag_lock.renew(deps, run_id) == owner
     cleanup(deps)
-    assert deps.state.get_version(ALIAS, created["version"]).status == "building"
+    assert deps.state.get_version(ALIAS, created.version).status == "building"
 
     # the run dies: nothing renews its lock, and KB_LOCK_TTL passes (the store's clock moved, no sleep)
     deps.state.clock.advance(deps.settings.lock_ttl_s - 1)
@@ -72,8 +72,8 @@ def test_a_dead_dag_runs_lock_expires_after_its_ttl_and_gc_then_reclaims_its_bui
     assert not run_is_active(deps, run_id)
     with engine.exclusive(deps):  # `gc` takes the expired lock and reclaims the abandoned build
         result = cleanup(deps)
-    assert [d.version for d in result.deleted] == [created["version"]]
-    assert not deps.store.exists(created["collection"])
+    assert [d.version for d in result.deleted] == [created.version]
+    assert not deps.store.exists(created.collection)
     # the dead run's task, come back late, finds its lock gone and stops for good
     with pytest.raises(LockLostError, match="no longer holds the lock"):
         dag_lock.renew(deps, run_id)

@@ -297,7 +297,7 @@ def test_no_vector_is_copied_across_profiles(local_deps: Deps) -> None:
                               distance=live.distance, chunking_version=live.chunking_version, recipe="chunk-text-v0")
     deps.state.update_version(live.id, embed_profile=other)
     prepared = prepare(deps, force_full=False)
-    assert prepared.reuse == {} and prepared.plan["chunks"]["reused"] == 0
+    assert prepared.reuse == {} and prepared.plan.chunks.reused == 0
 
 
 def test_reader_refuses_a_profile_mismatch(local_deps: Deps) -> None:

@@ -28,6 +28,12 @@ import pytest
 from conftest import REPO
 
 BIN = Path(sys.executable).parent
+#: how often a wait asks the REST API again: a task's state changes within a second or two of the scheduler's loop
+POLL_S = 0.5
+#: the test stacks' Airflow settings beside the script's: no daily run (unpausing starts none, so a test's runs are
+#: its own), and the DAG files parsed once at start, not again every 30 s (they do not change; on a 2-core machine
+#: the re-parsing competes with the tasks)
+TEST_STACK_ENV = {"KB_REINDEX_SCHEDULE": "", "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "600"}
 
 
 def free_port() -> int:
@@ -56,7 +62,7 @@ class LocalAirflow:
         deadline = time.monotonic() + timeout_s
         while not check():
             assert time.monotonic() < deadline, f"{what}: not within {timeout_s:.0f} s\n{self.logs()}"
-            time.sleep(2)
+            time.sleep(POLL_S)
 
     def trigger(self, dag_id: str, conf: dict | None = None) -> str:
         self.wait(f"{dag_id} parsed", lambda: self.http.get(f"/dags/{dag_id}").status_code == 200, 120)
@@ -102,12 +108,18 @@ def qdrant(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 def local_airflow(project: Path, qdrant: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalAirflow]:
     """scripts/airflow.sh with its home and the project under a temporary folder (never the checkout's
     .airflow/ or .kb/), the store our Qdrant-protocol server, two slots in the write pool."""
+    from kb_reindex.state import StateStore
+
     tmp_path = tmp_path_factory.mktemp("local-airflow")
     port = free_port()
+    # the state DB's schema, so `kb-reindex plan` can size the first run's slices (a DAG run creating the state DB
+    # of a fresh install is test_dags.py's)
+    (project / ".kb").mkdir(exist_ok=True)
+    StateStore(f"sqlite:///{project / '.kb' / 'state.db'}").dispose()
     env = {name: value for name, value in os.environ.items() if not name.startswith("AIRFLOW")}
     env.update(AIRFLOW_HOME=str(tmp_path / "airflow-home"), KB_PROJECT_ROOT=str(project),
                KB_AIRFLOW_PORT=str(port), PATH=f"{BIN}:{env.get('PATH', '')}", KB_QDRANT_URL=qdrant.url,
-               KB_BUILD_PARALLELISM="2")
+               KB_BUILD_PARALLELISM="2", **TEST_STACK_ENV)
     try:
         started = subprocess.run(["bash", str(REPO / "scripts" / "airflow.sh")], env=env, capture_output=True,
                                  text=True, timeout=240)
@@ -130,16 +142,61 @@ def kb(env: dict[str, str], *argv: str) -> dict:
 
 
 @pytest.mark.airflow
-def test_make_airflow_runs_reindex_and_rollback_under_the_real_scheduler(local_airflow: LocalAirflow,
-                                                                         project: Path) -> None:
+def test_make_airflow_builds_two_slices_at_once_like_a_serial_build_then_rolls_back_under_the_real_scheduler(
+        local_airflow: LocalAirflow, project: Path, qdrant: Any) -> None:
+    """The first knowledge_reindex run under the real scheduler, in two mapped build slices: KB_BUILD_PARALLELISM=2
+    gives the pool two slots, and the first upsert of the build waits at Qdrant for a second one (which only
+    another slice can send: a slice writes its batches one after another); the request log shows the two in
+    flight together. The version they build equals a serial build of the same files (the CLI, one process): same
+    IDs, vectors, payloads. Then the CLI promotes an edit (same state, same store) and knowledge_rollback rolls it
+    back, freezing the alias."""
     airflow = local_airflow
-    # unpausing also lets the scheduler create today's scheduled run; max_active_runs=1 runs them in turn
-    run_id = airflow.trigger("knowledge_reindex")
-    airflow.wait_for_success("knowledge_reindex", run_id, 180)
-    airflow.wait("every knowledge_reindex run finished", lambda: airflow.idle("knowledge_reindex"), 120)
+    assert airflow.http.get("/pools/kb_qdrant_writes").json()["slots"] == 2
+    total = kb(airflow.env, "plan")["chunks"]["total"]
+    assert total >= 4
+
+    met, arrivals, guard = threading.Barrier(2, timeout=120), [], threading.Lock()
+    real_call = qdrant._backend_call
+
+    def first_two_upserts_meet(op: str, params: dict, query: dict, body: Any, record: Any = None) -> Any:
+        if op == "upsert":
+            with guard:
+                arrivals.append(time.monotonic())
+                waits = len(arrivals) <= 2
+            if waits:
+                met.wait()  # BrokenBarrierError (answered 500) if no second slice writes meanwhile
+        return real_call(op, params, query, body, record)
+
+    qdrant.clear_requests()
+    qdrant._backend_call = first_two_upserts_meet
+    try:
+        # the module's Airflow has no schedule (KB_REINDEX_SCHEDULE empty): unpausing starts no run of its own
+        run_id = airflow.trigger("knowledge_reindex", {"build_slice_size": math.ceil(total / 2)})
+        airflow.wait_for_success("knowledge_reindex", run_id, 300)
+    finally:
+        qdrant._backend_call = real_call
+    tasks = airflow.http.get(f"/dags/knowledge_reindex/dagRuns/{quote(run_id, safe='')}/taskInstances").json()
+    assert sorted(t["state"] for t in tasks["task_instances"] if t["task_id"] == "build") == ["success", "success"]
+    assert not met.broken
+    assert airflow.idle("knowledge_reindex")
+
     status = kb(airflow.env, "status")
     assert status["live"]["version"] == 1 and status["problems"] == []
     assert kb(airflow.env, "history")["events"][0]["run_id"].startswith("airflow__knowledge_reindex__")
+    parallel = status["live"]["collection"]
+    upserts = [r for r in qdrant.requests() if r.op == "upsert" and r.collection == parallel and r.status == 200]
+    assert any(a.at < b.at + b.handle_s and b.at < a.at + a.handle_s
+               for i, a in enumerate(upserts) for b in upserts[i + 1:]), "no two upserts were in flight together"
+
+    serial = kb({**airflow.env, "KB_ALIAS": "serial_check"}, "run", "--force-full")
+    assert serial["outcome"] == "promoted", serial
+    built, reference = points(qdrant.url, parallel), points(qdrant.url, serial["collection"])
+    assert len(built) == total and built.keys() == reference.keys()
+    for point_id, (vector, payload) in built.items():
+        ref_vector, ref_payload = reference[point_id]
+        assert vector == pytest.approx(ref_vector, abs=1e-6), point_id
+        # each names its own version number; everything else is the same
+        assert {**payload, "version": None} == {**ref_payload, "version": None}, point_id
 
     doc = project / "knowledge" / "docs" / "coupon-rules.md"
     doc.write_text(doc.read_text(encoding="utf-8") + "\n\n补充：限时活动券不可叠加。\n", encoding="utf-8")
@@ -161,75 +218,20 @@ def test_make_airflow_runs_reindex_and_rollback_under_the_real_scheduler(local_a
     assert kb(airflow.env, "status")["freeze"] is None
 
 
-@pytest.mark.airflow
-def test_build_slices_write_to_qdrant_at_once_and_equal_a_serial_build(local_airflow: LocalAirflow, qdrant: Any) -> None:
-    """KB_BUILD_PARALLELISM=2 gives the pool two slots, and the scheduler runs two mapped build slices at once:
-    the first upsert of the build waits at Qdrant for a second one (which only another slice can send: a slice
-    writes its batches one after another), and the request log shows the two in flight together. The version
-    they build equals a serial build of the same files (the CLI, one process): same IDs, vectors, payloads."""
+def points(url: str, collection: str) -> dict[str, tuple[list[float], dict]]:
+    """Every point of `collection`: its vector and payload by ID."""
     from qdrant_client import QdrantClient
 
-    airflow = local_airflow
-    assert airflow.http.get("/pools/kb_qdrant_writes").json()["slots"] == 2
-    airflow.wait("knowledge_reindex parsed", lambda: airflow.http.get("/dags/knowledge_reindex").status_code == 200, 120)
-    if airflow.http.get("/dags/knowledge_reindex").json()["is_paused"]:  # run alone: unpausing starts today's run
-        airflow.wait_for_success("knowledge_reindex", airflow.trigger("knowledge_reindex"), 180)
-    airflow.wait("every knowledge_reindex run finished", lambda: airflow.idle("knowledge_reindex"), 120)
-    total = kb(airflow.env, "plan")["chunks"]["total"]
-    assert total >= 4
-
-    met, arrivals, guard = threading.Barrier(2, timeout=120), [], threading.Lock()
-    real_call = qdrant._backend_call
-
-    def first_two_upserts_meet(op: str, params: dict, query: dict, body: Any, record: Any = None) -> Any:
-        if op == "upsert":
-            with guard:
-                arrivals.append(time.monotonic())
-                waits = len(arrivals) <= 2
-            if waits:
-                met.wait()  # BrokenBarrierError (answered 500) if no second slice writes meanwhile
-        return real_call(op, params, query, body, record)
-
-    qdrant.clear_requests()
-    qdrant._backend_call = first_two_upserts_meet
+    client = QdrantClient(url=url, timeout=60)
+    found, offset = {}, None
     try:
-        run_id = airflow.trigger("knowledge_reindex", {"force_full_rebuild": True,
-                                                       "build_slice_size": math.ceil(total / 2)})
-        airflow.wait_for_success("knowledge_reindex", run_id, 300)
-    finally:
-        qdrant._backend_call = real_call
-    tasks = airflow.http.get(f"/dags/knowledge_reindex/dagRuns/{quote(run_id, safe='')}/taskInstances").json()
-    assert sorted(t["state"] for t in tasks["task_instances"] if t["task_id"] == "build") == ["success", "success"]
-    assert not met.broken
-
-    status = kb(airflow.env, "status")
-    parallel = status["live"]["collection"]
-    upserts = [r for r in qdrant.requests() if r.op == "upsert" and r.collection == parallel and r.status == 200]
-    assert any(a.at < b.at + b.handle_s and b.at < a.at + a.handle_s
-               for i, a in enumerate(upserts) for b in upserts[i + 1:]), "no two upserts were in flight together"
-
-    serial = kb({**airflow.env, "KB_ALIAS": "serial_check"}, "run", "--force-full")
-    assert serial["outcome"] == "promoted", serial
-
-    client = QdrantClient(url=qdrant.url, timeout=60)
-    try:
-        def points(collection: str) -> dict[str, tuple[list[float], dict]]:
-            found, offset = {}, None
-            while True:
-                page, offset = client.scroll(collection, limit=256, offset=offset, with_vectors=True, with_payload=True)
-                found.update({str(p.id): (p.vector, p.payload) for p in page})
-                if offset is None:
-                    return found
-
-        built, reference = points(parallel), points(serial["collection"])
+        while True:
+            page, offset = client.scroll(collection, limit=256, offset=offset, with_vectors=True, with_payload=True)
+            found.update({str(p.id): (p.vector, p.payload) for p in page})
+            if offset is None:
+                return found
     finally:
         client.close()
-    assert len(built) == total and built.keys() == reference.keys()
-    for point_id, (vector, payload) in built.items():
-        ref_vector, ref_payload = reference[point_id]
-        assert vector == pytest.approx(ref_vector, abs=1e-6), point_id
-        # each names its own version number; everything else is the same
-        assert {**payload, "version": None} == {**ref_payload, "version": None}, point_id
 
 
 def finished_state(airflow: LocalAirflow, dag_id: str, run_id: str, timeout_s: float) -> str:
@@ -263,7 +265,7 @@ class UpsertHold:
 
 @pytest.mark.airflow
 def test_a_rollback_completes_while_a_reindex_builds_and_a_run_marked_failed_loses_its_lock(
-        local_airflow: LocalAirflow, qdrant: Any) -> None:
+        local_airflow: LocalAirflow, project: Path, qdrant: Any) -> None:
     """knowledge_rollback during a knowledge_reindex build held at Qdrant: it completes (no reindex lock, not in
     the build's pool); the build's promotion then fails its compare-and-swap and keeps its version `ready`. A
     rollback confirmed against a version no longer live is refused. A reindex run marked failed through the
@@ -275,9 +277,12 @@ def test_a_rollback_completes_while_a_reindex_builds_and_a_run_marked_failed_los
     airflow.wait("every knowledge_reindex run finished", lambda: airflow.idle("knowledge_reindex"), 120)
     env = {**airflow.env, "KB_LOCK_WAIT": "0",
            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{airflow.home / 'airflow.db'}"}
+    doc = project / "knowledge" / "docs" / "shipping-policy.md"
+    doc.write_text(doc.read_text(encoding="utf-8") + "\n\n补充：偏远地区另计。\n", encoding="utf-8")
+    assert kb(env, "run")["outcome"] == "promoted"  # a version to roll back to: the one live before this
     live = kb(env, "status")["live"]["version"]
     target = kb(env, "status")["rollback_target"]
-    assert target is not None, "an earlier test left a version to roll back to"
+    assert target is not None and target < live
 
     with UpsertHold(qdrant) as hold:
         build = airflow.trigger("knowledge_reindex", {"force_full_rebuild": True})

@@ -287,7 +287,7 @@ def test_gc_drops_a_build_abandoned_by_a_run_that_ended(deps: Deps) -> None:
     dag_lock.release(deps, "crashed")  # its failure callback
     result = cleanup(deps)
     assert [d.version for d in result.deleted] == [2]
-    assert not deps.store.exists(created["collection"])
+    assert not deps.store.exists(created.collection)
 
 
 def test_a_rollback_moves_nothing_when_another_version_goes_live_between_its_check_and_its_move(

@@ -390,12 +390,12 @@ def test_status_header_names_what_the_alias_serves_during_a_drift(project: Path,
     (project / "knowledge" / "docs" / "shipping-fee.md").write_text("# 运费\n\n满99元包邮。\n", encoding="utf-8")
     planned = plan(deps)
     created = create_version(deps, planned, run_id="by-hand")
-    build(deps, created["version"], run_id="by-hand")
-    deps.store.swap_alias(ALIAS, to=created["collection"], expected_from=deps.state.live_version(ALIAS).collection)
+    build(deps, created.version, run_id="by-hand")
+    deps.store.swap_alias(ALIAS, to=created.collection, expected_from=deps.state.live_version(ALIAS).collection)
     capsys.readouterr()
     assert cli._cmd_status(argparse.Namespace(json=False), deps) == 1
     head = capsys.readouterr().out.splitlines()[0]
-    assert head.startswith(f"alias {ALIAS} -> v2 ({created['collection']}, "), head
+    assert head.startswith(f"alias {ALIAS} -> v2 ({created.collection}, "), head
     assert "the state DB says live is v1" in head
 
 

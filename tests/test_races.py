@@ -37,7 +37,8 @@ with open_deps(Settings.from_env(), create=False) as deps:
               flush=True)
 """
 
-#: a process that queries through the alias in a loop until the stop file appears
+#: a process that queries through the alias in a loop (saying `reading` after its first read) until three reads
+#: after the stop file appears
 READER_LOOP = """
 import json, pathlib, sys
 from kb_reindex.config import Settings
@@ -48,7 +49,9 @@ queries = ["退货需要什么条件", "运费怎么算", "积分怎么抵扣", 
 reads = errors = empty = 0
 versions = set()
 with open_reader(Settings.from_env()) as reader:
-    while not stop.exists():
+    last = 0  # reads after the stop file appeared: what serves at the end is read too
+    while last < 3:
+        last += stop.exists()
         try:
             found = search_knowledge(reader, queries[reads % len(queries)], k=3)
             versions.add(found["version"])
@@ -57,6 +60,8 @@ with open_reader(Settings.from_env()) as reader:
             errors += 1
             print("error:", type(exc).__name__, exc, file=sys.stderr, flush=True)
         reads += 1
+        if reads == 1:
+            print("reading", flush=True)
 print(json.dumps({"reads": reads, "errors": errors, "empty": empty, "versions": sorted(versions)}), flush=True)
 """
 
@@ -148,11 +153,11 @@ def test_four_reader_processes_see_no_error_and_no_empty_result_through_a_promot
     readers = [subprocess.Popen([sys.executable, "-c", READER_LOOP, str(stop)], env=env, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True) for _ in range(4)]
     try:
-        time.sleep(1.5)  # the readers are reading v1
+        for reader in readers:  # each has read v1 (no sleep: a reader slow to start on a loaded machine is waited for)
+            assert reader.stdout is not None and reader.stdout.readline().strip() == "reading"
         code, run = cli(env, "run")
         assert code == 0 and run["version"] == 2
-        time.sleep(1.0)  # and then v2
-    finally:
+    finally:  # each reader reads three more times after the stop file appears: v2 by then
         stop.touch()
         results = [r.communicate(timeout=60) for r in readers]
     for out, err in results:

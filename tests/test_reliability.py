@@ -259,26 +259,26 @@ def test_crash_after_alias_move_is_detected_and_the_retry_completes(deps: Deps, 
     edit(deps, "member-rules", "补充：生日当月双倍积分。")
     p = plan(deps)
     created = create_version(deps, p)
-    build(deps, created["version"])
-    validate(deps, created["version"])
+    build(deps, created.version)
+    validate(deps, created.version)
 
     def crash(*_args: Any, **_kwargs: Any) -> None:
         raise SystemExit("process killed between alias move and state write (injected)")
 
     monkeypatch.setattr(StateStore, "record_switch", crash)
     with pytest.raises(SystemExit):
-        promote(deps, created["version"])
+        promote(deps, created.version)
     monkeypatch.undo()
-    assert deps.store.alias_target(ALIAS) == created["collection"]
+    assert deps.store.alias_target(ALIAS) == created.collection
     status = status_view(deps).to_dict()
     assert any("kb-reindex reconcile" in problem for problem in status["problems"])
     rerun = engine.run_reindex(deps)
     assert rerun["outcome"] == "failed" and "reconcile" in rerun["error"], "never silently"
 
     # the promote task's retry completes the state side of its own move
-    done = promote(deps, created["version"])
-    assert done["version"] == created["version"]
-    assert deps.state.live_version(ALIAS).version == created["version"]
+    done = promote(deps, created.version)
+    assert done["version"] == created.version
+    assert deps.state.live_version(ALIAS).version == created.version
     assert not status_view(deps).to_dict()["problems"]
     assert [e["action"] for e in deps.state.alias_events(ALIAS)] == ["promote", "promote"]
 
@@ -333,14 +333,14 @@ def test_two_dag_style_runs_without_the_run_lock_promote_exactly_once(deps: Deps
     dag_lock.take(deps, "run-a")  # run-a is active: its version is never resumed by run-b
     plans = {r: plan(deps) for r in ("run-a", "run-b")}
     created = {r: create_version(deps, plans[r], run_id=r) for r in plans}
-    assert created["run-a"]["version"] != created["run-b"]["version"], "no version number is taken twice"
+    assert created["run-a"].version != created["run-b"].version, "no version number is taken twice"
     for r in plans:
-        build(deps, created[r]["version"], run_id=r)
-        validate(deps, created[r]["version"])
-    promote(deps, created["run-a"]["version"], run_id="run-a")
+        build(deps, created[r].version, run_id=r)
+        validate(deps, created[r].version)
+    promote(deps, created["run-a"].version, run_id="run-a")
     with pytest.raises(AliasMovedError, match="alias moved by another run"):
-        promote(deps, created["run-b"]["version"], run_id="run-b")
-    assert deps.state.live_version(ALIAS).version == created["run-a"]["version"]
+        promote(deps, created["run-b"].version, run_id="run-b")
+    assert deps.state.live_version(ALIAS).version == created["run-a"].version
     assert len(deps.state.alias_events(ALIAS)) == 1
 
 
@@ -410,11 +410,11 @@ def test_restart_between_every_step_survives(project: Path) -> None:
 
     p = step(plan)
     created = step(lambda d: create_version(d, p))
-    step(lambda d: build(d, created["version"]))
-    step(lambda d: validate(d, created["version"]))
-    step(lambda d: promote(d, created["version"]))
+    step(lambda d: build(d, created.version))
+    step(lambda d: validate(d, created.version))
+    step(lambda d: promote(d, created.version))
     status = step(status_view).to_dict()
-    assert status["live"]["version"] == 1 and status["live"]["points"] == p["chunks"]["total"]
+    assert status["live"]["version"] == 1 and status["live"]["points"] == p.chunks.total
     assert not status["problems"]
     found = step(lambda d: search_knowledge(d, "怎么申请售后", k=2))
     assert found["results"]

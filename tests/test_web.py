@@ -198,7 +198,7 @@ def busy_site(site: tuple[Settings, FakeAirflowApi]) -> tuple[Settings, FakeAirf
         path = settings.knowledge_dir / "coupon-rules.md"
         path.write_text(path.read_text(encoding="utf-8") + "\n\n补充：节假日不适用。\n", encoding="utf-8")
         created = create_version(deps, plan(deps))
-        build(deps, created["version"], window=(0, 20))
+        build(deps, created.version, window=(0, 20))
         from kb_reindex.state import default_lock_owner
 
         # a lock left by a process that is gone (pid 999999 does not exist here)
@@ -657,7 +657,7 @@ def test_status_answers_from_the_state_db_while_a_build_holds_local_qdrant(
         path.write_text(path.read_text(encoding="utf-8") + "\n\n补充：周末不适用。\n", encoding="utf-8")
         deps.state.start_run(run_id=run_id, alias=settings.alias, kind="reindex", trigger="airflow")
         created = create_version(deps, plan(deps), run_id=run_id)
-        build(deps, created["version"], run_id=run_id, window=(0, 10))
+        build(deps, created.version, run_id=run_id, window=(0, 10))
     viewer, user = _clients(settings, airflow, tokens)
 
     def no_waiting(_seconds: float) -> None:

@@ -24,6 +24,7 @@ from kb_reindex.errors import (
     StoreError,
     classify,
 )
+from kb_reindex.planning import Plan
 from kb_reindex.runtime import Deps, open_deps
 
 if TYPE_CHECKING:
@@ -311,9 +312,9 @@ def plan_task(*, run_id: str, kind: str = "reindex", force_full: bool = False, e
                                       layout_from="Param payload_layout",
                                       audit_run_id=run_id, record=True)
             plan = prepared.plan
-            if not plan["no_change"] and not dry_run:
-                plan.update(snapshot_plan(deps, prepared, run_id=run_id))
-            return plan
+            if not plan.no_change and not dry_run:
+                plan = snapshot_plan(deps, prepared, run_id=run_id)
+            return plan.to_dict()
 
 
 def should_build_task(*, plan: dict[str, Any], dry_run: bool, run_id: str) -> bool:
@@ -338,9 +339,9 @@ def create_version_task(*, plan: dict[str, Any], run_id: str) -> dict[str, Any]:
     from kb_reindex.build import create_version
 
     with task_step(run_id) as deps:
-        created = create_version(deps, plan, run_id=run_id)
-        deps.state.update_run(run_id, version=created["version"])
-        return created
+        created = create_version(deps, Plan.from_dict(plan), run_id=run_id)
+        deps.state.update_run(run_id, version=created.version)
+        return created.to_dict()
 
 
 def build_slices_task(*, version: dict[str, Any], slice_size: int, run_id: str | None = None) -> list[dict[str, Any]]:
@@ -368,7 +369,7 @@ def build_task(*, version: dict[str, Any], run_id: str, window: tuple[int, int] 
     from kb_reindex.build import build
 
     with task_step(run_id) as deps:
-        return build(deps, version["version"], run_id=run_id, window=window, fence=run_fence(deps, run_id))
+        return build(deps, version["version"], run_id=run_id, window=window, fence=run_fence(deps, run_id)).to_dict()
 
 
 def validate_task(*, version: dict[str, Any], run_id: str, min_hit_rate: float | None = None,

@@ -26,8 +26,11 @@ from kb_reindex.errors import EmbeddingError, FencedError, KbError, StoreError, 
 from kb_reindex.fence import Fence
 from kb_reindex.layouts import payload_text, shape_payload, text_field
 from kb_reindex.lifecycle import BUILDABLE, BUILDING, FAILED, may_resume
+from kb_reindex.model import VersionStatus
 from kb_reindex.plan import Prepared, prepare
+from kb_reindex.planning import BuildResult, CreatedVersion, Plan
 from kb_reindex.runtime import Deps
+from kb_reindex.snapshot import snapshot_plan
 from kb_reindex.sources import Document, sha256_text
 from kb_reindex.state import SliceRow, VersionRecord
 from kb_reindex.vectors import check_vectors
@@ -47,44 +50,32 @@ class BuildCounts:
     skipped: int = 0
 
 
-def create_version(deps: Deps, plan: dict[str, Any], *, run_id: str | None = None,
-                   prepared: Prepared | None = None) -> dict[str, Any]:
-    """Create the collection of the version the plan snapshotted (`plan["version"]`).
+def create_version(deps: Deps, plan: Plan, *, run_id: str | None = None,
+                   prepared: Prepared | None = None) -> CreatedVersion:
+    """Create the collection of the version the plan snapshotted (`plan.version`).
 
     A plan without a snapshot yet (a caller that planned with `plan.plan` alone) is snapshotted here first,
     from `prepared` when it is this plan's, else from the files read again, which must still match it.
     """
-    created: dict[str, Any] = {"resumed": plan.get("resumed", False)}
-    if plan.get("version") is None:
-        from kb_reindex.snapshot import snapshot_plan
-
-        if prepared is None or prepared.plan is not plan:
-            prepared = prepare(deps, force_full=plan["force_full"], kind=plan["kind"],
-                               embedder=plan["embedder"], model=plan["embed_model"], dim=plan["embed_dim"],
-                               layout=plan.get("payload_layout"))
-            if prepared.plan["fingerprint"] != plan["fingerprint"] or prepared.scan is None:
-                raise KbError("the knowledge folder changed since this run planned; start a new run so the plan "
-                              "matches the files")
-        created = snapshot_plan(deps, prepared, run_id=run_id)
-        number = created["version"]
-    else:
-        number = plan["version"]
-    live = deps.state.live_version(plan["alias"])
+    if not plan.snapshotted:
+        plan = snapshot_plan(deps, _prepared_for(deps, plan, prepared), run_id=run_id)
+    assert plan.version is not None
+    live = deps.state.live_version(plan.alias)
     now = live.collection if live else None
-    if now != plan["base_collection"]:
+    if now != plan.base_collection:
         raise KbError(
-            f"the live version changed since this run planned (planned against {plan['base_collection'] or 'nothing'}, "
+            f"the live version changed since this run planned (planned against {plan.base_collection or 'nothing'}, "
             f"now {now or 'nothing'}); start a new run"
         )
-    version = deps.state.get_version(plan["alias"], number)
+    version = deps.state.get_version(plan.alias, plan.version)
     if version is None:
-        raise KbError(f"version {number} of {plan['alias']} does not exist")
+        raise KbError(f"version {plan.version} of {plan.alias} does not exist")
     if not may_resume(version.status, version.failed_step):
         raise KbError(f"v{version.version} is {version.status}; its plan cannot be built (start a new run)")
     if deps.state.snapshot(version.id) is None:
         raise KbError(f"v{version.version} has no snapshot of its plan (its plan did not finish, or it was planned "
                       "before snapshots existed); start a new run")
-    if version.status == "failed" or (run_id is not None and version.run_id != run_id):
+    if version.status == FAILED or (run_id is not None and version.run_id != run_id):
         deps.state.transition_version(version.id, from_=BUILDABLE, to=BUILDING,
                                       run_id=version.run_id if run_id is None else run_id)
 
@@ -101,8 +92,21 @@ def create_version(deps: Deps, plan: dict[str, Any], *, run_id: str | None = Non
         "kb_reindex: v%d -> collection %s (%d-d %s, %d points planned)",
         version.version, version.collection, version.embed_dim, version.distance, version.points_expected,
     )
-    return {"version": version.version, "collection": version.collection, "resumed": created["resumed"],
-            "embed_model": version.embed_model, "embed_dim": version.embed_dim}
+    return CreatedVersion(version=version.version, collection=version.collection, resumed=plan.resumed,
+                          embed_model=version.embed_model, embed_dim=version.embed_dim)
+
+
+def _prepared_for(deps: Deps, plan: Plan, prepared: Prepared | None) -> Prepared:
+    """What to snapshot an unsnapshotted plan from: `prepared` when it is this plan's, else the files planned
+    again, which must still give the plan's fingerprint."""
+    if prepared is not None and prepared.plan is plan:
+        return prepared
+    prepared = prepare(deps, force_full=plan.force_full, kind=plan.kind, embedder=plan.embedder,
+                       model=plan.embed_model, dim=plan.embed_dim, layout=plan.payload_layout)
+    if prepared.plan.fingerprint != plan.fingerprint or prepared.scan is None:
+        raise KbError("the knowledge folder changed since this run planned; start a new run so the plan "
+                      "matches the files")
+    return prepared
 
 
 def payload_for(chunk: Chunk, doc: DocumentInfo | Document, version: VersionRecord) -> dict[str, Any]:
@@ -138,8 +142,8 @@ class _Progress:
 
 
 def build(deps: Deps, version_number: int, *, run_id: str | None = None,
-          window: tuple[int, int] | None = None,
-          counts: BuildCounts | None = None, fence: Fence | None = None) -> dict[str, Any]:
+          window: tuple[int, int] | None = None, counts: BuildCounts | None = None,
+          fence: Fence | None = None) -> BuildResult:
     """Fill the version's collection; `window` (offset, limit) into the manifest limits the work to one
     slice (read by range from the plan's snapshot), so mapped tasks each take a part and hand only two numbers
     through XCom. Nothing is read from the knowledge folder.
@@ -154,13 +158,13 @@ def build(deps: Deps, version_number: int, *, run_id: str | None = None,
     version = deps.state.get_version(alias, version_number)
     if version is None:
         raise KbError(f"version {version_number} of {alias} does not exist")
-    if version.status in ("ready", "live", "retired"):
+    if version.status in (VersionStatus.READY, VersionStatus.LIVE, VersionStatus.RETIRED):
         log.info("kb_reindex: v%d is already %s; nothing to build", version.version, version.status)
         counts.skipped += version.points_expected
-        return {"version": version.version, "embedded": 0, "copied": 0, "skipped": version.points_expected}
+        return BuildResult(version=version.version, embedded=0, copied=0, skipped=version.points_expected)
     if version.status == FAILED and not may_resume(version.status, version.failed_step):
         raise KbError(f"v{version.version} failed at {version.failed_step} ({version.error}); it cannot be rebuilt")
-    if version.status == "deleted":
+    if version.status == VersionStatus.DELETED:
         raise KbError(f"v{version.version} was deleted; start a new run")
     if version.status == FAILED:
         deps.state.transition_version(version.id, from_=[FAILED], to=BUILDING)
@@ -253,133 +257,34 @@ def _slice_documents(deps: Deps, version: VersionRecord, manifest: list[SliceRow
     return by_key
 
 
-def _fill(deps: Deps, version: VersionRecord, window: tuple[int, int] | None, run_id: str | None, counts: BuildCounts,
-          fence: Fence | None = None) -> dict[str, Any]:
+def _fill(deps: Deps, version: VersionRecord, window: tuple[int, int] | None, run_id: str | None,
+          counts: BuildCounts, fence: Fence | None = None) -> BuildResult:
     """Build from the plan's snapshot only: the slice's manifest rows by range, its documents' payload
     fields, the texts of what it embeds; copied chunks take text and section from live's payload."""
-    settings = deps.settings
     if deps.state.snapshot(version.id) is None:
         raise KbError(f"v{version.version} has no snapshot of its plan (planned before snapshots existed, or its "
                       "plan did not finish); start a new run")
     manifest = deps.state.slice_rows(version.id, window)
-    by_key = _slice_documents(deps, version, manifest)
+    documents = _slice_documents(deps, version, manifest)
     existing = _already_written(deps, version.collection, [row.point_id for row in manifest])
     to_copy = [row for row in manifest if row.source_point_id and row.point_id not in existing]
     to_embed = [row for row in manifest if not row.source_point_id and row.point_id not in existing]
-    texts = SnapshotTexts(deps, to_embed, version_label=f"v{version.version}")
     skipped = len(manifest) - len(to_copy) - len(to_embed)
     counts.skipped += skipped
     if skipped:
         log.info("kb_reindex: v%d resumes: %d points already written are skipped", version.version, skipped)
     progress = _Progress(f"build v{version.version}", len(manifest))
     progress.done = skipped
-
-    def point(row: SliceRow, vector: list[float], chunk: Chunk | None = None) -> models.PointStruct:
-        # IDs are UUID strings, vectors checked lists of floats, payloads plain JSON values: built by us,
-        # so pydantic's per-field validation (a tenth of the copy path's time) is skipped
-        chunk = chunk or texts.chunk(row.knowledge_key, row.point_id)
-        return models.PointStruct.model_construct(
-            id=row.point_id, vector=vector, payload=payload_for(chunk, by_key[chunk.knowledge_key], version))
-
-    def write(points: list[models.PointStruct]) -> None:
-        if fence is not None:
-            fence.check(deps.state, before=f"writing {len(points)} point(s) into v{version.version}")
-        deps.store.upsert(version.collection, points)
-
-    unrecorded = 0
-    run_unrecorded = BuildCounts()  # embedded and copied, not yet added to the run's record
-    last_recorded = time.monotonic()
-
-    def record_progress(count: int, *, embedded: bool = False, final: bool = False) -> None:
-        """Build progress for the page and the log, at most once a second: absolute for a whole build,
-        added up across mapped slices. The run's record adds what this call wrote."""
-        nonlocal unrecorded, last_recorded
-        progress.done += count
-        unrecorded += count
-        if embedded:
-            counts.embedded += count
-            run_unrecorded.embedded += count
-        else:
-            counts.copied += count
-            run_unrecorded.copied += count
-        if not unrecorded or (not final and time.monotonic() - last_recorded < PROGRESS_EVERY_S):
-            return
-        progress.report()
-        if window is None:
-            deps.state.update_version(version.id, points_written=progress.done)
-        else:
-            deps.state.add_points_written(version.id, unrecorded)
-        if run_id is not None:
-            deps.state.add_run_chunks(run_id, embedded=run_unrecorded.embedded, reused=run_unrecorded.copied)
-            run_unrecorded.embedded = run_unrecorded.copied = 0
-        unrecorded, last_recorded = 0, time.monotonic()
-
+    writer = _SliceWriter(deps, version, documents=documents,
+                          texts=SnapshotTexts(deps, to_embed, version_label=f"v{version.version}"),
+                          progress=progress, window=window, run_id=run_id, counts=counts, fence=fence)
     copy_s = 0.0
     fenced = False
     try:
         if to_copy:
-            if not version.base_collection or not deps.store.exists(version.base_collection):
-                raise StoreError(f"v{version.version} copies vectors from {version.base_collection}, which no longer exists")
-            live_dim = deps.store.dimension(version.base_collection)
-            if live_dim != version.embed_dim:
-                raise StoreError(f"live collection {version.base_collection} holds {live_dim}-d vectors; "
-                                 f"v{version.version} needs {version.embed_dim}. Rebuild with `kb-reindex run --force-full`")
-            base = deps.state.get_version(version.alias, version.base_version) if version.base_version else None
-            base_layout = base.payload_layout if base is not None else "native"
-            started = time.perf_counter()
-            base_collection = version.base_collection
-
-            def read(batch: Sequence[SliceRow]) -> list[models.Record]:
-                return deps.store.retrieve(base_collection, [_source_point_id(r) for r in batch],
-                                           vectors=True, payload=["section", text_field(base_layout)])
-
-            # Read the next batch while this one is written: against a Qdrant server the two round trips
-            # overlap; in local mode they take turns, at the cost of one thread.
-            batches = list(batched(to_copy, settings.copy_batch_size))
-            with ThreadPoolExecutor(max_workers=1, thread_name_prefix="kb-copy-read") as reader:
-                pending = reader.submit(read, batches[0])
-                for position, batch in enumerate(batches):
-                    sources = pending.result()
-                    if position + 1 < len(batches):
-                        pending = reader.submit(read, batches[position + 1])
-                    found = {str(record.id): record for record in sources}
-                    vectors = {key: record.vector for key, record in found.items()}
-                    missing = [r.source_point_id for r in batch if r.source_point_id not in vectors]
-                    if missing:
-                        raise StoreError(
-                            f"live collection {version.base_collection} lacks {len(missing)} point(s) its manifest lists "
-                            f"(first: {missing[0]}); it drifted. Rebuild with `kb-reindex run --force-full`"
-                        )
-                    # Vectors read back from a collection of the checked dimension were checked when first
-                    # embedded; Qdrant stores no NaN. Only a missing vector could still slip through.
-                    empty = [r.source_point_id for r in batch if not isinstance(vectors[r.source_point_id], list)]
-                    if empty:
-                        raise StoreError(f"live collection {version.base_collection} returned no vector for {empty[0]}; "
-                                         "rebuild with `kb-reindex run --force-full`")
-                    write([
-                        # checked just above: a list, of the collection's dimension
-                        point(r, cast(list[float], vectors[r.source_point_id]), _live_chunk(r, found[r.source_point_id], version.base_collection,
-                                                                     base_layout))
-                        for r in batch])
-                    record_progress(len(batch))
-            copy_s = time.perf_counter() - started
-
+            copy_s = _copy_from_live(deps, version, to_copy, writer)
         if to_embed:
-            embedder = deps.embedder_for(version)
-            if embedder.dimension != version.embed_dim:
-                raise EmbeddingError(
-                    f"embedder {embedder.model!r} answers {embedder.dimension}-d vectors; v{version.version} needs {version.embed_dim}"
-                )
-            # up to KB_EMBED_CONCURRENCY requests in flight; answers come back in the batches' order
-            embed_batches, sent = itertools.tee(
-                (batch, [texts.chunk(r.knowledge_key, r.point_id) for r in batch])
-                for batch in batched(to_embed, settings.embed_batch_size))
-            answers = embedder.embed_batches([c.text for c in batch_chunks] for _, batch_chunks in sent)
-            for (batch, batch_chunks), answer in zip(embed_batches, answers, strict=True):
-                embedded = check_vectors(answer, expected=len(batch), dim=version.embed_dim,
-                                         source=f"embedder {embedder.model!r}")
-                write([point(r, v, c) for r, v, c in zip(batch, embedded, batch_chunks, strict=True)])
-                record_progress(len(batch), embedded=True)
+            _embed(deps, version, to_embed, writer)
     except FencedError:
         fenced = True
         raise
@@ -388,7 +293,7 @@ def _fill(deps: Deps, version: VersionRecord, window: tuple[int, int] | None, ru
         # a fenced run's progress is the new holder's to record
         try:
             if not fenced:
-                record_progress(0, final=True)
+                writer.record(0, final=True)
         except Exception as exc:  # progress is for display; the build's own error matters
             log.warning("kb_reindex: could not record build progress of v%d: %s", version.version,
                         one_line(str(exc)))
@@ -398,5 +303,130 @@ def _fill(deps: Deps, version: VersionRecord, window: tuple[int, int] | None, ru
         deps.state.update_version(version.id, points_written=written)
     # A slice adds only what it wrote: the collection's count also holds the writes of slices still running,
     # which they add themselves (set here, they were counted twice). Validation records the final count.
-    return {"version": version.version, "embedded": len(to_embed), "copied": len(to_copy), "skipped": skipped,
-            "points": written, "copy_s": round(copy_s, 4)}
+    return BuildResult(version=version.version, embedded=len(to_embed), copied=len(to_copy), skipped=skipped,
+                       points=written, copy_s=round(copy_s, 4))
+
+
+class _SliceWriter:
+    """Writes the points of one build call (checking the run's lock before every batch) and records its
+    progress for the page and the log, at most once a second: absolute for a whole build, added up across
+    mapped slices. The run's record adds what this call wrote."""
+
+    def __init__(self, deps: Deps, version: VersionRecord, *, documents: dict[str, DocumentInfo],
+                 texts: SnapshotTexts, progress: _Progress, window: tuple[int, int] | None, run_id: str | None,
+                 counts: BuildCounts, fence: Fence | None) -> None:
+        self.deps, self.version, self.documents, self.texts = deps, version, documents, texts
+        self.progress, self.window, self.run_id, self.counts, self.fence = progress, window, run_id, counts, fence
+        self.unrecorded = 0
+        self.run_unrecorded = BuildCounts()  # embedded and copied, not yet added to the run's record
+        self.last_recorded = time.monotonic()
+
+    def point(self, row: SliceRow, vector: list[float], chunk: Chunk | None = None) -> models.PointStruct:
+        # IDs are UUID strings, vectors checked lists of floats, payloads plain JSON values: built by us,
+        # so pydantic's per-field validation (a tenth of the copy path's time) is skipped
+        chunk = chunk or self.texts.chunk(row.knowledge_key, row.point_id)
+        return models.PointStruct.model_construct(
+            id=row.point_id, vector=vector,
+            payload=payload_for(chunk, self.documents[chunk.knowledge_key], self.version))
+
+    def write(self, points: list[models.PointStruct]) -> None:
+        if self.fence is not None:
+            self.fence.check(self.deps.state, before=f"writing {len(points)} point(s) into v{self.version.version}")
+        self.deps.store.upsert(self.version.collection, points)
+
+    def record(self, count: int, *, embedded: bool = False, final: bool = False) -> None:
+        self.progress.done += count
+        self.unrecorded += count
+        if embedded:
+            self.counts.embedded += count
+            self.run_unrecorded.embedded += count
+        else:
+            self.counts.copied += count
+            self.run_unrecorded.copied += count
+        if not self.unrecorded or (not final and time.monotonic() - self.last_recorded < PROGRESS_EVERY_S):
+            return
+        self.progress.report()
+        state, version = self.deps.state, self.version
+        if self.window is None:
+            state.update_version(version.id, points_written=self.progress.done)
+        else:
+            state.add_points_written(version.id, self.unrecorded)
+        if self.run_id is not None:
+            state.add_run_chunks(self.run_id, embedded=self.run_unrecorded.embedded,
+                                 reused=self.run_unrecorded.copied)
+            self.run_unrecorded.embedded = self.run_unrecorded.copied = 0
+        self.unrecorded, self.last_recorded = 0, time.monotonic()
+
+
+def _copy_from_live(deps: Deps, version: VersionRecord, to_copy: list[SliceRow], writer: _SliceWriter) -> float:
+    """Copy the reused chunks' vectors (and texts) from the live collection the version was planned against;
+    the seconds it took."""
+    base_collection = version.base_collection
+    if not base_collection or not deps.store.exists(base_collection):
+        raise StoreError(f"v{version.version} copies vectors from {base_collection}, which no longer exists")
+    live_dim = deps.store.dimension(base_collection)
+    if live_dim != version.embed_dim:
+        raise StoreError(f"live collection {base_collection} holds {live_dim}-d vectors; "
+                         f"v{version.version} needs {version.embed_dim}. Rebuild with `kb-reindex run --force-full`")
+    base = deps.state.get_version(version.alias, version.base_version) if version.base_version else None
+    base_layout = base.payload_layout if base is not None else "native"
+    started = time.perf_counter()
+
+    def read(batch: Sequence[SliceRow]) -> list[models.Record]:
+        return deps.store.retrieve(base_collection, [_source_point_id(r) for r in batch],
+                                   vectors=True, payload=["section", text_field(base_layout)])
+
+    # Read the next batch while this one is written: against a Qdrant server the two round trips
+    # overlap; in local mode they take turns, at the cost of one thread.
+    batches = list(batched(to_copy, deps.settings.copy_batch_size))
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="kb-copy-read") as reader:
+        pending = reader.submit(read, batches[0])
+        for position, batch in enumerate(batches):
+            sources = pending.result()
+            if position + 1 < len(batches):
+                pending = reader.submit(read, batches[position + 1])
+            found = {str(record.id): record for record in sources}
+            vectors = _copied_vectors(base_collection, batch, found)
+            writer.write([writer.point(r, vectors[_source_point_id(r)],
+                                       _live_chunk(r, found[_source_point_id(r)], base_collection, base_layout))
+                          for r in batch])
+            writer.record(len(batch))
+    return time.perf_counter() - started
+
+
+def _copied_vectors(live: str, batch: Sequence[SliceRow], found: dict[str, models.Record]) -> dict[str, list[float]]:
+    """The vectors of a batch's live points, by point ID; a point or vector missing means live drifted."""
+    missing = [r.source_point_id for r in batch if r.source_point_id not in found]
+    if missing:
+        raise StoreError(
+            f"live collection {live} lacks {len(missing)} point(s) its manifest lists "
+            f"(first: {missing[0]}); it drifted. Rebuild with `kb-reindex run --force-full`"
+        )
+    # Vectors read back from a collection of the checked dimension were checked when first
+    # embedded; Qdrant stores no NaN. Only a missing vector could still slip through.
+    empty = [r.source_point_id for r in batch if not isinstance(found[_source_point_id(r)].vector, list)]
+    if empty:
+        raise StoreError(f"live collection {live} returned no vector for {empty[0]}; "
+                         "rebuild with `kb-reindex run --force-full`")
+    # checked just above: lists, of the collection's dimension
+    return {key: cast(list[float], record.vector) for key, record in found.items()}
+
+
+def _embed(deps: Deps, version: VersionRecord, to_embed: list[SliceRow], writer: _SliceWriter) -> None:
+    """Embed the new chunks (texts from the plan's snapshot), up to KB_EMBED_CONCURRENCY requests in
+    flight; answers come back in the batches' order."""
+    embedder = deps.embedder_for(version)
+    if embedder.dimension != version.embed_dim:
+        raise EmbeddingError(
+            f"embedder {embedder.model!r} answers {embedder.dimension}-d vectors; v{version.version} needs "
+            f"{version.embed_dim}"
+        )
+    embed_batches, sent = itertools.tee(
+        (batch, [writer.texts.chunk(r.knowledge_key, r.point_id) for r in batch])
+        for batch in batched(to_embed, deps.settings.embed_batch_size))
+    answers = embedder.embed_batches([c.text for c in batch_chunks] for _, batch_chunks in sent)
+    for (batch, batch_chunks), answer in zip(embed_batches, answers, strict=True):
+        embedded = check_vectors(answer, expected=len(batch), dim=version.embed_dim,
+                                 source=f"embedder {embedder.model!r}")
+        writer.write([writer.point(r, v, c) for r, v, c in zip(batch, embedded, batch_chunks, strict=True)])
+        writer.record(len(batch), embedded=True)

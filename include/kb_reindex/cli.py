@@ -369,10 +369,11 @@ def _cmd_plan(args: argparse.Namespace, deps: Any) -> int:
     from kb_reindex.plan import plan
 
     p = plan(deps)
-    human = _run_human({**engine.empty_result("no_change" if p["no_change"] else "would_build"),
-                        "docs": p["docs"], "chunks": engine.chunk_counts(p, BuildCounts()), "notes": p.get("notes")})
-    _print(args, p, human + f"\nmodel: {p['embedder']}/{p['embed_model']}  layout: {p['payload_layout']}  "
-                            f"live: v{p['base_version'] or '-'}")
+    human = _run_human({**engine.empty_result("no_change" if p.no_change else "would_build"),
+                        "docs": p.docs.to_dict(), "chunks": engine.chunk_counts(p, BuildCounts()),
+                        "notes": list(p.notes)})
+    _print(args, p.to_dict(), human + f"\nmodel: {p.embedder}/{p.embed_model}  layout: {p.payload_layout}  "
+                                      f"live: v{p.base_version or '-'}")
     return 0
 
 

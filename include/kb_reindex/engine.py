@@ -17,6 +17,7 @@ from kb_reindex.fence import Fence
 from kb_reindex.freeze import FROZEN, frozen_view
 from kb_reindex.locking import reindex_lock_name
 from kb_reindex.plan import prepare_logged as make_plan
+from kb_reindex.planning import Plan
 from kb_reindex.promote import promote
 from kb_reindex.replay import summary as replay_summary
 from kb_reindex.retention import cleanup
@@ -64,7 +65,7 @@ def empty_result(outcome: str = "failed") -> dict[str, Any]:
     }
 
 
-def chunk_counts(plan: dict[str, Any] | None, done: BuildCounts) -> dict[str, int]:
+def chunk_counts(plan: Plan | dict[str, Any] | None, done: BuildCounts) -> dict[str, int]:
     """What this run did (`embedded`, `copied`, `skipped` as already written by an earlier attempt),
     beside what the plan expected (`planned_embed`, `planned_reuse`): a resumed or failed run differs."""
     planned = plan["chunks"] if plan else {"total": 0, "embedded": 0, "reused": 0}
@@ -84,13 +85,13 @@ def built_counters(done: BuildCounts) -> BuiltCounters:
     return {"chunks_embedded": done.embedded, "chunks_reused": done.copied}
 
 
-def no_change_counters(plan: dict[str, Any]) -> dict[str, Any]:
+def no_change_counters(plan: Plan | dict[str, Any]) -> dict[str, Any]:
     """What a run that found nothing to build records, from the CLI and the DAG alike: no chunk was
     embedded or reused, because nothing was built."""
     return {"docs_unchanged": plan["docs"]["unchanged"], "chunks_total": plan["chunks"]["total"]}
 
 
-def run_counters(plan: dict[str, Any]) -> dict[str, Any]:
+def run_counters(plan: Plan | dict[str, Any]) -> dict[str, Any]:
     from datetime import UTC, datetime
 
     docs, chunks = plan["docs"], plan["chunks"]
@@ -144,7 +145,7 @@ def run_reindex(
                 result["outcome"] = "dry_run"
                 deps.state.finish_run(run_id, outcome="dry_run", **counters)
                 return result
-            p.update(snapshot_plan(deps, prepared, run_id=run_id))
+            result["plan"] = p = snapshot_plan(deps, prepared, run_id=run_id)
             # the snapshot holds what the next steps need: the scan (at 100k chunks, tens of MB) goes
             del prepared
             created = create_version(deps, p, run_id=run_id)
@@ -152,7 +153,7 @@ def run_reindex(
             deps.state.update_run(run_id, version=created["version"])
             fence = Fence(reindex_lock_name(alias), owner)
             built = build(deps, created["version"], run_id=run_id, counts=done, fence=fence)
-            result["build"] = built
+            result["build"] = built.to_dict()
             result["chunks"] = chunk_counts(p, done)
             checked = validate(deps, created["version"], min_hit_rate=min_hit_rate, min_mrr=min_mrr)
             result["validation"] = validation_summary(checked)

@@ -14,6 +14,8 @@ from typing import Any
 
 from kb_reindex.chunking import chunk_document
 from kb_reindex.embedding import make_embedder
+from kb_reindex.model import RunKind
+from kb_reindex.plan import prepare
 from kb_reindex.runtime import Deps
 from kb_reindex.sources import iter_corpus
 
@@ -29,12 +31,10 @@ def estimate_tokens(text: str) -> int:
 
 def estimate_migration(deps: Deps, *, embedder: str, model: str, dim: int | None = None) -> dict[str, Any]:
     """Texts, estimated tokens and time of a migration to `embedder`/`model`, from one probe batch."""
-    from kb_reindex.plan import prepare
-
     settings = deps.settings
     # the same checks a migration's plan makes (live consistent, model served, golden set, files readable);
     # reads only: no audit is recorded, no lock is taken
-    prepared = prepare(deps, kind="migration", force_full=True, embedder=embedder, model=model, dim=dim)
+    prepared = prepare(deps, kind=RunKind.MIGRATION, force_full=True, embedder=embedder, model=model, dim=dim)
     plan = prepared.plan
     texts = tokens = chars = 0
     probe: list[str] = []
@@ -59,9 +59,9 @@ def estimate_migration(deps: Deps, *, embedder: str, model: str, dim: int | None
         "embedder": embedder,
         "embed_model": model,
         "dim": dimension,
-        "live_version": plan["base_version"],
-        "live_embed_model": plan["base_embed_model"],
-        "documents": sum(plan["docs"].values()) - plan["docs"]["removed"],
+        "live_version": plan.base_version,
+        "live_embed_model": plan.base_embed_model,
+        "documents": plan.docs.current,
         "texts": texts,
         "chars": chars,
         "estimated_tokens": tokens,

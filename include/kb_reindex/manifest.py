@@ -3,27 +3,26 @@ ready, never served) version of the same plan to take over instead of starting a
 
 from __future__ import annotations
 
-from typing import Any
-
 from kb_reindex.corpus import CorpusScan
 from kb_reindex.layouts import version_profile
 from kb_reindex.lifecycle import BUILDING, FAILED, READY, may_resume
 from kb_reindex.locking import run_is_active
+from kb_reindex.planning import Plan
 from kb_reindex.runtime import Deps
 from kb_reindex.state import VersionRecord
 
 
 
-def same_plan(version: VersionRecord, plan: dict[str, Any]) -> bool:
+def same_plan(version: VersionRecord, plan: Plan) -> bool:
     return (
-        version.kind == plan["kind"]
-        and version.corpus_fingerprint == plan["fingerprint"]
+        version.kind == plan.kind
+        and version.corpus_fingerprint == plan.fingerprint
         and (version.embedder, version.embed_model, version.chunking_version)
-        == (plan["embedder"], plan["embed_model"], plan["chunking_version"])
-        and (plan["embed_dim"] is None or version.embed_dim == plan["embed_dim"])
-        and (version.base_version, version.base_collection) == (plan["base_version"], plan["base_collection"])
-        and version.payload_layout == plan.get("payload_layout", "native")
-        and plan.get("embed_profile") in (None, version_profile(version))
+        == (plan.embedder, plan.embed_model, plan.chunking_version)
+        and (plan.embed_dim is None or version.embed_dim == plan.embed_dim)
+        and (version.base_version, version.base_collection) == (plan.base_version, plan.base_collection)
+        and version.payload_layout == plan.payload_layout
+        and plan.embed_profile in (None, version_profile(version))
     )
 
 
@@ -33,7 +32,7 @@ def owned_by_another_active_run(deps: Deps, version: VersionRecord, run_id: str 
     return run_is_active(deps, version.run_id)
 
 
-def resumable(deps: Deps, plan: dict[str, Any], run_id: str | None) -> VersionRecord | None:
+def resumable(deps: Deps, plan: Plan, run_id: str | None) -> VersionRecord | None:
     """An unfinished version of exactly this plan: rerunning continues it instead of starting over. Also
     one built and validated but never promoted (`ready`, never served: its run was killed before the alias
     move, Qdrant refused the move, or the alias was frozen): the rerun validates it again and promotes it,
@@ -43,15 +42,15 @@ def resumable(deps: Deps, plan: dict[str, Any], run_id: str | None) -> VersionRe
     Not one that another run is still building: two concurrent runs build two versions, and the
     compare-and-swap lets exactly one of them be promoted.
     """
-    for version in deps.state.list_versions(plan["alias"], statuses=[BUILDING, FAILED, READY]):
+    for version in deps.state.list_versions(plan.alias, statuses=[BUILDING, FAILED, READY]):
         if version.status == FAILED and not may_resume(version.status, version.failed_step):
             continue
-        if version.status == READY and version.promoted_at is not None:  # it served: a rollback target
+        if version.status == READY and version.promoted_at is not None:  # served: a rollback target
             continue
         if owned_by_another_active_run(deps, version, run_id):
             continue
         # a forced (or migration) plan reuses nothing, so only a version built the same way fits it
-        if same_plan(version, plan) and (not plan["force_full"] or version.chunks_reused == 0):
+        if same_plan(version, plan) and (not plan.force_full or version.chunks_reused == 0):
             return version
     return None
 

@@ -15,51 +15,38 @@ import logging
 from typing import Any
 
 from kb_reindex.corpus import DocumentTexts
+from kb_reindex.embedding import make_embedder
 from kb_reindex.errors import KbError
 from kb_reindex.layouts import embedding_profile
 from kb_reindex.lifecycle import BUILDING, FAILED, READY
+from kb_reindex.manifest import resumable, write_manifest
+from kb_reindex.model import VersionStatus
 from kb_reindex.plan import Prepared
+from kb_reindex.planning import Plan
 from kb_reindex.runtime import Deps
+from kb_reindex.state import VersionRecord
 from kb_reindex.store import DISTANCE, collection_name
 
 log = logging.getLogger(__name__)
 
 
-def snapshot_plan(deps: Deps, prepared: Prepared, *, run_id: str | None = None) -> dict[str, Any]:
-    """Write the plan's snapshot; {version, collection, resumed} for the plan dict (and XCom).
+def snapshot_plan(deps: Deps, prepared: Prepared, *, run_id: str | None = None) -> Plan:
+    """Write the plan's snapshot; the plan naming its version (`version`, `collection`, `resumed`).
 
     Rerun-safe: a plan that dies half-way leaves a version without a snapshot row, which the rerun of the
     same plan takes over and writes again (manifest replaced, texts already stored kept)."""
-    from kb_reindex.manifest import resumable, write_manifest
-
     plan = prepared.plan
     scan = prepared.scan
-    if plan["no_change"] or scan is None:
+    if plan.no_change or scan is None:
         raise KbError("a plan that found nothing to change has nothing to snapshot")
     version = resumable(deps, plan, run_id)
+    resumed = version is not None
     if version is None:
-        dim = plan["embed_dim"]
-        if dim is None:
-            from kb_reindex.embedding import make_embedder
-
-            settings = deps.settings.with_embedder(embedder=plan["embedder"], model=plan["embed_model"], dim=None)
-            dim = make_embedder(settings, headers=deps.ollama_headers).dimension
-        version = deps.state.allocate_version(
-            alias=plan["alias"],
-            collection_for=lambda n: collection_name(plan["alias"], plan["embed_model"], n),
-            kind=plan["kind"], embedder=plan["embedder"], embed_model=plan["embed_model"], embed_dim=dim,
-            distance=DISTANCE.value, chunking_version=plan["chunking_version"],
-            corpus_fingerprint=plan["fingerprint"], base_version=plan["base_version"],
-            base_collection=plan["base_collection"], run_id=run_id,
-            payload_layout=plan.get("payload_layout", "native"),
-            embed_profile=embedding_profile(embedder=plan["embedder"], model=plan["embed_model"], dim=dim,
-                                            distance=DISTANCE.value, chunking_version=plan["chunking_version"]),
-        )
-        resumed = False
+        version = _allocate(deps, plan, run_id)
     else:
-        was = f"{version.status} at {version.failed_step}" if version.status == "failed" else version.status
+        was = (f"{version.status} at {version.failed_step}" if version.status == VersionStatus.FAILED
+               else version.status)
         deps.state.transition_version(version.id, from_=[BUILDING, FAILED, READY], to=BUILDING, run_id=run_id)
-        resumed = True
         log.info("kb_reindex: resuming v%d (%s, was %s): the same plan; what it holds is not written again",
                  version.version, version.collection, was)
     try:
@@ -75,8 +62,27 @@ def snapshot_plan(deps: Deps, prepared: Prepared, *, run_id: str | None = None) 
                                else f"{type(exc).__name__}: {exc}", from_=[BUILDING])
         raise
     log.info("kb_reindex: plan snapshot of v%d written (%d chunks, %d to embed)", version.version,
-             plan["chunks"]["total"], to_embed)
-    return {"version": version.version, "collection": version.collection, "resumed": resumed}
+             plan.chunks.total, to_embed)
+    return plan.with_snapshot(version=version.version, collection=version.collection, resumed=resumed)
+
+
+def _allocate(deps: Deps, plan: Plan, run_id: str | None) -> VersionRecord:
+    """A new version for the plan, its collection named after the model; a dimension still unknown is
+    probed from the embedder now."""
+    dim = plan.embed_dim
+    if dim is None:
+        settings = deps.settings.with_embedder(embedder=plan.embedder, model=plan.embed_model, dim=None)
+        dim = make_embedder(settings, headers=deps.ollama_headers).dimension
+    return deps.state.allocate_version(
+        alias=plan.alias,
+        collection_for=lambda n: collection_name(plan.alias, plan.embed_model, n),
+        kind=plan.kind, embedder=plan.embedder, embed_model=plan.embed_model, embed_dim=dim,
+        distance=DISTANCE.value, chunking_version=plan.chunking_version,
+        corpus_fingerprint=plan.fingerprint, base_version=plan.base_version,
+        base_collection=plan.base_collection, run_id=run_id, payload_layout=plan.payload_layout,
+        embed_profile=embedding_profile(embedder=plan.embedder, model=plan.embed_model, dim=dim,
+                                        distance=DISTANCE.value, chunking_version=plan.chunking_version),
+    )
 
 
 def _store_texts(deps: Deps, prepared: Prepared, *, label: str) -> int:
