@@ -241,8 +241,8 @@ def engine_scenario(name: str, deps: BenchDeps, job: dict[str, Any]) -> Callable
 
     def rollback(meter: Meter) -> dict[str, Any]:
         result = engine.run_rollback(deps, reason="benchmark rollback")
-        return {"outcome": result["outcome"], "from_version": result["from_version"],
-                "to_version": result["to_version"], "swap_s": round(max(meter.swap_s, default=0.0), 6)}
+        return {"outcome": str(result.outcome), "from_version": result.from_version,
+                "to_version": result.to_version, "swap_s": round(max(meter.swap_s, default=0.0), 6)}
 
     if name in ("kb.full_build", "kb.noop"):
         return reindex()

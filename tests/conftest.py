@@ -113,6 +113,17 @@ def write_doc(root: Path, key: str, text: str) -> Path:
     return path
 
 
+def force_status(state: StateStore, version_id: int, status: str) -> None:
+    """Damage a version's status behind kb-reindex's back (a move `kb_reindex.lifecycle` would refuse), as a
+    hand edit or a lost write would leave it."""
+    import sqlalchemy as sa
+
+    from kb_reindex.state.schema import versions
+
+    with state.engine.begin() as conn:
+        conn.execute(sa.update(versions).where(versions.c.id == version_id).values(status=status))
+
+
 def mysql_base_url() -> str | None:
     return os.environ.get("KB_TEST_MYSQL_URL")
 

@@ -72,7 +72,7 @@ def test_a_dead_dag_runs_lock_expires_after_its_ttl_and_gc_then_reclaims_its_bui
     assert not run_is_active(deps, run_id)
     with engine.exclusive(deps):  # `gc` takes the expired lock and reclaims the abandoned build
         result = cleanup(deps)
-    assert [d["version"] for d in result["deleted"]] == [created.version]
+    assert [d.version for d in result.deleted] == [created.version]
     assert not deps.store.exists(created.collection)
     # the dead run's task, come back late, finds its lock gone and stops for good
     with pytest.raises(LockLostError, match="no longer holds the lock"):

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, force_status
 
 pytestmark = pytest.mark.airflow
 DAG_IDS = {"knowledge_reindex", "knowledge_rollback", "knowledge_model_migration", "knowledge_promote_shadow"}
@@ -295,7 +295,7 @@ def test_rollback_dag_refuses_without_confirm_or_with_a_failed_target(dagbag, da
     from kb_reindex.state import StateStore
 
     state = StateStore(Settings.from_env().state_url)
-    state.update_version(state.get_version("mall_knowledge", 1).id, status="failed")
+    force_status(state, state.get_version("mall_knowledge", 1).id, "failed")
     state.dispose()
     ok, states = run_dag(dagbag, "knowledge_rollback", {"reason": "to failed", "confirm": True, "to_version": 1,
                                                         "live_version": 2})

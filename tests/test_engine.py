@@ -336,7 +336,7 @@ def test_alias_moved_back_by_hand_is_recorded_as_a_rollback_never_by_reconcile(d
         reconcile(deps)
     assert deps.state.live_version("mall_knowledge").version == 2
     done = engine.run_rollback(deps, reason="moved back by hand", to_version=1, revalidate=False)
-    assert done["to_version"] == 1
+    assert done.to_version == 1
     assert deps.state.alias_events("mall_knowledge")[-1]["action"] == "rollback"
     assert not status_view(deps).to_dict()["problems"]
 
@@ -357,7 +357,7 @@ def test_alias_moved_forward_before_the_state_write_is_reconciled(deps: Deps, co
 
         plan(deps)
     outcome = reconcile(deps)
-    assert outcome["changed"] and outcome["live_version"] == 2
+    assert outcome.changed and outcome.live_version == 2
     assert deps.state.alias_events("mall_knowledge")[-1]["action"] == "reconcile"
     assert not status_view(deps).to_dict()["problems"]
 
@@ -768,6 +768,6 @@ def test_rollback_and_retention_need_no_chunk_text(deps: Deps, counting: Countin
     with deps.state.engine.begin() as conn:
         conn.execute(chunk_texts.delete())
     rolled = engine.run_rollback(deps, reason="texts are gone")
-    assert rolled["to_version"] == 1 and deps.state.live_version("mall_knowledge").version == 1
+    assert rolled.to_version == 1 and deps.state.live_version("mall_knowledge").version == 1
     kept = cleanup(deps)
-    assert {d["version"] for d in kept["deleted"]}.isdisjoint({1, 2})
+    assert {d.version for d in kept.deleted}.isdisjoint({1, 2})

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import settings_for, write_doc
+from conftest import force_status, settings_for, write_doc
 from kb_reindex import engine
 from kb_reindex.errors import GoldenSetError, KbError
 from kb_reindex.golden import load_golden_set, paired_comparison, sign_test_p
@@ -147,7 +147,7 @@ def test_a_pinned_version_survives_retention_and_drop_until_unpinned(deps: Deps)
     deps.settings = deps.settings.__class__(**{**deps.settings.__dict__, "keep_versions": 0})
     assert engine.run_reindex(deps)["outcome"] == "promoted"
     pinned = pin_version(deps, 1, reason="known-good baseline before the spring sale", by="alice@test")
-    assert pinned["pinned_by"] == "alice@test" and not pinned["already_pinned"]
+    assert pinned.pinned_by == "alice@test" and not pinned.already_pinned
     for number, text in enumerate(("补充一：优惠券不可兑换现金。", "补充二：大件商品送货上门。", "补充三：支持数字人民币。"), 2):
         edit(deps, "coupon-rules", text)
         assert engine.run_reindex(deps)["version"] == number  # each run's cleanup ran with keep=0
@@ -155,7 +155,7 @@ def test_a_pinned_version_survives_retention_and_drop_until_unpinned(deps: Deps)
     # without the pin v1 goes first (it did in the plain retention test); v2 is the oldest unpinned
     assert statuses == {4: "live", 3: "retired", 2: "deleted", 1: "retired"}
     assert deps.store.exists(deps.state.get_version(ALIAS, 1).collection)
-    assert cleanup(deps)["pinned"] == [1]
+    assert cleanup(deps).pinned == (1,)
     with pytest.raises(KbError, match=r"v1 is pinned \('known-good baseline before the spring sale', by alice@test"):
         drop_version(deps, 1)
 
@@ -163,9 +163,9 @@ def test_a_pinned_version_survives_retention_and_drop_until_unpinned(deps: Deps)
     row = next(v for v in status["versions"] if v["version"] == 1)
     assert row["pinned"] and row["pin"]["reason"].startswith("known-good") and status["pinned"] == [1]
 
-    assert unpin_version(deps, 1, by="bob@test")["was_pinned"]
-    assert unpin_version(deps, 1)["was_pinned"] is False
-    assert [d["version"] for d in cleanup(deps)["deleted"]] == [1]
+    assert unpin_version(deps, 1, by="bob@test").was_pinned
+    assert unpin_version(deps, 1).was_pinned is False
+    assert [d.version for d in cleanup(deps).deleted] == [1]
     assert not status_view(deps).to_dict()["pinned"]
 
 
@@ -177,7 +177,7 @@ def test_only_a_whole_version_can_be_pinned(deps: Deps, monkeypatch: pytest.Monk
         pin_version(deps, 1, reason="  ")
     with pytest.raises(ConfigError, match="has no version 7"):
         pin_version(deps, 7, reason="x")
-    deps.state.mark_failed(deps.state.get_version(ALIAS, 1).id, step="build", error="test")
+    force_status(deps.state, deps.state.get_version(ALIAS, 1).id, "failed")
     with pytest.raises(ConfigError, match="v1 is failed; only a live, ready or retired version can be pinned"):
         pin_version(deps, 1, reason="x")
 

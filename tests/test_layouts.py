@@ -209,7 +209,7 @@ def test_layout_change_is_a_new_gated_version_and_rollback_returns_native(deps: 
     assert search_knowledge(deps, QUESTION, k=1)["payload_layout"] == "langchain"
 
     back = engine.run_rollback(deps, reason="the assistant still reads native payloads")
-    assert back["to_version"] == 1
+    assert back.to_version == 1
     assert deps.store.alias_target(ALIAS) == v1.collection
     again = search_knowledge(deps, QUESTION, k=1)
     assert (again["payload_layout"], again["results"][0]["text"]) == ("native", text)

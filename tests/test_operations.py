@@ -4,6 +4,7 @@ from __future__ import annotations
 
 
 import pytest
+from conftest import force_status
 from kb_reindex import engine
 from kb_reindex.alias import rollback_target
 from kb_reindex.checks import structural_problems
@@ -38,14 +39,14 @@ def test_rollback_to_previous_then_to_a_chosen_version(deps: Deps) -> None:
     three_versions(deps)
     assert rollback_target(deps).version == 2
     result = engine.run_rollback(deps, reason="bad shipping text")
-    assert (result["from_version"], result["to_version"], result["outcome"]) == (3, 2, "rolled_back")
-    assert result["validation"]["passed"]
-    assert deps.store.alias_target(ALIAS) == result["collection"]
+    assert (result.from_version, result.to_version, result.outcome) == (3, 2, "rolled_back")
+    assert result.validation is not None and result.validation.passed
+    assert deps.store.alias_target(ALIAS) == result.collection
     assert deps.state.get_version(ALIAS, 3).status == "retired"
     assert deps.store.exists(deps.state.get_version(ALIAS, 3).collection)
 
     chosen = engine.run_rollback(deps, reason="back to the first", to_version=1)
-    assert chosen["to_version"] == 1
+    assert chosen.to_version == 1
     events = history(deps)
     assert [e.action for e in events] == ["promote", "promote", "promote", "rollback", "rollback"]
     assert events[-1].reason == "back to the first" and events[-1].from_version == 2
@@ -58,7 +59,7 @@ def test_rollback_refuses_a_broken_target_and_nothing_moves(deps: Deps, damage: 
     if damage == "missing":
         deps.store.delete_collection(target.collection)
     elif damage in ("failed", "deleted"):
-        deps.state.update_version(target.id, status=damage)
+        force_status(deps.state, target.id, damage)
     else:
         points, _ = deps.store.client.scroll(target.collection, limit=1)
         deps.store.client.delete(target.collection, points_selector=[points[0].id])
@@ -189,7 +190,7 @@ def test_failed_build_versions_are_dropped_by_gc(deps: Deps, monkeypatch: pytest
     assert failed.status == "failed" and deps.store.exists(failed.collection)
     monkeypatch.undo()
     result = cleanup(deps)
-    assert [d["version"] for d in result["deleted"]] == [2]
+    assert [d.version for d in result.deleted] == [2]
     assert not deps.store.exists(failed.collection)
     assert deps.state.live_version(ALIAS).version == 1
 
@@ -206,7 +207,7 @@ def test_shadow_version_is_dropped_only_explicitly_and_live_or_target_never(deps
     with pytest.raises(KbError, match="rollback target"):
         drop_version(deps, 2)
     dropped = drop_version(deps, shadow["version"])
-    assert dropped["collection_dropped"] and not deps.store.exists(shadow["collection"])
+    assert dropped.collection_dropped and not deps.store.exists(shadow["collection"])
     assert deps.state.get_version(ALIAS, shadow["version"]).status == "deleted"
 
 
@@ -220,8 +221,8 @@ def test_rollback_is_not_blocked_by_a_golden_set_naming_newer_documents(deps: De
                       + "  - id: gift-card-use\n    query: 礼品卡怎么用\n    expected: [gift-card]\n", encoding="utf-8")
     assert engine.run_reindex(deps)["outcome"] == "promoted"
     result = engine.run_rollback(deps, reason="gift card text is wrong")
-    assert result["to_version"] == 1 and deps.state.live_version(ALIAS).version == 1
-    assert result["validation"]["passed"] is None and "gift-card" in result["validation"]["error"]
+    assert result.to_version == 1 and deps.state.live_version(ALIAS).version == 1
+    assert result.to_dict()["validation"]["passed"] is None and "gift-card" in result.to_dict()["validation"]["error"]
     assert deps.state.get_version(ALIAS, 1).status == "live"
 
 
@@ -285,7 +286,7 @@ def test_gc_drops_a_build_abandoned_by_a_run_that_ended(deps: Deps) -> None:
     deps.state.finish_run("crashed", outcome="failed", error="worker lost")
     dag_lock.release(deps, "crashed")  # its failure callback
     result = cleanup(deps)
-    assert [d["version"] for d in result["deleted"]] == [2]
+    assert [d.version for d in result.deleted] == [2]
     assert not deps.store.exists(created.collection)
 
 
@@ -294,7 +295,7 @@ def test_a_rollback_moves_nothing_when_another_version_goes_live_between_its_che
     """On-call confirmed v2 -> v1; while the rollback scores v1, a shadow v3 is promoted. The confirmed live
     version is checked by the compare-and-swap under the alias lock, not by a read before: nothing moves,
     and the error says what serves now."""
-    import kb_reindex.validate as validation
+    import kb_reindex.rollback as rollback_module
     from kb_reindex.errors import AliasMovedError
     from kb_reindex.promote import promote_shadow
 
@@ -303,16 +304,16 @@ def test_a_rollback_moves_nothing_when_another_version_goes_live_between_its_che
     assert engine.run_reindex(deps)["outcome"] == "promoted"
     edit(deps, "shipping-policy", "补充二：大件商品送货上门。")
     assert engine.run_reindex(deps, promote_version=False)["outcome"] == "shadow"
-    scores = validation.validate
+    scores = rollback_module.validate
     promoted: list[int] = []
 
     def scoring_while_v3_is_promoted(*args, **kwargs):  # type: ignore[no-untyped-def]
         if not promoted:
-            promoted.append(0)  # the promotion's own validation passes through
+            promoted.append(0)
             promoted[0] = promote_shadow(deps, 3, expected_live=2, reason="meanwhile")["version"]
         return scores(*args, **kwargs)
 
-    monkeypatch.setattr(validation, "validate", scoring_while_v3_is_promoted)
+    monkeypatch.setattr(rollback_module, "validate", scoring_while_v3_is_promoted)
     with pytest.raises(AliasMovedError) as refused:
         engine.run_rollback(deps, reason="v2 is bad", expected_live=2, to_version=1)
     assert str(refused.value).startswith(f"{ALIAS} serves v3 now, not v2 (which you confirmed): nothing was rolled back")

@@ -333,4 +333,4 @@ def test_drop_takes_a_snapshot_too(project: Path, server: FakeQdrantServer) -> N
         shadow = engine.run_reindex(deps, force_full=True, promote_version=False)
         assert shadow["outcome"] == "shadow", shadow["error"]
         dropped = drop_version(deps, shadow["version"])
-    assert dropped["collection_dropped"] and dropped["snapshot"].startswith(shadow["collection"])
+    assert dropped.collection_dropped and dropped.snapshot is not None and dropped.snapshot.startswith(shadow["collection"])

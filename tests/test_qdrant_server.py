@@ -146,7 +146,7 @@ def test_reindex_cycle_through_the_server(project: Path, qdrant_server: QdrantSe
         assert answer["results"][0]["knowledge_key"] == "payment-guide"
 
         rolled = engine.run_rollback(deps, reason="x")
-        assert rolled["to_version"] == 1
+        assert rolled.to_version == 1
         assert deps.store.alias_target(ALIAS) == first["collection"]
         assert status_view(deps).to_dict()["problems"] == []
 

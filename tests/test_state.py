@@ -108,6 +108,8 @@ def test_manifest_refs_stream_in_manifest_order_and_give_the_connection_back(sta
 
 def test_switch_records_event_and_retires_previous(state: StateStore) -> None:
     first, second = new_version(state), new_version(state)
+    for built in (first, second):
+        state.transition_version(built.id, from_=["building"], to="ready")
     state.record_switch(alias="kb", action="promote", to=first, previous=None, run_id="r1")
     state.record_switch(alias="kb", action="promote", to=second, previous=state.live_version("kb"), run_id="r2")
     assert state.live_version("kb").version == 2
@@ -322,7 +324,8 @@ def test_chunk_texts_are_kept_while_a_version_embeds_them_and_dropped_with_the_l
 
     assert state.drop_unneeded_texts() == 1  # h3: no version embeds it
     assert set(state.texts([h1, h2, h3])) == {h1, h2}
-    state.update_version(v1.id, status="deleted")
+    state.transition_version(v1.id, from_=["building"], to="failed")
+    state.transition_version(v1.id, from_=["failed"], to="deleted")
     state.drop_unneeded_texts()
     assert set(state.texts([h1, h2, h3])) == {h2}, "h2 is still embedded by v2"
     state.forget_versions("kb")

@@ -3,6 +3,7 @@ that points elsewhere than the state DB says (drift)."""
 
 from __future__ import annotations
 
+from kb_reindex.lifecycle import DELETED, FAILED
 from kb_reindex.runtime import Deps
 from kb_reindex.state import VersionRecord
 
@@ -19,7 +20,7 @@ def drift_advice(deps: Deps, serving: str | None, live: VersionRecord | None) ->
     if serving is None:
         return (f"{said}: readers get nothing. `kb-reindex reconcile` points the alias back at "
                 f"v{live.version if live else 'N'} after checking its collection is whole")
-    usable = next((v for v in known if v.collection == serving and v.status != "deleted"), None)
+    usable = next((v for v in known if v.collection == serving and v.status != DELETED), None)
     if usable is None:
         return (f"{said}, a collection the state DB does not know as a usable version: point the alias at a known "
                 "version (`kb-reindex rollback --to-version N --reason ...`), or, if the state DB is stale, rebuild "
@@ -56,7 +57,7 @@ def rollback_target(deps: Deps, live: VersionRecord | None = None) -> VersionRec
             continue
         if event["to_version"] == live.version and event["from_version"] is not None:
             candidate = deps.state.get_version(alias, event["from_version"])
-            if candidate is not None and candidate.status not in ("failed", "deleted"):
+            if candidate is not None and candidate.status not in (FAILED, DELETED):
                 return candidate
             return None
     return None

@@ -25,7 +25,7 @@ from kb_reindex.embedding import batched
 from kb_reindex.errors import EmbeddingError, FencedError, KbError, StoreError, one_line
 from kb_reindex.fence import Fence
 from kb_reindex.layouts import payload_text, shape_payload, text_field
-from kb_reindex.manifest import RESUMABLE_STEPS
+from kb_reindex.lifecycle import BUILDABLE, BUILDING, FAILED, may_resume
 from kb_reindex.model import VersionStatus
 from kb_reindex.plan import Prepared, prepare
 from kb_reindex.planning import BuildResult, CreatedVersion, Plan
@@ -70,15 +70,14 @@ def create_version(deps: Deps, plan: Plan, *, run_id: str | None = None,
     version = deps.state.get_version(plan.alias, plan.version)
     if version is None:
         raise KbError(f"version {plan.version} of {plan.alias} does not exist")
-    if version.status not in (VersionStatus.BUILDING, VersionStatus.FAILED) or (
-            version.status == VersionStatus.FAILED and version.failed_step not in RESUMABLE_STEPS):
+    if not may_resume(version.status, version.failed_step):
         raise KbError(f"v{version.version} is {version.status}; its plan cannot be built (start a new run)")
     if deps.state.snapshot(version.id) is None:
         raise KbError(f"v{version.version} has no snapshot of its plan (its plan did not finish, or it was planned "
                       "before snapshots existed); start a new run")
-    if version.status == VersionStatus.FAILED or (run_id is not None and version.run_id != run_id):
-        deps.state.update_version(version.id, status="building", error=None, failed_step=None,
-                                  **({"run_id": run_id} if run_id is not None else {}))
+    if version.status == FAILED or (run_id is not None and version.run_id != run_id):
+        deps.state.transition_version(version.id, from_=BUILDABLE, to=BUILDING,
+                                      run_id=version.run_id if run_id is None else run_id)
 
     try:
         # a resumed version's collection keeps the settings it was created with (create checks its shape)
@@ -87,7 +86,7 @@ def create_version(deps: Deps, plan: Plan, *, run_id: str | None = None,
                                      metadata=collection_metadata(version, config), config=config)
     except Exception as exc:
         deps.state.mark_failed(version.id, step="create", error=str(exc) if isinstance(exc, KbError)
-                               else f"{type(exc).__name__}: {exc}")
+                               else f"{type(exc).__name__}: {exc}", from_=BUILDABLE)
         raise
     log.info(
         "kb_reindex: v%d -> collection %s (%d-d %s, %d points planned)",
@@ -163,18 +162,18 @@ def build(deps: Deps, version_number: int, *, run_id: str | None = None,
         log.info("kb_reindex: v%d is already %s; nothing to build", version.version, version.status)
         counts.skipped += version.points_expected
         return BuildResult(version=version.version, embedded=0, copied=0, skipped=version.points_expected)
-    if version.status == VersionStatus.FAILED and version.failed_step not in RESUMABLE_STEPS:
+    if version.status == FAILED and not may_resume(version.status, version.failed_step):
         raise KbError(f"v{version.version} failed at {version.failed_step} ({version.error}); it cannot be rebuilt")
     if version.status == VersionStatus.DELETED:
         raise KbError(f"v{version.version} was deleted; start a new run")
-    if version.status == VersionStatus.FAILED:
-        deps.state.update_version(version.id, status="building", error=None, failed_step=None)
+    if version.status == FAILED:
+        deps.state.transition_version(version.id, from_=[FAILED], to=BUILDING)
     try:
         return _fill(deps, version, window, run_id, counts, fence)
     except FencedError:
         raise  # not this run's version any more: its record is not ours to mark
     except Exception as exc:
-        deps.state.mark_failed(version.id, step="build", error=f"{type(exc).__name__}: {exc}")
+        deps.state.mark_failed(version.id, step="build", error=f"{type(exc).__name__}: {exc}", from_=BUILDABLE)
         raise
 
 

@@ -420,7 +420,7 @@ def _cmd_validate(args: argparse.Namespace, deps: Any) -> int:
 def _cmd_gc(args: argparse.Namespace, deps: Any) -> int:
     from kb_reindex.retention import cleanup
 
-    result = cleanup(deps)
+    result = cleanup(deps).to_dict()
     _print(args, result, _table(result["deleted"], ["version", "collection", "was"]))
     return 0
 
@@ -430,9 +430,8 @@ def _cmd_drop(args: argparse.Namespace, deps: Any) -> int:
 
     _existing_version(deps, args.version, "--version")
     result = drop_version(deps, args.version)
-    _print(args, result, f"v{result['version']} ({result['collection']}) was already deleted"
-           if result.get("already_deleted") else
-           f"dropped v{result['version']} ({result['collection']}, was {result['was']})")
+    _print(args, result.to_dict(), f"v{result.version} ({result.collection}) was already deleted"
+           if result.already_deleted else f"dropped v{result.version} ({result.collection}, was {result.was})")
     return 0
 
 
@@ -479,8 +478,8 @@ def _cmd_pin(args: argparse.Namespace, deps: Any) -> int:
     from kb_reindex.retention import pin_version
 
     result = pin_version(deps, args.version, reason=args.reason)
-    _print(args, result, f"v{result['version']} " + ("was already pinned" if result["already_pinned"] else "pinned")
-           + f": {result['reason']} ({result['pinned_by']}, {result['pinned_at']})")
+    _print(args, result.to_dict(), f"v{result.version} " + ("was already pinned" if result.already_pinned else "pinned")
+           + f": {result.reason} ({result.pinned_by}, {result.pinned_at})")
     return 0
 
 
@@ -488,23 +487,23 @@ def _cmd_unpin(args: argparse.Namespace, deps: Any) -> int:
     from kb_reindex.retention import unpin_version
 
     result = unpin_version(deps, args.version)
-    _print(args, result, f"v{result['version']} unpinned; retention may drop it again" if result["was_pinned"]
-           else f"v{result['version']} was not pinned")
+    _print(args, result.to_dict(), f"v{result.version} unpinned; retention may drop it again" if result.was_pinned
+           else f"v{result.version} was not pinned")
     return 0
 
 
 def _cmd_reconcile(args: argparse.Namespace, deps: Any) -> int:
-    from kb_reindex.reconcile import reconcile
+    from kb_reindex.reconcile import RebuildResult, ReconcileResult, reconcile
 
     if args.rebuild_state:
         from kb_reindex.reconcile import rebuild_state
 
-        result = rebuild_state(deps, replace=args.replace)
+        result: ReconcileResult | RebuildResult = rebuild_state(deps, replace=args.replace)
     elif args.replace:
         raise ConfigError("--replace goes with --rebuild-state")
     else:
         result = reconcile(deps)
-    _print(args, result, result["message"])
+    _print(args, result.to_dict(), result.message)
     return 0
 
 
@@ -638,8 +637,8 @@ def _rollback(args: argparse.Namespace, deps: Any) -> int:
     held = _rollback_freeze(args, deps)
     result = engine.run_rollback(deps, reason=args.reason, to_version=target.version if target else None,
                                  revalidate=not args.no_revalidate, expected_live=live.version if live else None)
-    _print(args, {**result, "freeze": held},
-           f"rolled back: v{result['from_version']} -> v{result['to_version']} ({result['collection']})"
+    _print(args, {**result.to_dict(), "freeze": held},
+           f"rolled back: v{result.from_version} -> v{result.to_version} ({result.collection})"
            + (f"\n{held['message']}; lift it with `kb-reindex unfreeze`" if held else
               "\nnot frozen: the next run rebuilds from the knowledge folder and may promote the change again "
               "(`kb-reindex freeze --reason ...`)"))

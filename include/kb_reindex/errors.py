@@ -11,9 +11,6 @@ from dataclasses import dataclass
 class KbError(Exception):
     """Base of every error kb-reindex raises on purpose."""
 
-    #: the pipeline step that failed, recorded on the version
-    step: str = "run"
-
 
 class ConfigError(KbError):
     """A setting or argument is wrong; the CLI exits 2."""
@@ -32,8 +29,6 @@ class StoreUnreachable(ConfigError):
 class SourceError(KbError):
     """A knowledge document cannot be used as it is."""
 
-    step = "plan"
-
 
 class KnowledgeFolderMissing(SourceError, ConfigError):
     """KB_KNOWLEDGE_DIR names no folder: a setting to fix (exit 2), found while reading the sources."""
@@ -42,13 +37,9 @@ class KnowledgeFolderMissing(SourceError, ConfigError):
 class SourceChangedError(KbError):
     """A file changed while the plan read it (between its scan and its snapshot): a new run plans again."""
 
-    step = "plan"
-
 
 class GoldenSetError(KbError):
     """The golden set file is malformed or names documents that do not exist."""
-
-    step = "validate"
 
 
 class GoldenSetMissing(GoldenSetError, ConfigError):
@@ -57,8 +48,6 @@ class GoldenSetMissing(GoldenSetError, ConfigError):
 
 class EmbeddingError(KbError):
     """The embedder failed or answered something that must not be written."""
-
-    step = "build"
 
 
 class ModelNotServed(ConfigError, EmbeddingError):
@@ -76,26 +65,18 @@ class StoreError(KbError):
 class AliasReadBackError(StoreError):
     """Qdrant answered an alias move with success, but the alias does not resolve to the target."""
 
-    step = "promote"
-
 
 class StateDriftError(KbError):
     """Qdrant and the state DB disagree; an operator must look before anything moves."""
-
-    step = "plan"
 
 
 class AliasMovedError(KbError):
     """Compare-and-swap refusal: the alias no longer points where this run planned."""
 
-    step = "promote"
-
 
 class AliasFrozen(KbError):
     """The alias is frozen (`kb-reindex freeze`): nothing moves it forward until `kb-reindex unfreeze`; the
     version stays ready. Not a failure of the version: a run that meets it ends `frozen`."""
-
-    step = "promote"
 
 
 class LockHeldError(KbError):
@@ -113,13 +94,9 @@ class FencedError(LockLostError):
 class ValidationFailed(KbError):
     """The candidate version did not pass validation; nothing was promoted."""
 
-    step = "validate"
-
 
 class RollbackRefused(KbError):
     """The rollback target is missing, broken or not confirmed."""
-
-    step = "rollback"
 
 
 class StateUnreachable(KbError):

@@ -12,6 +12,8 @@ import logging
 from typing import Any
 
 from kb_reindex.errors import AliasFrozen, RollbackRefused
+from kb_reindex.lifecycle import LIVE
+from kb_reindex.locking import pin_by
 from kb_reindex.runtime import Deps
 from kb_reindex.state import Freeze, VersionRecord
 
@@ -31,7 +33,7 @@ def frozen_message(freeze: Freeze, version_number: int) -> str:
 def ensure_not_frozen(deps: Deps, target: VersionRecord, *, action: str) -> None:
     """Raise AliasFrozen when `action` would move the alias forward to `target` while it is frozen.
     Called by `switch_alias` under the alias lock, so a freeze set during a run still stops its promotion."""
-    if action not in FORWARD_ACTIONS or target.status == "live":  # re-pointing at live is no step forward
+    if action not in FORWARD_ACTIONS or target.status == LIVE:  # re-pointing at live is no step forward
         return
     freeze = deps.state.freeze_status(deps.settings.alias)
     if freeze is not None:
@@ -64,6 +66,4 @@ def freeze_for_rollback(deps: Any, *, reason: str, by: str) -> Freeze:
 
 def operator() -> str:
     """Who sets or lifts a freeze from this host (the login user, as a pin records it)."""
-    from kb_reindex.locking import pin_by
-
     return pin_by()

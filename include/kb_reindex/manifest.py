@@ -5,15 +5,12 @@ from __future__ import annotations
 
 from kb_reindex.corpus import CorpusScan
 from kb_reindex.layouts import version_profile
+from kb_reindex.lifecycle import BUILDING, FAILED, READY, may_resume
 from kb_reindex.locking import run_is_active
-from kb_reindex.model import VersionStatus
 from kb_reindex.planning import Plan
 from kb_reindex.runtime import Deps
 from kb_reindex.state import VersionRecord
 
-#: a version failed at one of these steps is continued by the next run of its plan; "promote": validated, but
-#: the alias move was refused (a Qdrant error, a move that did not take): nothing to build again
-RESUMABLE_STEPS = ("create", "build", "validate", "promote")
 
 
 def same_plan(version: VersionRecord, plan: Plan) -> bool:
@@ -45,11 +42,10 @@ def resumable(deps: Deps, plan: Plan, run_id: str | None) -> VersionRecord | Non
     Not one that another run is still building: two concurrent runs build two versions, and the
     compare-and-swap lets exactly one of them be promoted.
     """
-    statuses = [VersionStatus.BUILDING, VersionStatus.FAILED, VersionStatus.READY]
-    for version in deps.state.list_versions(plan.alias, statuses=statuses):
-        if version.status == VersionStatus.FAILED and version.failed_step not in RESUMABLE_STEPS:
+    for version in deps.state.list_versions(plan.alias, statuses=[BUILDING, FAILED, READY]):
+        if version.status == FAILED and not may_resume(version.status, version.failed_step):
             continue
-        if version.status == VersionStatus.READY and version.promoted_at is not None:  # served: a rollback target
+        if version.status == READY and version.promoted_at is not None:  # served: a rollback target
             continue
         if owned_by_another_active_run(deps, version, run_id):
             continue

@@ -242,7 +242,7 @@ def watch_step(deps: Deps, version_number: int, *, minutes: float, run_id: str |
 
 def cleanup_step(deps: Deps) -> dict[str, Any]:
     """Retention after any run that did not fail, never touching live or the rollback target."""
-    return cleanup(deps)
+    return cleanup(deps).to_dict()
 
 
 # --- the CLI's whole run ---------------------------------------------------------------------------------

@@ -15,9 +15,13 @@ from kb_reindex.alias import ROLLBACK_ACTIONS
 from kb_reindex.errors import AliasMovedError, ConfigError, KbError, StoreError
 from kb_reindex.fence import Fence
 from kb_reindex.freeze import ensure_not_frozen
+from kb_reindex.golden import load_golden_set, lowered_threshold_advice
+from kb_reindex.lifecycle import LIVE, READY, RETIRED, SWITCHABLE
 from kb_reindex.locking import alias_lock_name
+from kb_reindex.model import RunKind
 from kb_reindex.runtime import Deps
 from kb_reindex.state import VersionRecord, utcnow
+from kb_reindex.validate import validate
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +47,7 @@ def switch_alias(
         if fence is not None:
             fence.check(deps.state, before=f"moving {alias} to v{target.version}; nothing was promoted")
         fresh = deps.state.get_version(alias, target.version)
-        if fresh is None or fresh.status in ("deleted", "failed", "building"):
+        if fresh is None or fresh.status not in (*SWITCHABLE, LIVE):
             raise KbError(f"v{target.version} is {fresh.status if fresh else 'gone'} now; {alias} was not moved")
         previous = deps.state.live_version(alias)
         current = deps.store.alias_target(alias)
@@ -87,19 +91,19 @@ def promote(deps: Deps, version_number: int, *, run_id: str | None = None,
     version = deps.state.get_version(alias, version_number)
     if version is None:
         raise KbError(f"version {version_number} of {alias} does not exist")
-    if version.status == "live" and deps.store.alias_target(alias) == version.collection:
+    if version.status == LIVE and deps.store.alias_target(alias) == version.collection:
         return {"version": version.version, "collection": version.collection, "previous_version": None, "already_live": True}
-    if version.status != "ready":
+    if version.status != READY:
         raise KbError(f"v{version.version} is {version.status}, not ready; only a validated version can be promoted")
     try:
         previous = switch_alias(
             deps, version, expected_from=version.base_collection,
-            action="migrate" if version.kind == "migration" else "promote", run_id=run_id, fence=fence,
+            action="migrate" if version.kind == RunKind.MIGRATION else "promote", run_id=run_id, fence=fence,
         )
     except AliasMovedError:
         raise AliasMovedError(moved_meanwhile(deps, version)) from None
     except StoreError as exc:
-        deps.state.mark_failed(version.id, step="promote", error=str(exc))
+        deps.state.mark_failed(version.id, step="promote", error=str(exc), from_=[READY])
         raise
     if previous is not None:
         log.info("kb_reindex: promoted v%d (%s); previous v%d kept for rollback", version.version, version.collection,
@@ -114,8 +118,6 @@ def promote(deps: Deps, version_number: int, *, run_id: str | None = None,
 def warn_lowered_thresholds(deps: Deps, version: VersionRecord) -> str | None:
     """Said at promotion: a version validated with lowered thresholds and scoring under the golden set's
     own leaves every later reindex failing them (kb_reindex.golden.lowered_threshold_advice)."""
-    from kb_reindex.golden import load_golden_set, lowered_threshold_advice
-
     path = deps.settings.golden_set
     try:
         advice = lowered_threshold_advice(version.version, version.validation, load_golden_set(path), path)
@@ -145,14 +147,12 @@ def promote_shadow(deps: Deps, version_number: int, *, expected_live: int | None
     """Put a shadow (built and validated, never served) behind the alias on purpose: validated again
     against what serves now, then the same compare-and-swap, from `expected_live`, the version on-call
     confirmed serving (None: nothing serves); if another serves by the move, nothing moves."""
-    from kb_reindex.validate import validate
-
     alias = deps.settings.alias
     version = deps.state.get_version(alias, version_number)
     if version is None:
         raise ConfigError(f"version {version_number} of {alias} does not exist")
-    if version.status != "ready":
-        hint = " (a rollback returns to a version that served)" if version.status == "retired" else ""
+    if version.status != READY:
+        hint = " (a rollback returns to a version that served)" if version.status == RETIRED else ""
         raise ConfigError(f"v{version.version} is {version.status}; only a ready shadow version can be promoted{hint}")
     expected_from = confirmed_live(deps, expected_live, undone="promoted")
     # re-checked against what serves now, by the thresholds it was built with; a failure leaves it a shadow
@@ -162,7 +162,7 @@ def promote_shadow(deps: Deps, version_number: int, *, expected_live: int | None
     deps.state.update_version(version.id, validation=checked.to_dict())
     try:
         previous = switch_alias(deps, version, expected_from=expected_from,
-                                action="migrate" if version.kind == "migration" else "promote", run_id=run_id,
+                                action="migrate" if version.kind == RunKind.MIGRATION else "promote", run_id=run_id,
                                 reason=reason)
     except AliasMovedError:
         confirmed_live(deps, expected_live, undone="promoted")  # says what serves now

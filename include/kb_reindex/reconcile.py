@@ -12,52 +12,104 @@ import json
 import logging
 import re
 from collections import defaultdict
+from dataclasses import dataclass
 from datetime import datetime
 from types import SimpleNamespace
 from typing import Any
 
 from kb_reindex.alias import drift_advice
+from kb_reindex.checks import structural_problems
 from kb_reindex.errors import ConfigError, StateDriftError, StoreError
+from kb_reindex.lifecycle import DELETED, FAILED, LIVE, READY, RECONCILABLE, RETIRED
+from kb_reindex.locking import alias_lock_name
+from kb_reindex.model import RunKind, VersionStatus
 from kb_reindex.runtime import Deps
 from kb_reindex.sources import corpus_fingerprint
 from kb_reindex.state import VersionRecord, utcnow
 
 log = logging.getLogger(__name__)
 
+@dataclass(frozen=True)
+class ReconcileResult:
+    """What `reconcile` recorded: nothing (`changed` False: state and Qdrant agree), or the live version."""
+
+    changed: bool
+    message: str
+    live_version: int | None = None
+    previous_version: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        if not self.changed:
+            return {"changed": False, "message": self.message}
+        return {"changed": True, "live_version": self.live_version, "previous_version": self.previous_version,
+                "message": self.message}
+
+
+@dataclass(frozen=True)
+class RebuiltVersion:
+    """One version read back from its collection by `rebuild_state`."""
+
+    version: int
+    collection: str
+    status: VersionStatus
+    points: int
+    embed_model: str
+    dim: int
+    payload_layout: str
+    problems: tuple[str, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"version": self.version, "collection": self.collection, "status": str(self.status),
+                "points": self.points, "embed_model": self.embed_model, "dim": self.dim,
+                "payload_layout": self.payload_layout, "problems": list(self.problems)}
+
+
+@dataclass(frozen=True)
+class RebuildResult:
+    """The versions `rebuild_state` recorded from Qdrant, and the one behind the alias."""
+
+    rebuilt: tuple[RebuiltVersion, ...]
+    live_version: int | None
+    message: str
+    changed: bool = True
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"changed": self.changed, "rebuilt": [v.to_dict() for v in self.rebuilt],
+                "live_version": self.live_version, "message": self.message}
+
+
 #: payload fields a point of ours carries that the manifest is rebuilt from
 MANIFEST_FIELDS = ("knowledge_key", "chunk_index", "chunk_hash", "content_hash", "source", "title", "category",
                    "tenant", "embed_model", "chunking_version")
 
 
-def reconcile(deps: Deps, *, run_id: str | None = None) -> dict[str, Any]:
-    from kb_reindex.locking import alias_lock_name
-
+def reconcile(deps: Deps, *, run_id: str | None = None) -> ReconcileResult:
     alias = deps.settings.alias
     with deps.state.lock(alias_lock_name(alias), ttl_s=300, wait_s=deps.settings.lock_wait_s):
         serving = deps.store.alias_target(alias)
         live = deps.state.live_version(alias)
         if serving == (live.collection if live else None):
-            return {"changed": False, "message": f"{alias}: state and Qdrant agree (serving {serving or 'nothing'})"}
+            return ReconcileResult(changed=False,
+                                   message=f"{alias}: state and Qdrant agree (serving {serving or 'nothing'})")
         if serving is None and live is not None:
             return _restore_missing_alias(deps, live, run_id=run_id)
         target = next((v for v in deps.state.list_versions(alias) if v.collection == serving), None)
-        if serving is None or target is None or target.status == "deleted" or (
+        if serving is None or target is None or target.status == DELETED or (
                 live is not None and target.version < live.version):
             # never record a version older than live as live: that is a rollback, and recorded as one
             raise StateDriftError(drift_advice(deps, serving, live))
         deps.state.record_switch(alias=alias, action="reconcile", to=target, previous=live, run_id=run_id,
                                  reason=f"alias found pointing at {serving}; state said "
-                                        f"{live.collection if live else 'nothing'}")
-    return {"changed": True, "live_version": target.version, "previous_version": live.version if live else None,
-            "message": f"{alias}: recorded v{target.version} ({serving}) as live"
-                       + (f"; v{live.version} retired" if live else "")}
+                                        f"{live.collection if live else 'nothing'}", from_=RECONCILABLE)
+    return ReconcileResult(changed=True, live_version=target.version,
+                           previous_version=live.version if live else None,
+                           message=f"{alias}: recorded v{target.version} ({serving}) as live"
+                                   + (f"; v{live.version} retired" if live else ""))
 
 
-def _restore_missing_alias(deps: Deps, live: VersionRecord, *, run_id: str | None) -> dict[str, Any]:
+def _restore_missing_alias(deps: Deps, live: VersionRecord, *, run_id: str | None) -> ReconcileResult:
     """The alias is gone (deleted by hand) while the state DB names a live version: point it back there, if
     that collection is whole, with the same compare-and-swap (from nothing) as a first promotion."""
-    from kb_reindex.checks import structural_problems
-
     alias = deps.settings.alias
     problems = structural_problems(deps, live)
     if problems:
@@ -69,8 +121,9 @@ def _restore_missing_alias(deps: Deps, live: VersionRecord, *, run_id: str | Non
     deps.store.swap_alias(alias, to=live.collection, expected_from=None)
     deps.state.add_alias_event(alias=alias, action="reconcile", to=live, previous=None, run_id=run_id,
                                reason=f"alias was missing; pointed back at v{live.version}, live in the state DB")
-    return {"changed": True, "live_version": live.version, "previous_version": None,
-            "message": f"{alias}: the alias was missing; it points at v{live.version} ({live.collection}) again"}
+    return ReconcileResult(changed=True, live_version=live.version, previous_version=None,
+                           message=f"{alias}: the alias was missing; it points at v{live.version} ({live.collection}) "
+                                   "again")
 
 
 # --- rebuild the state DB from Qdrant ---------------------------------------------------------------
@@ -128,7 +181,7 @@ def read_version(deps: Deps, name: str) -> dict[str, Any]:
         problems.append("neither its metadata nor its points name the embedding model and chunking")
     embedder = meta.get("embedder") or ("hashing" if (model or "").startswith("hashing") else "ollama")
     return {
-        "kind": meta.get("kind") or "reindex", "embedder": embedder, "embed_model": model or "unknown",
+        "kind": meta.get("kind") or RunKind.REINDEX, "embedder": embedder, "embed_model": model or "unknown",
         "embed_dim": dim, "distance": distance, "chunking_version": chunking or "unknown",
         "corpus_fingerprint": corpus_fingerprint(SimpleNamespace(**d) for d in documents.values()),
         "documents": sorted(documents.values(), key=lambda d: d["knowledge_key"]), "chunks": chunks,
@@ -168,7 +221,7 @@ def _served_at(meta: dict[str, Any]) -> datetime | None:
         return utcnow()
 
 
-def _rebuilt_status(facts: dict[str, Any], *, serving: bool) -> tuple[str, str | None]:
+def _rebuilt_status(facts: dict[str, Any], *, serving: bool) -> tuple[VersionStatus, str | None]:
     """(status, note) of a version rebuilt from its collection, by what the collection notes it went through:
     behind the alias -> live; served before -> retired (a rollback may return to it); validated but never
     served -> ready, a shadow only a promotion (which validates again) puts live; neither -> failed, a build
@@ -177,25 +230,23 @@ def _rebuilt_status(facts: dict[str, Any], *, serving: bool) -> tuple[str, str |
     if facts["problems"]:
         if serving:
             raise StoreError(f"the live collection cannot give a manifest: {'; '.join(facts['problems'])}")
-        return "failed", "rebuilt from Qdrant: " + "; ".join(facts["problems"])
+        return FAILED, "rebuilt from Qdrant: " + "; ".join(facts["problems"])
     if serving:
-        return "live", None
+        return LIVE, None
     if facts["served_at"] is not None:
-        return "retired", None
+        return RETIRED, None
     if facts["validated"]:
-        return "ready", None
+        return READY, None
     if facts["legacy"]:
-        return "ready", "rebuilt from Qdrant: made before collections noted their history; promote validates it again"
-    return "failed", "rebuilt from Qdrant: never validated (a build that did not finish)"
+        return READY, "rebuilt from Qdrant: made before collections noted their history; promote validates it again"
+    return FAILED, "rebuilt from Qdrant: never validated (a build that did not finish)"
 
 
-def rebuild_state(deps: Deps, *, replace: bool = False, run_id: str | None = None) -> dict[str, Any]:
+def rebuild_state(deps: Deps, *, replace: bool = False, run_id: str | None = None) -> RebuildResult:
     """Versions, manifests and the live version of this alias, from Qdrant alone, recorded as one event.
 
     The live version is the alias's target; the others take their status from what their collections note
     (`_rebuilt_status`). Which version preceded live is not guessed: a rollback names its target."""
-    from kb_reindex.locking import alias_lock_name
-
     alias = deps.settings.alias
     with deps.state.lock(alias_lock_name(alias), ttl_s=300, wait_s=deps.settings.lock_wait_s):
         known = deps.state.list_versions(alias)
@@ -220,7 +271,8 @@ def rebuild_state(deps: Deps, *, replace: bool = False, run_id: str | None = Non
                                  "; nothing was recorded")
         if known:
             deps.state.forget_versions(alias)
-        rebuilt, live = [], None
+        rebuilt: list[RebuiltVersion] = []
+        live: VersionRecord | None = None
         now = utcnow()
         for number, name, facts in read:
             status, note = _rebuilt_status(facts, serving=name == serving)
@@ -230,24 +282,24 @@ def rebuild_state(deps: Deps, *, replace: bool = False, run_id: str | None = Non
                 distance=facts["distance"], chunking_version=facts["chunking_version"],
                 corpus_fingerprint=facts["corpus_fingerprint"], docs_count=len(facts["documents"]),
                 points_expected=len(facts["chunks"]), points_written=len(facts["chunks"]),
-                error=note, failed_step="rebuild" if status == "failed" else None,
-                promoted_at=now if status == "live" else facts["served_at"],
-                retired_at=(facts["served_at"] or now) if status == "retired" else None,
+                error=note, failed_step="rebuild" if status == FAILED else None,
+                promoted_at=now if status == LIVE else facts["served_at"],
+                retired_at=(facts["served_at"] or now) if status == RETIRED else None,
                 payload_layout=facts["payload_layout"], embed_profile=facts["embed_profile"],
                 validation=json.dumps(facts["validation"]) if facts["validation"] else None,
                 **({"created_at": facts["created_at"]} if facts["created_at"] else {}),
             )
-            if status != "failed":
+            if status != FAILED:
                 deps.state.write_manifest(record.id, facts["documents"], facts["chunks"])
-            live = record if status == "live" else live
-            rebuilt.append({"version": number, "collection": name, "status": status, "points": len(facts["chunks"]),
-                            "embed_model": facts["embed_model"], "dim": facts["embed_dim"],
-                            "payload_layout": facts["payload_layout"], "problems": facts["problems"]})
+            live = record if status == LIVE else live
+            rebuilt.append(RebuiltVersion(version=number, collection=name, status=status, points=len(facts["chunks"]),
+                                          embed_model=facts["embed_model"], dim=facts["embed_dim"],
+                                          payload_layout=facts["payload_layout"], problems=tuple(facts["problems"])))
         if live is not None:
             deps.state.add_alias_event(alias=alias, action="rebuild-state", to=live, previous=None, run_id=run_id,
                                        reason=f"state DB rebuilt from Qdrant: {len(rebuilt)} versions")
     log.info("kb_reindex: state of %s rebuilt from Qdrant: %d versions, live v%s", alias, len(rebuilt),
              live.version if live else "-")
-    return {"changed": True, "rebuilt": rebuilt, "live_version": live.version if live else None,
-            "message": f"{alias}: state rebuilt from Qdrant: {len(rebuilt)} versions"
-                       + (f", v{live.version} live" if live else ", nothing behind the alias")}
+    return RebuildResult(rebuilt=tuple(rebuilt), live_version=live.version if live else None,
+                         message=f"{alias}: state rebuilt from Qdrant: {len(rebuilt)} versions"
+                                 + (f", v{live.version} live" if live else ", nothing behind the alias"))

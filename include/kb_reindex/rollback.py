@@ -7,14 +7,49 @@ shadow goes live only through a promotion that validates it again.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 from kb_reindex.alias import has_served, rollback_target
+from kb_reindex.checks import structural_problems
 from kb_reindex.errors import AliasMovedError, KbError, RollbackRefused
+from kb_reindex.lifecycle import BUILDABLE, DELETED
+from kb_reindex.model import RunOutcome
 from kb_reindex.promote import confirmed_live, switch_alias
 from kb_reindex.runtime import Deps
+from kb_reindex.validate import validate
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Rescore:
+    """The rollback target's golden-set scores, for the record (a failure to score does not stop it)."""
+    passed: bool | None
+    hit_rate: float | None = None
+    mrr: float | None = None
+    report: Any = None
+    error: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        if self.error is not None:
+            return {"passed": None, "error": self.error}
+        return {"passed": self.passed, "hit_rate": self.hit_rate, "mrr": self.mrr, "report": self.report}
+
+
+@dataclass(frozen=True)
+class RollbackResult:
+    """What a rollback did: the alias moved from `from_version` back to `to_version` (its `collection`)."""
+    from_version: int
+    to_version: int
+    collection: str
+    validation: Rescore | None = None
+    outcome: RunOutcome = RunOutcome.ROLLED_BACK
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"outcome": str(self.outcome), "from_version": self.from_version, "to_version": self.to_version,
+                "collection": self.collection, "validation": self.validation.to_dict() if self.validation else None,
+                "error": None}
 
 
 def rollback(
@@ -26,7 +61,7 @@ def rollback(
     revalidate: bool = True,
     action: str = "rollback",
     expected_live: int | None = None,
-) -> dict[str, Any]:
+) -> RollbackResult:
     """Put a previous version back behind the alias, after checking it is structurally whole.
 
     `expected_live`: the version on-call confirmed serving (the CLI's prompt, the DAG's `live_version`, the
@@ -35,9 +70,6 @@ def rollback(
     nothing moves and `AliasMovedError` says which. None (scripts, tests): whatever serves when this reads.
     Takes no reindex lock: a build in flight does not delay it, and fails its own compare-and-swap after.
     `action="auto-rollback"` is the watch's."""
-    from kb_reindex.checks import structural_problems
-    from kb_reindex.validate import validate
-
     alias = deps.settings.alias
     if not reason or not reason.strip():
         raise RollbackRefused("a rollback needs a reason (it is recorded in the alias history)")
@@ -54,7 +86,7 @@ def rollback(
         )
     if target.id == live.id:
         raise RollbackRefused(f"v{target.version} is already live")
-    if target.status in ("failed", "deleted", "building"):
+    if target.status in (*BUILDABLE, DELETED):
         raise RollbackRefused(f"v{target.version} is {target.status}; only a complete, kept version can serve")
     if not has_served(target):
         raise RollbackRefused(
@@ -71,10 +103,9 @@ def rollback(
         # or an embedder outage must not stand between on-call and a structurally whole version.
         try:
             result = validate(deps, target.version, compare_live=False, raise_on_failure=False)
-            scores = {"passed": result["passed"], "hit_rate": result["hit_rate"], "mrr": result["mrr"],
-                      "report": result["report"]}
+            scores = Rescore(passed=result.passed, hit_rate=result.hit_rate, mrr=result.mrr, report=result.report)
         except KbError as exc:
-            scores = {"passed": None, "error": str(exc)}
+            scores = Rescore(passed=None, error=str(exc))
             log.warning("kb_reindex: re-scoring v%d failed (%s); rolling back anyway", target.version, exc)
     try:
         switch_alias(deps, target, expected_from=live.collection, action=action, run_id=run_id,
@@ -83,5 +114,5 @@ def rollback(
         confirmed_live(deps, live.version, undone="rolled back")  # names what serves now
         raise
     log.info("kb_reindex: rolled %s back from v%d to v%d (%s)", alias, live.version, target.version, reason.strip())
-    return {"outcome": "rolled_back", "from_version": live.version, "to_version": target.version,
-            "collection": target.collection, "validation": scores, "error": None}
+    return RollbackResult(from_version=live.version, to_version=target.version, collection=target.collection,
+                          validation=scores)

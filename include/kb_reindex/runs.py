@@ -18,7 +18,7 @@ from kb_reindex.errors import AliasMovedError, EmbeddingError, Failure, KbError,
 from kb_reindex.locking import reindex_lock_name
 from kb_reindex.model import RunKind, RunOutcome
 from kb_reindex.planning import Plan
-from kb_reindex.rollback import rollback
+from kb_reindex.rollback import RollbackResult, rollback
 from kb_reindex.runtime import Deps, StateDeps, new_run_id
 from kb_reindex.state import StateStore, default_lock_owner
 from kb_reindex.store import describe_qdrant_failure
@@ -142,7 +142,7 @@ class Recorder:
 
 def run_rollback(deps: Deps, *, reason: str, to_version: int | None = None, run_id: str | None = None,
                  trigger: str = "cli", revalidate: bool = True, action: str = "rollback",
-                 expected_live: int | None = None) -> dict[str, Any]:
+                 expected_live: int | None = None) -> RollbackResult:
     """A recorded rollback (`rollback.rollback`): no reindex lock, so a build in flight never delays it."""
     recorder = Recorder.of(deps, run_id or new_run_id(RunKind.ROLLBACK))
     recorder.start(RunKind.ROLLBACK, trigger)
@@ -152,5 +152,5 @@ def run_rollback(deps: Deps, *, reason: str, to_version: int | None = None, run_
     except KbError as exc:
         deps.state.finish_run(recorder.run_id, outcome=RunOutcome.FAILED, error=str(exc))
         raise
-    recorder.finish(RunOutcome.ROLLED_BACK, version=result["to_version"])
+    recorder.finish(RunOutcome.ROLLED_BACK, version=result.to_version)
     return result

@@ -18,6 +18,7 @@ from kb_reindex.corpus import DocumentTexts
 from kb_reindex.embedding import make_embedder
 from kb_reindex.errors import KbError
 from kb_reindex.layouts import embedding_profile
+from kb_reindex.lifecycle import BUILDING, FAILED, READY
 from kb_reindex.manifest import resumable, write_manifest
 from kb_reindex.model import VersionStatus
 from kb_reindex.plan import Prepared
@@ -45,7 +46,7 @@ def snapshot_plan(deps: Deps, prepared: Prepared, *, run_id: str | None = None) 
     else:
         was = (f"{version.status} at {version.failed_step}" if version.status == VersionStatus.FAILED
                else version.status)
-        deps.state.update_version(version.id, status="building", error=None, failed_step=None, run_id=run_id)
+        deps.state.transition_version(version.id, from_=[BUILDING, FAILED, READY], to=BUILDING, run_id=run_id)
         log.info("kb_reindex: resuming v%d (%s, was %s): the same plan; what it holds is not written again",
                  version.version, version.collection, was)
     try:
@@ -58,7 +59,7 @@ def snapshot_plan(deps: Deps, prepared: Prepared, *, run_id: str | None = None) 
     except Exception as exc:
         # "create": a rerun of the same plan takes this version over and writes its snapshot again
         deps.state.mark_failed(version.id, step="create", error=str(exc) if isinstance(exc, KbError)
-                               else f"{type(exc).__name__}: {exc}")
+                               else f"{type(exc).__name__}: {exc}", from_=[BUILDING])
         raise
     log.info("kb_reindex: plan snapshot of v%d written (%d chunks, %d to embed)", version.version,
              plan.chunks.total, to_embed)

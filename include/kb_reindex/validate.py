@@ -27,10 +27,11 @@ from kb_reindex.golden import (
     probe_categories,
     score,
 )
+from kb_reindex.lifecycle import BUILDING, READY, may_validate
 from kb_reindex.model import VersionStatus
 from kb_reindex.replay import load_replay_gate, replay
 from kb_reindex.runtime import Deps
-from kb_reindex.state import VersionRecord, utcnow
+from kb_reindex.state import VersionRecord
 from kb_reindex.validation_model import (
     CategoryScore,
     Check,
@@ -106,15 +107,15 @@ def validate(
     try:
         finish_bulk_load(deps, version)
     except KbError as exc:
-        if version.status == VersionStatus.BUILDING:  # a kept version re-checked while Qdrant re-indexes it stays as it is
-            deps.state.mark_failed(version.id, step="validate", error=str(exc))
+        if version.status == BUILDING:  # a kept version re-checked while Qdrant re-indexes it stays as it is
+            deps.state.mark_failed(version.id, step="validate", error=str(exc), from_=[BUILDING])
         raise
     try:
         result = _validate(deps, version, min_hit_rate=min_hit_rate, min_mrr=min_mrr, compare_live=compare_live,
                            flagged=flagged)
     except GoldenSetError as exc:
-        if record and version.status in (VersionStatus.BUILDING, VersionStatus.READY):
-            deps.state.mark_failed(version.id, step="validate", error=str(exc))
+        if record and version.status in (BUILDING, READY):
+            deps.state.mark_failed(version.id, step="validate", error=str(exc), from_=[version.status])
         raise ValidationFailed(f"v{version.version} not validated: {exc}") from None
     if record:
         _record(deps, version, result)
@@ -127,14 +128,12 @@ def validate(
 
 def _record(deps: Deps, version: VersionRecord, result: ValidationResult) -> None:
     """The result on the version's record; its status too when it was checked as a build (building, a ready
-    shadow, or one that failed at build or validate): ready when it passed, failed when not."""
+    shadow, or one a rerun resumes: `lifecycle.may_validate`): ready when it passed, failed when not."""
     stored = result.to_dict()
-    as_build = version.status in (VersionStatus.BUILDING, VersionStatus.READY) or (
-        version.status == VersionStatus.FAILED and version.failed_step in ("validate", "build"))
-    if not as_build:
+    if not may_validate(version.status, version.failed_step):
         deps.state.update_version(version.id, validation=stored)
     elif result.passed:
-        deps.state.update_version(version.id, status="ready", validation=stored, ready_at=utcnow(), error=None, failed_step=None)
+        deps.state.transition_version(version.id, from_=[version.status], to=READY, validation=stored)
         try:
             # the scores too: a state DB rebuilt from Qdrant shows them again
             deps.store.annotate(version.collection, {"validated": True, "hit_rate": result.hit_rate,
@@ -144,7 +143,7 @@ def _record(deps: Deps, version: VersionRecord, result: ValidationResult) -> Non
                         version.collection, type(exc).__name__, exc)
     else:
         deps.state.update_version(version.id, validation=stored)
-        deps.state.mark_failed(version.id, step="validate", error="; ".join(result.failures))
+        deps.state.mark_failed(version.id, step="validate", error="; ".join(result.failures), from_=[version.status])
 
 
 def _validate(deps: Deps, version: VersionRecord, *, min_hit_rate: float | None, min_mrr: float | None,

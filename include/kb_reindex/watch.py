@@ -168,5 +168,5 @@ def _undo(deps: Deps, version: VersionRecord, check: dict[str, Any], checks: lis
         log.error("kb_reindex: watch of v%d: regression, and no rollback possible: %s", version.version, exc)
         return {"outcome": "regressed", "version": version.version, "signals": check["signals"], "error": str(exc),
                 "checks": checks}
-    return {"outcome": "rolled_back", "version": version.version, "to_version": done["to_version"],
+    return {"outcome": "rolled_back", "version": version.version, "to_version": done.to_version,
             "reason": reason, "signals": check["signals"], "checks": checks}

@@ -279,9 +279,9 @@ def rollback_task(*, run_id: str, live_version: int | None, to_version: int | No
                                   revalidate=revalidate, expected_live=live_version)
         except PERMANENT as exc:
             raise AirflowFailException(f"{type(exc).__name__}: {exc}") from None
-        target = recorded_version(deps, result["to_version"])
-        announce_alias_move(deps, action="rollback", version=target, previous_version=result["from_version"])
-        return {**result, "freeze": held}
+        target = recorded_version(deps, result.to_version)
+        announce_alias_move(deps, action="rollback", version=target, previous_version=result.from_version)
+        return {**result.to_dict(), "freeze": held}
 
 
 # --- knowledge_promote_shadow ------------------------------------------------------------------------

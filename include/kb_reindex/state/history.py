@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
+from kb_reindex import lifecycle
+from kb_reindex.model import VersionStatus
 from kb_reindex.state.schema import _table_missing, alias_events, audits, pins, versions
 
 if TYPE_CHECKING:
@@ -18,6 +21,7 @@ class HistoryMixin:
 
     engine: sa.Engine
     clock: Clock
+    transition_version: Callable[..., None]  # annotation only: the method is the versions mixin's
 
     # --- alias events ---------------------------------------------------------------------------
 
@@ -30,10 +34,11 @@ class HistoryMixin:
         previous: VersionRecord | None,
         run_id: str | None,
         reason: str | None = None,
-        previous_status: str = "retired",
+        from_: Iterable[VersionStatus | str] = lifecycle.SWITCHABLE,
     ) -> None:
-        """The state side of an alias move, in one transaction: event, new live, previous retired."""
-        now = self.clock.now()
+        """The state side of an alias move, in one transaction: the event, `previous` live -> retired, `to`
+        (in one of `from_`) -> live. A version found elsewhere than that (or another one live besides
+        `previous`) undoes all of it and raises `lifecycle.StatusMoved`."""
         with self.engine.begin() as conn:
             conn.execute(
                 alias_events.insert().values(
@@ -45,17 +50,19 @@ class HistoryMixin:
                     to_version=to.version,
                     run_id=run_id,
                     reason=reason,
-                    at=now,
+                    at=self.clock.now(),
                 )
             )
-            conn.execute(
-                versions.update().where(versions.c.alias == alias, versions.c.status == "live", versions.c.id != to.id)
-                .values(status=previous_status, retired_at=now, updated_at=now)
-            )
-            conn.execute(
-                versions.update().where(versions.c.id == to.id)
-                .values(status="live", promoted_at=now, updated_at=now, error=None, failed_step=None)
-            )
+            if previous is not None and previous.id != to.id:
+                self.transition_version(previous.id, from_=[lifecycle.LIVE], to=lifecycle.RETIRED, conn=conn)
+            others = conn.execute(sa.select(versions.c.version).where(
+                versions.c.alias == alias, versions.c.status == lifecycle.LIVE, versions.c.id != to.id)).scalars().all()
+            if others:
+                raise lifecycle.StatusMoved(
+                    f"v{', v'.join(map(str, others))} of {alias} is live now, not "
+                    f"{f'v{previous.version}' if previous else 'nothing'} as expected: it was changed underneath this "
+                    f"move to v{to.version}; nothing was recorded. Check `kb-reindex status`")
+            self.transition_version(to.id, from_=from_, to=lifecycle.LIVE, conn=conn)
 
     def add_alias_event(self, *, alias: str, action: str, to: VersionRecord, previous: VersionRecord | None,
                         run_id: str | None, reason: str | None = None) -> None:

@@ -1,22 +1,26 @@
-"""Versions of an alias: allocated, updated through their life (building -> ready -> live -> retired/deleted)."""
+"""Versions of an alias: allocated, updated through their life (building -> ready -> live -> retired/deleted).
+
+Every status write is `transition_version`: a conditional UPDATE checked against `kb_reindex.lifecycle`."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, fields
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
+from kb_reindex import lifecycle
 from kb_reindex.errors import KbError
+from kb_reindex.model import VersionStatus
 from kb_reindex.state.schema import manifest_chunks, manifest_documents, snapshots, versions
 
 if TYPE_CHECKING:
     from kb_reindex.state.clock import Clock
 
-STATUSES = ("building", "ready", "live", "retired", "failed", "deleted")
+STATUSES = tuple(VersionStatus)
 
 
 @dataclass
@@ -102,7 +106,7 @@ class VersionsMixin:
                             alias=alias,
                             version=number,
                             collection=collection_for(number),
-                            status="building",
+                            status=lifecycle.CREATED,
                             created_at=now,
                             updated_at=now,
                             **columns,
@@ -114,7 +118,9 @@ class VersionsMixin:
         raise KbError(f"could not allocate a version number for alias {alias!r} after 20 attempts")
 
     def insert_version(self, *, alias: str, version: int, **columns: Any) -> VersionRecord:
-        """A version with a known number (rebuilt from Qdrant), not allocated."""
+        """A version with a known number (rebuilt from Qdrant), not allocated, in one of `lifecycle.REBUILT`."""
+        if columns.get("status") not in lifecycle.REBUILT:
+            raise KbError(f"a version rebuilt from Qdrant cannot be {columns.get('status')!r}")
         now = self.clock.now()
         with self.engine.begin() as conn:
             result = conn.execute(versions.insert().values(**{"created_at": now, "updated_at": now, **columns},
@@ -154,7 +160,7 @@ class VersionsMixin:
         return [VersionRecord.from_row(row) for row in rows]
 
     def live_version(self, alias: str) -> VersionRecord | None:
-        live = self.list_versions(alias, statuses=["live"])
+        live = self.list_versions(alias, statuses=[lifecycle.LIVE])
         if len(live) > 1:
             raise KbError(
                 f"state DB marks {len(live)} versions of {alias!r} live "
@@ -163,21 +169,59 @@ class VersionsMixin:
         return live[0] if live else None
 
     def update_version(self, version_id: int, **columns: Any) -> None:
-        if "validation" in columns and columns["validation"] is not None:
-            columns["validation"] = json.dumps(columns["validation"], ensure_ascii=False)
-        if "status" in columns and columns["status"] not in STATUSES:
-            raise ValueError(f"unknown status {columns['status']!r}")
+        """Columns other than the status (counts, validation record); the status moves by `transition_version`."""
+        if "status" in columns:
+            raise KbError("a version's status moves only through StateStore.transition_version (kb_reindex.lifecycle)")
+        columns = _encoded(columns)
         columns["updated_at"] = self.clock.now()
         with self.engine.begin() as conn:
             conn.execute(versions.update().where(versions.c.id == version_id).values(**columns))
+
+    def transition_version(self, version_id: int, *, from_: Iterable[VersionStatus | str], to: VersionStatus | str,
+                           conn: sa.Connection | None = None, **columns: Any) -> None:
+        """Move a version from one of `from_` to `to` (a move `kb_reindex.lifecycle.TRANSITIONS` allows), with
+        the columns the move stamps (`lifecycle.stamps`) and the caller's, as one conditional UPDATE. A row
+        that is no longer in `from_` (or gone) updates nothing: `lifecycle.StatusMoved` names what it found.
+        `conn`: inside the caller's transaction (an alias switch writes its event and both versions at once)."""
+        expected = lifecycle.check(from_, to)
+        now = self.clock.now()
+        values = {**lifecycle.stamps(to, now), **_encoded(columns), "status": VersionStatus(to), "updated_at": now}
+        query = (versions.update().where(versions.c.id == version_id, versions.c.status.in_(expected))
+                 .values(**values))
+        if conn is not None:
+            self._moved_or_done(conn, conn.execute(query).rowcount, version_id, expected, to)
+            return
+        with self.engine.begin() as own:
+            self._moved_or_done(own, own.execute(query).rowcount, version_id, expected, to)
+
+    @staticmethod
+    def _moved_or_done(conn: sa.Connection, rowcount: int, version_id: int, expected: Iterable[str],
+                       to: VersionStatus | str) -> None:
+        if rowcount:
+            return
+        row = conn.execute(sa.select(versions.c.alias, versions.c.version, versions.c.status)
+                           .where(versions.c.id == version_id)).first()
+        raise lifecycle.StatusMoved(lifecycle.moved_message(
+            version=row.version if row else None, alias=row.alias if row else None, expected=expected, to=str(to),
+            found=row.status if row else None))
 
     def add_points_written(self, version_id: int, count: int) -> None:
         with self.engine.begin() as conn:
             conn.execute(versions.update().where(versions.c.id == version_id)
                          .values(points_written=versions.c.points_written + count, updated_at=self.clock.now()))
 
-    def mark_failed(self, version_id: int, *, step: str, error: str) -> None:
-        self.update_version(version_id, status="failed", failed_step=step, error=error[:4000])
+    def mark_failed(self, version_id: int, *, step: str, error: str,
+                    from_: Iterable[VersionStatus | str] = lifecycle.sources(lifecycle.FAILED)) -> None:
+        """Failed at `step` (a rerun resumes it when the step is one of `lifecycle.RESUMABLE_STEPS`)."""
+        self.transition_version(version_id, from_=from_, to=lifecycle.FAILED, failed_step=step, error=error[:4000])
+
+
+def _encoded(columns: Mapping[str, Any]) -> dict[str, Any]:
+    """Columns as the table stores them: the validation record as JSON."""
+    out = dict(columns)
+    if out.get("validation") is not None:
+        out["validation"] = json.dumps(out["validation"], ensure_ascii=False)
+    return out
 
 
 def _inserted_id(result: sa.CursorResult[Any]) -> int:
