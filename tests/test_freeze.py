@@ -132,7 +132,7 @@ def test_a_frozen_alias_builds_but_promotes_nothing_until_unfrozen(deps: Deps) -
     assert status["freeze"]["reason"] == "refund period incident" and status["freeze"]["set_by"] == "oncall@host"
     deps.state.unfreeze(ALIAS, by="lead@host")
     assert status_view(deps).to_dict()["freeze"] is None
-    assert promote_shadow(deps, 2, expected_live=1)["version"] == 2 and deps.store.alias_target(ALIAS).endswith("__v2")
+    assert promote_shadow(deps, 2, expected_live=1).version == 2 and deps.store.alias_target(ALIAS).endswith("__v2")
     assert [e.action for e in history(deps)] == ["promote", "freeze", "unfreeze", "promote"]
 
 

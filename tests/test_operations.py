@@ -310,7 +310,7 @@ def test_a_rollback_moves_nothing_when_another_version_goes_live_between_its_che
     def scoring_while_v3_is_promoted(*args, **kwargs):  # type: ignore[no-untyped-def]
         if not promoted:
             promoted.append(0)
-            promoted[0] = promote_shadow(deps, 3, expected_live=2, reason="meanwhile")["version"]
+            promoted[0] = promote_shadow(deps, 3, expected_live=2, reason="meanwhile").version
         return scores(*args, **kwargs)
 
     monkeypatch.setattr(rollback_module, "validate", scoring_while_v3_is_promoted)

@@ -285,18 +285,18 @@ def test_watch_of_a_healthy_version_checks_each_interval_and_moves_nothing(deps:
     two_versions(deps)
     clock = FakeClock()
     result = watch(deps, 2, minutes=30, interval_s=600, clock=clock, sleep=clock.sleep)
-    assert result["outcome"] == "healthy" and len(result["checks"]) == 4 and clock.sleeps == [600, 600, 600]
-    assert all(not c["regressed"] and c["hit_rate"] >= 0.9 for c in result["checks"])
+    assert result.outcome == "healthy" and len(result.checks) == 4 and clock.sleeps == [600, 600, 600]
+    assert all(not c.regressed and c.hit_rate >= 0.9 for c in result.checks)
     assert [e["action"] for e in deps.state.alias_events(deps.settings.alias)] == ["promote", "promote"]
-    assert watch(deps, 2, minutes=0, interval_s=60)["outcome"] == "skipped"
+    assert watch(deps, 2, minutes=0, interval_s=60).outcome == "skipped"
 
 
 def test_watch_rolls_back_a_regression_injected_after_promotion(deps: Deps) -> None:
     two_versions(deps)
     clock = FakeClock(on_sleep=lambda n: damage(deps, 2, ["return-policy", "member-rules"]) if n == 1 else None)
     result = watch(deps, 2, minutes=30, interval_s=600, clock=clock, sleep=clock.sleep)
-    assert result["outcome"] == "rolled_back" and result["to_version"] == 1
-    assert len(result["checks"]) == 2 and not result["checks"][0]["regressed"]
+    assert result.outcome == "rolled_back" and result.to_version == 1
+    assert len(result.checks) == 2 and not result.checks[0].regressed
     assert deps.store.alias_target(deps.settings.alias).endswith("__v1")
     assert deps.state.live_version(deps.settings.alias).version == 1
     event = deps.state.alias_events(deps.settings.alias)[-1]
@@ -315,8 +315,8 @@ def test_watch_rolls_back_when_the_query_log_empty_rate_rises(logged: Deps) -> N
     ask(deps, ["VIP有专属客服吗", "VIP退款多快"], tenant="vip")
     clock = FakeClock()
     result = watch(deps, 2, minutes=5, interval_s=60, clock=clock, sleep=clock.sleep)
-    assert result["outcome"] == "rolled_back"
-    assert result["signals"] == ["query log: empty-result rate 0.667 over 3 queries since the promotion > 0.000 "
+    assert result.outcome == "rolled_back"
+    assert result.to_dict()["signals"] == ["query log: empty-result rate 0.667 over 3 queries since the promotion > 0.000 "
                                  "(v1's 1 logged queries; +0.0 allowed)"]
     assert deps.state.alias_events(deps.settings.alias)[-1]["action"] == "auto-rollback"
 
@@ -331,7 +331,7 @@ def test_watch_does_nothing_when_the_alias_moved_meanwhile(deps: Deps) -> None:
 
     clock = FakeClock(on_sleep=on_call_rolls_back_then_v1_breaks)
     result = watch(deps, 2, minutes=30, interval_s=600, clock=clock, sleep=clock.sleep)
-    assert result["outcome"] == "alias_moved" and "not v2" in result["reason"]
+    assert result.outcome == "alias_moved" and "not v2" in (result.reason or "")
     assert [e["action"] for e in deps.state.alias_events(deps.settings.alias)] == ["promote", "promote", "rollback"]
     assert deps.store.alias_target(deps.settings.alias).endswith("__v1")
 
@@ -344,7 +344,7 @@ def test_an_auto_rollback_is_passed_over_by_the_next_rollback_target(deps: Deps)
     assert engine.run_reindex(deps)["outcome"] == "promoted"
     damage(deps, 3, ["return-policy", "member-rules"])
     clock = FakeClock()
-    assert watch(deps, 3, minutes=1, interval_s=60, clock=clock, sleep=clock.sleep)["outcome"] == "rolled_back"
+    assert watch(deps, 3, minutes=1, interval_s=60, clock=clock, sleep=clock.sleep).outcome == "rolled_back"
     # like on-call's rollback: rolling back again goes further back, not to the damaged v3
     assert rollback_target(deps).version == 1
 

@@ -17,6 +17,7 @@ from typing import Any, NoReturn
 
 from kb_reindex.config import DEFAULT_MODELS, EMBEDDERS, Settings
 from kb_reindex.errors import ConfigError, Failure, KbError, StateEmpty, classify
+from kb_reindex.freeze import FreezeView
 from kb_reindex.model import RunOutcome, WatchOutcome
 from kb_reindex.status import StatusView, history, status_view
 
@@ -315,10 +316,10 @@ def _cmd_run(args: argparse.Namespace, deps: Any) -> int:
     if result["outcome"] == RunOutcome.PROMOTED and minutes > 0:
         from kb_reindex.watch import watch
 
-        result["watch"] = watch(deps, result["version"], minutes=minutes, interval_s=settings.watch_interval_s)
-        if result["watch"]["outcome"] in (WatchOutcome.ROLLED_BACK, WatchOutcome.REGRESSED):
-            result["outcome"] = ("auto_rolled_back" if result["watch"]["outcome"] == WatchOutcome.ROLLED_BACK
-                                 else "regressed")
+        watched = watch(deps, result["version"], minutes=minutes, interval_s=settings.watch_interval_s)
+        result["watch"] = watched.to_dict()
+        if watched.outcome in (WatchOutcome.ROLLED_BACK, WatchOutcome.REGRESSED):
+            result["outcome"] = "auto_rolled_back" if watched.outcome == WatchOutcome.ROLLED_BACK else "regressed"
     _print(args, result, _run_human(result))
     return _run_exit_code(result)
 
@@ -371,8 +372,8 @@ def _cmd_plan(args: argparse.Namespace, deps: Any) -> int:
     from kb_reindex.plan import plan
 
     p = plan(deps)
-    human = _run_human({**engine.empty_result("no_change" if p.no_change else "would_build"),
-                        "docs": p.docs.to_dict(), "chunks": engine.chunk_counts(p, BuildCounts()),
+    human = _run_human({**engine.empty_result("no_change" if p.no_change else "would_build").to_dict(),
+                        "docs": p.docs.to_dict(), "chunks": engine.chunk_counts(p, BuildCounts()).to_dict(),
                         "notes": list(p.notes)})
     _print(args, p.to_dict(), human + f"\nmodel: {p.embedder}/{p.embed_model}  layout: {p.payload_layout}  "
                                       f"live: v{p.base_version or '-'}")
@@ -386,7 +387,7 @@ def _cmd_status(args: argparse.Namespace, deps: Any) -> int:
              + (" *pinned" if v.pinned else "")} for v, row in zip(s.versions, data["versions"], strict=True)]
     human = "\n".join([_status_head(s), "", _table(rows, ["version", "status", "collection", "points", "embed_model",
                                                         "dim", "payload_layout", "hit_rate", "mrr", "created_at"])]
-                      + ([f"\nFROZEN: {s.freeze['message']} (promotions held; `kb-reindex unfreeze` lifts it)"]
+                      + ([f"\nFROZEN: {s.freeze.message} (promotions held; `kb-reindex unfreeze` lifts it)"]
                          if s.freeze else [])
                       + _pins_and_audit_human(s)
                       + ([f"\nlocks:\n{_table(data['locks'], ['name', 'owner', 'since', 'expires', 'owner_alive'])}"]
@@ -409,12 +410,12 @@ def _cmd_validate(args: argparse.Namespace, deps: Any) -> int:
         number = live.version
     _existing_version(deps, number, "--version")
     result = validate(deps, number, raise_on_failure=False)
-    summary = engine.validation_summary(result)
-    _print(args, {"version": number, **summary, "checks": result["checks"]},
-           f"v{number}: {'passed' if result['passed'] else 'FAILED'}  hit rate {result['hit_rate']}  "
-           f"MRR {result['mrr']}  report {result['report']}"
-           + "".join(f"\n  failure: {f}" for f in result["failures"]))
-    return 0 if result["passed"] else 1
+    summary = engine.validation_summary(result).to_dict()
+    _print(args, {"version": number, **summary, "checks": [c.to_dict() for c in result.checks]},
+           f"v{number}: {'passed' if result.passed else 'FAILED'}  hit rate {result.hit_rate}  "
+           f"MRR {result.mrr}  report {result.report}"
+           + "".join(f"\n  failure: {f}" for f in result.failures))
+    return 0 if result.passed else 1
 
 
 def _cmd_gc(args: argparse.Namespace, deps: Any) -> int:
@@ -442,8 +443,8 @@ def _cmd_promote(args: argparse.Namespace, deps: Any) -> int:
 
     _existing_version(deps, args.version, "--version")
     result = promote_shadow(deps, args.version, expected_live=args.live_version, run_id=new_run_id("promote"))
-    _print(args, result, f"promoted v{result['version']} ({result['collection']}, {result['embed_model']} "
-                         f"{result['dim']}-d); v{result['previous_version'] or '-'} kept for rollback")
+    _print(args, result.to_dict(), f"promoted v{result.version} ({result.collection}, {result.embed_model} "
+                                   f"{result.dim}-d); v{result.previous_version or '-'} kept for rollback")
     return 0
 
 
@@ -637,21 +638,21 @@ def _rollback(args: argparse.Namespace, deps: Any) -> int:
     held = _rollback_freeze(args, deps)
     result = engine.run_rollback(deps, reason=args.reason, to_version=target.version if target else None,
                                  revalidate=not args.no_revalidate, expected_live=live.version if live else None)
-    _print(args, {**result.to_dict(), "freeze": held},
+    _print(args, {**result.to_dict(), "freeze": held.to_dict() if held else None},
            f"rolled back: v{result.from_version} -> v{result.to_version} ({result.collection})"
-           + (f"\n{held['message']}; lift it with `kb-reindex unfreeze`" if held else
+           + (f"\n{held.message}; lift it with `kb-reindex unfreeze`" if held else
               "\nnot frozen: the next run rebuilds from the knowledge folder and may promote the change again "
               "(`kb-reindex freeze --reason ...`)"))
     return 0
 
 
-def _rollback_freeze(args: argparse.Namespace, deps: Any) -> dict[str, Any] | None:
+def _rollback_freeze(args: argparse.Namespace, deps: Any) -> FreezeView | None:
     """`rollback --freeze`: the freeze goes in first, so nothing moves the alias forward between the two."""
     if not args.freeze:
         return None
     from kb_reindex.freeze import freeze_for_rollback, operator
 
-    return freeze_for_rollback(deps, reason=args.reason, by=operator()).view()
+    return FreezeView.of(freeze_for_rollback(deps, reason=args.reason, by=operator()))
 
 
 if __name__ == "__main__":  # pragma: no cover

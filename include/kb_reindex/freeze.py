@@ -9,6 +9,7 @@ product, not by Airflow's pause toggle, so the CLI, every DAG, migrations and sh
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 from kb_reindex.errors import AliasFrozen, RollbackRefused
@@ -23,6 +24,22 @@ log = logging.getLogger(__name__)
 FROZEN = "frozen"
 #: the alias moves a freeze holds back; rollbacks ("rollback", "auto-rollback") and reconciles are not
 FORWARD_ACTIONS = frozenset({"promote", "migrate"})
+
+
+@dataclass(frozen=True)
+class FreezeView:
+    """A freeze as a result carries it: the state DB's record (None: frozen, but the record was gone by the
+    time it was read) and the message said of it. `to_dict()` is the JSON status, the page and runs show."""
+
+    freeze: Freeze | None
+    message: str
+
+    @classmethod
+    def of(cls, freeze: Freeze) -> FreezeView:
+        return cls(freeze, freeze.describe())
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**(self.freeze.view() if self.freeze else {"frozen": True}), "message": self.message}
 
 
 def frozen_message(freeze: Freeze, version_number: int) -> str:
@@ -40,17 +57,17 @@ def ensure_not_frozen(deps: Deps, target: VersionRecord, *, action: str) -> None
         raise AliasFrozen(frozen_message(freeze, target.version))
 
 
-def frozen_view(deps: Deps, exc: AliasFrozen) -> dict[str, Any]:
+def frozen_view(deps: Deps, exc: AliasFrozen) -> FreezeView:
     """What a run's result says of the freeze that held its version back."""
     freeze = deps.state.freeze_status(deps.settings.alias)
     log.warning("kb_reindex: %s", exc)
-    return {**(freeze.view() if freeze else {"frozen": True}), "message": str(exc)}
+    return FreezeView(freeze, str(exc))
 
 
-def freeze_view(deps: Any) -> dict[str, Any] | None:
+def freeze_view(deps: Any) -> FreezeView | None:
     """The freeze in force for status and the page, None when the alias is not frozen."""
     freeze = deps.state.freeze_status(deps.settings.alias)
-    return freeze.view() if freeze else None
+    return FreezeView.of(freeze) if freeze else None
 
 
 def freeze_for_rollback(deps: Any, *, reason: str, by: str) -> Freeze:

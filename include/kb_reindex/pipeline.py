@@ -14,33 +14,69 @@ from typing import Any
 from kb_reindex.build import BuildCounts, build, create_version
 from kb_reindex.errors import AliasFrozen, ConfigError
 from kb_reindex.fence import Fence
-from kb_reindex.freeze import frozen_view
+from kb_reindex.freeze import FreezeView, frozen_view
 from kb_reindex.locking import reindex_lock_name
 from kb_reindex.model import RunKind, RunOutcome
 from kb_reindex.plan import prepare_logged
-from kb_reindex.planning import BuildResult, CreatedVersion, Plan
-from kb_reindex.promote import promote
+from kb_reindex.planning import BuildResult, CreatedVersion, DocCounts, Plan
+from kb_reindex.promote import PromoteResult, promote
 from kb_reindex.replay import summary as replay_summary
-from kb_reindex.retention import cleanup
+from kb_reindex.retention import CleanupResult, cleanup
 from kb_reindex.runs import Recorder, ensure_lock_held, exclusive
 from kb_reindex.runtime import Deps, new_run_id
 from kb_reindex.snapshot import snapshot_plan
 from kb_reindex.state import VersionRecord
 from kb_reindex.validate import validate
 from kb_reindex.validation_model import ValidationResult
-from kb_reindex.watch import watch
+from kb_reindex.watch import WatchResult, watch
 
 
-def _no_docs() -> dict[str, int]:
-    return {"added": 0, "changed": 0, "unchanged": 0, "removed": 0}
-
-
-def chunk_counts(plan: Plan | None, done: BuildCounts) -> dict[str, int]:
+@dataclass(frozen=True)
+class RunChunks:
     """What this run did (`embedded`, `copied`, `skipped` as already written by an earlier attempt),
     beside what the plan expected (`planned_embed`, `planned_reuse`): a resumed or failed run differs."""
+
+    total: int = 0
+    embedded: int = 0
+    copied: int = 0
+    skipped: int = 0
+    planned_embed: int = 0
+    planned_reuse: int = 0
+
+    def to_dict(self) -> dict[str, int]:
+        return {"total": self.total, "embedded": self.embedded, "copied": self.copied, "skipped": self.skipped,
+                "planned_embed": self.planned_embed, "planned_reuse": self.planned_reuse}
+
+
+def chunk_counts(plan: Plan | None, done: BuildCounts) -> RunChunks:
+    """The run's chunk figures: the plan's expectation beside what the build wrote (`done`)."""
     total, embedded, reused = (plan.chunks.total, plan.chunks.embedded, plan.chunks.reused) if plan else (0, 0, 0)
-    return {"total": total, "embedded": done.embedded, "copied": done.copied, "skipped": done.skipped,
-            "planned_embed": embedded, "planned_reuse": reused}
+    return RunChunks(total=total, embedded=done.embedded, copied=done.copied, skipped=done.skipped,
+                     planned_embed=embedded, planned_reuse=reused)
+
+
+@dataclass(frozen=True)
+class ValidationSummary:
+    """What a run's JSON and the CLI carry of a validation (`to_dict()`): the scores and failures; the per-category,
+    paired and replay figures as the stored record has them (the replay without its per-query rows)."""
+
+    passed: bool
+    hit_rate: float
+    mrr: float
+    regressions: int
+    failures: tuple[str, ...] = ()
+    live_hit_rate: float | None = None
+    live_mrr: float | None = None
+    report: str | None = None
+    by_category: list[dict[str, Any]] | None = None
+    paired: dict[str, Any] | None = None
+    replay: dict[str, Any] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"passed": self.passed, "hit_rate": self.hit_rate, "mrr": self.mrr, "regressions": self.regressions,
+                "live_hit_rate": self.live_hit_rate, "live_mrr": self.live_mrr, "failures": list(self.failures),
+                "report": self.report, "by_category": self.by_category, "paired": self.paired,
+                "replay": self.replay}
 
 
 @dataclass(frozen=True)
@@ -51,30 +87,34 @@ class RunResult:
     outcome: str = RunOutcome.FAILED  # a RunOutcome; the CLI's watch adds `auto_rolled_back` and `regressed`
     version: int | None = None
     collection: str | None = None
-    docs: dict[str, int] = field(default_factory=_no_docs)
-    chunks: dict[str, int] = field(default_factory=lambda: chunk_counts(None, BuildCounts()))
-    validation: dict[str, Any] | None = None
+    docs: DocCounts = field(default_factory=DocCounts)
+    chunks: RunChunks = field(default_factory=RunChunks)
+    validation: ValidationSummary | None = None
     error: str | None = None
     error_kind: str | None = None
     plan: Plan | None = None  # set once planned (with `notes`); kept out of the CLI's output
     build: BuildResult | None = None
     lowered_thresholds: str | None = None
-    frozen: dict[str, Any] | None = None
-    cleanup: dict[str, Any] | None = None
+    frozen: FreezeView | None = None
+    cleanup: CleanupResult | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"outcome": self.outcome, "version": self.version, "collection": self.collection,
-                               "docs": self.docs, "chunks": self.chunks, "validation": self.validation,
+                               "docs": self.docs.to_dict(), "chunks": self.chunks.to_dict(),
+                               "validation": self.validation.to_dict() if self.validation else None,
                                "error": self.error, "error_kind": self.error_kind}
         if self.plan is not None:
             out.update(plan=self.plan.to_dict(), notes=list(self.plan.notes))
         optional = {"audit": self.plan.audit if self.plan else None,
                     "build": self.build.to_dict() if self.build else None,
-                    "lowered_thresholds": self.lowered_thresholds, "frozen": self.frozen, "cleanup": self.cleanup}
+                    "lowered_thresholds": self.lowered_thresholds,
+                    "frozen": self.frozen.to_dict() if self.frozen else None,
+                    "cleanup": self.cleanup.to_dict() if self.cleanup else None}
         out.update({k: v for k, v in optional.items() if v})
         return out
 
-    # transitional: callers that still read the run's result as a dict (result["outcome"])
+    # the run's JSON view, read by key (result["outcome"] is result.to_dict()["outcome"]): what the tests and the
+    # benchmarks read a run by; code reads the attributes
     def __getitem__(self, key: str) -> Any:
         return self.to_dict()[key]
 
@@ -85,26 +125,19 @@ class RunResult:
         return key in self.to_dict()
 
 
-def empty_result(outcome: str = RunOutcome.FAILED) -> dict[str, Any]:
-    """A run's JSON before any step: what `kb-reindex plan` fills in for its human summary."""
-    return RunResult(outcome=outcome).to_dict()
+def empty_result(outcome: str = RunOutcome.FAILED) -> RunResult:
+    """A run before any step: what `kb-reindex plan` fills in for its human summary."""
+    return RunResult(outcome=outcome)
 
 
-def validation_summary(result: dict[str, Any] | ValidationResult) -> dict[str, Any]:
-    """What a run's JSON and the CLI carry of a validation: a fresh result, or a version's stored record."""
-    return {
-        "passed": result["passed"],
-        "hit_rate": result["hit_rate"],
-        "mrr": result["mrr"],
-        "regressions": result["regressions"],
-        "live_hit_rate": result.get("live_hit_rate"),
-        "live_mrr": result.get("live_mrr"),
-        "failures": result["failures"],
-        "report": result.get("report"),
-        "by_category": result.get("by_category"),
-        "paired": result.get("paired"),
-        "replay": replay_summary(result.get("replay")),
-    }
+def validation_summary(result: dict[str, Any] | ValidationResult) -> ValidationSummary:
+    """The summary of a fresh validation, or of a version's stored record (its JSON)."""
+    record = result.to_dict() if isinstance(result, ValidationResult) else result
+    return ValidationSummary(
+        passed=record["passed"], hit_rate=record["hit_rate"], mrr=record["mrr"], regressions=record["regressions"],
+        failures=tuple(record["failures"]), live_hit_rate=record.get("live_hit_rate"),
+        live_mrr=record.get("live_mrr"), report=record.get("report"), by_category=record.get("by_category"),
+        paired=record.get("paired"), replay=replay_summary(record.get("replay")))
 
 
 @dataclass(frozen=True)
@@ -179,7 +212,7 @@ def build_step(deps: Deps, recorder: Recorder, version_number: int, fence: Fence
     return build(deps, version_number, run_id=recorder.run_id, window=window, counts=counts, fence=fence)
 
 
-def validate_step(deps: Deps, version_number: int, request: RunRequest) -> dict[str, Any]:
+def validate_step(deps: Deps, version_number: int, request: RunRequest) -> ValidationSummary:
     return validation_summary(validate(deps, version_number, min_hit_rate=request.min_hit_rate,
                                        min_mrr=request.min_mrr))
 
@@ -193,7 +226,7 @@ class Promotion:
     version: int
     previous_version: int | None = None
     lowered_thresholds: str | None = None
-    frozen: dict[str, Any] | None = None
+    frozen: FreezeView | None = None
 
     @property
     def moved(self) -> bool:
@@ -201,12 +234,21 @@ class Promotion:
 
     def to_dict(self) -> dict[str, Any]:
         return {"outcome": str(self.outcome), "version": self.version, "previous_version": self.previous_version,
-                "lowered_thresholds": self.lowered_thresholds, "frozen": self.frozen}
+                "lowered_thresholds": self.lowered_thresholds,
+                "frozen": self.frozen.to_dict() if self.frozen else None}
 
 
-def _last_move(deps: Deps, version_number: int) -> dict[str, Any] | None:
+@dataclass(frozen=True)
+class AliasMove:
+    """The last recorded move of the alias to a version: which run moved it, from which version."""
+
+    run_id: str | None
+    from_version: int | None
+
+
+def _last_move(deps: Deps, version_number: int) -> AliasMove | None:
     moves = [e for e in deps.state.alias_events(deps.settings.alias) if e["to_version"] == version_number]
-    return moves[-1] if moves else None
+    return AliasMove(run_id=moves[-1]["run_id"], from_version=moves[-1]["from_version"]) if moves else None
 
 
 def promote_step(deps: Deps, recorder: Recorder, plan: Plan, version_number: int, fence: Fence, *,
@@ -219,30 +261,30 @@ def promote_step(deps: Deps, recorder: Recorder, plan: Plan, version_number: int
         return Promotion(RunOutcome.SHADOW, version_number)
     ensure_lock_held(deps, fence.owner)
     try:
-        result = promote(deps, version_number, run_id=recorder.run_id, fence=fence)
+        result: PromoteResult = promote(deps, version_number, run_id=recorder.run_id, fence=fence)
     except AliasFrozen as frozen:  # built and validated; kept ready until unfreeze
         recorder.finish(RunOutcome.FROZEN, version=version_number, plan=plan)
         return Promotion(RunOutcome.FROZEN, version_number, frozen=frozen_view(deps, frozen))
-    previous = result["previous_version"]
-    moved = not result["already_live"]
-    if not moved and (last := _last_move(deps, version_number)) is not None and last["run_id"] == recorder.run_id:
-        moved, previous = True, last["from_version"]
+    previous = result.previous_version
+    moved = not result.already_live
+    if not moved and (last := _last_move(deps, version_number)) is not None and last.run_id == recorder.run_id:
+        moved, previous = True, last.from_version
     outcome = RunOutcome.PROMOTED if moved else RunOutcome.NO_CHANGE
     recorder.finish(outcome, version=version_number, plan=plan)
     return Promotion(outcome, version_number, previous_version=previous,
-                     lowered_thresholds=result.get("lowered_thresholds"))
+                     lowered_thresholds=result.lowered_thresholds)
 
 
 def watch_step(deps: Deps, version_number: int, *, minutes: float, run_id: str | None = None,
-               trigger: str = "watch") -> dict[str, Any]:
+               trigger: str = "watch") -> WatchResult:
     """The watch after a promotion (kb_reindex.watch): rolls back automatically on a regression."""
     return watch(deps, version_number, minutes=minutes, interval_s=deps.settings.watch_interval_s, run_id=run_id,
                  trigger=trigger)
 
 
-def cleanup_step(deps: Deps) -> dict[str, Any]:
+def cleanup_step(deps: Deps) -> CleanupResult:
     """Retention after any run that did not fail, never touching live or the rollback target."""
-    return cleanup(deps).to_dict()
+    return cleanup(deps)
 
 
 # --- the CLI's whole run ---------------------------------------------------------------------------------
@@ -274,7 +316,7 @@ def run_reindex(
     try:
         with exclusive(deps, run_id=recorder.run_id) as owner:
             plan = plan_step(deps, recorder, request)
-            progress.result = replace(progress.result, docs=plan.docs.to_dict(), chunks=chunk_counts(plan, done),
+            progress.result = replace(progress.result, docs=plan.docs, chunks=chunk_counts(plan, done),
                                       plan=plan)
             if not builds(plan, dry_run=dry_run):
                 outcome = finish_unbuilt(recorder, plan)

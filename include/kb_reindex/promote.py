@@ -8,7 +8,7 @@ never deletes it.
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from kb_reindex.alias import ROLLBACK_ACTIONS
@@ -24,6 +24,33 @@ from kb_reindex.state import VersionRecord, utcnow
 from kb_reindex.validate import validate
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PromoteResult:
+    """What a promotion did: `to_dict()` is the JSON (CLI, XCom) it always was. A run's promotion says
+    `already_live` (and, when it moved, `lowered_thresholds`); a shadow's (`shadow`) names its model and
+    dimension instead."""
+
+    version: int
+    collection: str
+    previous_version: int | None = None
+    already_live: bool = False
+    lowered_thresholds: str | None = None
+    shadow: bool = False
+    embed_model: str | None = None
+    dim: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        if self.shadow:
+            return {"version": self.version, "collection": self.collection, "embed_model": self.embed_model,
+                    "dim": self.dim, "previous_version": self.previous_version,
+                    "lowered_thresholds": self.lowered_thresholds}
+        out: dict[str, Any] = {"version": self.version, "collection": self.collection,
+                               "previous_version": self.previous_version, "already_live": self.already_live}
+        if not self.already_live:
+            out["lowered_thresholds"] = self.lowered_thresholds
+        return out
 
 
 def switch_alias(
@@ -84,7 +111,7 @@ def moved_meanwhile(deps: Deps, version: VersionRecord) -> str:
 
 
 def promote(deps: Deps, version_number: int, *, run_id: str | None = None,
-            fence: Fence | None = None) -> dict[str, Any]:
+            fence: Fence | None = None) -> PromoteResult:
     """Move the alias from the version this one was planned against (its base) to it. If the alias moved
     meanwhile (a rollback, say), nothing moves and the version stays `ready`: a shadow on-call may promote."""
     alias = deps.settings.alias
@@ -92,7 +119,7 @@ def promote(deps: Deps, version_number: int, *, run_id: str | None = None,
     if version is None:
         raise KbError(f"version {version_number} of {alias} does not exist")
     if version.status == LIVE and deps.store.alias_target(alias) == version.collection:
-        return {"version": version.version, "collection": version.collection, "previous_version": None, "already_live": True}
+        return PromoteResult(version.version, version.collection, already_live=True)
     if version.status != READY:
         raise KbError(f"v{version.version} is {version.status}, not ready; only a validated version can be promoted")
     try:
@@ -110,9 +137,8 @@ def promote(deps: Deps, version_number: int, *, run_id: str | None = None,
                  previous.version)
     else:
         log.info("kb_reindex: promoted v%d (%s), the first version behind %s", version.version, version.collection, alias)
-    return {"version": version.version, "collection": version.collection,
-            "previous_version": previous.version if previous else None, "already_live": False,
-            "lowered_thresholds": warn_lowered_thresholds(deps, version)}
+    return PromoteResult(version.version, version.collection, previous_version=previous.version if previous else None,
+                         lowered_thresholds=warn_lowered_thresholds(deps, version))
 
 
 def warn_lowered_thresholds(deps: Deps, version: VersionRecord) -> str | None:
@@ -143,7 +169,7 @@ def confirmed_live(deps: Deps, expected_live: int | None, *, undone: str) -> str
 
 
 def promote_shadow(deps: Deps, version_number: int, *, expected_live: int | None, run_id: str | None = None,
-                   reason: str = "explicit promotion of a shadow version") -> dict[str, Any]:
+                   reason: str = "explicit promotion of a shadow version") -> PromoteResult:
     """Put a shadow (built and validated, never served) behind the alias on purpose: validated again
     against what serves now, then the same compare-and-swap, from `expected_live`, the version on-call
     confirmed serving (None: nothing serves); if another serves by the move, nothing moves."""
@@ -169,6 +195,6 @@ def promote_shadow(deps: Deps, version_number: int, *, expected_live: int | None
         raise
     log.info("kb_reindex: promoted shadow v%d (%s, %s %d-d)", version.version, version.collection,
              version.embed_model, version.embed_dim)
-    return {"version": version.version, "collection": version.collection, "embed_model": version.embed_model,
-            "dim": version.embed_dim, "previous_version": previous.version if previous else None,
-            "lowered_thresholds": warn_lowered_thresholds(deps, replace(version, validation=checked.to_dict()))}
+    return PromoteResult(version.version, version.collection, previous_version=previous.version if previous else None,
+                         lowered_thresholds=warn_lowered_thresholds(deps, replace(version, validation=checked.to_dict())),
+                         shadow=True, embed_model=version.embed_model, dim=version.embed_dim)

@@ -60,20 +60,39 @@ class BuiltCounters(TypedDict):
     chunks_reused: int
 
 
-def run_counters(plan: Plan) -> dict[str, Any]:
-    """The run record's plan columns: documents added/changed/unchanged/removed, chunks, when the source changed."""
+@dataclass(frozen=True)
+class RunCounters:
+    """The run record's figures `finish_run` writes; a field left None is not written (`as_columns()`)."""
+
+    source_changed_at: datetime | None = None
+    docs_added: int | None = None
+    docs_changed: int | None = None
+    docs_unchanged: int | None = None
+    docs_removed: int | None = None
+    chunks_total: int | None = None
+    chunks_embedded: int | None = None
+    chunks_reused: int | None = None
+
+    def as_columns(self) -> dict[str, Any]:
+        """The `finish_run` keywords: the run table's columns that are set."""
+        return {name: value for name, value in vars(self).items() if value is not None}
+
+
+def run_counters(plan: Plan, built: BuiltCounters | None = None) -> RunCounters:
+    """The run record's plan columns: documents added/changed/unchanged/removed, chunks, when the source changed;
+    with `built`, what the build steps wrote."""
     docs, changed_at = plan.docs, plan.source_changed_at
-    return {
-        "source_changed_at": datetime.fromtimestamp(changed_at, UTC).replace(tzinfo=None) if changed_at else None,
-        "docs_added": docs.added, "docs_changed": docs.changed, "docs_unchanged": docs.unchanged,
-        "docs_removed": docs.removed, "chunks_total": plan.chunks.total,
-    }
+    return RunCounters(
+        source_changed_at=datetime.fromtimestamp(changed_at, UTC).replace(tzinfo=None) if changed_at else None,
+        docs_added=docs.added, docs_changed=docs.changed, docs_unchanged=docs.unchanged, docs_removed=docs.removed,
+        chunks_total=plan.chunks.total, chunks_embedded=built["chunks_embedded"] if built else None,
+        chunks_reused=built["chunks_reused"] if built else None)
 
 
-def no_change_counters(plan: Plan) -> dict[str, Any]:
+def no_change_counters(plan: Plan) -> RunCounters:
     """What a run that found nothing to build records, from the CLI and the DAG alike: no chunk was
     embedded or reused, because nothing was built."""
-    return {"docs_unchanged": plan.docs.unchanged, "chunks_total": plan.chunks.total}
+    return RunCounters(docs_unchanged=plan.docs.unchanged, chunks_total=plan.chunks.total)
 
 
 @dataclass(frozen=True)
@@ -107,12 +126,12 @@ class Recorder:
     def finish(self, outcome: RunOutcome, *, version: int | None = None, plan: Plan | None = None) -> None:
         """The run ended as it should: a run that built records the plan's figures and what it wrote; a run
         that found nothing to build (no change, dry run) records what the plan found unchanged."""
-        counters: dict[str, Any] = {}
+        counters = RunCounters()
         if plan is not None and outcome == RunOutcome.NO_CHANGE and plan.no_change:
             counters = no_change_counters(plan)
         elif plan is not None:
-            counters = {**run_counters(plan), **(self.built() if outcome != RunOutcome.DRY_RUN else {})}
-        self.state.finish_run(self.run_id, outcome=outcome, version=version, **counters)
+            counters = run_counters(plan, self.built() if outcome != RunOutcome.DRY_RUN else None)
+        self.state.finish_run(self.run_id, outcome=outcome, version=version, **counters.as_columns())
 
     def fail(self, exc: BaseException, *, retry_left: bool = False, version: int | None = None) -> Failure:
         """The one failure path: classify the exception (errors.classify), log and count it, and record the run

@@ -15,7 +15,7 @@ from typing import Any
 from kb_reindex import querylog
 from kb_reindex.alias import drift_advice, has_served, rollback_target
 from kb_reindex.audit import audit_view
-from kb_reindex.freeze import freeze_view
+from kb_reindex.freeze import FreezeView, freeze_view
 from kb_reindex.layouts import version_profile
 from kb_reindex.locking import alias_lock_name, reindex_lock_name
 from kb_reindex.model import SUCCEEDED, RunKind, RunOutcome, VersionStatus
@@ -164,7 +164,7 @@ class StatusView:
     serving_collection: str | None
     live: LiveVersion | None
     rollback_target: int | None
-    freeze: dict[str, Any] | None
+    freeze: FreezeView | None
     pinned: tuple[int, ...]
     audit: AuditView | None
     versions: tuple[VersionRow, ...]
@@ -183,7 +183,7 @@ class StatusView:
             "serving_collection": self.serving_collection,
             "live": asdict(self.live) if self.live else None,
             "rollback_target": self.rollback_target,
-            "freeze": self.freeze,
+            "freeze": self.freeze.to_dict() if self.freeze else None,
             "pinned": list(self.pinned),
             "audit": asdict(self.audit) if self.audit else None,
             "versions": [v.to_dict() for v in self.versions],

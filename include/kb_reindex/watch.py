@@ -18,15 +18,60 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from kb_reindex.errors import AliasMovedError, KbError
 from kb_reindex.golden import first_hit_rank, load_golden_set, score
+from kb_reindex.model import WatchOutcome
 from kb_reindex.runs import run_rollback
 from kb_reindex.runtime import Deps
 from kb_reindex.state import VersionRecord
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class WatchCheck:
+    """One look of the watch: the golden probes through the alias, the query log since the promotion."""
+
+    hit_rate: float
+    mrr: float
+    lost_probes: tuple[str, ...]
+    logged_queries: int
+    empty_rate: float | None
+    signals: tuple[str, ...]
+
+    @property
+    def regressed(self) -> bool:
+        return bool(self.signals)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"hit_rate": self.hit_rate, "mrr": self.mrr, "lost_probes": list(self.lost_probes),
+                "logged_queries": self.logged_queries, "empty_rate": self.empty_rate, "regressed": self.regressed,
+                "signals": list(self.signals)}
+
+
+@dataclass(frozen=True)
+class WatchResult:
+    """What a watch concluded; `to_dict()` is its JSON (the CLI's `watch`, the DAG task's XCom), with only the
+    keys that outcome carries, as always."""
+
+    outcome: WatchOutcome
+    checks: tuple[WatchCheck, ...] = ()
+    version: int | None = None  # None: skipped before looking at a version
+    to_version: int | None = None  # rolled_back: the version the alias went back to
+    reason: str | None = None
+    signals: tuple[str, ...] | None = None  # the regression's signals, once one was seen
+    error: str | None = None  # regressed: why no rollback was possible
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"outcome": str(self.outcome)}
+        optional = {"version": self.version, "to_version": self.to_version, "reason": self.reason,
+                    "signals": None if self.signals is None else list(self.signals), "error": self.error}
+        out.update({k: v for k, v in optional.items() if v is not None})
+        out["checks"] = [c.to_dict() for c in self.checks]
+        return out
 
 
 def _serves(deps: Deps, version: VersionRecord) -> str | None:
@@ -63,7 +108,7 @@ def _empty_baseline(deps: Deps, version: VersionRecord) -> tuple[float | None, s
 
 
 def check_once(deps: Deps, version: VersionRecord, *, probe_vectors: list[list[float]], golden: Any,
-               gate: Any, baseline_empty: float | None, baseline_from: str) -> dict[str, Any]:
+               gate: Any, baseline_empty: float | None, baseline_from: str) -> WatchCheck:
     """One look: the golden probes through the alias, and the query log since the promotion."""
     from kb_reindex import querylog
 
@@ -97,9 +142,9 @@ def check_once(deps: Deps, version: VersionRecord, *, probe_vectors: list[list[f
             and empty > baseline_empty + gate.max_empty_increase + 1e-9):
         signals.append(f"query log: empty-result rate {empty:.3f} over {len(rows)} queries since the promotion > "
                        f"{baseline_empty:.3f} ({baseline_from}; +{gate.max_empty_increase} allowed)")
-    return {"hit_rate": round(hit_rate, 4), "mrr": round(mrr, 4), "lost_probes": lost,
-            "logged_queries": len(rows), "empty_rate": None if empty is None else round(empty, 4),
-            "regressed": bool(signals), "signals": signals}
+    return WatchCheck(hit_rate=round(hit_rate, 4), mrr=round(mrr, 4), lost_probes=tuple(lost),
+                      logged_queries=len(rows), empty_rate=None if empty is None else round(empty, 4),
+                      signals=tuple(signals))
 
 
 def watch(
@@ -112,7 +157,7 @@ def watch(
     trigger: str = "watch",
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
-) -> dict[str, Any]:
+) -> WatchResult:
     """Watch `version_number` for `minutes` (0: skipped). Outcomes: `skipped`, `healthy` (the window passed),
     `alias_moved` (stopped, nothing moved), `rolled_back` (auto-rollback done), `regressed` (no version to
     go back to: said loudly, nothing moved). `clock`/`sleep` are injectable: tests do not wait minutes."""
@@ -121,7 +166,7 @@ def watch(
 
     alias = deps.settings.alias
     if minutes <= 0:
-        return {"outcome": "skipped", "reason": "watch window is 0 (KB_WATCH_MINUTES / --watch)", "checks": []}
+        return WatchResult(WatchOutcome.SKIPPED, reason="watch window is 0 (KB_WATCH_MINUTES / --watch)")
     version = deps.state.get_version(alias, version_number)
     if version is None:
         raise KbError(f"version {version_number} of {alias} does not exist; nothing to watch")
@@ -130,31 +175,31 @@ def watch(
     probe_vectors = embed_probes(deps, version, golden)
     baseline_empty, baseline_from = _empty_baseline(deps, version)
     deadline = clock() + minutes * 60
-    checks: list[dict[str, Any]] = []
+    checks: list[WatchCheck] = []
     log.info("kb_reindex: watching v%d behind %s for %s min, every %ss", version.version, alias, minutes, interval_s)
     while True:
         moved = _serves(deps, version)
         if moved is not None:
             log.warning("kb_reindex: watch of v%d stopped: %s; it moves nothing", version.version, moved)
-            return {"outcome": "alias_moved", "version": version.version, "reason": moved, "checks": checks}
+            return WatchResult(WatchOutcome.ALIAS_MOVED, tuple(checks), version=version.version, reason=moved)
         version = deps.state.get_version(alias, version_number) or version  # promoted_at as recorded
         check = check_once(deps, version, probe_vectors=probe_vectors, golden=golden, gate=gate,
                            baseline_empty=baseline_empty, baseline_from=baseline_from)
         checks.append(check)
-        if check["regressed"]:
-            return _undo(deps, version, check, checks, run_id=run_id, trigger=trigger)
+        if check.regressed:
+            return _undo(deps, version, check, tuple(checks), run_id=run_id, trigger=trigger)
         now = clock()
         if now >= deadline:
             log.info("kb_reindex: watch of v%d passed (%d checks)", version.version, len(checks))
-            return {"outcome": "healthy", "version": version.version, "checks": checks}
+            return WatchResult(WatchOutcome.HEALTHY, tuple(checks), version=version.version)
         sleep(min(interval_s, deadline - now))
 
 
-def _undo(deps: Deps, version: VersionRecord, check: dict[str, Any], checks: list[dict[str, Any]], *,
-          run_id: str | None, trigger: str) -> dict[str, Any]:
+def _undo(deps: Deps, version: VersionRecord, check: WatchCheck, checks: tuple[WatchCheck, ...], *,
+          run_id: str | None, trigger: str) -> WatchResult:
     from kb_reindex.errors import RollbackRefused
 
-    reason = f"watch of v{version.version}: " + "; ".join(check["signals"])
+    reason = f"watch of v{version.version}: " + "; ".join(check.signals)
     log.error("kb_reindex: %s; rolling back", reason)
     try:
         done = run_rollback(deps, reason=reason, run_id=run_id, trigger=trigger, action="auto-rollback",
@@ -162,11 +207,11 @@ def _undo(deps: Deps, version: VersionRecord, check: dict[str, Any], checks: lis
     except AliasMovedError as exc:  # moved between the look and the compare-and-swap: not ours to undo
         log.warning("kb_reindex: watch of v%d found a regression but the alias moved meanwhile: %s",
                     version.version, exc)
-        return {"outcome": "alias_moved", "version": version.version, "reason": str(exc), "signals": check["signals"],
-                "checks": checks}
+        return WatchResult(WatchOutcome.ALIAS_MOVED, checks, version=version.version, reason=str(exc),
+                           signals=check.signals)
     except RollbackRefused as exc:
         log.error("kb_reindex: watch of v%d: regression, and no rollback possible: %s", version.version, exc)
-        return {"outcome": "regressed", "version": version.version, "signals": check["signals"], "error": str(exc),
-                "checks": checks}
-    return {"outcome": "rolled_back", "version": version.version, "to_version": done.to_version,
-            "reason": reason, "signals": check["signals"], "checks": checks}
+        return WatchResult(WatchOutcome.REGRESSED, checks, version=version.version, signals=check.signals,
+                           error=str(exc))
+    return WatchResult(WatchOutcome.ROLLED_BACK, checks, version=version.version, to_version=done.to_version,
+                       reason=reason, signals=check.signals)

@@ -171,7 +171,8 @@ def build_task(*, version: dict[str, Any], run_id: str, window: tuple[int, int] 
 def validate_task(*, version: dict[str, Any], run_id: str, min_hit_rate: float | None = None,
                   min_mrr: float | None = None) -> dict[str, Any]:
     with task_step(run_id) as deps:
-        return validate_step(deps, version["version"], RunRequest(min_hit_rate=min_hit_rate, min_mrr=min_mrr))
+        return validate_step(deps, version["version"],
+                             RunRequest(min_hit_rate=min_hit_rate, min_mrr=min_mrr)).to_dict()
 
 
 def promote_task(*, plan: dict[str, Any], version: dict[str, Any], run_id: str, promote: bool = True) -> dict[str, Any]:
@@ -188,7 +189,7 @@ def promote_task(*, plan: dict[str, Any], version: dict[str, Any], run_id: str, 
             announce_alias_move(deps, action=_move_action(record), version=record,
                                 previous_version=promotion.previous_version)
     if promotion.outcome == RunOutcome.FROZEN and promotion.frozen is not None:  # outside `step`: not a failure
-        raise AirflowSkipException(str(promotion.frozen["message"]))
+        raise AirflowSkipException(promotion.frozen.message)
     if promotion.outcome == RunOutcome.SHADOW:
         raise AirflowSkipException(f"promote is off: v{number} is kept as a shadow (built and validated, never "
                                    "served); knowledge_promote_shadow puts it live")
@@ -231,11 +232,11 @@ def cleanup_task(*, dry_run: bool = False, run_id: str | None = None) -> dict[st
         raise AirflowSkipException("dry run: retention deletes nothing")
     with task_deps() as deps:
         if run_id is None:
-            return cleanup_step(deps)
+            return cleanup_step(deps).to_dict()
         with dag_lock.held(deps, run_id):
             result = cleanup_step(deps)
         dag_lock.release(deps, run_id)
-        return result
+        return result.to_dict()
 
 
 def watch_task(*, promoted: dict[str, Any], run_id: str) -> dict[str, Any]:
@@ -247,13 +248,13 @@ def watch_task(*, promoted: dict[str, Any], run_id: str) -> dict[str, Any]:
     with task_deps() as deps:
         result = watch_step(deps, promoted["version"], minutes=settings.watch_minutes,
                             run_id=f"{run_id}__watch"[:255], trigger="watch")
-    if result["outcome"] == WatchOutcome.ROLLED_BACK:
-        raise AirflowFailException(f"v{promoted['version']} was rolled back to v{result['to_version']} "
-                                   f"automatically: {result['reason']}")
-    if result["outcome"] == WatchOutcome.REGRESSED:
+    if result.outcome == WatchOutcome.ROLLED_BACK:
+        raise AirflowFailException(f"v{promoted['version']} was rolled back to v{result.to_version} "
+                                   f"automatically: {result.reason}")
+    if result.outcome == WatchOutcome.REGRESSED:
         raise AirflowFailException(f"v{promoted['version']} regressed after its promotion and could not be rolled "
-                                   f"back: {'; '.join(result['signals'])}; {result['error']}")
-    return result
+                                   f"back: {'; '.join(result.signals or ())}; {result.error}")
+    return result.to_dict()
 
 
 # --- knowledge_rollback ----------------------------------------------------------------------------
@@ -307,5 +308,5 @@ def promote_shadow_task(*, run_id: str, version: int | None, reason: str, confir
         recorder.finish(RunOutcome.PROMOTED, version=version)
         record = recorded_version(deps, version)
         announce_alias_move(deps, action=_move_action(record), version=record,
-                            previous_version=result["previous_version"])
-        return result
+                            previous_version=result.previous_version)
+        return result.to_dict()
