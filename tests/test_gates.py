@@ -352,7 +352,6 @@ def test_a_stored_validation_reads_back_as_the_same_record_and_an_older_one_stil
     result = ValidationResult.from_dict(stored)
     assert json.dumps(result.to_dict(), ensure_ascii=False) == json.dumps(stored, ensure_ascii=False)
     assert result.passed and result.checks and all(c.passed for c in result.checks) and result.probes
-    assert result["hit_rate"] == result.hit_rate  # transitional: read as the dict it was
 
     older = {"passed": True, "hit_rate": 0.9, "mrr": 0.8, "restored_from": "collection metadata"}
     loaded = ValidationResult.from_dict(older)

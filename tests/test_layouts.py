@@ -182,8 +182,8 @@ def test_validation_fails_a_layout_its_consumer_could_not_read(local_deps: Deps)
     deps.store.upsert(live.collection, [models.PointStruct(id=r.id, vector=r.vector, payload={
         k: v for k, v in r.payload.items() if k != "metadata"}) for r in records])
     checked = validate(deps, live.version, raise_on_failure=False, record=False)
-    assert not checked["passed"]
-    assert any("metadata lacks" in f and "langchain" in f for f in checked["failures"]), checked["failures"]
+    assert not checked.passed
+    assert any("metadata lacks" in f and "langchain" in f for f in checked.failures), checked.failures
 
 
 # --- a layout change is a gated version with a rollback behind it ------------------------------------------

@@ -70,7 +70,7 @@ def test_rollback_refuses_a_broken_target_and_nothing_moves(deps: Deps, damage: 
     if damage == "short":  # rollback's structural check is validation's: the same failure, in the same words
         problems = structural_problems(deps, target)
         checked = validate(deps, 2, compare_live=False, raise_on_failure=False, record=False)
-        assert problems and problems == [f for f in checked["failures"] if f.split(":")[0] in SHAPE_CHECKS]
+        assert problems and problems == [f for f in checked.failures if f.split(":")[0] in SHAPE_CHECKS]
     assert deps.state.live_version(ALIAS).version == 3
     assert deps.store.alias_target(ALIAS) == deps.state.get_version(ALIAS, 3).collection
 

@@ -47,10 +47,11 @@ def test_a_plan_from_before_payload_layouts_reads_as_native() -> None:
     assert Plan.from_dict(data).payload_layout == "native" and Plan.from_dict(data).embed_profile is None
 
 
-def test_the_transitional_item_access_reads_as_the_plan_dict_did() -> None:
+def test_a_plan_is_read_by_attribute_its_json_by_key() -> None:
     plan = a_plan()
-    assert plan["docs"] == {"added": 1, "changed": 2, "unchanged": 3, "removed": 4}
-    assert plan["base_version"] == 3 and plan.get("audit") is None and plan.get("version", "none") == "none"
+    assert plan.to_dict()["docs"] == {"added": 1, "changed": 2, "unchanged": 3, "removed": 4}
+    assert plan.base_version == 3 and plan.audit is None and plan.version is None
+    assert not hasattr(plan, "__getitem__") and not hasattr(plan, "get")
 
 
 def test_build_results_keep_their_dict_shape() -> None:

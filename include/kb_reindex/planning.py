@@ -153,15 +153,6 @@ class Plan:
             collection=data.get("collection"), resumed=bool(data.get("resumed", False)),
         )
 
-    # transitional: removed once every reader uses attributes. The value is the one the plan dict held
-    # (nested counts as dicts), and a key the dict lacked raises KeyError as it did.
-    def __getitem__(self, key: str) -> Any:
-        return self.to_dict()[key]
-
-    # transitional: removed once every reader uses attributes
-    def get(self, key: str, default: Any = None) -> Any:
-        return self.to_dict().get(key, default)
-
 
 @dataclass(frozen=True)
 class CreatedVersion:
@@ -182,10 +173,6 @@ class CreatedVersion:
     def from_dict(cls, data: Mapping[str, Any]) -> CreatedVersion:
         return cls(version=int(data["version"]), collection=data["collection"], resumed=bool(data["resumed"]),
                    embed_model=data["embed_model"], embed_dim=int(data["embed_dim"]))
-
-    # transitional: removed once every reader uses attributes
-    def __getitem__(self, key: str) -> Any:
-        return self.to_dict()[key]
 
 
 @dataclass(frozen=True)
@@ -214,8 +201,3 @@ class BuildResult:
     def from_dict(cls, data: Mapping[str, Any]) -> BuildResult:
         return cls(version=int(data["version"]), embedded=int(data["embedded"]), copied=int(data["copied"]),
                    skipped=int(data["skipped"]), points=data.get("points"), copy_s=data.get("copy_s"))
-
-    # transitional: removed once every reader uses attributes
-    def __getitem__(self, key: str) -> Any:
-        return self.to_dict()[key]
-

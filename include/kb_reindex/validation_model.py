@@ -319,17 +319,5 @@ class ValidationResult:
             extra={k: v for k, v in data.items() if k not in _KNOWN},
         )
 
-    # transitional: callers outside validation still read the result as the dict it was
-    def __getitem__(self, key: str) -> Any:
-        return self.to_dict()[key]
-
-    # transitional
-    def get(self, key: str, default: Any = None) -> Any:
-        return self.to_dict().get(key, default)
-
-    # transitional
-    def __contains__(self, key: object) -> bool:
-        return key in self.to_dict()
-
 
 _KNOWN = frozenset(ValidationResult.__dataclass_fields__) - {"extra"}
