@@ -25,14 +25,14 @@ from kb_reindex.locking import reindex_lock_name, run_is_active
 from kb_reindex.plan import plan
 from kb_reindex.retention import cleanup
 from kb_reindex.runtime import Deps, open_deps
-from kb_reindex.state import ManualClock, utcnow
+from kb_reindex.state import LockRecord, ManualClock, utcnow
 from kb_reindex.status import history, status_view
 
 BIN = Path(sys.executable).parent
 ALIAS = "mall_knowledge"
 
 
-def held_locks(settings: Settings) -> list[dict]:
+def held_locks(settings: Settings) -> list[LockRecord]:
     with open_deps(settings) as deps:
         return deps.state.list_locks(subject=ALIAS)
 
@@ -208,14 +208,14 @@ def test_build_longer_than_the_ttl_is_never_dropped_by_a_concurrent_gc(dag_env: 
                 building = deps.state.list_versions(ALIAS, statuses=["building"])
                 assert [v.version for v in building] == [1]
                 run_id = building[0].run_id
-                row = next(r for r in deps.state.list_locks(subject=ALIAS) if r["name"] == reindex_lock_name(ALIAS))
-            assert row["owner"] == f"{run_id}@airflow-dag-run"
+                row = next(r for r in deps.state.list_locks(subject=ALIAS) if r.name == reindex_lock_name(ALIAS))
+            assert row.owner == f"{run_id}@airflow-dag-run"
             # the build is held past the TTL: what earlier tasks renewed has run out, only the build's heartbeat
             # keeps the lock
             time.sleep(max(0.0, held_since + ttl + 2 - time.monotonic()))
             with open_deps(settings) as deps:
-                row = next(r for r in deps.state.list_locks(subject=ALIAS) if r["name"] == reindex_lock_name(ALIAS))
-                assert row["owner"] == f"{run_id}@airflow-dag-run" and not row["expired"], row
+                row = next(r for r in deps.state.list_locks(subject=ALIAS) if r.name == reindex_lock_name(ALIAS))
+                assert row.owner == f"{run_id}@airflow-dag-run" and not row["expired"], row
                 assert (utcnow() - row["acquired_at"]).total_seconds() > ttl
                 assert run_is_active(deps, run_id)
 

@@ -16,6 +16,8 @@ from kb_reindex.state.clock import Clock, ManualClock, SystemClock, utcnow
 from kb_reindex.state.freezes import Freeze
 from kb_reindex.state.locks import (
     DAG_RUN_OWNER,
+    LockEvent,
+    LockRecord,
     default_lock_owner,
     describe_lock_holder,
     is_dag_run_owner,
@@ -48,7 +50,8 @@ from kb_reindex.state.store import StateStore
 from kb_reindex.state.versions import STATUSES, VersionRecord
 
 __all__ = [
-    "ADDED_COLUMNS", "DAG_RUN_OWNER", "MYSQL_TABLE", "STATUSES", "Clock", "FileHash", "Freeze", "LongText",
+    "ADDED_COLUMNS", "DAG_RUN_OWNER", "MYSQL_TABLE", "STATUSES", "Clock", "FileHash", "Freeze", "LockEvent",
+    "LockRecord", "LongText",
     "ManifestRef", "ManualClock", "SliceRow", "StateStore", "SystemClock", "Timestamp", "VersionRecord",
     "alias_events", "audits", "chunk_texts", "default_lock_owner", "describe_lock_holder", "file_hashes", "freezes",
     "is_dag_run_owner", "lock_events", "lock_owner_alive", "locks", "manifest_chunks", "manifest_documents",
