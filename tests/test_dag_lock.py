@@ -215,8 +215,8 @@ def test_build_longer_than_the_ttl_is_never_dropped_by_a_concurrent_gc(dag_env: 
             time.sleep(max(0.0, held_since + ttl + 2 - time.monotonic()))
             with open_deps(settings) as deps:
                 row = next(r for r in deps.state.list_locks(subject=ALIAS) if r.name == reindex_lock_name(ALIAS))
-                assert row.owner == f"{run_id}@airflow-dag-run" and not row["expired"], row
-                assert (utcnow() - row["acquired_at"]).total_seconds() > ttl
+                assert row.owner == f"{run_id}@airflow-dag-run" and not row.expired, row
+                assert (utcnow() - row.acquired_at).total_seconds() > ttl
                 assert run_is_active(deps, run_id)
 
             gc = [str(BIN / "kb-reindex"), "gc", "--json", "-q"]

@@ -122,7 +122,7 @@ def test_runs_are_recorded_with_duration(state: StateStore) -> None:
     state.start_run(run_id="r1", alias="kb", kind="reindex", trigger="cli")
     state.finish_run("r1", outcome="promoted", chunks_embedded=3)
     run = state.get_run("r1")
-    assert run["outcome"] == "promoted" and run["chunks_embedded"] == 3 and run["duration_s"] >= 0
+    assert run.outcome == "promoted" and run.chunks_embedded == 3 and run.duration_s >= 0
 
 
 def test_lock_excludes_a_second_owner_until_released_or_expired(state: StateStore) -> None:
@@ -222,7 +222,7 @@ def test_lock_expiry_and_every_timestamp_follow_the_stores_clock(state: StateSto
     state.clock.advance(42)
     state.finish_run("r1", outcome="success")
     run = state.get_run("r1")
-    assert run["finished_at"] == datetime(2030, 1, 1, 12, 2, 42, 500000) and run["duration_s"] == 42.0
+    assert run.finished_at == datetime(2030, 1, 1, 12, 2, 42, 500000) and run.duration_s == 42.0
 
 
 def test_lock_is_waited_for_a_bounded_time(state: StateStore) -> None:

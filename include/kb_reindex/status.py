@@ -373,26 +373,26 @@ def live_audit(deps: Deps, live: VersionRecord | None) -> AuditView | None:
 
 def metrics(deps: Deps | StateDeps) -> Metrics:
     """Success rate, duration and reuse of the builds, failures by cause, and how long changes take to serve."""
-    runs = [r for r in deps.state.list_runs(deps.settings.alias, limit=200) if r["kind"] in BUILDS]
-    finished = [r for r in runs if r["outcome"] != RunOutcome.RUNNING]
-    succeeded = [r for r in finished if r["outcome"] in SUCCEEDED]
-    changed = [r for r in finished if r["outcome"] == RunOutcome.PROMOTED]
+    runs = [r for r in deps.state.list_runs(deps.settings.alias, limit=200) if r.kind in BUILDS]
+    finished = [r for r in runs if r.outcome != RunOutcome.RUNNING]
+    succeeded = [r for r in finished if r.outcome in SUCCEEDED]
+    changed = [r for r in finished if r.outcome == RunOutcome.PROMOTED]
     last = changed[0] if changed else None
-    total = (last["chunks_embedded"] + last["chunks_reused"]) if last else 0
+    total = (last.chunks_embedded + last.chunks_reused) if last else 0
     ready = deps.state.list_versions(deps.settings.alias, statuses=[VersionStatus.READY])
     newest_ready = max((v.ready_at or v.updated_at for v in ready), default=None)
     latency = None
-    if last and last["source_changed_at"] and last["finished_at"]:
-        latency = round((last["finished_at"] - last["source_changed_at"]).total_seconds(), 3)
-    errors = [r["error"] for r in finished if r["error"]]
+    if last and last.source_changed_at and last.finished_at:
+        latency = round((last.finished_at - last.source_changed_at).total_seconds(), 3)
+    errors = [r.error for r in finished if r.error]
     return Metrics(
         runs=len(finished),
         run_success_rate=round(len(succeeded) / len(finished), 4) if finished else None,
-        last_run_duration_s=(round(finished[0]["duration_s"], 3)
-                             if finished and finished[0]["duration_s"] is not None else None),
-        last_changed_chunks=last["chunks_embedded"] if last else None,
-        last_embedding_reuse_rate=round(last["chunks_reused"] / total, 4) if last and total else None,
-        failed_runs=sum(1 for r in finished if r["outcome"] == RunOutcome.FAILED),
+        last_run_duration_s=(round(finished[0].duration_s, 3)
+                             if finished and finished[0].duration_s is not None else None),
+        last_changed_chunks=last.chunks_embedded if last else None,
+        last_embedding_reuse_rate=round(last.chunks_reused / total, 4) if last and total else None,
+        failed_runs=sum(1 for r in finished if r.outcome == RunOutcome.FAILED),
         alias_switch_failures=sum(1 for e in errors if "alias moved" in e),
         embedding_failures=sum(1 for e in errors if "Ollama" in e or "embedder" in e),
         ready_unpromoted_age_s=round((utcnow() - newest_ready).total_seconds(), 1) if newest_ready else None,

@@ -26,6 +26,7 @@ from kb_reindex.state.locks import (
     process_space,
 )
 from kb_reindex.state.manifests import FileHash, ManifestRef, SliceRow
+from kb_reindex.state.runs import RunRecord
 from kb_reindex.state.schema import (
     ADDED_COLUMNS,
     MYSQL_TABLE,
@@ -52,7 +53,7 @@ from kb_reindex.state.versions import STATUSES, VersionRecord
 __all__ = [
     "ADDED_COLUMNS", "DAG_RUN_OWNER", "MYSQL_TABLE", "STATUSES", "Clock", "FileHash", "Freeze", "LockEvent",
     "LockRecord", "LongText",
-    "ManifestRef", "ManualClock", "SliceRow", "StateStore", "SystemClock", "Timestamp", "VersionRecord",
+    "ManifestRef", "ManualClock", "RunRecord", "SliceRow", "StateStore", "SystemClock", "Timestamp", "VersionRecord",
     "alias_events", "audits", "chunk_texts", "default_lock_owner", "describe_lock_holder", "file_hashes", "freezes",
     "is_dag_run_owner", "lock_events", "lock_owner_alive", "locks", "manifest_chunks", "manifest_documents",
     "metadata", "parse_lock_owner", "pins", "process_space", "runs", "snapshots", "utcnow", "versions",
