@@ -67,7 +67,7 @@ def test_freeze_unfreeze_and_status_on_sqlite_and_mysql(state_url: str) -> None:
         assert state.unfreeze(ALIAS, by="lead@host") == frozen
         assert state.freeze_status(ALIAS) is None and state.unfreeze(ALIAS, by="lead@host") is None
         events = list(state.freeze_events(ALIAS))
-        assert [(e["action"], e["by"]) for e in events] == [("freeze", "oncall@host"), ("unfreeze", "lead@host")]
+        assert [(e.action, e.by) for e in events] == [("freeze", "oncall@host"), ("unfreeze", "lead@host")]
         assert state.lock_held_by(alias_lock_name(ALIAS)) is None, "the alias lock is let go"
     finally:
         state.dispose()

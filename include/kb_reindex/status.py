@@ -409,6 +409,6 @@ def history(deps: Deps | StateDeps) -> list[HistoryEvent]:
     locks = [(e.at, "unlock" if e.action == "unlock" else "lock-takeover", None, None, None, None, None,
               f"{e.name} held by {e.owner}, broken by {e.by}: {e.reason}")
              for e in deps.state.lock_events(names=[reindex_lock_name(alias), alias_lock_name(alias)])]
-    freezes = [(e["at"], e["action"], None, None, None, None, None, f"by {e['by']}: {e['reason']}")
+    freezes = [(e.at, e.action, None, None, None, None, None, f"by {e.by}: {e.reason}")
                for e in deps.state.freeze_events(alias)]
     return [HistoryEvent(_stamp(at), *rest) for at, *rest in sorted(moves + locks + freezes, key=lambda e: e[0])]

@@ -13,7 +13,7 @@ callers used from `kb_reindex.state` is still importable from here.
 from __future__ import annotations
 
 from kb_reindex.state.clock import Clock, ManualClock, SystemClock, utcnow
-from kb_reindex.state.freezes import Freeze
+from kb_reindex.state.freezes import Freeze, FreezeEvent
 from kb_reindex.state.locks import (
     DAG_RUN_OWNER,
     LockEvent,
@@ -51,7 +51,7 @@ from kb_reindex.state.store import StateStore
 from kb_reindex.state.versions import STATUSES, VersionRecord
 
 __all__ = [
-    "ADDED_COLUMNS", "DAG_RUN_OWNER", "MYSQL_TABLE", "STATUSES", "Clock", "FileHash", "Freeze", "LockEvent",
+    "ADDED_COLUMNS", "DAG_RUN_OWNER", "MYSQL_TABLE", "STATUSES", "Clock", "FileHash", "Freeze", "FreezeEvent", "LockEvent",
     "LockRecord", "LongText",
     "ManifestRef", "ManualClock", "RunRecord", "SliceRow", "StateStore", "SystemClock", "Timestamp", "VersionRecord",
     "alias_events", "audits", "chunk_texts", "default_lock_owner", "describe_lock_holder", "file_hashes", "freezes",
