@@ -255,19 +255,24 @@ class BenchDeps(Deps):
         return CountingEmbedder(inner, self.meter_ref, self.queries)
 
 
-ENGINE_STEPS = ("make_plan", "snapshot_plan", "create_version", "build", "validate", "promote", "cleanup", "rollback")
+#: (module, name) of each step the CLI's run calls: the pipeline's steps, and the rollback the run recorder calls
+ENGINE_STEPS = (("pipeline", "prepare_logged"), ("pipeline", "snapshot_plan"), ("pipeline", "create_version"),
+                ("pipeline", "build"), ("pipeline", "validate"), ("pipeline", "promote"), ("pipeline", "cleanup"),
+                ("runs", "rollback"))
 
 
 @contextmanager
 def phase_timers(meter_ref: MeterRef) -> Iterator[None]:
     """Time each engine step (plan, create, build, validate, promote, cleanup, rollback) in this process; the
     plan's snapshot (manifest and texts written to the state DB) is its own phase, `snapshot_plan`."""
-    import kb_reindex.engine as engine
+    import kb_reindex.pipeline as pipeline
+    import kb_reindex.runs as runs
 
-    originals = {name: getattr(engine, name) for name in ENGINE_STEPS}
+    modules = {"pipeline": pipeline, "runs": runs}
+    originals = {(module, name): getattr(modules[module], name) for module, name in ENGINE_STEPS}
 
     def wrap(name: str, fn: Any) -> Any:
-        label = "plan" if name == "make_plan" else name
+        label = "plan" if name == "prepare_logged" else name
 
         def timed(*args: Any, **kwargs: Any) -> Any:
             started = time.perf_counter()
@@ -279,10 +284,10 @@ def phase_timers(meter_ref: MeterRef) -> Iterator[None]:
 
         return timed
 
-    for name, fn in originals.items():
-        setattr(engine, name, wrap(name, fn))
+    for (module, name), fn in originals.items():
+        setattr(modules[module], name, wrap(name, fn))
     try:
         yield
     finally:
-        for name, fn in originals.items():
-            setattr(engine, name, fn)
+        for (module, name), fn in originals.items():
+            setattr(modules[module], name, fn)

@@ -257,7 +257,7 @@ def test_server_killed_mid_build_leaves_the_alias_and_a_rerun_resumes(
 
     def run() -> None:
         with open_deps(settings) as running:
-            outcome.update(engine.run_reindex(running))
+            outcome.update(engine.run_reindex(running).to_dict())
 
     runner = threading.Thread(target=run, daemon=True)
     runner.start()

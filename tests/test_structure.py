@@ -105,3 +105,48 @@ def test_no_engine_function_grows_past_100_lines(path: Path) -> None:
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
             and (node.end_lineno or node.lineno) - node.lineno + 1 > 100}
     assert long == STILL_LONG.get(str(path.relative_to(PACKAGE)), set())
+
+
+#: The floors of docs/design.md's module layout: a module may import its own floor or lower ones, never higher.
+#: A new module must be placed here (the test names it), which is the moment to ask where it belongs.
+FLOORS: dict[int, set[str]] = {
+    1: {"model", "planning", "validation_model", "lifecycle", "errors", "vectors", "hostname"},
+    2: {"store", "collection_config", "layouts", "embedding", "e5", "config", "runtime", "metrics", "corpus",
+        "sources", "chunking", "state"},
+    3: {"locking", "fence", "freeze", "manifest", "checks", "alias", "collection_setup"},
+    4: {"plan", "snapshot", "build", "validate", "promote", "rollback", "retention", "reconcile", "audit",
+        "golden", "replay", "reports", "querylog", "templating", "estimate"},
+    5: {"pipeline", "runs", "dag_lock", "status", "pageview", "watch"},
+    6: {"cli", "airflow", "web", "engine", "reader"},
+}
+#: the steps of floor 4, which should not lean on each other: what one needs of another belongs a floor down
+STEPS = {"plan", "snapshot", "build", "validate", "promote", "rollback", "retention", "reconcile", "audit"}
+#: the step-to-step imports still there (issue #22): this set may only shrink
+STEP_EDGES_LEFT = {("build", "plan"), ("build", "snapshot"), ("snapshot", "plan"), ("plan", "audit"),
+                   ("promote", "validate"), ("rollback", "promote"), ("rollback", "validate")}
+
+
+def floor_of(module: str) -> tuple[str, int | None]:
+    """(top-level name under kb_reindex, its floor); the test servers have none."""
+    top = module.split(".")[1] if "." in module else module
+    return top, next((floor for floor, names in FLOORS.items() if top in names), None)
+
+
+def test_every_import_points_to_the_same_floor_or_down() -> None:
+    upward, unplaced, step_edges = [], set(), set()
+    for module, targets in import_graph().items():
+        top, floor = floor_of(module)
+        if module == "kb_reindex" or top == "testing":
+            continue
+        if floor is None:
+            unplaced.add(top)
+            continue
+        for target in targets:
+            target_top, target_floor = floor_of(target)
+            if target_floor is not None and target_floor > floor:
+                upward.append(f"{module} (floor {floor}) imports {target} (floor {target_floor})")
+            if top in STEPS and target_top in STEPS and top != target_top:
+                step_edges.add((top, target_top))
+    assert unplaced == set(), f"place these modules in FLOORS: {sorted(unplaced)}"
+    assert upward == []
+    assert step_edges == STEP_EDGES_LEFT

@@ -227,12 +227,15 @@ def state_db_failure(exc: BaseException) -> BaseException | None:
     return None
 
 
-def state_unreachable_message(exc: BaseException, state_url: str | None) -> str:
-    from kb_reindex.state.schema import _first_line
+def first_line(exc: BaseException | None) -> str:
+    """An exception's first line, or its class name when it says nothing."""
+    return str(exc).splitlines()[0] if exc is not None and str(exc) else type(exc).__name__
 
+
+def state_unreachable_message(exc: BaseException, state_url: str | None) -> str:
     where = f" at {mask_url(state_url)}" if state_url else ""
     what = connect_failure(exc) or "connection failed"
-    driver = one_line(_first_line(getattr(exc, "orig", None) or exc))
+    driver = one_line(first_line(getattr(exc, "orig", None) or exc))
     return (f"state DB{where} is unreachable ({what}: {driver}); check KB_STATE_URL (or the kb_state Connection) and "
             "that the server runs. This run could not be recorded and the live alias was not touched; when the state "
             "DB answers again, `kb-reindex run` (or the next DAG run) records this run as failed and resumes its version")

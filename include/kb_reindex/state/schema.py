@@ -15,6 +15,8 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.dialects import mysql, postgresql
 
+from kb_reindex.errors import first_line
+
 log = logging.getLogger(__name__)
 
 metadata = sa.MetaData()
@@ -350,5 +352,4 @@ def _table_missing(exc: sa.exc.DBAPIError, table: str) -> bool:
 
 
 
-def _first_line(exc: BaseException | None) -> str:
-    return str(exc).splitlines()[0] if exc is not None and str(exc) else type(exc).__name__
+_first_line = first_line  # the name the state modules import
