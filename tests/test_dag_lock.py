@@ -25,14 +25,14 @@ from kb_reindex.locking import reindex_lock_name, run_is_active
 from kb_reindex.plan import plan
 from kb_reindex.retention import cleanup
 from kb_reindex.runtime import Deps, open_deps
-from kb_reindex.state import ManualClock, utcnow
+from kb_reindex.state import LockRecord, ManualClock, utcnow
 from kb_reindex.status import history, status_view
 
 BIN = Path(sys.executable).parent
 ALIAS = "mall_knowledge"
 
 
-def held_locks(settings: Settings) -> list[dict]:
+def held_locks(settings: Settings) -> list[LockRecord]:
     with open_deps(settings) as deps:
         return deps.state.list_locks(subject=ALIAS)
 
@@ -208,15 +208,15 @@ def test_build_longer_than_the_ttl_is_never_dropped_by_a_concurrent_gc(dag_env: 
                 building = deps.state.list_versions(ALIAS, statuses=["building"])
                 assert [v.version for v in building] == [1]
                 run_id = building[0].run_id
-                row = next(r for r in deps.state.list_locks(subject=ALIAS) if r["name"] == reindex_lock_name(ALIAS))
-            assert row["owner"] == f"{run_id}@airflow-dag-run"
+                row = next(r for r in deps.state.list_locks(subject=ALIAS) if r.name == reindex_lock_name(ALIAS))
+            assert row.owner == f"{run_id}@airflow-dag-run"
             # the build is held past the TTL: what earlier tasks renewed has run out, only the build's heartbeat
             # keeps the lock
             time.sleep(max(0.0, held_since + ttl + 2 - time.monotonic()))
             with open_deps(settings) as deps:
-                row = next(r for r in deps.state.list_locks(subject=ALIAS) if r["name"] == reindex_lock_name(ALIAS))
-                assert row["owner"] == f"{run_id}@airflow-dag-run" and not row["expired"], row
-                assert (utcnow() - row["acquired_at"]).total_seconds() > ttl
+                row = next(r for r in deps.state.list_locks(subject=ALIAS) if r.name == reindex_lock_name(ALIAS))
+                assert row.owner == f"{run_id}@airflow-dag-run" and not row.expired, row
+                assert (utcnow() - row.acquired_at).total_seconds() > ttl
                 assert run_is_active(deps, run_id)
 
             gc = [str(BIN / "kb-reindex"), "gc", "--json", "-q"]
@@ -275,7 +275,7 @@ def test_the_lock_of_a_dag_run_airflow_reports_failed_is_taken_over_at_once(
     assert next(row for row in status_view(deps).to_dict()["locks"])["owner_alive"] == "no"
     result = engine.run_reindex(deps)
     assert result["outcome"] in ("promoted", "no_change"), result
-    assert deps.state.get_run(run_id)["outcome"] == "failed"
+    assert deps.state.get_run(run_id).outcome == "failed"
     takeover = [e for e in history(deps) if e.action == "lock-takeover"]
     assert len(takeover) == 1 and "its DAG run is failed in Airflow, no longer running" in takeover[0].reason
     assert run_id in takeover[0].reason

@@ -186,14 +186,14 @@ def test_reindex_dag_end_to_end_then_no_change(dagbag, dag_env: Path) -> None:
     with open_deps(Settings.from_env({"KB_PROJECT_ROOT": str(dag_env)})) as deps:
         first, last = deps.state.list_runs(deps.settings.alias, limit=2)[::-1]
         # the mapped build tasks added what they wrote to the run's record: every chunk, once
-        assert first["outcome"] == "promoted" and (first["chunks_embedded"], first["chunks_reused"]) == \
-            (first["chunks_total"], 0)
-        assert last["outcome"] == "no_change" and last["chunks_total"] > 0
-        assert (last["chunks_embedded"], last["chunks_reused"]) == (0, 0)
+        assert first.outcome == "promoted" and (first.chunks_embedded, first.chunks_reused) == \
+            (first.chunks_total, 0)
+        assert last.outcome == "no_change" and last.chunks_total > 0
+        assert (last.chunks_embedded, last.chunks_reused) == (0, 0)
         assert engine.run_reindex(deps)["outcome"] == "no_change"
         cli = deps.state.list_runs(deps.settings.alias, limit=1)[0]
-        assert {k: cli[k] for k in ("chunks_total", "chunks_embedded", "chunks_reused", "docs_unchanged")} == \
-            {k: last[k] for k in ("chunks_total", "chunks_embedded", "chunks_reused", "docs_unchanged")}
+        assert {k: getattr(cli, k) for k in ("chunks_total", "chunks_embedded", "chunks_reused", "docs_unchanged")} == \
+            {k: getattr(last, k) for k in ("chunks_total", "chunks_embedded", "chunks_reused", "docs_unchanged")}
 
 
 def test_reindex_dag_failed_validation_keeps_the_alias(dagbag, dag_env: Path) -> None:

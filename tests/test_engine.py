@@ -162,7 +162,7 @@ def test_failed_golden_set_leaves_the_alias_and_marks_the_version(deps: Deps, co
     assert deps.state.live_version("mall_knowledge").version == 1
     assert deps.state.get_run  # the run record says why
     runs = deps.state.list_runs("mall_knowledge")
-    assert runs[0]["outcome"] == "failed" and "regression" in runs[0]["error"]
+    assert runs[0].outcome == "failed" and "regression" in runs[0].error
 
 
 def test_probe_naming_a_missing_document_fails_with_its_id(deps: Deps, counting: CountingEmbedder) -> None:
@@ -229,7 +229,7 @@ def test_a_run_failing_on_its_first_embed_batch_reports_nothing_embedded(deps: D
     assert failed["chunks"] == {"total": total, "embedded": 0, "copied": 0, "skipped": 0,
                                 "planned_embed": total, "planned_reuse": 0}
     row = deps.state.list_runs("mall_knowledge")[0]
-    assert (row["outcome"], row["chunks_embedded"], row["chunks_reused"]) == ("failed", 0, 0)
+    assert (row.outcome, row.chunks_embedded, row.chunks_reused) == ("failed", 0, 0)
 
 
 def test_a_resumed_run_reports_what_it_did_not_what_was_planned(deps: Deps, counting: CountingEmbedder) -> None:
@@ -237,7 +237,7 @@ def test_a_resumed_run_reports_what_it_did_not_what_was_planned(deps: Deps, coun
     counting.fail_after_batches = 3
     failed = engine.run_reindex(deps)
     assert failed["outcome"] == "failed" and failed["chunks"]["embedded"] == 24
-    assert deps.state.list_runs("mall_knowledge")[0]["chunks_embedded"] == 24
+    assert deps.state.list_runs("mall_knowledge")[0].chunks_embedded == 24
 
     counting.fail_after_batches = None
     resumed = engine.run_reindex(deps)
@@ -246,7 +246,7 @@ def test_a_resumed_run_reports_what_it_did_not_what_was_planned(deps: Deps, coun
     assert resumed["chunks"] == {"total": total, "embedded": total - 24, "copied": 0, "skipped": 24,
                                  "planned_embed": total, "planned_reuse": 0}
     row = deps.state.list_runs("mall_knowledge")[0]
-    assert (row["outcome"], row["chunks_embedded"], row["chunks_reused"]) == ("promoted", total - 24, 0)
+    assert (row.outcome, row.chunks_embedded, row.chunks_reused) == ("promoted", total - 24, 0)
 
 
 def test_build_slices_add_what_they_wrote_to_their_run_record(deps: Deps, counting: CountingEmbedder) -> None:
@@ -263,8 +263,8 @@ def test_build_slices_add_what_they_wrote_to_their_run_record(deps: Deps, counti
     total = planned.chunks.total
     slices = [build(deps, created.version, run_id="dag-run", window=(start, 10)) for start in range(0, total, 10)]
     row = deps.state.get_run("dag-run")
-    assert row["chunks_embedded"] == sum(s.embedded for s in slices) == planned.chunks.embedded
-    assert row["chunks_reused"] == sum(s.copied for s in slices) == planned.chunks.reused
+    assert row.chunks_embedded == sum(s.embedded for s in slices) == planned.chunks.embedded
+    assert row.chunks_reused == sum(s.copied for s in slices) == planned.chunks.reused
 
 
 def test_rerun_result_equals_a_clean_run(deps: Deps, counting: CountingEmbedder, settings, tmp_path) -> None:

@@ -67,7 +67,7 @@ def test_freeze_unfreeze_and_status_on_sqlite_and_mysql(state_url: str) -> None:
         assert state.unfreeze(ALIAS, by="lead@host") == frozen
         assert state.freeze_status(ALIAS) is None and state.unfreeze(ALIAS, by="lead@host") is None
         events = list(state.freeze_events(ALIAS))
-        assert [(e["action"], e["by"]) for e in events] == [("freeze", "oncall@host"), ("unfreeze", "lead@host")]
+        assert [(e.action, e.by) for e in events] == [("freeze", "oncall@host"), ("unfreeze", "lead@host")]
         assert state.lock_held_by(alias_lock_name(ALIAS)) is None, "the alias lock is let go"
     finally:
         state.dispose()
@@ -119,7 +119,7 @@ def test_a_frozen_alias_builds_but_promotes_nothing_until_unfrozen(deps: Deps) -
     assert "v2 built and kept unpromoted; `kb-reindex unfreeze` then `kb-reindex promote --version 2`" in message
     assert result["validation"]["passed"]
     assert statuses(deps) == {1: "live", 2: "ready"} and deps.store.alias_target(ALIAS).endswith("__v1")
-    assert deps.state.list_runs(ALIAS, limit=1)[0]["outcome"] == "frozen"
+    assert deps.state.list_runs(ALIAS, limit=1)[0].outcome == "frozen"
 
     # a migration and an explicit shadow promotion are held the same way
     migrated = engine.run_reindex(deps, kind="migration", embedder="hashing", model="hashing-freeze-v2")
@@ -240,7 +240,7 @@ def test_the_dags_honour_the_freeze(project: Path, monkeypatch: pytest.MonkeyPat
     with open_deps(Settings.from_env()) as deps:
         assert deps.state.live_version(ALIAS).version == 1
         assert statuses(deps)[3] == "ready"
-        assert deps.state.list_runs(ALIAS, limit=1)[0]["outcome"] == "frozen"
+        assert deps.state.list_runs(ALIAS, limit=1)[0].outcome == "frozen"
 
 
 # --- a reindex keeps live's payload layout ---------------------------------------------------------------
@@ -328,7 +328,7 @@ def test_a_dimension_mismatch_is_not_retried_by_airflow(local_deps: Deps) -> Non
     deps.state.start_run(run_id="r1", alias=ALIAS, kind="migration", trigger="airflow")
     with pytest.raises(AirflowFailException, match="answers 1024-d"), step(deps, "r1"):
         raise DimensionMismatch("ollama model 'bge-m3' answers 1024-d vectors, but ... asks for 768")
-    assert deps.state.get_run("r1")["outcome"] == "failed"
+    assert deps.state.get_run("r1").outcome == "failed"
 
 
 # --- a validated version that never reached the alias is picked up ----------------------------------------

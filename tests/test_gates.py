@@ -216,7 +216,7 @@ def test_every_run_audits_live_and_status_reports_it(deps: Deps, damage: str) ->
     audit = status_view(deps).to_dict()["audit"]
     assert (audit["missing"], audit["orphans"], audit["expected"]) == (missing, orphans, total)
     assert audit["missing_ratio"] == pytest.approx(missing / total, abs=1e-6)
-    assert audit["run_id"] == deps.state.list_runs(ALIAS, limit=1)[0]["run_id"]
+    assert audit["run_id"] == deps.state.list_runs(ALIAS, limit=1)[0].run_id
     assert any("the audit of live v1" in p for p in status_view(deps).to_dict()["problems"])
 
 

@@ -96,7 +96,7 @@ def test_run_with_a_bad_golden_set_stops_before_any_version_exists(deps) -> None
     assert result["outcome"] == "failed" and "'k' must be a whole number" in result["error"]
     assert result["version"] is None and deps.state.list_versions(deps.settings.alias) == []
     assert not deps.store.collection_names()
-    assert deps.state.list_runs(deps.settings.alias)[0]["outcome"] == "failed"
+    assert deps.state.list_runs(deps.settings.alias)[0].outcome == "failed"
 
 
 def test_plan_refuses_a_probe_expecting_a_document_not_in_the_files(deps) -> None:
@@ -122,5 +122,5 @@ def test_airflow_plan_task_fails_for_good_on_a_bad_golden_set(project: Path, mon
     with pytest.raises(AirflowFailException, match="GoldenSetError: .*golden.yaml: 'min_mrr'"):
         tasks.plan_task(run_id="airflow__plan__golden")
     with open_deps(Settings.from_env()) as deps:
-        assert deps.state.get_run("airflow__plan__golden")["outcome"] == "failed"
+        assert deps.state.get_run("airflow__plan__golden").outcome == "failed"
         assert deps.state.list_versions(deps.settings.alias) == []

@@ -263,13 +263,13 @@ def test_state_db_gone_mid_build_is_one_line_then_recorded_failed_and_resumed(
     state = StateStore(state_url)
     try:
         interrupted = state.list_runs(ALIAS)[0]
-        assert interrupted["outcome"] == "running"  # nothing could record it while the state DB was gone
+        assert interrupted.outcome == "running"  # nothing could record it while the state DB was gone
         again = kb(env, "run", "--json")
         assert again.returncode == 0, again.stderr[-3000:]
         result = json.loads(again.stdout)
         assert result["outcome"] == "promoted" and result["version"] == 1 and result["chunks"]["skipped"] > 0, result
-        recorded = state.get_run(interrupted["run_id"])
-        assert recorded["outcome"] == "failed" and recorded["error"], recorded
+        recorded = state.get_run(interrupted.run_id)
+        assert recorded.outcome == "failed" and recorded.error, recorded
     finally:
         state.dispose()
 
@@ -616,5 +616,5 @@ def test_a_run_left_running_without_its_lock_is_recorded_failed_by_the_next_run(
     result = engine.run_reindex(deps, run_id="cli__reindex__next")
     assert result["outcome"] == "promoted"
     lost = deps.state.get_run("cli__reindex__lost")
-    assert lost["outcome"] == "failed" and "found by run cli__reindex__next" in lost["error"]
-    assert deps.state.get_run("cli__reindex__waiting")["outcome"] == "running", "a run waiting for the lock is left"
+    assert lost.outcome == "failed" and "found by run cli__reindex__next" in lost.error
+    assert deps.state.get_run("cli__reindex__waiting").outcome == "running", "a run waiting for the lock is left"

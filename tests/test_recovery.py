@@ -494,11 +494,11 @@ def test_a_task_whose_stores_cannot_be_opened_is_decided_like_a_failed_step(
     with pytest.raises(StoreUnreachable):
         build_task(version={"version": 1}, run_id="airflow__r1")
     run = state.get_run("airflow__r1")
-    assert run["outcome"] == "failed" and f"127.0.0.1:{port}" in run["error"]
+    assert run.outcome == "failed" and f"127.0.0.1:{port}" in run.error
 
     monkeypatch.setenv("KB_QDRANT_COLLECTION_CONFIG", '{"hnsw_config": {"no_such_key": 1}}')
     state.start_run(run_id="airflow__r2", alias=ALIAS, kind="reindex", trigger="airflow")
     with pytest.raises(AirflowFailException, match="no_such_key"):
         build_task(version={"version": 1}, run_id="airflow__r2")
-    assert state.get_run("airflow__r2")["outcome"] == "failed"
+    assert state.get_run("airflow__r2").outcome == "failed"
     state.dispose()

@@ -302,7 +302,7 @@ def test_watch_rolls_back_a_regression_injected_after_promotion(deps: Deps) -> N
     event = deps.state.alias_events(deps.settings.alias)[-1]
     assert (event["action"], event["from_version"], event["to_version"]) == ("auto-rollback", 2, 1)
     assert event["reason"].startswith("watch of v2: golden probes through the alias: hit rate")
-    assert deps.state.list_runs(deps.settings.alias, limit=1)[0]["trigger"] == "watch"
+    assert deps.state.list_runs(deps.settings.alias, limit=1)[0].trigger == "watch"
 
 
 def test_watch_rolls_back_when_the_query_log_empty_rate_rises(logged: Deps) -> None:

@@ -122,7 +122,7 @@ def test_runs_are_recorded_with_duration(state: StateStore) -> None:
     state.start_run(run_id="r1", alias="kb", kind="reindex", trigger="cli")
     state.finish_run("r1", outcome="promoted", chunks_embedded=3)
     run = state.get_run("r1")
-    assert run["outcome"] == "promoted" and run["chunks_embedded"] == 3 and run["duration_s"] >= 0
+    assert run.outcome == "promoted" and run.chunks_embedded == 3 and run.duration_s >= 0
 
 
 def test_lock_excludes_a_second_owner_until_released_or_expired(state: StateStore) -> None:
@@ -153,7 +153,7 @@ def test_lock_of_a_dead_process_on_this_host_is_taken_over_at_once_and_recorded(
     state.acquire_lock("reindex:kb", owner="next-run", ttl_s=60)  # no wait for the TTL
     assert state.lock_held_by("reindex:kb") == "next-run"
     [event] = state.lock_events(names=["reindex:kb"])
-    assert event["action"] == "takeover" and event["owner"] == dead and event["by"] == "next-run"
+    assert event.action == "takeover" and event.owner == dead and event.by == "next-run"
 
 
 def test_lock_of_a_live_process_or_another_host_is_not_taken_over(state: StateStore) -> None:
@@ -176,7 +176,7 @@ def test_lock_of_a_live_process_or_another_host_is_not_taken_over(state: StateSt
     state.acquire_lock("reindex:kb", owner=other_space, ttl_s=3600)
     with pytest.raises(LockHeldError):
         state.acquire_lock("reindex:kb", owner="next-run", ttl_s=60)
-    assert [e["action"] for e in state.lock_events(names=["reindex:kb"])] == ["unlock"]
+    assert [e.action for e in state.lock_events(names=["reindex:kb"])] == ["unlock"]
 
 
 def test_lock_whose_pid_was_reused_by_a_newer_process_is_taken_over(state: StateStore) -> None:
@@ -191,7 +191,7 @@ def test_lock_whose_pid_was_reused_by_a_newer_process_is_taken_over(state: State
     state.acquire_lock("reindex:kb", owner="next-run", ttl_s=60)
     assert state.lock_held_by("reindex:kb") == "next-run"
     [event] = state.lock_events(names=["reindex:kb"])
-    assert event["action"] == "takeover" and event["at"] == state.clock.now()
+    assert event.action == "takeover" and event.at == state.clock.now()
 
 
 def test_lock_expiry_and_every_timestamp_follow_the_stores_clock(state: StateStore) -> None:
@@ -213,16 +213,16 @@ def test_lock_expiry_and_every_timestamp_follow_the_stores_clock(state: StateSto
     state.clock.advance(1.5)
     assert state.lock_held_by("reindex:kb") is None
     [row] = state.list_locks(subject="kb")
-    assert row["expired"] and row["owner"] == "stuck-elsewhere"
+    assert row.expired and row.owner == "stuck-elsewhere"
     state.acquire_lock("reindex:kb", owner="next-run", ttl_s=60)  # the expired lock is taken, no wait
     [row] = state.list_locks(subject="kb")
-    assert (row["owner"], row["acquired_at"]) == ("next-run", datetime(2030, 1, 1, 12, 2, 0, 500000))
+    assert (row.owner, row.acquired_at) == ("next-run", datetime(2030, 1, 1, 12, 2, 0, 500000))
     # what the store writes is stamped by the same clock: a run's duration is the time moved
     state.start_run(run_id="r1", alias="kb", kind="reindex", trigger="cli")
     state.clock.advance(42)
     state.finish_run("r1", outcome="success")
     run = state.get_run("r1")
-    assert run["finished_at"] == datetime(2030, 1, 1, 12, 2, 42, 500000) and run["duration_s"] == 42.0
+    assert run.finished_at == datetime(2030, 1, 1, 12, 2, 42, 500000) and run.duration_s == 42.0
 
 
 def test_lock_is_waited_for_a_bounded_time(state: StateStore) -> None:
@@ -244,10 +244,10 @@ def test_lock_is_waited_for_a_bounded_time(state: StateStore) -> None:
 
 def test_break_lock_is_recorded(state: StateStore) -> None:
     state.acquire_lock("reindex:kb", owner="stuck", ttl_s=60)
-    assert state.break_lock("reindex:kb", by="on-call", reason="hung build")["owner"] == "stuck"
+    assert state.break_lock("reindex:kb", by="on-call", reason="hung build").owner == "stuck"
     assert state.lock_held_by("reindex:kb") is None
     [event] = state.lock_events(names=["reindex:kb"])
-    assert (event["action"], event["owner"], event["by"], event["reason"]) == ("unlock", "stuck", "on-call", "hung build")
+    assert (event.action, event.owner, event.by, event.reason) == ("unlock", "stuck", "on-call", "hung build")
     assert state.break_lock("reindex:kb", by="on-call", reason="again") is None
 
 

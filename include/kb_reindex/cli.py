@@ -571,7 +571,7 @@ def _unlock(args: argparse.Namespace, deps: Any) -> int:
         if not sys.stdin.isatty():
             raise ConfigError("unlock needs confirmation: pass --yes when not running in a terminal")
         for row in held:
-            print(f"{row['name']}: held by {row['owner']} since {row['acquired_at']:%Y-%m-%d %H:%M:%S} UTC")
+            print(f"{row.name}: held by {row.owner} since {row.acquired_at:%Y-%m-%d %H:%M:%S} UTC")
         if input("Break these locks? Type 'yes': ").strip().lower() != "yes":
             print("nothing changed")
             return 0
@@ -579,14 +579,14 @@ def _unlock(args: argparse.Namespace, deps: Any) -> int:
     for name in (reindex_lock_name(alias), alias_lock_name(alias)):
         holder = deps.state.break_lock(name, by=default_lock_owner(), reason=args.reason.strip())
         if holder is not None:
-            broken.append({"name": name, "owner": holder["owner"],
-                           "since": holder["acquired_at"].isoformat(timespec="seconds") + "Z"})
-            if any(row["name"] == name and row["owner_alive"] for row in held):
+            broken.append({"name": name, "owner": holder.owner,
+                           "since": holder.acquired_at.isoformat(timespec="seconds") + "Z"})
+            if any(row.name == name and row.owner_alive for row in held):
                 log.warning("kb_reindex: %s was held by %s, whose process is still alive: it will stop before it "
-                            "promotes anything", name, holder["owner"])
-            elif is_dag_run_owner(holder["owner"]):
+                            "promotes anything", name, holder.owner)
+            elif is_dag_run_owner(holder.owner):
                 log.warning("kb_reindex: %s was held by the DAG run %s: its next task finds the lock gone and fails, "
-                            "before it promotes anything", name, holder["owner"])
+                            "before it promotes anything", name, holder.owner)
     _print(args, {"alias": alias, "broken": broken},
            "\n".join(f"broke {b['name']} (held by {b['owner']} since {b['since']})" for b in broken))
     return 0

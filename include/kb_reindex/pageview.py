@@ -83,9 +83,9 @@ def _stamp(value: Any) -> str | None:
 
 def recent_runs(state: StateStore, alias: str) -> tuple[RunRow, ...]:
     return tuple(
-        RunRow(run_id=r["run_id"], kind=r["kind"], trigger=r["trigger"], outcome=r["outcome"], version=r["version"],
-               started_at=_stamp(r["started_at"]) or "", finished_at=_stamp(r["finished_at"]), error=r["error"],
-               dag_id=airflow_run(r["run_id"])[0], dag_run_id=airflow_run(r["run_id"])[1])
+        RunRow(run_id=r.run_id, kind=r.kind, trigger=r.trigger, outcome=r.outcome, version=r.version,
+               started_at=_stamp(r.started_at) or "", finished_at=_stamp(r.finished_at), error=r.error,
+               dag_id=airflow_run(r.run_id)[0], dag_run_id=airflow_run(r.run_id)[1])
         for r in state.list_runs(alias, limit=RECENT_RUNS))
 
 

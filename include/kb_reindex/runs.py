@@ -120,8 +120,8 @@ class Recorder:
 
     def built(self) -> BuiltCounters:
         """What the build steps of this run wrote, as they added it to the run's record."""
-        row = self.state.get_run(self.run_id) or {}
-        return {"chunks_embedded": row.get("chunks_embedded") or 0, "chunks_reused": row.get("chunks_reused") or 0}
+        row = self.state.get_run(self.run_id)
+        return {"chunks_embedded": row.chunks_embedded if row else 0, "chunks_reused": row.chunks_reused if row else 0}
 
     def finish(self, outcome: RunOutcome, *, version: int | None = None, plan: Plan | None = None) -> None:
         """The run ended as it should: a run that built records the plan's figures and what it wrote; a run

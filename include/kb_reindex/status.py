@@ -20,7 +20,7 @@ from kb_reindex.layouts import version_profile
 from kb_reindex.locking import alias_lock_name, reindex_lock_name
 from kb_reindex.model import SUCCEEDED, RunKind, RunOutcome, VersionStatus
 from kb_reindex.runtime import Deps, StateDeps
-from kb_reindex.state import VersionRecord, is_dag_run_owner, utcnow
+from kb_reindex.state import LockRecord, VersionRecord, is_dag_run_owner, utcnow
 
 #: statuses whose collection must exist in Qdrant, holding what its manifest lists
 KEPT = (VersionStatus.LIVE, VersionStatus.READY, VersionStatus.RETIRED)
@@ -306,7 +306,7 @@ def _consistent_view(deps: Deps, *, attempts: int = 6, pause_s: float = 0.25) ->
         if stable and serving == (live.collection if live else None):
             return live, serving, False
         holder = next((row for row in deps.state.list_locks(subject=alias)
-                       if row["name"] == alias_lock_name(alias) and not row["expired"]), None)
+                       if row.name == alias_lock_name(alias) and not row.expired), None)
         moving = not stable or (holder is not None and row_alive(holder))
         if not moving:
             return live, serving, False
@@ -315,23 +315,23 @@ def _consistent_view(deps: Deps, *, attempts: int = 6, pause_s: float = 0.25) ->
     return live, serving, moving
 
 
-def row_alive(row: dict[str, Any]) -> bool:
+def row_alive(row: LockRecord) -> bool:
     """A lock row whose owner may still be working: alive here, or on another host within its TTL."""
-    return row["owner_alive"] is not False
+    return row.owner_alive is not False
 
 
-def _owner_alive(row: dict[str, Any]) -> str:
-    if is_dag_run_owner(row["owner"]) and row["owner_alive"] is None:
+def _owner_alive(row: LockRecord) -> str:
+    if is_dag_run_owner(row.owner) and row.owner_alive is None:
         return "DAG run: alive while its tasks renew the lock"
-    return {True: "yes", False: "no", None: "unknown (another host)"}[row["owner_alive"]]
+    return {True: "yes", False: "no", None: "unknown (another host)"}[row.owner_alive]
 
 
 def lock_rows(deps: Deps | StateDeps) -> tuple[LockRow, ...]:
     """Held locks for status and the page; a DAG run's is alive while Airflow runs it (where it can be asked),
     else while its tasks renew it (no PID to ask)."""
     return tuple(
-        LockRow(name=row["name"], owner=row["owner"], since=_stamp(row["acquired_at"]),
-                expires=_stamp(row["expires_at"]), expired=row["expired"], owner_alive=_owner_alive(row))
+        LockRow(name=row.name, owner=row.owner, since=_stamp(row.acquired_at),
+                expires=_stamp(row.expires_at), expired=row.expired, owner_alive=_owner_alive(row))
         for row in deps.state.list_locks(subject=deps.settings.alias))
 
 
@@ -373,26 +373,26 @@ def live_audit(deps: Deps, live: VersionRecord | None) -> AuditView | None:
 
 def metrics(deps: Deps | StateDeps) -> Metrics:
     """Success rate, duration and reuse of the builds, failures by cause, and how long changes take to serve."""
-    runs = [r for r in deps.state.list_runs(deps.settings.alias, limit=200) if r["kind"] in BUILDS]
-    finished = [r for r in runs if r["outcome"] != RunOutcome.RUNNING]
-    succeeded = [r for r in finished if r["outcome"] in SUCCEEDED]
-    changed = [r for r in finished if r["outcome"] == RunOutcome.PROMOTED]
+    runs = [r for r in deps.state.list_runs(deps.settings.alias, limit=200) if r.kind in BUILDS]
+    finished = [r for r in runs if r.outcome != RunOutcome.RUNNING]
+    succeeded = [r for r in finished if r.outcome in SUCCEEDED]
+    changed = [r for r in finished if r.outcome == RunOutcome.PROMOTED]
     last = changed[0] if changed else None
-    total = (last["chunks_embedded"] + last["chunks_reused"]) if last else 0
+    total = (last.chunks_embedded + last.chunks_reused) if last else 0
     ready = deps.state.list_versions(deps.settings.alias, statuses=[VersionStatus.READY])
     newest_ready = max((v.ready_at or v.updated_at for v in ready), default=None)
     latency = None
-    if last and last["source_changed_at"] and last["finished_at"]:
-        latency = round((last["finished_at"] - last["source_changed_at"]).total_seconds(), 3)
-    errors = [r["error"] for r in finished if r["error"]]
+    if last and last.source_changed_at and last.finished_at:
+        latency = round((last.finished_at - last.source_changed_at).total_seconds(), 3)
+    errors = [r.error for r in finished if r.error]
     return Metrics(
         runs=len(finished),
         run_success_rate=round(len(succeeded) / len(finished), 4) if finished else None,
-        last_run_duration_s=(round(finished[0]["duration_s"], 3)
-                             if finished and finished[0]["duration_s"] is not None else None),
-        last_changed_chunks=last["chunks_embedded"] if last else None,
-        last_embedding_reuse_rate=round(last["chunks_reused"] / total, 4) if last and total else None,
-        failed_runs=sum(1 for r in finished if r["outcome"] == RunOutcome.FAILED),
+        last_run_duration_s=(round(finished[0].duration_s, 3)
+                             if finished and finished[0].duration_s is not None else None),
+        last_changed_chunks=last.chunks_embedded if last else None,
+        last_embedding_reuse_rate=round(last.chunks_reused / total, 4) if last and total else None,
+        failed_runs=sum(1 for r in finished if r.outcome == RunOutcome.FAILED),
         alias_switch_failures=sum(1 for e in errors if "alias moved" in e),
         embedding_failures=sum(1 for e in errors if "Ollama" in e or "embedder" in e),
         ready_unpromoted_age_s=round((utcnow() - newest_ready).total_seconds(), 1) if newest_ready else None,
@@ -406,9 +406,9 @@ def history(deps: Deps | StateDeps) -> list[HistoryEvent]:
     alias = deps.settings.alias
     moves = [(e["at"], e["action"], e["from_version"], e["to_version"], e["from_collection"], e["to_collection"],
               e["run_id"], e["reason"]) for e in deps.state.alias_events(alias)]
-    locks = [(e["at"], "unlock" if e["action"] == "unlock" else "lock-takeover", None, None, None, None, None,
-              f"{e['name']} held by {e['owner']}, broken by {e['by']}: {e['reason']}")
+    locks = [(e.at, "unlock" if e.action == "unlock" else "lock-takeover", None, None, None, None, None,
+              f"{e.name} held by {e.owner}, broken by {e.by}: {e.reason}")
              for e in deps.state.lock_events(names=[reindex_lock_name(alias), alias_lock_name(alias)])]
-    freezes = [(e["at"], e["action"], None, None, None, None, None, f"by {e['by']}: {e['reason']}")
+    freezes = [(e.at, e.action, None, None, None, None, None, f"by {e.by}: {e.reason}")
                for e in deps.state.freeze_events(alias)]
     return [HistoryEvent(_stamp(at), *rest) for at, *rest in sorted(moves + locks + freezes, key=lambda e: e[0])]

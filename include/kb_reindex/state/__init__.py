@@ -13,9 +13,11 @@ callers used from `kb_reindex.state` is still importable from here.
 from __future__ import annotations
 
 from kb_reindex.state.clock import Clock, ManualClock, SystemClock, utcnow
-from kb_reindex.state.freezes import Freeze
+from kb_reindex.state.freezes import Freeze, FreezeEvent
 from kb_reindex.state.locks import (
     DAG_RUN_OWNER,
+    LockEvent,
+    LockRecord,
     default_lock_owner,
     describe_lock_holder,
     is_dag_run_owner,
@@ -24,6 +26,7 @@ from kb_reindex.state.locks import (
     process_space,
 )
 from kb_reindex.state.manifests import FileHash, ManifestRef, SliceRow
+from kb_reindex.state.runs import RunRecord
 from kb_reindex.state.schema import (
     ADDED_COLUMNS,
     MYSQL_TABLE,
@@ -48,8 +51,9 @@ from kb_reindex.state.store import StateStore
 from kb_reindex.state.versions import STATUSES, VersionRecord
 
 __all__ = [
-    "ADDED_COLUMNS", "DAG_RUN_OWNER", "MYSQL_TABLE", "STATUSES", "Clock", "FileHash", "Freeze", "LongText",
-    "ManifestRef", "ManualClock", "SliceRow", "StateStore", "SystemClock", "Timestamp", "VersionRecord",
+    "ADDED_COLUMNS", "DAG_RUN_OWNER", "MYSQL_TABLE", "STATUSES", "Clock", "FileHash", "Freeze", "FreezeEvent", "LockEvent",
+    "LockRecord", "LongText",
+    "ManifestRef", "ManualClock", "RunRecord", "SliceRow", "StateStore", "SystemClock", "Timestamp", "VersionRecord",
     "alias_events", "audits", "chunk_texts", "default_lock_owner", "describe_lock_holder", "file_hashes", "freezes",
     "is_dag_run_owner", "lock_events", "lock_owner_alive", "locks", "manifest_chunks", "manifest_documents",
     "metadata", "parse_lock_owner", "pins", "process_space", "runs", "snapshots", "utcnow", "versions",

@@ -4,7 +4,7 @@ promotion checks it under the alias lock (`kb_reindex.freeze`); rollbacks are ne
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +26,19 @@ FREEZE_WAIT_S = 60.0
 def _alias_lock_name(alias: str) -> str:
     """The alias lock every alias move holds (`kb_reindex.locking.alias_lock_name`, the same name)."""
     return f"alias:{alias}"
+
+
+@dataclass(frozen=True)
+class FreezeEvent:
+    """A freeze or unfreeze of an alias, as a history event."""
+
+    at: datetime
+    action: str  # "freeze" | "unfreeze"
+    by: str
+    reason: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -105,7 +118,7 @@ class FreezesMixin:
                 return None
             raise
 
-    def freeze_events(self, alias: str) -> Iterator[dict[str, Any]]:
+    def freeze_events(self, alias: str) -> Iterator[FreezeEvent]:
         """Every freeze and unfreeze of `alias`, as history events (at, action, by, reason)."""
         try:
             with self.engine.connect() as conn:
@@ -116,10 +129,10 @@ class FreezesMixin:
                 return
             raise
         for row in rows:
-            yield {"at": row["set_at"], "action": "freeze", "by": row["set_by"], "reason": row["reason"]}
+            yield FreezeEvent(at=row["set_at"], action="freeze", by=row["set_by"], reason=row["reason"])
             if row["lifted_at"] is not None:
-                yield {"at": row["lifted_at"], "action": "unfreeze", "by": row["lifted_by"],
-                       "reason": f"lifts the freeze of {row['set_at']:%Y-%m-%d %H:%M:%S} UTC ({row['reason']})"}
+                yield FreezeEvent(at=row["lifted_at"], action="unfreeze", by=row["lifted_by"],
+                                  reason=f"lifts the freeze of {row['set_at']:%Y-%m-%d %H:%M:%S} UTC ({row['reason']})")
 
     @staticmethod
     def _active_freeze(conn: sa.Connection, alias: str) -> Freeze | None:

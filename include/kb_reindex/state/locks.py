@@ -12,6 +12,7 @@ import time
 import uuid
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -57,6 +58,42 @@ def default_lock_owner(run_id: str | None = None, *, pid: int | None = None) -> 
     return f"{run_id[:254 - len(owner)]}@{owner}" if run_id else owner
 
 
+@dataclass(frozen=True)
+class LockRecord:
+    """One row of `kb_locks`. `expired` and `owner_alive` are judged when listed (`list_locks`): a holder
+    returned by `_try_lock` / `break_lock` carries the defaults."""
+
+    name: str
+    owner: str
+    acquired_at: datetime
+    expires_at: datetime
+    expired: bool = False
+    owner_alive: bool | None = None
+
+    @classmethod
+    def from_row(cls, row: Any) -> LockRecord:
+        return cls(name=row["name"], owner=row["owner"], acquired_at=row["acquired_at"], expires_at=row["expires_at"])
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class LockEvent:
+    """One row of `kb_lock_events`: a lock broken by on-call (`unlock`) or taken from a dead owner (`takeover`)."""
+
+    id: int
+    name: str
+    action: str
+    owner: str
+    by: str
+    reason: str | None
+    at: datetime
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
 class LocksMixin:
     """Lock rows of `StateStore`; expiry judged by its clock, waiting by real time."""
 
@@ -79,7 +116,7 @@ class LocksMixin:
                 raise LockHeldError(describe_lock_holder(name, holder))
             time.sleep(min(0.25, max(deadline - time.monotonic(), 0.01)))
 
-    def _try_lock(self, name: str, *, owner: str, ttl_s: float) -> dict[str, Any] | None:
+    def _try_lock(self, name: str, *, owner: str, ttl_s: float) -> LockRecord | None:
         """Take the lock if free, ours, expired, or held by an owner known dead; else the holder's row.
         Taking another owner's lock (expired or dead) is recorded in the lock history."""
         now = self.clock.now()
@@ -97,36 +134,36 @@ class LocksMixin:
             row = conn.execute(sa.select(locks).where(locks.c.name == name)).mappings().first()
         if row is None:
             return self._try_lock(name, owner=owner, ttl_s=ttl_s)
-        holder = dict(row)
+        holder = LockRecord.from_row(row)
         reason: str | None
-        if holder["expires_at"] < now:
-            reason = (f"its lock expired at {holder['expires_at']:%Y-%m-%d %H:%M:%S} UTC without renewal "
-                      f"(held since {holder['acquired_at']:%Y-%m-%d %H:%M:%S} UTC): its process stopped or stalled "
+        if holder.expires_at < now:
+            reason = (f"its lock expired at {holder.expires_at:%Y-%m-%d %H:%M:%S} UTC without renewal "
+                      f"(held since {holder.acquired_at:%Y-%m-%d %H:%M:%S} UTC): its process stopped or stalled "
                       "past KB_LOCK_TTL; if it continues, its writes are fenced")
         else:
-            reason = owner_gone(holder["owner"], since=holder["acquired_at"])
+            reason = owner_gone(holder.owner, since=holder.acquired_at)
             if reason is None:
                 return holder
         if self._take_over(name, holder, owner=owner, now=now, expires=expires, reason=reason):
-            log.warning("kb_reindex: lock %r was held by %s (%s); taken over by %s", name, holder["owner"], reason, owner)
+            log.warning("kb_reindex: lock %r was held by %s (%s); taken over by %s", name, holder.owner, reason, owner)
             return None
         return self._try_lock(name, owner=owner, ttl_s=ttl_s)
 
-    def _take_over(self, name: str, holder: dict[str, Any], *, owner: str, now: datetime, expires: datetime,
+    def _take_over(self, name: str, holder: LockRecord, *, owner: str, now: datetime, expires: datetime,
                    reason: str) -> bool:
         """Move the lock from `holder` (unless it changed meanwhile: renewed, released, taken), record it, and
         end the holder's run record, which would otherwise say "running" forever."""
         with self.engine.begin() as conn:
             taken = conn.execute(
-                locks.update().where(locks.c.name == name, locks.c.owner == holder["owner"],
-                                     locks.c.expires_at == holder["expires_at"])
+                locks.update().where(locks.c.name == name, locks.c.owner == holder.owner,
+                                     locks.c.expires_at == holder.expires_at)
                 .values(owner=owner, acquired_at=now, expires_at=expires)
             ).rowcount
             if taken != 1:
                 return False
-            conn.execute(lock_events.insert().values(name=name, action="takeover", owner=holder["owner"], by=owner,
+            conn.execute(lock_events.insert().values(name=name, action="takeover", owner=holder.owner, by=owner,
                                                      at=now, reason=reason))
-            dead_run, _, _ = holder["owner"].rpartition("@")
+            dead_run, _, _ = holder.owner.rpartition("@")
             if dead_run:
                 conn.execute(runs.update().where(runs.c.run_id == dead_run, runs.c.outcome == "running")
                              .values(outcome="failed", finished_at=now,
@@ -143,19 +180,17 @@ class LocksMixin:
         with self.engine.connect() as conn:
             return conn.execute(sa.select(locks.c.owner).where(locks.c.name == name, locks.c.owner == owner)).first() is not None
 
-    def list_locks(self, *, subject: str | None = None) -> list[dict[str, Any]]:
+    def list_locks(self, *, subject: str | None = None) -> list[LockRecord]:
         """Every lock row (for `status`), with whether its owner still lives, as far as this host can tell."""
         with self.engine.connect() as conn:
-            rows = [dict(r) for r in conn.execute(sa.select(locks).order_by(locks.c.name)).mappings()]
+            rows = [LockRecord.from_row(r) for r in conn.execute(sa.select(locks).order_by(locks.c.name)).mappings()]
         if subject is not None:
-            rows = [r for r in rows if r["name"].split(":", 1)[-1] == subject]
+            rows = [r for r in rows if r.name.split(":", 1)[-1] == subject]
         now = self.clock.now()
-        for row in rows:
-            row["expired"] = row["expires_at"] < now
-            row["owner_alive"] = lock_owner_alive(row["owner"], since=row["acquired_at"])
-        return rows
+        return [replace(r, expired=r.expires_at < now, owner_alive=lock_owner_alive(r.owner, since=r.acquired_at))
+                for r in rows]
 
-    def break_lock(self, name: str, *, by: str, reason: str) -> dict[str, Any] | None:
+    def break_lock(self, name: str, *, by: str, reason: str) -> LockRecord | None:
         """On-call's way out: delete the lock whoever holds it, and record who broke it and why."""
         now = self.clock.now()
         with self.engine.begin() as conn:
@@ -165,13 +200,13 @@ class LocksMixin:
             conn.execute(locks.delete().where(locks.c.name == name, locks.c.owner == holder["owner"]))
             conn.execute(lock_events.insert().values(name=name, action="unlock", owner=holder["owner"], by=by,
                                                      reason=reason, at=now))
-        return dict(holder)
+        return LockRecord.from_row(holder)
 
-    def lock_events(self, *, names: Iterable[str]) -> list[dict[str, Any]]:
+    def lock_events(self, *, names: Iterable[str]) -> list[LockEvent]:
         with self.engine.connect() as conn:
             rows = conn.execute(sa.select(lock_events).where(lock_events.c.name.in_(list(names)))
                                 .order_by(lock_events.c.id)).mappings().all()
-        return [dict(row) for row in rows]
+        return [LockEvent(**row) for row in rows]
 
     def release_lock(self, name: str, *, owner: str) -> None:
         with self.engine.begin() as conn:
@@ -275,18 +310,18 @@ def lock_owner_alive(owner: str, *, since: datetime | None = None) -> bool | Non
     return True
 
 
-def describe_lock_holder(name: str, holder: dict[str, Any]) -> str:
+def describe_lock_holder(name: str, holder: LockRecord) -> str:
     subject = name.split(":", 1)[-1]
-    alive = lock_owner_alive(holder["owner"], since=holder["acquired_at"])
-    host, _, _ = parse_lock_owner(holder["owner"])
+    alive = lock_owner_alive(holder.owner, since=holder.acquired_at)
+    host, _, _ = parse_lock_owner(holder.owner)
     if alive is None:
         where = f"held from host {host}" if host else "held by an owner of unknown host"
     else:
         where = "its process is alive on this host" if alive else "its process is gone"
-    if is_dag_run_owner(holder["owner"]):
+    if is_dag_run_owner(holder.owner):
         where = ("an Airflow DAG run that Airflow reports running" if alive else
                  "an Airflow DAG run: its tasks renew it while the run lives; a run Airflow reports finished is "
                  "taken over at once, else the lock expires after KB_LOCK_TTL")
-    return (f"another run is working on {subject}: {holder['owner']}, since {holder['acquired_at']:%Y-%m-%d %H:%M:%S} "
-            f"UTC (lock {name!r}, expires {holder['expires_at']:%Y-%m-%d %H:%M:%S} UTC; {where}). Wait for it; if it "
+    return (f"another run is working on {subject}: {holder.owner}, since {holder.acquired_at:%Y-%m-%d %H:%M:%S} "
+            f"UTC (lock {name!r}, expires {holder.expires_at:%Y-%m-%d %H:%M:%S} UTC; {where}). Wait for it; if it "
             f"is stuck, stop that process, or break the lock: `kb-reindex unlock --reason ... --yes`")

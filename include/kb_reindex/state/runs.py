@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
@@ -10,6 +12,34 @@ from kb_reindex.state.schema import runs
 
 if TYPE_CHECKING:
     from kb_reindex.state.clock import Clock
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """One row of `kb_runs`: a run (CLI or DAG), its counters, outcome and duration."""
+
+    run_id: str
+    alias: str
+    kind: str
+    trigger: str
+    outcome: str
+    version: int | None
+    docs_added: int
+    docs_changed: int
+    docs_unchanged: int
+    docs_removed: int
+    chunks_total: int
+    chunks_embedded: int
+    chunks_reused: int
+    duration_s: float | None
+    source_changed_at: datetime | None
+    error: str | None
+    started_at: datetime
+    finished_at: datetime | None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The row's columns by name, as `get_run` returned them before it was typed."""
+        return asdict(self)
 
 
 class RunsMixin:
@@ -77,14 +107,14 @@ class RunsMixin:
                           f"state DB); found by run {current}, which resumes its version if it plans the same"))
         return orphaned
 
-    def get_run(self, run_id: str) -> dict[str, Any] | None:
+    def get_run(self, run_id: str) -> RunRecord | None:
         with self.engine.connect() as conn:
             row = conn.execute(sa.select(runs).where(runs.c.run_id == run_id)).mappings().first()
-        return dict(row) if row else None
+        return RunRecord(**row) if row else None
 
-    def list_runs(self, alias: str, *, limit: int = 50) -> list[dict[str, Any]]:
+    def list_runs(self, alias: str, *, limit: int = 50) -> list[RunRecord]:
         with self.engine.connect() as conn:
             rows = conn.execute(
                 sa.select(runs).where(runs.c.alias == alias).order_by(runs.c.started_at.desc()).limit(limit)
             ).mappings().all()
-        return [dict(row) for row in rows]
+        return [RunRecord(**row) for row in rows]
