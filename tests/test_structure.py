@@ -150,3 +150,24 @@ def test_every_import_points_to_the_same_floor_or_down() -> None:
     assert unplaced == set(), f"place these modules in FLOORS: {sorted(unplaced)}"
     assert upward == []
     assert step_edges == STEP_EDGES_LEFT
+
+
+#: functions of the engine that still return `dict[str, Any]` (not `to_dict`): the Airflow tasks (XCom), the page's
+#: JSON, Qdrant payloads and collection configs, SQL column keywords, and the views still to be typed
+#: (state/history, state/manifests, audit, querylog, reader, reconcile). Issue #22 wants ~15, the XCom edge: this
+#: number may only shrink; lower it when you type one.
+UNTYPED_DICT_BUDGET = 61
+
+
+def untyped_dict_returns(path: Path) -> list[str]:
+    """The functions of one file whose return annotation holds `dict[str, Any]`, serialisers aside."""
+    return [node.name for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.returns is not None
+            and "dict[str, Any]" in ast.unparse(node.returns) and node.name not in ("to_dict", "to_json", "view")]
+
+
+def test_untyped_dict_returns_only_shrink(tmp_path: Path) -> None:
+    sample = tmp_path / "sample.py"
+    sample.write_text("def a() -> dict[str, Any]: ...\ndef to_dict() -> dict[str, Any]: ...\ndef b() -> Plan: ...\n")
+    assert untyped_dict_returns(sample) == ["a"]
+    assert sum(len(untyped_dict_returns(path)) for path in ENGINE_FILES) <= UNTYPED_DICT_BUDGET
