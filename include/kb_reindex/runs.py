@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, TypedDict
+from typing import Any
 
 from kb_reindex import metrics
 from kb_reindex.errors import AliasMovedError, EmbeddingError, Failure, KbError, LockHeldError, classify
@@ -53,13 +53,6 @@ def failure_of(exc: BaseException, deps: Deps | StateDeps) -> Failure:
                     qdrant=lambda e: describe_qdrant_failure(e, deps.settings, store.client if store else None))
 
 
-class BuiltCounters(TypedDict):
-    """The run record's chunk columns, passed to `finish_run` as keywords."""
-
-    chunks_embedded: int
-    chunks_reused: int
-
-
 @dataclass(frozen=True)
 class RunCounters:
     """The run record's figures `finish_run` writes; a field left None is not written (`as_columns()`)."""
@@ -78,15 +71,15 @@ class RunCounters:
         return {name: value for name, value in vars(self).items() if value is not None}
 
 
-def run_counters(plan: Plan, built: BuiltCounters | None = None) -> RunCounters:
+def run_counters(plan: Plan, built: RunCounters | None = None) -> RunCounters:
     """The run record's plan columns: documents added/changed/unchanged/removed, chunks, when the source changed;
     with `built`, what the build steps wrote."""
     docs, changed_at = plan.docs, plan.source_changed_at
     return RunCounters(
         source_changed_at=datetime.fromtimestamp(changed_at, UTC).replace(tzinfo=None) if changed_at else None,
         docs_added=docs.added, docs_changed=docs.changed, docs_unchanged=docs.unchanged, docs_removed=docs.removed,
-        chunks_total=plan.chunks.total, chunks_embedded=built["chunks_embedded"] if built else None,
-        chunks_reused=built["chunks_reused"] if built else None)
+        chunks_total=plan.chunks.total, chunks_embedded=built.chunks_embedded if built else None,
+        chunks_reused=built.chunks_reused if built else None)
 
 
 def no_change_counters(plan: Plan) -> RunCounters:
@@ -118,10 +111,11 @@ class Recorder:
         """The version this run builds: a run that dies now is found by the next (`fail_orphaned_runs`)."""
         self.state.update_run(self.run_id, version=number)
 
-    def built(self) -> BuiltCounters:
+    def built(self) -> RunCounters:
         """What the build steps of this run wrote, as they added it to the run's record."""
         row = self.state.get_run(self.run_id)
-        return {"chunks_embedded": row.chunks_embedded if row else 0, "chunks_reused": row.chunks_reused if row else 0}
+        return RunCounters(chunks_embedded=row.chunks_embedded if row else 0,
+                           chunks_reused=row.chunks_reused if row else 0)
 
     def finish(self, outcome: RunOutcome, *, version: int | None = None, plan: Plan | None = None) -> None:
         """The run ended as it should: a run that built records the plan's figures and what it wrote; a run
