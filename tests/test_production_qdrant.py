@@ -101,7 +101,8 @@ def test_an_airflow_connection_in_json_gives_a_client_at_the_server(
         assert (options["host"], options["port"], options["api_key"], options["timeout"]) == (
             "127.0.0.1", port, API_KEY, 7)
         assert not deps.store.is_local and deps.settings.qdrant_path is None
-        assert deps.settings.collection_config == {"hnsw_config": {"m": 24}}
+        assert deps.settings.collection_config is not None
+        assert deps.settings.collection_config.to_dict() == {"hnsw_config": {"m": 24}}
         assert deps.store.collection_names() == set()
     assert [r.op for r in server.requests()][-1] == "collections", "the task's client spoke to the test server"
 
@@ -146,7 +147,8 @@ def test_collection_config_from_json_yaml_or_a_file(project: Path) -> None:
         settings_for(project, KB_QDRANT_COLLECTION_CONFIG="qdrant.yaml")
     (project / "qdrant.yaml").write_text(json.dumps(wanted), encoding="utf-8")
     from_file = settings_for(project, KB_QDRANT_COLLECTION_CONFIG="qdrant.yaml").collection_config
-    assert inline_json == inline_yaml == from_file == wanted
+    assert inline_json is not None and inline_yaml is not None and from_file is not None
+    assert inline_json.to_dict() == inline_yaml.to_dict() == from_file.to_dict() == wanted
 
 
 def test_new_versions_carry_configured_or_inherited_settings_and_three_payload_indexes(

@@ -14,7 +14,7 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import cast
 
 from qdrant_client import models
 
@@ -109,7 +109,7 @@ def _prepared_for(deps: Deps, plan: Plan, prepared: Prepared | None) -> Prepared
     return prepared
 
 
-def payload_for(chunk: Chunk, doc: DocumentInfo | Document, version: VersionRecord) -> dict[str, Any]:
+def payload_for(chunk: Chunk, doc: DocumentInfo | Document, version: VersionRecord) -> models.Payload:
     """The point's payload in the version's layout (kb_reindex.layouts): the engine's fields always flat."""
     return shape_payload({
         "text": chunk.text,

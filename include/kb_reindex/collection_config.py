@@ -1,8 +1,8 @@
 """Collection settings a production Qdrant needs: HNSW, on-disk storage, quantization, sharding.
 
 Configured by ``KB_QDRANT_COLLECTION_CONFIG`` (JSON or YAML, inline or a file) or the ``collection_config``
-extra of the ``qdrant_default`` Connection, with Qdrant's own field names, validated by qdrant-client's
-models. Unconfigured keys are inherited from the live collection, so a reindex never quietly drops the
+extra of the ``qdrant_default`` Connection, with Qdrant's own field names, validated once by qdrant-client's
+models into a `CollectionConfig`. Unconfigured keys are inherited from the live collection, so a reindex never quietly drops the
 settings an operator gave the collection serving today. The effective settings are written into the new
 collection's metadata (``collection_config``), where status reads them back.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 import pydantic
 from qdrant_client import models
@@ -24,8 +24,23 @@ DEFAULT_HNSW_M = 16
 QUANTIZATION_KINDS = ("scalar", "binary")
 
 
-class CollectionConfig(pydantic.BaseModel, extra="forbid"):
-    """The keys kb-reindex accepts, in Qdrant's names and with qdrant-client's models for the nested parts."""
+class CreateArguments(TypedDict):
+    """Keyword arguments of `QdrantClient.create_collection`, in the client's own types."""
+
+    vectors_config: models.VectorParams
+    hnsw_config: models.HnswConfigDiff | None
+    on_disk_payload: bool | None
+    shard_number: int | None
+    replication_factor: int | None
+    write_consistency_factor: int | None
+    quantization_config: NotRequired[models.ScalarQuantization | models.BinaryQuantization]
+
+
+class CollectionConfig(pydantic.BaseModel, extra="forbid", frozen=True):
+    """The keys kb-reindex accepts, in Qdrant's names and with qdrant-client's models for the nested parts;
+    a field left None is not configured (inherited from the live collection, or Qdrant's default). Built by
+    `validate_collection_config` (or `from_dict`); `to_dict` is the JSON recorded in the collection's
+    metadata and shown by status."""
 
     hnsw_config: models.HnswConfigDiff | None = None
     on_disk: bool | None = pydantic.Field(default=None, description="vectors on disk (VectorParams.on_disk)")
@@ -54,10 +69,52 @@ class CollectionConfig(pydantic.BaseModel, extra="forbid"):
                              f"{self.replication_factor or 1}: no write could ever be acknowledged")
         return self
 
+    @classmethod
+    def from_dict(cls, data: Any, *, source: str) -> CollectionConfig:
+        """Settings recorded by `to_dict` (a collection's metadata), validated again; errors name `source`."""
+        return validate_collection_config(data, source=source)
 
-def load_collection_config(raw: str | Mapping[str, Any], *, source: str, root: Path) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
+        """The settings as plain JSON values, only the configured keys, in the model's field order."""
+        return self.model_dump(mode="json", exclude_none=True)
+
+    @property
+    def hnsw_m(self) -> int:
+        """The graph degree the collection should have once loaded."""
+        m = self.hnsw_config.m if self.hnsw_config is not None else None
+        return DEFAULT_HNSW_M if m is None else m
+
+    def with_hnsw_m(self) -> CollectionConfig:
+        """These settings with an explicit HNSW `m` (Qdrant's default when none is configured)."""
+        hnsw = self.hnsw_config or models.HnswConfigDiff()
+        return self.model_copy(update={"hnsw_config": hnsw.model_copy(update={"m": self.hnsw_m})})
+
+    def create_arguments(self, *, dim: int, distance: models.Distance, defer_indexing: bool) -> CreateArguments:
+        """Keyword arguments of `QdrantClient.create_collection` for these settings.
+
+        `defer_indexing`: HNSW `m=0` while the collection is bulk-loaded, which Qdrant's bulk-upload guide
+        recommends over `indexing_threshold=0` (segments are still optimized, without a graph, so memory stays
+        low); `restore_indexing` sets the real `m` afterwards."""
+        hnsw = self.hnsw_config
+        if defer_indexing:
+            hnsw = (hnsw or models.HnswConfigDiff()).model_copy(update={"m": 0})
+        arguments = CreateArguments(
+            vectors_config=models.VectorParams(size=dim, distance=distance, on_disk=self.on_disk),
+            # an HNSW config that sets nothing (`hnsw_config: {}`) is not sent
+            hnsw_config=hnsw if hnsw is not None and hnsw.model_dump(exclude_none=True) else None,
+            on_disk_payload=self.on_disk_payload,
+            shard_number=self.shard_number,
+            replication_factor=self.replication_factor,
+            write_consistency_factor=self.write_consistency_factor,
+        )
+        if self.quantization_config is not None:
+            arguments["quantization_config"] = self.quantization_config
+        return arguments
+
+
+def load_collection_config(raw: str | Mapping[str, Any], *, source: str, root: Path) -> CollectionConfig:
     """A mapping, a JSON/YAML string, or a path to a JSON/YAML file (relative to the project root) ->
-    validated settings as plain JSON values. Every error names `source` and the key at fault."""
+    validated settings. Every error names `source` and the key at fault."""
     text_source = source
     if isinstance(raw, str):
         text = raw.strip()
@@ -76,9 +133,9 @@ def load_collection_config(raw: str | Mapping[str, Any], *, source: str, root: P
     return validate_collection_config(raw, source=text_source)
 
 
-def validate_collection_config(raw: Any, *, source: str) -> dict[str, Any]:
+def validate_collection_config(raw: Any, *, source: str) -> CollectionConfig:
     if raw is None:
-        return {}
+        return CollectionConfig()
     if not isinstance(raw, Mapping):
         raise ConfigError(f"{source} must be a mapping of collection settings, not {type(raw).__name__}")
     quantization = raw.get("quantization_config")
@@ -97,7 +154,7 @@ def validate_collection_config(raw: Any, *, source: str) -> dict[str, Any]:
         shown = f" (got {json.dumps(value, default=str)})" if error.get("type") != "extra_forbidden" and \
             not isinstance(value, Mapping) else ""
         raise ConfigError(f"{source}: {where}: {message}{shown}") from None
-    return parsed.model_dump(mode="json", exclude_none=True)
+    return parsed
 
 
 def _allowed_keys(loc: tuple[Any, ...]) -> list[str]:
@@ -109,7 +166,7 @@ def _allowed_keys(loc: tuple[Any, ...]) -> list[str]:
     return sorted(model.model_fields)
 
 
-def from_collection(info: models.CollectionInfo) -> dict[str, Any]:
+def from_collection(info: models.CollectionInfo) -> CollectionConfig:
     """The settings of an existing collection, in the same keys: what a new version inherits."""
     params = info.config.params
     found: dict[str, Any] = {}
@@ -129,39 +186,14 @@ def from_collection(info: models.CollectionInfo) -> dict[str, Any]:
     return validate_collection_config(found, source="the live collection's settings")
 
 
-def effective(configured: Mapping[str, Any] | None, inherited: Mapping[str, Any] | None) -> dict[str, Any]:
+def effective(configured: CollectionConfig | None, inherited: CollectionConfig | None) -> CollectionConfig:
     """Configured keys win; HNSW is merged field by field (configuring `m` keeps live's `ef_construct`)."""
-    merged: dict[str, Any] = {**(inherited or {}), **(configured or {})}
-    hnsw = {**(inherited or {}).get("hnsw_config", {}), **(configured or {}).get("hnsw_config", {})}
-    if hnsw:
-        merged["hnsw_config"] = hnsw
-    return merged
-
-
-def hnsw_m(config: Mapping[str, Any]) -> int:
-    """The graph degree the collection should have once loaded."""
-    return int(config.get("hnsw_config", {}).get("m", DEFAULT_HNSW_M))
-
-
-def create_arguments(config: Mapping[str, Any], *, dim: int, distance: models.Distance,
-                     defer_indexing: bool) -> dict[str, Any]:
-    """Keyword arguments of `QdrantClient.create_collection` for these settings.
-
-    `defer_indexing`: HNSW `m=0` while the collection is bulk-loaded, which Qdrant's bulk-upload guide
-    recommends over `indexing_threshold=0` (segments are still optimized, without a graph, so memory stays
-    low); `restore_indexing` sets the real `m` afterwards."""
-    hnsw = dict(config.get("hnsw_config", {}))
-    if defer_indexing:
-        hnsw["m"] = 0
-    arguments: dict[str, Any] = {
-        "vectors_config": models.VectorParams(size=dim, distance=distance, on_disk=config.get("on_disk")),
-        "hnsw_config": models.HnswConfigDiff(**hnsw) if hnsw else None,
-        "on_disk_payload": config.get("on_disk_payload"),
-        "shard_number": config.get("shard_number"),
-        "replication_factor": config.get("replication_factor"),
-        "write_consistency_factor": config.get("write_consistency_factor"),
-    }
-    if "quantization_config" in config:
-        arguments["quantization_config"] = CollectionConfig.model_validate(
-            {"quantization_config": config["quantization_config"]}).quantization_config
-    return arguments
+    configured = configured if configured is not None else CollectionConfig()
+    if inherited is None:
+        return configured
+    chosen = {name: value for name in CollectionConfig.model_fields
+              if (value := getattr(configured, name)) is not None}
+    if configured.hnsw_config is not None and inherited.hnsw_config is not None:
+        chosen["hnsw_config"] = inherited.hnsw_config.model_copy(
+            update=configured.hnsw_config.model_dump(exclude_none=True))
+    return inherited.model_copy(update=chosen)

