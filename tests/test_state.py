@@ -10,7 +10,7 @@ import pytest
 import sqlalchemy as sa
 
 from kb_reindex.errors import ConfigError, LockHeldError
-from kb_reindex.state import ManifestChunk, ManifestDocument, StateStore
+from kb_reindex.state import ManifestChunk, ManifestDocument, QdrantSnapshotRef, StateStore
 
 
 @pytest.fixture(params=["sqlite", pytest.param("mysql", marks=pytest.mark.mysql),
@@ -385,12 +385,13 @@ def test_an_old_state_db_gets_the_snapshot_columns_and_its_old_snapshot_records_
         columns = {c["name"] for c in sa.inspect(upgraded.engine).get_columns("kb_versions")}
         assert {"qdrant_snapshot", "qdrant_snapshot_at"} <= columns
         record = upgraded.version_by_id(version.id)
-        assert record.qdrant_snapshot is None and record.snapshot_view() == old
+        assert record.qdrant_snapshot is None and record.snapshot_view() == QdrantSnapshotRef.from_dict(old)
+        assert record.snapshot_view().to_dict() == old
         upgraded.update_version(version.id, qdrant_snapshot="kb__m__v1-2.snapshot",
                                 qdrant_snapshot_at=datetime(2026, 2, 3, 4, 5, 6, 789))
-        assert upgraded.version_by_id(version.id).snapshot_view() == {
-            "name": "kb__m__v1-2.snapshot", "collection": version.collection, "at": "2026-02-03T04:05:06Z"}
-        assert "qdrant_snapshot" not in upgraded.version_by_id(version.id).summary()
+        assert upgraded.version_by_id(version.id).snapshot_view() == QdrantSnapshotRef(
+            name="kb__m__v1-2.snapshot", collection=version.collection, at="2026-02-03T04:05:06Z")
+        assert "qdrant_snapshot" not in upgraded.version_by_id(version.id).to_dict()
     finally:
         upgraded.dispose()
 
