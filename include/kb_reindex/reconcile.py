@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -169,7 +169,10 @@ def read_version(deps: Deps, name: str) -> VersionFacts:
     (the offline embedder's models are named `hashing-*`)."""
     store = deps.store
     meta = store.collection_metadata(name)
-    documents: dict[str, ManifestDocument] = {}
+    dim = store.dimension(name)
+    distance = store.shape(name).distance
+    documents: dict[str, ManifestDocument] = {}  # the first point's payload fields; chunks counted in `counts`
+    counts: Counter[str] = Counter()
     chunks: list[ManifestChunk] = []
     seen: dict[str, set[str]] = defaultdict(set)
     problems: list[str] = []
@@ -190,7 +193,7 @@ def read_version(deps: Deps, name: str) -> VersionFacts:
             problems.append(f"document {key} has points of two contents ({doc.content_hash[:12]}, "
                             f"{payload['content_hash'][:12]})")
             break
-        documents[key] = doc._replace(chunk_count=doc.chunk_count + 1)
+        counts[key] += 1
         chunks.append(ManifestChunk(point_id=point_id, knowledge_key=key, source_point_id=None,
                                     chunk_index=int(payload["chunk_index"]), chunk_hash=payload["chunk_hash"]))
     for field_name in ("embed_model", "chunking_version"):
@@ -205,9 +208,10 @@ def read_version(deps: Deps, name: str) -> VersionFacts:
     embedder = meta.get("embedder") or ("hashing" if (model or "").startswith("hashing") else "ollama")
     return VersionFacts(
         kind=meta.get("kind") or RunKind.REINDEX, embedder=embedder, embed_model=model or "unknown",
-        embed_dim=store.dimension(name), distance=store.shape(name).distance, chunking_version=chunking or "unknown",
+        embed_dim=dim, distance=distance, chunking_version=chunking or "unknown",
         corpus_fingerprint=corpus_fingerprint(documents.values()),
-        documents=tuple(sorted(documents.values(), key=lambda d: d.knowledge_key)), chunks=tuple(chunks),
+        documents=tuple(d._replace(chunk_count=counts[key]) for key, d in sorted(documents.items())),
+        chunks=tuple(chunks),
         problems=tuple(problems), served_at=_served_at(meta), validated=bool(meta.get("validated")),
         legacy="kb_version" not in meta,
         # every layout keeps the manifest's fields flat; older collections were all native
