@@ -430,7 +430,7 @@ def raw_bulk_upsert(deps: BenchDeps, meter: Meter, *, copy_batch: int) -> dict[s
     upsert_s = retrieve_s = 0.0
     points = 0
     # the live points by ID from its manifest (local mode's scroll re-sorts every ID for each page)
-    ids = [row["point_id"] for row in deps.state.manifest_chunks(live_version.id)]
+    ids = [row.point_id for row in deps.state.manifest_chunks(live_version.id)]
     for start in range(0, len(ids), copy_batch):
         records = client.retrieve(live, ids=ids[start:start + copy_batch], with_payload=True, with_vectors=True)
         batch = [models.PointStruct(id=r.id, vector=r.vector, payload=r.payload) for r in records]
@@ -469,7 +469,7 @@ def wire_costs(deps: BenchDeps, *, copy_batch: int) -> dict[str, Any]:
     client = deps.store.client
     live_version = deps.state.live_version(deps.settings.alias)
     assert live_version is not None
-    ids = [row["point_id"] for row in deps.state.manifest_chunks(live_version.id)][:copy_batch]
+    ids = [row.point_id for row in deps.state.manifest_chunks(live_version.id)][:copy_batch]
     records = client.retrieve(live_version.collection, ids=ids, with_vectors=True, with_payload=True)
     points = [models.PointStruct.model_construct(id=r.id, vector=r.vector, payload=r.payload) for r in records]
     answer = json.dumps({"result": [r.model_copy(update={"payload": None}).model_dump(mode="json", exclude_none=True)

@@ -22,7 +22,7 @@ from kb_reindex.errors import ConfigError, KbError
 from kb_reindex.layouts import embedding_profile, layout_spec, payload_text, version_profile
 from kb_reindex.reader import search_knowledge, serving_model
 from kb_reindex.runtime import Deps
-from kb_reindex.state import StateStore
+from kb_reindex.state import ManifestDocument, StateStore
 from kb_reindex.status import status_view
 
 from conftest import settings_for
@@ -52,14 +52,14 @@ def with_layout(deps: Deps, layout: str, text_key: str = "") -> Deps:
     return replace(deps, settings=replace(deps.settings, payload_layout=layout_setting))
 
 
-def manifest_of(deps: Deps) -> dict[str, dict[str, Any]]:
+def manifest_of(deps: Deps) -> dict[str, ManifestDocument]:
     live = deps.state.live_version(ALIAS)
-    return {d["knowledge_key"]: d for d in deps.state.manifest_documents(live.id)}
+    return {d.knowledge_key: d for d in deps.state.manifest_documents(live.id)}
 
 
 def chunk_hashes(deps: Deps) -> set[str]:
     live = deps.state.live_version(ALIAS)
-    return {row["chunk_hash"] for row in deps.state.manifest_chunks(live.id)}
+    return {row.chunk_hash for row in deps.state.manifest_chunks(live.id)}
 
 
 def sha256(text: str) -> str:
@@ -94,7 +94,7 @@ def test_langchain_reads_text_and_sources_through_the_alias(deps: Deps) -> None:
         meta = doc.metadata
         expected = documents[meta["knowledge_key"]]
         assert (meta["title"], meta["source"], meta["category"], meta["content_hash"]) == (
-            expected["title"], expected["source"], expected["category"], expected["content_hash"])
+            expected.title, expected.source, expected.category, expected.content_hash)
         assert isinstance(meta["chunk_index"], int)
 
 
@@ -125,7 +125,7 @@ def test_llamaindex_reads_text_and_sources_through_the_alias(deps: Deps) -> None
         assert sha256(node.get_content()) in hashes, "the node's text is the chunk's own (from _node_content)"
         meta = node.metadata
         expected = documents[meta["knowledge_key"]]
-        assert (meta["title"], meta["source"], meta["category"]) == (expected["title"], expected["source"], expected["category"])
+        assert (meta["title"], meta["source"], meta["category"]) == (expected.title, expected.source, expected.category)
         assert node.ref_doc_id == meta["knowledge_key"], "the source document is the node's ref_doc_id"
 
 
@@ -150,10 +150,10 @@ def test_langchain4j_payload_contract_with_a_custom_text_key(deps: Deps) -> None
         assert not odd, f"LangChain4j Metadata would refuse {odd}"
         expected = documents[payload["knowledgeKey"]]
         assert (payload["title"], payload["source"], payload["category"], payload["contentHash"]) == (
-            expected["title"], expected["source"], expected["category"], expected["content_hash"])
+            expected.title, expected.source, expected.category, expected.content_hash)
         assert isinstance(payload["chunkIndex"], int)
         # the citation line the reference assistant prints before handing the hit to the model
-        assert f"来源：{payload['title']}（{payload['source']}）" == f"来源：{expected['title']}（{expected['source']}）"
+        assert f"来源：{payload['title']}（{payload['source']}）" == f"来源：{expected.title}（{expected.source}）"
 
 
 @pytest.mark.parametrize("layout", ["langchain4j", "langchain", "llamaindex"])
@@ -177,7 +177,7 @@ def test_validation_fails_a_layout_its_consumer_could_not_read(local_deps: Deps)
     live = deps.state.live_version(ALIAS)
     from qdrant_client import models
 
-    records = deps.store.retrieve(live.collection, [r["point_id"] for r in deps.state.manifest_chunks(live.id)],
+    records = deps.store.retrieve(live.collection, [r.point_id for r in deps.state.manifest_chunks(live.id)],
                                   vectors=True)
     deps.store.upsert(live.collection, [models.PointStruct(id=r.id, vector=r.vector, payload={
         k: v for k, v in r.payload.items() if k != "metadata"}) for r in records])

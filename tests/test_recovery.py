@@ -271,10 +271,10 @@ def test_rebuild_state_of_a_collection_without_metadata_reads_its_points(deps: D
     live = deps.state.live_version(ALIAS)
     deps.store.collection_metadata = lambda name: {}  # type: ignore[method-assign]
     facts = read_version(deps, live.collection)
-    assert facts["problems"] == []
-    assert (facts["embedder"], facts["embed_model"], facts["chunking_version"], facts["corpus_fingerprint"]) == (
+    assert facts.problems == ()
+    assert (facts.embedder, facts.embed_model, facts.chunking_version, facts.corpus_fingerprint) == (
         live.embedder, live.embed_model, live.chunking_version, live.corpus_fingerprint)
-    assert len(facts["chunks"]) == live.points_expected
+    assert len(facts.chunks) == live.points_expected
 
 
 # --- read-only commands point at what exists ---------------------------------------------------------

@@ -10,7 +10,7 @@ import pytest
 import sqlalchemy as sa
 
 from kb_reindex.errors import ConfigError, LockHeldError
-from kb_reindex.state import StateStore
+from kb_reindex.state import ManifestChunk, ManifestDocument, QdrantSnapshotRef, StateStore
 
 
 @pytest.fixture(params=["sqlite", pytest.param("mysql", marks=pytest.mark.mysql),
@@ -57,23 +57,23 @@ def test_concurrent_allocation_never_takes_a_number_twice(state: StateStore) -> 
 
 def test_manifest_write_is_idempotent(state: StateStore) -> None:
     version = new_version(state)
-    docs = [{"knowledge_key": "退货/政策", "source": "退货/政策.md", "title": "退货", "category": "售后", "tenant": "default",
-             "content_hash": "a" * 64, "chunk_count": 2}]
-    chunks = [{"point_id": f"00000000-0000-0000-0000-00000000000{i}", "knowledge_key": "退货/政策", "chunk_index": i,
-               "chunk_hash": str(i) * 64, "source_point_id": None} for i in range(2)]
+    docs = [ManifestDocument(knowledge_key="退货/政策", source="退货/政策.md", title="退货", category="售后",
+                             tenant="default", content_hash="a" * 64, chunk_count=2)]
+    chunks = [ManifestChunk(point_id=f"00000000-0000-0000-0000-00000000000{i}", knowledge_key="退货/政策",
+                            chunk_index=i, chunk_hash=str(i) * 64, source_point_id=None) for i in range(2)]
     state.write_manifest(version.id, docs, chunks)
     state.write_manifest(version.id, docs, chunks)
-    assert state.manifest_documents(version.id)[0]["knowledge_key"] == "退货/政策"
-    assert [c["chunk_index"] for c in state.manifest_chunks(version.id)] == [0, 1]
+    assert state.manifest_documents(version.id) == docs
+    assert state.manifest_chunks(version.id) == chunks
 
 
 def test_manifest_write_that_fails_keeps_the_old_manifest(state: StateStore) -> None:
     version = new_version(state)
-    row = {"knowledge_key": "k", "chunk_index": 0, "chunk_hash": "0" * 64, "source_point_id": None}
-    state.write_manifest(version.id, [], [{"point_id": "p1", **row}])
+    row = ManifestChunk(point_id="p1", knowledge_key="k", chunk_index=0, chunk_hash="0" * 64, source_point_id=None)
+    state.write_manifest(version.id, [], [row])
     with pytest.raises(sa.exc.IntegrityError):
-        state.write_manifest(version.id, [], [{"point_id": "p2", **row}, {"point_id": "p2", **row}])
-    assert [c["point_id"] for c in state.manifest_chunks(version.id)] == ["p1"]
+        state.write_manifest(version.id, [], [row._replace(point_id="p2"), row._replace(point_id="p2")])
+    assert [c.point_id for c in state.manifest_chunks(version.id)] == ["p1"]
 
 
 def test_keys_compare_and_order_by_code_point_whatever_the_databases_collation(state: StateStore) -> None:
@@ -82,23 +82,23 @@ def test_keys_compare_and_order_by_code_point_whatever_the_databases_collation(s
     slice [Zeta, alpha] would find no document."""
     version = new_version(state)
     keys = ["émile", "alpha", "Zeta", "Éclair"]
-    docs = [{"knowledge_key": key, "source": f"{key}.md", "title": key, "category": "c", "tenant": "default",
-             "content_hash": "a" * 64, "chunk_count": 1} for key in keys]
-    rows = [{"point_id": f"p{i}", "knowledge_key": key, "chunk_index": 0, "chunk_hash": f"{i:064d}",
-             "source_point_id": None} for i, key in enumerate(sorted(keys))]
+    docs = [ManifestDocument(knowledge_key=key, source=f"{key}.md", title=key, category="c", tenant="default",
+                             content_hash="a" * 64, chunk_count=1) for key in keys]
+    rows = [ManifestChunk(point_id=f"p{i}", knowledge_key=key, chunk_index=0, chunk_hash=f"{i:064d}",
+                          source_point_id=None) for i, key in enumerate(sorted(keys))]
     state.write_manifest(version.id, docs, rows)
-    assert [d["knowledge_key"] for d in state.manifest_documents(version.id)] == sorted(keys)
+    assert [d.knowledge_key for d in state.manifest_documents(version.id)] == sorted(keys)
     assert [r.knowledge_key for r in state.manifest_refs(version.id)] == sorted(keys)
-    assert sorted(d["knowledge_key"] for d in state.slice_documents(version.id, "Zeta", "alpha")) == ["Zeta", "alpha"]
+    assert sorted(d.knowledge_key for d in state.slice_documents(version.id, "Zeta", "alpha")) == ["Zeta", "alpha"]
 
 
 def test_manifest_refs_stream_in_manifest_order_and_give_the_connection_back(state: StateStore) -> None:
     version = new_version(state)
-    rows = [{"point_id": f"p{i:02d}", "knowledge_key": f"k{i % 3}", "chunk_index": i // 3, "chunk_hash": f"{i:064d}",
-             "source_point_id": f"s{i:02d}" if i % 2 else None} for i in range(12)]
+    rows = [ManifestChunk(point_id=f"p{i:02d}", knowledge_key=f"k{i % 3}", chunk_index=i // 3, chunk_hash=f"{i:064d}",
+                          source_point_id=f"s{i:02d}" if i % 2 else None) for i in range(12)]
     state.write_manifest(version.id, [], rows)
-    expected = [(r["point_id"], r["knowledge_key"], r["source_point_id"])
-                for r in sorted(rows, key=lambda r: (r["knowledge_key"], r["chunk_index"]))]
+    expected = [(r.point_id, r.knowledge_key, r.source_point_id)
+                for r in sorted(rows, key=lambda r: (r.knowledge_key, r.chunk_index))]
     assert [tuple(r) for r in state.iter_manifest_refs(version.id)] == expected
     assert [tuple(r) for r in state.manifest_refs(version.id)] == expected
     with closing(state.iter_manifest_refs(version.id)) as refs:  # a caller that stops at the first row
@@ -269,10 +269,10 @@ def test_unreachable_state_db_is_a_config_error_without_password() -> None:
 
 def test_keys_differing_only_by_accent_are_distinct(state: StateStore) -> None:
     version = new_version(state)
-    docs = [{"knowledge_key": key, "source": f"{key}.md", "title": key, "category": "c", "tenant": "t",
-             "content_hash": "a" * 64, "chunk_count": 0} for key in ("café", "cafe")]
+    docs = [ManifestDocument(knowledge_key=key, source=f"{key}.md", title=key, category="c", tenant="t",
+                             content_hash="a" * 64, chunk_count=0) for key in ("café", "cafe")]
     state.write_manifest(version.id, docs, [])
-    assert sorted(d["knowledge_key"] for d in state.manifest_documents(version.id)) == ["cafe", "café"]
+    assert sorted(d.knowledge_key for d in state.manifest_documents(version.id)) == ["cafe", "café"]
 
 
 def test_schema_lock_that_cannot_be_opened_does_not_stop_the_state_db(tmp_path: Path,
@@ -301,10 +301,10 @@ def test_processes_creating_one_sqlite_state_db_at_once_all_succeed(tmp_path: Pa
 
 def _manifest(state: StateStore, version_id: int, chunks: list[tuple[str, str | None]]) -> None:
     """One document whose chunks are (chunk_hash, source_point_id): None = embedded by this version."""
-    docs = [{"knowledge_key": "k", "source": "k.md", "title": "K", "category": "c", "tenant": "default",
-             "content_hash": "a" * 64, "chunk_count": len(chunks)}]
-    rows = [{"point_id": f"00000000-0000-0000-0000-{version_id:04d}{i:08d}", "knowledge_key": "k", "chunk_index": i,
-             "chunk_hash": h, "source_point_id": source} for i, (h, source) in enumerate(chunks)]
+    docs = [ManifestDocument(knowledge_key="k", source="k.md", title="K", category="c", tenant="default",
+                             content_hash="a" * 64, chunk_count=len(chunks))]
+    rows = [ManifestChunk(point_id=f"00000000-0000-0000-0000-{version_id:04d}{i:08d}", knowledge_key="k",
+                          chunk_index=i, chunk_hash=h, source_point_id=source) for i, (h, source) in enumerate(chunks)]
     state.write_manifest(version_id, docs, rows)
 
 
@@ -339,7 +339,7 @@ def test_a_build_slice_reads_its_manifest_rows_by_position(state: StateStore) ->
     assert [r.chunk_index for r in rows] == [3, 4, 5, 6]
     assert [r.chunk_index for r in state.slice_rows(version.id)] == list(range(10))
     assert state.slice_rows(version.id, (8, 5))[-1].chunk_index == 9
-    assert [d["knowledge_key"] for d in state.slice_documents(version.id, "k", "k")] == ["k"]
+    assert [d.knowledge_key for d in state.slice_documents(version.id, "k", "k")] == ["k"]
 
 
 def test_an_existing_state_db_gets_the_new_columns_at_open(state: StateStore) -> None:
@@ -385,12 +385,13 @@ def test_an_old_state_db_gets_the_snapshot_columns_and_its_old_snapshot_records_
         columns = {c["name"] for c in sa.inspect(upgraded.engine).get_columns("kb_versions")}
         assert {"qdrant_snapshot", "qdrant_snapshot_at"} <= columns
         record = upgraded.version_by_id(version.id)
-        assert record.qdrant_snapshot is None and record.snapshot_view() == old
+        assert record.qdrant_snapshot is None and record.snapshot_view() == QdrantSnapshotRef.from_dict(old)
+        assert record.snapshot_view().to_dict() == old
         upgraded.update_version(version.id, qdrant_snapshot="kb__m__v1-2.snapshot",
                                 qdrant_snapshot_at=datetime(2026, 2, 3, 4, 5, 6, 789))
-        assert upgraded.version_by_id(version.id).snapshot_view() == {
-            "name": "kb__m__v1-2.snapshot", "collection": version.collection, "at": "2026-02-03T04:05:06Z"}
-        assert "qdrant_snapshot" not in upgraded.version_by_id(version.id).summary()
+        assert upgraded.version_by_id(version.id).snapshot_view() == QdrantSnapshotRef(
+            name="kb__m__v1-2.snapshot", collection=version.collection, at="2026-02-03T04:05:06Z")
+        assert "qdrant_snapshot" not in upgraded.version_by_id(version.id).to_dict()
     finally:
         upgraded.dispose()
 

@@ -32,7 +32,7 @@ from kb_reindex.planning import BuildResult, CreatedVersion, Plan
 from kb_reindex.runtime import Deps
 from kb_reindex.snapshot import snapshot_plan
 from kb_reindex.sources import Document, sha256_text
-from kb_reindex.state import SliceRow, VersionRecord
+from kb_reindex.state import ManifestChunk, VersionRecord
 from kb_reindex.vectors import check_vectors
 
 log = logging.getLogger(__name__)
@@ -194,7 +194,7 @@ class SnapshotTexts:
 
     BLOCK = 512
 
-    def __init__(self, deps: Deps, rows: list[SliceRow], *, version_label: str) -> None:
+    def __init__(self, deps: Deps, rows: list[ManifestChunk], *, version_label: str) -> None:
         self.state, self.rows, self.label = deps.state, rows, version_label
         self.position = {row.point_id: n for n, row in enumerate(rows)}
         self.loaded: dict[int, dict[str, tuple[str, str]]] = {}  # block number -> chunk_hash -> (section, text)
@@ -223,7 +223,7 @@ class SnapshotTexts:
                      chunk_hash=row.chunk_hash, point_id=row.point_id)
 
 
-def _source_point_id(row: SliceRow) -> str:
+def _source_point_id(row: ManifestChunk) -> str:
     """The live point a copied chunk's vector comes from (only rows with one are copied)."""
     if row.source_point_id is None:
         raise StoreError(f"manifest row for point {row.point_id} has no live point to copy from; "
@@ -231,7 +231,7 @@ def _source_point_id(row: SliceRow) -> str:
     return row.source_point_id
 
 
-def _live_chunk(row: SliceRow, record: models.Record, live: str, layout: str) -> Chunk:
+def _live_chunk(row: ManifestChunk, record: models.Record, live: str, layout: str) -> Chunk:
     """A copied chunk's text and section from live's payload, in live's layout: the same chunk hash is the
     same text."""
     payload = record.payload or {}
@@ -243,14 +243,14 @@ def _live_chunk(row: SliceRow, record: models.Record, live: str, layout: str) ->
                  chunk_hash=row.chunk_hash, point_id=row.point_id)
 
 
-def _slice_documents(deps: Deps, version: VersionRecord, manifest: list[SliceRow]) -> dict[str, DocumentInfo]:
+def _slice_documents(deps: Deps, version: VersionRecord, manifest: list[ManifestChunk]) -> dict[str, DocumentInfo]:
     """The payload fields of the documents of a slice's rows, from the plan's manifest (a range of keys)."""
     if not manifest:
         return {}
     rows = deps.state.slice_documents(version.id, manifest[0].knowledge_key, manifest[-1].knowledge_key)
-    by_key = {r["knowledge_key"]: DocumentInfo(knowledge_key=r["knowledge_key"], source=r["source"], title=r["title"],
-                                               category=r["category"], tenant=r["tenant"],
-                                               content_hash=r["content_hash"]) for r in rows}
+    by_key = {r.knowledge_key: DocumentInfo(knowledge_key=r.knowledge_key, source=r.source, title=r.title,
+                                            category=r.category, tenant=r.tenant, content_hash=r.content_hash)
+              for r in rows}
     lost = next((row.knowledge_key for row in manifest if row.knowledge_key not in by_key), None)
     if lost is not None:
         raise KbError(f"v{version.version}'s manifest lists chunks of {lost} but not the document; start a new run")
@@ -321,7 +321,7 @@ class _SliceWriter:
         self.run_unrecorded = BuildCounts()  # embedded and copied, not yet added to the run's record
         self.last_recorded = time.monotonic()
 
-    def point(self, row: SliceRow, vector: list[float], chunk: Chunk | None = None) -> models.PointStruct:
+    def point(self, row: ManifestChunk, vector: list[float], chunk: Chunk | None = None) -> models.PointStruct:
         # IDs are UUID strings, vectors checked lists of floats, payloads plain JSON values: built by us,
         # so pydantic's per-field validation (a tenth of the copy path's time) is skipped
         chunk = chunk or self.texts.chunk(row.knowledge_key, row.point_id)
@@ -358,7 +358,7 @@ class _SliceWriter:
         self.unrecorded, self.last_recorded = 0, time.monotonic()
 
 
-def _copy_from_live(deps: Deps, version: VersionRecord, to_copy: list[SliceRow], writer: _SliceWriter) -> float:
+def _copy_from_live(deps: Deps, version: VersionRecord, to_copy: list[ManifestChunk], writer: _SliceWriter) -> float:
     """Copy the reused chunks' vectors (and texts) from the live collection the version was planned against;
     the seconds it took."""
     base_collection = version.base_collection
@@ -372,7 +372,7 @@ def _copy_from_live(deps: Deps, version: VersionRecord, to_copy: list[SliceRow],
     base_layout = base.payload_layout if base is not None else "native"
     started = time.perf_counter()
 
-    def read(batch: Sequence[SliceRow]) -> list[models.Record]:
+    def read(batch: Sequence[ManifestChunk]) -> list[models.Record]:
         return deps.store.retrieve(base_collection, [_source_point_id(r) for r in batch],
                                    vectors=True, payload=["section", text_field(base_layout)])
 
@@ -394,7 +394,7 @@ def _copy_from_live(deps: Deps, version: VersionRecord, to_copy: list[SliceRow],
     return time.perf_counter() - started
 
 
-def _copied_vectors(live: str, batch: Sequence[SliceRow], found: dict[str, models.Record]) -> dict[str, list[float]]:
+def _copied_vectors(live: str, batch: Sequence[ManifestChunk], found: dict[str, models.Record]) -> dict[str, list[float]]:
     """The vectors of a batch's live points, by point ID; a point or vector missing means live drifted."""
     missing = [r.source_point_id for r in batch if r.source_point_id not in found]
     if missing:
@@ -412,7 +412,7 @@ def _copied_vectors(live: str, batch: Sequence[SliceRow], found: dict[str, model
     return {key: cast(list[float], record.vector) for key, record in found.items()}
 
 
-def _embed(deps: Deps, version: VersionRecord, to_embed: list[SliceRow], writer: _SliceWriter) -> None:
+def _embed(deps: Deps, version: VersionRecord, to_embed: list[ManifestChunk], writer: _SliceWriter) -> None:
     """Embed the new chunks (texts from the plan's snapshot), up to KB_EMBED_CONCURRENCY requests in
     flight; answers come back in the batches' order."""
     embedder = deps.embedder_for(version)

@@ -58,27 +58,27 @@ def structural_checks(deps: Deps, version: VersionRecord, manifest: list[Manifes
     store = deps.store
     picked = random.Random(version.version).sample(manifest, min(SAMPLE_SIZE, len(manifest)))
     sample = deps.state.manifest_chunks(version.id, point_ids=[row.point_id for row in picked]) if picked else []
-    records = {str(r.id): r for r in store.retrieve(version.collection, [row["point_id"] for row in sample], vectors=True)} if sample else {}
+    records = {str(r.id): r for r in store.retrieve(version.collection, [row.point_id for row in sample], vectors=True)} if sample else {}
     problems: list[str] = []
     for row in sample:
-        record = records.get(row["point_id"])
+        record = records.get(row.point_id)
         if record is None:
-            problems.append(f"{row['point_id']}: not found")
+            problems.append(f"{row.point_id}: not found")
             continue
         payload = record.payload or {}
         # every layout keeps the engine's fields flat; the text and the consumer's fields are the layout's
         malformed = payload_problems(payload, version.payload_layout)
         if malformed:
-            problems.append(f"{row['point_id']}: {'; '.join(malformed)} ({describe_layout(version.payload_layout)} layout)")
+            problems.append(f"{row.point_id}: {'; '.join(malformed)} ({describe_layout(version.payload_layout)} layout)")
             continue
-        if hashlib.sha256(str(payload_text(payload, version.payload_layout)).encode("utf-8")).hexdigest() != row["chunk_hash"]:
-            problems.append(f"{row['point_id']}: text does not match its chunk hash")
+        if hashlib.sha256(str(payload_text(payload, version.payload_layout)).encode("utf-8")).hexdigest() != row.chunk_hash:
+            problems.append(f"{row.point_id}: text does not match its chunk hash")
         if (payload["knowledge_key"], payload["chunk_index"], payload["version"], payload["embed_model"]) != (
-            row["knowledge_key"], row["chunk_index"], version.version, version.embed_model
+            row.knowledge_key, row.chunk_index, version.version, version.embed_model
         ):
-            problems.append(f"{row['point_id']}: payload key/index/version/model disagree with the manifest")
+            problems.append(f"{row.point_id}: payload key/index/version/model disagree with the manifest")
         if record.vector is None or len(record.vector) != version.embed_dim:
-            problems.append(f"{row['point_id']}: vector missing or of the wrong size")
+            problems.append(f"{row.point_id}: vector missing or of the wrong size")
     checks.append(Check("payload sample", not problems,
                         f"{len(sample)} sampled" + (f"; {problems[0]}" if problems else ", all well-formed")))
     return checks

@@ -32,6 +32,7 @@ from kb_reindex.sources import (
     read_bytes,
 )
 from kb_reindex.state import FileHash
+from kb_reindex.validation_model import FlaggedLine
 
 # A recorded hash is trusted for a file only if its mtime is older than the recording by this margin: a
 # write within the same mtime tick as the recording (coarse filesystems: 1-2 s) may not change the mtime.
@@ -95,7 +96,7 @@ class CorpusScan:
     def chunk_refs(self) -> list[ChunkRef]:
         return [c for d in self.documents for c in d.chunks]
 
-    def flagged_lines(self) -> list[dict[str, object]]:
+    def flagged_lines(self) -> list[FlaggedLine]:
         return [{"source": d.info.source, "line": number, "text": text}
                 for d in self.documents for number, text in d.flagged]
 
@@ -182,7 +183,7 @@ def quick_fingerprint(docs_dir: Path, recorded: dict[str, FileHash], *, max_byte
     return QuickScan(fingerprint=corpus_fingerprint(pairs), keys=[p.knowledge_key for p in pairs], rehashed=rehashed)
 
 
-def instruction_lines(docs_dir: Path, *, max_bytes: int) -> list[dict[str, object]]:
+def instruction_lines(docs_dir: Path, *, max_bytes: int) -> list[FlaggedLine]:
     """The instruction-like lines of every document, as `CorpusScan.flagged_lines` lists them, without
     chunking anything: for a step that has no scan of its own (an Airflow validate task, a rollback)."""
     found = [(doc.knowledge_key, doc.source, flag_instructions(doc.body))

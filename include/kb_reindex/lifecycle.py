@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from datetime import datetime
-from typing import Any
+from typing import TypedDict
 
 from kb_reindex.errors import KbError
 from kb_reindex.model import VersionStatus
@@ -101,11 +101,24 @@ def may_validate(status: str, failed_step: str | None) -> bool:
     return status == READY or may_resume(status, failed_step)
 
 
-def stamps(to: VersionStatus | str, now: datetime) -> dict[str, Any]:
+class StatusStamps(TypedDict, total=False):
+    """The kb_versions columns a status move stamps (`stamps`); the state's column keywords extend these."""
+
+    error: str | None
+    failed_step: str | None
+    ready_at: datetime | None
+    promoted_at: datetime | None
+    retired_at: datetime | None
+    deleted_at: datetime | None
+
+
+def stamps(to: VersionStatus | str, now: datetime) -> StatusStamps:
     """The columns a move to `to` always writes beside the status (the caller's own override them)."""
     target = VersionStatus(to)
-    if target in (BUILDING, READY):
-        return {"error": None, "failed_step": None, **({"ready_at": now} if target == READY else {})}
+    if target == BUILDING:
+        return {"error": None, "failed_step": None}
+    if target == READY:
+        return {"error": None, "failed_step": None, "ready_at": now}
     if target == LIVE:
         return {"promoted_at": now, "error": None, "failed_step": None}
     if target == RETIRED:

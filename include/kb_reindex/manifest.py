@@ -9,7 +9,7 @@ from kb_reindex.lifecycle import BUILDING, FAILED, READY, may_resume
 from kb_reindex.locking import run_is_active
 from kb_reindex.planning import Plan
 from kb_reindex.runtime import Deps
-from kb_reindex.state import VersionRecord
+from kb_reindex.state import ManifestChunk, ManifestDocument, VersionRecord
 
 
 
@@ -59,15 +59,15 @@ def write_manifest(deps: Deps, version: VersionRecord, scan: CorpusScan, reuse: 
     """The plan's documents and chunks (with the live point each reused chunk is copied from) as the version's
     manifest, and its counts on the version row."""
     documents = [
-        {"knowledge_key": d.info.knowledge_key, "source": d.info.source, "title": d.info.title,
-         "category": d.info.category, "tenant": d.info.tenant, "content_hash": d.info.content_hash,
-         "chunk_count": len(d.chunks)}
+        ManifestDocument(knowledge_key=d.info.knowledge_key, source=d.info.source, title=d.info.title,
+                         category=d.info.category, tenant=d.info.tenant, content_hash=d.info.content_hash,
+                         chunk_count=len(d.chunks))
         for d in scan.documents
     ]
     # rows are made as they are inserted, a batch at a time, never all at once
     chunks = (
-        {"point_id": c.point_id, "knowledge_key": c.knowledge_key, "chunk_index": c.chunk_index,
-         "chunk_hash": c.chunk_hash, "source_point_id": reuse.get(c.chunk_hash)}
+        ManifestChunk(point_id=c.point_id, knowledge_key=c.knowledge_key, source_point_id=reuse.get(c.chunk_hash),
+                      chunk_index=c.chunk_index, chunk_hash=c.chunk_hash)
         for d in scan.documents for c in d.chunks
     )
     deps.state.write_manifest(version.id, documents, chunks)

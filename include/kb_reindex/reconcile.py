@@ -11,10 +11,9 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass
 from datetime import datetime
-from types import SimpleNamespace
 from typing import Any
 
 from kb_reindex.alias import drift_advice
@@ -25,7 +24,8 @@ from kb_reindex.locking import alias_lock_name
 from kb_reindex.model import RunKind, VersionStatus
 from kb_reindex.runtime import Deps
 from kb_reindex.sources import corpus_fingerprint
-from kb_reindex.state import VersionRecord, utcnow
+from kb_reindex.state import ManifestChunk, ManifestDocument, VersionRecord, utcnow
+from kb_reindex.validation_model import RestoredScores
 
 log = logging.getLogger(__name__)
 
@@ -129,6 +129,31 @@ def _restore_missing_alias(deps: Deps, live: VersionRecord, *, run_id: str | Non
 # --- rebuild the state DB from Qdrant ---------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class VersionFacts:
+    """Everything a version record and its manifest hold, as `read_version` read it back from one collection.
+    `problems`: what keeps it from being a usable version (it is recorded failed, without a manifest);
+    `served_at`/`validated`/`legacy`: what the collection notes of its history (`_rebuilt_status`)."""
+
+    kind: str
+    embedder: str
+    embed_model: str
+    embed_dim: int
+    distance: str
+    chunking_version: str
+    corpus_fingerprint: str
+    documents: tuple[ManifestDocument, ...]
+    chunks: tuple[ManifestChunk, ...]
+    problems: tuple[str, ...]
+    served_at: datetime | None
+    validated: bool
+    legacy: bool
+    payload_layout: str
+    embed_profile: str | None
+    created_at: datetime | None
+    validation: RestoredScores | None
+
+
 def version_collections(deps: Deps) -> list[tuple[int, str]]:
     """(N, name) of every collection named `<alias>__<model>__v<N>`, oldest first."""
     pattern = re.compile(rf"^{re.escape(deps.settings.alias)}__[a-z0-9-]+__v(\d+)$")
@@ -136,7 +161,7 @@ def version_collections(deps: Deps) -> list[tuple[int, str]]:
     return sorted(found)
 
 
-def read_version(deps: Deps, name: str) -> dict[str, Any]:
+def read_version(deps: Deps, name: str) -> VersionFacts:
     """Everything a version record and its manifest hold, read back from one collection.
 
     Model, embedder and chunking come from the collection's metadata (written at creation); collections
@@ -146,8 +171,9 @@ def read_version(deps: Deps, name: str) -> dict[str, Any]:
     meta = store.collection_metadata(name)
     dim = store.dimension(name)
     distance = store.shape(name).distance
-    documents: dict[str, dict[str, Any]] = {}
-    chunks: list[dict[str, Any]] = []
+    documents: dict[str, ManifestDocument] = {}  # the first point's payload fields; chunks counted in `counts`
+    counts: Counter[str] = Counter()
+    chunks: list[ManifestChunk] = []
     seen: dict[str, set[str]] = defaultdict(set)
     problems: list[str] = []
     for point_id, payload in store.iter_payloads(name, fields=list(MANIFEST_FIELDS)):
@@ -159,17 +185,17 @@ def read_version(deps: Deps, name: str) -> dict[str, Any]:
         for field_name in ("embed_model", "chunking_version"):
             if payload.get(field_name) is not None:
                 seen[field_name].add(str(payload[field_name]))
-        doc = documents.setdefault(key, {
-            "knowledge_key": key, "source": payload.get("source") or f"{key}.md", "title": payload.get("title") or key,
-            "category": payload.get("category") or "", "tenant": payload.get("tenant") or "",
-            "content_hash": payload["content_hash"], "chunk_count": 0})
-        if doc["content_hash"] != payload["content_hash"]:
-            problems.append(f"document {key} has points of two contents ({doc['content_hash'][:12]}, "
+        doc = documents.setdefault(key, ManifestDocument(
+            knowledge_key=key, source=payload.get("source") or f"{key}.md", title=payload.get("title") or key,
+            category=payload.get("category") or "", tenant=payload.get("tenant") or "",
+            content_hash=payload["content_hash"], chunk_count=0))
+        if doc.content_hash != payload["content_hash"]:
+            problems.append(f"document {key} has points of two contents ({doc.content_hash[:12]}, "
                             f"{payload['content_hash'][:12]})")
             break
-        doc["chunk_count"] += 1
-        chunks.append({"point_id": point_id, "knowledge_key": key, "chunk_index": int(payload["chunk_index"]),
-                       "chunk_hash": payload["chunk_hash"], "source_point_id": None})
+        counts[key] += 1
+        chunks.append(ManifestChunk(point_id=point_id, knowledge_key=key, source_point_id=None,
+                                    chunk_index=int(payload["chunk_index"]), chunk_hash=payload["chunk_hash"]))
     for field_name in ("embed_model", "chunking_version"):
         if len(seen[field_name]) > 1:
             problems.append(f"points disagree on {field_name}: {', '.join(sorted(seen[field_name]))}")
@@ -180,17 +206,18 @@ def read_version(deps: Deps, name: str) -> dict[str, Any]:
     if model is None or chunking is None:
         problems.append("neither its metadata nor its points name the embedding model and chunking")
     embedder = meta.get("embedder") or ("hashing" if (model or "").startswith("hashing") else "ollama")
-    return {
-        "kind": meta.get("kind") or RunKind.REINDEX, "embedder": embedder, "embed_model": model or "unknown",
-        "embed_dim": dim, "distance": distance, "chunking_version": chunking or "unknown",
-        "corpus_fingerprint": corpus_fingerprint(SimpleNamespace(**d) for d in documents.values()),
-        "documents": sorted(documents.values(), key=lambda d: d["knowledge_key"]), "chunks": chunks,
-        "problems": problems, "served_at": _served_at(meta), "validated": bool(meta.get("validated")),
-        "legacy": "kb_version" not in meta,
+    return VersionFacts(
+        kind=meta.get("kind") or RunKind.REINDEX, embedder=embedder, embed_model=model or "unknown",
+        embed_dim=dim, distance=distance, chunking_version=chunking or "unknown",
+        corpus_fingerprint=corpus_fingerprint(documents.values()),
+        documents=tuple(d._replace(chunk_count=counts[key]) for key, d in sorted(documents.items())),
+        chunks=tuple(chunks),
+        problems=tuple(problems), served_at=_served_at(meta), validated=bool(meta.get("validated")),
+        legacy="kb_version" not in meta,
         # every layout keeps the manifest's fields flat; older collections were all native
-        "payload_layout": meta.get("payload_layout") or "native", "embed_profile": meta.get("embed_profile"),
-        "created_at": _noted_time(meta.get("created_at")), "validation": _noted_scores(meta),
-    }
+        payload_layout=meta.get("payload_layout") or "native", embed_profile=meta.get("embed_profile"),
+        created_at=_noted_time(meta.get("created_at")), validation=_noted_scores(meta),
+    )
 
 
 def _noted_time(value: Any) -> datetime | None:
@@ -201,13 +228,13 @@ def _noted_time(value: Any) -> datetime | None:
         return None
 
 
-def _noted_scores(meta: dict[str, Any]) -> dict[str, Any] | None:
+def _noted_scores(meta: dict[str, Any]) -> RestoredScores | None:
     """The golden-set scores noted on a collection when it passed validation, as the version's validation
     record holds them (the probes and reports stay with the lost state DB)."""
     if not meta.get("validated") or meta.get("hit_rate") is None:
         return None
-    return {"passed": True, "hit_rate": meta["hit_rate"], "mrr": meta.get("mrr"),
-            "restored_from": "collection metadata (reconcile --rebuild-state)"}
+    return RestoredScores(hit_rate=meta["hit_rate"], mrr=meta.get("mrr"),
+                          restored_from="collection metadata (reconcile --rebuild-state)")
 
 
 def _served_at(meta: dict[str, Any]) -> datetime | None:
@@ -221,23 +248,23 @@ def _served_at(meta: dict[str, Any]) -> datetime | None:
         return utcnow()
 
 
-def _rebuilt_status(facts: dict[str, Any], *, serving: bool) -> tuple[VersionStatus, str | None]:
+def _rebuilt_status(facts: VersionFacts, *, serving: bool) -> tuple[VersionStatus, str | None]:
     """(status, note) of a version rebuilt from its collection, by what the collection notes it went through:
     behind the alias -> live; served before -> retired (a rollback may return to it); validated but never
     served -> ready, a shadow only a promotion (which validates again) puts live; neither -> failed, a build
     that never finished (retention drops it). Collections made before these notes -> ready, to be promoted
     after re-validation rather than rolled back to blindly."""
-    if facts["problems"]:
+    if facts.problems:
         if serving:
-            raise StoreError(f"the live collection cannot give a manifest: {'; '.join(facts['problems'])}")
-        return FAILED, "rebuilt from Qdrant: " + "; ".join(facts["problems"])
+            raise StoreError(f"the live collection cannot give a manifest: {'; '.join(facts.problems)}")
+        return FAILED, "rebuilt from Qdrant: " + "; ".join(facts.problems)
     if serving:
         return LIVE, None
-    if facts["served_at"] is not None:
+    if facts.served_at is not None:
         return RETIRED, None
-    if facts["validated"]:
+    if facts.validated:
         return READY, None
-    if facts["legacy"]:
+    if facts.legacy:
         return READY, "rebuilt from Qdrant: made before collections noted their history; promote validates it again"
     return FAILED, "rebuilt from Qdrant: never validated (a build that did not finish)"
 
@@ -266,8 +293,8 @@ def rebuild_state(deps: Deps, *, replace: bool = False, run_id: str | None = Non
                                   f"{alias}; point it at one before rebuilding the state")
         read = [(number, name, read_version(deps, name)) for number, name in found]
         for _number, name, facts in read:
-            if name == serving and facts["problems"]:
-                raise StoreError(f"the live collection {name} cannot give a manifest: {'; '.join(facts['problems'])}"
+            if name == serving and facts.problems:
+                raise StoreError(f"the live collection {name} cannot give a manifest: {'; '.join(facts.problems)}"
                                  "; nothing was recorded")
         if known:
             deps.state.forget_versions(alias)
@@ -277,24 +304,24 @@ def rebuild_state(deps: Deps, *, replace: bool = False, run_id: str | None = Non
         for number, name, facts in read:
             status, note = _rebuilt_status(facts, serving=name == serving)
             record = deps.state.insert_version(
-                alias=alias, version=number, collection=name, status=status, kind=facts["kind"],
-                embedder=facts["embedder"], embed_model=facts["embed_model"], embed_dim=facts["embed_dim"],
-                distance=facts["distance"], chunking_version=facts["chunking_version"],
-                corpus_fingerprint=facts["corpus_fingerprint"], docs_count=len(facts["documents"]),
-                points_expected=len(facts["chunks"]), points_written=len(facts["chunks"]),
+                alias=alias, version=number, collection=name, status=status, kind=facts.kind,
+                embedder=facts.embedder, embed_model=facts.embed_model, embed_dim=facts.embed_dim,
+                distance=facts.distance, chunking_version=facts.chunking_version,
+                corpus_fingerprint=facts.corpus_fingerprint, docs_count=len(facts.documents),
+                points_expected=len(facts.chunks), points_written=len(facts.chunks),
                 error=note, failed_step="rebuild" if status == FAILED else None,
-                promoted_at=now if status == LIVE else facts["served_at"],
-                retired_at=(facts["served_at"] or now) if status == RETIRED else None,
-                payload_layout=facts["payload_layout"], embed_profile=facts["embed_profile"],
-                validation=json.dumps(facts["validation"]) if facts["validation"] else None,
-                **({"created_at": facts["created_at"]} if facts["created_at"] else {}),
+                promoted_at=now if status == LIVE else facts.served_at,
+                retired_at=(facts.served_at or now) if status == RETIRED else None,
+                payload_layout=facts.payload_layout, embed_profile=facts.embed_profile,
+                validation=json.dumps(facts.validation.to_dict()) if facts.validation else None,
+                **({"created_at": facts.created_at} if facts.created_at else {}),
             )
             if status != FAILED:
-                deps.state.write_manifest(record.id, facts["documents"], facts["chunks"])
+                deps.state.write_manifest(record.id, list(facts.documents), facts.chunks)
             live = record if status == LIVE else live
-            rebuilt.append(RebuiltVersion(version=number, collection=name, status=status, points=len(facts["chunks"]),
-                                          embed_model=facts["embed_model"], dim=facts["embed_dim"],
-                                          payload_layout=facts["payload_layout"], problems=tuple(facts["problems"])))
+            rebuilt.append(RebuiltVersion(version=number, collection=name, status=status, points=len(facts.chunks),
+                                          embed_model=facts.embed_model, dim=facts.embed_dim,
+                                          payload_layout=facts.payload_layout, problems=facts.problems))
         if live is not None:
             deps.state.add_alias_event(alias=alias, action="rebuild-state", to=live, previous=None, run_id=run_id,
                                        reason=f"state DB rebuilt from Qdrant: {len(rebuilt)} versions")

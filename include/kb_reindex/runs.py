@@ -11,8 +11,6 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
-
 from kb_reindex import metrics
 from kb_reindex.errors import AliasMovedError, EmbeddingError, Failure, KbError, LockHeldError, classify
 from kb_reindex.locking import reindex_lock_name
@@ -20,7 +18,7 @@ from kb_reindex.model import RunKind, RunOutcome
 from kb_reindex.planning import Plan
 from kb_reindex.rollback import RollbackResult, rollback
 from kb_reindex.runtime import Deps, StateDeps, new_run_id
-from kb_reindex.state import StateStore, default_lock_owner
+from kb_reindex.state import RunCounterColumns, StateStore, default_lock_owner
 from kb_reindex.store import describe_qdrant_failure
 
 log = logging.getLogger(__name__)
@@ -66,9 +64,26 @@ class RunCounters:
     chunks_embedded: int | None = None
     chunks_reused: int | None = None
 
-    def as_columns(self) -> dict[str, Any]:
+    def as_columns(self) -> RunCounterColumns:
         """The `finish_run` keywords: the run table's columns that are set."""
-        return {name: value for name, value in vars(self).items() if value is not None}
+        columns: RunCounterColumns = {}
+        if self.source_changed_at is not None:
+            columns["source_changed_at"] = self.source_changed_at
+        if self.docs_added is not None:
+            columns["docs_added"] = self.docs_added
+        if self.docs_changed is not None:
+            columns["docs_changed"] = self.docs_changed
+        if self.docs_unchanged is not None:
+            columns["docs_unchanged"] = self.docs_unchanged
+        if self.docs_removed is not None:
+            columns["docs_removed"] = self.docs_removed
+        if self.chunks_total is not None:
+            columns["chunks_total"] = self.chunks_total
+        if self.chunks_embedded is not None:
+            columns["chunks_embedded"] = self.chunks_embedded
+        if self.chunks_reused is not None:
+            columns["chunks_reused"] = self.chunks_reused
+        return columns
 
 
 def run_counters(plan: Plan, built: RunCounters | None = None) -> RunCounters:
@@ -125,7 +140,9 @@ class Recorder:
             counters = no_change_counters(plan)
         elif plan is not None:
             counters = run_counters(plan, self.built() if outcome != RunOutcome.DRY_RUN else None)
-        self.state.finish_run(self.run_id, outcome=outcome, version=version, **counters.as_columns())
+        columns = counters.as_columns()
+        columns["version"] = version
+        self.state.finish_run(self.run_id, outcome=outcome, **columns)
 
     def fail(self, exc: BaseException, *, retry_left: bool = False, version: int | None = None) -> Failure:
         """The one failure path: classify the exception (errors.classify), log and count it, and record the run
@@ -142,8 +159,8 @@ class Recorder:
         final = not failure.transient or not retry_left
         if final and failure.kind != "state_unreachable":
             try:
-                self.state.finish_run(self.run_id, outcome=RunOutcome.FAILED, error=failure.message,
-                                           **({"version": version} if version is not None else {}))
+                columns: RunCounterColumns = {"version": version} if version is not None else {}
+                self.state.finish_run(self.run_id, outcome=RunOutcome.FAILED, error=failure.message, **columns)
             except Exception as lost:  # reported in one line; the run's own failure is what is returned
                 unrecorded = self.judge(lost)
                 if not unrecorded.expected:

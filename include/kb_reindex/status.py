@@ -20,7 +20,7 @@ from kb_reindex.layouts import version_profile
 from kb_reindex.locking import alias_lock_name, reindex_lock_name
 from kb_reindex.model import SUCCEEDED, RunKind, RunOutcome, VersionStatus
 from kb_reindex.runtime import Deps, StateDeps
-from kb_reindex.state import LockRecord, VersionRecord, is_dag_run_owner, utcnow
+from kb_reindex.state import LockRecord, QdrantSnapshotRef, VersionRecord, is_dag_run_owner, utcnow
 
 #: statuses whose collection must exist in Qdrant, holding what its manifest lists
 KEPT = (VersionStatus.LIVE, VersionStatus.READY, VersionStatus.RETIRED)
@@ -72,7 +72,7 @@ class VersionRow:
     run_id: str | None
     #: the settings it was created with (collection metadata); None for a dropped or older collection
     collection_config: Any
-    snapshot: Any
+    snapshot: QdrantSnapshotRef | None
     pinned: bool
     pin: PinView | None
 

@@ -12,7 +12,6 @@ import json
 import logging
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any
 
 from kb_reindex.checks import structural_checks
 from kb_reindex.collection_setup import finish_bulk_load
@@ -35,6 +34,7 @@ from kb_reindex.state import VersionRecord
 from kb_reindex.validation_model import (
     CategoryScore,
     Check,
+    FlaggedLine,
     PairedComparison,
     ProbeResult,
     ProbeRun,
@@ -89,7 +89,7 @@ def validate(
     min_mrr: float | None = None,
     compare_live: bool = True,
     raise_on_failure: bool = True,
-    flagged: list[dict[str, Any]] | None = None,
+    flagged: list[FlaggedLine] | None = None,
     record: bool = True,
 ) -> ValidationResult:
     """`flagged`: the instruction-like lines of the files this version was planned from, when the caller
@@ -147,7 +147,7 @@ def _record(deps: Deps, version: VersionRecord, result: ValidationResult) -> Non
 
 
 def _validate(deps: Deps, version: VersionRecord, *, min_hit_rate: float | None, min_mrr: float | None,
-              compare_live: bool, flagged: list[dict[str, Any]] | None) -> ValidationResult:
+              compare_live: bool, flagged: list[FlaggedLine] | None) -> ValidationResult:
     golden = _golden_for(deps, version)
     categories, checks = _inspect(deps, version, golden)
     structural_ok = all(c.passed for c in checks)
@@ -211,8 +211,8 @@ def _inspect(deps: Deps, version: VersionRecord, golden: GoldenSet) -> tuple[dic
     manifest first, so a probe naming a missing document fails by name rather than as a miss."""
     manifest = deps.state.manifest_refs(version.id)
     documents = deps.state.manifest_documents(version.id)
-    check_probe_keys(golden, {d["knowledge_key"] for d in documents})
-    categories = probe_categories(golden, {d["knowledge_key"]: d["category"] for d in documents})
+    check_probe_keys(golden, {d.knowledge_key for d in documents})
+    categories = probe_categories(golden, {d.knowledge_key: d.category for d in documents})
     del documents
     return categories, structural_checks(deps, version, manifest)
 
@@ -325,12 +325,12 @@ def _planned_golden_text(deps: Deps, version: VersionRecord) -> str | None:
     """The golden file as the plan of a version being built recorded it; None: read today's file."""
     if version.status in (VersionStatus.BUILDING, VersionStatus.FAILED):
         snapshot = deps.state.snapshot(version.id)
-        if snapshot is not None and snapshot.get("golden") is not None:
-            return snapshot["golden"]
+        if snapshot is not None and snapshot.golden is not None:
+            return snapshot.golden
     return None
 
 
-def planned_instruction_lines(deps: Deps, version: VersionRecord) -> list[dict[str, Any]]:
+def planned_instruction_lines(deps: Deps, version: VersionRecord) -> list[FlaggedLine]:
     """The instruction-like lines of the files this version was planned from, as its plan recorded them:
     no step after the plan reads the knowledge folder (a rollback's target is judged by its own files)."""
     snapshot = deps.state.snapshot(version.id)
@@ -338,4 +338,4 @@ def planned_instruction_lines(deps: Deps, version: VersionRecord) -> list[dict[s
         log.warning("kb_reindex: v%d was planned before plans recorded instruction-like lines; none are reported",
                     version.version)
         return []
-    return snapshot["flagged"]
+    return snapshot.flagged

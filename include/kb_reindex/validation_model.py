@@ -11,7 +11,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
+
+
+class FlaggedLine(TypedDict):
+    """An instruction-like line of a knowledge file, as the plan's snapshot and the validation record store it
+    (JSON): which file, which line, its text."""
+
+    source: str
+    line: int
+    text: str
 
 
 @dataclass(frozen=True)
@@ -242,6 +251,19 @@ class ReplayReport:
 
 
 @dataclass(frozen=True)
+class RestoredScores:
+    """The golden-set scores noted on a collection when it passed validation, as the validation record of a
+    version rebuilt from Qdrant holds them (the probes and reports stay with the lost state DB)."""
+
+    hit_rate: float
+    mrr: float | None
+    restored_from: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"passed": True, "hit_rate": self.hit_rate, "mrr": self.mrr, "restored_from": self.restored_from}
+
+
+@dataclass(frozen=True)
 class ValidationResult:
     """What `kb_reindex.validate.validate` found. `flagged_instructions` the plan's {source, line, text} rows; `report`/`report_html` the written reports'
     paths (None until they are written)."""
@@ -267,7 +289,7 @@ class ValidationResult:
     by_category: tuple[CategoryScore, ...] = ()
     paired: PairedComparison | None = None
     probes_fingerprint: str | None = None
-    flagged_instructions: tuple[dict[str, Any], ...] = ()
+    flagged_instructions: tuple[FlaggedLine, ...] = ()
     replay: ReplayReport | None = None  # None: not run (the structural checks failed)
     report: str | None = None
     report_html: str | None = None

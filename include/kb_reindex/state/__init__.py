@@ -25,8 +25,8 @@ from kb_reindex.state.locks import (
     parse_lock_owner,
     process_space,
 )
-from kb_reindex.state.manifests import FileHash, ManifestRef, SliceRow
-from kb_reindex.state.runs import RunRecord
+from kb_reindex.state.manifests import FileHash, ManifestChunk, ManifestDocument, ManifestRef, PlanSnapshotRow
+from kb_reindex.state.runs import RunCounterColumns, RunRecord
 from kb_reindex.state.schema import (
     ADDED_COLUMNS,
     MYSQL_TABLE,
@@ -48,12 +48,13 @@ from kb_reindex.state.schema import (
     versions,
 )
 from kb_reindex.state.store import StateStore
-from kb_reindex.state.versions import STATUSES, VersionRecord
+from kb_reindex.state.versions import STATUSES, QdrantSnapshotRef, VersionColumns, VersionFields, VersionRecord
 
 __all__ = [
     "ADDED_COLUMNS", "DAG_RUN_OWNER", "MYSQL_TABLE", "STATUSES", "Clock", "FileHash", "Freeze", "FreezeEvent", "LockEvent",
     "LockRecord", "LongText",
-    "ManifestRef", "ManualClock", "RunRecord", "SliceRow", "StateStore", "SystemClock", "Timestamp", "VersionRecord",
+    "ManifestChunk", "ManifestDocument", "ManifestRef", "ManualClock", "PlanSnapshotRow", "QdrantSnapshotRef",
+    "RunCounterColumns", "RunRecord", "StateStore", "SystemClock", "Timestamp", "VersionColumns", "VersionFields", "VersionRecord",
     "alias_events", "audits", "chunk_texts", "default_lock_owner", "describe_lock_holder", "file_hashes", "freezes",
     "is_dag_run_owner", "lock_events", "lock_owner_alive", "locks", "manifest_chunks", "manifest_documents",
     "metadata", "parse_lock_owner", "pins", "process_space", "runs", "snapshots", "utcnow", "versions",

@@ -6,12 +6,15 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from datetime import datetime
 from itertools import islice
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import sqlalchemy as sa
 
 from kb_reindex.state.schema import chunk_texts, file_hashes, manifest_chunks, manifest_documents, snapshots, versions
+from kb_reindex.validation_model import FlaggedLine
 
 if TYPE_CHECKING:
     from kb_reindex.state.clock import Clock
@@ -25,14 +28,46 @@ class ManifestRef(NamedTuple):
     source_point_id: str | None
 
 
-class SliceRow(NamedTuple):
-    """One manifest row of a build slice: a `ManifestRef` plus what the point's payload needs."""
+class ManifestChunk(NamedTuple):
+    """One chunk row of a manifest (a build slice reads its rows as these): a `ManifestRef` plus what the
+    point's payload needs. `source_point_id`: the live point a reused chunk is copied from."""
 
     point_id: str
     knowledge_key: str
     source_point_id: str | None
     chunk_index: int
     chunk_hash: str
+
+
+class ManifestDocument(NamedTuple):
+    """One document row of a manifest: the payload fields of its points and how many chunks it has."""
+
+    knowledge_key: str
+    source: str
+    title: str
+    category: str
+    tenant: str
+    content_hash: str
+    chunk_count: int
+
+
+@dataclass(frozen=True)
+class PlanSnapshotRow:
+    """The plan's snapshot row of a version: its presence says the plan finished writing what later steps
+    read. `flagged` the instruction-like lines of the planned files; `golden` the golden set file as the
+    plan checked it (None: a plan from before it was recorded)."""
+
+    version_id: int
+    run_id: str | None
+    planned_at: datetime
+    chunks_to_embed: int
+    flagged: list[FlaggedLine]
+    golden: str | None
+
+
+#: the columns of each row type, in its field order: a row is built from the tuple as it comes
+_CHUNK_COLUMNS = tuple(manifest_chunks.c[name] for name in ManifestChunk._fields)
+_DOCUMENT_COLUMNS = tuple(manifest_documents.c[name] for name in ManifestDocument._fields)
 
 
 class FileHash(NamedTuple):
@@ -50,7 +85,8 @@ class ManifestsMixin:
 
     # --- manifest -------------------------------------------------------------------------------
 
-    def write_manifest(self, version_id: int, documents: list[dict[str, Any]], chunks: Iterable[dict[str, Any]]) -> None:
+    def write_manifest(self, version_id: int, documents: list[ManifestDocument],
+                       chunks: Iterable[ManifestChunk]) -> None:
         """Replace the version's manifest in one transaction, so a retried step never doubles it."""
         rows = enumerate(chunks)  # in manifest order: (knowledge_key, chunk_index)
         with self.engine.begin() as conn:
@@ -58,8 +94,8 @@ class ManifestsMixin:
             conn.execute(manifest_chunks.delete().where(manifest_chunks.c.version_id == version_id))
             conn.execute(manifest_documents.delete().where(manifest_documents.c.version_id == version_id))
             if documents:
-                conn.execute(manifest_documents.insert(), [{"version_id": version_id, **d} for d in documents])
-            while batch := [{"version_id": version_id, "position": n, **c} for n, c in islice(rows, 5000)]:
+                conn.execute(manifest_documents.insert(), [{"version_id": version_id, **d._asdict()} for d in documents])
+            while batch := [{"version_id": version_id, "position": n, **c._asdict()} for n, c in islice(rows, 5000)]:
                 conn.execute(manifest_chunks.insert(), batch)
 
     def manifest_refs(self, version_id: int) -> list[ManifestRef]:
@@ -76,13 +112,12 @@ class ManifestsMixin:
             for row in conn.execution_options(yield_per=5000).execute(query):
                 yield ManifestRef(*row)
 
-    def manifest_documents(self, version_id: int) -> list[dict[str, Any]]:
+    def manifest_documents(self, version_id: int) -> list[ManifestDocument]:
+        """The version's documents, by knowledge key."""
         with self.engine.connect() as conn:
-            rows = conn.execute(
-                sa.select(manifest_documents).where(manifest_documents.c.version_id == version_id)
-                .order_by(manifest_documents.c.knowledge_key)
-            ).mappings().all()
-        return [dict(row) for row in rows]
+            rows = conn.execute(sa.select(*_DOCUMENT_COLUMNS).where(manifest_documents.c.version_id == version_id)
+                                .order_by(manifest_documents.c.knowledge_key))
+            return [ManifestDocument(*row) for row in rows]
 
     def manifest_document_hashes(self, version_id: int) -> dict[str, str]:
         """knowledge_key -> content_hash of the version's documents."""
@@ -99,17 +134,15 @@ class ManifestsMixin:
                                 .order_by(manifest_chunks.c.knowledge_key, manifest_chunks.c.chunk_index))
             return {key: value for key, value in rows}
 
-    def manifest_chunks(self, version_id: int, *, point_ids: list[str] | None = None) -> list[dict[str, Any]]:
-        """Every chunk row of the version, or only those of `point_ids`."""
-        columns = [c for c in manifest_chunks.c if c.name != "position"]  # a build detail, not the manifest's
-        query = sa.select(*columns).where(manifest_chunks.c.version_id == version_id)
+    def manifest_chunks(self, version_id: int, *, point_ids: list[str] | None = None) -> list[ManifestChunk]:
+        """Every chunk row of the version, or only those of `point_ids`, in manifest order."""
+        query = sa.select(*_CHUNK_COLUMNS).where(manifest_chunks.c.version_id == version_id)
         if point_ids is not None:
             query = query.where(manifest_chunks.c.point_id.in_(point_ids))
         with self.engine.connect() as conn:
-            result = conn.execute(query.order_by(manifest_chunks.c.knowledge_key, manifest_chunks.c.chunk_index))
-            keys = list(result.keys())
-            # rows zipped with the column names: a third of the time of a RowMapping per row
-            return [dict(zip(keys, row, strict=True)) for row in result]
+            rows = conn.execute(query.order_by(manifest_chunks.c.knowledge_key, manifest_chunks.c.chunk_index))
+            # a tuple per row: a third of the time of a RowMapping per row
+            return [ManifestChunk(*row) for row in rows]
 
     # --- the plan's snapshot -------------------------------------------------------------------
 
@@ -147,7 +180,7 @@ class ManifestsMixin:
         return added
 
     def finish_snapshot(self, version_id: int, *, run_id: str | None, chunks_to_embed: int,
-                        flagged: list[dict[str, Any]], golden: str | None = None) -> None:
+                        flagged: list[FlaggedLine], golden: str | None = None) -> None:
         """The last write of a plan's snapshot: from here on the version can be created and built."""
         with self.engine.begin() as conn:
             conn.execute(snapshots.delete().where(snapshots.c.version_id == version_id))
@@ -155,37 +188,34 @@ class ManifestsMixin:
                                                    chunks_to_embed=chunks_to_embed, golden=golden,
                                                    flagged=json.dumps(flagged, ensure_ascii=False)))
 
-    def snapshot(self, version_id: int) -> dict[str, Any] | None:
+    def snapshot(self, version_id: int) -> PlanSnapshotRow | None:
         """The version's snapshot row (flagged lines decoded), or None when its plan never finished one."""
         with self.engine.connect() as conn:
             row = conn.execute(sa.select(snapshots).where(snapshots.c.version_id == version_id)).mappings().first()
         if row is None:
             return None
-        return {**dict(row), "flagged": json.loads(row["flagged"])}
+        return PlanSnapshotRow(version_id=row["version_id"], run_id=row["run_id"], planned_at=row["planned_at"],
+                               chunks_to_embed=row["chunks_to_embed"], flagged=json.loads(row["flagged"]),
+                               golden=row["golden"])
 
-    def slice_rows(self, version_id: int, window: tuple[int, int] | None = None) -> list[SliceRow]:
+    def slice_rows(self, version_id: int, window: tuple[int, int] | None = None) -> list[ManifestChunk]:
         """A build slice's manifest rows, by range of position in SQL (all rows without a window), in
         manifest order: a slice costs its own rows, not the whole manifest."""
-        query = (sa.select(manifest_chunks.c.point_id, manifest_chunks.c.knowledge_key,
-                           manifest_chunks.c.source_point_id, manifest_chunks.c.chunk_index,
-                           manifest_chunks.c.chunk_hash)
-                 .where(manifest_chunks.c.version_id == version_id))
+        query = sa.select(*_CHUNK_COLUMNS).where(manifest_chunks.c.version_id == version_id)
         if window is not None:
             offset, limit = window
             query = query.where(manifest_chunks.c.position >= offset, manifest_chunks.c.position < offset + limit)
         with self.engine.connect() as conn:
             rows = conn.execute(query.order_by(manifest_chunks.c.position))
-            return [SliceRow(*row) for row in rows]
+            return [ManifestChunk(*row) for row in rows]
 
-    def slice_documents(self, version_id: int, first_key: str, last_key: str) -> list[dict[str, Any]]:
+    def slice_documents(self, version_id: int, first_key: str, last_key: str) -> list[ManifestDocument]:
         """The manifest documents whose keys lie in [first_key, last_key]: those a slice's rows belong to."""
         with self.engine.connect() as conn:
-            rows = conn.execute(
-                sa.select(manifest_documents).where(manifest_documents.c.version_id == version_id,
-                                                    manifest_documents.c.knowledge_key >= first_key,
-                                                    manifest_documents.c.knowledge_key <= last_key)
-            ).mappings().all()
-        return [dict(row) for row in rows]
+            rows = conn.execute(sa.select(*_DOCUMENT_COLUMNS).where(manifest_documents.c.version_id == version_id,
+                                                                    manifest_documents.c.knowledge_key >= first_key,
+                                                                    manifest_documents.c.knowledge_key <= last_key))
+            return [ManifestDocument(*row) for row in rows]
 
     def texts(self, hashes: Iterable[str]) -> dict[str, tuple[str, str]]:
         """chunk_hash -> (section, text) for those of these hashes that are stored."""

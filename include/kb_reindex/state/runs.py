@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict, Unpack
 
 import sqlalchemy as sa
 
@@ -13,6 +13,21 @@ from kb_reindex.state.schema import runs
 if TYPE_CHECKING:
     from kb_reindex.state.clock import Clock
 
+
+
+class RunCounterColumns(TypedDict, total=False):
+    """kb_runs columns `finish_run` writes beside the outcome: the version built and the run's figures (a key
+    left out is not written)."""
+
+    version: int | None
+    source_changed_at: datetime | None
+    docs_added: int
+    docs_changed: int
+    docs_unchanged: int
+    docs_removed: int
+    chunks_total: int
+    chunks_embedded: int
+    chunks_reused: int
 
 @dataclass(frozen=True)
 class RunRecord:
@@ -73,7 +88,8 @@ class RunsMixin:
             conn.execute(runs.update().where(runs.c.run_id == run_id).values(
                 chunks_embedded=runs.c.chunks_embedded + embedded, chunks_reused=runs.c.chunks_reused + reused))
 
-    def finish_run(self, run_id: str, *, outcome: str, error: str | None = None, **counters: Any) -> None:
+    def finish_run(self, run_id: str, *, outcome: str, error: str | None = None,
+                   **counters: Unpack[RunCounterColumns]) -> None:
         now = self.clock.now()
         with self.engine.begin() as conn:
             started = conn.execute(sa.select(runs.c.started_at).where(runs.c.run_id == run_id)).scalar()

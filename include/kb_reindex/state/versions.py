@@ -8,7 +8,7 @@ import json
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, fields
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Unpack
 
 import sqlalchemy as sa
 
@@ -21,6 +21,61 @@ if TYPE_CHECKING:
     from kb_reindex.state.clock import Clock
 
 STATUSES = tuple(VersionStatus)
+
+
+class VersionFields(lifecycle.StatusStamps, total=False):
+    """kb_versions columns as the keywords of a write (`update_version`, `transition_version`), written as
+    they are; the validation record, stored as JSON, is a parameter of its own."""
+
+    alias: str
+    version: int
+    collection: str
+    status: str
+    kind: str
+    embedder: str
+    embed_model: str
+    embed_dim: int
+    distance: str
+    chunking_version: str
+    corpus_fingerprint: str
+    base_version: int | None
+    base_collection: str | None
+    run_id: str | None
+    docs_count: int
+    points_expected: int
+    points_written: int
+    chunks_embedded: int
+    chunks_reused: int
+    created_at: datetime
+    updated_at: datetime
+    payload_layout: str
+    embed_profile: str | None
+    qdrant_snapshot: str | None
+    qdrant_snapshot_at: datetime | None
+
+
+class VersionColumns(VersionFields, total=False):
+    """kb_versions columns as the table stores them (`_encoded`): the validation record as JSON."""
+
+    validation: str | None
+
+
+@dataclass(frozen=True)
+class QdrantSnapshotRef:
+    """The Qdrant snapshot taken of a version's collection before it was dropped, as status shows it; `at`
+    the time as ISO UTC text (`Z`), None when not noted."""
+
+    name: str
+    collection: str
+    at: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "collection": self.collection, "at": self.at}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> QdrantSnapshotRef:
+        """As a row written before the snapshot had its own columns keeps it, in its validation record."""
+        return cls(name=data["name"], collection=data["collection"], at=data.get("at"))
 
 
 @dataclass
@@ -66,16 +121,17 @@ class VersionRecord:
         data["validation"] = json.loads(data["validation"]) if data["validation"] else None
         return cls(**data)
 
-    def snapshot_view(self) -> dict[str, Any] | None:
-        """The Qdrant snapshot of its dropped collection as status shows it ({name, collection, at}); a row
-        written before the column existed keeps it in its validation record, under `snapshot`."""
+    def snapshot_view(self) -> QdrantSnapshotRef | None:
+        """The Qdrant snapshot of its dropped collection as status shows it; a row written before the column
+        existed keeps it in its validation record, under `snapshot`."""
         if self.qdrant_snapshot is None:
-            return (self.validation or {}).get("snapshot")
+            old = (self.validation or {}).get("snapshot")
+            return QdrantSnapshotRef.from_dict(old) if old else None
         at = self.qdrant_snapshot_at
-        return {"name": self.qdrant_snapshot, "collection": self.collection,
-                "at": at.isoformat(timespec="seconds") + "Z" if at else None}
+        return QdrantSnapshotRef(name=self.qdrant_snapshot, collection=self.collection,
+                                 at=at.isoformat(timespec="seconds") + "Z" if at else None)
 
-    def summary(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         """The JSON-able view the CLI and XCom carry (no validation detail, no snapshot)."""
         out = asdict(self)
         for detail in ("validation", "qdrant_snapshot", "qdrant_snapshot_at"):
@@ -168,24 +224,28 @@ class VersionsMixin:
             )
         return live[0] if live else None
 
-    def update_version(self, version_id: int, **columns: Any) -> None:
-        """Columns other than the status (counts, validation record); the status moves by `transition_version`."""
+    def update_version(self, version_id: int, *, validation: Mapping[str, Any] | None = None,
+                       **columns: Unpack[VersionFields]) -> None:
+        """Columns other than the status (counts, the validation record unless None); the status moves by
+        `transition_version`."""
         if "status" in columns:
             raise KbError("a version's status moves only through StateStore.transition_version (kb_reindex.lifecycle)")
-        columns = _encoded(columns)
-        columns["updated_at"] = self.clock.now()
+        values = _encoded(columns, validation)
+        values["updated_at"] = self.clock.now()
         with self.engine.begin() as conn:
-            conn.execute(versions.update().where(versions.c.id == version_id).values(**columns))
+            conn.execute(versions.update().where(versions.c.id == version_id).values(**values))
 
     def transition_version(self, version_id: int, *, from_: Iterable[VersionStatus | str], to: VersionStatus | str,
-                           conn: sa.Connection | None = None, **columns: Any) -> None:
+                           conn: sa.Connection | None = None, validation: Mapping[str, Any] | None = None,
+                           **columns: Unpack[VersionFields]) -> None:
         """Move a version from one of `from_` to `to` (a move `kb_reindex.lifecycle.TRANSITIONS` allows), with
         the columns the move stamps (`lifecycle.stamps`) and the caller's, as one conditional UPDATE. A row
         that is no longer in `from_` (or gone) updates nothing: `lifecycle.StatusMoved` names what it found.
         `conn`: inside the caller's transaction (an alias switch writes its event and both versions at once)."""
         expected = lifecycle.check(from_, to)
         now = self.clock.now()
-        values = {**lifecycle.stamps(to, now), **_encoded(columns), "status": VersionStatus(to), "updated_at": now}
+        values: VersionColumns = {**lifecycle.stamps(to, now), **_encoded(columns, validation),
+                                  "status": VersionStatus(to), "updated_at": now}
         query = (versions.update().where(versions.c.id == version_id, versions.c.status.in_(expected))
                  .values(**values))
         if conn is not None:
@@ -216,11 +276,11 @@ class VersionsMixin:
         self.transition_version(version_id, from_=from_, to=lifecycle.FAILED, failed_step=step, error=error[:4000])
 
 
-def _encoded(columns: Mapping[str, Any]) -> dict[str, Any]:
-    """Columns as the table stores them: the validation record as JSON."""
-    out = dict(columns)
-    if out.get("validation") is not None:
-        out["validation"] = json.dumps(out["validation"], ensure_ascii=False)
+def _encoded(columns: VersionFields, validation: Mapping[str, Any] | None) -> VersionColumns:
+    """Columns as the table stores them: the validation record (when given) as JSON."""
+    out: VersionColumns = {**columns}
+    if validation is not None:
+        out["validation"] = json.dumps(validation, ensure_ascii=False)
     return out
 
 
