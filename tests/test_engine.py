@@ -92,7 +92,7 @@ def test_first_run_builds_validates_and_promotes(deps: Deps, counting: CountingE
     assert Path(result["validation"]["report"]).is_file()
     assert Path(result["validation"]["report"]).with_suffix(".csv").is_file()
     [event] = deps.state.alias_events("mall_knowledge")
-    assert (event["action"], event["from_version"], event["to_version"]) == ("promote", None, 1)
+    assert (event.action, event.from_version, event.to_version) == ("promote", None, 1)
 
 
 def test_second_run_without_changes_writes_nothing(deps: Deps, counting: CountingEmbedder,
@@ -337,7 +337,7 @@ def test_alias_moved_back_by_hand_is_recorded_as_a_rollback_never_by_reconcile(d
     assert deps.state.live_version("mall_knowledge").version == 2
     done = engine.run_rollback(deps, reason="moved back by hand", to_version=1, revalidate=False)
     assert done.to_version == 1
-    assert deps.state.alias_events("mall_knowledge")[-1]["action"] == "rollback"
+    assert deps.state.alias_events("mall_knowledge")[-1].action == "rollback"
     assert not status_view(deps).to_dict()["problems"]
 
 
@@ -358,7 +358,7 @@ def test_alias_moved_forward_before_the_state_write_is_reconciled(deps: Deps, co
         plan(deps)
     outcome = reconcile(deps)
     assert outcome.changed and outcome.live_version == 2
-    assert deps.state.alias_events("mall_knowledge")[-1]["action"] == "reconcile"
+    assert deps.state.alias_events("mall_knowledge")[-1].action == "reconcile"
     assert not status_view(deps).to_dict()["problems"]
 
 

@@ -172,7 +172,7 @@ def test_full_run_with_state_on_mysql(settings, mysql_url: str) -> None:
         assert engine.run_reindex(deps)["outcome"] == "no_change"
         engine.run_rollback(deps, reason="mysql")
         assert state.live_version(ALIAS).version == 2
-        assert [e["action"] for e in state.alias_events(ALIAS)][-1] == "rollback"
+        assert [e.action for e in state.alias_events(ALIAS)][-1] == "rollback"
     finally:
         state.dispose()
 

@@ -551,16 +551,18 @@ def test_rebuild_state_keeps_each_versions_creation_time_hit_rate_and_mrr(projec
 
 
 def test_audit_is_full_when_something_changed_and_sampled_otherwise() -> None:
+    from dataclasses import replace
     from types import SimpleNamespace
 
     from kb_reindex.audit import AuditMode, audit_decision
+    from kb_reindex.state import AuditRecord
 
     now = datetime(2026, 11, 30, 12, 0, 0)
     live: Any = SimpleNamespace(version=3, collection="kb__v3", points_expected=100)
-    last = {"version": 3, "collection": "kb__v3", "expected": 100, "points": 100, "missing": 0, "orphans": 0,
-            "at": now - timedelta(hours=1)}
+    last = AuditRecord(id=1, alias=ALIAS, version=3, collection="kb__v3", run_id="r1", expected=100, points=100,
+                       missing=0, orphans=0, at=now - timedelta(hours=1))
 
-    def mode(last: dict[str, Any] | None, points: int = 100, **changes: Any) -> AuditMode:
+    def mode(last: AuditRecord | None, points: int = 100, **changes: Any) -> AuditMode:
         return audit_decision(last, SimpleNamespace(**{**vars(live), **changes}), points=points, now=now).mode
 
     assert mode(last) is AuditMode.SAMPLE
@@ -568,9 +570,9 @@ def test_audit_is_full_when_something_changed_and_sampled_otherwise() -> None:
     assert mode(last, collection="kb__v4", version=4) is AuditMode.FULL
     assert mode(last, points=99) is AuditMode.FULL
     assert mode(last, points_expected=101) is AuditMode.FULL
-    assert mode({**last, "missing": 1}) is AuditMode.FULL
-    assert mode({**last, "orphans": 2}) is AuditMode.FULL
-    assert mode({**last, "at": now - timedelta(hours=24)}) is AuditMode.FULL
+    assert mode(replace(last, missing=1)) is AuditMode.FULL
+    assert mode(replace(last, orphans=2)) is AuditMode.FULL
+    assert mode(replace(last, at=now - timedelta(hours=24))) is AuditMode.FULL
 
 
 def test_a_deletion_hidden_by_an_extra_point_is_caught_by_the_samples_within_a_few_runs(project: Path) -> None:
@@ -584,8 +586,8 @@ def test_a_deletion_hidden_by_an_extra_point_is_caught_by_the_samples_within_a_f
     assert engine.run_reindex(deps)["outcome"] == "promoted"  # its plan had nothing to audit yet
     live = deps.state.live_version(ALIAS)
     first = audit_live(deps, live, run_id="audit-1")
-    assert first["mode"] == "full" and first["missing"] == 0 and first["expected"] == 50
-    assert audit_live(deps, live, run_id="audit-2", sample=8)["mode"] == "sample"
+    assert first.mode == "full" and first.missing == 0 and first.expected == 50
+    assert audit_live(deps, live, run_id="audit-2", sample=8).mode == "sample"
 
     # one point deleted, one foreign point written: the count is unchanged
     victim = next(deps.store.iter_ids(live.collection))
@@ -595,13 +597,13 @@ def test_a_deletion_hidden_by_an_extra_point_is_caught_by_the_samples_within_a_f
     rng = random.Random(7)
     for runs in range(1, 30):
         found = audit_live(deps, live, run_id=f"audit-sample-{runs}", sample=8, rng=rng)
-        if found["missing"]:
+        if found.missing:
             break
-    assert found["mode"] == "full" and (found["missing"], found["orphans"]) == (1, 1), found
+    assert found.mode == "full" and (found.missing, found.orphans) == (1, 1), found
     assert runs <= 15, f"caught only after {runs} runs"  # 8 of 50 IDs a run: p=0.16 each
-    assert deps.state.last_audit(ALIAS)["run_id"] == f"audit-sample-{runs}"
+    assert deps.state.last_audit(ALIAS).run_id == f"audit-sample-{runs}"
     # the problem is now on record: every following run audits in full until it is gone
-    assert audit_live(deps, live, run_id="audit-after", sample=8)["mode"] == "full"
+    assert audit_live(deps, live, run_id="audit-after", sample=8).mode == "full"
 
 
 def test_a_run_left_running_without_its_lock_is_recorded_failed_by_the_next_run(project: Path) -> None:

@@ -6,13 +6,25 @@ import json
 
 from kb_reindex.model import RunKind
 from kb_reindex.plan import plan
-from kb_reindex.planning import BuildResult, ChunkCounts, CreatedVersion, DocCounts, DocKeys, Plan
+from kb_reindex.planning import (
+    AuditMode,
+    AuditResult,
+    BuildResult,
+    ChunkCounts,
+    CreatedVersion,
+    DocCounts,
+    DocKeys,
+    Plan,
+)
 from kb_reindex.runtime import Deps
 
 #: the keys of the plan dict (`kb-reindex plan --json`, the plan task's XCom), in their order
 PLAN_KEYS = ["alias", "kind", "fingerprint", "embedder", "embed_model", "embed_dim", "chunking_version",
              "embed_profile", "payload_layout", "base_version", "base_collection", "base_embed_model", "force_full",
              "no_change", "docs", "doc_keys", "chunks", "source_changed_at", "notes"]
+#: the keys of a plan's audit of live (`kb_reindex.audit.audit_live`), in their order; a sampled one adds `sampled`
+AUDIT_KEYS = ["version", "collection", "expected", "points", "missing", "orphans", "missing_ratio", "orphan_ratio",
+              "mode"]
 
 
 def a_plan(**changes: object) -> Plan:
@@ -35,10 +47,14 @@ def test_a_plan_crosses_json_and_back_unchanged() -> None:
     assert data["docs"] == {"added": 1, "changed": 2, "unchanged": 3, "removed": 4}
     assert len(data["doc_keys"]["added"]) == 50, "a plan names at most 50 keys of each kind"
     assert Plan.from_dict(json.loads(json.dumps(data))) == plan
-    snapshotted = a_plan(audit={"points": 5, "missing": 0}).with_snapshot(version=4, collection="kb__v4", resumed=True)
+    audit = AuditResult(version=3, collection="kb__bge-m3__v3", expected=5, points=5, missing=0, orphans=0,
+                        missing_ratio=0.0, orphan_ratio=0.0, mode=AuditMode.SAMPLE, sampled=5)
+    snapshotted = a_plan(audit=audit).with_snapshot(version=4, collection="kb__v4", resumed=True)
     data = snapshotted.to_dict()
     assert list(data) == [*PLAN_KEYS, "audit", "version", "collection", "resumed"]
+    assert list(data["audit"]) == [*AUDIT_KEYS, "sampled"] and data["audit"]["mode"] == "sample"
     assert Plan.from_dict(json.loads(json.dumps(data))) == snapshotted
+    assert list(AuditResult.from_dict({**data["audit"], "mode": "full", "sampled": None}).to_dict()) == AUDIT_KEYS
 
 
 def test_a_plan_from_before_payload_layouts_reads_as_native() -> None:

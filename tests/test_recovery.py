@@ -179,7 +179,7 @@ def test_status_and_reconcile_during_a_promotion_see_no_drift(deps: Deps, monkey
     assert results["run"]["outcome"] == "promoted"
     assert results["reconcile"].changed is False
     assert deps.state.live_version(ALIAS).version == 2
-    assert [e["action"] for e in deps.state.alias_events(ALIAS)] == ["promote", "promote"]
+    assert [e.action for e in deps.state.alias_events(ALIAS)] == ["promote", "promote"]
 
 
 # --- lose the state DB, lose nothing ----------------------------------------------------------------
@@ -399,7 +399,7 @@ def test_a_deleted_alias_is_pointed_back_at_live_by_reconcile(deps: Deps) -> Non
     assert "points to nothing" in problem and "kb-reindex reconcile" in problem
     outcome = reconcile(deps)
     assert outcome.changed and deps.store.alias_target(ALIAS).endswith("__v1")
-    assert deps.state.alias_events(ALIAS)[-1]["action"] == "reconcile"
+    assert deps.state.alias_events(ALIAS)[-1].action == "reconcile"
     assert status_view(deps).to_dict()["problems"] == []
 
 

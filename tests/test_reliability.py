@@ -280,7 +280,7 @@ def test_crash_after_alias_move_is_detected_and_the_retry_completes(deps: Deps, 
     assert done.version == created.version
     assert deps.state.live_version(ALIAS).version == created.version
     assert not status_view(deps).to_dict()["problems"]
-    assert [e["action"] for e in deps.state.alias_events(ALIAS)] == ["promote", "promote"]
+    assert [e.action for e in deps.state.alias_events(ALIAS)] == ["promote", "promote"]
 
 
 # --- concurrency ----------------------------------------------------------------------------------

@@ -244,7 +244,7 @@ def test_a_move_that_does_not_take_fails_loudly_and_records_nothing(deps: Deps, 
     with pytest.raises(AliasReadBackError, match="reads back as mall_knowledge__hashing-ngram-v1__v2"):
         engine.run_rollback(deps, reason="test", to_version=1)
     assert deps.state.live_version(deps.settings.alias).version == 2
-    assert [e["action"] for e in deps.state.alias_events(deps.settings.alias)] == ["promote", "promote"]
+    assert [e.action for e in deps.state.alias_events(deps.settings.alias)] == ["promote", "promote"]
 
 
 # --- the watch after the swap -------------------------------------------------------------------------
@@ -287,7 +287,7 @@ def test_watch_of_a_healthy_version_checks_each_interval_and_moves_nothing(deps:
     result = watch(deps, 2, minutes=30, interval_s=600, clock=clock, sleep=clock.sleep)
     assert result.outcome == "healthy" and len(result.checks) == 4 and clock.sleeps == [600, 600, 600]
     assert all(not c.regressed and c.hit_rate >= 0.9 for c in result.checks)
-    assert [e["action"] for e in deps.state.alias_events(deps.settings.alias)] == ["promote", "promote"]
+    assert [e.action for e in deps.state.alias_events(deps.settings.alias)] == ["promote", "promote"]
     assert watch(deps, 2, minutes=0, interval_s=60).outcome == "skipped"
 
 
@@ -300,8 +300,8 @@ def test_watch_rolls_back_a_regression_injected_after_promotion(deps: Deps) -> N
     assert deps.store.alias_target(deps.settings.alias).endswith("__v1")
     assert deps.state.live_version(deps.settings.alias).version == 1
     event = deps.state.alias_events(deps.settings.alias)[-1]
-    assert (event["action"], event["from_version"], event["to_version"]) == ("auto-rollback", 2, 1)
-    assert event["reason"].startswith("watch of v2: golden probes through the alias: hit rate")
+    assert (event.action, event.from_version, event.to_version) == ("auto-rollback", 2, 1)
+    assert event.reason is not None and event.reason.startswith("watch of v2: golden probes through the alias: hit rate")
     assert deps.state.list_runs(deps.settings.alias, limit=1)[0].trigger == "watch"
 
 
@@ -318,7 +318,7 @@ def test_watch_rolls_back_when_the_query_log_empty_rate_rises(logged: Deps) -> N
     assert result.outcome == "rolled_back"
     assert result.to_dict()["signals"] == ["query log: empty-result rate 0.667 over 3 queries since the promotion > 0.000 "
                                  "(v1's 1 logged queries; +0.0 allowed)"]
-    assert deps.state.alias_events(deps.settings.alias)[-1]["action"] == "auto-rollback"
+    assert deps.state.alias_events(deps.settings.alias)[-1].action == "auto-rollback"
 
 
 def test_watch_does_nothing_when_the_alias_moved_meanwhile(deps: Deps) -> None:
@@ -332,7 +332,7 @@ def test_watch_does_nothing_when_the_alias_moved_meanwhile(deps: Deps) -> None:
     clock = FakeClock(on_sleep=on_call_rolls_back_then_v1_breaks)
     result = watch(deps, 2, minutes=30, interval_s=600, clock=clock, sleep=clock.sleep)
     assert result.outcome == "alias_moved" and "not v2" in (result.reason or "")
-    assert [e["action"] for e in deps.state.alias_events(deps.settings.alias)] == ["promote", "promote", "rollback"]
+    assert [e.action for e in deps.state.alias_events(deps.settings.alias)] == ["promote", "promote", "rollback"]
     assert deps.store.alias_target(deps.settings.alias).endswith("__v1")
 
 
@@ -390,4 +390,4 @@ def test_the_dag_watch_task_is_skipped_at_window_0_and_fails_after_an_auto_rollb
     with open_deps(Settings.from_env()) as deps:
         assert deps.state.live_version(deps.settings.alias).version == 1
         event = deps.state.alias_events(deps.settings.alias)[-1]
-        assert (event["action"], event["run_id"]) == ("auto-rollback", "airflow__reindex__w__watch")
+        assert (event.action, event.run_id) == ("auto-rollback", "airflow__reindex__w__watch")

@@ -115,7 +115,7 @@ def test_switch_records_event_and_retires_previous(state: StateStore) -> None:
     assert state.live_version("kb").version == 2
     assert state.get_version("kb", 1).status == "retired"
     events = state.alias_events("kb")
-    assert [(e["from_version"], e["to_version"]) for e in events] == [(None, 1), (1, 2)]
+    assert [(e.from_version, e.to_version) for e in events] == [(None, 1), (1, 2)]
 
 
 def test_runs_are_recorded_with_duration(state: StateStore) -> None:

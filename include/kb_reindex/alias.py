@@ -53,10 +53,10 @@ def rollback_target(deps: Deps, live: VersionRecord | None = None) -> VersionRec
     if live is None:
         return None
     for event in reversed(deps.state.alias_events(alias)):
-        if event["action"] in ROLLBACK_ACTIONS:
+        if event.action in ROLLBACK_ACTIONS:
             continue
-        if event["to_version"] == live.version and event["from_version"] is not None:
-            candidate = deps.state.get_version(alias, event["from_version"])
+        if event.to_version == live.version and event.from_version is not None:
+            candidate = deps.state.get_version(alias, event.from_version)
             if candidate is not None and candidate.status not in (FAILED, DELETED):
                 return candidate
             return None

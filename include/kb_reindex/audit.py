@@ -20,11 +20,10 @@ import logging
 import random
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from enum import StrEnum
-from typing import Any
 
+from kb_reindex.planning import AuditMode, AuditResult
 from kb_reindex.runtime import Deps
-from kb_reindex.state import VersionRecord
+from kb_reindex.state import AuditRecord, VersionRecord
 
 log = logging.getLogger(__name__)
 
@@ -35,36 +34,47 @@ SAMPLE = 1024
 FULL_AFTER = timedelta(hours=24)
 
 
-class AuditMode(StrEnum):
-    FULL = "full"
-    SAMPLE = "sample"
-
-
 @dataclass(frozen=True)
 class AuditDecision:
     mode: AuditMode
     reason: str
 
 
-def audit_decision(last: dict[str, Any] | None, live: VersionRecord, *, points: int, now: datetime,
+@dataclass(frozen=True)
+class AuditView:
+    """The newest recorded audit as `status` shows it (`audit_view`)."""
+
+    version: int
+    collection: str
+    run_id: str | None
+    at: str
+    expected: int
+    points: int
+    missing: int
+    orphans: int
+    missing_ratio: float
+    orphan_ratio: float
+
+
+def audit_decision(last: AuditRecord | None, live: VersionRecord, *, points: int, now: datetime,
                    full_after: timedelta = FULL_AFTER) -> AuditDecision:
     """Full or sampled, and why, from the last recorded (full) audit and live's point count now."""
     full = AuditMode.FULL
-    if last is None or last["collection"] != live.collection or last["version"] != live.version:
+    if last is None or last.collection != live.collection or last.version != live.version:
         return AuditDecision(full, "no full audit of this live collection yet")
-    if last["missing"] or last["orphans"]:
-        return AuditDecision(full, f"the last audit found {last['missing']} missing and {last['orphans']} orphan(s)")
-    if last["points"] != points:
-        return AuditDecision(full, f"the point count changed since the last audit ({last['points']} -> {points})")
-    if last["expected"] != live.points_expected:
-        return AuditDecision(full, f"the manifest changed since the last audit ({last['expected']} -> "
+    if last.missing or last.orphans:
+        return AuditDecision(full, f"the last audit found {last.missing} missing and {last.orphans} orphan(s)")
+    if last.points != points:
+        return AuditDecision(full, f"the point count changed since the last audit ({last.points} -> {points})")
+    if last.expected != live.points_expected:
+        return AuditDecision(full, f"the manifest changed since the last audit ({last.expected} -> "
                                    f"{live.points_expected} points)")
-    if now - last["at"] >= full_after:
+    if now - last.at >= full_after:
         return AuditDecision(full, f"the last full audit is older than {full_after.total_seconds() / 3600:g} h")
-    return AuditDecision(AuditMode.SAMPLE, f"unchanged since the full audit at {last['at']:%Y-%m-%d %H:%M:%S} UTC")
+    return AuditDecision(AuditMode.SAMPLE, f"unchanged since the full audit at {last.at:%Y-%m-%d %H:%M:%S} UTC")
 
 
-def audit_version(deps: Deps, version: VersionRecord) -> dict[str, Any]:
+def audit_version(deps: Deps, version: VersionRecord) -> AuditResult:
     """Counts and ratios of missing and orphan points of `version`'s collection against its manifest."""
     store = deps.store
     expected = [ref.point_id for ref in deps.state.iter_manifest_refs(version.id)]
@@ -76,12 +86,11 @@ def audit_version(deps: Deps, version: VersionRecord) -> dict[str, Any]:
             found += len(store.retrieve(version.collection, expected[start:start + BATCH], payload=False))
     missing = len(expected) - found
     orphans = max(points - found, 0)
-    return {
-        "version": version.version, "collection": version.collection, "expected": len(expected),
-        "points": points, "missing": missing, "orphans": orphans,
-        "missing_ratio": round(missing / len(expected), 6) if expected else 0.0,
-        "orphan_ratio": round(orphans / points, 6) if points else 0.0,
-    }
+    return AuditResult(
+        version=version.version, collection=version.collection, expected=len(expected), points=points,
+        missing=missing, orphans=orphans, missing_ratio=round(missing / len(expected), 6) if expected else 0.0,
+        orphan_ratio=round(orphans / points, 6) if points else 0.0, mode=AuditMode.FULL,
+    )
 
 
 def sample_missing(deps: Deps, live: VersionRecord, *, size: int, rng: random.Random) -> tuple[int, int]:
@@ -93,7 +102,7 @@ def sample_missing(deps: Deps, live: VersionRecord, *, size: int, rng: random.Ra
 
 
 def audit_live(deps: Deps, live: VersionRecord, *, run_id: str | None, sample: int = SAMPLE,
-               rng: random.Random | None = None) -> dict[str, Any]:
+               rng: random.Random | None = None) -> AuditResult:
     """Audit live, in full or by a sample (`audit_decision`); a full audit is recorded in the state DB
     (`kb-reindex status` shows the newest)."""
     store = deps.store
@@ -105,29 +114,29 @@ def audit_live(deps: Deps, live: VersionRecord, *, run_id: str | None, sample: i
         if not missing:
             log.info("kb_reindex: audit of live v%d (%s): %d points, %s; %d random manifest IDs all found",
                      live.version, live.collection, points, decision.reason, looked_up)
-            return {"version": live.version, "collection": live.collection, "expected": live.points_expected,
-                    "points": points, "missing": 0, "orphans": 0, "missing_ratio": 0.0, "orphan_ratio": 0.0,
-                    "mode": AuditMode.SAMPLE.value, "sampled": looked_up}
+            return AuditResult(version=live.version, collection=live.collection, expected=live.points_expected,
+                               points=points, missing=0, orphans=0, missing_ratio=0.0, orphan_ratio=0.0,
+                               mode=AuditMode.SAMPLE, sampled=looked_up)
         decision = AuditDecision(AuditMode.FULL, f"{missing} of {looked_up} sampled manifest IDs are missing")
     log.info("kb_reindex: full audit of live v%d: %s", live.version, decision.reason)
-    found = {**audit_version(deps, live), "mode": AuditMode.FULL.value}
+    found = audit_version(deps, live)
     deps.state.record_audit(alias=deps.settings.alias, version=live.version, collection=live.collection,
-                            run_id=run_id, expected=found["expected"], points=found["points"],
-                            missing=found["missing"], orphans=found["orphans"])
-    level = logging.WARNING if found["missing"] or found["orphans"] else logging.INFO
+                            run_id=run_id, expected=found.expected, points=found.points,
+                            missing=found.missing, orphans=found.orphans)
+    level = logging.WARNING if found.missing or found.orphans else logging.INFO
     log.log(level, "kb_reindex: audit of live v%d (%s): %d points, manifest lists %d; %d missing, %d orphan(s)",
-            live.version, live.collection, found["points"], found["expected"], found["missing"], found["orphans"])
+            live.version, live.collection, found.points, found.expected, found.missing, found.orphans)
     return found
 
 
-def audit_view(row: dict[str, Any] | None) -> dict[str, Any] | None:
+def audit_view(row: AuditRecord | None) -> AuditView | None:
     """The newest recorded audit as `status` shows it."""
     if row is None:
         return None
-    return {
-        "version": row["version"], "collection": row["collection"], "run_id": row["run_id"],
-        "at": row["at"].isoformat(timespec="seconds") + "Z", "expected": row["expected"], "points": row["points"],
-        "missing": row["missing"], "orphans": row["orphans"],
-        "missing_ratio": round(row["missing"] / row["expected"], 6) if row["expected"] else 0.0,
-        "orphan_ratio": round(row["orphans"] / row["points"], 6) if row["points"] else 0.0,
-    }
+    return AuditView(
+        version=row.version, collection=row.collection, run_id=row.run_id,
+        at=row.at.isoformat(timespec="seconds") + "Z", expected=row.expected, points=row.points,
+        missing=row.missing, orphans=row.orphans,
+        missing_ratio=round(row.missing / row.expected, 6) if row.expected else 0.0,
+        orphan_ratio=round(row.orphans / row.points, 6) if row.points else 0.0,
+    )

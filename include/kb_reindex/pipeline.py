@@ -105,7 +105,7 @@ class RunResult:
                                "error": self.error, "error_kind": self.error_kind}
         if self.plan is not None:
             out.update(plan=self.plan.to_dict(), notes=list(self.plan.notes))
-        optional = {"audit": self.plan.audit if self.plan else None,
+        optional = {"audit": self.plan.audit.to_dict() if self.plan and self.plan.audit else None,
                     "build": self.build.to_dict() if self.build else None,
                     "lowered_thresholds": self.lowered_thresholds,
                     "frozen": self.frozen.to_dict() if self.frozen else None,
@@ -247,8 +247,8 @@ class AliasMove:
 
 
 def _last_move(deps: Deps, version_number: int) -> AliasMove | None:
-    moves = [e for e in deps.state.alias_events(deps.settings.alias) if e["to_version"] == version_number]
-    return AliasMove(run_id=moves[-1]["run_id"], from_version=moves[-1]["from_version"]) if moves else None
+    moves = [e for e in deps.state.alias_events(deps.settings.alias) if e.to_version == version_number]
+    return AliasMove(run_id=moves[-1].run_id, from_version=moves[-1].from_version) if moves else None
 
 
 def promote_step(deps: Deps, recorder: Recorder, plan: Plan, version_number: int, fence: Fence, *,

@@ -22,7 +22,7 @@ from kb_reindex.errors import ConfigError, DimensionMismatch, StateDriftError
 from kb_reindex.golden import check_golden_set
 from kb_reindex.layouts import embedding_profile, layout_spec, version_profile
 from kb_reindex.model import RunKind
-from kb_reindex.planning import ChunkCounts, DocCounts, DocKeys, Plan
+from kb_reindex.planning import AuditResult, ChunkCounts, DocCounts, DocKeys, Plan
 from kb_reindex.replay import load_replay_gate
 from kb_reindex.runtime import Deps
 from kb_reindex.state import VersionRecord
@@ -59,20 +59,23 @@ class Recipe:
     payload_layout: str
 
 
-def check_live_consistency(deps: Deps, *, audit: dict[str, Any] | None = None) -> VersionRecord | None:
-    """Qdrant's alias and the state DB must tell the same story before anything is built on it.
-    `audit`: given (a dict to fill), live is audited ID by ID and the audit recorded (`audit.audit_live`)."""
+def check_live_consistency(deps: Deps, *, audit_run_id: str | None = None
+                           ) -> tuple[VersionRecord | None, AuditResult | None]:
+    """Qdrant's alias and the state DB must tell the same story before anything is built on it: (live, its audit).
+    `audit_run_id`: given, live is audited ID by ID and the audit recorded for that run (`audit.audit_live`);
+    the audit is None when not asked for, or when nothing is live to audit."""
     alias = deps.settings.alias
     live = deps.state.live_version(alias)
     target = deps.store.alias_target(alias)
     expected = live.collection if live else None
     if target != expected:
         raise StateDriftError(f"nothing was changed: {drift_advice(deps, target, live)}")
+    audit = None
     if live is not None:
         missing = 0
-        if audit is not None:
-            audit.update(audit_live(deps, live, run_id=audit.pop("run_id", None)))
-            points, missing = audit["points"], audit["missing"]
+        if audit_run_id:
+            audit = audit_live(deps, live, run_id=audit_run_id)
+            points, missing = audit.points, audit.missing
         else:
             points = deps.store.count(live.collection) if deps.store.exists(live.collection) else 0
         if points == live.points_expected and missing:
@@ -87,7 +90,7 @@ def check_live_consistency(deps: Deps, *, audit: dict[str, Any] | None = None) -
                 f"{live.points_expected}; a plan built on it could copy missing vectors. Run "
                 f"`kb-reindex validate --version {live.version}` and rebuild with `kb-reindex run --force-full`"
             )
-    return live
+    return live, audit
 
 
 def prepare(
@@ -111,20 +114,18 @@ def prepare(
     settings = deps.settings
     kind = RunKind(kind)
     explicit = layout_spec(layout, layout_where=layout_from) if layout else None
-    audit: dict[str, Any] | None = {"run_id": audit_run_id} if audit_run_id else None
-    live = check_live_consistency(deps, audit=audit)
+    live, audit = check_live_consistency(deps, audit_run_id=audit_run_id)
     layout, notes = choose_layout(settings.payload_layout, live, explicit)
     target = choose_model(deps, kind, live, embedder=embedder, model=model, dim=dim)
     recipe = Recipe(target=target, chunking_version=chunking_version(settings.chunk_size, settings.chunk_overlap),
                     payload_layout=layout)
-    audited = audit if audit and "points" in audit else None  # a first build has no live version to audit
     if (kind is RunKind.REINDEX and not force_full and live is not None
             and live.chunking_version == recipe.chunking_version and live.payload_layout == layout):
-        unchanged = _unchanged_from_hashes(deps, live, recipe, notes=notes, audit=audited, record=record)
+        unchanged = _unchanged_from_hashes(deps, live, recipe, notes=notes, audit=audit, record=record)
         if unchanged is not None:
             return unchanged
     scan = _scan(deps, record=record)
-    return _plan_scan(deps, scan, live, recipe, kind=kind, force_full=force_full, notes=notes, audit=audited)
+    return _plan_scan(deps, scan, live, recipe, kind=kind, force_full=force_full, notes=notes, audit=audit)
 
 
 def choose_model(deps: Deps, kind: RunKind, live: VersionRecord | None, *, embedder: str | None,
@@ -160,7 +161,7 @@ def choose_model(deps: Deps, kind: RunKind, live: VersionRecord | None, *, embed
 
 
 def _unchanged_from_hashes(deps: Deps, live: VersionRecord, recipe: Recipe, *, notes: list[str],
-                           audit: dict[str, Any] | None, record: bool) -> Prepared | None:
+                           audit: AuditResult | None, record: bool) -> Prepared | None:
     """The no-change plan when the recorded file hashes (reading only files touched since) give live's
     fingerprint; None: the corpus is scanned."""
     settings = deps.settings
@@ -234,7 +235,7 @@ class _Diff:
 
 
 def _plan_scan(deps: Deps, scan: CorpusScan, live: VersionRecord | None, recipe: Recipe, *, kind: RunKind,
-               force_full: bool, notes: list[str], audit: dict[str, Any] | None) -> Prepared:
+               force_full: bool, notes: list[str], audit: AuditResult | None) -> Prepared:
     """The plan of a scanned corpus: what changed against live's manifest, and which of live's vectors the
     chunks to build can copy (none across embedding profiles, none when forced)."""
     settings = deps.settings
@@ -300,7 +301,7 @@ def choose_layout(configured: str, live: VersionRecord | None, explicit: str | N
 
 
 def _no_change_plan(alias: str, live: VersionRecord, docs: int, target: Target, *, notes: list[str],
-                    audit: dict[str, Any] | None) -> Plan:
+                    audit: AuditResult | None) -> Plan:
     """The plan of an unchanged corpus recognised from the recorded file hashes: every chunk is live's."""
     return Plan(
         alias=alias, kind=RunKind.REINDEX, fingerprint=live.corpus_fingerprint, embedder=target.embedder,

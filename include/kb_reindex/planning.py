@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
+from enum import StrEnum
 from typing import Any
 
 from kb_reindex.model import RunKind
@@ -78,6 +79,48 @@ class ChunkCounts:
         return cls(total=int(data["total"]), embedded=int(data["embedded"]), reused=int(data["reused"]))
 
 
+class AuditMode(StrEnum):
+    """How live was audited: every manifest ID looked up, or a random sample of them (`kb_reindex.audit`)."""
+
+    FULL = "full"
+    SAMPLE = "sample"
+
+
+@dataclass(frozen=True)
+class AuditResult:
+    """An audit of a version's collection against its manifest (`kb_reindex.audit`): points `missing` (listed,
+    not found) and `orphans` (found, not listed), and their share of the manifest and of the collection.
+    `sampled`: how many manifest IDs a sampled audit looked up (None for a full one)."""
+
+    version: int
+    collection: str
+    expected: int
+    points: int
+    missing: int
+    orphans: int
+    missing_ratio: float
+    orphan_ratio: float
+    mode: AuditMode = AuditMode.FULL
+    sampled: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        data: dict[str, Any] = {
+            "version": self.version, "collection": self.collection, "expected": self.expected, "points": self.points,
+            "missing": self.missing, "orphans": self.orphans, "missing_ratio": self.missing_ratio,
+            "orphan_ratio": self.orphan_ratio, "mode": self.mode.value,
+        }
+        if self.sampled is not None:
+            data["sampled"] = self.sampled
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> AuditResult:
+        return cls(version=int(data["version"]), collection=data["collection"], expected=int(data["expected"]),
+                   points=int(data["points"]), missing=int(data["missing"]), orphans=int(data["orphans"]),
+                   missing_ratio=float(data["missing_ratio"]), orphan_ratio=float(data["orphan_ratio"]),
+                   mode=AuditMode(data.get("mode") or AuditMode.FULL), sampled=data.get("sampled"))
+
+
 @dataclass(frozen=True)
 class Plan:
     """What a run will build, against which live version (`base_*`), and what it counted.
@@ -105,7 +148,7 @@ class Plan:
     # newest modification time of an added or changed document: the start of source-to-searchable latency
     source_changed_at: float | None = None
     notes: tuple[str, ...] = ()
-    audit: dict[str, Any] | None = None  # the audit of live a run's plan made (`kb_reindex.audit`)
+    audit: AuditResult | None = None  # the audit of live a run's plan made (`kb_reindex.audit`)
     version: int | None = None
     collection: str | None = None
     resumed: bool = False
@@ -132,7 +175,7 @@ class Plan:
             "source_changed_at": self.source_changed_at, "notes": list(self.notes),
         }
         if self.audit is not None:
-            data["audit"] = self.audit
+            data["audit"] = self.audit.to_dict()
         if self.version is not None:
             data.update(version=self.version, collection=self.collection, resumed=self.resumed)
         return data
@@ -149,7 +192,7 @@ class Plan:
             docs=DocCounts.from_dict(data["docs"]),
             doc_keys=DocKeys.from_dict(data.get("doc_keys") or {"added": [], "changed": [], "removed": []}),
             chunks=ChunkCounts.from_dict(data["chunks"]), source_changed_at=data.get("source_changed_at"),
-            notes=tuple(data.get("notes") or ()), audit=data.get("audit"), version=data.get("version"),
+            notes=tuple(data.get("notes") or ()), audit=AuditResult.from_dict(data["audit"]) if data.get("audit") else None, version=data.get("version"),
             collection=data.get("collection"), resumed=bool(data.get("resumed", False)),
         )
 

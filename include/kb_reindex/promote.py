@@ -103,7 +103,7 @@ def moved_meanwhile(deps: Deps, version: VersionRecord) -> str:
     if live is None or serving != live.collection:
         by, now = "someone outside kb-reindex", serving or "nothing"
     else:
-        by = "a rollback" if last is not None and last["action"] in ROLLBACK_ACTIONS else "another run"
+        by = "a rollback" if last is not None and last.action in ROLLBACK_ACTIONS else "another run"
         now = f"v{live.version}"
     return (f"alias moved by {by} to {now} while this run built (it planned against "
             f"v{version.base_version if version.base_version is not None else '-'}); v{version.version} kept "

@@ -142,8 +142,8 @@ def drop_version(deps: Deps, version_number: int) -> Dropped:
             raise KbError(f"v{version.version} is still building")
         pin = deps.state.active_pins(alias).get(version.version)
         if pin is not None and version.status != DELETED:
-            raise KbError(f"v{version.version} is pinned ({pin['reason']!r}, by {pin['pinned_by']} at "
-                          f"{pin['pinned_at']:%Y-%m-%d %H:%M:%S} UTC); `kb-reindex unpin --version {version.version}` "
+            raise KbError(f"v{version.version} is pinned ({pin.reason!r}, by {pin.pinned_by} at "
+                          f"{pin.pinned_at:%Y-%m-%d %H:%M:%S} UTC); `kb-reindex unpin --version {version.version}` "
                           "first if it should go")
         if version.status == DELETED:
             return Dropped(version=version.version, collection=version.collection, was=DELETED,
@@ -176,10 +176,10 @@ def pin_version(deps: Deps, version_number: int, *, reason: str, by: str | None 
         raise ConfigError(f"v{version.version} is {version.status}; only a live, ready or retired version can be pinned")
     existing = deps.state.active_pins(alias).get(version.version)
     pin = deps.state.pin_version(alias=alias, version=version.version, reason=reason.strip(), by=by or pin_by())
-    log.info("kb_reindex: pinned v%d of %s (%s)", version.version, alias, pin["reason"])
+    log.info("kb_reindex: pinned v%d of %s (%s)", version.version, alias, pin.reason)
     return PinResult(version=version.version, collection=version.collection, already_pinned=existing is not None,
-                     reason=pin["reason"], pinned_by=pin["pinned_by"],
-                     pinned_at=pin["pinned_at"].isoformat(timespec="seconds") + "Z")
+                     reason=pin.reason, pinned_by=pin.pinned_by,
+                     pinned_at=pin.pinned_at.isoformat(timespec="seconds") + "Z")
 
 
 def unpin_version(deps: Deps, version_number: int, *, by: str | None = None) -> UnpinResult:
@@ -189,7 +189,7 @@ def unpin_version(deps: Deps, version_number: int, *, by: str | None = None) -> 
     ended = deps.state.unpin_version(alias=alias, version=version_number, by=by or pin_by())
     if ended is not None:
         log.info("kb_reindex: unpinned v%d of %s; retention may drop it again", version_number, alias)
-    return UnpinResult(version=version_number, was_pinned=ended is not None, reason=ended["reason"] if ended else None)
+    return UnpinResult(version=version_number, was_pinned=ended is not None, reason=ended.reason if ended else None)
 
 
 def _drop_collection(deps: Deps, version: VersionRecord) -> tuple[bool, str | None]:

@@ -10,17 +10,19 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass
+from datetime import datetime
 from typing import Any
 
 from kb_reindex import querylog
 from kb_reindex.alias import drift_advice, has_served, rollback_target
-from kb_reindex.audit import audit_view
+from kb_reindex.audit import AuditView, audit_view
 from kb_reindex.freeze import FreezeView, freeze_view
 from kb_reindex.layouts import version_profile
 from kb_reindex.locking import alias_lock_name, reindex_lock_name
 from kb_reindex.model import SUCCEEDED, RunKind, RunOutcome, VersionStatus
 from kb_reindex.runtime import Deps, StateDeps
-from kb_reindex.state import LockRecord, QdrantSnapshotRef, VersionRecord, is_dag_run_owner, utcnow
+from kb_reindex.state import (AliasEvent, LockRecord, PinRecord, QdrantSnapshotRef, VersionRecord, is_dag_run_owner,
+                              utcnow)
 
 #: statuses whose collection must exist in Qdrant, holding what its manifest lists
 KEPT = (VersionStatus.LIVE, VersionStatus.READY, VersionStatus.RETIRED)
@@ -118,22 +120,6 @@ class LockRow:
 
 
 @dataclass(frozen=True)
-class AuditView:
-    """The newest audit of the live version against its manifest (audit.audit_view's fields)."""
-
-    version: int
-    collection: str
-    run_id: str | None
-    at: str
-    expected: int
-    points: int
-    missing: int
-    orphans: int
-    missing_ratio: float
-    orphan_ratio: float
-
-
-@dataclass(frozen=True)
 class QueryLogView:
     enabled: bool
     queries: int
@@ -207,6 +193,18 @@ class HistoryEvent:
     to_collection: str | None
     run_id: str | None
     reason: str | None
+
+    @classmethod
+    def move(cls, event: AliasEvent) -> HistoryEvent:
+        return cls(at=_stamp(event.at), action=event.action, from_version=event.from_version,
+                   to_version=event.to_version, from_collection=event.from_collection,
+                   to_collection=event.to_collection, run_id=event.run_id, reason=event.reason)
+
+    @classmethod
+    def note(cls, at: datetime, action: str, reason: str) -> HistoryEvent:
+        """An event that moved no alias (a lock broken, a freeze): what, when and why."""
+        return cls(at=_stamp(at), action=action, from_version=None, to_version=None, from_collection=None,
+                   to_collection=None, run_id=None, reason=reason)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -335,7 +333,7 @@ def lock_rows(deps: Deps | StateDeps) -> tuple[LockRow, ...]:
         for row in deps.state.list_locks(subject=deps.settings.alias))
 
 
-def version_row(v: VersionRecord, *, target: VersionRecord | None, pins: dict[int, dict[str, Any]],
+def version_row(v: VersionRecord, *, target: VersionRecord | None, pins: dict[int, PinRecord],
                 serving: str | None, points: int | None, collection_config: Any) -> VersionRow:
     """One version as status and the page show it (Qdrant's `points` and `collection_config` given)."""
     served = has_served(v)
@@ -356,19 +354,19 @@ def version_row(v: VersionRecord, *, target: VersionRecord | None, pins: dict[in
     )
 
 
-def pin_view(pin: dict[str, Any] | None) -> PinView | None:
+def pin_view(pin: PinRecord | None) -> PinView | None:
     """A version's pin as status and the page show it."""
     if pin is None:
         return None
-    return PinView(reason=pin["reason"], by=pin["pinned_by"], at=_stamp(pin["pinned_at"]))
+    return PinView(reason=pin.reason, by=pin.pinned_by, at=_stamp(pin.pinned_at))
 
 
 def live_audit(deps: Deps, live: VersionRecord | None) -> AuditView | None:
     """The newest audit of the version live now (an audit of an earlier live version is history)."""
     found = audit_view(deps.state.last_audit(deps.settings.alias))
-    if found is None or live is None or found["version"] != live.version:
+    if found is None or live is None or found.version != live.version:
         return None
-    return AuditView(**found)
+    return found
 
 
 def metrics(deps: Deps | StateDeps) -> Metrics:
@@ -404,11 +402,10 @@ def history(deps: Deps | StateDeps) -> list[HistoryEvent]:
     """Every alias move, every lock broken by on-call or taken over from a dead process, and every freeze
     and unfreeze, in time order."""
     alias = deps.settings.alias
-    moves = [(e["at"], e["action"], e["from_version"], e["to_version"], e["from_collection"], e["to_collection"],
-              e["run_id"], e["reason"]) for e in deps.state.alias_events(alias)]
-    locks = [(e.at, "unlock" if e.action == "unlock" else "lock-takeover", None, None, None, None, None,
-              f"{e.name} held by {e.owner}, broken by {e.by}: {e.reason}")
-             for e in deps.state.lock_events(names=[reindex_lock_name(alias), alias_lock_name(alias)])]
-    freezes = [(e.at, e.action, None, None, None, None, None, f"by {e.by}: {e.reason}")
+    events = [(e.at, HistoryEvent.move(e)) for e in deps.state.alias_events(alias)]
+    events += [(e.at, HistoryEvent.note(e.at, "unlock" if e.action == "unlock" else "lock-takeover",
+                                        f"{e.name} held by {e.owner}, broken by {e.by}: {e.reason}"))
+               for e in deps.state.lock_events(names=[reindex_lock_name(alias), alias_lock_name(alias)])]
+    events += [(e.at, HistoryEvent.note(e.at, e.action, f"by {e.by}: {e.reason}"))
                for e in deps.state.freeze_events(alias)]
-    return [HistoryEvent(_stamp(at), *rest) for at, *rest in sorted(moves + locks + freezes, key=lambda e: e[0])]
+    return [event for _, event in sorted(events, key=lambda pair: pair[0])]

@@ -88,8 +88,8 @@ def _serves(deps: Deps, version: VersionRecord) -> str | None:
 
 def _previous_version(deps: Deps, version: VersionRecord) -> int | None:
     """What the alias pointed at before this version's latest promotion."""
-    moves = [e for e in deps.state.alias_events(deps.settings.alias) if e["to_version"] == version.version]
-    return moves[-1]["from_version"] if moves else None
+    moves = [e for e in deps.state.alias_events(deps.settings.alias) if e.to_version == version.version]
+    return moves[-1].from_version if moves else None
 
 
 def _empty_baseline(deps: Deps, version: VersionRecord) -> tuple[float | None, str]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from kb_reindex.state.clock import Clock, ManualClock, SystemClock, utcnow
 from kb_reindex.state.freezes import Freeze, FreezeEvent
+from kb_reindex.state.history import AliasEvent, AuditRecord, PinRecord
 from kb_reindex.state.locks import (
     DAG_RUN_OWNER,
     LockEvent,
@@ -58,4 +59,5 @@ __all__ = [
     "alias_events", "audits", "chunk_texts", "default_lock_owner", "describe_lock_holder", "file_hashes", "freezes",
     "is_dag_run_owner", "lock_events", "lock_owner_alive", "locks", "manifest_chunks", "manifest_documents",
     "metadata", "parse_lock_owner", "pins", "process_space", "runs", "snapshots", "utcnow", "versions",
+    "AliasEvent", "AuditRecord", "PinRecord",
 ]

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, replace
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
@@ -14,6 +16,81 @@ from kb_reindex.state.schema import _table_missing, alias_events, audits, pins, 
 if TYPE_CHECKING:
     from kb_reindex.state.clock import Clock
     from kb_reindex.state.versions import VersionRecord
+
+
+@dataclass(frozen=True)
+class AliasEvent:
+    """One row of `kb_alias_events`: the alias moved (promote, rollback, reconcile, ...) from one version to
+    another, by which run and why."""
+
+    id: int
+    alias: str
+    action: str
+    from_collection: str | None
+    to_collection: str
+    from_version: int | None
+    to_version: int | None
+    run_id: str | None
+    reason: str | None
+    at: datetime
+
+    @classmethod
+    def from_row(cls, row: Any) -> AliasEvent:
+        return cls(id=row["id"], alias=row["alias"], action=row["action"], from_collection=row["from_collection"],
+                   to_collection=row["to_collection"], from_version=row["from_version"],
+                   to_version=row["to_version"], run_id=row["run_id"], reason=row["reason"], at=row["at"])
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class PinRecord:
+    """One row of `kb_pins`: a version kept whatever retention decides, why, by whom and since when; an ended
+    pin keeps its row, with who ended it and when."""
+
+    id: int
+    alias: str
+    version: int
+    reason: str
+    pinned_by: str
+    pinned_at: datetime
+    unpinned_by: str | None = None
+    unpinned_at: datetime | None = None
+
+    @classmethod
+    def from_row(cls, row: Any) -> PinRecord:
+        return cls(id=row["id"], alias=row["alias"], version=row["version"], reason=row["reason"],
+                   pinned_by=row["pinned_by"], pinned_at=row["pinned_at"], unpinned_by=row["unpinned_by"],
+                   unpinned_at=row["unpinned_at"])
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class AuditRecord:
+    """One row of `kb_audits`: a full audit of a live version against its manifest (`kb_reindex.audit`)."""
+
+    id: int
+    alias: str
+    version: int
+    collection: str
+    run_id: str | None
+    expected: int
+    points: int
+    missing: int
+    orphans: int
+    at: datetime
+
+    @classmethod
+    def from_row(cls, row: Any) -> AuditRecord:
+        return cls(id=row["id"], alias=row["alias"], version=row["version"], collection=row["collection"],
+                   run_id=row["run_id"], expected=row["expected"], points=row["points"], missing=row["missing"],
+                   orphans=row["orphans"], at=row["at"])
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
 
 
 class HistoryMixin:
@@ -72,16 +149,16 @@ class HistoryMixin:
                 to_collection=to.collection, from_version=previous.version if previous else None,
                 to_version=to.version, run_id=run_id, reason=reason, at=self.clock.now()))
 
-    def alias_events(self, alias: str) -> list[dict[str, Any]]:
+    def alias_events(self, alias: str) -> list[AliasEvent]:
         with self.engine.connect() as conn:
             rows = conn.execute(
                 sa.select(alias_events).where(alias_events.c.alias == alias).order_by(alias_events.c.id)
             ).mappings().all()
-        return [dict(row) for row in rows]
+        return [AliasEvent.from_row(row) for row in rows]
 
     # --- pins and audits ------------------------------------------------------------------------
 
-    def pin_version(self, *, alias: str, version: int, reason: str, by: str) -> dict[str, Any]:
+    def pin_version(self, *, alias: str, version: int, reason: str, by: str) -> PinRecord:
         """Pin (idempotent: an existing pin is returned as it is, its reason kept)."""
         with self.engine.begin() as conn:
             current = self._active_pin(conn, alias, version)
@@ -91,23 +168,23 @@ class HistoryMixin:
                                               pinned_at=self.clock.now()))
             return self._active_pin(conn, alias, version)  # type: ignore[return-value]
 
-    def unpin_version(self, *, alias: str, version: int, by: str) -> dict[str, Any] | None:
+    def unpin_version(self, *, alias: str, version: int, by: str) -> PinRecord | None:
         """End the pin (kept as a record, who and when); None when the version was not pinned."""
         with self.engine.begin() as conn:
             current = self._active_pin(conn, alias, version)
             if current is None:
                 return None
             now = self.clock.now()
-            conn.execute(pins.update().where(pins.c.id == current["id"]).values(unpinned_by=by, unpinned_at=now))
-            return {**current, "unpinned_by": by, "unpinned_at": now}
+            conn.execute(pins.update().where(pins.c.id == current.id).values(unpinned_by=by, unpinned_at=now))
+            return replace(current, unpinned_by=by, unpinned_at=now)
 
     @staticmethod
-    def _active_pin(conn: sa.Connection, alias: str, version: int) -> dict[str, Any] | None:
+    def _active_pin(conn: sa.Connection, alias: str, version: int) -> PinRecord | None:
         row = conn.execute(sa.select(pins).where(pins.c.alias == alias, pins.c.version == version,
                                                  pins.c.unpinned_at.is_(None)).order_by(pins.c.id)).mappings().first()
-        return dict(row) if row else None
+        return PinRecord.from_row(row) if row else None
 
-    def active_pins(self, alias: str) -> dict[int, dict[str, Any]]:
+    def active_pins(self, alias: str) -> dict[int, PinRecord]:
         """Version number -> its pin (reason, pinned_by, pinned_at)."""
         try:
             with self.engine.connect() as conn:
@@ -117,7 +194,7 @@ class HistoryMixin:
             if _table_missing(exc, pins.name):  # a read-only command on a state DB older than pins
                 return {}
             raise
-        return {row["version"]: dict(row) for row in rows}
+        return {row["version"]: PinRecord.from_row(row) for row in rows}
 
     def record_audit(self, *, alias: str, version: int, collection: str, run_id: str | None, expected: int,
                      points: int, missing: int, orphans: int) -> None:
@@ -126,7 +203,7 @@ class HistoryMixin:
                                                 expected=expected, points=points, missing=missing, orphans=orphans,
                                                 at=self.clock.now()))
 
-    def last_audit(self, alias: str) -> dict[str, Any] | None:
+    def last_audit(self, alias: str) -> AuditRecord | None:
         try:
             with self.engine.connect() as conn:
                 row = conn.execute(sa.select(audits).where(audits.c.alias == alias).order_by(audits.c.id.desc())
@@ -135,5 +212,5 @@ class HistoryMixin:
             if _table_missing(exc, audits.name):  # a read-only command on a state DB older than audits
                 return None
             raise
-        return dict(row) if row else None
+        return AuditRecord.from_row(row) if row else None
 
