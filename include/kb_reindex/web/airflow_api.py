@@ -97,7 +97,9 @@ class AirflowApi:
 
     async def call(self, request: Request, method: str, path: str, *, body: dict[str, Any] | None = None,
                    params: dict[str, Any] | None = None, action: dict[str, str] | None = None) -> dict[str, Any]:
-        """`action` names what a write would have done, for the message when its fate is unknown."""
+        """Airflow's JSON answer, as it sent it: the one raw passthrough of this module; the methods below read
+        what they need of it into typed values. `action` names what a write would have done, for the message
+        when its fate is unknown."""
         token = caller_token(request)
         if not token:
             raise HTTPException(401, "sign in to Airflow first: the page acts as you, through the Airflow API")
@@ -140,9 +142,9 @@ class AirflowApi:
                 raise HTTPException(409, f"{dag_id} is paused in Airflow: a run triggered now would stay queued "
                                          "until it is unpaused. Let the page unpause it (it asks first), or "
                                          f"`airflow dags unpause {dag_id}`; nothing was triggered")
-            await self.call(request, "PATCH", f"dags/{dag_id}", body={"is_paused": False},
-                            action={"fallback": fallback, "unknown": f"{dag_id} may have been unpaused; nothing was "
-                                                                     f"triggered. {fallback}"})
+            await self.set_paused(request, dag_id, False,
+                                  action={"fallback": fallback, "unknown": f"{dag_id} may have been unpaused; nothing "
+                                                                           f"was triggered. {fallback}"})
             unpaused = True
         run = await self.call(request, "POST", f"dags/{dag_id}/dagRuns", body={"logical_date": None, "conf": conf},
                               action={"fallback": fallback,
@@ -160,6 +162,12 @@ class AirflowApi:
 
     async def is_paused(self, request: Request, dag_id: str) -> bool:
         return bool((await self.call(request, "GET", f"dags/{dag_id}")).get("is_paused"))
+
+    async def set_paused(self, request: Request, dag_id: str, paused: bool, *,
+                         action: dict[str, str] | None = None) -> bool | None:
+        """Pause or unpause `dag_id`; whether Airflow says it is paused now (None: its answer does not say)."""
+        dag = await self.call(request, "PATCH", f"dags/{dag_id}", body={"is_paused": paused}, action=action)
+        return dag.get("is_paused")
 
     async def failure(self, request: Request, dag_id: str, run_id: str) -> str | None:
         """The failing task's last error line, from its log in Airflow (None when no log says one)."""
