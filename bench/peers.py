@@ -530,8 +530,8 @@ def promotion_under_readers(deps: BenchDeps, meter: Meter, run: Callable[[Meter]
                 with lock:
                     stats["reads"] += 1
                     stats["max_latency_s"] = max(stats["max_latency_s"], latency)
-                    by_version[found["version"]] = by_version.get(found["version"], 0) + 1
-                    if not found["results"]:
+                    by_version[found.version] = by_version.get(found.version, 0) + 1
+                    if not found.results:
                         stats["empty"] += 1
             except Exception as exc:  # every failure counts
                 with lock:

@@ -192,10 +192,10 @@ def test_a_hashing_to_e5_migration_is_validated_promoted_and_reported_side_by_si
 
 def test_english_questions_find_the_chinese_pages(e5_deps: Deps) -> None:
     found = search_knowledge(e5_deps, "my package arrived broken, what can I do", k=3)
-    assert found["embed_model"] == "multilingual-e5-small"
-    assert {r["knowledge_key"] for r in found["results"]} <= {"shipping-policy", "after-sales-guide", "return-policy"}
-    assert search_knowledge(e5_deps, "Can I use my points to pay part of an order?", k=1)["results"][0][
-        "knowledge_key"] == "member-rules"
+    assert found.embed_model == "multilingual-e5-small"
+    assert {r.knowledge_key for r in found.results} <= {"shipping-policy", "after-sales-guide", "return-policy"}
+    assert search_knowledge(e5_deps, "Can I use my points to pay part of an order?", k=1).results[0].knowledge_key == \
+        "member-rules"
 
 
 def test_an_edit_that_removes_the_answer_a_probe_needs_fails_the_golden_gate(e5_deps: Deps) -> None:
@@ -227,7 +227,7 @@ def test_a_category_that_loses_its_answers_is_caught_by_the_category_gate(e5_dep
 
 
 def test_a_new_page_that_crowds_out_unchanged_answers_is_caught_by_replay(e5_deps: Deps) -> None:
-    assert [[r["knowledge_key"] for r in search_knowledge(e5_deps, q, k=1)["results"]] for q in REAL_QUERIES] == \
+    assert [[r.knowledge_key for r in search_knowledge(e5_deps, q, k=1).results] for q in REAL_QUERIES] == \
         [["member-rules"]] * 4
     sections = "\n\n".join(f"## 问题{i}\n\n" + (q + "。") * 3 for i, q in enumerate(REAL_QUERIES))
     write_doc(e5_deps.settings.root, "faq-extra",

@@ -164,8 +164,8 @@ def test_our_reader_and_validation_read_every_layout(local_deps: Deps, layout: s
     payload_check = next(c for c in deps.state.live_version(ALIAS).validation["checks"] if c["check"] == "payload sample")
     assert payload_check["passed"], payload_check
     found = search_knowledge(deps, QUESTION, k=2)
-    assert found["payload_layout"] == layout and found["results"][0]["knowledge_key"] == "coupon-rules"
-    assert all(r["text"] and r["source"] for r in found["results"])
+    assert found.payload_layout == layout and found.results[0].knowledge_key == "coupon-rules"
+    assert all(r.text and r.source for r in found.results)
 
 
 def test_validation_fails_a_layout_its_consumer_could_not_read(local_deps: Deps) -> None:
@@ -205,14 +205,14 @@ def test_layout_change_is_a_new_gated_version_and_rollback_returns_native(deps: 
     status = {v["version"]: v for v in status_view(deps).to_dict()["versions"]}
     assert (status[1]["payload_layout"], status[2]["payload_layout"]) == ("native", "langchain")
     assert engine.run_reindex(deps)["outcome"] == "no_change", "the next reindex keeps live's layout"
-    text = search_knowledge(deps, QUESTION, k=1)["results"][0]["text"]
-    assert search_knowledge(deps, QUESTION, k=1)["payload_layout"] == "langchain"
+    text = search_knowledge(deps, QUESTION, k=1).results[0].text
+    assert search_knowledge(deps, QUESTION, k=1).payload_layout == "langchain"
 
     back = engine.run_rollback(deps, reason="the assistant still reads native payloads")
     assert back.to_version == 1
     assert deps.store.alias_target(ALIAS) == v1.collection
     again = search_knowledge(deps, QUESTION, k=1)
-    assert (again["payload_layout"], again["results"][0]["text"]) == ("native", text)
+    assert (again.payload_layout, again.results[0].text) == ("native", text)
     hit = deps.store.client.query_points(ALIAS, query=EMBEDDER.embed([QUESTION])[0], limit=1, with_payload=True).points[0]
     assert "text" in hit.payload and "page_content" not in hit.payload
 
@@ -305,8 +305,8 @@ def test_reader_refuses_a_profile_mismatch(local_deps: Deps) -> None:
     assert engine.run_reindex(deps)["outcome"] == "promoted"
     live = deps.state.live_version(ALIAS)
     served = serving_model(deps.store, ALIAS)
-    assert served["embed_profile"] == live.embed_profile == version_profile(live)
-    assert search_knowledge(deps, QUESTION, k=1, expect_profile=live.embed_profile)["results"]
+    assert served.embed_profile == live.embed_profile == version_profile(live)
+    assert search_knowledge(deps, QUESTION, k=1, expect_profile=live.embed_profile).results
     with pytest.raises(ConfigError, match="expects embedding profile 'bge-m3-1024-.*' but mall_knowledge v1 serves"):
         search_knowledge(deps, QUESTION, expect_profile=embedding_profile(
             embedder="ollama", model="bge-m3", dim=1024, distance=live.distance, chunking_version=live.chunking_version))

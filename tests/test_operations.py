@@ -118,7 +118,7 @@ def test_migration_to_another_dimension_with_promote(deps: Deps) -> None:
 
     # the reader embeds with the live model and refuses a caller on another one
     found = search_knowledge(deps, "优惠券可以叠加使用吗", k=2)
-    assert found["embed_model"] == "hashing-ngram-v2" and found["results"]
+    assert found.embed_model == "hashing-ngram-v2" and found.results
     with pytest.raises(ConfigError, match="serves 'hashing-ngram-v2'"):
         search_knowledge(deps, "退货", expect_model="hashing-ngram-v1")
     with pytest.raises(ConfigError, match="384-d"):

@@ -52,7 +52,7 @@ from kb_reindex.config import Settings
 from kb_reindex.reader import search_knowledge
 from kb_reindex.runtime import open_reader
 with open_reader(Settings.from_env()) as reader:
-    print(json.dumps({"n": len(search_knowledge(reader, "运费怎么算", k=2)["results"])}))
+    print(json.dumps({"n": len(search_knowledge(reader, "运费怎么算", k=2).results)}))
 """
 
 #: a DAG run's tasks, called as Airflow's worker calls them (no Connections defined: the environment)

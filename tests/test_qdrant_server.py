@@ -142,8 +142,8 @@ def test_reindex_cycle_through_the_server(project: Path, qdrant_server: QdrantSe
         assert deps.store.alias_target(ALIAS) == second["collection"]
         assert status_view(deps).to_dict()["problems"] == []
         answer = search_knowledge(deps, "怎么先用后付", k=3)
-        assert answer["version"] == 2 and answer["results"]
-        assert answer["results"][0]["knowledge_key"] == "payment-guide"
+        assert answer.version == 2 and answer.results
+        assert answer.results[0].knowledge_key == "payment-guide"
 
         rolled = engine.run_rollback(deps, reason="x")
         assert rolled.to_version == 1

@@ -54,8 +54,8 @@ with open_reader(Settings.from_env()) as reader:
         last += stop.exists()
         try:
             found = search_knowledge(reader, queries[reads % len(queries)], k=3)
-            versions.add(found["version"])
-            empty += not found["results"]
+            versions.add(found.version)
+            empty += not found.results
         except Exception as exc:
             errors += 1
             print("error:", type(exc).__name__, exc, file=sys.stderr, flush=True)

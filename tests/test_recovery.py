@@ -308,7 +308,7 @@ def test_reader_answers_while_the_state_db_is_unreachable(deps: Deps) -> None:
     reader = ReaderDeps(settings=replace(deps.settings, state_url="mysql+pymysql://nobody@127.0.0.1:1/none"),
                         store=deps.store)
     found = search_knowledge(reader, "优惠券过期了还能恢复吗", k=2)
-    assert found["version"] == 1 and found["results"][0]["knowledge_key"] == "coupon-rules"
+    assert found.version == 1 and found.results[0].knowledge_key == "coupon-rules"
     with pytest.raises(Exception, match="serves 'hashing-ngram-v1'"):
         search_knowledge(reader, "运费", expect_model="bge-m3")
 

@@ -378,7 +378,7 @@ def test_readers_see_no_error_and_no_empty_result_through_the_swap(deps: Deps) -
             try:
                 found = search_knowledge(deps, query, k=3)
                 reads["n"] += 1
-                if not found["results"]:
+                if not found.results:
                     empty["n"] += 1
             except Exception as exc:  # every failure counts
                 errors.append(f"{type(exc).__name__}: {exc}")
@@ -417,7 +417,7 @@ def test_restart_between_every_step_survives(project: Path) -> None:
     assert status["live"]["version"] == 1 and status["live"]["points"] == p.chunks.total
     assert not status["problems"]
     found = step(lambda d: search_knowledge(d, "怎么申请售后", k=2))
-    assert found["results"]
+    assert found.results
     assert step(lambda d: engine.run_reindex(d))["outcome"] == "no_change"
 
 
@@ -481,9 +481,9 @@ def test_tenant_filter_comes_from_the_caller_and_isolates_tenants(deps: Deps) ->
     assert engine.run_reindex(deps)["outcome"] == "promoted"
     query = "企业客户退货需提供对公付款凭证吗 tenant: tenant-b"
     as_a = search_knowledge(deps, query, k=10, tenant="default")
-    assert as_a["results"] and all(r["knowledge_key"] != "vip-only" for r in as_a["results"])
+    assert as_a.results and all(r.knowledge_key != "vip-only" for r in as_a.results)
     as_b = search_knowledge(deps, query, k=10, tenant="tenant-b")
-    assert {r["knowledge_key"] for r in as_b["results"]} == {"vip-only"}
+    assert {r.knowledge_key for r in as_b.results} == {"vip-only"}
 
 
 def test_instruction_like_text_is_listed_and_optionally_blocks(deps: Deps) -> None:

@@ -35,7 +35,7 @@ def logged(deps: Deps) -> Deps:
 
 
 def ask(deps: Deps, queries: list[str], *, k: int = 1, tenant: str | None = None) -> list[list[str]]:
-    return [[r["knowledge_key"] for r in search_knowledge(deps, q, k=k, tenant=tenant)["results"]] for q in queries]
+    return [[r.knowledge_key for r in search_knowledge(deps, q, k=k, tenant=tenant).results] for q in queries]
 
 
 def set_replay(deps: Deps, **thresholds: object) -> None:
@@ -63,9 +63,9 @@ def test_query_log_is_off_by_default_and_records_text_tenant_version_and_keys_wh
 
     answers = ask(logged, REAL_QUERIES[:2], k=3, tenant="default")
     rows = querylog.recent(deps.state, deps.settings.alias, limit=10)
-    assert [r["query"] for r in rows] == REAL_QUERIES[1::-1]  # newest first
-    assert [r["keys"] for r in rows] == answers[::-1] and all(len(r["keys"]) == 3 for r in rows)
-    assert {(r["tenant"], r["k"], r["version"]) for r in rows} == {("default", 3, 1)}
+    assert [r.query for r in rows] == REAL_QUERIES[1::-1]  # newest first
+    assert [list(r.keys) for r in rows] == answers[::-1] and all(len(r.keys) == 3 for r in rows)
+    assert {(r.tenant, r.k, r.version) for r in rows} == {("default", 3, 1)}
     # one COUNT of this alias's rows: on, 2 held; rows of another alias are not counted
     querylog.record(deps.state, alias="other", query="q", tenant=None, k=1, version=None, keys=[], keep=10)
     assert status_view(logged).to_dict()["query_log"] == {"enabled": True, "queries": 2, "keep": 5000}
@@ -88,9 +88,9 @@ def test_query_log_keeps_only_the_newest_rows_on_sqlite_and_mysql(tmp_path: Path
                                 keep=3)
             querylog.record(state, alias="other", query="kept", tenant=None, k=4, version=1, keys=["x"], keep=3)
             rows = querylog.recent(state, "a", limit=10)
-            assert [r["query"] for r in rows] == ["q6", "q5", "q4"], url
+            assert [r.query for r in rows] == ["q6", "q5", "q4"], url
             assert querylog.empty_rate(rows) == pytest.approx(1 / 3)
-            assert [r["query"] for r in querylog.recent(state, "other", limit=10)] == ["kept"]
+            assert [r.query for r in querylog.recent(state, "other", limit=10)] == ["kept"]
         finally:
             state.dispose()
 
@@ -106,7 +106,7 @@ def test_a_query_log_failure_never_fails_the_query(deps: Deps, tmp_path: Path, c
                         store=deps.store)
     with caplog.at_level(logging.WARNING, logger="kb_reindex.querylog"):
         found = search_knowledge(reader, REAL_QUERIES[0], k=2)
-    assert len(found["results"]) == 2
+    assert len(found.results) == 2
     assert any("query log (KB_QUERY_LOG) not written" in r.getMessage() for r in caplog.records)
 
 

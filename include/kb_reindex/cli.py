@@ -292,8 +292,9 @@ def _cmd_query(args: argparse.Namespace, settings: Settings) -> int:
 
     with open_reader(settings) as reader:
         found = search_knowledge(reader, args.text, k=args.k, tenant=args.tenant, expect_profile=args.expect_profile)
-    rows = [{**r, "text": (r["text"] or "").replace("\n", " ")[:60]} for r in found["results"]]
-    _print(args, found, _table(rows, ["score", "knowledge_key", "title", "text"]))
+    answer = found.to_dict()
+    rows = [{**r, "text": (r["text"] or "").replace("\n", " ")[:60]} for r in answer["results"]]
+    _print(args, answer, _table(rows, ["score", "knowledge_key", "title", "text"]))
     return 0
 
 
@@ -336,7 +337,7 @@ def _cmd_migrate(args: argparse.Namespace, deps: Any) -> int:
         from kb_reindex.estimate import estimate_human, estimate_migration
 
         estimate = estimate_migration(deps, embedder=args.embedder, model=model, dim=args.dim)
-        _print(args, estimate, estimate_human(estimate))
+        _print(args, estimate.to_dict(), estimate_human(estimate))
         return 0
     result = engine.run_reindex(
         deps, kind="migration", embedder=args.embedder, model=model, dim=args.dim,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from kb_reindex.chunking import chunk_document
@@ -29,7 +30,51 @@ def estimate_tokens(text: str) -> int:
     return cjk + math.ceil(other / 4)
 
 
-def estimate_migration(deps: Deps, *, embedder: str, model: str, dim: int | None = None) -> dict[str, Any]:
+@dataclass(frozen=True)
+class MigrationEstimate:
+    """What a migration to `embedder`/`embed_model` would cost, measured on one probe batch; `to_dict()` is
+    the JSON `kb-reindex migrate --dry-run --json` prints."""
+
+    alias: str
+    embedder: str
+    embed_model: str
+    dim: int
+    live_version: int | None
+    live_embed_model: str | None
+    documents: int
+    texts: int
+    chars: int
+    estimated_tokens: int
+    batch_size: int
+    batches: int
+    probe_batch_texts: int
+    probe_batch_s: float
+    estimated_embed_s: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "outcome": "dry_run",
+            "kind": "migration",
+            "alias": self.alias,
+            "embedder": self.embedder,
+            "embed_model": self.embed_model,
+            "dim": self.dim,
+            "live_version": self.live_version,
+            "live_embed_model": self.live_embed_model,
+            "documents": self.documents,
+            "texts": self.texts,
+            "chars": self.chars,
+            "estimated_tokens": self.estimated_tokens,
+            "batch_size": self.batch_size,
+            "batches": self.batches,
+            "probe_batch_texts": self.probe_batch_texts,
+            "probe_batch_s": self.probe_batch_s,
+            "estimated_embed_s": self.estimated_embed_s,
+            "writes": "none: no run, version, lock or collection was created",
+        }
+
+
+def estimate_migration(deps: Deps, *, embedder: str, model: str, dim: int | None = None) -> MigrationEstimate:
     """Texts, estimated tokens and time of a migration to `embedder`/`model`, from one probe batch."""
     settings = deps.settings
     # the same checks a migration's plan makes (live consistent, model served, golden set, files readable);
@@ -52,34 +97,19 @@ def estimate_migration(deps: Deps, *, embedder: str, model: str, dim: int | None
         client.embed(probe)
     batch_s = time.perf_counter() - started
     batches = math.ceil(texts / settings.embed_batch_size) if texts else 0
-    return {
-        "outcome": "dry_run",
-        "kind": "migration",
-        "alias": settings.alias,
-        "embedder": embedder,
-        "embed_model": model,
-        "dim": dimension,
-        "live_version": plan.base_version,
-        "live_embed_model": plan.base_embed_model,
-        "documents": plan.docs.current,
-        "texts": texts,
-        "chars": chars,
-        "estimated_tokens": tokens,
-        "batch_size": settings.embed_batch_size,
-        "batches": batches,
-        "probe_batch_texts": len(probe),
-        "probe_batch_s": round(batch_s, 4),
-        "estimated_embed_s": round(batch_s * batches, 2),
-        "writes": "none: no run, version, lock or collection was created",
-    }
+    return MigrationEstimate(
+        alias=settings.alias, embedder=embedder, embed_model=model, dim=dimension, live_version=plan.base_version,
+        live_embed_model=plan.base_embed_model, documents=plan.docs.current, texts=texts, chars=chars,
+        estimated_tokens=tokens, batch_size=settings.embed_batch_size, batches=batches, probe_batch_texts=len(probe),
+        probe_batch_s=round(batch_s, 4), estimated_embed_s=round(batch_s * batches, 2))
 
 
-def estimate_human(e: dict[str, Any]) -> str:
+def estimate_human(e: MigrationEstimate) -> str:
     return "\n".join([
-        f"migration dry run: {e['embedder']}/{e['embed_model']} ({e['dim']}-d), live v{e['live_version'] or '-'} "
-        f"({e['live_embed_model'] or '-'})",
-        f"texts: {e['texts']} from {e['documents']} documents, {e['chars']} characters, ~{e['estimated_tokens']} tokens",
-        f"time: one batch of {e['probe_batch_texts']} took {e['probe_batch_s']} s; {e['batches']} batches of "
-        f"{e['batch_size']} -> ~{e['estimated_embed_s']} s of embedding (copying and validation not included)",
+        f"migration dry run: {e.embedder}/{e.embed_model} ({e.dim}-d), live v{e.live_version or '-'} "
+        f"({e.live_embed_model or '-'})",
+        f"texts: {e.texts} from {e.documents} documents, {e.chars} characters, ~{e.estimated_tokens} tokens",
+        f"time: one batch of {e.probe_batch_texts} took {e.probe_batch_s} s; {e.batches} batches of "
+        f"{e.batch_size} -> ~{e.estimated_embed_s} s of embedding (copying and validation not included)",
         "nothing was written",
     ])

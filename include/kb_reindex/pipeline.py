@@ -20,14 +20,13 @@ from kb_reindex.model import RunKind, RunOutcome
 from kb_reindex.plan import prepare_logged
 from kb_reindex.planning import BuildResult, CreatedVersion, DocCounts, Plan
 from kb_reindex.promote import PromoteResult, promote
-from kb_reindex.replay import summary as replay_summary
 from kb_reindex.retention import CleanupResult, cleanup
 from kb_reindex.runs import Recorder, ensure_lock_held, exclusive
 from kb_reindex.runtime import Deps, new_run_id
 from kb_reindex.snapshot import snapshot_plan
 from kb_reindex.state import VersionRecord
 from kb_reindex.validate import validate
-from kb_reindex.validation_model import ValidationResult
+from kb_reindex.validation_model import ReplayReport, ValidationResult
 from kb_reindex.watch import WatchResult, watch
 
 
@@ -70,13 +69,13 @@ class ValidationSummary:
     report: str | None = None
     by_category: list[dict[str, Any]] | None = None
     paired: dict[str, Any] | None = None
-    replay: dict[str, Any] | None = None
+    replay: ReplayReport | None = None  # its totals only are carried
 
     def to_dict(self) -> dict[str, Any]:
         return {"passed": self.passed, "hit_rate": self.hit_rate, "mrr": self.mrr, "regressions": self.regressions,
                 "live_hit_rate": self.live_hit_rate, "live_mrr": self.live_mrr, "failures": list(self.failures),
                 "report": self.report, "by_category": self.by_category, "paired": self.paired,
-                "replay": self.replay}
+                "replay": self.replay.to_dict(per_query=False) if self.replay is not None else None}
 
 
 @dataclass(frozen=True)
@@ -137,7 +136,8 @@ def validation_summary(result: dict[str, Any] | ValidationResult) -> ValidationS
         passed=record["passed"], hit_rate=record["hit_rate"], mrr=record["mrr"], regressions=record["regressions"],
         failures=tuple(record["failures"]), live_hit_rate=record.get("live_hit_rate"),
         live_mrr=record.get("live_mrr"), report=record.get("report"), by_category=record.get("by_category"),
-        paired=record.get("paired"), replay=replay_summary(record.get("replay")))
+        paired=record.get("paired"),
+        replay=ReplayReport.from_dict(replayed) if (replayed := record.get("replay")) is not None else None)
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ import json
 import logging
 import threading
 import weakref
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -39,6 +40,36 @@ query_log = sa.Table(
     sa.Index("ix_kb_query_log_alias_id", "alias", "id"),
     **MYSQL_TABLE,
 )
+
+
+
+@dataclass(frozen=True)
+class LoggedQuery:
+    """One row of the log: what was asked (by which tenant, for how many hits), which version answered and
+    the knowledge_keys it answered with, in rank order (empty: no result)."""
+
+    id: int
+    query: str
+    tenant: str | None
+    k: int
+    version: int | None
+    keys: tuple[str, ...]
+    at: datetime
+
+    @classmethod
+    def from_row(cls, row: sa.RowMapping) -> LoggedQuery:
+        return cls(id=row["id"], query=row["query"], tenant=row["tenant"], k=row["k"], version=row["version"],
+                   keys=tuple(json.loads(row["result_keys"])), at=row["at"])
+
+
+@dataclass(frozen=True)
+class QueryLogView:
+    """The log as status shows it: whether it is on, how many queries it holds for the alias, how many it keeps."""
+
+    enabled: bool
+    queries: int
+    keep: int
+
 
 _ready: weakref.WeakSet[sa.Engine] = weakref.WeakSet()
 _stores: dict[str, StateStore] = {}
@@ -104,12 +135,7 @@ def log_search(deps: Any, *, query: str, tenant: str | None, k: int, version: in
         return False
 
 
-def _row(row: sa.RowMapping) -> dict[str, Any]:
-    return {"id": row["id"], "query": row["query"], "tenant": row["tenant"], "k": row["k"],
-            "version": row["version"], "keys": json.loads(row["result_keys"]), "at": row["at"]}
-
-
-def recent(state: StateStore, alias: str, *, limit: int, version: int | None = None) -> list[dict[str, Any]]:
+def recent(state: StateStore, alias: str, *, limit: int, version: int | None = None) -> list[LoggedQuery]:
     """The newest `limit` logged queries of this alias (answered by `version`, if given), newest first."""
     ensure_table(state)
     where = [query_log.c.alias == alias]
@@ -117,7 +143,7 @@ def recent(state: StateStore, alias: str, *, limit: int, version: int | None = N
         where.append(query_log.c.version == version)
     with state.engine.connect() as conn:
         rows = conn.execute(sa.select(query_log).where(*where).order_by(query_log.c.id.desc()).limit(limit)).mappings().all()
-    return [_row(r) for r in rows]
+    return [LoggedQuery.from_row(r) for r in rows]
 
 
 def count(state: StateStore, alias: str) -> int:
@@ -132,19 +158,19 @@ def count(state: StateStore, alias: str) -> int:
                             .where(query_log.c.alias == alias)).scalar_one()
 
 
-def summary(deps: Any) -> dict[str, Any]:
+def summary(deps: Any) -> QueryLogView:
     """Whether the log is on (`KB_QUERY_LOG`), how many queries it holds for the alias (rows written while it
     was on stay until they are deleted), and how many it keeps."""
     settings: Settings = deps.settings
-    return {"enabled": settings.query_log, "queries": count(deps.state, settings.alias),
-            "keep": settings.query_log_keep}
+    return QueryLogView(enabled=settings.query_log, queries=count(deps.state, settings.alias),
+                        keep=settings.query_log_keep)
 
 
-def empty_rate(rows: list[dict[str, Any]]) -> float | None:
+def empty_rate(rows: list[LoggedQuery]) -> float | None:
     """Share of logged answers with no result at all; None without rows."""
     if not rows:
         return None
-    return sum(1 for r in rows if not r["keys"]) / len(rows)
+    return sum(1 for r in rows if not r.keys) / len(rows)
 
 
 def reset_cache() -> None:

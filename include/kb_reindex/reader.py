@@ -8,6 +8,7 @@ The tenant filter comes from the caller's context (an argument the service sets)
 from __future__ import annotations
 
 import re
+from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
 from kb_reindex.config import Settings
@@ -25,7 +26,55 @@ class ReaderDeps(Protocol):
     ollama_headers: dict[str, str] | None
 
 
-def serving_model(store: KnowledgeStore, alias: str) -> dict[str, Any]:
+@dataclass(frozen=True)
+class ServingModel:
+    """What the alias serves and how its vectors were made: the model the reader embeds queries with."""
+
+    collection: str
+    embedder: str
+    embed_model: str
+    embed_dim: int
+    version: int | None
+    embed_profile: str | None
+    payload_layout: str
+
+
+@dataclass(frozen=True)
+class SearchHit:
+    """One result, its text read from wherever the version's payload layout keeps it."""
+
+    knowledge_key: str | None
+    title: str | None
+    source: str | None
+    section: str | None
+    score: float
+    text: str | None
+
+    @classmethod
+    def of(cls, payload: dict[str, Any], score: float, layout: str) -> SearchHit:
+        return cls(knowledge_key=payload.get("knowledge_key"), title=payload.get("title"), source=payload.get("source"),
+                   section=payload.get("section"), score=round(float(score), 4), text=payload_text(payload, layout))
+
+
+@dataclass(frozen=True)
+class SearchAnswer:
+    """What a search answered, and from which version; `to_dict()` is the JSON `kb-reindex query --json` prints
+    and the assistant reads."""
+
+    alias: str
+    version: int | None
+    embed_model: str
+    embed_profile: str | None
+    payload_layout: str
+    results: tuple[SearchHit, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"alias": self.alias, "version": self.version, "embed_model": self.embed_model,
+                "embed_profile": self.embed_profile, "payload_layout": self.payload_layout,
+                "results": [asdict(hit) for hit in self.results]}
+
+
+def serving_model(store: KnowledgeStore, alias: str) -> ServingModel:
     """What the alias serves and how its vectors were made, from Qdrant alone: the collection's metadata,
     or (for collections made before it was written) its dimension and a point's payload."""
     collection = store.alias_target(alias)
@@ -61,8 +110,8 @@ def serving_model(store: KnowledgeStore, alias: str) -> dict[str, Any]:
                           f"{ours!r}: refusing to query it")
     elif chunking is not None:
         profile = embedding_profile(embedder=embedder, model=model, dim=dim, distance=distance, chunking_version=chunking)
-    return {"collection": collection, "embedder": embedder, "embed_model": model, "embed_dim": dim,
-            "version": version, "embed_profile": profile, "payload_layout": meta.get("payload_layout") or "native"}
+    return ServingModel(collection=collection, embedder=embedder, embed_model=model, embed_dim=dim, version=version,
+                        embed_profile=profile, payload_layout=meta.get("payload_layout") or "native")
 
 
 def search_knowledge(
@@ -74,7 +123,7 @@ def search_knowledge(
     expect_model: str | None = None,
     expect_dim: int | None = None,
     expect_profile: str | None = None,
-) -> dict[str, Any]:
+) -> SearchAnswer:
     """Search through the alias. Needs only Qdrant and the embedder: the assistant keeps answering while the
     state DB is lost, locked or down. `expect_*`: what the caller embeds with (an assistant that embeds its
     own queries); a mismatch with the alias's embedding profile is refused, never answered with wrong
@@ -85,44 +134,29 @@ def search_knowledge(
         raise ConfigError(f"k={k} must be at least 1")
     alias = deps.settings.alias
     live = serving_model(deps.store, alias)
-    if expect_model is not None and expect_model != live["embed_model"]:
-        raise ConfigError(f"caller embeds with {expect_model!r} but {alias} v{live['version']} serves {live['embed_model']!r}")
-    if expect_dim is not None and expect_dim != live["embed_dim"]:
-        raise ConfigError(f"caller expects {expect_dim}-d vectors but {alias} v{live['version']} is {live['embed_dim']}-d")
-    if expect_profile is not None and expect_profile != live["embed_profile"]:
-        raise ConfigError(f"caller expects embedding profile {expect_profile!r} but {alias} v{live['version']} serves "
-                          f"{live['embed_profile']!r} ({live['embedder']}/{live['embed_model']}, {live['embed_dim']}-d)")
+    if expect_model is not None and expect_model != live.embed_model:
+        raise ConfigError(f"caller embeds with {expect_model!r} but {alias} v{live.version} serves {live.embed_model!r}")
+    if expect_dim is not None and expect_dim != live.embed_dim:
+        raise ConfigError(f"caller expects {expect_dim}-d vectors but {alias} v{live.version} is {live.embed_dim}-d")
+    if expect_profile is not None and expect_profile != live.embed_profile:
+        raise ConfigError(f"caller expects embedding profile {expect_profile!r} but {alias} v{live.version} serves "
+                          f"{live.embed_profile!r} ({live.embedder}/{live.embed_model}, {live.embed_dim}-d)")
     embedder = make_embedder(
-        deps.settings.with_embedder(embedder=live["embedder"], model=live["embed_model"], dim=live["embed_dim"]),
+        deps.settings.with_embedder(embedder=live.embedder, model=live.embed_model, dim=live.embed_dim),
         headers=deps.ollama_headers,
     )
     vector = embedder.embed_queries([text])[0]
-    if len(vector) != live["embed_dim"]:
-        raise KbError(f"embedder {live['embed_model']!r} answered a {len(vector)}-d vector; {alias} v{live['version']} "
-                      f"(profile {live['embed_profile']}) holds {live['embed_dim']}-d vectors")
+    if len(vector) != live.embed_dim:
+        raise KbError(f"embedder {live.embed_model!r} answered a {len(vector)}-d vector; {alias} v{live.version} "
+                      f"(profile {live.embed_profile}) holds {live.embed_dim}-d vectors")
     # the collection the model was read from, not the alias again: a promotion in between must not pair
     # this query vector with another model's collection (the previous collection is kept, so it still answers)
-    hits = deps.store.search(live["collection"], vector, k=k, tenant=tenant)
+    hits = deps.store.search(live.collection, vector, k=k, tenant=tenant)
     if deps.settings.query_log:
         from kb_reindex.querylog import log_search
 
-        log_search(deps, query=text, tenant=tenant, k=k, version=live["version"],
+        log_search(deps, query=text, tenant=tenant, k=k, version=live.version,
                    keys=[str((h.payload or {}).get("knowledge_key")) for h in hits])
-    return {
-        "alias": alias,
-        "version": live["version"],
-        "embed_model": live["embed_model"],
-        "embed_profile": live["embed_profile"],
-        "payload_layout": live["payload_layout"],
-        "results": [
-            {
-                "knowledge_key": (h.payload or {}).get("knowledge_key"),
-                "title": (h.payload or {}).get("title"),
-                "source": (h.payload or {}).get("source"),
-                "section": (h.payload or {}).get("section"),
-                "score": round(float(h.score), 4),
-                "text": payload_text(h.payload or {}, live["payload_layout"]),
-            }
-            for h in hits
-        ],
-    }
+    return SearchAnswer(alias=alias, version=live.version, embed_model=live.embed_model,
+                        embed_profile=live.embed_profile, payload_layout=live.payload_layout,
+                        results=tuple(SearchHit.of(h.payload or {}, h.score, live.payload_layout) for h in hits))

@@ -113,20 +113,20 @@ def replay(deps: Deps, version: VersionRecord, baseline: VersionRecord | None, *
     if not rows:
         return ReplayReport(skipped="no logged queries (KB_QUERY_LOG is off, or nothing was asked yet)"), []
     rows.reverse()  # oldest first, as they were asked
-    texts = sorted({r["query"] for r in rows})
+    texts = sorted({r.query for r in rows})
     candidate_vectors = dict(zip(texts, _embed(deps, version, texts), strict=True))
     live_vectors = candidate_vectors if same_model else dict(zip(texts, _embed(deps, baseline, texts), strict=True))
     changed = changed_documents(deps, version, baseline)
 
     per_query = []
     for row in rows:
-        k, tenant, text = row["k"], row["tenant"], row["query"]
+        k, tenant, text = row.k, row.tenant, row.query
         on_live = _keys(deps.store.search(baseline.collection, live_vectors[text], k=k, tenant=tenant))
         on_candidate = _keys(deps.store.search(version.collection, candidate_vectors[text], k=k, tenant=tenant))
         top = on_live[0] if on_live else None
         rank = first_hit_rank(on_candidate, [top]) if top is not None else None
         per_query.append(ReplayQuery(
-            log_id=row["id"], query=text, tenant=tenant, k=k,
+            log_id=row.id, query=text, tenant=tenant, k=k,
             overlap=round(len(set(on_live) & set(on_candidate)) / len(set(on_live)), 4) if on_live else None,
             live_top=top, top_changed=top in changed if top is not None else None,
             rank_candidate=rank,
@@ -175,10 +175,3 @@ def replay(deps: Deps, version: VersionRecord, baseline: VersionRecord | None, *
              "%d lost top hit(s) on unchanged documents%s", total, version.version, baseline.version,
              report.mean_overlap, empty_live, empty_candidate, len(lost), "" if same_model else " (not gated)")
     return report, failures
-
-
-def summary(report: dict[str, Any] | None) -> dict[str, Any] | None:
-    """What the run's JSON carries: the totals, not the per-query rows (those are in the report)."""
-    if report is None:
-        return None
-    return {k: v for k, v in report.items() if k != "per_query"}

@@ -19,6 +19,7 @@ from kb_reindex.audit import AuditView, audit_view
 from kb_reindex.freeze import FreezeView, freeze_view
 from kb_reindex.layouts import version_profile
 from kb_reindex.locking import alias_lock_name, reindex_lock_name
+from kb_reindex.querylog import QueryLogView
 from kb_reindex.model import SUCCEEDED, RunKind, RunOutcome, VersionStatus
 from kb_reindex.runtime import Deps, StateDeps
 from kb_reindex.state import (AliasEvent, LockRecord, PinRecord, QdrantSnapshotRef, VersionRecord, is_dag_run_owner,
@@ -117,13 +118,6 @@ class LockRow:
     def owner_gone(self) -> bool:
         """Held, unexpired, by a process known to be gone: the next command takes it over."""
         return self.owner_alive == "no" and not self.expired
-
-
-@dataclass(frozen=True)
-class QueryLogView:
-    enabled: bool
-    queries: int
-    keep: int
 
 
 @dataclass(frozen=True)
@@ -248,7 +242,7 @@ def status_view(deps: Deps) -> StatusView:
         alias=alias, serving_collection=serving, live=_live(versions, live),
         rollback_target=target.version if target else None, freeze=freeze_view(deps), pinned=tuple(sorted(pins)),
         audit=audit, versions=tuple(versions), locks=locks, problems=tuple(problems), notes=tuple(notes),
-        metrics=metrics(deps), query_log=QueryLogView(**querylog.summary(deps)))
+        metrics=metrics(deps), query_log=querylog.summary(deps))
 
 
 def state_only_view(deps: StateDeps) -> StatusView:
@@ -263,7 +257,7 @@ def state_only_view(deps: StateDeps) -> StatusView:
         alias=alias, serving_collection=None, live=_live(versions, live),
         rollback_target=target.version if target else None, freeze=freeze_view(deps), pinned=tuple(sorted(pins)),
         audit=None, versions=tuple(versions), locks=lock_rows(deps), problems=(), notes=(), metrics=metrics(deps),
-        query_log=QueryLogView(**querylog.summary(deps)))
+        query_log=querylog.summary(deps))
 
 
 def _live(versions: list[VersionRow], live: VersionRecord | None) -> LiveVersion | None:

@@ -226,15 +226,17 @@ class ReplayReport:
     thresholds: dict[str, Any] = field(default_factory=dict)
     per_query: tuple[ReplayQuery, ...] = ()  # the worst first, at most replay.PER_QUERY_KEPT
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, *, per_query: bool = True) -> dict[str, Any]:
+        """`per_query=False`: the totals a run's JSON carries, without the per-query rows (those are in the report)."""
         if self.skipped is not None:
             return {"skipped": self.skipped}
+        rows = {"per_query": [q.to_dict() for q in self.per_query]} if per_query else {}
         return {"queries": self.queries, "mean_overlap": self.mean_overlap, "empty_live": self.empty_live,
                 "empty_candidate": self.empty_candidate, "lost_top_hits": self.lost_top_hits,
                 "lost_top_hits_any": self.lost_top_hits_any, "unchanged_top_hits": self.unchanged_top_hits,
                 "lost_share": self.lost_share, "changed_documents": self.changed_documents,
                 "live_version": self.live_version, "gated": self.gated, "passed": self.passed,
-                "thresholds": dict(self.thresholds), "per_query": [q.to_dict() for q in self.per_query]}
+                "thresholds": dict(self.thresholds), **rows}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> ReplayReport:

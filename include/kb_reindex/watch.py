@@ -136,7 +136,7 @@ def check_once(deps: Deps, version: VersionRecord, *, probe_vectors: list[list[f
 
     since = version.promoted_at
     rows = [r for r in querylog.recent(deps.state, alias, limit=deps.settings.query_log_keep, version=version.version)
-            if since is None or r["at"] >= since]
+            if since is None or r.at >= since]
     empty = querylog.empty_rate(rows)
     if (empty is not None and baseline_empty is not None and len(rows) >= gate.watch_min_queries
             and empty > baseline_empty + gate.max_empty_increase + 1e-9):

@@ -10,7 +10,7 @@ import os
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 from sqlalchemy.engine import URL
 
@@ -22,6 +22,23 @@ from kb_reindex.runtime import Deps, open_deps
 QDRANT_CONN_ID = "qdrant_default"
 STATE_CONN_ID = "kb_state"
 OLLAMA_CONN_ID = "ollama_default"
+
+
+class QdrantOverrides(TypedDict):
+    """The Settings fields `qdrant_default` sets (keyword arguments of `Settings.from_env`): where Qdrant is,
+    how the client talks to it, and the collection settings when its extra names them."""
+
+    qdrant_url: str | None
+    qdrant_host: str | None
+    qdrant_port: int
+    qdrant_path: None  # a Connection is always a server: never the embedded local mode
+    qdrant_api_key: str | None
+    qdrant_https: bool | None
+    qdrant_prefix: str | None
+    qdrant_prefer_grpc: bool
+    qdrant_grpc_port: int
+    qdrant_timeout_s: int
+    collection_config: NotRequired[dict[str, Any]]
 
 
 def _connection(conn_id: str) -> Any | None:
@@ -72,7 +89,7 @@ def ollama_from_connection(conn: Any) -> tuple[str, dict[str, str] | None]:
     return host, headers
 
 
-def qdrant_overrides(conn: Any, *, root: Any) -> dict[str, Any]:
+def qdrant_overrides(conn: Any, *, root: Any) -> QdrantOverrides:
     """`qdrant_default` as Settings fields, so `store.make_client` builds the client as for the CLI.
 
     The fields the Qdrant provider's `QdrantHook.get_conn` reads (host, port, password as API key; extras url,
@@ -110,7 +127,7 @@ def qdrant_overrides(conn: Any, *, root: Any) -> dict[str, Any]:
         return number
 
     url = str(extra.get("url") or "").strip() or None
-    overrides: dict[str, Any] = {
+    overrides: QdrantOverrides = {
         "qdrant_url": url,
         "qdrant_host": None if url else (conn.host or "localhost"),
         "qdrant_port": conn.port or 6333,

@@ -5,6 +5,7 @@ moved), the reindex paused, and the alias frozen or unfrozen in the state DB as 
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import Depends, FastAPI, HTTPException, Request
@@ -13,15 +14,29 @@ from fastapi.responses import JSONResponse
 from kb_reindex.config import Settings
 from kb_reindex.errors import LockHeldError
 from kb_reindex.pageview import check_rollback_target
-from kb_reindex.state import StateStore
-from kb_reindex.web.airflow_api import PROMOTE_SHADOW_DAG, REINDEX_DAG, ROLLBACK_DAG
+from kb_reindex.state import Freeze, StateStore
+from kb_reindex.web.airflow_api import PROMOTE_SHADOW_DAG, REINDEX_DAG, ROLLBACK_DAG, Triggered
 from kb_reindex.web.context import PageContext, positive_int, reason_of, refusal
 
 #: how long a freeze from the page waits for a promotion in progress (the alias lock) before saying so
 FREEZE_WAIT_S = 10.0
 
 
-async def rollback(ctx: PageContext, request: Request) -> dict[str, Any]:
+@dataclass(frozen=True)
+class FreezeChange:
+    """What a freeze or an unfreeze from the page left: the freeze in force (a freeze: the new one, or the one
+    already in force), or, unfrozen, the freeze lifted (None: there was none). `to_dict()` is the JSON answer."""
+
+    in_force: Freeze | None
+    lifted: Freeze | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        if self.in_force is not None:
+            return self.in_force.view()
+        return {"frozen": False, "lifted": self.lifted.view() if self.lifted else None}
+
+
+async def rollback(ctx: PageContext, request: Request) -> Triggered:
     """Trigger the rollback DAG to a version that served and is whole, from the live version on-call saw."""
     body = await request.json()
     reason = reason_of(body)
@@ -47,10 +62,10 @@ async def rollback(ctx: PageContext, request: Request) -> dict[str, Any]:
                                     {"to_version": to_version, "reason": reason, "confirm": True, "live_version": live},
                                     fallback="On-call can run `kb-reindex rollback` instead",
                                     unpause=body.get("unpause") is True)
-    return run.to_dict()
+    return run
 
 
-async def promote_shadow(ctx: PageContext, request: Request) -> dict[str, Any]:
+async def promote_shadow(ctx: PageContext, request: Request) -> Triggered:
     """Trigger the shadow promotion DAG for a ready version that never served."""
     body = await request.json()
     reason = reason_of(body)
@@ -63,10 +78,10 @@ async def promote_shadow(ctx: PageContext, request: Request) -> dict[str, Any]:
                                     {"version": version, "reason": reason, "confirm": True, "live_version": live},
                                     fallback=f"On-call can run `kb-reindex promote --version {version}` instead",
                                     unpause=body.get("unpause") is True)
-    return run.to_dict()
+    return run
 
 
-def set_freeze(settings: Settings, by: str, reason: str | None) -> dict[str, Any]:
+def set_freeze(settings: Settings, by: str, reason: str | None) -> FreezeChange:
     """Freeze (a reason) or unfreeze (None) the alias in the state DB, which must exist (never created); the
     freeze as the page shows it."""
     try:
@@ -75,9 +90,8 @@ def set_freeze(settings: Settings, by: str, reason: str | None) -> dict[str, Any
         raise refusal(exc, settings, status=503) from None
     try:
         if reason is None:
-            lifted = state.unfreeze(settings.alias, by=by)
-            return {"frozen": False, "lifted": lifted.view() if lifted else None}
-        return state.freeze(settings.alias, reason=reason, by=by, wait_s=FREEZE_WAIT_S).view()
+            return FreezeChange(in_force=None, lifted=state.unfreeze(settings.alias, by=by))
+        return FreezeChange(in_force=state.freeze(settings.alias, reason=reason, by=by, wait_s=FREEZE_WAIT_S))
     except Exception as exc:
         refused = refusal(exc, settings)
         if isinstance(exc, LockHeldError):
@@ -94,11 +108,11 @@ def add_actions(app: FastAPI, ctx: PageContext) -> None:
 
     @app.post("/api/rollback", dependencies=auth.may_trigger(ROLLBACK_DAG))
     async def rollback_route(request: Request) -> JSONResponse:
-        return JSONResponse(await rollback(ctx, request))
+        return JSONResponse((await rollback(ctx, request)).to_dict())
 
     @app.post("/api/promote-shadow", dependencies=auth.may_trigger(PROMOTE_SHADOW_DAG))
     async def promote_shadow_route(request: Request) -> JSONResponse:
-        return JSONResponse(await promote_shadow(ctx, request))
+        return JSONResponse((await promote_shadow(ctx, request)).to_dict())
 
     @app.post("/api/reindex-paused", dependencies=auth.may_edit(REINDEX_DAG))
     async def pause_reindex(request: Request) -> JSONResponse:
@@ -106,8 +120,8 @@ def add_actions(app: FastAPI, ctx: PageContext) -> None:
         paused = (await request.json()).get("paused")
         if not isinstance(paused, bool):
             raise HTTPException(422, "paused must be true or false")
-        dag = await ctx.airflow.call(request, "PATCH", f"dags/{REINDEX_DAG}", body={"is_paused": paused})
-        return JSONResponse({"dag_id": REINDEX_DAG, "reindex_paused": dag.get("is_paused")})
+        now = await ctx.airflow.set_paused(request, REINDEX_DAG, paused)
+        return JSONResponse({"dag_id": REINDEX_DAG, "reindex_paused": now})
 
     may_freeze = auth.may_edit(REINDEX_DAG)
 
@@ -116,8 +130,10 @@ def add_actions(app: FastAPI, ctx: PageContext) -> None:
         """Pause the product: no promotion moves the alias until unfrozen (rollbacks still do). Written to the
         state DB as the signed-in user; allowed to whoever may pause knowledge_reindex."""
         reason = reason_of(await request.json())
-        return JSONResponse(await asyncio.to_thread(set_freeze, ctx.settings_factory(), user.get_name(), reason))
+        changed = await asyncio.to_thread(set_freeze, ctx.settings_factory(), user.get_name(), reason)
+        return JSONResponse(changed.to_dict())
 
     @app.post("/api/unfreeze", dependencies=may_freeze)
     async def unfreeze(user: Any = Depends(auth.get_user)) -> JSONResponse:  # noqa: B008 - FastAPI's form
-        return JSONResponse(await asyncio.to_thread(set_freeze, ctx.settings_factory(), user.get_name(), None))
+        changed = await asyncio.to_thread(set_freeze, ctx.settings_factory(), user.get_name(), None)
+        return JSONResponse(changed.to_dict())

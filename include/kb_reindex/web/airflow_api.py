@@ -7,7 +7,7 @@ decides every call. Only our DAGs are followed.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, TypedDict, TypeVar, cast
 from urllib.parse import quote
 
 import httpx
@@ -22,6 +22,43 @@ PROMOTE_SHADOW_DAG = "knowledge_promote_shadow"
 #: the DAGs whose runs the page lists and follows (no other DAG is proxied)
 OUR_DAGS = (REINDEX_DAG, ROLLBACK_DAG, MIGRATION_DAG, PROMOTE_SHADOW_DAG)
 RECENT_RUNS_PER_DAG = 5
+
+
+# --- what the page reads of Airflow's REST API answers (fields Airflow may leave out are optional) ------------
+
+class DagJson(TypedDict, total=False):
+    is_paused: bool
+
+
+class DagRunJson(TypedDict, total=False):
+    dag_run_id: str
+    state: str | None
+    run_type: str | None
+    run_after: str | None
+    start_date: str | None
+    end_date: str | None
+
+
+class DagRunPageJson(TypedDict, total=False):
+    dag_runs: list[DagRunJson]
+
+
+class TaskInstanceJson(TypedDict, total=False):
+    task_id: str
+    state: str | None
+    try_number: int | None
+    map_index: int
+
+
+class TaskInstancePageJson(TypedDict, total=False):
+    task_instances: list[TaskInstanceJson]
+
+
+class TaskLogJson(TypedDict, total=False):
+    content: list[Any]  # structured log messages, read by last_error_line
+
+
+Answer = TypeVar("Answer")
 
 
 def run_ui_path(dag_id: str, run_id: str) -> str:
@@ -43,7 +80,7 @@ class DagRun:
     url: str
 
     @classmethod
-    def of(cls, dag_id: str, run: dict[str, Any]) -> DagRun:
+    def of(cls, dag_id: str, run: DagRunJson) -> DagRun:
         """From Airflow's JSON for a dag run."""
         run_id = run.get("dag_run_id") or ""
         return cls(dag_id=dag_id, dag_run_id=run_id, state=run.get("state"), run_type=run.get("run_type"),
@@ -95,26 +132,29 @@ class AirflowApi:
     def __init__(self, base_url: str) -> None:
         self.base_url = base_url
 
-    async def call(self, request: Request, method: str, path: str, *, body: dict[str, Any] | None = None,
-                   params: dict[str, Any] | None = None, action: dict[str, str] | None = None) -> dict[str, Any]:
-        """`action` names what a write would have done, for the message when its fate is unknown."""
+    async def call(self, request: Request, method: str, path: str, answer: type[Answer], *,
+                   body: dict[str, Any] | None = None, params: dict[str, Any] | None = None,
+                   action: dict[str, str] | None = None) -> Answer:
+        """Airflow's JSON answer, as the shape `answer` the caller reads of it (Airflow's API is trusted for
+        its own shapes; nothing else is checked). `action` names what a write would have done, for the
+        message when its fate is unknown."""
         token = caller_token(request)
         if not token:
             raise HTTPException(401, "sign in to Airflow first: the page acts as you, through the Airflow API")
         try:
             async with httpx.AsyncClient(timeout=30) as client:
-                answer = await client.request(method, f"{self.base_url}/api/v2/{path}", params=params, json=body,
+                reply = await client.request(method, f"{self.base_url}/api/v2/{path}", params=params, json=body,
                                               headers={"Authorization": f"Bearer {token}",
                                                        "Accept": "application/json"})
         except (httpx.HTTPError, httpx.InvalidURL) as exc:
             raise self._unanswered(exc, action) from None
-        if answer.status_code in (401, 403):
-            raise HTTPException(answer.status_code, f"Airflow refused: you may not {method} {path}")
-        if answer.status_code == 404:
+        if reply.status_code in (401, 403):
+            raise HTTPException(reply.status_code, f"Airflow refused: you may not {method} {path}")
+        if reply.status_code == 404:
             raise HTTPException(404, f"Airflow has no {path}")
-        if answer.status_code >= 400:
-            raise HTTPException(502, f"Airflow API answered {answer.status_code}: {answer.text[:300]}")
-        return answer.json()
+        if reply.status_code >= 400:
+            raise HTTPException(502, f"Airflow API answered {reply.status_code}: {reply.text[:300]}")
+        return cast(Answer, reply.json())
 
     def _unanswered(self, exc: Exception, action: dict[str, str] | None) -> HTTPException:
         """A call that got no answer (errors.classify): one never sent changed nothing; one that may have
@@ -135,39 +175,46 @@ class AirflowApi:
         DAGs have no schedule, so unpausing one starts nothing but the runs on-call triggers."""
         unpaused = False
         before = {"fallback": fallback, "unknown": f"nothing was triggered. {fallback}"}
-        if (await self.call(request, "GET", f"dags/{dag_id}", action=before)).get("is_paused"):
+        if (await self.call(request, "GET", f"dags/{dag_id}", DagJson, action=before)).get("is_paused"):
             if not unpause:
                 raise HTTPException(409, f"{dag_id} is paused in Airflow: a run triggered now would stay queued "
                                          "until it is unpaused. Let the page unpause it (it asks first), or "
                                          f"`airflow dags unpause {dag_id}`; nothing was triggered")
-            await self.call(request, "PATCH", f"dags/{dag_id}", body={"is_paused": False},
-                            action={"fallback": fallback, "unknown": f"{dag_id} may have been unpaused; nothing was "
-                                                                     f"triggered. {fallback}"})
+            await self.set_paused(request, dag_id, False,
+                                  action={"fallback": fallback, "unknown": f"{dag_id} may have been unpaused; nothing "
+                                                                           f"was triggered. {fallback}"})
             unpaused = True
-        run = await self.call(request, "POST", f"dags/{dag_id}/dagRuns", body={"logical_date": None, "conf": conf},
+        run = await self.call(request, "POST", f"dags/{dag_id}/dagRuns", DagRunJson, body={"logical_date": None, "conf": conf},
                               action={"fallback": fallback,
                                       "unknown": f"a {dag_id} run may have been created. Check its runs (or "
                                                  "`kb-reindex status`) before trying again"})
         return Triggered(DagRun.of(dag_id, run), unpaused)
 
     async def run(self, request: Request, dag_id: str, run_id: str) -> DagRun:
-        return DagRun.of(dag_id, await self.call(request, "GET", f"dags/{dag_id}/dagRuns/{quote(run_id, safe='')}"))
+        return DagRun.of(dag_id, await self.call(request, "GET", f"dags/{dag_id}/dagRuns/{quote(run_id, safe='')}",
+                                                DagRunJson))
 
     async def recent_runs(self, request: Request, dag_id: str) -> list[DagRun]:
-        page = await self.call(request, "GET", f"dags/{dag_id}/dagRuns",
+        page = await self.call(request, "GET", f"dags/{dag_id}/dagRuns", DagRunPageJson,
                                params={"order_by": "-run_after", "limit": RECENT_RUNS_PER_DAG})
         return [DagRun.of(dag_id, run) for run in page.get("dag_runs", [])]
 
     async def is_paused(self, request: Request, dag_id: str) -> bool:
-        return bool((await self.call(request, "GET", f"dags/{dag_id}")).get("is_paused"))
+        return bool((await self.call(request, "GET", f"dags/{dag_id}", DagJson)).get("is_paused"))
+
+    async def set_paused(self, request: Request, dag_id: str, paused: bool, *,
+                         action: dict[str, str] | None = None) -> bool | None:
+        """Pause or unpause `dag_id`; whether Airflow says it is paused now (None: its answer does not say)."""
+        dag = await self.call(request, "PATCH", f"dags/{dag_id}", DagJson, body={"is_paused": paused}, action=action)
+        return dag.get("is_paused")
 
     async def failure(self, request: Request, dag_id: str, run_id: str) -> str | None:
         """The failing task's last error line, from its log in Airflow (None when no log says one)."""
         base = f"dags/{dag_id}/dagRuns/{quote(run_id, safe='')}/taskInstances"
-        tasks = (await self.call(request, "GET", base)).get("task_instances", [])
+        tasks = (await self.call(request, "GET", base, TaskInstancePageJson)).get("task_instances", [])
         for task in (t for t in tasks if t.get("state") == "failed"):
             log = await self.call(request, "GET", f"{base}/{quote(task['task_id'], safe='')}/logs/"
-                                                  f"{task.get('try_number') or 1}",
+                                                  f"{task.get('try_number') or 1}", TaskLogJson,
                                   params={"map_index": task.get("map_index", -1)})
             line = last_error_line(log.get("content") or [])
             if line:

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Response
 
 from kb_reindex.config import Settings
+from kb_reindex.pageview import PageStatus
 from kb_reindex.templating import templates
-from kb_reindex.web.airflow_api import OUR_DAGS, REINDEX_DAG, AirflowApi
+from kb_reindex.web.airflow_api import OUR_DAGS, REINDEX_DAG, AirflowApi, DagRun
 from kb_reindex.web.context import PageContext
 
 
@@ -28,28 +30,68 @@ def airflow_timezone() -> str:
     return str(getattr(TIMEZONE, "name", None) or "UTC")
 
 
-async def status_json(ctx: PageContext, user: Any) -> dict[str, Any]:
+@dataclass(frozen=True)
+class StatusAnswer:
+    """/api/status: the typed status, with the buttons this caller may use; `to_dict()` is its JSON."""
+
+    status: PageStatus
+    may: dict[str, bool]
+
+    def to_dict(self) -> dict[str, Any]:
+        data: dict[str, Any] = json.loads(json.dumps(self.status.to_json(), default=str))
+        return {**data, "may": self.may}
+
+
+@dataclass(frozen=True)
+class RunAnswer:
+    """One run of our DAGs as the page follows it; a failed one with its failing task's last error line (None:
+    no log says one), or why the log could not be read."""
+
+    run: DagRun
+    error: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.run.to_dict(), **({"error": self.error} if self.run.state == "failed" else {})}
+
+
+@dataclass(frozen=True)
+class AirflowAnswer:
+    """/api/airflow: whether our DAGs are paused (None: the reindex's flag could not be read, then nothing else
+    was asked) and their recent runs, newest first; what could not be read, said."""
+
+    reindex_paused: bool | None
+    paused: dict[str, bool]
+    runs: tuple[DagRun, ...]
+    errors: tuple[str, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        if self.reindex_paused is None:  # the keys in the order this answer always had
+            return {"reindex_paused": None, "paused": dict(self.paused), "runs": [r.to_dict() for r in self.runs],
+                    "errors": list(self.errors)}
+        return {"reindex_paused": self.reindex_paused, "runs": [r.to_dict() for r in self.runs],
+                "errors": list(self.errors), "paused": dict(self.paused)}
+
+
+async def status_json(ctx: PageContext, user: Any) -> StatusAnswer:
     """/api/status: the typed status at the JSON edge, with the buttons this caller may use."""
-    data = json.loads(json.dumps((await ctx.status_now()).to_json(), default=str))
-    return {**data, "may": ctx.auth.may(user)}
+    return StatusAnswer(await ctx.status_now(), ctx.auth.may(user))
 
 
-async def run_json(airflow: AirflowApi, request: Request, dag_id: str, run_id: str) -> dict[str, Any]:
+async def run_json(airflow: AirflowApi, request: Request, dag_id: str, run_id: str) -> RunAnswer:
     """One run of our DAGs, read as the caller: the page follows a run it triggered to its end; a failed
     one comes with its failing task's last error line."""
     if dag_id not in OUR_DAGS:
         raise HTTPException(404, "not a knowledge DAG")
     run = await airflow.run(request, dag_id, run_id)
-    answer = run.to_dict()
-    if run.state == "failed":
-        try:
-            answer["error"] = await airflow.failure(request, dag_id, run_id)
-        except HTTPException as refused:
-            answer["error"] = f"its task log could not be read: {refused.detail}"
-    return answer
+    if run.state != "failed":
+        return RunAnswer(run)
+    try:
+        return RunAnswer(run, await airflow.failure(request, dag_id, run_id))
+    except HTTPException as refused:
+        return RunAnswer(run, f"its task log could not be read: {refused.detail}")
 
 
-async def airflow_json(airflow: AirflowApi, request: Request) -> dict[str, Any]:
+async def airflow_json(airflow: AirflowApi, request: Request) -> AirflowAnswer:
     """Whether our DAGs are paused and their recent runs, from Airflow's own records (runs that failed
     before reaching our code included), as the caller may see them; what could not be read is said."""
     async def paused(dag_id: str) -> bool | str:
@@ -58,21 +100,22 @@ async def airflow_json(airflow: AirflowApi, request: Request) -> dict[str, Any]:
         except HTTPException as refused:
             return f"{dag_id}: {refused.detail}"
 
-    async def runs_of(dag_id: str) -> list[dict[str, Any]] | str:
+    async def runs_of(dag_id: str) -> list[DagRun] | str:
         try:
-            return [run.to_dict() for run in await airflow.recent_runs(request, dag_id)]
+            return await airflow.recent_runs(request, dag_id)
         except HTTPException as refused:
             return f"{dag_id}: {refused.detail}"
 
     flags = dict(zip(OUR_DAGS, await asyncio.gather(*(paused(dag_id) for dag_id in OUR_DAGS)), strict=True))
-    if isinstance(flags[REINDEX_DAG], str):
-        return {"reindex_paused": None, "paused": {}, "runs": [], "errors": [flags[REINDEX_DAG]]}
+    reindex = flags[REINDEX_DAG]
+    if isinstance(reindex, str):
+        return AirflowAnswer(reindex_paused=None, paused={}, runs=(), errors=(reindex,))
     found = await asyncio.gather(*(runs_of(dag_id) for dag_id in OUR_DAGS))
     runs = sorted((run for result in found if isinstance(result, list) for run in result),
-                  key=lambda run: run["run_after"] or "", reverse=True)
+                  key=lambda run: run.run_after or "", reverse=True)
     errors = [f for f in flags.values() if isinstance(f, str)] + [r for r in found if isinstance(r, str)]
-    return {"reindex_paused": flags[REINDEX_DAG], "runs": runs, "errors": errors,
-            "paused": {d: f for d, f in flags.items() if isinstance(f, bool)}}
+    return AirflowAnswer(reindex_paused=reindex, runs=tuple(runs), errors=tuple(errors),
+                         paused={d: f for d, f in flags.items() if isinstance(f, bool)})
 
 
 def add_views(app: FastAPI, ctx: PageContext) -> None:
@@ -81,7 +124,7 @@ def add_views(app: FastAPI, ctx: PageContext) -> None:
 
     @app.get("/api/status")
     async def status(user: Any = Depends(auth.get_user)) -> JSONResponse:  # noqa: B008 - FastAPI's form
-        return JSONResponse(await status_json(ctx, user))
+        return JSONResponse((await status_json(ctx, user)).to_dict())
 
     @app.get("/reports/v{version}/{name}")
     async def report(version: int, name: str, request: Request) -> Response:
@@ -99,11 +142,11 @@ def add_views(app: FastAPI, ctx: PageContext) -> None:
 
     @app.get("/api/runs/{dag_id}/{run_id}", dependencies=auth.signed_in())
     async def dag_run(dag_id: str, run_id: str, request: Request) -> JSONResponse:
-        return JSONResponse(await run_json(ctx.airflow, request, dag_id, run_id))
+        return JSONResponse((await run_json(ctx.airflow, request, dag_id, run_id)).to_dict())
 
     @app.get("/api/airflow", dependencies=auth.signed_in())
     async def airflow_view(request: Request) -> JSONResponse:
-        return JSONResponse(await airflow_json(ctx.airflow, request))
+        return JSONResponse((await airflow_json(ctx.airflow, request)).to_dict())
 
     @app.get("/ui", response_class=HTMLResponse)
     async def page(request: Request) -> Response:
