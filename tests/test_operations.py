@@ -295,7 +295,7 @@ def test_a_rollback_moves_nothing_when_another_version_goes_live_between_its_che
     """On-call confirmed v2 -> v1; while the rollback scores v1, a shadow v3 is promoted. The confirmed live
     version is checked by the compare-and-swap under the alias lock, not by a read before: nothing moves,
     and the error says what serves now."""
-    import kb_reindex.rollback as rollback_module
+    import kb_reindex.runs as rollback_module  # the recorded rollback scores its target
     from kb_reindex.errors import AliasMovedError
     from kb_reindex.promote import promote_shadow
 
