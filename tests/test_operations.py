@@ -297,7 +297,7 @@ def test_a_rollback_moves_nothing_when_another_version_goes_live_between_its_che
     and the error says what serves now."""
     import kb_reindex.runs as rollback_module  # the recorded rollback scores its target
     from kb_reindex.errors import AliasMovedError
-    from kb_reindex.promote import promote_shadow
+    from kb_reindex.pipeline import promote_shadow
 
     assert engine.run_reindex(deps)["outcome"] == "promoted"
     edit(deps, "coupon-rules", "补充一：优惠券不可兑换现金。")

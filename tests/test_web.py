@@ -140,7 +140,7 @@ class FakeAirflowApi:
         return 404, {"detail": "not found"}
 
     def run(self, run: dict) -> None:
-        from kb_reindex.promote import promote_shadow
+        from kb_reindex.pipeline import promote_shadow
 
         time.sleep(0.5)
         run["state"] = "running"

@@ -19,7 +19,7 @@ from kb_reindex.lifecycle import LIVE, READY, RETIRED
 from kb_reindex.model import RunKind
 from kb_reindex.runtime import Deps
 from kb_reindex.state import VersionRecord
-from kb_reindex.validate import validate
+from kb_reindex.validation_model import ValidationResult
 
 log = logging.getLogger(__name__)
 
@@ -112,11 +112,19 @@ def warn_lowered_thresholds(deps: Deps, version: VersionRecord) -> str | None:
     return advice
 
 
-def promote_shadow(deps: Deps, version_number: int, *, expected_live: int | None, run_id: str | None = None,
-                   reason: str = "explicit promotion of a shadow version") -> PromoteResult:
-    """Put a shadow (built and validated, never served) behind the alias on purpose: validated again
-    against what serves now, then the same compare-and-swap, from `expected_live`, the version on-call
-    confirmed serving (None: nothing serves); if another serves by the move, nothing moves."""
+@dataclass(frozen=True)
+class ShadowPromotion:
+    """A shadow checked for promotion: `version` is ready (built and validated, never served) and moves from
+    `expected_from`, the collection of `expected_live`, the version on-call confirmed serving (None: nothing)."""
+
+    version: VersionRecord
+    expected_live: int | None
+    expected_from: str | None
+
+
+def check_shadow(deps: Deps, version_number: int, *, expected_live: int | None) -> ShadowPromotion:
+    """The shadow to promote, checked before it is validated again: only a ready one (a retired version goes
+    back through a rollback), and only from the version on-call confirmed serving (`confirmed_live`)."""
     alias = deps.settings.alias
     version = deps.state.get_version(alias, version_number)
     if version is None:
@@ -124,18 +132,23 @@ def promote_shadow(deps: Deps, version_number: int, *, expected_live: int | None
     if version.status != READY:
         hint = " (a rollback returns to a version that served)" if version.status == RETIRED else ""
         raise ConfigError(f"v{version.version} is {version.status}; only a ready shadow version can be promoted{hint}")
-    expected_from = confirmed_live(deps, expected_live, undone="promoted")
-    # re-checked against what serves now, by the thresholds it was built with; a failure leaves it a shadow
-    built_with = (version.validation or {}).get("thresholds") or {}
-    checked = validate(deps, version.version, min_hit_rate=built_with.get("min_hit_rate"),
-                       min_mrr=built_with.get("min_mrr"), record=False)
+    return ShadowPromotion(version, expected_live, confirmed_live(deps, expected_live, undone="promoted"))
+
+
+def promote_checked_shadow(deps: Deps, shadow: ShadowPromotion, checked: ValidationResult, *,
+                           run_id: str | None = None,
+                           reason: str = "explicit promotion of a shadow version") -> PromoteResult:
+    """Put the checked shadow behind the alias on purpose, once validated again against what serves now
+    (`checked`, recorded on it): the same compare-and-swap, from the version on-call confirmed serving; if
+    another serves by the move, nothing moves."""
+    version = shadow.version
     deps.state.update_version(version.id, validation=checked.to_dict())
     try:
-        previous = switch_alias(deps, version, expected_from=expected_from,
+        previous = switch_alias(deps, version, expected_from=shadow.expected_from,
                                 action="migrate" if version.kind == RunKind.MIGRATION else "promote", run_id=run_id,
                                 reason=reason)
     except AliasMovedError:
-        confirmed_live(deps, expected_live, undone="promoted")  # says what serves now
+        confirmed_live(deps, shadow.expected_live, undone="promoted")  # says what serves now
         raise
     log.info("kb_reindex: promoted shadow v%d (%s, %s %d-d)", version.version, version.collection,
              version.embed_model, version.embed_dim)
