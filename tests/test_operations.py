@@ -271,7 +271,7 @@ def test_fixing_the_golden_set_after_a_failed_validation_resumes_without_embeddi
 
 def test_gc_drops_a_build_abandoned_by_a_run_that_ended(deps: Deps) -> None:
     from kb_reindex.build import create_version
-    from kb_reindex.plan import plan
+    from kb_reindex.pipeline import plan_and_snapshot
 
     engine.run_reindex(deps)
     edit(deps, "coupon-rules", "补充：测试。")
@@ -279,7 +279,7 @@ def test_gc_drops_a_build_abandoned_by_a_run_that_ended(deps: Deps) -> None:
 
     deps.state.start_run(run_id="crashed", alias=ALIAS, kind="reindex", trigger="airflow")
     dag_lock.take(deps, "crashed")  # a DAG run holds the alias's lock from its plan until it ends
-    created = create_version(deps, plan(deps), run_id="crashed")
+    created = create_version(deps, plan_and_snapshot(deps, run_id="crashed"), run_id="crashed")
     assert deps.state.get_version(ALIAS, 2).status == "building"
     cleanup(deps)
     assert deps.state.get_version(ALIAS, 2).status == "building", "its run may still be retrying"

@@ -175,6 +175,13 @@ def plan_step(deps: Deps, recorder: Recorder, request: RunRequest) -> Plan:
     return prepared.plan
 
 
+def plan_and_snapshot(deps: Deps, *, run_id: str | None = None, **options: Any) -> Plan:
+    """A plan (`plan.prepare`'s `options`) and, when it builds, its snapshot: the plan `create_version` takes,
+    outside a recorded run (scripts, tests; a run's plan is `plan_step`)."""
+    prepared = prepare_logged(deps, **options)
+    return prepared.plan if prepared.plan.no_change else snapshot_plan(deps, prepared, run_id=run_id)
+
+
 def builds(plan: Plan, *, dry_run: bool) -> bool:
     """Whether the run goes on past its plan: something changed, and more than a dry run was asked for."""
     return not plan.no_change and not dry_run
