@@ -256,9 +256,12 @@ class BenchDeps(Deps):
 
 
 #: (module, name) of each step the CLI's run calls: the pipeline's steps, and the rollback the run recorder calls
+#: (its target's re-scoring, `rescore`, counted with it)
 ENGINE_STEPS = (("pipeline", "prepare_logged"), ("pipeline", "snapshot_plan"), ("pipeline", "create_version"),
                 ("pipeline", "build"), ("pipeline", "validate"), ("pipeline", "promote"), ("pipeline", "cleanup"),
-                ("runs", "rollback"))
+                ("runs", "rescore"), ("runs", "rollback"))
+#: the phase a step's time is counted in, where it is not the step's own name
+PHASE_OF = {"prepare_logged": "plan", "rescore": "rollback"}
 
 
 @contextmanager
@@ -272,7 +275,7 @@ def phase_timers(meter_ref: MeterRef) -> Iterator[None]:
     originals = {(module, name): getattr(modules[module], name) for module, name in ENGINE_STEPS}
 
     def wrap(name: str, fn: Any) -> Any:
-        label = "plan" if name == "prepare_logged" else name
+        label = PHASE_OF.get(name, name)
 
         def timed(*args: Any, **kwargs: Any) -> Any:
             started = time.perf_counter()

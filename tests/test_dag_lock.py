@@ -22,7 +22,7 @@ from kb_reindex.build import create_version
 from kb_reindex.config import Settings
 from kb_reindex.errors import ConfigError, LockHeldError, LockLostError
 from kb_reindex.locking import reindex_lock_name, run_is_active
-from kb_reindex.plan import plan
+from kb_reindex.pipeline import plan_and_snapshot
 from kb_reindex.retention import cleanup
 from kb_reindex.runtime import Deps, open_deps
 from kb_reindex.state import LockRecord, ManualClock, utcnow
@@ -49,7 +49,7 @@ def test_a_dead_dag_runs_lock_expires_after_its_ttl_and_gc_then_reclaims_its_bui
     deps.state.start_run(run_id=run_id, alias=ALIAS, kind="reindex", trigger="airflow")
     owner = dag_lock.take(deps, run_id)
     assert owner == f"{run_id}@airflow-dag-run"  # the run, not a process: its tasks run in many
-    planned = plan(deps)
+    planned = plan_and_snapshot(deps, run_id=run_id)
     created = create_version(deps, planned, run_id=run_id)
     assert run_is_active(deps, run_id)
     # another process meets it: the CLI's refusal names the DAG run and how to break the lock

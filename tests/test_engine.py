@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -176,14 +175,14 @@ def test_probe_naming_a_missing_document_fails_with_its_id(deps: Deps, counting:
 
 def test_compare_and_swap_refuses_when_the_alias_moved(deps: Deps, counting: CountingEmbedder) -> None:
     from kb_reindex.build import build, create_version
-    from kb_reindex.plan import plan
+    from kb_reindex.pipeline import plan_and_snapshot
     from kb_reindex.promote import promote
     from kb_reindex.validate import validate
 
     engine.run_reindex(deps)
     (docs(deps) / "shipping-policy.md").write_text(
         (docs(deps) / "shipping-policy.md").read_text(encoding="utf-8") + "\n\n补充：偏远地区另行通知。\n", encoding="utf-8")
-    p = plan(deps)
+    p = plan_and_snapshot(deps)
     created = create_version(deps, p)
     build(deps, created.version)
     validate(deps, created.version)
@@ -252,13 +251,13 @@ def test_a_resumed_run_reports_what_it_did_not_what_was_planned(deps: Deps, coun
 def test_build_slices_add_what_they_wrote_to_their_run_record(deps: Deps, counting: CountingEmbedder) -> None:
     """As the DAG's mapped build tasks do, each in its own process: the run record adds up their writes."""
     from kb_reindex.build import build, create_version
-    from kb_reindex.plan import plan
+    from kb_reindex.pipeline import plan_and_snapshot
 
     engine.run_reindex(deps)
     path = docs(deps) / "coupon-rules.md"
     path.write_text(path.read_text(encoding="utf-8") + "\n\n补充：券不可转让。\n", encoding="utf-8")
     deps.state.start_run(run_id="dag-run", alias="mall_knowledge", kind="reindex", trigger="airflow")
-    planned = plan(deps)
+    planned = plan_and_snapshot(deps, run_id="dag-run")
     created = create_version(deps, planned, run_id="dag-run")
     total = planned.chunks.total
     slices = [build(deps, created.version, run_id="dag-run", window=(start, 10)) for start in range(0, total, 10)]
@@ -365,14 +364,13 @@ def test_alias_moved_forward_before_the_state_write_is_reconciled(deps: Deps, co
 def test_two_runs_never_take_the_same_version_number(deps: Deps, counting: CountingEmbedder) -> None:
     from kb_reindex import dag_lock
     from kb_reindex.build import create_version
-    from kb_reindex.plan import plan
+    from kb_reindex.pipeline import plan_and_snapshot
 
-    p = plan(deps)
     for run_id in ("run-a", "run-b"):
         deps.state.start_run(run_id=run_id, alias="mall_knowledge", kind="reindex", trigger="airflow")
     dag_lock.take(deps, "run-a")  # a DAG run holds the alias's reindex lock from its plan on: it is active
-    a = create_version(deps, replace(p, force_full=True), run_id="run-a")
-    b = create_version(deps, replace(p, force_full=True), run_id="run-b")
+    a = create_version(deps, plan_and_snapshot(deps, force_full=True, run_id="run-a"), run_id="run-a")
+    b = create_version(deps, plan_and_snapshot(deps, force_full=True, run_id="run-b"), run_id="run-b")
     assert a.version != b.version
     assert a.collection != b.collection
     # once run-a has ended (its failure callback let the lock go), a rerun of the same forced plan resumes
@@ -381,7 +379,7 @@ def test_two_runs_never_take_the_same_version_number(deps: Deps, counting: Count
     dag_lock.release(deps, "run-a")
     dag_lock.take(deps, "run-b")
     deps.state.start_run(run_id="run-c", alias="mall_knowledge", kind="reindex", trigger="cli")
-    c = create_version(deps, replace(p, force_full=True), run_id="run-c")
+    c = create_version(deps, plan_and_snapshot(deps, force_full=True, run_id="run-c"), run_id="run-c")
     assert c.resumed and c.version == a.version
 
 
@@ -445,11 +443,11 @@ def test_validation_checks_every_point_id_against_the_manifest(deps: Deps, count
 
     from kb_reindex.build import build, create_version
     from kb_reindex.errors import ValidationFailed
-    from kb_reindex.plan import plan
+    from kb_reindex.pipeline import plan_and_snapshot
     from kb_reindex.validate import validate
     from qdrant_client import models
 
-    created = create_version(deps, plan(deps))
+    created = create_version(deps, plan_and_snapshot(deps))
     build(deps, created.version)
     collection = created.collection
     victim = deps.store.client.scroll(collection, limit=1, with_vectors=True)[0][0]
@@ -721,12 +719,12 @@ def test_a_build_slice_adds_only_what_it_wrote_and_validation_records_the_count(
     """Mapped slices run at once: one that ends must not set the collection's count (which includes the
     points another slice wrote but has not added yet), or the progress passes 100 % when that one adds them."""
     from kb_reindex.build import build, create_version
-    from kb_reindex.plan import prepare
+    from kb_reindex.pipeline import plan_and_snapshot
     from kb_reindex.validate import validate
 
-    prepared = prepare(deps)
-    created = create_version(deps, prepared.plan, prepared=prepared)
-    total = prepared.plan.chunks.total
+    planned = plan_and_snapshot(deps)
+    created = create_version(deps, planned)
+    total = planned.chunks.total
     first, rest = total // 2, total - total // 2
     build(deps, created.version, window=(0, first))
     # the first slice's writes, not yet added by it (as if it were still running)

@@ -22,7 +22,7 @@ from kb_reindex import engine
 from kb_reindex.embedding import HashingEmbedder
 from kb_reindex.errors import AliasFrozen, ConfigError, DimensionMismatch, LockHeldError
 from kb_reindex.locking import alias_lock_name
-from kb_reindex.promote import promote_shadow
+from kb_reindex.pipeline import promote_shadow
 from kb_reindex.runtime import Deps
 from kb_reindex.state import StateStore, metadata
 from kb_reindex.testing.ollama_server import FakeModel, FakeOllamaServer

@@ -271,7 +271,7 @@ def test_fixing_the_golden_set_after_a_failed_validation_resumes_without_embeddi
 
 def test_gc_drops_a_build_abandoned_by_a_run_that_ended(deps: Deps) -> None:
     from kb_reindex.build import create_version
-    from kb_reindex.plan import plan
+    from kb_reindex.pipeline import plan_and_snapshot
 
     engine.run_reindex(deps)
     edit(deps, "coupon-rules", "补充：测试。")
@@ -279,7 +279,7 @@ def test_gc_drops_a_build_abandoned_by_a_run_that_ended(deps: Deps) -> None:
 
     deps.state.start_run(run_id="crashed", alias=ALIAS, kind="reindex", trigger="airflow")
     dag_lock.take(deps, "crashed")  # a DAG run holds the alias's lock from its plan until it ends
-    created = create_version(deps, plan(deps), run_id="crashed")
+    created = create_version(deps, plan_and_snapshot(deps, run_id="crashed"), run_id="crashed")
     assert deps.state.get_version(ALIAS, 2).status == "building"
     cleanup(deps)
     assert deps.state.get_version(ALIAS, 2).status == "building", "its run may still be retrying"
@@ -295,9 +295,9 @@ def test_a_rollback_moves_nothing_when_another_version_goes_live_between_its_che
     """On-call confirmed v2 -> v1; while the rollback scores v1, a shadow v3 is promoted. The confirmed live
     version is checked by the compare-and-swap under the alias lock, not by a read before: nothing moves,
     and the error says what serves now."""
-    import kb_reindex.rollback as rollback_module
+    import kb_reindex.runs as rollback_module  # the recorded rollback scores its target
     from kb_reindex.errors import AliasMovedError
-    from kb_reindex.promote import promote_shadow
+    from kb_reindex.pipeline import promote_shadow
 
     assert engine.run_reindex(deps)["outcome"] == "promoted"
     edit(deps, "coupon-rules", "补充一：优惠券不可兑换现金。")

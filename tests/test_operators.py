@@ -383,12 +383,12 @@ def test_status_header_names_what_the_alias_serves_during_a_drift(project: Path,
 
     from kb_reindex import cli, engine
     from kb_reindex.build import build, create_version
-    from kb_reindex.plan import plan
+    from kb_reindex.pipeline import plan_and_snapshot
 
     deps = engine_deps(project)
     assert engine.run_reindex(deps)["outcome"] == "promoted"
     (project / "knowledge" / "docs" / "shipping-fee.md").write_text("# 运费\n\n满99元包邮。\n", encoding="utf-8")
-    planned = plan(deps)
+    planned = plan_and_snapshot(deps, run_id="by-hand")
     created = create_version(deps, planned, run_id="by-hand")
     build(deps, created.version, run_id="by-hand")
     deps.store.swap_alias(ALIAS, to=created.collection, expected_from=deps.state.live_version(ALIAS).collection)

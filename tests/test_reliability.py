@@ -23,7 +23,7 @@ from kb_reindex.build import build, create_version
 from kb_reindex.config import Settings
 from kb_reindex.embedding import HashingEmbedder
 from kb_reindex.errors import ConfigError
-from kb_reindex.plan import plan
+from kb_reindex.pipeline import plan_and_snapshot
 from kb_reindex.promote import promote
 from kb_reindex.reader import search_knowledge
 from kb_reindex.runtime import Deps, open_deps
@@ -257,7 +257,7 @@ def test_unreachable_qdrant_server_is_a_clear_error(project: Path) -> None:
 def test_crash_after_alias_move_is_detected_and_the_retry_completes(deps: Deps, monkeypatch: pytest.MonkeyPatch) -> None:
     engine.run_reindex(deps)
     edit(deps, "member-rules", "补充：生日当月双倍积分。")
-    p = plan(deps)
+    p = plan_and_snapshot(deps)
     created = create_version(deps, p)
     build(deps, created.version)
     validate(deps, created.version)
@@ -331,7 +331,7 @@ def test_two_dag_style_runs_without_the_run_lock_promote_exactly_once(deps: Deps
     for run_id in ("run-a", "run-b"):
         deps.state.start_run(run_id=run_id, alias=ALIAS, kind="reindex", trigger="airflow")
     dag_lock.take(deps, "run-a")  # run-a is active: its version is never resumed by run-b
-    plans = {r: plan(deps) for r in ("run-a", "run-b")}
+    plans = {r: plan_and_snapshot(deps, run_id=r) for r in ("run-a", "run-b")}
     created = {r: create_version(deps, plans[r], run_id=r) for r in plans}
     assert created["run-a"].version != created["run-b"].version, "no version number is taken twice"
     for r in plans:
@@ -408,7 +408,7 @@ def test_restart_between_every_step_survives(project: Path) -> None:
         with open_deps(settings) as deps:
             return fn(deps)
 
-    p = step(plan)
+    p = step(plan_and_snapshot)
     created = step(lambda d: create_version(d, p))
     step(lambda d: build(d, created.version))
     step(lambda d: validate(d, created.version))

@@ -140,7 +140,7 @@ class FakeAirflowApi:
         return 404, {"detail": "not found"}
 
     def run(self, run: dict) -> None:
-        from kb_reindex.promote import promote_shadow
+        from kb_reindex.pipeline import promote_shadow
 
         time.sleep(0.5)
         run["state"] = "running"
@@ -188,7 +188,7 @@ def busy_site(site: tuple[Settings, FakeAirflowApi]) -> tuple[Settings, FakeAirf
 
     from kb_reindex.build import build, create_version
     from kb_reindex.locking import reindex_lock_name
-    from kb_reindex.plan import plan
+    from kb_reindex.pipeline import plan_and_snapshot
 
     settings, airflow = site
     with open_deps(settings) as deps:
@@ -197,7 +197,7 @@ def busy_site(site: tuple[Settings, FakeAirflowApi]) -> tuple[Settings, FakeAirf
         assert shadow["outcome"] == "shadow" and shadow["version"] == 4
         path = settings.knowledge_dir / "coupon-rules.md"
         path.write_text(path.read_text(encoding="utf-8") + "\n\n补充：节假日不适用。\n", encoding="utf-8")
-        created = create_version(deps, plan(deps))
+        created = create_version(deps, plan_and_snapshot(deps))
         build(deps, created.version, window=(0, 20))
         from kb_reindex.state import default_lock_owner
 
@@ -648,7 +648,7 @@ def test_status_answers_from_the_state_db_while_a_build_holds_local_qdrant(
     busy, and no rollback is offered (its structural check cannot run)."""
     from kb_reindex import store
     from kb_reindex.build import build, create_version
-    from kb_reindex.plan import plan
+    from kb_reindex.pipeline import plan_and_snapshot
 
     settings, airflow = site
     run_id = "airflow__knowledge_reindex__manual__2026-11-30T10:00:00+00:00"
@@ -656,7 +656,7 @@ def test_status_answers_from_the_state_db_while_a_build_holds_local_qdrant(
         path = settings.knowledge_dir / "coupon-rules.md"
         path.write_text(path.read_text(encoding="utf-8") + "\n\n补充：周末不适用。\n", encoding="utf-8")
         deps.state.start_run(run_id=run_id, alias=settings.alias, kind="reindex", trigger="airflow")
-        created = create_version(deps, plan(deps), run_id=run_id)
+        created = create_version(deps, plan_and_snapshot(deps, run_id=run_id), run_id=run_id)
         build(deps, created.version, run_id=run_id, window=(0, 10))
     viewer, user = _clients(settings, airflow, tokens)
 

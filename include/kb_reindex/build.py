@@ -27,10 +27,8 @@ from kb_reindex.fence import Fence
 from kb_reindex.layouts import payload_text, shape_payload, text_field
 from kb_reindex.lifecycle import BUILDABLE, BUILDING, FAILED, may_resume
 from kb_reindex.model import VersionStatus
-from kb_reindex.plan import Prepared, prepare
 from kb_reindex.planning import BuildResult, CreatedVersion, Plan
 from kb_reindex.runtime import Deps
-from kb_reindex.snapshot import snapshot_plan
 from kb_reindex.sources import Document, sha256_text
 from kb_reindex.state import ManifestChunk, VersionRecord
 from kb_reindex.vectors import check_vectors
@@ -50,16 +48,12 @@ class BuildCounts:
     skipped: int = 0
 
 
-def create_version(deps: Deps, plan: Plan, *, run_id: str | None = None,
-                   prepared: Prepared | None = None) -> CreatedVersion:
-    """Create the collection of the version the plan snapshotted (`plan.version`).
-
-    A plan without a snapshot yet (a caller that planned with `plan.plan` alone) is snapshotted here first,
-    from `prepared` when it is this plan's, else from the files read again, which must still match it.
-    """
-    if not plan.snapshotted:
-        plan = snapshot_plan(deps, _prepared_for(deps, plan, prepared), run_id=run_id)
-    assert plan.version is not None
+def create_version(deps: Deps, plan: Plan, *, run_id: str | None = None) -> CreatedVersion:
+    """Create the collection of the version the plan snapshotted (`plan.version`): the plan step
+    (`pipeline.plan_step`, `pipeline.plan_and_snapshot`) snapshots a plan that builds, before this."""
+    if plan.version is None:  # not snapshotted
+        raise KbError(f"this plan of {plan.alias} has no snapshot (planned with `plan.plan` alone?); plan and "
+                      "snapshot it first (`pipeline.plan_and_snapshot`), or start a new run")
     live = deps.state.live_version(plan.alias)
     now = live.collection if live else None
     if now != plan.base_collection:
@@ -94,19 +88,6 @@ def create_version(deps: Deps, plan: Plan, *, run_id: str | None = None,
     )
     return CreatedVersion(version=version.version, collection=version.collection, resumed=plan.resumed,
                           embed_model=version.embed_model, embed_dim=version.embed_dim)
-
-
-def _prepared_for(deps: Deps, plan: Plan, prepared: Prepared | None) -> Prepared:
-    """What to snapshot an unsnapshotted plan from: `prepared` when it is this plan's, else the files planned
-    again, which must still give the plan's fingerprint."""
-    if prepared is not None and prepared.plan is plan:
-        return prepared
-    prepared = prepare(deps, force_full=plan.force_full, kind=plan.kind, embedder=plan.embedder,
-                       model=plan.embed_model, dim=plan.embed_dim, layout=plan.payload_layout)
-    if prepared.plan.fingerprint != plan.fingerprint or prepared.scan is None:
-        raise KbError("the knowledge folder changed since this run planned; start a new run so the plan "
-                      "matches the files")
-    return prepared
 
 
 def payload_for(chunk: Chunk, doc: DocumentInfo | Document, version: VersionRecord) -> models.Payload:

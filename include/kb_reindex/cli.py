@@ -439,7 +439,7 @@ def _cmd_drop(args: argparse.Namespace, deps: Any) -> int:
 
 def _cmd_promote(args: argparse.Namespace, deps: Any) -> int:
     """Confirmed by `_dispatch` before the lock is taken (`_confirm_promotion`)."""
-    from kb_reindex.promote import promote_shadow
+    from kb_reindex.pipeline import promote_shadow
     from kb_reindex.runtime import new_run_id
 
     _existing_version(deps, args.version, "--version")

@@ -1,7 +1,10 @@
-"""A version's manifest: written once by the plan's snapshot, and the rule that finds an unfinished (or
-ready, never served) version of the same plan to take over instead of starting again."""
+"""A version's manifest: written once by the plan's snapshot from what the plan was computed from
+(`Prepared`), and the rule that finds an unfinished (or ready, never served) version of the same plan to take
+over instead of starting again."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass, field
 
 from kb_reindex.corpus import CorpusScan
 from kb_reindex.layouts import version_profile
@@ -11,6 +14,16 @@ from kb_reindex.planning import Plan
 from kb_reindex.runtime import Deps
 from kb_reindex.state import ManifestChunk, ManifestDocument, VersionRecord
 
+
+@dataclass(frozen=True)
+class Prepared:
+    """The plan plus what it was computed from (facts and references, no texts); never leaves the process.
+    Made by `plan.prepare`, snapshotted by `snapshot.snapshot_plan`."""
+
+    plan: Plan
+    scan: CorpusScan | None  # None when unchanged files were recognised without reading them (no change)
+    reuse: dict[str, str] = field(default_factory=dict)  # chunk_hash -> point id in the live collection
+    live: VersionRecord | None = None
 
 
 def same_plan(version: VersionRecord, plan: Plan) -> bool:

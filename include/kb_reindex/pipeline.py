@@ -3,7 +3,8 @@ watch -> cleanup, and the whole run the CLI chains from it in one process.
 
 The DAG tasks (kb_reindex.airflow.tasks) call the same step functions, one per task, and record the run through
 the same `Recorder` (kb_reindex.runs): a CLI run and a DAG run count and end alike. A failure leaves the alias
-where it was; the result says what failed and why.
+where it was; the result says what failed and why. On-call's promotion of a shadow is sequenced here too
+(`promote_shadow`: checked, validated again, moved).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from kb_reindex.locking import reindex_lock_name
 from kb_reindex.model import RunKind, RunOutcome
 from kb_reindex.plan import prepare_logged
 from kb_reindex.planning import BuildResult, CreatedVersion, DocCounts, Plan
-from kb_reindex.promote import PromoteResult, promote
+from kb_reindex.promote import PromoteResult, check_shadow, promote, promote_checked_shadow
 from kb_reindex.retention import CleanupResult, cleanup
 from kb_reindex.runs import Recorder, ensure_lock_held, exclusive
 from kb_reindex.runtime import Deps, new_run_id
@@ -174,6 +175,13 @@ def plan_step(deps: Deps, recorder: Recorder, request: RunRequest) -> Plan:
     return prepared.plan
 
 
+def plan_and_snapshot(deps: Deps, *, run_id: str | None = None, **options: Any) -> Plan:
+    """A plan (`plan.prepare`'s `options`) and, when it builds, its snapshot: the plan `create_version` takes,
+    outside a recorded run (scripts, tests; a run's plan is `plan_step`)."""
+    prepared = prepare_logged(deps, **options)
+    return prepared.plan if prepared.plan.no_change else snapshot_plan(deps, prepared, run_id=run_id)
+
+
 def builds(plan: Plan, *, dry_run: bool) -> bool:
     """Whether the run goes on past its plan: something changed, and more than a dry run was asked for."""
     return not plan.no_change and not dry_run
@@ -273,6 +281,19 @@ def promote_step(deps: Deps, recorder: Recorder, plan: Plan, version_number: int
     recorder.finish(outcome, version=version_number, plan=plan)
     return Promotion(outcome, version_number, previous_version=previous,
                      lowered_thresholds=result.lowered_thresholds)
+
+
+def promote_shadow(deps: Deps, version_number: int, *, expected_live: int | None, run_id: str | None = None,
+                   reason: str = "explicit promotion of a shadow version") -> PromoteResult:
+    """On-call puts a shadow (built and validated, never served) behind the alias on purpose: checked
+    (`promote.check_shadow`), validated again against what serves now by the thresholds it was built with (a
+    failure leaves it a shadow), then moved by the same compare-and-swap, from `expected_live`, the version
+    on-call confirmed serving (None: nothing serves); if another serves by the move, nothing moves."""
+    shadow = check_shadow(deps, version_number, expected_live=expected_live)
+    built_with = (shadow.version.validation or {}).get("thresholds") or {}
+    checked = validate(deps, version_number, min_hit_rate=built_with.get("min_hit_rate"),
+                       min_mrr=built_with.get("min_mrr"), record=False)
+    return promote_checked_shadow(deps, shadow, checked, run_id=run_id, reason=reason)
 
 
 def watch_step(deps: Deps, version_number: int, *, minutes: float, run_id: str | None = None,

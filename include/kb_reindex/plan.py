@@ -9,7 +9,7 @@ to embed and the flagged lines; every later step reads that, never the knowledge
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from kb_reindex.alias import drift_advice
@@ -21,6 +21,7 @@ from kb_reindex.embedding import check_model_served
 from kb_reindex.errors import ConfigError, DimensionMismatch, StateDriftError
 from kb_reindex.golden import check_golden_set
 from kb_reindex.layouts import embedding_profile, layout_spec, version_profile
+from kb_reindex.manifest import Prepared
 from kb_reindex.model import RunKind
 from kb_reindex.planning import AuditResult, ChunkCounts, DocCounts, DocKeys, Plan
 from kb_reindex.replay import load_replay_gate
@@ -29,16 +30,6 @@ from kb_reindex.state import VersionRecord
 from kb_reindex.store import DISTANCE
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Prepared:
-    """The plan plus what it was computed from (facts and references, no texts); never leaves the process."""
-
-    plan: Plan
-    scan: CorpusScan | None  # None when unchanged files were recognised without reading them (no change)
-    reuse: dict[str, str] = field(default_factory=dict)  # chunk_hash -> point id in the live collection
-    live: VersionRecord | None = None
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Step 5: move the alias (compare-and-swap, one atomic request).
+"""Step 5: move the alias (compare-and-swap, one atomic request: `alias.switch_alias`).
 
 The alias moves only if it still points where the run planned; the state DB records every move. The
 previous collection is kept: it is the rollback target (`rollback.py`), and retention (`retention.py`)
@@ -11,17 +11,15 @@ import logging
 from dataclasses import dataclass, replace
 from typing import Any
 
-from kb_reindex.alias import ROLLBACK_ACTIONS
+from kb_reindex.alias import ROLLBACK_ACTIONS, confirmed_live, switch_alias
 from kb_reindex.errors import AliasMovedError, ConfigError, KbError, StoreError
 from kb_reindex.fence import Fence
-from kb_reindex.freeze import ensure_not_frozen
 from kb_reindex.golden import load_golden_set, lowered_threshold_advice
-from kb_reindex.lifecycle import LIVE, READY, RETIRED, SWITCHABLE
-from kb_reindex.locking import alias_lock_name
+from kb_reindex.lifecycle import LIVE, READY, RETIRED
 from kb_reindex.model import RunKind
 from kb_reindex.runtime import Deps
-from kb_reindex.state import VersionRecord, utcnow
-from kb_reindex.validate import validate
+from kb_reindex.state import VersionRecord
+from kb_reindex.validation_model import ValidationResult
 
 log = logging.getLogger(__name__)
 
@@ -51,47 +49,6 @@ class PromoteResult:
         if not self.already_live:
             out["lowered_thresholds"] = self.lowered_thresholds
         return out
-
-
-def switch_alias(
-    deps: Deps,
-    target: VersionRecord,
-    *,
-    expected_from: str | None,
-    action: str,
-    run_id: str | None,
-    reason: str | None = None,
-    fence: Fence | None = None,
-) -> VersionRecord | None:
-    """CAS + atomic alias update + state record, under the alias lock. Returns the version moved away from.
-
-    If a previous attempt moved the alias and died before the state write, the alias already points at
-    the target: the state side is completed instead of failing. Under the same lock: `fence` (a run's
-    lock, which it must still hold) and the target's record (dropped or failed meanwhile: nothing moves).
-    """
-    alias = deps.settings.alias
-    with deps.state.lock(alias_lock_name(alias), ttl_s=300, wait_s=deps.settings.lock_wait_s):
-        if fence is not None:
-            fence.check(deps.state, before=f"moving {alias} to v{target.version}; nothing was promoted")
-        fresh = deps.state.get_version(alias, target.version)
-        if fresh is None or fresh.status not in (*SWITCHABLE, LIVE):
-            raise KbError(f"v{target.version} is {fresh.status if fresh else 'gone'} now; {alias} was not moved")
-        previous = deps.state.live_version(alias)
-        current = deps.store.alias_target(alias)
-        if current == target.collection and (previous is None or previous.id != target.id):
-            log.warning("kb_reindex: alias %s already points at %s; completing the state record", alias, target.collection)
-        else:
-            ensure_not_frozen(deps, target, action=action)  # rollbacks pass; a forward move waits for unfreeze
-            deps.store.swap_alias(alias, to=target.collection, expected_from=expected_from)
-        if previous is not None and previous.id == target.id:
-            return None
-        deps.state.record_switch(alias=alias, action=action, to=target, previous=previous, run_id=run_id, reason=reason)
-    try:
-        deps.store.annotate(target.collection, {"served": True, "last_served_at": utcnow().isoformat(timespec="seconds") + "Z"})
-    except Exception as exc:  # the move is done and recorded; only the Qdrant-side note is missing
-        log.warning("kb_reindex: could not note on %s that it served (%s: %s); the state DB has it, a state "
-                    "rebuilt from Qdrant would not", target.collection, type(exc).__name__, exc)
-    return previous
 
 
 def moved_meanwhile(deps: Deps, version: VersionRecord) -> str:
@@ -155,24 +112,19 @@ def warn_lowered_thresholds(deps: Deps, version: VersionRecord) -> str | None:
     return advice
 
 
-def confirmed_live(deps: Deps, expected_live: int | None, *, undone: str) -> str | None:
-    """The collection of the version on-call saw serving (`expected_live`, None: nothing served), checked
-    against what serves now; the caller's compare-and-swap from it makes the check atomic with the move."""
-    alias = deps.settings.alias
-    live = deps.state.live_version(alias)
-    if (live.version if live else None) != expected_live:
-        raise AliasMovedError(
-            f"{alias} serves {f'v{live.version}' if live else 'nothing'} now, not "
-            f"{f'v{expected_live}' if expected_live is not None else 'nothing'} (which you confirmed): nothing was "
-            f"{undone}. Check `kb-reindex status` and confirm again against what serves now")
-    return live.collection if live else None
+@dataclass(frozen=True)
+class ShadowPromotion:
+    """A shadow checked for promotion: `version` is ready (built and validated, never served) and moves from
+    `expected_from`, the collection of `expected_live`, the version on-call confirmed serving (None: nothing)."""
+
+    version: VersionRecord
+    expected_live: int | None
+    expected_from: str | None
 
 
-def promote_shadow(deps: Deps, version_number: int, *, expected_live: int | None, run_id: str | None = None,
-                   reason: str = "explicit promotion of a shadow version") -> PromoteResult:
-    """Put a shadow (built and validated, never served) behind the alias on purpose: validated again
-    against what serves now, then the same compare-and-swap, from `expected_live`, the version on-call
-    confirmed serving (None: nothing serves); if another serves by the move, nothing moves."""
+def check_shadow(deps: Deps, version_number: int, *, expected_live: int | None) -> ShadowPromotion:
+    """The shadow to promote, checked before it is validated again: only a ready one (a retired version goes
+    back through a rollback), and only from the version on-call confirmed serving (`confirmed_live`)."""
     alias = deps.settings.alias
     version = deps.state.get_version(alias, version_number)
     if version is None:
@@ -180,18 +132,23 @@ def promote_shadow(deps: Deps, version_number: int, *, expected_live: int | None
     if version.status != READY:
         hint = " (a rollback returns to a version that served)" if version.status == RETIRED else ""
         raise ConfigError(f"v{version.version} is {version.status}; only a ready shadow version can be promoted{hint}")
-    expected_from = confirmed_live(deps, expected_live, undone="promoted")
-    # re-checked against what serves now, by the thresholds it was built with; a failure leaves it a shadow
-    built_with = (version.validation or {}).get("thresholds") or {}
-    checked = validate(deps, version.version, min_hit_rate=built_with.get("min_hit_rate"),
-                       min_mrr=built_with.get("min_mrr"), record=False)
+    return ShadowPromotion(version, expected_live, confirmed_live(deps, expected_live, undone="promoted"))
+
+
+def promote_checked_shadow(deps: Deps, shadow: ShadowPromotion, checked: ValidationResult, *,
+                           run_id: str | None = None,
+                           reason: str = "explicit promotion of a shadow version") -> PromoteResult:
+    """Put the checked shadow behind the alias on purpose, once validated again against what serves now
+    (`checked`, recorded on it): the same compare-and-swap, from the version on-call confirmed serving; if
+    another serves by the move, nothing moves."""
+    version = shadow.version
     deps.state.update_version(version.id, validation=checked.to_dict())
     try:
-        previous = switch_alias(deps, version, expected_from=expected_from,
+        previous = switch_alias(deps, version, expected_from=shadow.expected_from,
                                 action="migrate" if version.kind == RunKind.MIGRATION else "promote", run_id=run_id,
                                 reason=reason)
     except AliasMovedError:
-        confirmed_live(deps, expected_live, undone="promoted")  # says what serves now
+        confirmed_live(deps, shadow.expected_live, undone="promoted")  # says what serves now
         raise
     log.info("kb_reindex: promoted shadow v%d (%s, %s %d-d)", version.version, version.collection,
              version.embed_model, version.embed_dim)

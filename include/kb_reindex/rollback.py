@@ -1,7 +1,8 @@
 """Rollback: put a version that served before back behind the alias, through the same compare-and-swap.
 
 The target is read from the alias history; a version that never served (a shadow) is refused, since a
-shadow goes live only through a promotion that validates it again.
+shadow goes live only through a promotion that validates it again. Checked (`check_rollback`), then moved
+(`rollback`); the recorded rollback (`runs.run_rollback`) scores the target in between, for the record.
 """
 
 from __future__ import annotations
@@ -10,14 +11,14 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from kb_reindex.alias import has_served, rollback_target
+from kb_reindex.alias import confirmed_live, has_served, rollback_target, switch_alias
 from kb_reindex.checks import structural_problems
-from kb_reindex.errors import AliasMovedError, KbError, RollbackRefused
+from kb_reindex.errors import AliasMovedError, RollbackRefused
 from kb_reindex.lifecycle import BUILDABLE, DELETED
 from kb_reindex.model import RunOutcome
-from kb_reindex.promote import confirmed_live, switch_alias
 from kb_reindex.runtime import Deps
-from kb_reindex.validate import validate
+from kb_reindex.state import VersionRecord
+from kb_reindex.validation_model import ValidationResult
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +31,10 @@ class Rescore:
     mrr: float | None = None
     report: Any = None
     error: str | None = None
+
+    @classmethod
+    def of(cls, result: ValidationResult) -> Rescore:
+        return cls(passed=result.passed, hit_rate=result.hit_rate, mrr=result.mrr, report=result.report)
 
     def to_dict(self) -> dict[str, Any]:
         if self.error is not None:
@@ -52,24 +57,23 @@ class RollbackResult:
                 "error": None}
 
 
-def rollback(
-    deps: Deps,
-    *,
-    reason: str,
-    to_version: int | None = None,
-    run_id: str | None = None,
-    revalidate: bool = True,
-    action: str = "rollback",
-    expected_live: int | None = None,
-) -> RollbackResult:
-    """Put a previous version back behind the alias, after checking it is structurally whole.
+@dataclass(frozen=True)
+class RollbackMove:
+    """A rollback checked and ready to move: from `live` (what serves, as on-call confirmed it) back to `target`
+    (a kept version that served before and is structurally whole)."""
+    live: VersionRecord
+    target: VersionRecord
+    reason: str
+
+
+def check_rollback(deps: Deps, *, reason: str, to_version: int | None = None,
+                   expected_live: int | None = None) -> RollbackMove:
+    """What a rollback would move, checked before anything is scored or moved.
 
     `expected_live`: the version on-call confirmed serving (the CLI's prompt, the DAG's `live_version`, the
-    watch's own promotion). The alias moves only from that version, by the compare-and-swap under the alias
-    lock, to `to_version` (default: the version that preceded it): if another version serves by then,
-    nothing moves and `AliasMovedError` says which. None (scripts, tests): whatever serves when this reads.
-    Takes no reindex lock: a build in flight does not delay it, and fails its own compare-and-swap after.
-    `action="auto-rollback"` is the watch's."""
+    watch's own promotion); a stale one is refused here, and `rollback` moves the alias only from it.
+    None (scripts, tests): whatever serves when this reads. `to_version` default: the version that preceded
+    live. A version that never served (a shadow), is not kept or not whole is refused."""
     alias = deps.settings.alias
     if not reason or not reason.strip():
         raise RollbackRefused("a rollback needs a reason (it is recorded in the alias history)")
@@ -97,22 +101,22 @@ def rollback(
     problems = structural_problems(deps, target)
     if problems:
         raise RollbackRefused(f"v{target.version} ({target.collection}) is not whole: " + "; ".join(problems))
-    scores = None
-    if revalidate:
-        # Scores are for the record: a golden set that names newer documents, a bad file in the folder
-        # or an embedder outage must not stand between on-call and a structurally whole version.
-        try:
-            result = validate(deps, target.version, compare_live=False, raise_on_failure=False)
-            scores = Rescore(passed=result.passed, hit_rate=result.hit_rate, mrr=result.mrr, report=result.report)
-        except KbError as exc:
-            scores = Rescore(passed=None, error=str(exc))
-            log.warning("kb_reindex: re-scoring v%d failed (%s); rolling back anyway", target.version, exc)
+    return RollbackMove(live=live, target=target, reason=reason.strip())
+
+
+def rollback(deps: Deps, move: RollbackMove, *, run_id: str | None = None, action: str = "rollback",
+             scores: Rescore | None = None) -> RollbackResult:
+    """Put the checked target back behind the alias, by the compare-and-swap under the alias lock from the
+    live version the check read: if another version serves by then, nothing moves and `AliasMovedError` says
+    which. Takes no reindex lock: a build in flight does not delay it, and fails its own compare-and-swap
+    after. `scores`: the target's golden-set scores, for the record. `action="auto-rollback"` is the watch's."""
+    alias = deps.settings.alias
+    live, target = move.live, move.target
     try:
-        switch_alias(deps, target, expected_from=live.collection, action=action, run_id=run_id,
-                     reason=reason.strip())
+        switch_alias(deps, target, expected_from=live.collection, action=action, run_id=run_id, reason=move.reason)
     except AliasMovedError:
         confirmed_live(deps, live.version, undone="rolled back")  # names what serves now
         raise
-    log.info("kb_reindex: rolled %s back from v%d to v%d (%s)", alias, live.version, target.version, reason.strip())
+    log.info("kb_reindex: rolled %s back from v%d to v%d (%s)", alias, live.version, target.version, move.reason)
     return RollbackResult(from_version=live.version, to_version=target.version, collection=target.collection,
                           validation=scores)

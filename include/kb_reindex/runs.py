@@ -16,10 +16,11 @@ from kb_reindex.errors import AliasMovedError, EmbeddingError, Failure, KbError,
 from kb_reindex.locking import reindex_lock_name
 from kb_reindex.model import RunKind, RunOutcome
 from kb_reindex.planning import Plan
-from kb_reindex.rollback import RollbackResult, rollback
+from kb_reindex.rollback import Rescore, RollbackResult, check_rollback, rollback
 from kb_reindex.runtime import Deps, StateDeps, new_run_id
-from kb_reindex.state import RunCounterColumns, StateStore, default_lock_owner
+from kb_reindex.state import RunCounterColumns, StateStore, VersionRecord, default_lock_owner
 from kb_reindex.store import describe_qdrant_failure
+from kb_reindex.validate import validate
 
 log = logging.getLogger(__name__)
 
@@ -173,14 +174,28 @@ class Recorder:
 def run_rollback(deps: Deps, *, reason: str, to_version: int | None = None, run_id: str | None = None,
                  trigger: str = "cli", revalidate: bool = True, action: str = "rollback",
                  expected_live: int | None = None) -> RollbackResult:
-    """A recorded rollback (`rollback.rollback`): no reindex lock, so a build in flight never delays it."""
+    """A recorded rollback: checked (`rollback.check_rollback`, a stale `expected_live` refused before anything
+    is scored), the target scored for the record (`revalidate`), then moved (`rollback.rollback`, the
+    compare-and-swap from the live version checked). No reindex lock, so a build in flight never delays it."""
     recorder = Recorder.of(deps, run_id or new_run_id(RunKind.ROLLBACK))
     recorder.start(RunKind.ROLLBACK, trigger)
     try:
-        result = rollback(deps, reason=reason, to_version=to_version, run_id=recorder.run_id, revalidate=revalidate,
-                          action=action, expected_live=expected_live)
+        move = check_rollback(deps, reason=reason, to_version=to_version, expected_live=expected_live)
+        scores = rescore(deps, move.target) if revalidate else None
+        result = rollback(deps, move, run_id=recorder.run_id, action=action, scores=scores)
     except KbError as exc:
         deps.state.finish_run(recorder.run_id, outcome=RunOutcome.FAILED, error=str(exc))
         raise
     recorder.finish(RunOutcome.ROLLED_BACK, version=result.to_version)
     return result
+
+
+def rescore(deps: Deps, target: VersionRecord) -> Rescore:
+    """A rollback target's golden-set scores, for the record. A golden set that names newer documents, a bad
+    file in the folder or an embedder outage must not stand between on-call and a structurally whole version:
+    a failure to score is recorded, and the rollback goes on."""
+    try:
+        return Rescore.of(validate(deps, target.version, compare_live=False, raise_on_failure=False))
+    except KbError as exc:
+        log.warning("kb_reindex: re-scoring v%d failed (%s); rolling back anyway", target.version, exc)
+        return Rescore(passed=None, error=str(exc))

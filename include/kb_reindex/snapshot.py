@@ -19,9 +19,8 @@ from kb_reindex.embedding import make_embedder
 from kb_reindex.errors import KbError
 from kb_reindex.layouts import embedding_profile
 from kb_reindex.lifecycle import BUILDING, FAILED, READY
-from kb_reindex.manifest import resumable, write_manifest
+from kb_reindex.manifest import Prepared, resumable, write_manifest
 from kb_reindex.model import VersionStatus
-from kb_reindex.plan import Prepared
 from kb_reindex.planning import Plan
 from kb_reindex.runtime import Deps
 from kb_reindex.state import VersionRecord

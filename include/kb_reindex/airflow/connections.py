@@ -14,7 +14,7 @@ from typing import Any, NotRequired, TypedDict
 
 from sqlalchemy.engine import URL
 
-from kb_reindex.collection_config import load_collection_config
+from kb_reindex.collection_config import CollectionConfig, load_collection_config
 from kb_reindex.config import Settings, project_root, split_ollama_hosts, state_url_from_env
 from kb_reindex.errors import ConfigError
 from kb_reindex.runtime import Deps, open_deps
@@ -38,7 +38,7 @@ class QdrantOverrides(TypedDict):
     qdrant_prefer_grpc: bool
     qdrant_grpc_port: int
     qdrant_timeout_s: int
-    collection_config: NotRequired[dict[str, Any]]
+    collection_config: NotRequired[CollectionConfig]
 
 
 def _connection(conn_id: str) -> Any | None:

@@ -34,13 +34,13 @@ from kb_reindex.pipeline import (
     create_version_step,
     finish_unbuilt,
     plan_step,
+    promote_shadow,
     promote_step,
     recorded_version,
     validate_step,
     watch_step,
 )
 from kb_reindex.planning import Plan
-from kb_reindex.promote import promote_shadow
 from kb_reindex.runs import Recorder, exclusive, run_rollback
 from kb_reindex.runtime import Deps
 from kb_reindex.state import StateStore, VersionRecord
