@@ -12,7 +12,7 @@ from kb_reindex.freeze import ensure_not_frozen
 from kb_reindex.lifecycle import DELETED, FAILED, LIVE, SWITCHABLE
 from kb_reindex.locking import alias_lock_name
 from kb_reindex.runtime import Deps
-from kb_reindex.state import VersionRecord, utcnow
+from kb_reindex.state import VersionRecord, utc_stamp, utcnow
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +106,7 @@ def switch_alias(
             return None
         deps.state.record_switch(alias=alias, action=action, to=target, previous=previous, run_id=run_id, reason=reason)
     try:
-        deps.store.annotate(target.collection, {"served": True, "last_served_at": utcnow().isoformat(timespec="seconds") + "Z"})
+        deps.store.annotate(target.collection, {"served": True, "last_served_at": utc_stamp(utcnow())})
     except Exception as exc:  # the move is done and recorded; only the Qdrant-side note is missing
         log.warning("kb_reindex: could not note on %s that it served (%s: %s); the state DB has it, a state "
                     "rebuilt from Qdrant would not", target.collection, type(exc).__name__, exc)

@@ -23,7 +23,7 @@ from datetime import datetime, timedelta
 
 from kb_reindex.planning import AuditMode, AuditResult
 from kb_reindex.runtime import Deps
-from kb_reindex.state import AuditRecord, VersionRecord
+from kb_reindex.state import AuditRecord, VersionRecord, utc_stamp
 
 log = logging.getLogger(__name__)
 
@@ -135,7 +135,7 @@ def audit_view(row: AuditRecord | None) -> AuditView | None:
         return None
     return AuditView(
         version=row.version, collection=row.collection, run_id=row.run_id,
-        at=row.at.isoformat(timespec="seconds") + "Z", expected=row.expected, points=row.points,
+        at=utc_stamp(row.at), expected=row.expected, points=row.points,
         missing=row.missing, orphans=row.orphans,
         missing_ratio=round(row.missing / row.expected, 6) if row.expected else 0.0,
         orphan_ratio=round(row.orphans / row.points, 6) if row.points else 0.0,

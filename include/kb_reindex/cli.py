@@ -561,7 +561,7 @@ def _confirm_promotion(args: argparse.Namespace, deps: Any) -> bool:
 
 def _unlock(args: argparse.Namespace, deps: Any) -> int:
     from kb_reindex.locking import alias_lock_name, reindex_lock_name
-    from kb_reindex.state import default_lock_owner, is_dag_run_owner
+    from kb_reindex.state import default_lock_owner, is_dag_run_owner, utc_stamp
 
     alias = deps.settings.alias
     held = deps.state.list_locks(subject=alias)
@@ -581,7 +581,7 @@ def _unlock(args: argparse.Namespace, deps: Any) -> int:
         holder = deps.state.break_lock(name, by=default_lock_owner(), reason=args.reason.strip())
         if holder is not None:
             broken.append({"name": name, "owner": holder.owner,
-                           "since": holder.acquired_at.isoformat(timespec="seconds") + "Z"})
+                           "since": utc_stamp(holder.acquired_at)})
             if any(row.name == name and row.owner_alive for row in held):
                 log.warning("kb_reindex: %s was held by %s, whose process is still alive: it will stop before it "
                             "promotes anything", name, holder.owner)

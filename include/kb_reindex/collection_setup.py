@@ -6,7 +6,7 @@ from __future__ import annotations
 from kb_reindex.collection_config import CollectionConfig, effective, from_collection
 from kb_reindex.layouts import embed_recipe, version_profile
 from kb_reindex.runtime import Deps
-from kb_reindex.state import VersionRecord
+from kb_reindex.state import VersionRecord, utc_stamp
 from kb_reindex.store import CollectionMetadata
 
 
@@ -21,7 +21,7 @@ def collection_metadata(version: VersionRecord, config: CollectionConfig | None 
         embed_profile=version_profile(version), embed_recipe=embed_recipe(version.embedder, version.embed_model).name,
         distance=version.distance,
         # restored by `reconcile --rebuild-state`, which would otherwise date every version to the rebuild
-        created_at=version.created_at.isoformat(timespec="seconds") + "Z")
+        created_at=utc_stamp(version.created_at))
     if config is not None:
         metadata["collection_config"] = config.to_dict()
     return metadata

@@ -17,7 +17,7 @@ from kb_reindex.config import Settings
 from kb_reindex.errors import KbError, classify
 from kb_reindex.golden import load_golden_set, lowered_threshold_advice
 from kb_reindex.runtime import StateDeps, open_deps
-from kb_reindex.state import StateStore
+from kb_reindex.state import StateStore, utc_stamp
 from kb_reindex.status import HistoryEvent, StatusView, VersionRow, history, state_only_view, status_view
 from kb_reindex.store import describe_qdrant_failure, make_client
 
@@ -78,7 +78,7 @@ def airflow_run(run_id: str | None) -> tuple[str | None, str | None]:
 
 
 def _stamp(value: Any) -> str | None:
-    return value.isoformat(timespec="seconds") + "Z" if value is not None else None
+    return utc_stamp(value) if value is not None else None
 
 
 def recent_runs(state: StateStore, alias: str) -> tuple[RunRow, ...]:

@@ -15,7 +15,7 @@ from kb_reindex.errors import ConfigError, KbError, StoreError
 from kb_reindex.lifecycle import BUILDING, DELETED, FAILED, LIVE, RETIRED
 from kb_reindex.locking import alias_lock_name, pin_by, run_is_active
 from kb_reindex.runtime import Deps
-from kb_reindex.state import VersionRecord, utcnow
+from kb_reindex.state import VersionRecord, utc_stamp, utcnow
 
 log = logging.getLogger(__name__)
 
@@ -179,7 +179,7 @@ def pin_version(deps: Deps, version_number: int, *, reason: str, by: str | None 
     log.info("kb_reindex: pinned v%d of %s (%s)", version.version, alias, pin.reason)
     return PinResult(version=version.version, collection=version.collection, already_pinned=existing is not None,
                      reason=pin.reason, pinned_by=pin.pinned_by,
-                     pinned_at=pin.pinned_at.isoformat(timespec="seconds") + "Z")
+                     pinned_at=utc_stamp(pin.pinned_at))
 
 
 def unpin_version(deps: Deps, version_number: int, *, by: str | None = None) -> UnpinResult:

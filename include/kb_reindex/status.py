@@ -23,16 +23,13 @@ from kb_reindex.querylog import QueryLogView
 from kb_reindex.model import SUCCEEDED, RunKind, RunOutcome, VersionStatus
 from kb_reindex.runtime import Deps, StateDeps
 from kb_reindex.state import (AliasEvent, LockRecord, PinRecord, QdrantSnapshotRef, VersionRecord, is_dag_run_owner,
+                              utc_stamp,
                               utcnow)
 
 #: statuses whose collection must exist in Qdrant, holding what its manifest lists
 KEPT = (VersionStatus.LIVE, VersionStatus.READY, VersionStatus.RETIRED)
 #: the run kinds the metrics count (builds; rollbacks and promotions are not)
 BUILDS = (RunKind.REINDEX, RunKind.MIGRATION)
-
-
-def _stamp(value: Any) -> str:
-    return value.isoformat(timespec="seconds") + "Z"
 
 
 @dataclass(frozen=True)
@@ -190,14 +187,14 @@ class HistoryEvent:
 
     @classmethod
     def move(cls, event: AliasEvent) -> HistoryEvent:
-        return cls(at=_stamp(event.at), action=event.action, from_version=event.from_version,
+        return cls(at=utc_stamp(event.at), action=event.action, from_version=event.from_version,
                    to_version=event.to_version, from_collection=event.from_collection,
                    to_collection=event.to_collection, run_id=event.run_id, reason=event.reason)
 
     @classmethod
     def note(cls, at: datetime, action: str, reason: str) -> HistoryEvent:
         """An event that moved no alias (a lock broken, a freeze): what, when and why."""
-        return cls(at=_stamp(at), action=action, from_version=None, to_version=None, from_collection=None,
+        return cls(at=utc_stamp(at), action=action, from_version=None, to_version=None, from_collection=None,
                    to_collection=None, run_id=None, reason=reason)
 
     def to_dict(self) -> dict[str, Any]:
@@ -322,8 +319,8 @@ def lock_rows(deps: Deps | StateDeps) -> tuple[LockRow, ...]:
     """Held locks for status and the page; a DAG run's is alive while Airflow runs it (where it can be asked),
     else while its tasks renew it (no PID to ask)."""
     return tuple(
-        LockRow(name=row.name, owner=row.owner, since=_stamp(row.acquired_at),
-                expires=_stamp(row.expires_at), expired=row.expired, owner_alive=_owner_alive(row))
+        LockRow(name=row.name, owner=row.owner, since=utc_stamp(row.acquired_at),
+                expires=utc_stamp(row.expires_at), expired=row.expired, owner_alive=_owner_alive(row))
         for row in deps.state.list_locks(subject=deps.settings.alias))
 
 
@@ -338,7 +335,7 @@ def version_row(v: VersionRecord, *, target: VersionRecord | None, pins: dict[in
         embedder=v.embedder, embed_model=v.embed_model, dim=v.embed_dim,
         payload_layout=v.payload_layout, embed_profile=version_profile(v),
         hit_rate=validation.get("hit_rate"), mrr=validation.get("mrr"),
-        created_at=_stamp(v.created_at), promoted_at=_stamp(v.promoted_at) if v.promoted_at else None,
+        created_at=utc_stamp(v.created_at), promoted_at=utc_stamp(v.promoted_at) if v.promoted_at else None,
         rollback_target=bool(target and target.id == v.id),
         rollback_allowed=v.status in (VersionStatus.RETIRED, VersionStatus.READY) and served,
         shadow=v.status == VersionStatus.READY and not served,
@@ -352,7 +349,7 @@ def pin_view(pin: PinRecord | None) -> PinView | None:
     """A version's pin as status and the page show it."""
     if pin is None:
         return None
-    return PinView(reason=pin.reason, by=pin.pinned_by, at=_stamp(pin.pinned_at))
+    return PinView(reason=pin.reason, by=pin.pinned_by, at=utc_stamp(pin.pinned_at))
 
 
 def live_audit(deps: Deps, live: VersionRecord | None) -> AuditView | None:

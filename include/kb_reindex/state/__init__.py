@@ -12,7 +12,7 @@ callers used from `kb_reindex.state` is still importable from here.
 
 from __future__ import annotations
 
-from kb_reindex.state.clock import Clock, ManualClock, SystemClock, utcnow
+from kb_reindex.state.clock import Clock, ManualClock, SystemClock, utc_stamp, utcnow
 from kb_reindex.state.freezes import Freeze, FreezeEvent
 from kb_reindex.state.history import AliasEvent, AuditRecord, PinRecord
 from kb_reindex.state.locks import (
@@ -58,6 +58,6 @@ __all__ = [
     "RunCounterColumns", "RunRecord", "StateStore", "SystemClock", "Timestamp", "VersionColumns", "VersionFields", "VersionRecord",
     "alias_events", "audits", "chunk_texts", "default_lock_owner", "describe_lock_holder", "file_hashes", "freezes",
     "is_dag_run_owner", "lock_events", "lock_owner_alive", "locks", "manifest_chunks", "manifest_documents",
-    "metadata", "parse_lock_owner", "pins", "process_space", "runs", "snapshots", "utcnow", "versions",
+    "metadata", "parse_lock_owner", "pins", "process_space", "runs", "snapshots", "utc_stamp", "utcnow", "versions",
     "AliasEvent", "AuditRecord", "PinRecord",
 ]

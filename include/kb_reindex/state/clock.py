@@ -16,6 +16,11 @@ def utcnow() -> datetime:
     return datetime.now(UTC).replace(tzinfo=None)
 
 
+def utc_stamp(value: datetime) -> str:
+    """A naive-UTC time as every JSON of ours writes it: ISO 8601 to the second, with `Z`."""
+    return value.isoformat(timespec="seconds") + "Z"
+
+
 class Clock(Protocol):
     def now(self) -> datetime:
         """Naive UTC, as stored in the state DB."""

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import sqlalchemy as sa
 
 from kb_reindex.errors import ConfigError
+from kb_reindex.state.clock import utc_stamp
 from kb_reindex.state.schema import _table_missing, ensure_table, freezes
 
 if TYPE_CHECKING:
@@ -52,7 +53,7 @@ class Freeze:
 
     @property
     def since(self) -> str:
-        return self.set_at.isoformat(timespec="seconds") + "Z"
+        return utc_stamp(self.set_at)
 
     def describe(self) -> str:
         return f"{self.alias} is frozen since {self.since} by {self.set_by}: {self.reason}"

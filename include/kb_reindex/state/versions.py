@@ -15,6 +15,7 @@ import sqlalchemy as sa
 from kb_reindex import lifecycle
 from kb_reindex.errors import KbError
 from kb_reindex.model import VersionStatus
+from kb_reindex.state.clock import utc_stamp
 from kb_reindex.state.schema import manifest_chunks, manifest_documents, snapshots, versions
 
 if TYPE_CHECKING:
@@ -129,7 +130,7 @@ class VersionRecord:
             return QdrantSnapshotRef.from_dict(old) if old else None
         at = self.qdrant_snapshot_at
         return QdrantSnapshotRef(name=self.qdrant_snapshot, collection=self.collection,
-                                 at=at.isoformat(timespec="seconds") + "Z" if at else None)
+                                 at=utc_stamp(at) if at else None)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON-able view the CLI and XCom carry (no validation detail, no snapshot)."""
@@ -138,7 +139,7 @@ class VersionRecord:
             out.pop(detail)
         for key, value in out.items():
             if isinstance(value, datetime):
-                out[key] = value.isoformat(timespec="seconds") + "Z"
+                out[key] = utc_stamp(value)
         return out
 
 
