@@ -10,6 +10,7 @@ import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import cast
 from datetime import UTC, datetime
 from kb_reindex import metrics
 from kb_reindex.errors import AliasMovedError, EmbeddingError, Failure, KbError, LockHeldError, classify
@@ -67,24 +68,7 @@ class RunCounters:
 
     def as_columns(self) -> RunCounterColumns:
         """The `finish_run` keywords: the run table's columns that are set."""
-        columns: RunCounterColumns = {}
-        if self.source_changed_at is not None:
-            columns["source_changed_at"] = self.source_changed_at
-        if self.docs_added is not None:
-            columns["docs_added"] = self.docs_added
-        if self.docs_changed is not None:
-            columns["docs_changed"] = self.docs_changed
-        if self.docs_unchanged is not None:
-            columns["docs_unchanged"] = self.docs_unchanged
-        if self.docs_removed is not None:
-            columns["docs_removed"] = self.docs_removed
-        if self.chunks_total is not None:
-            columns["chunks_total"] = self.chunks_total
-        if self.chunks_embedded is not None:
-            columns["chunks_embedded"] = self.chunks_embedded
-        if self.chunks_reused is not None:
-            columns["chunks_reused"] = self.chunks_reused
-        return columns
+        return cast(RunCounterColumns, {name: value for name, value in vars(self).items() if value is not None})
 
 
 def run_counters(plan: Plan, built: RunCounters | None = None) -> RunCounters:

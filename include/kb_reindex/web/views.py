@@ -65,11 +65,8 @@ class AirflowAnswer:
     errors: tuple[str, ...]
 
     def to_dict(self) -> dict[str, Any]:
-        if self.reindex_paused is None:  # the keys in the order this answer always had
-            return {"reindex_paused": None, "paused": dict(self.paused), "runs": [r.to_dict() for r in self.runs],
-                    "errors": list(self.errors)}
-        return {"reindex_paused": self.reindex_paused, "runs": [r.to_dict() for r in self.runs],
-                "errors": list(self.errors), "paused": dict(self.paused)}
+        return {"reindex_paused": self.reindex_paused, "paused": dict(self.paused),
+                "runs": [r.to_dict() for r in self.runs], "errors": list(self.errors)}
 
 
 async def status_json(ctx: PageContext, user: Any) -> StatusAnswer:
