@@ -43,7 +43,7 @@ sys.path.insert(0, str(REPO / "bench"))
 
 import corpus as synthetic  # noqa: E402
 
-from kb_reindex.state import StateStore  # noqa: E402
+from kb_reindex.services.state.store import StateStore  # noqa: E402
 from kb_reindex.testing.ollama_server import FakeModel, FakeOllamaServer, FaultPlan  # noqa: E402
 from kb_reindex.testing.qdrant_server import FakeQdrantServer  # noqa: E402
 

@@ -21,8 +21,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from kb_reindex.runtime import Deps
-from kb_reindex.store import KnowledgeStore
+from kb_reindex.services.runtime import Deps
+from kb_reindex.services.store import KnowledgeStore
 
 MB = 1024 * 1024
 
@@ -268,8 +268,8 @@ PHASE_OF = {"prepare_logged": "plan", "rescore": "rollback"}
 def phase_timers(meter_ref: MeterRef) -> Iterator[None]:
     """Time each engine step (plan, create, build, validate, promote, cleanup, rollback) in this process; the
     plan's snapshot (manifest and texts written to the state DB) is its own phase, `snapshot_plan`."""
-    import kb_reindex.pipeline as pipeline
-    import kb_reindex.runs as runs
+    import kb_reindex.run.pipeline as pipeline
+    import kb_reindex.run.runs as runs
 
     modules = {"pipeline": pipeline, "runs": runs}
     originals = {(module, name): getattr(modules[module], name) for module, name in ENGINE_STEPS}

@@ -8,7 +8,7 @@ own, reached over REST as a production server would be), SQLite state, the offli
 (`--dim`: a no-op reads no vector, and small ones keep the one full build before it short). After that build
 it times, each the median of `--repeat`:
 
-- `noop_s`: `engine.run_reindex` on the unchanged corpus in this process (the file hashes recorded by the
+- `noop_s`: `run_reindex` on the unchanged corpus in this process (the file hashes recorded by the
   plans before are trusted: no file is read). The first no-op after the build is reported apart
   (`first_noop_s`): files written within the mtime margin of the build's recording are read again once.
 - `noop_unrecorded_s`: the same with the recorded file hashes deleted first: every file read and hashed (not
@@ -71,10 +71,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=HERE / "results" / "noop.json")
     args = parser.parse_args(argv)
 
-    from kb_reindex import engine
-    from kb_reindex.config import Settings
-    from kb_reindex.runtime import open_deps
-    from kb_reindex.state import file_hashes
+
+    from kb_reindex.run.pipeline import run_reindex
+    from kb_reindex.services.config import Settings
+    from kb_reindex.services.runtime import open_deps
+    from kb_reindex.services.state.schema import file_hashes
 
     with tempfile.TemporaryDirectory(prefix="kb-noop-") as tmp, qdrant_server() as (url, _pid):
         root = Path(tmp) / "project"
@@ -87,41 +88,41 @@ def main(argv: list[str] | None = None) -> int:
         result: dict[str, Any] = {"docs": args.docs, "store": "qdrant test server (REST, in memory)",
                                   "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0]}}
         with open_deps(settings) as deps:
-            build_s, built = timed(lambda: engine.run_reindex(deps))
+            build_s, built = timed(lambda: run_reindex(deps))
             if built["outcome"] != "promoted":
                 raise RuntimeError(f"the full build failed: {built['error']}")
             result.update(build_s=round(build_s, 2), chunks=built["chunks"]["total"])
             print(f"[noop] full build of {args.docs} docs ({built['chunks']['total']} chunks): {build_s:.1f} s",
                   file=sys.stderr, flush=True)
             time.sleep(2.1)  # past the mtime margin of the build's recording, as a scheduled run a day later is
-            first_s, first = timed(lambda: engine.run_reindex(deps))
+            first_s, first = timed(lambda: run_reindex(deps))
             assert first["outcome"] == "no_change", first
             noops = []
             for _ in range(args.repeat):
-                seconds, quiet = timed(lambda: engine.run_reindex(deps))
+                seconds, quiet = timed(lambda: run_reindex(deps))
                 assert quiet["outcome"] == "no_change", quiet
                 noops.append(seconds)
             unrecorded = []
             for _ in range(args.repeat):
                 with deps.state.engine.begin() as conn:
                     conn.execute(file_hashes.delete())
-                seconds, quiet = timed(lambda: engine.run_reindex(deps))
+                seconds, quiet = timed(lambda: run_reindex(deps))
                 assert quiet["outcome"] == "no_change", quiet
                 unrecorded.append(seconds)
             full_scans = []
-            import kb_reindex.plan as plan_module
+            import kb_reindex.steps.plan as plan_module
 
             recognise = plan_module.quick_fingerprint
             plan_module.quick_fingerprint = lambda *a, **k: None  # as before: every file read, parsed, chunked
             try:
                 for _ in range(args.repeat):
-                    seconds, quiet = timed(lambda: engine.run_reindex(deps))
+                    seconds, quiet = timed(lambda: run_reindex(deps))
                     assert quiet["outcome"] == "no_change", quiet
                     full_scans.append(seconds)
             finally:
                 plan_module.quick_fingerprint = recognise
             time.sleep(2.1)
-            engine.run_reindex(deps)  # records again what the full scans read
+            run_reindex(deps)  # records again what the full scans read
         result.update(first_noop_s=round(first_s, 3), noop_s=round(statistics.median(noops), 3),
                       noop_runs_s=[round(s, 3) for s in noops],
                       noop_unrecorded_s=round(statistics.median(unrecorded), 3),
@@ -136,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
             assert json.loads(proc.stdout)["no_change"] is True
             plans.append(seconds)
         for label, code in (("fresh_python_s", "pass"), ("fresh_import_qdrant_client_s", "import qdrant_client"),
-                            ("fresh_import_cli_s", "import kb_reindex.cli, kb_reindex.engine")):
+                            ("fresh_import_cli_s", "import kb_reindex.cli, kb_reindex.run.pipeline, kb_reindex.run.runs")):
             runs = [timed(lambda code=code: subprocess.run([sys.executable, "-c", code], env=child_env, check=True))[0]
                     for _ in range(args.repeat)]
             result[label] = round(statistics.median(runs), 3)

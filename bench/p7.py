@@ -3,9 +3,9 @@
 
     .venv/bin/python bench/p7.py                       # 500 docs (~2.5k chunks), 20 ms/text: ~2 min
     .venv/bin/python bench/p7.py --docs 2000           # ~10k chunks: ~6 min
-    .venv/bin/python bench/p7.py --smoke --out /tmp/p7 # 8 docs, 2 ms/text, seconds (tests/test_bench_p7.py)
+    .venv/bin/python bench/p7.py --smoke --out /tmp/p7 # 8 docs, 2 ms/text, seconds (tests/benchmarks/test_bench_p7.py)
 
-Each setup builds the same corpus from nothing (`engine.run_reindex`, as `kb-reindex run` does: plan, create,
+Each setup builds the same corpus from nothing (`run_reindex`, as `kb-reindex run` does: plan, create,
 build, validate, promote) into a project, state DB and in-memory local-mode Qdrant of its own, through the
 real `ollama` client over HTTP. The servers (`kb_reindex.testing.ollama_server`) process at most `parallel`
 requests at once, the rest wait (Ollama's OLLAMA_NUM_PARALLEL), each text costing `--ms`: the capacity is
@@ -47,18 +47,19 @@ def build_once(root: Path, env: dict[str, str]) -> dict[str, Any]:
     """One full `run_reindex` on a fresh in-memory store; wall time and what the engine reports."""
     from qdrant_client import QdrantClient
 
-    from kb_reindex import engine
-    from kb_reindex.config import Settings
-    from kb_reindex.runtime import Deps
-    from kb_reindex.state import StateStore
-    from kb_reindex.store import KnowledgeStore
+
+    from kb_reindex.run.pipeline import run_reindex
+    from kb_reindex.services.config import Settings
+    from kb_reindex.services.runtime import Deps
+    from kb_reindex.services.state.store import StateStore
+    from kb_reindex.services.store import KnowledgeStore
 
     settings = Settings.from_env({**env, "KB_PROJECT_ROOT": str(root)})
     client = QdrantClient(":memory:")
     state = StateStore(settings.state_url)
     try:
         started = time.perf_counter()
-        result = engine.run_reindex(Deps(settings=settings, state=state, store=KnowledgeStore(client, local=True)))
+        result = run_reindex(Deps(settings=settings, state=state, store=KnowledgeStore(client, local=True)))
         wall = time.perf_counter() - started
     finally:
         state.dispose()

@@ -1,10 +1,10 @@
 """The benchmark's workers: each runs one peer's scenarios on one corpus size in its own process.
 
-- `kb`: our engine (`kb_reindex.engine.run_reindex`, blue-green): full build, no-op, incremental,
+- `kb`: our engine (`kb_reindex.run_reindex`, blue-green): full build, no-op, incremental,
   rollback; the full-rebuild peer (`run --force-full`) on the no-op and on the incremental corpus; the
   backend's raw bulk upsert of the same points; a promotion with 4 threads reading through the alias.
 - `langchain`: LangChain's indexing API (`index()`, SQLRecordManager, cleanup="incremental",
-  QdrantVectorStore), in place, on the same chunk texts (`kb_reindex.chunking`), the same embedder and
+  QdrantVectorStore), in place, on the same chunk texts (`kb_reindex.services.chunking`), the same embedder and
   the same local-mode Qdrant (`:memory:`).
 
 The Qdrant store runs in a sidecar process (`sidecar.py`, the default) the way a Qdrant server runs
@@ -176,8 +176,8 @@ def run_kb(job: dict[str, Any]) -> dict[str, Any]:
             if (store.address is None and store.url is None) or not job.get("scenario_processes", True):
                 client, local = store.client, True
                 if store.url is not None:  # the client the CLI builds, from KB_QDRANT_URL
-                    from kb_reindex.config import Settings
-                    from kb_reindex.store import make_client
+                    from kb_reindex.services.config import Settings
+                    from kb_reindex.services.store import make_client
 
                     client, local = make_client(Settings.from_env(env)), None
                 warm = warmup(env, root.parent / f"{root.name}-warmup", client, alias="bench_warmup", local=local)
@@ -215,9 +215,9 @@ def kb_steps(job: dict[str, Any], root: Path, variants: dict[str, Path]) -> Iter
 def engine_deps(env: dict[str, str], client: Any, *, local: bool | None = True) -> tuple[BenchDeps, MeterRef]:
     """The engine's Deps over `client`, with a counting store and embedder; the caller disposes deps.state.
     `local=None`: told from the client (the test server's remote client is a server's)."""
-    from kb_reindex.config import Settings
-    from kb_reindex.golden import load_golden_set
-    from kb_reindex.state import StateStore
+    from kb_reindex.services.config import Settings
+    from kb_reindex.steps.golden import load_golden_set
+    from kb_reindex.services.state.store import StateStore
 
     settings = Settings.from_env(env)
     meter_ref = MeterRef()
@@ -229,18 +229,19 @@ def engine_deps(env: dict[str, str], client: Any, *, local: bool | None = True) 
 
 def engine_scenario(name: str, deps: BenchDeps, job: dict[str, Any]) -> Callable[[Meter], dict[str, Any]]:
     """What scenario `name` runs: the same engine functions the CLI calls."""
-    from kb_reindex import engine
+    from kb_reindex.run.pipeline import run_reindex
+    from kb_reindex.run.runs import run_rollback
 
     def reindex(**options: Any) -> Callable[[Meter], dict[str, Any]]:
         def go(meter: Meter) -> dict[str, Any]:
-            result = engine.run_reindex(deps, **options)
+            result = run_reindex(deps, **options)
             if result["outcome"] not in ("promoted", "no_change"):
                 raise RuntimeError(f"run_reindex {options}: {result['outcome']}: {result['error']}")
             return summarize_run(result, meter)
         return go
 
     def rollback(meter: Meter) -> dict[str, Any]:
-        result = engine.run_rollback(deps, reason="benchmark rollback")
+        result = run_rollback(deps, reason="benchmark rollback")
         return {"outcome": str(result.outcome), "from_version": result.from_version,
                 "to_version": result.to_version, "swap_s": round(max(meter.swap_s, default=0.0), 6)}
 
@@ -305,7 +306,7 @@ def run_scenario_child(spec: dict[str, Any]) -> dict[str, Any]:
 
     from sidecar import connect, exit_with_parent
 
-    for module in ("kb_reindex.cli", "kb_reindex.engine"):  # the CLI's own imports, counted as startup
+    for module in ("kb_reindex.cli", "kb_reindex.run.pipeline", "kb_reindex.run.runs"):  # the CLI's own imports, counted as startup
         importlib.import_module(module)
 
     startup_s = time.time() - spec["spawned_at"]
@@ -313,8 +314,8 @@ def run_scenario_child(spec: dict[str, Any]) -> dict[str, Any]:
     quiet_logs()
     local: bool | None = True
     if spec.get("store_url"):  # the Qdrant test server: the client the CLI builds, from KB_QDRANT_URL
-        from kb_reindex.config import Settings
-        from kb_reindex.store import make_client
+        from kb_reindex.services.config import Settings
+        from kb_reindex.services.store import make_client
 
         client, local = make_client(Settings.from_env(spec["env"])), None
     else:
@@ -345,11 +346,11 @@ def warmup(env: dict[str, str], workdir: Path, client: Any, *, alias: str, local
         import importlib
 
         importlib.import_module("ollama")  # the Ollama embedder's import, paid here rather than in the timed run
-    from kb_reindex import engine
-    from kb_reindex.config import Settings
-    from kb_reindex.runtime import Deps
-    from kb_reindex.state import StateStore
-    from kb_reindex.store import KnowledgeStore
+    from kb_reindex.run.pipeline import run_reindex
+    from kb_reindex.services.config import Settings
+    from kb_reindex.services.runtime import Deps
+    from kb_reindex.services.state.store import StateStore
+    from kb_reindex.services.store import KnowledgeStore
 
     started = time.perf_counter()
     tiny = corpus_mod.generate(3, seed=1)
@@ -359,7 +360,7 @@ def warmup(env: dict[str, str], workdir: Path, client: Any, *, alias: str, local
                                   "KB_ALIAS": alias})
     state = StateStore(settings.state_url)
     try:
-        result = engine.run_reindex(Deps(settings=settings, state=state, store=KnowledgeStore(client, local=local)))
+        result = run_reindex(Deps(settings=settings, state=state, store=KnowledgeStore(client, local=local)))
     finally:
         state.dispose()
     if result["outcome"] != "promoted":
@@ -507,10 +508,10 @@ def promotion_under_readers(deps: BenchDeps, meter: Meter, run: Callable[[Meter]
     alias with the reader API. Readers start when the promote step starts and read the old version for a
     moment first; they stop once each has read the new one, after cleanup. The build and validation
     before are not slowed down by them (that is not what P6 is about)."""
-    import kb_reindex.pipeline as pipeline
+    import kb_reindex.run.pipeline as pipeline
     from kb_reindex.reader import search_knowledge
-    from kb_reindex.runtime import Deps
-    from kb_reindex.store import KnowledgeStore
+    from kb_reindex.services.runtime import Deps
+    from kb_reindex.services.store import KnowledgeStore
 
     # readers get their own, uncounted Deps over the same Qdrant client and state DB
     reader_deps = Deps(settings=deps.settings, state=deps.state,
@@ -593,9 +594,9 @@ def _langchain(job: dict[str, Any], stack: ExitStack) -> dict[str, Any]:
     from langchain_qdrant import QdrantVectorStore
     from qdrant_client import models
 
-    from kb_reindex.chunking import chunk_document
-    from kb_reindex.embedding import HashingEmbedder, OllamaEmbedder
-    from kb_reindex.sources import load_corpus
+    from kb_reindex.services.chunking import chunk_document
+    from kb_reindex.services.embedding import HashingEmbedder, OllamaEmbedder
+    from kb_reindex.services.sources import load_corpus
 
     size, seed, embedder_kind = job["size"], job["seed"], job["embedder"]
     base = corpus_mod.generate(size, seed)

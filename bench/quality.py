@@ -28,11 +28,11 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "include"))
 
-from kb_reindex.chunking import chunk_document  # noqa: E402
-from kb_reindex.config import DEFAULT_DIMS, DEFAULT_MODELS  # noqa: E402
-from kb_reindex.embedding import Embedder, HashingEmbedder  # noqa: E402
-from kb_reindex.golden import GoldenSet, first_hit_rank, load_golden_set, score  # noqa: E402
-from kb_reindex.sources import load_corpus  # noqa: E402
+from kb_reindex.services.chunking import chunk_document  # noqa: E402
+from kb_reindex.services.config import DEFAULT_DIMS, DEFAULT_MODELS  # noqa: E402
+from kb_reindex.services.embedding import Embedder, HashingEmbedder  # noqa: E402
+from kb_reindex.steps.golden import GoldenSet, first_hit_rank, load_golden_set, score  # noqa: E402
+from kb_reindex.services.sources import load_corpus  # noqa: E402
 
 PROBE_SETS = {"golden": REPO / "knowledge" / "golden.yaml", "crosslingual": REPO / "bench" / "crosslingual.yaml"}
 
@@ -64,7 +64,7 @@ def make(kind: str) -> tuple[Embedder, float]:
     if kind == "hashing":
         embedder: Embedder = HashingEmbedder(model=DEFAULT_MODELS["hashing"], dim=DEFAULT_DIMS["hashing"])
     else:
-        from kb_reindex.e5 import E5Embedder
+        from kb_reindex.services.e5 import E5Embedder
 
         embedder = E5Embedder()
         embedder.embed(["warm-up: loads the model"])

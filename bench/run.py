@@ -60,8 +60,8 @@ DEFAULT_P8_SIZE, SMOKE_P8_SIZE = 20000, 20  # P8: the no-op over 20,000 docs (be
 
 def corpus_stats(size: int, seed: int, workdir: Path) -> dict[str, Any]:
     """Chunk counts and the exact number of chunks the edit makes new (hash not in the base corpus)."""
-    from kb_reindex.chunking import chunk_document
-    from kb_reindex.sources import load_corpus
+    from kb_reindex.services.chunking import chunk_document
+    from kb_reindex.services.sources import load_corpus
 
     base = corpus_mod.generate(size, seed)
     mutated, mutation = corpus_mod.mutate(base, seed)

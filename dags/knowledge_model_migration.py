@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from airflow.sdk import Param
 from kb_reindex.airflow.factory import knowledge_dag
-from kb_reindex.config import DEFAULT_MODELS, EMBEDDERS
-from kb_reindex.model import RunKind
+from kb_reindex.services.config import DEFAULT_MODELS, EMBEDDERS
+from kb_reindex.domain.model import RunKind
 
 knowledge_model_migration = knowledge_dag(
     "knowledge_model_migration",

@@ -22,7 +22,7 @@ import os
 from airflow.sdk import Param
 from kb_reindex.airflow.constants import BUILD_SLICE_SIZE
 from kb_reindex.airflow.factory import knowledge_dag
-from kb_reindex.model import RunKind
+from kb_reindex.domain.model import RunKind
 
 knowledge_reindex = knowledge_dag(
     "knowledge_reindex",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from airflow.plugins_manager import AirflowPlugin
 
-from kb_reindex.web import create_app
+from kb_reindex.web.app import create_app
 
 
 class KnowledgeIndexPlugin(AirflowPlugin):

@@ -30,7 +30,7 @@ export AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS="${AIRFLOW__CORE__SIMPLE_AUTH_MA
 # reach it is killed before our code runs
 export AIRFLOW__CORE__EXECUTION_API_SERVER_URL="${AIRFLOW__CORE__EXECUTION_API_SERVER_URL:-$base/execution/}"
 # the hostname a task instance records: each Celery worker's own (KB_WORKER_HOSTNAME), else the machine's
-export AIRFLOW__CORE__HOSTNAME_CALLABLE="${AIRFLOW__CORE__HOSTNAME_CALLABLE:-kb_reindex.hostname.worker_hostname}"
+export AIRFLOW__CORE__HOSTNAME_CALLABLE="${AIRFLOW__CORE__HOSTNAME_CALLABLE:-kb_reindex.airflow.hostname.worker_hostname}"
 # the Knowledge index page triggers rollbacks through this api-server
 export KB_AIRFLOW_API_URL="${KB_AIRFLOW_API_URL:-$base}"
 # the embedded default: local-mode Qdrant and SQLite state under $KB_PROJECT_ROOT/.kb, multilingual-e5-small
@@ -76,7 +76,7 @@ if [ "${#missing[@]}" -gt 0 ]; then
   airflow db migrate > "$run/db-migrate.log" 2>&1 || { tail -n 40 "$run/db-migrate.log"; exit 1; }
   # the write pool's slots are KB_BUILD_PARALLELISM (build slices writing at once), checked by the settings:
   # local mode admits one client, so a larger value there stops here with the reason
-  slots="$(python -m kb_reindex.config)"
+  slots="$(python -m kb_reindex.services.config)"
   airflow pools set kb_qdrant_writes "$slots" "Qdrant writes of kb-reindex (KB_BUILD_PARALLELISM)" > "$run/pool.log" 2>&1 \
     || { cat "$run/pool.log"; exit 1; }
 fi

@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 source scripts/airflow-env.sh
 export PATH="$PWD/.venv/bin:$PATH"
 airflow db migrate > .airflow-migrate.log 2>&1 || { cat .airflow-migrate.log; exit 1; }
-slots="$(python -m kb_reindex.config)"  # KB_BUILD_PARALLELISM; more than 1 is refused in local mode
+slots="$(python -m kb_reindex.services.config)"  # KB_BUILD_PARALLELISM; more than 1 is refused in local mode
 airflow pools set kb_qdrant_writes "$slots" "Qdrant writes of kb-reindex (KB_BUILD_PARALLELISM)" > /dev/null
 airflow dags test knowledge_reindex > .kb-demo.log 2>&1 || true
 grep -oE "kb_reindex: [^[]*" .kb-demo.log || true

@@ -27,15 +27,15 @@ for name in list(os.environ):
     if (name.startswith(("KB_", "AIRFLOW_CONN_")) and not name.startswith("KB_TEST_")) or name == "OLLAMA_HOST":
         del os.environ[name]
 # the suite embeds with the fast hashing embedder (as do the CLI and Airflow processes it starts, which inherit
-# this); the tests of retrieval quality ask for e5 by name (tests/test_e5.py)
+# this); the tests of retrieval quality ask for e5 by name (tests/engine/test_e5.py)
 os.environ["KB_EMBEDDER"] = "hashing"
 
 from qdrant_client import QdrantClient  # noqa: E402
 
-from kb_reindex.config import Settings  # noqa: E402
-from kb_reindex.runtime import Deps  # noqa: E402
-from kb_reindex.state import StateStore  # noqa: E402
-from kb_reindex.store import KnowledgeStore  # noqa: E402
+from kb_reindex.services.config import Settings  # noqa: E402
+from kb_reindex.services.runtime import Deps  # noqa: E402
+from kb_reindex.services.state.store import StateStore  # noqa: E402
+from kb_reindex.services.store import KnowledgeStore  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -114,11 +114,11 @@ def write_doc(root: Path, key: str, text: str) -> Path:
 
 
 def force_status(state: StateStore, version_id: int, status: str) -> None:
-    """Damage a version's status behind kb-reindex's back (a move `kb_reindex.lifecycle` would refuse), as a
+    """Damage a version's status behind kb-reindex's back (a move `kb_reindex.domain.lifecycle` would refuse), as a
     hand edit or a lost write would leave it."""
     import sqlalchemy as sa
 
-    from kb_reindex.state.schema import versions
+    from kb_reindex.services.state.schema import versions
 
     with state.engine.begin() as conn:
         conn.execute(sa.update(versions).where(versions.c.id == version_id).values(status=status))
@@ -214,7 +214,17 @@ SLOW_FIRST = ("test_celery_airflow.py", "test_local_airflow.py", "test_bench_smo
               "test_freeze.py", "test_qdrant_server.py")
 
 
+#: each folder of tests/ is a marker too, so a group is selected by folder (`pytest tests/engine`) or by marker
+#: (`-m "not airflow and not bench"`): docs/testing.md
+FOLDER_MARKERS = {"unit": "unit", "state_db": "state", "engine": "engine", "edges": "edges", "airflow_dags": "airflow",
+                  "benchmarks": "bench"}
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Whole modules move, never single tests: a module's tests keep their order (some build on the one before)."""
+    for item in items:
+        folder = item.path.parent.name
+        if folder in FOLDER_MARKERS:
+            item.add_marker(FOLDER_MARKERS[folder])
     rank = {name: position for position, name in enumerate(SLOW_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(SLOW_FIRST)))

@@ -30,7 +30,7 @@ path.chmod(0o600)
 PY
 
 # KB_BUILD_PARALLELISM slots (build slices writing to Qdrant at once), as the settings accept it
-slots="$(python -m kb_reindex.config)"
+slots="$(python -m kb_reindex.services.config)"
 echo "airflow-init: pool kb_qdrant_writes, ${slots} slot(s)"
 airflow pools set kb_qdrant_writes "$slots" "Qdrant writes of kb-reindex (KB_BUILD_PARALLELISM)"
 

@@ -15,11 +15,11 @@ import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from kb_reindex.config import DEFAULT_MODELS, EMBEDDERS, Settings
-from kb_reindex.errors import ConfigError, Failure, KbError, StateEmpty, classify
-from kb_reindex.freeze import FreezeView
-from kb_reindex.model import RunOutcome, WatchOutcome
-from kb_reindex.status import StatusView, history, status_view
+from kb_reindex.services.config import DEFAULT_MODELS, EMBEDDERS, Settings
+from kb_reindex.domain.errors import ConfigError, Failure, KbError, StateEmpty, classify
+from kb_reindex.rules.freeze import FreezeView
+from kb_reindex.domain.model import RunOutcome, WatchOutcome
+from kb_reindex.run.status import StatusView, history, status_view
 
 log = logging.getLogger("kb_reindex.cli")
 
@@ -234,7 +234,7 @@ def _main(argv: list[str]) -> int:
 
 def _failure(exc: BaseException) -> Failure:
     """errors.classify, naming the state DB and Qdrant of the environment's settings (when they parse)."""
-    from kb_reindex.store import describe_qdrant_failure
+    from kb_reindex.services.store import describe_qdrant_failure
 
     try:
         settings: Settings | None = Settings.from_env()
@@ -253,16 +253,16 @@ def _fail(args: argparse.Namespace, message: str, kind: str) -> None:
 
 def _dispatch(args: argparse.Namespace) -> int:
     """Open what the command needs (see NO_CREATE, STATE_ONLY, LOCKED), then call its `func`."""
-    from kb_reindex import engine
-    from kb_reindex.runtime import open_deps
+    from kb_reindex.run.runs import exclusive
+    from kb_reindex.services.runtime import open_deps
 
     settings = Settings.from_env()
     if args.command == "query":
         # Qdrant alone: the assistant's path keeps answering while the state DB is lost, locked or down
         return args.func(args, settings)
     if args.command in STATE_ONLY:
-        from kb_reindex.runtime import StateDeps
-        from kb_reindex.state import StateStore
+        from kb_reindex.services.runtime import StateDeps
+        from kb_reindex.services.state.store import StateStore
 
         # the state DB alone: on-call can break a lock while the stuck process still holds Qdrant (local mode)
         state = StateStore(settings.state_url, create=False)
@@ -277,7 +277,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         if args.command == "promote" and not _confirm_promotion(args, deps):
             return 0
         if args.command in LOCKED:
-            with engine.exclusive(deps):
+            with exclusive(deps):
                 return args.func(args, deps)
         return args.func(args, deps)
 
@@ -288,7 +288,7 @@ def _dispatch(args: argparse.Namespace) -> int:
 def _cmd_query(args: argparse.Namespace, settings: Settings) -> int:
     """Takes the settings, not deps: it opens Qdrant alone, through the alias."""
     from kb_reindex.reader import search_knowledge
-    from kb_reindex.runtime import open_reader
+    from kb_reindex.services.runtime import open_reader
 
     with open_reader(settings) as reader:
         found = search_knowledge(reader, args.text, k=args.k, tenant=args.tenant, expect_profile=args.expect_profile)
@@ -306,16 +306,16 @@ def _cmd_history(args: argparse.Namespace, deps: Any) -> int:
 
 
 def _cmd_run(args: argparse.Namespace, deps: Any) -> int:
-    from kb_reindex import engine
+    from kb_reindex.run.pipeline import run_reindex
 
     settings = deps.settings
     minutes = settings.watch_minutes if args.watch is None else args.watch
     if not 0 <= minutes <= 24 * 60:
         raise ConfigError(f"--watch {args.watch}: minutes must be from 0 (off) to 1440")
-    result = engine.run_reindex(deps, force_full=args.force_full, dry_run=args.dry_run, layout=args.layout).to_dict()
+    result = run_reindex(deps, force_full=args.force_full, dry_run=args.dry_run, layout=args.layout).to_dict()
     result.pop("plan", None)
     if result["outcome"] == RunOutcome.PROMOTED and minutes > 0:
-        from kb_reindex.watch import watch
+        from kb_reindex.run.watch import watch
 
         watched = watch(deps, result["version"], minutes=minutes, interval_s=settings.watch_interval_s)
         result["watch"] = watched.to_dict()
@@ -326,20 +326,20 @@ def _cmd_run(args: argparse.Namespace, deps: Any) -> int:
 
 
 def _cmd_migrate(args: argparse.Namespace, deps: Any) -> int:
-    from kb_reindex import engine
-    from kb_reindex.config import model_or_default
-    from kb_reindex.embedding import check_model_served
+    from kb_reindex.run.pipeline import run_reindex
+    from kb_reindex.services.config import model_or_default
+    from kb_reindex.services.embedding import check_model_served
 
     model = model_or_default(args.embedder, args.model)
     # a model the embedder cannot serve is a usage error (exit 2), refused before a run is recorded
     check_model_served(deps.settings, embedder=args.embedder, model=model)
     if args.dry_run:
-        from kb_reindex.estimate import estimate_human, estimate_migration
+        from kb_reindex.steps.estimate import estimate_human, estimate_migration
 
         estimate = estimate_migration(deps, embedder=args.embedder, model=model, dim=args.dim)
         _print(args, estimate.to_dict(), estimate_human(estimate))
         return 0
-    result = engine.run_reindex(
+    result = run_reindex(
         deps, kind="migration", embedder=args.embedder, model=model, dim=args.dim,
         promote_version=not args.no_promote, min_hit_rate=args.min_hit_rate, min_mrr=args.min_mrr,
         layout=args.layout,
@@ -352,8 +352,8 @@ def _cmd_migrate(args: argparse.Namespace, deps: Any) -> int:
 def _plan_with_state(args: argparse.Namespace, settings: Settings) -> int:
     """`plan` on the state DB; on one that holds no kb-reindex state yet (a new MariaDB database), the
     preview of a first run, planned against an empty state in memory: nothing is created or written."""
-    from kb_reindex.runtime import open_deps
-    from kb_reindex.state import StateStore
+    from kb_reindex.services.runtime import open_deps
+    from kb_reindex.services.state.store import StateStore
 
     try:
         state = StateStore(settings.state_url, create=False)
@@ -368,13 +368,13 @@ def _plan_with_state(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _cmd_plan(args: argparse.Namespace, deps: Any) -> int:
-    from kb_reindex import engine
-    from kb_reindex.build import BuildCounts
-    from kb_reindex.plan import plan
+    from kb_reindex.run.pipeline import chunk_counts, empty_result
+    from kb_reindex.steps.build import BuildCounts
+    from kb_reindex.steps.plan import plan
 
     p = plan(deps)
-    human = _run_human({**engine.empty_result("no_change" if p.no_change else "would_build").to_dict(),
-                        "docs": p.docs.to_dict(), "chunks": engine.chunk_counts(p, BuildCounts()).to_dict(),
+    human = _run_human({**empty_result("no_change" if p.no_change else "would_build").to_dict(),
+                        "docs": p.docs.to_dict(), "chunks": chunk_counts(p, BuildCounts()).to_dict(),
                         "notes": list(p.notes)})
     _print(args, p.to_dict(), human + f"\nmodel: {p.embedder}/{p.embed_model}  layout: {p.payload_layout}  "
                                       f"live: v{p.base_version or '-'}")
@@ -400,8 +400,8 @@ def _cmd_status(args: argparse.Namespace, deps: Any) -> int:
 
 
 def _cmd_validate(args: argparse.Namespace, deps: Any) -> int:
-    from kb_reindex import engine
-    from kb_reindex.validate import validate
+    from kb_reindex.run.pipeline import validation_summary
+    from kb_reindex.steps.validate import validate
 
     number = args.version
     if number is None:
@@ -411,7 +411,7 @@ def _cmd_validate(args: argparse.Namespace, deps: Any) -> int:
         number = live.version
     _existing_version(deps, number, "--version")
     result = validate(deps, number, raise_on_failure=False)
-    summary = engine.validation_summary(result).to_dict()
+    summary = validation_summary(result).to_dict()
     _print(args, {"version": number, **summary, "checks": [c.to_dict() for c in result.checks]},
            f"v{number}: {'passed' if result.passed else 'FAILED'}  hit rate {result.hit_rate}  "
            f"MRR {result.mrr}  report {result.report}"
@@ -420,7 +420,7 @@ def _cmd_validate(args: argparse.Namespace, deps: Any) -> int:
 
 
 def _cmd_gc(args: argparse.Namespace, deps: Any) -> int:
-    from kb_reindex.retention import cleanup
+    from kb_reindex.steps.retention import cleanup
 
     result = cleanup(deps).to_dict()
     _print(args, result, _table(result["deleted"], ["version", "collection", "was"]))
@@ -428,7 +428,7 @@ def _cmd_gc(args: argparse.Namespace, deps: Any) -> int:
 
 
 def _cmd_drop(args: argparse.Namespace, deps: Any) -> int:
-    from kb_reindex.retention import drop_version
+    from kb_reindex.steps.retention import drop_version
 
     _existing_version(deps, args.version, "--version")
     result = drop_version(deps, args.version)
@@ -439,8 +439,8 @@ def _cmd_drop(args: argparse.Namespace, deps: Any) -> int:
 
 def _cmd_promote(args: argparse.Namespace, deps: Any) -> int:
     """Confirmed by `_dispatch` before the lock is taken (`_confirm_promotion`)."""
-    from kb_reindex.pipeline import promote_shadow
-    from kb_reindex.runtime import new_run_id
+    from kb_reindex.run.pipeline import promote_shadow
+    from kb_reindex.services.runtime import new_run_id
 
     _existing_version(deps, args.version, "--version")
     result = promote_shadow(deps, args.version, expected_live=args.live_version, run_id=new_run_id("promote"))
@@ -450,7 +450,7 @@ def _cmd_promote(args: argparse.Namespace, deps: Any) -> int:
 
 
 def _cmd_freeze(args: argparse.Namespace, deps: Any) -> int:
-    from kb_reindex.freeze import operator
+    from kb_reindex.rules.freeze import operator
 
     alias = deps.settings.alias
     before = deps.state.freeze_status(alias)
@@ -463,7 +463,7 @@ def _cmd_freeze(args: argparse.Namespace, deps: Any) -> int:
 
 
 def _cmd_unfreeze(args: argparse.Namespace, deps: Any) -> int:
-    from kb_reindex.freeze import operator
+    from kb_reindex.rules.freeze import operator
 
     alias = deps.settings.alias
     lifted = deps.state.unfreeze(alias, by=operator())
@@ -477,7 +477,7 @@ def _cmd_unfreeze(args: argparse.Namespace, deps: Any) -> int:
 
 
 def _cmd_pin(args: argparse.Namespace, deps: Any) -> int:
-    from kb_reindex.retention import pin_version
+    from kb_reindex.steps.retention import pin_version
 
     result = pin_version(deps, args.version, reason=args.reason)
     _print(args, result.to_dict(), f"v{result.version} " + ("was already pinned" if result.already_pinned else "pinned")
@@ -486,7 +486,7 @@ def _cmd_pin(args: argparse.Namespace, deps: Any) -> int:
 
 
 def _cmd_unpin(args: argparse.Namespace, deps: Any) -> int:
-    from kb_reindex.retention import unpin_version
+    from kb_reindex.steps.retention import unpin_version
 
     result = unpin_version(deps, args.version)
     _print(args, result.to_dict(), f"v{result.version} unpinned; retention may drop it again" if result.was_pinned
@@ -495,10 +495,10 @@ def _cmd_unpin(args: argparse.Namespace, deps: Any) -> int:
 
 
 def _cmd_reconcile(args: argparse.Namespace, deps: Any) -> int:
-    from kb_reindex.reconcile import RebuildResult, ReconcileResult, reconcile
+    from kb_reindex.steps.reconcile import RebuildResult, ReconcileResult, reconcile
 
     if args.rebuild_state:
-        from kb_reindex.reconcile import rebuild_state
+        from kb_reindex.steps.reconcile import rebuild_state
 
         result: ReconcileResult | RebuildResult = rebuild_state(deps, replace=args.replace)
     elif args.replace:
@@ -560,8 +560,9 @@ def _confirm_promotion(args: argparse.Namespace, deps: Any) -> bool:
 
 
 def _unlock(args: argparse.Namespace, deps: Any) -> int:
-    from kb_reindex.locking import alias_lock_name, reindex_lock_name
-    from kb_reindex.state import default_lock_owner, is_dag_run_owner, utc_stamp
+    from kb_reindex.rules.locking import alias_lock_name, reindex_lock_name
+    from kb_reindex.services.state.locks import default_lock_owner, is_dag_run_owner
+    from kb_reindex.services.state.clock import utc_stamp
 
     alias = deps.settings.alias
     held = deps.state.list_locks(subject=alias)
@@ -610,8 +611,8 @@ def _existing_version(deps: Any, number: int, flag: str) -> None:
 
 
 def _rollback(args: argparse.Namespace, deps: Any) -> int:
-    from kb_reindex import engine
-    from kb_reindex.alias import rollback_target
+    from kb_reindex.run.runs import run_rollback
+    from kb_reindex.rules.alias import rollback_target
 
     alias = deps.settings.alias
     # what on-call confirms: this live version, this target; the rollback moves nothing if another serves by then
@@ -637,7 +638,7 @@ def _rollback(args: argparse.Namespace, deps: Any) -> int:
             _print(args, {"outcome": RunOutcome.CANCELLED, "changed": False, "message": "nothing changed"}, "nothing changed")
             return 0
     held = _rollback_freeze(args, deps)
-    result = engine.run_rollback(deps, reason=args.reason, to_version=target.version if target else None,
+    result = run_rollback(deps, reason=args.reason, to_version=target.version if target else None,
                                  revalidate=not args.no_revalidate, expected_live=live.version if live else None)
     _print(args, {**result.to_dict(), "freeze": held.to_dict() if held else None},
            f"rolled back: v{result.from_version} -> v{result.to_version} ({result.collection})"
@@ -651,7 +652,7 @@ def _rollback_freeze(args: argparse.Namespace, deps: Any) -> FreezeView | None:
     """`rollback --freeze`: the freeze goes in first, so nothing moves the alias forward between the two."""
     if not args.freeze:
         return None
-    from kb_reindex.freeze import freeze_for_rollback, operator
+    from kb_reindex.rules.freeze import freeze_for_rollback, operator
 
     return FreezeView.of(freeze_for_rollback(deps, reason=args.reason, by=operator()))
 

@@ -11,11 +11,11 @@ import re
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
-from kb_reindex.config import Settings
-from kb_reindex.embedding import make_embedder
-from kb_reindex.errors import ConfigError, KbError
-from kb_reindex.layouts import EMBED_RECIPE, embed_recipe, embedding_profile, payload_text
-from kb_reindex.store import KnowledgeStore
+from kb_reindex.services.config import Settings
+from kb_reindex.services.embedding import make_embedder
+from kb_reindex.domain.errors import ConfigError, KbError
+from kb_reindex.services.layouts import EMBED_RECIPE, embed_recipe, embedding_profile, payload_text
+from kb_reindex.services.store import KnowledgeStore
 
 
 class ReaderDeps(Protocol):
@@ -153,7 +153,7 @@ def search_knowledge(
     # this query vector with another model's collection (the previous collection is kept, so it still answers)
     hits = deps.store.search(live.collection, vector, k=k, tenant=tenant)
     if deps.settings.query_log:
-        from kb_reindex.querylog import log_search
+        from kb_reindex.steps.querylog import log_search
 
         log_search(deps, query=text, tenant=tenant, k=k, version=live.version,
                    keys=[str((h.payload or {}).get("knowledge_key")) for h in hits])

@@ -8,12 +8,12 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from kb_reindex import dag_lock
+from kb_reindex.run import dag_lock
 from kb_reindex.airflow.connections import state_url
 from kb_reindex.airflow.constants import kb_run_id
-from kb_reindex.config import Settings
-from kb_reindex.runtime import StateDeps
-from kb_reindex.state import StateStore
+from kb_reindex.services.config import Settings
+from kb_reindex.services.runtime import StateDeps
+from kb_reindex.services.state.store import StateStore
 
 log = logging.getLogger(__name__)
 

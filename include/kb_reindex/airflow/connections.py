@@ -14,10 +14,10 @@ from typing import Any, NotRequired, TypedDict
 
 from sqlalchemy.engine import URL
 
-from kb_reindex.collection_config import CollectionConfig, load_collection_config
-from kb_reindex.config import Settings, project_root, split_ollama_hosts, state_url_from_env
-from kb_reindex.errors import ConfigError
-from kb_reindex.runtime import Deps, open_deps
+from kb_reindex.services.collection_config import CollectionConfig, load_collection_config
+from kb_reindex.services.config import Settings, project_root, split_ollama_hosts, state_url_from_env
+from kb_reindex.domain.errors import ConfigError
+from kb_reindex.services.runtime import Deps, open_deps
 
 QDRANT_CONN_ID = "qdrant_default"
 STATE_CONN_ID = "kb_state"

@@ -9,7 +9,7 @@ from airflow.sdk import Asset, get_current_context
 
 #: the pool every task that writes to Qdrant takes a slot of (docker/airflow/init.sh creates it)
 POOL = "kb_qdrant_writes"
-#: what the state DB's run ids of DAG runs start with (kb_reindex.state.dag_runs reads them back)
+#: what the state DB's run ids of DAG runs start with (kb_reindex.services.state.dag_runs reads them back)
 RUN_ID_PREFIX = "airflow"
 
 ALIAS = os.environ.get("KB_ALIAS", "mall_knowledge")

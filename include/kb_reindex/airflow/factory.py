@@ -15,7 +15,7 @@ from typing import Any
 from airflow.sdk import DAG, Param, TriggerRule, dag, task
 
 from kb_reindex.airflow.constants import BUILD_SLICE_SIZE, KNOWLEDGE_ALIAS, POOL, current_run_id
-from kb_reindex.model import RunKind
+from kb_reindex.domain.model import RunKind
 
 
 def release_run_lock(context: Any) -> None:

@@ -1,4 +1,4 @@
-"""The bodies of the DAG tasks: Airflow Connections in, one kb_reindex.pipeline step each, small dicts out
+"""The bodies of the DAG tasks: Airflow Connections in, one kb_reindex.run.pipeline step each, small dicts out
 (XCom: the plan, version numbers and windows, summaries; never a vector).
 
 Every failure goes through the run recorder (`runs.Recorder.fail`, i.e. errors.classify, the one error
@@ -16,16 +16,16 @@ from typing import Any
 from airflow.sdk import get_current_context
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
-from kb_reindex import dag_lock
+from kb_reindex.run import dag_lock
 from kb_reindex.airflow.connections import state_url, task_deps, task_settings
 from kb_reindex.airflow.constants import KNOWLEDGE_ALIAS
-from kb_reindex.errors import PERMANENT, KbError, StateUnreachable, StoreError, classify
-from kb_reindex.fence import Fence
-from kb_reindex.freeze import freeze_for_rollback
-from kb_reindex.layouts import version_profile
-from kb_reindex.locking import reindex_lock_name
-from kb_reindex.model import RunKind, RunOutcome, WatchOutcome
-from kb_reindex.pipeline import (
+from kb_reindex.domain.errors import PERMANENT, KbError, StateUnreachable, StoreError, classify
+from kb_reindex.rules.fence import Fence
+from kb_reindex.rules.freeze import freeze_for_rollback
+from kb_reindex.services.layouts import version_profile
+from kb_reindex.rules.locking import reindex_lock_name
+from kb_reindex.domain.model import RunKind, RunOutcome, WatchOutcome
+from kb_reindex.run.pipeline import (
     RunRequest,
     build_step,
     build_windows,
@@ -40,10 +40,11 @@ from kb_reindex.pipeline import (
     validate_step,
     watch_step,
 )
-from kb_reindex.planning import Plan
-from kb_reindex.runs import Recorder, exclusive, run_rollback
-from kb_reindex.runtime import Deps
-from kb_reindex.state import StateStore, VersionRecord
+from kb_reindex.domain.planning import Plan
+from kb_reindex.run.runs import Recorder, exclusive, run_rollback
+from kb_reindex.services.runtime import Deps
+from kb_reindex.services.state.store import StateStore
+from kb_reindex.services.state.versions import VersionRecord
 
 __all__ = ["PERMANENT", "build_slices_task", "build_task", "cleanup_task", "create_version_task", "plan_task",
            "promote_shadow_task", "promote_task", "rollback_task", "should_build_task", "step", "task_deps",
@@ -265,7 +266,7 @@ def rollback_task(*, run_id: str, live_version: int | None, to_version: int | No
     """On-call's rollback from `live_version` (the version they saw serving) to `to_version` (default: the one
     before it): refused, moving nothing, if another version serves by the move. No reindex lock: it completes
     while a build runs, and that build's promotion then fails its compare-and-swap. `freeze`: set the
-    product's freeze before the alias moves back (kb_reindex.freeze), so no later run promotes the bad change
+    product's freeze before the alias moves back (kb_reindex.rules.freeze), so no later run promotes the bad change
     again; the result says so."""
     if not confirm:
         raise AirflowFailException("rollback not confirmed: set the 'confirm' param to true; nothing changed")

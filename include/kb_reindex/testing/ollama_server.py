@@ -109,7 +109,7 @@ class FakeModel:
 
 def hashing_model(name: str, dim: int) -> FakeModel:
     """The offline hashing embedder's vectors under `name`: lexical neighbours, no model to load."""
-    from kb_reindex.embedding import HashingEmbedder
+    from kb_reindex.services.embedding import HashingEmbedder
 
     embedder = HashingEmbedder(model=name, dim=dim)
     return FakeModel(name=name, dim=dim, embed=lambda _model, text: embedder.embed_one(text))
@@ -119,8 +119,8 @@ def e5_model(name: str = "multilingual-e5-small") -> FakeModel:
     """Real multilingual-e5-small vectors (the in-process e5 embedder's) under `name`. Each input must carry
     e5's prefix, as the client's recipe puts it (the engine embeds `query: `/`passage: ` + the rest, so the
     vector is the one the e5 embedder gives the bare text)."""
-    from kb_reindex.e5 import E5Embedder
-    from kb_reindex.layouts import E5_RECIPE
+    from kb_reindex.services.e5 import E5Embedder
+    from kb_reindex.services.layouts import E5_RECIPE
 
     embedder = E5Embedder()
     prefixes = {E5_RECIPE.query_prefix: embedder.embed_queries, E5_RECIPE.passage_prefix: embedder.embed}

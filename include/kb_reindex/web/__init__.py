@@ -1,11 +1,13 @@
-"""The "Knowledge index" page: a FastAPI app the Airflow plugin mounts on the API server.
+"""Floor 6, an edge: the "Knowledge index" page. May import every floor below, never `cli` or `airflow`.
+
+The page is a FastAPI app the Airflow plugin mounts on the API server.
 
 It shows what the alias serves, every version with its scores (table and chart) and, for a failed one, why;
 build progress, the state DB's runs, held locks and notes, the freeze, the alias history, the metrics and the
 reports; and, from Airflow, whether our DAGs are paused and their recent runs. It offers a rollback button
 (versions that served and pass the structural check), a separate shadow promotion (versions never served), a
 pause toggle for the reindex, and a freeze (Pause/Unfreeze) of the alias. The status is read-only
-(kb_reindex.pageview: never creates a state DB; answers from the state DB alone while a build holds the local
+(kb_reindex.run.pageview: never creates a state DB; answers from the state DB alone while a build holds the local
 Qdrant store).
 
 Every route is behind Airflow's login, checked by Airflow's own API dependency (`get_user`: the auth manager
@@ -21,10 +23,3 @@ Modules: `app` (the factory), `views` (the routes that read), `actions` (the rou
 they share: the settings, the typed status, errors.classify as HTTP answers), `airflow_api` (Airflow's REST API
 as the caller), `auth` (Airflow's login and authorization checks).
 """
-
-from __future__ import annotations
-
-from kb_reindex.web.airflow_api import last_error_line
-from kb_reindex.web.app import create_app
-
-__all__ = ["create_app", "last_error_line"]

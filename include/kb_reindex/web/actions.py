@@ -11,10 +11,11 @@ from typing import Any
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse
 
-from kb_reindex.config import Settings
-from kb_reindex.errors import LockHeldError
-from kb_reindex.pageview import check_rollback_target
-from kb_reindex.state import Freeze, StateStore
+from kb_reindex.services.config import Settings
+from kb_reindex.domain.errors import LockHeldError
+from kb_reindex.run.pageview import check_rollback_target
+from kb_reindex.services.state.freezes import Freeze
+from kb_reindex.services.state.store import StateStore
 from kb_reindex.web.airflow_api import PROMOTE_SHADOW_DAG, REINDEX_DAG, ROLLBACK_DAG, Triggered
 from kb_reindex.web.context import PageContext, positive_int, reason_of, refusal
 

@@ -13,7 +13,7 @@ from urllib.parse import quote
 import httpx
 from fastapi import HTTPException, Request
 
-from kb_reindex.errors import classify
+from kb_reindex.domain.errors import classify
 
 REINDEX_DAG = "knowledge_reindex"
 ROLLBACK_DAG = "knowledge_rollback"

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 from fastapi import FastAPI
 
-from kb_reindex.config import Settings
+from kb_reindex.services.config import Settings
 from kb_reindex.web.actions import add_actions
 from kb_reindex.web.airflow_api import AirflowApi
 from kb_reindex.web.auth import AirflowAuth

@@ -10,11 +10,11 @@ from typing import Any
 
 from fastapi import HTTPException
 
-from kb_reindex.config import Settings
-from kb_reindex.errors import classify
-from kb_reindex.pageview import PageStatus, read_status
-from kb_reindex.status import VersionRow
-from kb_reindex.store import describe_qdrant_failure
+from kb_reindex.services.config import Settings
+from kb_reindex.domain.errors import classify
+from kb_reindex.run.pageview import PageStatus, read_status
+from kb_reindex.run.status import VersionRow
+from kb_reindex.services.store import describe_qdrant_failure
 from kb_reindex.web.airflow_api import AirflowApi
 from kb_reindex.web.auth import AirflowAuth
 
@@ -32,7 +32,7 @@ def refusal(exc: Exception, settings: Settings, *, status: int | None = None) ->
 
 
 def page_status(settings: Settings) -> PageStatus:
-    """The page's status (kb_reindex.pageview: read-only, never creates a state DB, fast while a build holds
+    """The page's status (kb_reindex.run.pageview: read-only, never creates a state DB, fast while a build holds
     the local Qdrant store); a missing or unreadable state DB is a 503 naming KB_STATE_URL."""
     try:
         return read_status(settings)

@@ -10,9 +10,9 @@ from typing import Any
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Response
 
-from kb_reindex.config import Settings
-from kb_reindex.pageview import PageStatus
-from kb_reindex.templating import templates
+from kb_reindex.services.config import Settings
+from kb_reindex.run.pageview import PageStatus
+from kb_reindex.steps.templating import templates
 from kb_reindex.web.airflow_api import OUR_DAGS, REINDEX_DAG, AirflowApi, DagRun
 from kb_reindex.web.context import PageContext
 
@@ -125,7 +125,7 @@ def add_views(app: FastAPI, ctx: PageContext) -> None:
 
     @app.get("/reports/v{version}/{name}")
     async def report(version: int, name: str, request: Request) -> Response:
-        from kb_reindex.reports import REPORT_FILES, report_dir  # imports pandas: only when a report is asked for
+        from kb_reindex.steps.reports import REPORT_FILES, report_dir  # imports pandas: only when a report is asked for
 
         if (login := await auth.login_redirect(request)) is not None:
             return login

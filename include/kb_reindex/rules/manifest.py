@@ -1,0 +1,93 @@
+"""A version's manifest: written once by the plan's snapshot from what the plan was computed from
+(`Prepared`), and the rule that finds an unfinished (or ready, never served) version of the same plan to take
+over instead of starting again."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kb_reindex.services.corpus import CorpusScan
+from kb_reindex.services.layouts import version_profile
+from kb_reindex.domain.lifecycle import BUILDING, FAILED, READY, may_resume
+from kb_reindex.rules.locking import run_is_active
+from kb_reindex.domain.planning import Plan
+from kb_reindex.services.runtime import Deps
+from kb_reindex.services.state.manifests import ManifestChunk, ManifestDocument
+from kb_reindex.services.state.versions import VersionRecord
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """The plan plus what it was computed from (facts and references, no texts); never leaves the process.
+    Made by `plan.prepare`, snapshotted by `snapshot.snapshot_plan`."""
+
+    plan: Plan
+    scan: CorpusScan | None  # None when unchanged files were recognised without reading them (no change)
+    reuse: dict[str, str] = field(default_factory=dict)  # chunk_hash -> point id in the live collection
+    live: VersionRecord | None = None
+
+
+def same_plan(version: VersionRecord, plan: Plan) -> bool:
+    return (
+        version.kind == plan.kind
+        and version.corpus_fingerprint == plan.fingerprint
+        and (version.embedder, version.embed_model, version.chunking_version)
+        == (plan.embedder, plan.embed_model, plan.chunking_version)
+        and (plan.embed_dim is None or version.embed_dim == plan.embed_dim)
+        and (version.base_version, version.base_collection) == (plan.base_version, plan.base_collection)
+        and version.payload_layout == plan.payload_layout
+        and plan.embed_profile in (None, version_profile(version))
+    )
+
+
+def owned_by_another_active_run(deps: Deps, version: VersionRecord, run_id: str | None) -> bool:
+    if not version.run_id or version.run_id == run_id:
+        return False
+    return run_is_active(deps, version.run_id)
+
+
+def resumable(deps: Deps, plan: Plan, run_id: str | None) -> VersionRecord | None:
+    """An unfinished version of exactly this plan: rerunning continues it instead of starting over. Also
+    one built and validated but never promoted (`ready`, never served: its run was killed before the alias
+    move, Qdrant refused the move, or the alias was frozen): the rerun validates it again and promotes it,
+    embedding nothing. The plan is the same when the manifest (corpus fingerprint), the base (the live
+    version it was planned against: live now, as this plan's base is), the model, recipe and layout are.
+
+    Not one that another run is still building: two concurrent runs build two versions, and the
+    compare-and-swap lets exactly one of them be promoted.
+    """
+    for version in deps.state.list_versions(plan.alias, statuses=[BUILDING, FAILED, READY]):
+        if version.status == FAILED and not may_resume(version.status, version.failed_step):
+            continue
+        if version.status == READY and version.promoted_at is not None:  # served: a rollback target
+            continue
+        if owned_by_another_active_run(deps, version, run_id):
+            continue
+        # a forced (or migration) plan reuses nothing, so only a version built the same way fits it
+        if same_plan(version, plan) and (not plan.force_full or version.chunks_reused == 0):
+            return version
+    return None
+
+
+def write_manifest(deps: Deps, version: VersionRecord, scan: CorpusScan, reuse: dict[str, str]) -> None:
+    """The plan's documents and chunks (with the live point each reused chunk is copied from) as the version's
+    manifest, and its counts on the version row."""
+    documents = [
+        ManifestDocument(knowledge_key=d.info.knowledge_key, source=d.info.source, title=d.info.title,
+                         category=d.info.category, tenant=d.info.tenant, content_hash=d.info.content_hash,
+                         chunk_count=len(d.chunks))
+        for d in scan.documents
+    ]
+    # rows are made as they are inserted, a batch at a time, never all at once
+    chunks = (
+        ManifestChunk(point_id=c.point_id, knowledge_key=c.knowledge_key, source_point_id=reuse.get(c.chunk_hash),
+                      chunk_index=c.chunk_index, chunk_hash=c.chunk_hash)
+        for d in scan.documents for c in d.chunks
+    )
+    deps.state.write_manifest(version.id, documents, chunks)
+    total = sum(len(d.chunks) for d in scan.documents)
+    reused = sum(1 for d in scan.documents for c in d.chunks if c.chunk_hash in reuse)
+    deps.state.update_version(
+        version.id, docs_count=len(documents), points_expected=total,
+        chunks_reused=reused, chunks_embedded=total - reused,
+    )

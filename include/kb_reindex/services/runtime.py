@@ -1,0 +1,73 @@
+"""What every step needs, opened once: settings, the state DB and the Qdrant store."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+from qdrant_client import QdrantClient
+
+from kb_reindex.services.config import Settings
+from kb_reindex.services.embedding import Embedder, make_embedder
+from kb_reindex.services.state.store import StateStore
+from kb_reindex.services.state.versions import VersionRecord
+from kb_reindex.services.store import KnowledgeStore, open_store
+
+
+@dataclass
+class Deps:
+    settings: Settings
+    state: StateStore
+    store: KnowledgeStore
+    ollama_headers: dict[str, str] | None = field(default=None, repr=False)
+
+    def embedder_for(self, version: VersionRecord) -> Embedder:
+        """The model a version was built with, reached through this deployment's connection settings."""
+        return make_embedder(
+            self.settings.with_embedder(embedder=version.embedder, model=version.embed_model, dim=version.embed_dim),
+            headers=self.ollama_headers,
+        )
+
+
+@dataclass
+class StateDeps:
+    """The state DB alone: history and breaking a lock need nothing of Qdrant."""
+
+    settings: Settings
+    state: StateStore
+
+
+@dataclass
+class ReaderDeps:
+    """What reading through the alias needs: no state DB (it may be lost, locked or down)."""
+
+    settings: Settings
+    store: KnowledgeStore
+    ollama_headers: dict[str, str] | None = field(default=None, repr=False)
+
+
+@contextmanager
+def open_reader(settings: Settings, *, client: QdrantClient | None = None) -> Iterator[ReaderDeps]:
+    with open_store(settings, client=client, create=False) as store:
+        yield ReaderDeps(settings=settings, store=store)
+
+
+@contextmanager
+def open_deps(
+    settings: Settings, *, client: QdrantClient | None = None, state: StateStore | None = None, create: bool = True
+) -> Iterator[Deps]:
+    """`create=False` for read-only commands: neither a state DB nor a local Qdrant folder is made."""
+    own_state = state is None
+    state = state or StateStore(settings.state_url, create=create)
+    try:
+        with open_store(settings, client=client, create=create) as store:
+            yield Deps(settings=settings, state=state, store=store)
+    finally:
+        if own_state:
+            state.dispose()
+
+
+def new_run_id(kind: str) -> str:
+    return f"cli__{kind}__{uuid.uuid4().hex[:12]}"

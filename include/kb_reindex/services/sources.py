@@ -1,0 +1,276 @@
+"""Reading the knowledge folder: Markdown files become `Document`s with a stable key and a SHA-256.
+
+A bad file stops the run with an error naming it (the safe default): serving yesterday's complete
+knowledge is better than serving today's with a policy silently missing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import unicodedata
+from dataclasses import dataclass
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Protocol
+
+import yaml
+
+from kb_reindex.domain.errors import KnowledgeFolderMissing, SourceError
+
+FRONT_MATTER_FIELDS = ("title", "category", "tenant")
+_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when present: same rules, much faster
+# the state DB's column sizes: refuse here, with the file named, rather than fail inside MySQL
+MAX_LENGTHS = {"knowledge_key": 255, "source": 512, "title": 512, "category": 128, "tenant": 128}
+DEFAULT_CATEGORY = "general"
+DEFAULT_TENANT = "default"
+
+
+class HasContentHash(Protocol):
+    # read-only: frozen dataclasses and named tuples satisfy it
+    @property
+    def knowledge_key(self) -> str: ...
+
+    @property
+    def content_hash(self) -> str: ...
+
+
+@dataclass(frozen=True)
+class Document:
+    knowledge_key: str
+    source: str
+    title: str
+    category: str
+    tenant: str
+    body: str
+    content_hash: str
+
+
+def sha256_text(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def normalize_text(text: str) -> str:
+    """Line endings and BOM must not change a hash: the same rules saved on Windows are the same rules."""
+    return text.lstrip("\ufeff").replace("\r\n", "\n").replace("\r", "\n")
+
+
+def knowledge_key_for(source: str) -> str:
+    """`faq/退货.md` -> `faq/退货`: the path under the docs folder, POSIX separators, without the suffix."""
+    stem, dot, suffix = source.rpartition(".")
+    return unicodedata.normalize("NFC", stem if dot and "/" not in suffix else source)
+
+
+def _split_front_matter(text: str, source: str) -> tuple[dict[str, str], str]:
+    if not text.startswith("---\n"):
+        return {}, text
+    end = text.find("\n---", 4)
+    if end == -1:
+        raise SourceError(f"{source}: front matter starts with '---' but has no closing '---' line")
+    raw = text[4:end]
+    after = text[end + 4 :]
+    if after and not after.startswith("\n"):
+        raise SourceError(f"{source}: front matter closing '---' must stand alone on its line")
+    try:
+        meta = yaml.load(raw, Loader=_YAML_LOADER) if raw.strip() else {}
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 2})" if mark is not None else ""
+        raise SourceError(f"{source}: front matter is not valid YAML{where}: {getattr(exc, 'problem', exc)}") from None
+    if not isinstance(meta, dict):
+        raise SourceError(f"{source}: front matter must be a mapping of fields, got {type(meta).__name__}")
+    fields: dict[str, str] = {}
+    for name in FRONT_MATTER_FIELDS:
+        if name in meta and meta[name] is not None:
+            value = meta[name]
+            if not isinstance(value, (str, int, float)) or isinstance(value, bool) or not str(value).strip():
+                raise SourceError(f"{source}: front matter field '{name}' must be non-empty text, got {value!r}")
+            fields[name] = str(value).strip()
+    return fields, after.lstrip("\n")
+
+
+def _first_h1(body: str) -> str | None:
+    for line in body.splitlines():
+        if line.startswith("# ") and line[2:].strip():
+            return line[2:].strip()
+    return None
+
+
+def read_bytes(path: Path, source: str, *, max_bytes: int) -> bytes:
+    size = path.stat().st_size
+    if size > max_bytes:
+        raise SourceError(
+            f"{source}: file is {size:,} bytes, over the limit of {max_bytes:,} (KB_MAX_DOC_BYTES); "
+            "split it into several documents"
+        )
+    return path.read_bytes()
+
+
+def read_document(path: Path, docs_dir: Path, *, max_bytes: int) -> Document:
+    """One file to one Document, or a SourceError that says what is wrong with it."""
+    source = path.relative_to(docs_dir).as_posix()
+    return parse_document(path, source, read_bytes(path, source, max_bytes=max_bytes))
+
+
+def parse_document(path: Path, source: str, data: bytes) -> Document:
+    if b"\x00" in data:
+        raise SourceError(f"{source}: contains NUL bytes; this looks like a binary file, not Markdown")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SourceError(
+            f"{source}: not valid UTF-8 at byte {exc.start} ({data[exc.start:exc.start + 4]!r}); "
+            "save the file as UTF-8"
+        ) from None
+    text = normalize_text(text)
+    if not text.strip():
+        raise SourceError(f"{source}: file is empty or only whitespace")
+    meta, body = _split_front_matter(text, source)
+    if not body.strip():
+        raise SourceError(f"{source}: has front matter but no content")
+    document = Document(
+        knowledge_key=knowledge_key_for(source),
+        source=source,
+        title=meta.get("title") or _first_h1(body) or path.stem,
+        category=meta.get("category", DEFAULT_CATEGORY),
+        tenant=meta.get("tenant", DEFAULT_TENANT),
+        body=body,
+        content_hash=sha256_text(text),
+    )
+    for name, limit in MAX_LENGTHS.items():
+        value = getattr(document, name)
+        if len(value) > limit:
+            raise SourceError(f"{source}: {name} is {len(value)} characters, over the limit of {limit}: {value[:40]!r}...")
+    return document
+
+
+def discover(docs_dir: Path) -> tuple[list[Path], list[str]]:
+    """Markdown files under docs_dir (sorted), and a problem line for every link that cannot be followed.
+
+    A link that stays inside the folder is read as what it points to, under its own name, like any file
+    (a folder link's documents are then indexed twice, once under each path). A link leading outside the
+    folder, a link to nothing, and a folder link that loops back are refused by name: serving knowledge
+    with documents silently missing is worse than not serving the new version at all.
+    """
+    if not docs_dir.is_dir():
+        raise KnowledgeFolderMissing(f"knowledge folder {docs_dir} does not exist or is not a folder (KB_KNOWLEDGE_DIR)")
+    root = docs_dir.resolve()
+    found: list[Path] = []
+    problems: list[str] = []
+
+    def walk(folder: Path, walking: tuple[Path, ...]) -> None:
+        """`walking`: the real folders being walked, outermost first; a link back into one would loop."""
+        with os.scandir(folder) as entries:
+            names = sorted(entry.name for entry in entries if not entry.name.startswith("."))
+        for name in names:
+            path = folder / name
+            is_markdown = path.suffix.lower() == ".md"
+            if path.is_symlink():
+                source = path.relative_to(docs_dir).as_posix()
+                loop = link_loop(path)
+                if loop is not None:
+                    problems.append(f"{source}: is a link that never reaches a file ({loop}); refused")
+                    continue
+                target = path.resolve()
+                if not target.exists():
+                    if is_markdown or not path.suffix:  # a document, or most likely a folder of them
+                        problems.append(f"{source}: is a link to {target}, which does not exist; refused")
+                    continue
+                if not (target.is_dir() or is_markdown):
+                    continue
+                if not target.is_relative_to(root):
+                    problems.append(f"{source}: is a link to {target}, outside the knowledge folder {root}; refused")
+                    continue
+                if target.is_dir() and any(real.is_relative_to(target) for real in walking):
+                    problems.append(f"{source}: is a link to {target}, a folder that contains it; refused "
+                                    "(following it would never end)")
+                    continue
+            if path.is_dir():
+                walk(path, (*walking, path.resolve()))
+            elif is_markdown and path.is_file():
+                found.append(path)
+
+    walk(docs_dir, (root,))
+    return sorted(found), problems
+
+
+def link_loop(path: Path, *, limit: int = 40) -> str | None:
+    """`loop-a.md -> loop-b.md -> loop-a.md` when following the link comes back to a link already met (or
+    goes on past `limit` links), else None. Names as the links hold them."""
+    chain = [path.name]
+    seen = {os.path.abspath(path)}
+    current = path
+    for _ in range(limit):
+        try:
+            if not current.is_symlink():
+                return None
+            link = os.readlink(current)
+        except OSError:
+            return None
+        current = Path(os.path.normpath(current.parent / link))
+        chain.append(link)
+        key = os.path.abspath(current)
+        if key in seen:
+            return " -> ".join(chain)
+        seen.add(key)
+        # a link through a folder that is itself a link: leave that to resolve(), which reports its own loop
+    return " -> ".join(chain[:5]) + f" -> ... (over {limit} links)"
+
+
+def iter_corpus(docs_dir: Path, *, max_bytes: int = 2_000_000,
+                stats: dict[str, os.stat_result] | None = None) -> Iterator[Document]:
+    """Every document, one at a time in folder order, so a caller keeps only what it needs of each.
+    Errors from all files are reported together, once every file was read. `stats` collects each file's
+    stat taken before it is read (a later edit then shows as a newer mtime than the one recorded)."""
+    paths, errors = discover(docs_dir)
+    by_key: dict[str, list[str]] = {}
+    count = 0
+    for path in paths:
+        source = path.relative_to(docs_dir).as_posix()
+        try:
+            if stats is not None:
+                stats[source] = path.stat()
+            document = read_document(path, docs_dir, max_bytes=max_bytes)
+        except SourceError as exc:
+            errors.append(str(exc))
+            continue
+        except OSError as exc:  # vanished or unreadable between listing and reading
+            errors.append(f"{source}: cannot be read ({exc.strerror or type(exc).__name__})")
+            continue
+        by_key.setdefault(document.knowledge_key.casefold(), []).append(document.source)
+        count += 1
+        yield document
+    for sources in by_key.values():
+        if len(sources) > 1:
+            errors.append(f"{' and '.join(spelled_apart(sources))}: map to the same knowledge_key; rename one of them")
+    if errors:
+        raise SourceError(f"{len(errors)} knowledge document(s) cannot be indexed:\n  " + "\n  ".join(errors))
+    if not count:
+        raise SourceError(f"knowledge folder {docs_dir} holds no .md documents")
+
+
+def spelled_apart(names: list[str]) -> list[str]:
+    """Names that print alike (`café` composed, NFC, and `cafe` + a combining accent, NFD) with what tells
+    them apart: each one's Unicode form and its code points beyond ASCII."""
+    if len({unicodedata.normalize("NFC", name) for name in names}) == len(names):
+        return names  # they differ visibly (in case)
+    return [f"{name} ({unicode_form(name)}: {ascii(name)[1:-1]})" for name in names]
+
+
+def unicode_form(name: str) -> str:
+    if unicodedata.is_normalized("NFC", name):
+        return "NFC, composed" if not unicodedata.is_normalized("NFD", name) else "ASCII-only or plain"
+    return "NFD, decomposed" if unicodedata.is_normalized("NFD", name) else "mixed Unicode forms"
+
+
+def load_corpus(docs_dir: Path, *, max_bytes: int = 2_000_000) -> list[Document]:
+    """Every document, sorted by key. Errors from all files are reported together."""
+    return sorted(iter_corpus(docs_dir, max_bytes=max_bytes), key=lambda d: d.knowledge_key)
+
+
+def corpus_fingerprint(documents: Iterable[HasContentHash]) -> str:
+    """One hash for the whole corpus: equal fingerprints mean nothing to reindex."""
+    digest = hashlib.sha256()
+    for doc in sorted(documents, key=lambda d: d.knowledge_key):
+        digest.update(f"{doc.knowledge_key}\0{doc.content_hash}\n".encode())
+    return digest.hexdigest()

@@ -1,0 +1,355 @@
+"""The state DB's tables, and the upgrades that bring a state DB made by an older kb-reindex up to them.
+
+SQLite by default, MySQL/MariaDB through pymysql in production, or PostgreSQL through psycopg. The schema is
+created on first use.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import mysql, postgresql
+
+from kb_reindex.domain.errors import first_line
+
+log = logging.getLogger(__name__)
+
+metadata = sa.MetaData()
+# MySQL: exact (binary) comparison of keys, as Python compares them; 'café' and 'cafe' are two documents.
+MYSQL_TABLE: dict[str, Any] = {"mysql_charset": "utf8mb4", "mysql_collate": "utf8mb4_bin", "mariadb_charset": "utf8mb4",
+               "mariadb_collate": "utf8mb4_bin"}
+Timestamp = sa.DateTime().with_variant(mysql.DATETIME(fsp=6), "mysql", "mariadb")
+LongText = sa.Text().with_variant(mysql.LONGTEXT(), "mysql", "mariadb")
+
+versions = sa.Table(
+    "kb_versions",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("alias", sa.String(64), nullable=False),
+    sa.Column("version", sa.Integer, nullable=False),
+    sa.Column("collection", sa.String(255), nullable=False, unique=True),
+    sa.Column("status", sa.String(16), nullable=False),
+    sa.Column("kind", sa.String(16), nullable=False, server_default="reindex"),
+    sa.Column("embedder", sa.String(16), nullable=False),
+    sa.Column("embed_model", sa.String(128), nullable=False),
+    sa.Column("embed_dim", sa.Integer, nullable=False),
+    sa.Column("distance", sa.String(16), nullable=False),
+    sa.Column("chunking_version", sa.String(128), nullable=False),
+    sa.Column("corpus_fingerprint", sa.String(64), nullable=False),
+    sa.Column("base_version", sa.Integer),
+    sa.Column("base_collection", sa.String(255)),
+    sa.Column("run_id", sa.String(255)),
+    sa.Column("docs_count", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("points_expected", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("points_written", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("chunks_embedded", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("chunks_reused", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("validation", LongText),
+    sa.Column("error", sa.Text),
+    sa.Column("failed_step", sa.String(16)),
+    sa.Column("created_at", Timestamp, nullable=False),
+    sa.Column("updated_at", Timestamp, nullable=False),
+    sa.Column("ready_at", Timestamp),
+    sa.Column("promoted_at", Timestamp),
+    sa.Column("retired_at", Timestamp),
+    sa.Column("deleted_at", Timestamp),
+    # how its payloads look (kb_reindex.services.layouts) and what made its vectors (the embedding profile)
+    sa.Column("payload_layout", sa.String(64), nullable=False, server_default="native"),
+    sa.Column("embed_profile", sa.String(128)),
+    # the name of the Qdrant snapshot taken before its collection was dropped (KB_SNAPSHOT_BEFORE_DROP), and when
+    sa.Column("qdrant_snapshot", sa.String(512)),
+    sa.Column("qdrant_snapshot_at", Timestamp),
+    sa.UniqueConstraint("alias", "version", name="uq_kb_versions_alias_version"),
+    **MYSQL_TABLE,
+)
+
+manifest_documents = sa.Table(
+    "kb_manifest_documents",
+    metadata,
+    sa.Column("version_id", sa.Integer, sa.ForeignKey("kb_versions.id"), primary_key=True),
+    sa.Column("knowledge_key", sa.String(255), primary_key=True),
+    sa.Column("source", sa.String(512), nullable=False),
+    sa.Column("title", sa.String(512), nullable=False),
+    sa.Column("category", sa.String(128), nullable=False),
+    sa.Column("tenant", sa.String(128), nullable=False),
+    sa.Column("content_hash", sa.String(64), nullable=False),
+    sa.Column("chunk_count", sa.Integer, nullable=False),
+    **MYSQL_TABLE,
+)
+
+manifest_chunks = sa.Table(
+    "kb_manifest_chunks",
+    metadata,
+    sa.Column("version_id", sa.Integer, sa.ForeignKey("kb_versions.id"), primary_key=True),
+    sa.Column("point_id", sa.String(36), primary_key=True),
+    sa.Column("knowledge_key", sa.String(255), nullable=False),
+    sa.Column("chunk_index", sa.Integer, nullable=False),
+    sa.Column("chunk_hash", sa.String(64), nullable=False),
+    sa.Column("source_point_id", sa.String(36)),
+    # the row's place in manifest order (0..N-1): a build slice reads its rows by range, not the whole
+    # manifest. NULL in rows written before it existed (added by `_upgrade_schema`)
+    sa.Column("position", sa.Integer),
+    sa.Index("ix_kb_manifest_chunks_hash", "version_id", "chunk_hash"),
+    sa.Index("ix_kb_manifest_chunks_position", "version_id", "position"),
+    **MYSQL_TABLE,
+)
+
+# The plan's snapshot: what every later step needs and nothing reads from the knowledge folder again.
+# One row per version whose plan finished writing it (manifest, chunk texts, flagged lines): its presence
+# is what create_version and the build check.
+snapshots = sa.Table(
+    "kb_snapshots",
+    metadata,
+    sa.Column("version_id", sa.Integer, sa.ForeignKey("kb_versions.id"), primary_key=True),
+    sa.Column("run_id", sa.String(255)),
+    sa.Column("planned_at", Timestamp, nullable=False),
+    sa.Column("chunks_to_embed", sa.Integer, nullable=False),
+    # JSON list of {source, line, text}: instruction-like lines of the planned files, for validation
+    sa.Column("flagged", LongText, nullable=False),
+    # the golden set file as the plan checked it: the build's validation scores with it, reading no file
+    sa.Column("golden", LongText),
+    **MYSQL_TABLE,
+)
+
+# The normalised text (and section) of every chunk a version embeds, by chunk hash: shared across versions,
+# dropped with the last version that needs it (retention, drop, forget). Chunks copied from live take their
+# text from live's payload, so only what is embedded is stored.
+chunk_texts = sa.Table(
+    "kb_chunk_texts",
+    metadata,
+    sa.Column("chunk_hash", sa.String(64), primary_key=True),
+    sa.Column("section", sa.Text, nullable=False),
+    sa.Column("text", LongText, nullable=False),
+    **MYSQL_TABLE,
+)
+
+# (path, size, mtime_ns) -> content hash of every knowledge file at the last plan that read them all: a
+# plan trusts it for a file unchanged since (and modified well before the recording), and reads no file.
+file_hashes = sa.Table(
+    "kb_file_hashes",
+    metadata,
+    sa.Column("root", sa.String(64), primary_key=True),  # SHA-256 of the knowledge folder's resolved path
+    sa.Column("source", sa.String(512), primary_key=True),
+    sa.Column("size", sa.BigInteger, nullable=False),
+    sa.Column("mtime_ns", sa.BigInteger, nullable=False),
+    sa.Column("content_hash", sa.String(64), nullable=False),
+    sa.Column("recorded_ns", sa.BigInteger, nullable=False),
+    **MYSQL_TABLE,
+)
+
+runs = sa.Table(
+    "kb_runs",
+    metadata,
+    sa.Column("run_id", sa.String(255), primary_key=True),
+    sa.Column("alias", sa.String(64), nullable=False),
+    sa.Column("kind", sa.String(16), nullable=False),
+    sa.Column("trigger", sa.String(16), nullable=False),
+    sa.Column("outcome", sa.String(16), nullable=False),
+    sa.Column("version", sa.Integer),
+    sa.Column("docs_added", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("docs_changed", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("docs_unchanged", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("docs_removed", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("chunks_total", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("chunks_embedded", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("chunks_reused", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("duration_s", sa.Float),
+    sa.Column("source_changed_at", Timestamp),
+    sa.Column("error", sa.Text),
+    sa.Column("started_at", Timestamp, nullable=False),
+    sa.Column("finished_at", Timestamp),
+    **MYSQL_TABLE,
+)
+
+alias_events = sa.Table(
+    "kb_alias_events",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("alias", sa.String(64), nullable=False),
+    sa.Column("action", sa.String(16), nullable=False),
+    sa.Column("from_collection", sa.String(255)),
+    sa.Column("to_collection", sa.String(255), nullable=False),
+    sa.Column("from_version", sa.Integer),
+    sa.Column("to_version", sa.Integer),
+    sa.Column("run_id", sa.String(255)),
+    sa.Column("reason", sa.Text),
+    sa.Column("at", Timestamp, nullable=False),
+    **MYSQL_TABLE,
+)
+
+lock_events = sa.Table(
+    "kb_lock_events",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("name", sa.String(128), nullable=False),
+    sa.Column("action", sa.String(16), nullable=False),
+    sa.Column("owner", sa.String(255), nullable=False),
+    sa.Column("by", sa.String(255), nullable=False),
+    sa.Column("reason", sa.Text),
+    sa.Column("at", Timestamp, nullable=False),
+    **MYSQL_TABLE,
+)
+
+locks = sa.Table(
+    "kb_locks",
+    metadata,
+    sa.Column("name", sa.String(128), primary_key=True),
+    sa.Column("owner", sa.String(255), nullable=False),
+    sa.Column("acquired_at", Timestamp, nullable=False),
+    sa.Column("expires_at", Timestamp, nullable=False),
+    **MYSQL_TABLE,
+)
+
+# --- keep what matters: pinned versions and the audits of live against its manifest -----------------
+
+pins = sa.Table(
+    "kb_pins",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("alias", sa.String(64), nullable=False),
+    sa.Column("version", sa.Integer, nullable=False),
+    sa.Column("reason", sa.Text, nullable=False),
+    sa.Column("pinned_by", sa.String(255), nullable=False),
+    sa.Column("pinned_at", Timestamp, nullable=False),
+    sa.Column("unpinned_by", sa.String(255)),
+    sa.Column("unpinned_at", Timestamp),
+    sa.Index("ix_kb_pins_alias_version", "alias", "version"),
+    **MYSQL_TABLE,
+)
+
+audits = sa.Table(
+    "kb_audits",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("alias", sa.String(64), nullable=False),
+    sa.Column("version", sa.Integer, nullable=False),
+    sa.Column("collection", sa.String(255), nullable=False),
+    sa.Column("run_id", sa.String(255)),
+    sa.Column("expected", sa.Integer, nullable=False),
+    sa.Column("points", sa.Integer, nullable=False),
+    sa.Column("missing", sa.Integer, nullable=False),
+    sa.Column("orphans", sa.Integer, nullable=False),
+    sa.Column("at", Timestamp, nullable=False),
+    sa.Index("ix_kb_audits_alias", "alias", "id"),
+    **MYSQL_TABLE,
+)
+
+
+# --- the product's freeze: while one is in force, nothing moves the alias forward (rollbacks still run) ---
+
+# One row per freeze: set (who, when, why) and, once lifted, by whom and when; the rows are its history.
+# A state DB made before freezes gains the table at its next writing open (`create_all`); readers of an
+# older DB see no freeze (`FreezesMixin.freeze_status`).
+freezes = sa.Table(
+    "kb_freezes",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("alias", sa.String(64), nullable=False),
+    sa.Column("reason", sa.Text, nullable=False),
+    sa.Column("set_by", sa.String(255), nullable=False),
+    sa.Column("set_at", Timestamp, nullable=False),
+    sa.Column("lifted_by", sa.String(255)),
+    sa.Column("lifted_at", Timestamp),
+    sa.Index("ix_kb_freezes_alias", "alias", "id"),
+    **MYSQL_TABLE,
+)
+
+
+def code_point_order(tables: Iterable[sa.Table]) -> None:
+    """Keys compare and sort by code point on every backend, as Python sorts them (a build slice's documents
+    are a range of keys): SQLite's BINARY and MySQL's utf8mb4_bin (MYSQL_TABLE) do; on PostgreSQL each string
+    column is created COLLATE "C", whatever the database's default collation. Idempotent; called before
+    the schema is created, so it covers every table of `metadata`, wherever defined."""
+    for table in tables:
+        for column in table.c:
+            if type(column.type) is sa.String and not column.info.get("code_point_order"):
+                column.type = column.type.with_variant(postgresql.VARCHAR(column.type.length, collation="C"),
+                                                       "postgresql")
+                column.info["code_point_order"] = True
+
+
+@contextmanager
+def _schema_guard(engine: sa.Engine) -> Iterator[None]:
+    """Two processes creating one new SQLite file at once: SQLite answers one of them "database is
+    locked" at once (no busy wait when a reader would have to become a writer), so they take turns on a
+    file lock beside the database. The lock is taken before the first connection, whose WAL pragma
+    already writes to a new file; held for the schema check (milliseconds once the schema exists).
+    MySQL handles its own DDL races (see the retry in StateStore)."""
+    database = engine.url.database if engine.url.get_backend_name() == "sqlite" else None
+    if not database or database == ":memory:" or engine.url.query.get("uri"):
+        yield
+        return
+    try:
+        import fcntl
+
+        # read-only is enough for flock, so users sharing a group-writable DB folder do not lock each other out
+        handle = os.open(f"{database}.schema-lock", os.O_RDONLY | os.O_CREAT, 0o666)
+    except (ImportError, OSError) as exc:
+        log.warning("kb_reindex: no schema lock beside %s (%s); creating the schema without it", database, exc)
+        yield
+        return
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(handle)  # releases the lock
+
+
+#: columns added after their table first shipped: a state DB made by an older kb-reindex gains them at open
+#: (nullable or with a default, so its rows stay valid), with the indexes that use them
+ADDED_COLUMNS = ((versions, "payload_layout"), (versions, "embed_profile"), (manifest_chunks, "position"),
+                 (versions, "qdrant_snapshot"), (versions, "qdrant_snapshot_at"))
+
+
+def _upgrade_schema(engine: sa.Engine, *, tables: tuple[sa.Table, ...] | None = None) -> None:
+    """Add the columns (and their indexes) of ADDED_COLUMNS an existing state DB lacks: `create_all` makes
+    missing tables only. `tables`: only these (a read-only command upgrades what it reads). Idempotent;
+    two processes racing here: the loser's ALTER fails and is re-checked."""
+    def has_column(table: sa.Table, name: str) -> bool:
+        return name in {c["name"] for c in sa.inspect(engine).get_columns(table.name)}
+
+    for table, name in ADDED_COLUMNS:
+        if (tables is not None and table not in tables) or has_column(table, name):
+            continue
+        ddl = sa.schema.CreateColumn(table.c[name]).compile(dialect=engine.dialect)
+        try:
+            with engine.begin() as conn:
+                conn.execute(sa.text(f"ALTER TABLE {table.name} ADD COLUMN {ddl}"))
+        except sa.exc.DBAPIError:
+            if not has_column(table, name):
+                raise
+        log.info("kb_reindex: state DB upgraded: %s.%s added", table.name, name)
+        for index in table.indexes:
+            if name in index.columns.keys():
+                try:
+                    index.create(engine, checkfirst=True)
+                except sa.exc.DBAPIError:
+                    if index.name not in {i["name"] for i in sa.inspect(engine).get_indexes(table.name)}:
+                        raise
+
+
+def ensure_table(engine: sa.Engine, table: sa.Table) -> None:
+    """Create `table` in a state DB opened read-only (`create=False`) that predates it, for a command that
+    writes only there (`kb-reindex freeze`): the DB exists, so a typo in KB_STATE_URL still makes nothing.
+    Two processes racing here: the loser's CREATE fails and is re-checked."""
+    try:
+        table.create(engine, checkfirst=True)
+    except sa.exc.DBAPIError:
+        if not sa.inspect(engine).has_table(table.name):
+            raise
+
+
+def _table_missing(exc: sa.exc.DBAPIError, table: str) -> bool:
+    """SQLite: "no such table: t"; MySQL/MariaDB 1146: "Table 'db.t' doesn't exist". The schema gains a
+    table at the next writing command (create_all); read-only commands never create one."""
+    text = str(exc.orig)
+    return table in text and ("no such table" in text or "doesn't exist" in text)
+
+
+
+_first_line = first_line  # the name the state modules import

@@ -1,0 +1,265 @@
+"""Validation reports on disk (CSV for tools, Markdown for people, HTML from the Jinja2 templates in
+`templates/`), built with pandas. `report_dir` is the one place their folder is computed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from kb_reindex.services.state.versions import VersionRecord
+from kb_reindex.steps.templating import templates
+from kb_reindex.domain.validation_model import ReplayReport, ValidationResult
+
+#: the files a validation writes into its report folder (and the only ones the page serves)
+REPORT_FILES = ("validation.html", "validation.md", "validation.csv")
+
+
+def report_dir(reports_dir: Path, alias: str, version: int) -> Path:
+    """`<KB_REPORTS_DIR>/<alias>/v<N>`: where the reports of one version live, for writers and the page alike."""
+    return reports_dir / alias / f"v{version}"
+
+
+MODELS_NOTE = ("A migration: live and the candidate scored on the same golden probes, each with its own model "
+               "(the per-probe ranks are under Golden probes). Only the absolute thresholds gate across models.")
+
+
+def models_frame(version: VersionRecord, result: ValidationResult) -> pd.DataFrame | None:
+    """Live's model and the candidate's, their golden-set scores in one table: what a team deciding a
+    migration compares. None unless the two versions have different models."""
+    if result.compared_as != "side_by_side":
+        return None
+    probes = result.probes
+    rows = [
+        {"version": f"live v{result.live_version}", "embedder": result.live_embedder,
+         "model": result.live_embed_model, "dim": result.live_embed_dim,
+         f"hit@{result.k}": result.live_hit_rate, "MRR": result.live_mrr,
+         "probes hit": sum(1 for p in probes if p.rank_live is not None)},
+        {"version": f"candidate v{version.version}", "embedder": version.embedder, "model": version.embed_model,
+         "dim": version.embed_dim, f"hit@{result.k}": result.hit_rate, "MRR": result.mrr,
+         "probes hit": sum(1 for p in probes if p.rank_candidate is not None)},
+    ]
+    return pd.DataFrame(rows)
+
+
+def _table(frame: pd.DataFrame, **options: Any) -> Any:
+    """pandas' HTML table (it escapes cell text itself), marked safe for the templates."""
+    from markupsafe import Markup
+
+    return Markup(frame.to_html(index=False, **options))
+
+
+def write_validation_report(reports_dir: Path, version: VersionRecord, result: ValidationResult) -> Path:
+    """Write `<reports>/<alias>/v<N>/validation.{csv,md}` and return the Markdown path."""
+    folder = report_dir(reports_dir, version.alias, version.version)
+    folder.mkdir(parents=True, exist_ok=True)
+    probes = _probe_frame(result, ["probe", "query", "expected", "rank_live", "rank_candidate", "hit", "regression",
+                                   "top"])
+    probes.to_csv(folder / "validation.csv", index=False)
+    checks = _check_frame(result)
+    thresholds = result.thresholds
+    lines = [
+        f"# Validation of {version.alias} v{version.version}",
+        "",
+        f"- collection: `{version.collection}`",
+        f"- model: `{version.embed_model}` ({version.embed_dim}-d, {version.distance})",
+        f"- result: **{'PASSED' if result.passed else 'FAILED'}**",
+        f"- hit@{result.k}: {result.hit_rate:.3f} (min {thresholds.min_hit_rate})"
+        + (f", live v{result.live_version} ({result.live_embed_model}): {result.live_hit_rate:.3f}" if result.live_version else ""),
+        f"- MRR: {result.mrr:.3f} (min {thresholds.min_mrr})"
+        + (f", live: {result.live_mrr:.3f}" if result.live_version else ""),
+        f"- regressions: {result.regressions} (max {thresholds.max_regressions})",
+        "",
+    ]
+    if result.failures:
+        lines += ["## Failures", ""] + [f"- {f}" for f in result.failures] + [""]
+    models = models_frame(version, result)
+    if models is not None:
+        lines += ["## Models side by side", "", MODELS_NOTE, "", _markdown(models), ""]
+    lines += gates_markdown(result)
+    lines += ["## Structural checks", "", _markdown(checks), "", "## Golden probes", "",
+              _markdown(probes.drop(columns=["top"])), ""]
+    flagged = list(result.flagged_instructions)
+    lines += [f"## Instruction-like text ({len(flagged)})", ""]
+    if flagged:
+        lines += ["Knowledge text is data: these lines are listed for review and are not acted on.", "",
+                  _markdown(pd.DataFrame(flagged, columns=["source", "line", "text"])), ""]
+    else:
+        lines += ["None found.", ""]
+    lines += replay_markdown(result.replay)
+    path = folder / "validation.md"
+    path.write_text("\n".join(lines), encoding="utf-8")
+    return path
+
+
+def write_html_report(reports_dir: Path, version: VersionRecord, result: ValidationResult,
+                      history: list[dict[str, Any]]) -> Path:
+    """`validation.html`: the same tables, plus hit rate and MRR across versions as an embedded plot."""
+    import base64
+    import io
+
+    from markupsafe import Markup
+
+    folder = report_dir(reports_dir, version.alias, version.version)
+    folder.mkdir(parents=True, exist_ok=True)
+    figure = score_figure(version.alias, history, k=result.k, min_hit_rate=result.thresholds.min_hit_rate)
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png")
+    import matplotlib.pyplot as plt
+
+    plt.close(figure)
+    plot = base64.b64encode(buffer.getvalue()).decode("ascii")
+    probes = _probe_frame(result, ["probe", "query", "expected", "rank_live", "rank_candidate", "hit", "regression"])
+    checks = _check_frame(result)
+    flagged = pd.DataFrame(list(result.flagged_instructions), columns=["source", "line", "text"])
+    models = models_frame(version, result)
+    body = templates().get_template("validation.html.j2").render(
+        models=None if models is None else _table(models), models_note=MODELS_NOTE,
+        version=version, result=result, verdict="PASSED" if result.passed else "FAILED", plot=plot,
+        gates=gates_html(result), checks=_table(checks), probes=_table(probes, na_rep="-"),
+        flagged_count=len(flagged), flagged=_table(flagged) if len(flagged) else None,
+        replay=Markup(replay_html(result.replay)))
+    path = folder / "validation.html"
+    path.write_text(body, encoding="utf-8")
+    return path
+
+
+CATEGORY_COLUMNS = ["category", "probes", "hit_rate", "live_hit_rate", "hit_rate_drop", "mrr", "live_mrr", "dropped"]
+
+
+def _category_frame(result: ValidationResult) -> pd.DataFrame:
+    return pd.DataFrame([c.to_dict() for c in result.by_category], columns=CATEGORY_COLUMNS)
+
+
+def _check_frame(result: ValidationResult) -> pd.DataFrame:
+    return pd.DataFrame([c.to_dict() for c in result.checks], columns=["check", "passed", "detail"])
+
+
+def _paired_line(result: ValidationResult) -> str | None:
+    paired = result.paired
+    if not paired:
+        return None
+    return (f"{paired.test} against live v{result.live_version}: {paired.better} better, "
+            f"{paired.worse} worse, {paired.ties} tied of {paired.pairs}; p(worse)={paired.p_worse}, "
+            f"p(better)={paired.p_better} (alpha {paired.alpha}): {paired.verdict}")
+
+
+def gates_markdown(result: ValidationResult) -> list[str]:
+    """Per-category scores (margin beside them) and the paired test beside the thresholds."""
+    margin = result.thresholds.max_category_drop
+    lines = [f"## Categories (max hit-rate drop against live: {margin})", "", _markdown(_category_frame(result)), ""]
+    paired = _paired_line(result)
+    lines += ["## Paired comparison with live", "", paired or "No live version to compare with.", ""]
+    return lines
+
+
+def gates_html(result: ValidationResult) -> str:
+    from markupsafe import Markup
+
+    frame = _category_frame(result)
+    return Markup(templates().get_template("_gates.html.j2").render(
+        margin=result.thresholds.max_category_drop,
+        categories=_table(frame, na_rep="-") if len(frame) else None, paired=_paired_line(result)))
+
+
+def score_figure(alias: str, history: list[dict[str, Any]], *, k: int, min_hit_rate: float) -> Any:
+    """Hit rate and MRR by version. The x axis shows whole versions only: matplotlib's integer locator falls
+    back to fractional ticks (v0.950, v0.975, ...) when fewer than two integers lie in view, as with one version."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import matplotlib.ticker
+
+    points = sorted((h for h in history if h.get("hit_rate") is not None), key=lambda h: h["version"])
+    versions = [p["version"] for p in points]
+    figure, axis = plt.subplots(figsize=(6.4, 3.2), dpi=100)
+    axis.plot(versions, [p["hit_rate"] for p in points], marker="o", label=f"hit@{k}")
+    axis.plot(versions, [p["mrr"] for p in points], marker="s", label="MRR")
+    axis.axhline(min_hit_rate, linestyle=":", color="grey")
+    axis.set_xlabel("version")
+    if versions:
+        axis.set_xlim(min(versions) - 0.5, max(versions) + 0.5)
+    if len(versions) <= 12:
+        axis.xaxis.set_major_locator(matplotlib.ticker.FixedLocator(versions))
+    else:
+        axis.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True, min_n_ticks=1))
+    axis.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda value, _pos: f"v{value:.0f}"))
+    axis.set_ylim(0, 1.05)
+    axis.set_title(f"{alias}: golden-set scores by version")
+    axis.legend(loc="lower right")
+    figure.tight_layout()
+    return figure
+
+
+def _probe_frame(result: ValidationResult, columns: list[str]) -> pd.DataFrame:
+    """Ranks as whole numbers: a rank column with a miss (None) would otherwise become float (`1.0`)."""
+    frame = pd.DataFrame([p.to_dict() for p in result.probes], columns=columns)
+    for name in ("rank_live", "rank_candidate"):
+        frame[name] = frame[name].astype("Int64")
+    return frame
+
+
+def _markdown(frame: pd.DataFrame) -> str:
+    """A pipe table without the optional `tabulate` dependency."""
+    if frame.empty:
+        return "(none)"
+    header = "| " + " | ".join(str(c) for c in frame.columns) + " |"
+    rule = "|" + "|".join("---" for _ in frame.columns) + "|"
+    rows = ["| " + " | ".join("" if pd.isna(v) else " ".join(str(v).splitlines()).replace("|", "\\|")
+                              for v in row) + " |"
+            for row in frame.itertuples(index=False)]
+    return "\n".join([header, rule, *rows])
+
+
+def _replay_rows(report: ReplayReport) -> pd.DataFrame:
+    """The replay's per-query rows, the query cut to 80 characters and ranks as whole numbers."""
+    rows = pd.DataFrame([q.to_dict() for q in report.per_query], columns=["log_id", "query", "tenant", "overlap", "live_top", "top_changed",
+                                                      "rank_candidate", "rank_change", "lost_top_hit", "empty_live",
+                                                      "empty_candidate"])
+    rows["query"] = rows["query"].map(lambda q: q if len(q) <= 80 else q[:79] + "…")
+    for name in ("rank_candidate", "rank_change"):
+        rows[name] = rows[name].astype("Int64")
+    return rows
+
+
+def _replay_verdict(report: ReplayReport) -> str:
+    return ("PASSED" if report.passed else "FAILED") if report.gated else "reported, not gated (another model)"
+
+
+def _rate(value: Any) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+def replay_html(report: ReplayReport | None) -> str:
+    """The replay of logged queries (kb_reindex.steps.replay): totals, thresholds and the worst queries first.
+    Logged query text is personal data; it is shown here as it is in the state DB, cut to 80 characters."""
+    from markupsafe import Markup
+
+    values: dict[str, Any] = {"report": report, "skipped": None}
+    if report is not None and report.skipped is not None:
+        values["skipped"] = report.skipped
+    elif report is not None:
+        values.update(verdict=_replay_verdict(report), thresholds=report.thresholds, rate=_rate,
+                      rows=_table(_replay_rows(report), na_rep="-"))
+    return Markup(templates().get_template("_replay.html.j2").render(**values))
+
+
+def replay_markdown(report: ReplayReport | None) -> list[str]:
+    """The replay section of validation.md: the same totals and rows as the HTML report's."""
+    title = "## Replay of logged queries"
+    if report is None:
+        return [title, "", "Not run (the structural checks failed).", ""]
+    if report.skipped is not None:
+        return [title, "", f"Skipped: {report.skipped}.", ""]
+    thresholds = report.thresholds
+    return [f"{title}: {_replay_verdict(report)}", "",
+            f"- {report.queries} queries on live v{report.live_version} and on this version",
+            f"- mean top-k overlap: {_rate(report.mean_overlap)}",
+            f"- empty results: {_rate(report.empty_live)} on live, {_rate(report.empty_candidate)} here "
+            f"(max +{thresholds['max_empty_increase']})",
+            f"- live's top hit, a document this run did not change, lost from the top k: {report.lost_top_hits} of "
+            f"{report.unchanged_top_hits} queries (max share {thresholds['max_lost_top_hits']})",
+            f"- document(s) changed by this run: {report.changed_documents}", "",
+            _markdown(_replay_rows(report)), ""]

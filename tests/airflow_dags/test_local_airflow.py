@@ -1,0 +1,317 @@
+"""`make airflow`: the DAGs under a real scheduler, started by scripts/airflow.sh on a free port.
+
+Not `dag.test()`: the api-server, scheduler, dag-processor and triggerer run as they would on a laptop
+(LocalExecutor, SQLite), each task in a process of its own that reports through the execution API. One
+Airflow serves the whole module (starting it is the slow part), against our Qdrant-protocol server with
+KB_BUILD_PARALLELISM=2, so build slices can write at once as on a Qdrant server in production.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+import pytest
+
+from conftest import REPO
+
+BIN = Path(sys.executable).parent
+#: how often a wait asks the REST API again: a task's state changes within a second or two of the scheduler's loop
+POLL_S = 0.5
+#: the test stacks' Airflow settings beside the script's: no daily run (unpausing starts none, so a test's runs are
+#: its own), and the DAG files parsed once at start, not again every 30 s (they do not change; on a 2-core machine
+#: the re-parsing competes with the tasks)
+TEST_STACK_ENV = {"KB_REINDEX_SCHEDULE": "", "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "600"}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LocalAirflow:
+    """The REST API of the Airflow the script started, signed in as the admin it printed."""
+
+    def __init__(self, base: str, home: Path, env: dict[str, str]) -> None:
+        self.base, self.home, self.env = base, home, env
+        user, password = next(iter(json.loads((home / "simple_auth_manager_passwords.json.generated")
+                                              .read_text(encoding="utf-8")).items()))
+        self.http = httpx.Client(base_url=f"{base}/api/v2", timeout=30)
+        token = httpx.post(f"{base}/auth/token", json={"username": user, "password": password}, timeout=30)
+        self.http.headers["Authorization"] = f"Bearer {token.json()['access_token']}"
+
+    def logs(self) -> str:
+        run = self.home / "run"
+        return "\n".join(f"--- {name}.log\n" + (run / f"{name}.log").read_text(errors="replace")[-2000:]
+                         for name in ("scheduler", "dag-processor", "api-server"))
+
+    def wait(self, what: str, check, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not check():
+            assert time.monotonic() < deadline, f"{what}: not within {timeout_s:.0f} s\n{self.logs()}"
+            time.sleep(POLL_S)
+
+    def trigger(self, dag_id: str, conf: dict | None = None) -> str:
+        self.wait(f"{dag_id} parsed", lambda: self.http.get(f"/dags/{dag_id}").status_code == 200, 120)
+        assert self.http.patch(f"/dags/{dag_id}", json={"is_paused": False}).status_code == 200
+        answer = self.http.post(f"/dags/{dag_id}/dagRuns", json={"logical_date": None, "conf": conf or {}})
+        assert answer.status_code == 200, answer.text
+        return answer.json()["dag_run_id"]
+
+    def wait_for_success(self, dag_id: str, run_id: str, timeout_s: float) -> None:
+        url = f"/dags/{dag_id}/dagRuns/{quote(run_id, safe='')}"
+
+        def finished() -> bool:
+            state = self.http.get(url).json()["state"]
+            if state == "failed":
+                tasks = self.http.get(f"{url}/taskInstances").json()["task_instances"]
+                pytest.fail(f"{dag_id} {run_id} failed: {[(t['task_id'], t['state']) for t in tasks]}\n{self.logs()}")
+            return state == "success"
+
+        self.wait(f"{dag_id} {run_id} succeeded", finished, timeout_s)
+
+    def idle(self, dag_id: str) -> bool:
+        runs = self.http.get(f"/dags/{dag_id}/dagRuns").json()["dag_runs"]
+        return all(run["state"] in ("success", "failed") for run in runs)
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The shipped knowledge in a project of the module's own: every test here talks to one Airflow."""
+    root = tmp_path_factory.mktemp("airflow-project")
+    shutil.copytree(REPO / "knowledge", root / "knowledge")
+    return root
+
+
+@pytest.fixture(scope="module")
+def qdrant(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    from kb_reindex.testing.qdrant_server import FakeQdrantServer
+
+    with FakeQdrantServer(tmp_path_factory.mktemp("qdrant-server")) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def local_airflow(project: Path, qdrant: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalAirflow]:
+    """scripts/airflow.sh with its home and the project under a temporary folder (never the checkout's
+    .airflow/ or .kb/), the store our Qdrant-protocol server, two slots in the write pool."""
+    from kb_reindex.services.state.store import StateStore
+
+    tmp_path = tmp_path_factory.mktemp("local-airflow")
+    port = free_port()
+    # the state DB's schema, so `kb-reindex plan` can size the first run's slices (a DAG run creating the state DB
+    # of a fresh install is test_dags.py's)
+    (project / ".kb").mkdir(exist_ok=True)
+    StateStore(f"sqlite:///{project / '.kb' / 'state.db'}").dispose()
+    env = {name: value for name, value in os.environ.items() if not name.startswith("AIRFLOW")}
+    env.update(AIRFLOW_HOME=str(tmp_path / "airflow-home"), KB_PROJECT_ROOT=str(project),
+               KB_AIRFLOW_PORT=str(port), PATH=f"{BIN}:{env.get('PATH', '')}", KB_QDRANT_URL=qdrant.url,
+               KB_BUILD_PARALLELISM="2", **TEST_STACK_ENV)
+    try:
+        started = subprocess.run(["bash", str(REPO / "scripts" / "airflow.sh")], env=env, capture_output=True,
+                                 text=True, timeout=240)
+        assert started.returncode == 0, started.stdout + started.stderr
+        assert f"http://127.0.0.1:{port}" in started.stdout and "admin / " in started.stdout, started.stdout
+        yield LocalAirflow(f"http://127.0.0.1:{port}", tmp_path / "airflow-home", env)
+    finally:
+        stopped = subprocess.run(["bash", str(REPO / "scripts" / "airflow-stop.sh")], env=env, capture_output=True,
+                                 text=True, timeout=120)
+        assert stopped.returncode == 0, stopped.stderr
+        assert not list((tmp_path / "airflow-home" / "run").glob("*.pid"))
+
+
+def kb(env: dict[str, str], *argv: str) -> dict:
+    """`kb-reindex` with the environment the Airflow tasks had: the same project, state and store."""
+    done = subprocess.run([str(BIN / "kb-reindex"), *argv, "--json", "-q"], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.stdout, done.stderr[-2000:]
+    return json.loads(done.stdout)
+
+
+@pytest.mark.airflow
+def test_make_airflow_builds_two_slices_at_once_like_a_serial_build_then_rolls_back_under_the_real_scheduler(
+        local_airflow: LocalAirflow, project: Path, qdrant: Any) -> None:
+    """The first knowledge_reindex run under the real scheduler, in two mapped build slices: KB_BUILD_PARALLELISM=2
+    gives the pool two slots, and the first upsert of the build waits at Qdrant for a second one (which only
+    another slice can send: a slice writes its batches one after another); the request log shows the two in
+    flight together. The version they build equals a serial build of the same files (the CLI, one process): same
+    IDs, vectors, payloads. Then the CLI promotes an edit (same state, same store) and knowledge_rollback rolls it
+    back, freezing the alias."""
+    airflow = local_airflow
+    assert airflow.http.get("/pools/kb_qdrant_writes").json()["slots"] == 2
+    total = kb(airflow.env, "plan")["chunks"]["total"]
+    assert total >= 4
+
+    met, arrivals, guard = threading.Barrier(2, timeout=120), [], threading.Lock()
+    real_call = qdrant._backend_call
+
+    def first_two_upserts_meet(op: str, params: dict, query: dict, body: Any, record: Any = None) -> Any:
+        if op == "upsert":
+            with guard:
+                arrivals.append(time.monotonic())
+                waits = len(arrivals) <= 2
+            if waits:
+                met.wait()  # BrokenBarrierError (answered 500) if no second slice writes meanwhile
+        return real_call(op, params, query, body, record)
+
+    qdrant.clear_requests()
+    qdrant._backend_call = first_two_upserts_meet
+    try:
+        # the module's Airflow has no schedule (KB_REINDEX_SCHEDULE empty): unpausing starts no run of its own
+        run_id = airflow.trigger("knowledge_reindex", {"build_slice_size": math.ceil(total / 2)})
+        airflow.wait_for_success("knowledge_reindex", run_id, 300)
+    finally:
+        qdrant._backend_call = real_call
+    tasks = airflow.http.get(f"/dags/knowledge_reindex/dagRuns/{quote(run_id, safe='')}/taskInstances").json()
+    assert sorted(t["state"] for t in tasks["task_instances"] if t["task_id"] == "build") == ["success", "success"]
+    assert not met.broken
+    assert airflow.idle("knowledge_reindex")
+
+    status = kb(airflow.env, "status")
+    assert status["live"]["version"] == 1 and status["problems"] == []
+    assert kb(airflow.env, "history")["events"][0]["run_id"].startswith("airflow__knowledge_reindex__")
+    parallel = status["live"]["collection"]
+    upserts = [r for r in qdrant.requests() if r.op == "upsert" and r.collection == parallel and r.status == 200]
+    assert any(a.at < b.at + b.handle_s and b.at < a.at + a.handle_s
+               for i, a in enumerate(upserts) for b in upserts[i + 1:]), "no two upserts were in flight together"
+
+    serial = kb({**airflow.env, "KB_ALIAS": "serial_check"}, "run", "--force-full")
+    assert serial["outcome"] == "promoted", serial
+    built, reference = points(qdrant.url, parallel), points(qdrant.url, serial["collection"])
+    assert len(built) == total and built.keys() == reference.keys()
+    for point_id, (vector, payload) in built.items():
+        ref_vector, ref_payload = reference[point_id]
+        assert vector == pytest.approx(ref_vector, abs=1e-6), point_id
+        # each names its own version number; everything else is the same
+        assert {**payload, "version": None} == {**ref_payload, "version": None}, point_id
+
+    doc = project / "knowledge" / "docs" / "coupon-rules.md"
+    doc.write_text(doc.read_text(encoding="utf-8") + "\n\n补充：限时活动券不可叠加。\n", encoding="utf-8")
+    assert kb(airflow.env, "run")["outcome"] == "promoted"
+    assert kb(airflow.env, "status")["live"]["version"] == 2
+
+    run_id = airflow.trigger("knowledge_rollback", {"reason": "local airflow check", "confirm": True, "to_version": None,
+                                                    "live_version": 2})
+    airflow.wait_for_success("knowledge_rollback", run_id, 120)
+    status = kb(airflow.env, "status")
+    assert status["live"]["version"] == 1
+    assert {v["version"]: v["status"] for v in status["versions"]}[2] == "retired"
+    last = kb(airflow.env, "history")["events"][-1]
+    assert (last["action"], last["reason"]) == ("rollback", "local airflow check")
+    assert last["run_id"].startswith("airflow__knowledge_rollback__")
+    # the rollback froze the alias (its `freeze` Param is on by default); lifted here for the tests that follow
+    assert status["freeze"]["set_by"].startswith("knowledge_rollback (airflow__knowledge_rollback__"), status["freeze"]
+    kb(airflow.env, "unfreeze")
+    assert kb(airflow.env, "status")["freeze"] is None
+
+
+def points(url: str, collection: str) -> dict[str, tuple[list[float], dict]]:
+    """Every point of `collection`: its vector and payload by ID."""
+    from qdrant_client import QdrantClient
+
+    client = QdrantClient(url=url, timeout=60)
+    found, offset = {}, None
+    try:
+        while True:
+            page, offset = client.scroll(collection, limit=256, offset=offset, with_vectors=True, with_payload=True)
+            found.update({str(p.id): (p.vector, p.payload) for p in page})
+            if offset is None:
+                return found
+    finally:
+        client.close()
+
+
+def finished_state(airflow: LocalAirflow, dag_id: str, run_id: str, timeout_s: float) -> str:
+    url = f"/dags/{dag_id}/dagRuns/{quote(run_id, safe='')}"
+    airflow.wait(f"{dag_id} {run_id} finished", lambda: airflow.http.get(url).json()["state"] in ("success", "failed"),
+                 timeout_s)
+    return airflow.http.get(url).json()["state"]
+
+
+class UpsertHold:
+    """Every upsert waits at our Qdrant server until released: a build held mid-way under the real scheduler."""
+
+    def __init__(self, qdrant: Any) -> None:
+        self.qdrant, self.real = qdrant, qdrant._backend_call
+        self.held, self.open = threading.Event(), threading.Event()
+
+    def __enter__(self) -> UpsertHold:
+        def held_call(op: str, params: dict, query: dict, body: Any, record: Any = None) -> Any:
+            if op == "upsert" and not self.open.is_set():
+                self.held.set()
+                self.open.wait(300)
+            return self.real(op, params, query, body, record)
+
+        self.qdrant._backend_call = held_call
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.open.set()
+        self.qdrant._backend_call = self.real
+
+
+@pytest.mark.airflow
+def test_a_rollback_completes_while_a_reindex_builds_and_a_run_marked_failed_loses_its_lock(
+        local_airflow: LocalAirflow, project: Path, qdrant: Any) -> None:
+    """knowledge_rollback during a knowledge_reindex build held at Qdrant: it completes (no reindex lock, not in
+    the build's pool); the build's promotion then fails its compare-and-swap and keeps its version `ready`. A
+    rollback confirmed against a version no longer live is refused. A reindex run marked failed through the
+    REST API (no task callback fires) loses its lock at once: the CLI's next run takes it over."""
+    airflow = local_airflow
+    airflow.wait("knowledge_reindex parsed", lambda: airflow.http.get("/dags/knowledge_reindex").status_code == 200, 120)
+    if airflow.http.get("/dags/knowledge_reindex").json()["is_paused"]:
+        airflow.wait_for_success("knowledge_reindex", airflow.trigger("knowledge_reindex"), 180)
+    airflow.wait("every knowledge_reindex run finished", lambda: airflow.idle("knowledge_reindex"), 120)
+    env = {**airflow.env, "KB_LOCK_WAIT": "0",
+           "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{airflow.home / 'airflow.db'}"}
+    doc = project / "knowledge" / "docs" / "shipping-policy.md"
+    doc.write_text(doc.read_text(encoding="utf-8") + "\n\n补充：偏远地区另计。\n", encoding="utf-8")
+    assert kb(env, "run")["outcome"] == "promoted"  # a version to roll back to: the one live before this
+    live = kb(env, "status")["live"]["version"]
+    target = kb(env, "status")["rollback_target"]
+    assert target is not None and target < live
+
+    with UpsertHold(qdrant) as hold:
+        build = airflow.trigger("knowledge_reindex", {"force_full_rebuild": True})
+        assert hold.held.wait(240), f"the build never wrote\n{airflow.logs()}"
+        # no freeze here: the build's promotion must meet the moved alias (its compare-and-swap), not a freeze
+        rollback = airflow.trigger("knowledge_rollback", {"reason": "bad during a build", "confirm": True,
+                                                          "live_version": live, "freeze": False})
+        airflow.wait_for_success("knowledge_rollback", rollback, 180)
+        assert not hold.open.is_set(), "the rollback completed while the build was held"
+        assert kb(env, "status")["live"]["version"] == target
+        stale = airflow.trigger("knowledge_rollback", {"reason": "stale page", "confirm": True, "live_version": live,
+                                                       "freeze": False})
+        assert finished_state(airflow, "knowledge_rollback", stale, 180) == "failed"
+        assert kb(env, "status")["live"]["version"] == target, "a stale confirmation moved nothing"
+    assert finished_state(airflow, "knowledge_reindex", build, 300) == "failed"
+    status = kb(env, "status")
+    built = max(v["version"] for v in status["versions"])
+    assert status["live"]["version"] == target
+    assert {v["version"]: v["status"] for v in status["versions"]}[built] == "ready", "kept unpromoted, not failed"
+    assert status["locks"] == []
+
+    # on-call marks a running reindex failed in the UI: no task callback fires, yet the lock is dead at once
+    with UpsertHold(qdrant) as hold:
+        stuck = airflow.trigger("knowledge_reindex", {"force_full_rebuild": True})
+        assert hold.held.wait(240), f"the build never wrote\n{airflow.logs()}"
+        url = f"/dags/knowledge_reindex/dagRuns/{quote(stuck, safe='')}"
+        assert airflow.http.patch(url, json={"state": "failed"}).status_code == 200
+        hold.open.set()  # the CLI's own build must write; the stuck task, if still alive, is fenced
+        run = kb(env, "run")
+        assert run["outcome"] in ("promoted", "no_change"), run.get("error")
+    takeover = [e for e in kb(env, "history")["events"] if e["action"] == "lock-takeover"][-1]
+    assert stuck in takeover["reason"] and "its DAG run is failed in Airflow" in takeover["reason"]

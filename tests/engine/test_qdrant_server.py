@@ -1,0 +1,307 @@
+"""kb-reindex over the wire: the real remote QdrantClient (REST) against the Qdrant-protocol test double.
+
+The double runs as a separate process (``python -m kb_reindex.testing.qdrant_server``) on one local-mode
+folder, so several kb-reindex processes can share it, and it can be killed and restarted on the same port.
+What it cannot show: a real server's indexing, sharding or durability; every request is serialised.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from qdrant_client import QdrantClient, models
+from qdrant_client.http.exceptions import UnexpectedResponse
+
+
+from kb_reindex.run.pipeline import run_reindex
+
+from kb_reindex.run.runs import run_rollback
+from kb_reindex.services.config import Settings
+from kb_reindex.domain.errors import ConfigError, StoreError
+from kb_reindex.reader import search_knowledge
+from kb_reindex.services.runtime import open_deps
+from kb_reindex.services.store import open_store
+from kb_reindex.testing.qdrant_server import FakeQdrantServer, QdrantServerProcess, server_version, start_process
+from kb_reindex.run.status import status_view
+
+from conftest import settings_for
+
+ALIAS = "mall_knowledge"
+API_KEY = "kb-test-secret-4711"
+CLI = Path(sys.executable).with_name("kb-reindex")
+# the double speaks plain http on loopback; the client's warning about the key is expected here
+pytestmark = pytest.mark.filterwarnings("ignore:Api key is used with an insecure connection")
+
+
+# --- fixture -------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def qdrant_server(tmp_path: Path) -> Iterator[QdrantServerProcess]:
+    """The test double as its own process with an API key: ``.url``, ``.path``, ``add_fault()``,
+    ``requests()``, ``kill()``/``stop()``/``restart()`` (same port, same folder)."""
+    server = start_process(tmp_path / "qdrant-server", api_key=API_KEY)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def server_settings(project: Path, server: QdrantServerProcess, **env: str) -> Settings:
+    return settings_for(project, KB_QDRANT_URL=server.url, KB_QDRANT_API_KEY=API_KEY, **env)
+
+
+def cli_env(project: Path, server: QdrantServerProcess | None, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KB_") or k.startswith("KB_TEST_")}
+    env.update(KB_PROJECT_ROOT=str(project), KB_EMBEDDER="hashing")
+    if server is not None:
+        env.update(KB_QDRANT_URL=server.url, KB_QDRANT_API_KEY=API_KEY)
+    env.update(extra)
+    return env
+
+
+def append_to(project: Path, key: str, text: str) -> None:
+    path = project / "knowledge" / "docs" / f"{key}.md"
+    path.write_text(path.read_text(encoding="utf-8") + f"\n\n{text}\n", encoding="utf-8")
+
+
+def ops(server: QdrantServerProcess) -> list[str]:
+    return [r["op"] for r in server.requests()]
+
+
+# --- the double itself ---------------------------------------------------------------------------------
+
+
+def test_the_double_answers_like_qdrant_for_our_calls(tmp_path: Path) -> None:
+    """Errors, alias resolution, the version check and the admin hooks, in-process."""
+    with FakeQdrantServer(tmp_path / "q") as server:
+        client = QdrantClient(url=server.url, timeout=5)
+        assert client.info().version == server_version()
+        client.create_collection("c1", vectors_config=models.VectorParams(size=4, distance=models.Distance.COSINE))
+        with pytest.raises(UnexpectedResponse) as duplicate:
+            client.create_collection("c1", vectors_config=models.VectorParams(size=4, distance=models.Distance.COSINE))
+        assert duplicate.value.status_code == 409
+        with pytest.raises(UnexpectedResponse) as missing:
+            client.count("nope")
+        assert missing.value.status_code == 404
+        assert missing.value.structured()["status"]["error"] == "Not found: Collection `nope` doesn't exist!"
+
+        client.upsert("c1", points=[models.PointStruct(id=n, vector=[1.0, n, 0.0, 0.0], payload={"n": n})
+                                    for n in range(1, 4)], wait=True)
+        client.update_collection_aliases(change_aliases_operations=[
+            models.CreateAliasOperation(create_alias=models.CreateAlias(collection_name="c1", alias_name="live"))])
+        assert client.count("live").count == 3
+        assert [p.id for p in client.query_points("live", query=[1.0, 1.0, 0.0, 0.0], limit=1).points] == [1]
+        assert client.retrieve("live", ids=[2])[0].payload == {"n": 2}
+        client.update_collection("c1", optimizers_config=models.OptimizersConfigDiff(indexing_threshold=0))
+        info = client.get_collection("live")
+        assert info.status == models.CollectionStatus.GREEN and info.config.optimizer_config.indexing_threshold == 0
+
+        server.faults.add("count", status=503, count=1)
+        with pytest.raises(UnexpectedResponse) as injected:
+            client.count("live")
+        assert injected.value.status_code == 503
+        assert client.count("live").count == 3, "the fault fired once"
+        server.faults.add("POST /collections/*/points/query", drop=True, count=1)
+        with pytest.raises(Exception, match="disconnected|closed|reset|ResponseHandling"):
+            client.query_points("live", query=[1.0, 0.0, 0.0, 0.0], limit=1)
+        logged = [(r.op, r.status) for r in server.requests()]
+        assert ("create_collection", 409) in logged and ("count", 503) in logged and ("query", 0) in logged
+        client.close()
+
+
+# --- the whole cycle -----------------------------------------------------------------------------------
+
+
+def test_reindex_cycle_through_the_server(project: Path, qdrant_server: QdrantServerProcess) -> None:
+    settings = server_settings(project, qdrant_server)
+    with open_deps(settings) as deps:
+        first = run_reindex(deps)
+        assert first["outcome"] == "promoted" and first["version"] == 1, first["error"]
+        assert run_reindex(deps)["outcome"] == "no_change"
+
+        append_to(project, "payment-guide", "补充：支持先用后付，账单日后 30 天内还款。")
+        qdrant_server.clear_requests()
+        second = run_reindex(deps)
+        assert second["outcome"] == "promoted" and second["version"] == 2, second["error"]
+        assert second["docs"]["changed"] == 1 and second["docs"]["added"] == 0
+        new_ids = deps.store.existing_ids(second["collection"]) - deps.store.existing_ids(first["collection"])
+        assert second["build"]["embedded"] == second["chunks"]["embedded"] == len(new_ids) > 0
+        assert {r.payload["knowledge_key"] for r in deps.store.retrieve(second["collection"], sorted(new_ids))} == {
+            "payment-guide"}, "only the edited doc's chunks are embedded"
+        assert second["build"]["copied"] == deps.store.count(second["collection"]) - len(new_ids)
+        seen = ops(qdrant_server)
+        assert {"upsert", "retrieve", "query", "count", "update_aliases", "create_collection", "create_index"} <= set(seen)
+
+        assert deps.store.alias_target(ALIAS) == second["collection"]
+        assert status_view(deps).to_dict()["problems"] == []
+        answer = search_knowledge(deps, "怎么先用后付", k=3)
+        assert answer.version == 2 and answer.results
+        assert answer.results[0].knowledge_key == "payment-guide"
+
+        rolled = run_rollback(deps, reason="x")
+        assert rolled.to_version == 1
+        assert deps.store.alias_target(ALIAS) == first["collection"]
+        assert status_view(deps).to_dict()["problems"] == []
+
+
+# --- refused key, refused connection, timeout ------------------------------------------------------------
+
+
+def test_wrong_or_missing_api_key_is_a_config_error_naming_the_url(project: Path,
+                                                                    qdrant_server: QdrantServerProcess) -> None:
+    with pytest.raises(UnexpectedResponse, match="401") as raw:
+        QdrantClient(url=qdrant_server.url, api_key="wrong-key", timeout=5).get_collections()
+    assert b"Invalid API key" in raw.value.content
+
+    wrong = settings_for(project, KB_QDRANT_URL=qdrant_server.url, KB_QDRANT_API_KEY="wrong-key-123")
+    with pytest.raises(ConfigError) as refused:
+        with open_deps(wrong):
+            pass
+    message = str(refused.value)
+    assert qdrant_server.url in message and "refused the API key" in message and "HTTP 401" in message
+    assert "wrong-key-123" not in message and "\n" not in message
+
+    with pytest.raises(ConfigError, match="requires an API key"):
+        with open_deps(settings_for(project, KB_QDRANT_URL=qdrant_server.url)):
+            pass
+
+
+def test_a_server_too_slow_to_answer_at_open_is_a_store_error(project: Path, qdrant_server: QdrantServerProcess) -> None:
+    """make_client's timeout is 60 s; a client with a 1 s timeout shows the same mapping quickly."""
+    settings = server_settings(project, qdrant_server)
+    qdrant_server.add_fault("collections", delay_s=3, count=1)
+    client = QdrantClient(url=qdrant_server.url, api_key=API_KEY, timeout=1)
+    started = time.monotonic()
+    with pytest.raises(StoreError, match="no answer in time") as slow:
+        with open_store(settings, client=client):
+            pass
+    assert time.monotonic() - started < 2.9
+    assert qdrant_server.url in str(slow.value) and API_KEY not in str(slow.value)
+    client.close()
+
+
+def test_cli_exit_codes_and_one_line_errors_for_refused_key_and_connection(
+    project: Path, qdrant_server: QdrantServerProcess
+) -> None:
+    nowhere = "http://127.0.0.1:9"
+    wrong_key = subprocess.Popen(
+        [str(CLI), "run", "-q"], env=cli_env(project, qdrant_server, KB_QDRANT_API_KEY="wrong-key-123"),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    refused = subprocess.Popen([str(CLI), "run", "-q"], env=cli_env(project, None, KB_QDRANT_URL=nowhere),
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _, key_err = wrong_key.communicate(timeout=120)
+    _, refused_err = refused.communicate(timeout=120)
+
+    assert wrong_key.returncode == 2, key_err
+    error_lines = [line for line in key_err.splitlines() if line.startswith("kb-reindex: error:")]
+    assert len(error_lines) == 1 and error_lines[0] == key_err.splitlines()[-1]
+    assert qdrant_server.url in error_lines[0] and "refused the API key" in error_lines[0]
+    assert "wrong-key-123" not in key_err
+    # the only other line allowed is the one-line warning that the key travels over plain http
+    assert all("sent unencrypted" in line for line in key_err.splitlines()[:-1]), key_err
+
+    assert refused.returncode == 2, refused_err
+    assert len(refused_err.splitlines()) == 1, refused_err
+    assert nowhere in refused_err and "unreachable" in refused_err
+
+
+# --- concurrency, crashes, faults -------------------------------------------------------------------
+
+
+def test_two_cli_runs_at_once_promote_exactly_once(project: Path, qdrant_server: QdrantServerProcess) -> None:
+    """`kb-reindex run` as two fresh processes started together (env only: project root, server URL, key);
+    a slow first upsert keeps the winner building while the other arrives."""
+    qdrant_server.add_fault("upsert", delay_s=6, count=1)  # margin for a process that starts late on a loaded machine
+    env = cli_env(project, qdrant_server, KB_LOCK_WAIT="0")  # the loser stops at once instead of waiting
+    runs = [subprocess.Popen([str(CLI), "run", "--json", "-q"], env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    answers = [run.communicate(timeout=120) for run in runs]
+    qdrant_server.clear_faults()
+    results = [json.loads(out) for out, _ in answers]
+    outcomes = sorted(r["outcome"] for r in results)
+    assert outcomes == ["failed", "promoted"], [r.get("error") for r in results]
+    loser = next(r for r in results if r["outcome"] == "failed")
+    assert "another run is working on mall_knowledge" in loser["error"] or "alias moved" in loser["error"]
+    assert sorted(run.returncode for run in runs) == [0, 1]
+    assert all(API_KEY not in err for _, err in answers)
+    assert [r["status"] for r in qdrant_server.requests() if r["op"] == "update_aliases"] == [200]
+
+    with open_deps(server_settings(project, qdrant_server)) as deps:
+        live = deps.state.live_version(ALIAS)
+        assert live is not None and live.version == 1
+        assert deps.store.alias_target(ALIAS) == live.collection
+        assert deps.store.count(live.collection) == live.points_expected
+        assert status_view(deps).to_dict()["problems"] == []
+
+
+def test_server_killed_mid_build_leaves_the_alias_and_a_rerun_resumes(
+    project: Path, qdrant_server: QdrantServerProcess
+) -> None:
+    settings = server_settings(project, qdrant_server, KB_EMBED_BATCH_SIZE="2", KB_COPY_BATCH_SIZE="4")
+    with open_deps(settings) as deps:
+        first = run_reindex(deps)
+        assert first["outcome"] == "promoted", first["error"]
+    for key in ("payment-guide", "member-rules"):
+        append_to(project, key, "补充：周末双倍积分，先用后付可用。")
+
+    qdrant_server.clear_requests()
+    qdrant_server.add_fault("upsert", delay_s=60, after=2, count=1)  # the third write hangs
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        with open_deps(settings) as running:
+            outcome.update(run_reindex(running).to_dict())
+
+    runner = threading.Thread(target=run, daemon=True)
+    runner.start()
+    deadline = time.monotonic() + 30
+    while ops(qdrant_server).count("upsert") < 3:
+        assert time.monotonic() < deadline and runner.is_alive(), outcome
+        time.sleep(0.05)
+    qdrant_server.kill()
+    runner.join(timeout=30)
+    assert not runner.is_alive()
+    assert outcome["outcome"] == "failed"
+    error = outcome["error"]
+    assert "\n" not in error and "Qdrant" in error and qdrant_server.url in error, error
+
+    qdrant_server.start()  # same port, same folder
+    with open_deps(settings) as deps:
+        assert deps.store.alias_target(ALIAS) == first["collection"], "the alias is untouched"
+        assert deps.state.live_version(ALIAS).version == 1
+        again = run_reindex(deps)
+        assert again["outcome"] == "promoted" and again["version"] == 2, again["error"]
+        assert again["build"]["skipped"] >= 2 * 2, "points written before the crash are not written again"
+        assert status_view(deps).to_dict()["problems"] == []
+
+
+def test_a_503_on_one_upsert_fails_the_run_cleanly_and_a_rerun_completes(
+    project: Path, qdrant_server: QdrantServerProcess
+) -> None:
+    settings = server_settings(project, qdrant_server, KB_EMBED_BATCH_SIZE="2", KB_COPY_BATCH_SIZE="4")
+    with open_deps(settings) as deps:
+        first = run_reindex(deps)
+        assert first["outcome"] == "promoted", first["error"]
+        append_to(project, "member-rules", "补充：生日当月双倍积分。")
+        qdrant_server.clear_requests()
+        qdrant_server.add_fault("upsert", status=503, after=1, count=1)
+        failed = run_reindex(deps)
+        assert failed["outcome"] == "failed"
+        assert "503" in failed["error"] and "\n" not in failed["error"], failed["error"]
+        assert deps.store.alias_target(ALIAS) == first["collection"]
+        assert [(r["op"], r["status"]) for r in qdrant_server.requests() if r["op"] == "upsert"][1] == ("upsert", 503)
+
+        again = run_reindex(deps)
+        assert again["outcome"] == "promoted" and again["version"] == 2, again["error"]
+        assert deps.store.alias_target(ALIAS) == again["collection"]
+        assert status_view(deps).to_dict()["problems"] == []

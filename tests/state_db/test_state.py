@@ -1,0 +1,433 @@
+"""The state store on SQLite, on the real MariaDB/MySQL server and on the real PostgreSQL server."""
+
+from __future__ import annotations
+
+import threading
+from contextlib import closing
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from kb_reindex.domain.errors import ConfigError, LockHeldError
+from kb_reindex.services.state.manifests import ManifestChunk, ManifestDocument
+from kb_reindex.services.state.versions import QdrantSnapshotRef
+from kb_reindex.services.state.store import StateStore
+
+
+@pytest.fixture(params=["sqlite", pytest.param("mysql", marks=pytest.mark.mysql),
+                        pytest.param("postgres", marks=pytest.mark.postgres)])
+def state(request: pytest.FixtureRequest, tmp_path: Path) -> StateStore:
+    url = f"sqlite:///{tmp_path}/state.db" if request.param == "sqlite" else request.getfixturevalue(f"{request.param}_url")
+    store = StateStore(url)
+    yield store
+    store.dispose()
+
+
+def new_version(state: StateStore, alias: str = "kb") -> object:
+    return state.allocate_version(
+        alias=alias, collection_for=lambda n: f"{alias}__m__v{n}", kind="reindex", embedder="hashing",
+        embed_model="m", embed_dim=8, distance="Cosine", chunking_version="c", corpus_fingerprint="f",
+    )
+
+
+def test_schema_is_created_on_first_use_and_versions_count_up(state: StateStore) -> None:
+    assert [new_version(state).version for _ in range(3)] == [1, 2, 3]
+    assert new_version(state, alias="other").version == 1
+    assert [v.version for v in state.list_versions("kb")] == [3, 2, 1]
+
+
+def test_concurrent_allocation_never_takes_a_number_twice(state: StateStore) -> None:
+    numbers: list[int] = []
+    errors: list[BaseException] = []
+
+    def worker() -> None:
+        try:
+            for _ in range(5):
+                numbers.append(new_version(state).version)
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert sorted(numbers) == list(range(1, 21))
+
+
+def test_manifest_write_is_idempotent(state: StateStore) -> None:
+    version = new_version(state)
+    docs = [ManifestDocument(knowledge_key="退货/政策", source="退货/政策.md", title="退货", category="售后",
+                             tenant="default", content_hash="a" * 64, chunk_count=2)]
+    chunks = [ManifestChunk(point_id=f"00000000-0000-0000-0000-00000000000{i}", knowledge_key="退货/政策",
+                            chunk_index=i, chunk_hash=str(i) * 64, source_point_id=None) for i in range(2)]
+    state.write_manifest(version.id, docs, chunks)
+    state.write_manifest(version.id, docs, chunks)
+    assert state.manifest_documents(version.id) == docs
+    assert state.manifest_chunks(version.id) == chunks
+
+
+def test_manifest_write_that_fails_keeps_the_old_manifest(state: StateStore) -> None:
+    version = new_version(state)
+    row = ManifestChunk(point_id="p1", knowledge_key="k", chunk_index=0, chunk_hash="0" * 64, source_point_id=None)
+    state.write_manifest(version.id, [], [row])
+    with pytest.raises(sa.exc.IntegrityError):
+        state.write_manifest(version.id, [], [row._replace(point_id="p2"), row._replace(point_id="p2")])
+    assert [c.point_id for c in state.manifest_chunks(version.id)] == ["p1"]
+
+
+def test_keys_compare_and_order_by_code_point_whatever_the_databases_collation(state: StateStore) -> None:
+    """A slice's documents are those whose keys lie between its first and last row's keys, in Python's order
+    (code points): on a PostgreSQL database with a linguistic collation 'Zeta' sorts after 'alpha', and the
+    slice [Zeta, alpha] would find no document."""
+    version = new_version(state)
+    keys = ["émile", "alpha", "Zeta", "Éclair"]
+    docs = [ManifestDocument(knowledge_key=key, source=f"{key}.md", title=key, category="c", tenant="default",
+                             content_hash="a" * 64, chunk_count=1) for key in keys]
+    rows = [ManifestChunk(point_id=f"p{i}", knowledge_key=key, chunk_index=0, chunk_hash=f"{i:064d}",
+                          source_point_id=None) for i, key in enumerate(sorted(keys))]
+    state.write_manifest(version.id, docs, rows)
+    assert [d.knowledge_key for d in state.manifest_documents(version.id)] == sorted(keys)
+    assert [r.knowledge_key for r in state.manifest_refs(version.id)] == sorted(keys)
+    assert sorted(d.knowledge_key for d in state.slice_documents(version.id, "Zeta", "alpha")) == ["Zeta", "alpha"]
+
+
+def test_manifest_refs_stream_in_manifest_order_and_give_the_connection_back(state: StateStore) -> None:
+    version = new_version(state)
+    rows = [ManifestChunk(point_id=f"p{i:02d}", knowledge_key=f"k{i % 3}", chunk_index=i // 3, chunk_hash=f"{i:064d}",
+                          source_point_id=f"s{i:02d}" if i % 2 else None) for i in range(12)]
+    state.write_manifest(version.id, [], rows)
+    expected = [(r.point_id, r.knowledge_key, r.source_point_id)
+                for r in sorted(rows, key=lambda r: (r.knowledge_key, r.chunk_index))]
+    assert [tuple(r) for r in state.iter_manifest_refs(version.id)] == expected
+    assert [tuple(r) for r in state.manifest_refs(version.id)] == expected
+    with closing(state.iter_manifest_refs(version.id)) as refs:  # a caller that stops at the first row
+        assert tuple(next(refs)) == expected[0]
+    assert state.engine.pool.checkedout() == 0
+
+
+def test_switch_records_event_and_retires_previous(state: StateStore) -> None:
+    first, second = new_version(state), new_version(state)
+    for built in (first, second):
+        state.transition_version(built.id, from_=["building"], to="ready")
+    state.record_switch(alias="kb", action="promote", to=first, previous=None, run_id="r1")
+    state.record_switch(alias="kb", action="promote", to=second, previous=state.live_version("kb"), run_id="r2")
+    assert state.live_version("kb").version == 2
+    assert state.get_version("kb", 1).status == "retired"
+    events = state.alias_events("kb")
+    assert [(e.from_version, e.to_version) for e in events] == [(None, 1), (1, 2)]
+
+
+def test_runs_are_recorded_with_duration(state: StateStore) -> None:
+    state.start_run(run_id="r1", alias="kb", kind="reindex", trigger="cli")
+    state.finish_run("r1", outcome="promoted", chunks_embedded=3)
+    run = state.get_run("r1")
+    assert run.outcome == "promoted" and run.chunks_embedded == 3 and run.duration_s >= 0
+
+
+def test_lock_excludes_a_second_owner_until_released_or_expired(state: StateStore) -> None:
+    state.acquire_lock("reindex:kb", owner="a", ttl_s=60)
+    with pytest.raises(LockHeldError, match="working on kb: a, since"):
+        state.acquire_lock("reindex:kb", owner="b", ttl_s=60)
+    state.release_lock("reindex:kb", owner="a")
+    state.acquire_lock("reindex:kb", owner="b", ttl_s=-1)  # already expired
+    state.acquire_lock("reindex:kb", owner="c", ttl_s=60)
+    with pytest.raises(LockHeldError):
+        state.acquire_lock("reindex:kb", owner="b", ttl_s=60)
+
+
+def _dead_pid() -> int:
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_lock_of_a_dead_process_on_this_host_is_taken_over_at_once_and_recorded(state: StateStore) -> None:
+    from kb_reindex.services.state.locks import default_lock_owner
+
+    dead = default_lock_owner("cli__reindex__crashed", pid=_dead_pid())
+    state.acquire_lock("reindex:kb", owner=dead, ttl_s=3600)
+    state.acquire_lock("reindex:kb", owner="next-run", ttl_s=60)  # no wait for the TTL
+    assert state.lock_held_by("reindex:kb") == "next-run"
+    [event] = state.lock_events(names=["reindex:kb"])
+    assert event.action == "takeover" and event.owner == dead and event.by == "next-run"
+
+
+def test_lock_of_a_live_process_or_another_host_is_not_taken_over(state: StateStore) -> None:
+    import socket
+
+    from kb_reindex.services.state.locks import default_lock_owner
+
+    mine = default_lock_owner("run-a")  # this process: alive
+    state.acquire_lock("reindex:kb", owner=mine, ttl_s=3600)
+    with pytest.raises(LockHeldError, match="its process is alive on this host"):
+        state.acquire_lock("reindex:kb", owner="next-run", ttl_s=60)
+    state.release_lock("reindex:kb", owner=mine)
+    elsewhere = default_lock_owner("run-b", pid=_dead_pid()).replace(socket.gethostname(), "another-host", 1)
+    state.acquire_lock("reindex:kb", owner=elsewhere, ttl_s=3600)
+    with pytest.raises(LockHeldError, match="held from host another-host"):
+        state.acquire_lock("reindex:kb", owner="next-run", ttl_s=60)
+    state.break_lock("reindex:kb", by="test", reason="next case")
+    # same hostname, another PID namespace (a container with the host's name): its PIDs mean other processes
+    other_space = default_lock_owner("run-c", pid=_dead_pid()).rsplit(":", 1)[0] + ":0123456789"
+    state.acquire_lock("reindex:kb", owner=other_space, ttl_s=3600)
+    with pytest.raises(LockHeldError):
+        state.acquire_lock("reindex:kb", owner="next-run", ttl_s=60)
+    assert [e.action for e in state.lock_events(names=["reindex:kb"])] == ["unlock"]
+
+
+def test_lock_whose_pid_was_reused_by_a_newer_process_is_taken_over(state: StateStore) -> None:
+    """This process's PID, but the lock is older than the process: the PID belongs to someone else now."""
+    from datetime import timedelta
+
+    from kb_reindex.services.state.clock import ManualClock, utcnow
+
+    from kb_reindex.services.state.locks import default_lock_owner
+
+    state.clock = ManualClock(utcnow() - timedelta(days=3))
+    state.acquire_lock("reindex:kb", owner=default_lock_owner("old"), ttl_s=4 * 86400)  # 3 days ago
+    state.clock.advance(3 * 86400)  # now: its TTL has a day to run, its PID is this process's
+    state.acquire_lock("reindex:kb", owner="next-run", ttl_s=60)
+    assert state.lock_held_by("reindex:kb") == "next-run"
+    [event] = state.lock_events(names=["reindex:kb"])
+    assert event.action == "takeover" and event.at == state.clock.now()
+
+
+def test_lock_expiry_and_every_timestamp_follow_the_stores_clock(state: StateStore) -> None:
+    """Lock TTLs are judged by the store's clock: a test moves time instead of sleeping or editing rows."""
+    from datetime import datetime
+
+    from kb_reindex.services.state.clock import ManualClock
+
+    start = datetime(2030, 1, 1, 12, 0, 0)
+    state.clock = ManualClock(start)
+    state.acquire_lock("reindex:kb", owner="stuck-elsewhere", ttl_s=60)
+    state.clock.advance(59)
+    assert state.lock_held_by("reindex:kb") == "stuck-elsewhere"
+    with pytest.raises(LockHeldError, match="expires 2030-01-01 12:01:00 UTC"):
+        state.acquire_lock("reindex:kb", owner="next-run", ttl_s=60)
+    assert state.renew_lock("reindex:kb", owner="stuck-elsewhere", ttl_s=60)  # now until 12:01:59
+    state.clock.advance(60)
+    assert state.lock_held_by("reindex:kb") == "stuck-elsewhere"
+    state.clock.advance(1.5)
+    assert state.lock_held_by("reindex:kb") is None
+    [row] = state.list_locks(subject="kb")
+    assert row.expired and row.owner == "stuck-elsewhere"
+    state.acquire_lock("reindex:kb", owner="next-run", ttl_s=60)  # the expired lock is taken, no wait
+    [row] = state.list_locks(subject="kb")
+    assert (row.owner, row.acquired_at) == ("next-run", datetime(2030, 1, 1, 12, 2, 0, 500000))
+    # what the store writes is stamped by the same clock: a run's duration is the time moved
+    state.start_run(run_id="r1", alias="kb", kind="reindex", trigger="cli")
+    state.clock.advance(42)
+    state.finish_run("r1", outcome="success")
+    run = state.get_run("r1")
+    assert run.finished_at == datetime(2030, 1, 1, 12, 2, 42, 500000) and run.duration_s == 42.0
+
+
+def test_lock_is_waited_for_a_bounded_time(state: StateStore) -> None:
+    import time
+
+    from kb_reindex.services.state.locks import default_lock_owner
+
+    holder = default_lock_owner("run-a")
+    state.acquire_lock("reindex:kb", owner=holder, ttl_s=60)
+    threading.Timer(0.8, lambda: state.release_lock("reindex:kb", owner=holder)).start()
+    started = time.monotonic()
+    state.acquire_lock("reindex:kb", owner="patient", ttl_s=60, wait_s=10)
+    assert 0.5 < time.monotonic() - started < 5
+    started = time.monotonic()
+    with pytest.raises(LockHeldError, match="another run is working on kb: patient"):
+        state.acquire_lock("reindex:kb", owner="impatient", ttl_s=60, wait_s=0.5)
+    assert time.monotonic() - started >= 0.5
+
+
+def test_break_lock_is_recorded(state: StateStore) -> None:
+    state.acquire_lock("reindex:kb", owner="stuck", ttl_s=60)
+    assert state.break_lock("reindex:kb", by="on-call", reason="hung build").owner == "stuck"
+    assert state.lock_held_by("reindex:kb") is None
+    [event] = state.lock_events(names=["reindex:kb"])
+    assert (event.action, event.owner, event.by, event.reason) == ("unlock", "stuck", "on-call", "hung build")
+    assert state.break_lock("reindex:kb", by="on-call", reason="again") is None
+
+
+def test_lock_held_past_its_ttl_is_renewed_while_the_holder_works(state: StateStore) -> None:
+    import time
+
+    with state.lock("reindex:kb", owner="long-build", ttl_s=1.2):
+        time.sleep(3.0)  # well past the TTL: without the heartbeat the row would have expired
+        with pytest.raises(LockHeldError, match="working on kb: long-build"):
+            state.acquire_lock("reindex:kb", owner="next-run", ttl_s=60)
+    state.acquire_lock("reindex:kb", owner="next-run", ttl_s=60)  # released on exit
+
+
+def test_unreachable_state_db_is_a_config_error_without_password() -> None:
+    with pytest.raises(ConfigError) as error:
+        StateStore("mysql+pymysql://kb:hunter2@127.0.0.1:1/kb")
+    assert "unreachable" in str(error.value) and "hunter2" not in str(error.value)
+
+
+def test_keys_differing_only_by_accent_are_distinct(state: StateStore) -> None:
+    version = new_version(state)
+    docs = [ManifestDocument(knowledge_key=key, source=f"{key}.md", title=key, category="c", tenant="t",
+                             content_hash="a" * 64, chunk_count=0) for key in ("café", "cafe")]
+    state.write_manifest(version.id, docs, [])
+    assert sorted(d.knowledge_key for d in state.manifest_documents(version.id)) == ["cafe", "café"]
+
+
+def test_schema_lock_that_cannot_be_opened_does_not_stop_the_state_db(tmp_path: Path,
+                                                                     caplog: pytest.LogCaptureFixture) -> None:
+    (tmp_path / "state.db.schema-lock").mkdir()  # in the way: cannot be opened as a file
+    store = StateStore(f"sqlite:///{tmp_path}/state.db")
+    assert store.list_versions("kb") == []
+    assert "no schema lock beside" in caplog.text
+    store.dispose()
+    StateStore(f"sqlite:///{tmp_path}/state.db").dispose()  # schema complete: no lock needed at all
+
+
+def test_processes_creating_one_sqlite_state_db_at_once_all_succeed(tmp_path: Path) -> None:
+    """A race: without the schema lock about one round in five ends in 'database is locked'."""
+    import subprocess
+    import sys
+
+    code = "import sys; from kb_reindex.services.state.store import StateStore; StateStore(sys.argv[1]).dispose()"
+    for attempt in range(4):
+        url = f"sqlite:///{tmp_path}/fresh-{attempt}/state.db"
+        procs = [subprocess.Popen([sys.executable, "-c", code, url], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True) for _ in range(8)]
+        outputs = [p.communicate(timeout=60) for p in procs]
+        assert [p.returncode for p in procs] == [0] * 8, [err[-500:] for _out, err in outputs if err]
+
+
+def _manifest(state: StateStore, version_id: int, chunks: list[tuple[str, str | None]]) -> None:
+    """One document whose chunks are (chunk_hash, source_point_id): None = embedded by this version."""
+    docs = [ManifestDocument(knowledge_key="k", source="k.md", title="K", category="c", tenant="default",
+                             content_hash="a" * 64, chunk_count=len(chunks))]
+    rows = [ManifestChunk(point_id=f"00000000-0000-0000-0000-{version_id:04d}{i:08d}", knowledge_key="k",
+                          chunk_index=i, chunk_hash=h, source_point_id=source) for i, (h, source) in enumerate(chunks)]
+    state.write_manifest(version_id, docs, rows)
+
+
+def test_chunk_texts_are_kept_while_a_version_embeds_them_and_dropped_with_the_last(state: StateStore) -> None:
+    """Shared by hash across versions; 4-byte UTF-8 and texts over 64 KB (LONGTEXT on MySQL) come back as
+    stored; retention/drop (status deleted) and forget drop only what no kept version embeds."""
+    h1, h2, h3 = "1" * 64, "2" * 64, "3" * 64
+    v1, v2 = new_version(state), new_version(state)
+    _manifest(state, v1.id, [(h1, None), (h2, None)])
+    _manifest(state, v2.id, [(h2, None), (h3, "00000000-0000-0000-0000-000000000001")])  # h3 copied, not embedded
+    long_text = "退货规则😀 " * 20_000
+    assert state.missing_texts([h1, h2, h3]) == {h1, h2, h3}
+    state.add_texts([{"chunk_hash": h1, "section": "退货 > 😀", "text": long_text},
+                     {"chunk_hash": h2, "section": "", "text": "two"}, {"chunk_hash": h3, "section": "", "text": "x"}])
+    state.add_texts([{"chunk_hash": h2, "section": "", "text": "two"}])  # stored meanwhile by another plan: kept
+    assert state.texts([h1, h2]) == {h1: ("退货 > 😀", long_text), h2: ("", "two")}
+
+    assert state.drop_unneeded_texts() == 1  # h3: no version embeds it
+    assert set(state.texts([h1, h2, h3])) == {h1, h2}
+    state.transition_version(v1.id, from_=["building"], to="failed")
+    state.transition_version(v1.id, from_=["failed"], to="deleted")
+    state.drop_unneeded_texts()
+    assert set(state.texts([h1, h2, h3])) == {h2}, "h2 is still embedded by v2"
+    state.forget_versions("kb")
+    assert state.texts([h1, h2, h3]) == {}
+
+
+def test_a_build_slice_reads_its_manifest_rows_by_position(state: StateStore) -> None:
+    version = new_version(state)
+    _manifest(state, version.id, [(f"{i:064d}", None) for i in range(10)])
+    rows = state.slice_rows(version.id, (3, 4))
+    assert [r.chunk_index for r in rows] == [3, 4, 5, 6]
+    assert [r.chunk_index for r in state.slice_rows(version.id)] == list(range(10))
+    assert state.slice_rows(version.id, (8, 5))[-1].chunk_index == 9
+    assert [d.knowledge_key for d in state.slice_documents(version.id, "k", "k")] == ["k"]
+
+
+def test_an_existing_state_db_gets_the_new_columns_at_open(state: StateStore) -> None:
+    """A state DB from before manifest positions: opening it adds the column and its index (idempotent)."""
+    url = state.url
+    version = new_version(state)
+    with state.engine.begin() as conn:
+        if state.engine.dialect.name in ("sqlite", "postgresql"):
+            conn.execute(sa.text("DROP INDEX ix_kb_manifest_chunks_position"))
+        else:
+            conn.execute(sa.text("DROP INDEX ix_kb_manifest_chunks_position ON kb_manifest_chunks"))
+        conn.execute(sa.text("ALTER TABLE kb_manifest_chunks DROP COLUMN position"))
+        conn.execute(sa.text("DROP TABLE kb_file_hashes"))
+    state.dispose()
+    assert StateStore(url, create=False).file_hashes("root") == {}, "read-only on an old DB: no cache, no error"
+    for _ in range(2):
+        upgraded = StateStore(url)
+        columns = {c["name"] for c in sa.inspect(upgraded.engine).get_columns("kb_manifest_chunks")}
+        indexes = {i["name"] for i in sa.inspect(upgraded.engine).get_indexes("kb_manifest_chunks")}
+        assert "position" in columns and "ix_kb_manifest_chunks_position" in indexes
+        upgraded.dispose()
+    upgraded = StateStore(url)
+    _manifest(upgraded, version.id, [("a" * 64, None), ("b" * 64, None)])
+    assert [r.chunk_hash for r in upgraded.slice_rows(version.id, (1, 1))] == ["b" * 64]
+    upgraded.dispose()
+
+
+def test_an_old_state_db_gets_the_snapshot_columns_and_its_old_snapshot_records_still_show(state: StateStore) -> None:
+    """A state DB from before the snapshot had its own column kept the snapshot in the validation record:
+    opening it adds the columns, and status reads the old record until a new snapshot is taken."""
+    from datetime import datetime
+
+    url = state.url
+    version = new_version(state)
+    old = {"name": "kb__m__v1-1.snapshot", "collection": version.collection, "at": "2026-01-02T03:04:05Z"}
+    state.update_version(version.id, validation={"hit_rate": 1.0, "snapshot": old})
+    with state.engine.begin() as conn:
+        for column in ("qdrant_snapshot", "qdrant_snapshot_at"):
+            conn.execute(sa.text(f"ALTER TABLE kb_versions DROP COLUMN {column}"))
+    state.dispose()
+    upgraded = StateStore(url)
+    try:
+        columns = {c["name"] for c in sa.inspect(upgraded.engine).get_columns("kb_versions")}
+        assert {"qdrant_snapshot", "qdrant_snapshot_at"} <= columns
+        record = upgraded.version_by_id(version.id)
+        assert record.qdrant_snapshot is None and record.snapshot_view() == QdrantSnapshotRef.from_dict(old)
+        assert record.snapshot_view().to_dict() == old
+        upgraded.update_version(version.id, qdrant_snapshot="kb__m__v1-2.snapshot",
+                                qdrant_snapshot_at=datetime(2026, 2, 3, 4, 5, 6, 789))
+        assert upgraded.version_by_id(version.id).snapshot_view() == QdrantSnapshotRef(
+            name="kb__m__v1-2.snapshot", collection=version.collection, at="2026-02-03T04:05:06Z")
+        assert "qdrant_snapshot" not in upgraded.version_by_id(version.id).to_dict()
+    finally:
+        upgraded.dispose()
+
+
+def test_file_hashes_are_recorded_whole_or_in_part(state: StateStore) -> None:
+    from kb_reindex.services.state.manifests import FileHash
+
+    state.record_file_hashes("r", {"a.md": FileHash(1, 10, "a" * 64, 100), "b.md": FileHash(2, 20, "b" * 64, 100)},
+                             replace_all=True)
+    state.record_file_hashes("r", {"b.md": FileHash(3, 30, "c" * 64, 200)}, replace_all=False)
+    assert state.file_hashes("r") == {"a.md": FileHash(1, 10, "a" * 64, 100), "b.md": FileHash(3, 30, "c" * 64, 200)}
+    state.record_file_hashes("r", {"文档/😀.md": FileHash(4, 40, "d" * 64, 300)}, replace_all=True)
+    assert list(state.file_hashes("r")) == ["文档/😀.md"] and state.file_hashes("other") == {}
+
+
+@pytest.mark.postgres
+def test_the_kb_state_connection_may_be_a_postgres_one(postgres_url: str) -> None:
+    """An Airflow Connection of type postgres (as `airflow connections add` or AIRFLOW_CONN_KB_STATE makes it)
+    names a state DB the store opens through psycopg."""
+    from urllib.parse import urlsplit
+
+    from airflow.models.connection import Connection
+
+    from kb_reindex.airflow.connections import state_url_from_connection
+
+    db = urlsplit(postgres_url)
+    conn = Connection(conn_id="kb_state", uri=f"postgres://{db.username}@{db.hostname}:{db.port}{db.path}")
+    url = state_url_from_connection(conn)
+    assert url == f"postgresql+psycopg://{db.username}@{db.hostname}:{db.port}{db.path}"
+    store = StateStore(url)
+    try:
+        assert new_version(store).version == 1
+    finally:
+        store.dispose()
+

@@ -1,0 +1,224 @@
+"""The package's shape, checked: every import arrow points down (no cycle among the package's modules,
+counting imports inside functions), and no engine function grows past 100 lines."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[2] / "include" / "kb_reindex"
+#: the test servers are tools, not the engine; their request handlers are long by nature of the protocol
+ENGINE_FILES = [p for p in PACKAGE.rglob("*.py") if "testing" not in p.parts]
+
+
+def module_name(path: Path, package: Path = PACKAGE) -> str:
+    parts = list(path.relative_to(package.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
+    modules = {module_name(p, package): p for p in package.rglob("*.py")}
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join(anchor + ([base] if base else []))
+                targets = [base, *(f"{base}.{alias.name}" for alias in node.names)]
+            else:
+                continue
+            for target in targets:
+                while target and target not in modules:
+                    target = target.rpartition(".")[0]
+                # a module importing its own package's __init__ is not an arrow between modules
+                if target and target != name and not name.startswith(target + "."):
+                    graph[name].add(target)
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Tarjan's strongly connected components with more than one module."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in graph[node]:
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            group = []
+            while True:
+                top = stack.pop()
+                on_stack.discard(top)
+                group.append(top)
+                if top == node:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for node in graph:
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_a_cycle_through_an_import_inside_a_function_is_found(tmp_path: Path) -> None:
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "low.py").write_text("def f():\n    from pkg.high import g\n    return g\n")
+    (package / "high.py").write_text("from pkg.low import f\n\ndef g():\n    return f\n")
+    (package / "alone.py").write_text("from . import low\n")
+    graph = import_graph(package)
+    assert graph["pkg.low"] == {"pkg.high"} and graph["pkg.alone"] == {"pkg.low"}
+    assert cycles(graph) == [["pkg.high", "pkg.low"]]
+
+
+def test_no_import_cycle_among_the_package_modules() -> None:
+    assert cycles(import_graph()) == []
+
+
+#: the engine functions still over 100 lines, each to be split (issue #22): the list may only shrink. A
+#: function that grows past 100 lines fails here, and so does one of these once it is split but still listed.
+STILL_LONG: dict[str, set[str]] = {}
+
+
+@pytest.mark.parametrize("path", ENGINE_FILES, ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_no_engine_function_grows_past_100_lines(path: Path) -> None:
+    long = {node.name for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+            and (node.end_lineno or node.lineno) - node.lineno + 1 > 100}
+    assert long == STILL_LONG.get(str(path.relative_to(PACKAGE)), set())
+
+
+#: The floors of docs/design.md's module layout, one folder each: a module may import its own folder or a lower
+#: floor's, never a higher one. A new folder must be placed here (the test names it).
+FLOORS: dict[int, set[str]] = {
+    1: {"domain"},
+    2: {"services"},
+    3: {"rules"},
+    4: {"steps"},
+    5: {"run"},
+    6: {"cli", "airflow", "web", "reader"},
+}
+#: the steps of floor 4, which should not lean on each other: what one needs of another belongs a floor down
+STEPS = {"plan", "snapshot", "build", "validate", "promote", "rollback", "retention", "reconcile"}
+#: the step-to-step imports still there (issue #22): this set may only shrink
+STEP_EDGES_LEFT: set[tuple[str, str]] = set()
+#: the edges serve different outside worlds: none imports another (the CLI works without Airflow and the page)
+EDGES = {"cli", "airflow", "web", "reader"}
+#: but `kb-reindex query` searches through the reader, exactly as an assistant does
+EDGE_ARROWS = {("cli", "reader")}
+
+
+def floor_of(module: str) -> tuple[str, int | None]:
+    """(the folder under kb_reindex, its floor); the test servers have none."""
+    top = module.split(".")[1] if "." in module else module
+    return top, next((floor for floor, names in FLOORS.items() if top in names), None)
+
+
+def step_of(module: str) -> str | None:
+    """The step a module of `steps/` is (`kb_reindex.steps.plan` -> `plan`), None for a part or another folder."""
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 and parts[1] == "steps" and parts[2] in STEPS else None
+
+
+def test_every_import_points_to_the_same_floor_or_down() -> None:
+    upward, unplaced, step_edges, across_edges = [], set(), set(), []
+    for module, targets in import_graph().items():
+        top, floor = floor_of(module)
+        if module == "kb_reindex" or top == "testing":
+            continue
+        if floor is None:
+            unplaced.add(top)
+            continue
+        for target in targets:
+            target_top, target_floor = floor_of(target)
+            if target_floor is not None and target_floor > floor:
+                upward.append(f"{module} (floor {floor}) imports {target} (floor {target_floor})")
+            if target_top == "testing":
+                upward.append(f"{module} imports the test servers ({target})")
+            if top in EDGES and target_top in EDGES and top != target_top and (top, target_top) not in EDGE_ARROWS:
+                across_edges.append(f"{module} imports another edge, {target}")
+            step, target_step = step_of(module), step_of(target)
+            if step and target_step and step != target_step:
+                step_edges.add((step, target_step))
+    assert unplaced == set(), f"place these folders in FLOORS: {sorted(unplaced)}"
+    assert upward == []
+    assert across_edges == []
+    assert step_edges == STEP_EDGES_LEFT
+
+
+#: the package's top level: the floors' folders, the edges, the test servers and the templates (issue #29: at most 12)
+TOP_LEVEL_BUDGET = 12
+
+
+def test_the_top_level_shows_the_floors_as_folders() -> None:
+    entries = sorted(p.name for p in PACKAGE.iterdir() if p.name != "__pycache__")
+    assert len(entries) <= TOP_LEVEL_BUDGET, entries
+    folders = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()} - {"testing"}
+    assert {"domain", "services", "rules", "steps", "run"} <= folders
+    unplaced = {name.removesuffix(".py") for name in entries if name not in ("__init__.py", "templates", "testing")}
+    assert unplaced <= set().union(*FLOORS.values()), f"not a floor: {sorted(unplaced - set().union(*FLOORS.values()))}"
+
+
+def test_every_folder_says_what_it_holds_and_may_import() -> None:
+    for init in PACKAGE.rglob("__init__.py"):
+        doc = ast.get_docstring(ast.parse(init.read_text(encoding="utf-8"))) or ""
+        assert doc, f"{init.relative_to(PACKAGE)} has no docstring"
+        if init.parent.parent == PACKAGE and init.parent.name not in ("testing",):
+            assert "import" in doc.split("\n\n")[0].lower(), f"{init.relative_to(PACKAGE)}: say what it may import"
+
+
+def test_no_module_only_re_exports_names() -> None:
+    """A module whose body is imports (and `__all__`) only is a shim: import from where the names live."""
+    shims = []
+    for path in PACKAGE.rglob("*.py"):
+        body = [node for node in ast.parse(path.read_text(encoding="utf-8")).body
+                if not (isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant))]
+        imports = [node for node in body if isinstance(node, ast.Import | ast.ImportFrom)
+                   and not (isinstance(node, ast.ImportFrom) and node.module == "__future__")]
+        rest = [node for node in body if node not in imports and not (isinstance(node, ast.ImportFrom))
+                and not (isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "__all__" for t in node.targets))]
+        if imports and not rest:
+            shims.append(str(path.relative_to(PACKAGE)))
+    assert shims == []
+
+
+#: where a function of the engine may return `dict[str, Any]` (not `to_dict`): the Airflow tasks, whose return value is
+#: their XCom, a JSON object by Airflow's contract. Everything else hands typed values between layers (issue #22).
+UNTYPED_DICT_EDGE = "airflow/tasks.py"
+#: issue #22: at most ~15 such functions, the XCom edge
+UNTYPED_DICT_BUDGET = 15
+
+
+def untyped_dict_returns(path: Path) -> list[str]:
+    """The functions of one file whose return annotation holds `dict[str, Any]`, serialisers aside."""
+    return [node.name for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.returns is not None
+            and "dict[str, Any]" in ast.unparse(node.returns) and node.name not in ("to_dict", "to_json", "view")]
+
+
+def test_untyped_dicts_only_at_the_xcom_edge(tmp_path: Path) -> None:
+    sample = tmp_path / "sample.py"
+    sample.write_text("def a() -> dict[str, Any]: ...\ndef to_dict() -> dict[str, Any]: ...\ndef b() -> Plan: ...\n")
+    assert untyped_dict_returns(sample) == ["a"]
+    found = {str(path.relative_to(PACKAGE)): untyped_dict_returns(path) for path in ENGINE_FILES}
+    assert {where: names for where, names in found.items() if names and where != UNTYPED_DICT_EDGE} == {}
+    assert len(found[UNTYPED_DICT_EDGE]) <= UNTYPED_DICT_BUDGET
