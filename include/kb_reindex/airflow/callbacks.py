@@ -10,7 +10,7 @@ from typing import Any
 
 from kb_reindex.run import dag_lock
 from kb_reindex.airflow.connections import state_url
-from kb_reindex.airflow.constants import kb_run_id
+from kb_reindex.services.state.dag_runs import kb_run_id
 from kb_reindex.services.config import Settings
 from kb_reindex.services.runtime import StateDeps
 from kb_reindex.services.state.store import StateStore

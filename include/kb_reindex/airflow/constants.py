@@ -7,19 +7,14 @@ import os
 
 from airflow.sdk import Asset, get_current_context
 
+from kb_reindex.services.state.dag_runs import kb_run_id
+
 #: the pool every task that writes to Qdrant takes a slot of (docker/airflow/init.sh creates it)
 POOL = "kb_qdrant_writes"
-#: what the state DB's run ids of DAG runs start with (kb_reindex.services.state.dag_runs reads them back)
-RUN_ID_PREFIX = "airflow"
 
 ALIAS = os.environ.get("KB_ALIAS", "mall_knowledge")
 #: updated whenever the alias moves (promotion, migration, rollback); consumers can schedule on it
 KNOWLEDGE_ALIAS = Asset(name=f"kb_alias_{ALIAS}", uri=f"qdrant://{ALIAS}")
-
-
-def kb_run_id(dag_id: str, dag_run_id: str) -> str:
-    """The id a DAG run is recorded under in the state DB: unique across DAGs and runs."""
-    return f"{RUN_ID_PREFIX}__{dag_id}__{dag_run_id}"
 
 
 def current_run_id() -> str:

@@ -17,6 +17,7 @@ from kb_reindex.services.config import Settings
 from kb_reindex.domain.errors import KbError, classify
 from kb_reindex.steps.golden import load_golden_set, lowered_threshold_advice
 from kb_reindex.services.runtime import StateDeps, open_deps
+from kb_reindex.services.state.dag_runs import dag_run_of
 from kb_reindex.services.state.store import StateStore
 from kb_reindex.services.state.clock import utc_stamp
 from kb_reindex.run.status import HistoryEvent, StatusView, VersionRow, history, state_only_view, status_view
@@ -24,7 +25,6 @@ from kb_reindex.services.store import describe_qdrant_failure, make_client
 
 #: how many runs of the state DB the page lists
 RECENT_RUNS = 8
-AIRFLOW_RUN_PREFIX = "airflow__"
 
 
 class QdrantAccess(StrEnum):
@@ -71,11 +71,9 @@ class PageStatus:
 
 
 def airflow_run(run_id: str | None) -> tuple[str | None, str | None]:
-    """(dag_id, dag_run_id) of a state-DB run id written by a DAG task (kb_reindex.airflow.constants.kb_run_id)."""
-    if not run_id or not run_id.startswith(AIRFLOW_RUN_PREFIX):
-        return None, None
-    dag_id, _, dag_run_id = run_id.removeprefix(AIRFLOW_RUN_PREFIX).partition("__")
-    return (dag_id, dag_run_id) if dag_id and dag_run_id else (None, None)
+    """(dag_id, dag_run_id) of a state-DB run id written by a DAG task (dag_runs.kb_run_id)."""
+    ref = dag_run_of(run_id) if run_id else None
+    return (ref.dag_id, ref.run_id) if ref is not None else (None, None)
 
 
 def _stamp(value: Any) -> str | None:

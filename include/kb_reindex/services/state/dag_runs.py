@@ -20,8 +20,11 @@ import sqlalchemy as sa
 
 log = logging.getLogger(__name__)
 
-#: the prefix of a kb run id made by `kb_reindex.airflow.constants.kb_run_id`: `airflow__<dag_id>__<run_id>`
-RUN_ID_PREFIX = "airflow__"
+#: a kb run id of a DAG run is `airflow:<dag_id>:<run_id>` (`kb_run_id`): a DAG id never holds `:`, so the first
+#: one after the prefix ends it, whatever the DAG id (`knowledge_reindex__shop`) or the run id (`manual__2026-...`)
+RUN_ID_PREFIX = "airflow:"
+#: the ids written before there were DAG ids with `__` (`airflow__<dag_id>__<run_id>`), still read back
+LEGACY_RUN_ID_PREFIX = "airflow__"
 #: DAG run states in which its tasks may still renew the lock
 RUNNING_STATES = frozenset({"queued", "running"})
 #: the states Airflow ends a DAG run in
@@ -34,11 +37,22 @@ class DagRunRef:
     run_id: str
 
 
+def kb_run_id(dag_id: str, dag_run_id: str) -> str:
+    """The id a DAG run is recorded under in the state DB: unique across DAGs and runs, read back by `dag_run_of`."""
+    if ":" in dag_id:
+        raise ValueError(f"DAG id {dag_id!r} holds ':', which Airflow refuses and a kb run id cannot carry")
+    return f"{RUN_ID_PREFIX}{dag_id}:{dag_run_id}"
+
+
 def dag_run_of(kb_run_id: str) -> DagRunRef | None:
-    """The DAG run a kb run id (`airflow__<dag_id>__<airflow run id>`) names; None for any other id."""
-    if not kb_run_id.startswith(RUN_ID_PREFIX):
+    """The DAG run a kb run id (`airflow:<dag_id>:<airflow run id>`, or the legacy `airflow__<dag_id>__<run id>`
+    of a DAG id without `__`) names; None for any other id."""
+    if kb_run_id.startswith(RUN_ID_PREFIX):
+        dag_id, sep, run_id = kb_run_id[len(RUN_ID_PREFIX):].partition(":")
+    elif kb_run_id.startswith(LEGACY_RUN_ID_PREFIX):
+        dag_id, sep, run_id = kb_run_id[len(LEGACY_RUN_ID_PREFIX):].partition("__")
+    else:
         return None
-    dag_id, sep, run_id = kb_run_id[len(RUN_ID_PREFIX):].partition("__")
     return DagRunRef(dag_id, run_id) if sep and dag_id and run_id else None
 
 
