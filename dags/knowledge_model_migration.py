@@ -19,42 +19,44 @@ What on-call sees and does at each step: `docs/runbook.md`.
 
 from __future__ import annotations
 
-from airflow.sdk import Param
-from kb_reindex.airflow.factory import knowledge_dag
-from kb_reindex.services.config import DEFAULT_MODELS, EMBEDDERS
+from airflow.sdk import DAG, Param
+from kb_reindex.airflow.factory import for_each_knowledge_base, knowledge_dag
 from kb_reindex.domain.model import RunKind
+from kb_reindex.services.config import DEFAULT_MODELS, EMBEDDERS
+from kb_reindex.services.registry import KnowledgeBase
 
-knowledge_model_migration = knowledge_dag(
-    "knowledge_model_migration",
-    kind=RunKind.MIGRATION,
-    doc_md=__doc__,
-    schedule=None,
-    tags=["knowledge", "qdrant", "migration"],
-    params={
-        "embedder": Param("ollama", type="string", enum=list(EMBEDDERS), title="Embedder",
-                          description="ollama: the Ollama server of the ollama_default Connection (production); "
-                                      "e5: multilingual-e5-small in the worker's process (offline, real semantics, "
-                                      "English and Chinese); hashing: character n-grams, offline and deterministic, "
-                                      "for tests and tiny machines.", section="Model"),
-        "model": Param(None, type=["null", "string"], title="Model name",
-                       description="Empty: the embedder's default ("
-                                   + ", ".join(f"{kind}: {name}" for kind, name in DEFAULT_MODELS.items())
-                                   + "). It must be a model the embedder serves, checked before anything is built: "
-                                     "hashing serves only its own hashing-* names, e5 only multilingual-e5-small, "
-                                     "Ollama only models it has pulled.",
-                       section="Model"),
-        "dimension": Param(None, type=["null", "integer"], minimum=1, title="Dimension",
-                           description="Empty: probed from the embedder.", section="Model"),
-        "payload_layout": Param(None, type=["null", "string"], title="Payload layout",
-                                description="Empty: the layout live serves (KB_PAYLOAD_LAYOUT for a first build). How "
-                                            "the new version's payloads look to the assistant that reads them: "
-                                            "native, langchain4j (or langchain4j:<text key>), langchain, "
-                                            "llamaindex.", section="Model"),
-        "promote": Param(True, type="boolean", title="Promote after validation",
-                         description="Off: build and validate a shadow version only.", section="Release"),
-        "min_hit_rate": Param(None, type=["null", "number"], minimum=0, maximum=1, title="Minimum hit rate",
-                              description="Empty: the golden set's value.", section="Release"),
-        "min_mrr": Param(None, type=["null", "number"], minimum=0, maximum=1, title="Minimum MRR",
-                         description="Empty: the golden set's value.", section="Release"),
-    },
-)
+
+def knowledge_model_migration(kb: KnowledgeBase) -> DAG:
+    return knowledge_dag(kb, "knowledge_model_migration", kind=RunKind.MIGRATION, doc_md=__doc__, params=PARAMS,
+                         schedule=None, tags=("migration",))
+
+
+PARAMS = {
+    "embedder": Param("ollama", type="string", enum=list(EMBEDDERS), title="Embedder",
+                      description="ollama: the Ollama server of the ollama_default Connection (production); "
+                                  "e5: multilingual-e5-small in the worker's process (offline, real semantics, "
+                                  "English and Chinese); hashing: character n-grams, offline and deterministic, "
+                                  "for tests and tiny machines.", section="Model"),
+    "model": Param(None, type=["null", "string"], title="Model name",
+                   description="Empty: the embedder's default ("
+                               + ", ".join(f"{kind}: {name}" for kind, name in DEFAULT_MODELS.items())
+                               + "). It must be a model the embedder serves, checked before anything is built: "
+                                 "hashing serves only its own hashing-* names, e5 only multilingual-e5-small, "
+                                 "Ollama only models it has pulled.",
+                   section="Model"),
+    "dimension": Param(None, type=["null", "integer"], minimum=1, title="Dimension",
+                       description="Empty: probed from the embedder.", section="Model"),
+    "payload_layout": Param(None, type=["null", "string"], title="Payload layout",
+                            description="Empty: the layout live serves (KB_PAYLOAD_LAYOUT for a first build). How "
+                                        "the new version's payloads look to the assistant that reads them: "
+                                        "native, langchain4j (or langchain4j:<text key>), langchain, "
+                                        "llamaindex.", section="Model"),
+    "promote": Param(True, type="boolean", title="Promote after validation",
+                     description="Off: build and validate a shadow version only.", section="Release"),
+    "min_hit_rate": Param(None, type=["null", "number"], minimum=0, maximum=1, title="Minimum hit rate",
+                          description="Empty: the golden set's value.", section="Release"),
+    "min_mrr": Param(None, type=["null", "number"], minimum=0, maximum=1, title="Minimum MRR",
+                     description="Empty: the golden set's value.", section="Release"),
+}
+
+globals().update(for_each_knowledge_base(knowledge_model_migration))

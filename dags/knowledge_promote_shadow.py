@@ -23,43 +23,6 @@ Without Airflow: `kb-reindex promote --version N`. On-call's steps: `docs/runboo
 
 from __future__ import annotations
 
-from datetime import datetime
+from kb_reindex.airflow.factory import for_each_knowledge_base, promote_shadow_dag
 
-from airflow.sdk import Param, dag, task
-from kb_reindex.airflow.constants import KNOWLEDGE_ALIAS, POOL, current_run_id
-
-
-@dag(
-    schedule=None,
-    start_date=datetime(2026, 1, 1),
-    catchup=False,
-    max_active_runs=1,
-    is_paused_upon_creation=False,  # on-call's DAG: runs from the first minute of a fresh install
-    doc_md=__doc__,
-    tags=["knowledge", "qdrant", "on-call"],
-    params={
-        "version": Param(None, type=["null", "integer"], minimum=1, title="Shadow version",
-                         description="Number of the shadow version to serve (status `ready`, never served).",
-                         section="Promotion"),
-        "live_version": Param(None, type=["null", "integer"], minimum=1, title="Live version you saw",
-                              description="The version you saw serving (empty only when nothing serves); "
-                                          "refused if another serves now.", section="Promotion"),
-        "reason": Param("", type="string", minLength=1, title="Reason",
-                        description="Why this shadow goes live now; recorded in the alias history.",
-                        section="Promotion"),
-        "confirm": Param(False, type="boolean", title="Confirm",
-                         description="Tick to really move the alias to the shadow version.", section="Promotion"),
-    },
-)
-def knowledge_promote_shadow():
-    @task(pool=POOL, retries=0, outlets=[KNOWLEDGE_ALIAS])
-    def promote_shadow(params: dict | None = None) -> dict:
-        from kb_reindex.airflow.tasks import promote_shadow_task
-
-        return promote_shadow_task(run_id=current_run_id(), version=params["version"], reason=params["reason"],
-                                   confirm=params["confirm"], live_version=params["live_version"])
-
-    promote_shadow()
-
-
-knowledge_promote_shadow()
+globals().update(for_each_knowledge_base(lambda kb: promote_shadow_dag(kb, doc_md=__doc__)))

@@ -17,30 +17,30 @@ What on-call sees and does at each step: `docs/runbook.md` (rollback, locks, eve
 
 from __future__ import annotations
 
-import os
-
-from airflow.sdk import Param
+from airflow.sdk import DAG, Param
 from kb_reindex.airflow.constants import BUILD_SLICE_SIZE
-from kb_reindex.airflow.factory import knowledge_dag
+from kb_reindex.airflow.factory import for_each_knowledge_base, knowledge_dag
 from kb_reindex.domain.model import RunKind
+from kb_reindex.services.registry import KnowledgeBase
 
-knowledge_reindex = knowledge_dag(
-    "knowledge_reindex",
-    kind=RunKind.REINDEX,
-    doc_md=__doc__,
-    schedule=os.environ.get("KB_REINDEX_SCHEDULE", "@daily") or None,  # set empty: triggered runs only
-    tags=["knowledge", "qdrant"],
-    params={
-        "force_full_rebuild": Param(False, type="boolean", title="Force full rebuild",
-                                    description="Embed every chunk again; reuse no vector from live.", section="Build"),
-        "dry_run": Param(False, type="boolean", title="Dry run",
-                         description="Plan only: report what would change and stop.", section="Build"),
-        "payload_layout": Param(None, type=["null", "string"], title="Payload layout",
-                                description="Empty: keep the layout live serves (KB_PAYLOAD_LAYOUT only shapes a "
-                                            "first build). Set to change it on purpose: native, langchain4j (or "
-                                            "langchain4j:<text key>), langchain, llamaindex; vectors are copied.",
-                                section="Build"),
-        "build_slice_size": Param(BUILD_SLICE_SIZE, type="integer", minimum=1, title="Points per build task",
-                                  description="Size of each mapped build slice.", section="Build"),
-    },
-)
+
+def knowledge_reindex(kb: KnowledgeBase) -> DAG:
+    return knowledge_dag(kb, "knowledge_reindex", kind=RunKind.REINDEX, doc_md=__doc__, params=PARAMS,
+                         schedule=kb.schedule)  # KB_REINDEX_SCHEDULE or the entry's `schedule`; empty: triggered only
+
+
+PARAMS = {
+    "force_full_rebuild": Param(False, type="boolean", title="Force full rebuild",
+                                description="Embed every chunk again; reuse no vector from live.", section="Build"),
+    "dry_run": Param(False, type="boolean", title="Dry run",
+                     description="Plan only: report what would change and stop.", section="Build"),
+    "payload_layout": Param(None, type=["null", "string"], title="Payload layout",
+                            description="Empty: keep the layout live serves (KB_PAYLOAD_LAYOUT only shapes a "
+                                        "first build). Set to change it on purpose: native, langchain4j (or "
+                                        "langchain4j:<text key>), langchain, llamaindex; vectors are copied.",
+                            section="Build"),
+    "build_slice_size": Param(BUILD_SLICE_SIZE, type="integer", minimum=1, title="Points per build task",
+                              description="Size of each mapped build slice.", section="Build"),
+}
+
+globals().update(for_each_knowledge_base(knowledge_reindex))

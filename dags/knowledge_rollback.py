@@ -30,56 +30,6 @@ Without Airflow: `kb-reindex rollback --reason "..." --freeze --yes`. On-call's 
 
 from __future__ import annotations
 
-from datetime import datetime
+from kb_reindex.airflow.factory import for_each_knowledge_base, rollback_dag
 
-from airflow.sdk import Param, dag, task
-from kb_reindex.airflow.constants import KNOWLEDGE_ALIAS, current_run_id
-
-
-@dag(
-    schedule=None,
-    start_date=datetime(2026, 1, 1),
-    catchup=False,
-    max_active_runs=1,
-    # on-call's way back must work from the first minute of a fresh install
-    is_paused_upon_creation=False,
-    doc_md=__doc__,
-    tags=["knowledge", "qdrant", "on-call"],
-    params={
-        "live_version": Param(None, type=["null", "integer"], minimum=1, title="Live version you saw",
-                              description="The version you saw serving; refused if another serves now.",
-                              section="Rollback"),
-        "reason": Param("", type="string", minLength=1, title="Reason",
-                        description="Why the rollback is needed; recorded in the alias history.", section="Rollback"),
-        "to_version": Param(None, type=["null", "integer"], minimum=1, title="Target version",
-                            description="Empty: the version before the current one.", section="Rollback"),
-        "confirm": Param(False, type="boolean", title="Confirm",
-                         description="Tick to really move the alias.", section="Rollback"),
-        "freeze": Param(True, type="boolean", title="Freeze the alias",
-                        description="Hold every later promotion (runs, migrations, shadows) until `kb-reindex "
-                                    "unfreeze`: the rolled-back change is usually still in the knowledge folder.",
-                        section="Rollback"),
-        "revalidate": Param(True, type="boolean", title="Score the target on the golden set",
-                            description="Reported only; does not block a confirmed rollback.", section="Checks"),
-    },
-)
-def knowledge_rollback():
-    # default_pool, not kb_qdrant_writes: the build slices of a long reindex fill that one
-    @task(retries=0, outlets=[KNOWLEDGE_ALIAS])
-    def rollback(params: dict | None = None) -> dict:
-        from kb_reindex.airflow.tasks import rollback_task
-
-        return rollback_task(
-            run_id=current_run_id(),
-            live_version=params["live_version"],
-            to_version=params["to_version"],
-            reason=params["reason"],
-            confirm=params["confirm"],
-            revalidate=params["revalidate"],
-            freeze=params["freeze"],
-        )
-
-    rollback()
-
-
-knowledge_rollback()
+globals().update(for_each_knowledge_base(lambda kb: rollback_dag(kb, doc_md=__doc__)))

@@ -74,11 +74,14 @@ done
 
 if [ "${#missing[@]}" -gt 0 ]; then
   airflow db migrate > "$run/db-migrate.log" 2>&1 || { tail -n 40 "$run/db-migrate.log"; exit 1; }
-  # the write pool's slots are KB_BUILD_PARALLELISM (build slices writing at once), checked by the settings:
-  # local mode admits one client, so a larger value there stops here with the reason
-  slots="$(python -m kb_reindex.services.config)"
-  airflow pools set kb_qdrant_writes "$slots" "Qdrant writes of kb-reindex (KB_BUILD_PARALLELISM)" > "$run/pool.log" 2>&1 \
-    || { cat "$run/pool.log"; exit 1; }
+  # a write pool per knowledge base (kb_qdrant_writes; with KB_REGISTRY kb_qdrant_writes__<alias>), its slots
+  # KB_BUILD_PARALLELISM (build slices writing at once), checked by the settings: local mode admits one client,
+  # so a larger value there, or a bad registry, stops here with the reason
+  pools="$(python -m kb_reindex.services.registry)"
+  while read -r pool slots; do
+    airflow pools set "$pool" "$slots" "Qdrant writes of kb-reindex (KB_BUILD_PARALLELISM)" >> "$run/pool.log" 2>&1 \
+      || { cat "$run/pool.log"; exit 1; }
+  done <<< "$pools"
 fi
 
 # each component leads a session of its own (setsid), so airflow-stop.sh finds its children too (executor

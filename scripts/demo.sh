@@ -6,8 +6,11 @@ cd "$(dirname "$0")/.."
 source scripts/airflow-env.sh
 export PATH="$PWD/.venv/bin:$PATH"
 airflow db migrate > .airflow-migrate.log 2>&1 || { cat .airflow-migrate.log; exit 1; }
-slots="$(python -m kb_reindex.services.config)"  # KB_BUILD_PARALLELISM; more than 1 is refused in local mode
-airflow pools set kb_qdrant_writes "$slots" "Qdrant writes of kb-reindex (KB_BUILD_PARALLELISM)" > /dev/null
+# a write pool per knowledge base, KB_BUILD_PARALLELISM slots each (more than 1 is refused in local mode)
+pools="$(python -m kb_reindex.services.registry)"
+while read -r pool slots; do
+  airflow pools set "$pool" "$slots" "Qdrant writes of kb-reindex (KB_BUILD_PARALLELISM)" > /dev/null
+done <<< "$pools"
 airflow dags test knowledge_reindex > .kb-demo.log 2>&1 || true
 grep -oE "kb_reindex: [^[]*" .kb-demo.log || true
 if grep -q "DagRun Finished: dag_id=knowledge_reindex.*state=success" .kb-demo.log; then

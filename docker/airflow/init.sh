@@ -29,10 +29,13 @@ path.write_text(json.dumps({os.environ.get("AIRFLOW_ADMIN_USER", "admin"): os.en
 path.chmod(0o600)
 PY
 
-# KB_BUILD_PARALLELISM slots (build slices writing to Qdrant at once), as the settings accept it
-slots="$(python -m kb_reindex.services.config)"
-echo "airflow-init: pool kb_qdrant_writes, ${slots} slot(s)"
-airflow pools set kb_qdrant_writes "$slots" "Qdrant writes of kb-reindex (KB_BUILD_PARALLELISM)"
+# a write pool per knowledge base (KB_REGISTRY's entries each kb_qdrant_writes__<alias>), KB_BUILD_PARALLELISM
+# slots each (build slices writing to Qdrant at once), as the settings accept it
+pools="$(python -m kb_reindex.services.registry)"
+while read -r pool slots; do
+  echo "airflow-init: pool ${pool}, ${slots} slot(s)"
+  airflow pools set "$pool" "$slots" "Qdrant writes of kb-reindex (KB_BUILD_PARALLELISM)"
+done <<< "$pools"
 
 # `connections add` refuses an existing id: delete first, so values changed in .env are applied.
 # --conn-json rather than --conn-type: for a type no installed provider registers, --conn-type silently

@@ -20,6 +20,7 @@ from kb_reindex.domain.errors import ConfigError, Failure, KbError, StateEmpty, 
 from kb_reindex.rules.freeze import FreezeView
 from kb_reindex.domain.model import RunOutcome, WatchOutcome
 from kb_reindex.run.status import StatusView, history, status_view
+from kb_reindex.services.registry import NAME_ENV, Registry, load_registry, select_knowledge_base
 
 log = logging.getLogger("kb_reindex.cli")
 
@@ -28,6 +29,8 @@ log = logging.getLogger("kb_reindex.cli")
 NO_CREATE = frozenset({"status", "plan"})
 #: commands that need only the state DB (never Qdrant, which a stuck process may hold in local mode)
 STATE_ONLY = frozenset({"history", "unlock", "freeze", "unfreeze"})
+#: commands that, with several knowledge bases registered and none named, show all of them
+ALL_BASES = frozenset({"status", "bases"})
 #: commands that change state or the alias take the alias's lock here; run and migrate take it inside the
 #: engine, as their DAG tasks do; rollback takes none (only the short alias lock of the move)
 LOCKED = frozenset({"validate", "gc", "drop", "reconcile", "promote", "pin", "unpin"})
@@ -52,6 +55,8 @@ def _parser(*, json_answer: bool = False) -> argparse.ArgumentParser:
         flags = argparse.ArgumentParser(add_help=False)
         flags.add_argument("--json", action="store_true", default=default, help="print one JSON object instead of tables")
         flags.add_argument("-q", "--quiet", action="store_true", default=default, help="only warnings and errors on stderr")
+        flags.add_argument("--kb", metavar="ALIAS", default=None if default is False else default,
+                           help="the knowledge base of KB_REGISTRY to act on (default: KB_NAME, or the only one)")
         return flags
 
     # accepted before or after the command (`kb-reindex -q plan`, `kb-reindex plan -q`); the command's
@@ -73,6 +78,7 @@ def _parser(*, json_answer: bool = False) -> argparse.ArgumentParser:
                           "(default KB_WATCH_MINUTES, 0: off)")
     run.set_defaults(func=_cmd_run)
     sub.add_parser("plan", parents=[common], help="what a run would do, writing nothing").set_defaults(func=_cmd_plan)
+    sub.add_parser("bases", parents=[common], help="every knowledge base: what serves, model, freeze, last run")
     sub.add_parser("status", parents=[common], help="live version, all versions, drift and metrics").set_defaults(
         func=_cmd_status)
     sub.add_parser("history", parents=[common], help="every alias move").set_defaults(func=_cmd_history)
@@ -120,6 +126,12 @@ def _parser(*, json_answer: bool = False) -> argparse.ArgumentParser:
                       help="the version you saw serving (scripts): refused, nothing moved, if another serves "
                            "(default: the one serving when the command starts, shown in the prompt)")
     prom.set_defaults(func=_cmd_promote)
+    _add_operator_commands(sub, common)
+    return parser
+
+
+def _add_operator_commands(sub: Any, common: argparse.ArgumentParser) -> None:
+    """on-call's commands on one alias: reconcile, unlock, freeze, drop, pins."""
     rec = sub.add_parser("reconcile", parents=[common], help="record what the alias serves when state disagrees")
     rec.add_argument("--rebuild-state", action="store_true",
                      help="rebuild a lost, empty or replaced state DB from the collections in Qdrant")
@@ -146,7 +158,6 @@ def _parser(*, json_answer: bool = False) -> argparse.ArgumentParser:
     unpin = sub.add_parser("unpin", parents=[common], help="end a pin; retention may drop the version again")
     unpin.add_argument("--version", type=int, required=True)
     unpin.set_defaults(func=_cmd_unpin)
-    return parser
 
 
 def _table(rows: list[dict[str, Any]], columns: list[str]) -> str:
@@ -225,19 +236,19 @@ def _main(argv: list[str]) -> int:
     except BrokenPipeError:
         raise
     except Exception as exc:  # the CLI answers in its own format; a traceback only for a bug
-        failure = _failure(exc)
+        failure = _failure(exc, args)
         if not failure.expected:
             log.exception("kb_reindex: unexpected error")
         _fail(args, failure.message, failure.kind)
         return failure.exit_code
 
 
-def _failure(exc: BaseException) -> Failure:
-    """errors.classify, naming the state DB and Qdrant of the environment's settings (when they parse)."""
+def _failure(exc: BaseException, args: argparse.Namespace) -> Failure:
+    """errors.classify, naming the state DB and Qdrant of the chosen knowledge base's settings (when they parse)."""
     from kb_reindex.services.store import describe_qdrant_failure
 
     try:
-        settings: Settings | None = Settings.from_env()
+        settings: Settings | None = select_knowledge_base(getattr(args, "kb", None)).settings()
     except KbError:
         settings = None
     if settings is None:
@@ -256,7 +267,15 @@ def _dispatch(args: argparse.Namespace) -> int:
     from kb_reindex.run.runs import exclusive
     from kb_reindex.services.runtime import open_deps
 
-    settings = Settings.from_env()
+    registry = load_registry()
+    if args.command in ALL_BASES and not args.kb and not os.environ.get(NAME_ENV) and len(registry.bases) > 1:
+        return _all_bases(args, registry)
+    kb = registry.select(args.kb)
+    for refused in registry.errors:  # another entry's mistake never stops on-call acting on this one
+        log.warning("kb_reindex: %s (that knowledge base has no DAGs until it is fixed)", refused)
+    settings = kb.settings()
+    if args.command == "bases":
+        return _print_bases(args, registry, settings)
     if args.command == "query":
         # Qdrant alone: the assistant's path keeps answering while the state DB is lost, locked or down
         return args.func(args, settings)
@@ -381,12 +400,51 @@ def _cmd_plan(args: argparse.Namespace, deps: Any) -> int:
     return 0
 
 
-def _cmd_status(args: argparse.Namespace, deps: Any) -> int:
-    s = status_view(deps)
+def _all_bases(args: argparse.Namespace, registry: Registry) -> int:
+    """`status` or `bases` with several knowledge bases and none named: every one of them."""
+    first = registry.bases[0].settings()
+    if args.command == "bases":
+        return _print_bases(args, registry, first)
+    from kb_reindex.services.runtime import open_deps
+
+    answers: list[dict[str, Any]] = []
+    human, code = [], 1 if registry.errors else 0
+    for kb in registry.bases:
+        try:
+            with open_deps(kb.settings(), create=False) as deps:
+                s = status_view(deps)
+        except ConfigError as exc:  # this one never built (or misconfigured): said, and the others still shown
+            answers.append({"alias": kb.alias, "problems": [str(exc)]})
+            human.append(f"== {kb.alias} ==\nPROBLEM: {exc}\n")
+            code = 1
+            continue
+        answers.append(s.to_dict())
+        human.append(f"== {kb.alias} ==\n{_status_human(s)}\n")
+        code = max(code, 1 if s.problems else 0)
+    human += [f"PROBLEM: registry: {refused}" for refused in registry.errors]
+    _print(args, {"knowledge_bases": answers, "refused": list(registry.errors)}, "\n".join(human))
+    return code
+
+
+def _print_bases(args: argparse.Namespace, registry: Registry, settings: Settings) -> int:
+    from kb_reindex.run.bases import bases_view
+
+    view = bases_view(registry, settings.state_url)
+    rows = [{"alias": b.alias, "live": f"v{b.live_version}" if b.live_version else "-",
+             "model": f"{b.embed_model} {b.dim}-d" if b.embed_model else "-", "frozen": "FROZEN" if b.frozen else "",
+             "last run": f"{b.last_run.kind} {b.last_run.outcome} {b.last_run.started_at}" if b.last_run else "-",
+             "schedule": b.schedule or "triggered", "problem": "; ".join(b.problems)} for b in view.bases]
+    human = _table(rows, ["alias", "live", "model", "frozen", "last run", "schedule", "problem"])
+    human += "".join(f"\nPROBLEM: registry: {refused}" for refused in view.refused)
+    _print(args, view.to_dict(), human)
+    return 1 if view.refused else 0
+
+
+def _status_human(s: StatusView) -> str:
     data = s.to_dict()
     rows = [{**row, "status": v.status + (" *rollback target" if v.rollback_target else "")
              + (" *pinned" if v.pinned else "")} for v, row in zip(s.versions, data["versions"], strict=True)]
-    human = "\n".join([_status_head(s), "", _table(rows, ["version", "status", "collection", "points", "embed_model",
+    return "\n".join([_status_head(s), "", _table(rows, ["version", "status", "collection", "points", "embed_model",
                                                         "dim", "payload_layout", "hit_rate", "mrr", "created_at"])]
                       + ([f"\nFROZEN: {s.freeze.message} (promotions held; `kb-reindex unfreeze` lifts it)"]
                          if s.freeze else [])
@@ -395,7 +453,11 @@ def _cmd_status(args: argparse.Namespace, deps: Any) -> int:
                          if s.locks else [])
                       + [f"NOTE: {n}" for n in s.notes]
                       + [f"PROBLEM: {p}" for p in s.problems])
-    _print(args, data, human)
+
+
+def _cmd_status(args: argparse.Namespace, deps: Any) -> int:
+    s = status_view(deps)
+    _print(args, s.to_dict(), _status_human(s))
     return 1 if s.problems else 0
 
 

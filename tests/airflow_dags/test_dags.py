@@ -167,7 +167,7 @@ def test_reindex_dag_end_to_end_then_no_change(dagbag, dag_env: Path) -> None:
     status = kb(dag_env, "status")
     assert status["live"]["version"] == 1
     history = kb(dag_env, "history")["events"]
-    assert history[0]["run_id"].startswith("airflow__knowledge_reindex__")
+    assert history[0]["run_id"].startswith("airflow:knowledge_reindex:")
     assert asset_events_of_last_run() == [{"uri": "qdrant://mall_knowledge/", "task": "promote",
                                            "extra": alias_extra(dag_env, "promote", 1, None)}]
     assert states["watch"] == "skipped"  # KB_WATCH_MINUTES is 0 by default
@@ -281,7 +281,7 @@ def test_rollback_dag_to_previous_and_to_chosen_version(dagbag, dag_env: Path) -
     assert status["live"]["version"] == 1
     events = kb(dag_env, "history")["events"]
     assert [e["action"] for e in events[-2:]] == ["rollback", "rollback"]
-    assert events[-1]["reason"] == "further back" and events[-1]["run_id"].startswith("airflow__knowledge_rollback__")
+    assert events[-1]["reason"] == "further back" and events[-1]["run_id"].startswith("airflow:knowledge_rollback:")
 
 
 def test_rollback_dag_refuses_without_confirm_or_with_a_failed_target(dagbag, dag_env: Path) -> None:
@@ -348,7 +348,7 @@ def test_promote_shadow_dag_promotes_a_shadow_and_refuses_a_retired_or_unknown_v
     assert (live["version"], live["embed_model"], live["dim"]) == (3, "hashing-ngram-v4", 512)
     last = kb(dag_env, "history")["events"][-1]
     assert (last["action"], last["from_version"], last["reason"]) == ("migrate", 2, "bge trial")
-    assert last["run_id"].startswith("airflow__knowledge_promote_shadow__")
+    assert last["run_id"].startswith("airflow:knowledge_promote_shadow:")
     assert [e["extra"] for e in asset_events_of_last_run()] == [alias_extra(dag_env, "migrate", 3, 2)]
     # it served now: from here on a rollback may return to it, and it is no shadow any more
     ok, _ = run_dag(dagbag, "knowledge_promote_shadow", {"version": 3, "reason": "again", "confirm": True})

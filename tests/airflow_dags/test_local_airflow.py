@@ -182,7 +182,7 @@ def test_make_airflow_builds_two_slices_at_once_like_a_serial_build_then_rolls_b
 
     status = kb(airflow.env, "status")
     assert status["live"]["version"] == 1 and status["problems"] == []
-    assert kb(airflow.env, "history")["events"][0]["run_id"].startswith("airflow__knowledge_reindex__")
+    assert kb(airflow.env, "history")["events"][0]["run_id"].startswith("airflow:knowledge_reindex:")
     parallel = status["live"]["collection"]
     upserts = [r for r in qdrant.requests() if r.op == "upsert" and r.collection == parallel and r.status == 200]
     assert any(a.at < b.at + b.handle_s and b.at < a.at + a.handle_s
@@ -211,7 +211,7 @@ def test_make_airflow_builds_two_slices_at_once_like_a_serial_build_then_rolls_b
     assert {v["version"]: v["status"] for v in status["versions"]}[2] == "retired"
     last = kb(airflow.env, "history")["events"][-1]
     assert (last["action"], last["reason"]) == ("rollback", "local airflow check")
-    assert last["run_id"].startswith("airflow__knowledge_rollback__")
+    assert last["run_id"].startswith("airflow:knowledge_rollback:")
     # the rollback froze the alias (its `freeze` Param is on by default); lifted here for the tests that follow
     assert status["freeze"]["set_by"].startswith("knowledge_rollback (airflow__knowledge_rollback__"), status["freeze"]
     kb(airflow.env, "unfreeze")

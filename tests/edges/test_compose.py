@@ -13,6 +13,7 @@ import shlex
 import shutil
 import socket
 import subprocess
+import sys
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
@@ -585,16 +586,24 @@ def test_init_connections_are_idempotent(init_commands: list[list[str]]) -> None
             assert previous[:4] == ["airflow", "connections", "delete", command[3]] and previous[-2:] == ["||", "true"]
 
 
-def test_init_migrates_and_creates_the_pool(init_commands: list[list[str]]) -> None:
-    from kb_reindex.airflow.constants import POOL
-
+def test_init_migrates_and_creates_a_pool_per_knowledge_base(init_commands: list[list[str]], tmp_path: Path) -> None:
     assert ["airflow", "db", "migrate"] in init_commands
     pools = [cmd for cmd in init_commands if cmd[:3] == ["airflow", "pools", "set"]]
-    # its slots are KB_BUILD_PARALLELISM as the settings accept it (local mode refuses more than 1)
-    assert any(cmd[3] == POOL and cmd[4] == "$slots" for cmd in pools), f"pool {POOL}: {pools}"
-    assert ["slots=$(python -m kb_reindex.services.config)"] in init_commands
+    # one per line `python -m kb_reindex.services.registry` prints: each knowledge base's pool and its slots,
+    # KB_BUILD_PARALLELISM as the settings accept it (local mode refuses more than 1)
+    assert ["pools=$(python -m kb_reindex.services.registry)"] in init_commands
+    assert ["while", "read", "-r", "pool", "slots;", "do"] in init_commands and ["done", "<<<", "$pools"] in init_commands
+    assert any(cmd[3:5] == ["$pool", "$slots"] for cmd in pools), pools
     migrate = init_commands.index(["airflow", "db", "migrate"])
     assert all(init_commands.index(cmd) > migrate for cmd in pools)
+    printed = {}
+    for registry in ("", "knowledge/registry.yaml"):
+        done = subprocess.run([sys.executable, "-m", "kb_reindex.services.registry"], capture_output=True, text=True,
+                              timeout=60, env={**os.environ, "KB_PROJECT_ROOT": str(REPO), "KB_REGISTRY": registry})
+        assert done.returncode == 0, done.stderr
+        printed[registry] = done.stdout.splitlines()
+    assert printed == {"": ["kb_qdrant_writes 1"], "knowledge/registry.yaml": ["kb_qdrant_writes__mall_knowledge 1",
+                                                                               "kb_qdrant_writes__seller_rules 1"]}
 
 
 def test_init_needs_the_secrets_it_uses(airflow_services: dict[str, dict[str, Any]]) -> None:

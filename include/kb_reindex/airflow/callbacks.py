@@ -11,15 +11,16 @@ from typing import Any
 from kb_reindex.run import dag_lock
 from kb_reindex.airflow.connections import state_url
 from kb_reindex.services.state.dag_runs import kb_run_id
-from kb_reindex.services.config import Settings
+from kb_reindex.services.registry import select_knowledge_base
 from kb_reindex.services.runtime import StateDeps
 from kb_reindex.services.state.store import StateStore
 
 log = logging.getLogger(__name__)
 
 
-def release_run_lock(context: Any) -> None:
-    """`on_failure_callback` of every task of a reindex or migration run, and of the run itself."""
+def release_run_lock(context: Any, kb: str | None = None) -> None:
+    """`on_failure_callback` of every task of a reindex or migration run of knowledge base `kb`, and of the run
+    itself."""
     try:
         dag_run = context.get("dag_run")
         dag_id = context["dag"].dag_id if context.get("dag") is not None else dag_run.dag_id
@@ -27,7 +28,7 @@ def release_run_lock(context: Any) -> None:
         # the state DB alone: the other settings (Qdrant, Ollama) may be what failed
         state = StateStore(state_url(), create=False)
         try:
-            dag_lock.release(StateDeps(settings=Settings.from_env(), state=state), run_id)
+            dag_lock.release(StateDeps(settings=select_knowledge_base(kb).settings(), state=state), run_id)
         finally:
             state.dispose()
         log.info("kb_reindex: run %s failed; its lock is released", run_id)

@@ -1,5 +1,6 @@
 """Airflow Connections as Settings: `kb_state` (the state DB), `ollama_default` (the embedder's servers) and
-`qdrant_default` (Qdrant) override the environment's settings field by field, so a task builds its stores
+`qdrant_default` (Qdrant) override the settings of the knowledge base a task acts on field by field (a registry
+entry may name Connections of its own for its Qdrant and its Ollama; the state DB is shared), so a task builds its stores
 exactly as the CLI does (`runtime.open_deps`, `store.make_client`). Without a Connection, the environment
 decides. Airflow is imported only when a Connection is looked up: the mapping is tested without it.
 """
@@ -17,11 +18,10 @@ from sqlalchemy.engine import URL
 from kb_reindex.services.collection_config import CollectionConfig, load_collection_config
 from kb_reindex.services.config import Settings, project_root, split_ollama_hosts, state_url_from_env
 from kb_reindex.domain.errors import ConfigError
+from kb_reindex.services.registry import OLLAMA_CONN_ID, QDRANT_CONN_ID, KnowledgeBase, select_knowledge_base
 from kb_reindex.services.runtime import Deps, open_deps
 
-QDRANT_CONN_ID = "qdrant_default"
 STATE_CONN_ID = "kb_state"
-OLLAMA_CONN_ID = "ollama_default"
 
 
 class QdrantOverrides(TypedDict):
@@ -73,7 +73,7 @@ def state_url_from_connection(conn: Any) -> str:
     raise ConfigError(f"connection {STATE_CONN_ID} has type {conn.conn_type!r}; use mysql, postgres or sqlite")
 
 
-def ollama_from_connection(conn: Any) -> tuple[str, dict[str, str] | None]:
+def ollama_from_connection(conn: Any, conn_id: str = OLLAMA_CONN_ID) -> tuple[str, dict[str, str] | None]:
     """`ollama_default` as OLLAMA_HOST and headers. Its host may list several servers, comma-separated
     (`ollama-a,ollama-b:11435,https://ollama-c`): an entry without a scheme gets the Connection's schema
     (http), one without a port the Connection's port (11434); the password goes to every server."""
@@ -84,12 +84,12 @@ def ollama_from_connection(conn: Any) -> tuple[str, dict[str, str] | None]:
             entry = f"{conn.schema or 'http'}://{entry}" + ("" if has_port else f":{conn.port or 11434}")
         hosts.append(entry)
     host = ",".join(hosts)
-    split_ollama_hosts(host, source=f"connection {OLLAMA_CONN_ID}: host")
+    split_ollama_hosts(host, source=f"connection {conn_id}: host")
     headers = {"Authorization": f"Bearer {conn.password}"} if conn.password else None
     return host, headers
 
 
-def qdrant_overrides(conn: Any, *, root: Any) -> QdrantOverrides:
+def qdrant_overrides(conn: Any, *, root: Any, conn_id: str = QDRANT_CONN_ID) -> QdrantOverrides:
     """`qdrant_default` as Settings fields, so `store.make_client` builds the client as for the CLI.
 
     The fields the Qdrant provider's `QdrantHook.get_conn` reads (host, port, password as API key; extras url,
@@ -98,7 +98,7 @@ def qdrant_overrides(conn: Any, *, root: Any) -> QdrantOverrides:
     `collection_config`. The hook is not used (nor its provider installed): its client could not be given the
     timeout, and a client built outside `store.make_client` would make the tasks and the CLI differ."""
     extra = conn.extra_dejson or {}
-    where = f"connection {QDRANT_CONN_ID}"
+    where = f"connection {conn_id}"
 
     def flag(*names: str) -> bool | None:
         for name in names:
@@ -145,24 +145,36 @@ def qdrant_overrides(conn: Any, *, root: Any) -> QdrantOverrides:
     return overrides
 
 
-def task_settings() -> tuple[Settings, dict[str, str] | None]:
-    """Settings from the environment, overridden by the Connections that are defined; Ollama's headers.
-    Checked once the Connections apply: `qdrant_default` may be what makes Qdrant a server."""
+def _entry_connection(kb: KnowledgeBase, conn_id: str, default: str) -> Any | None:
+    """A Connection the knowledge base uses: a default one may be absent (the environment decides), one its
+    registry entry names must exist."""
+    conn = _connection(conn_id)
+    if conn is None and conn_id != default:
+        raise ConfigError(f"{kb.registry}: knowledge base {kb.alias!r} names the Connection {conn_id!r}, which "
+                          "Airflow does not have; create it (airflow connections add) or drop the key")
+    return conn
+
+
+def task_settings(kb: str | None = None) -> tuple[Settings, dict[str, str] | None]:
+    """The settings of the knowledge base `kb` (None: the environment's, or a registry's only one), overridden
+    by the Connections that are defined; Ollama's headers. Checked once the Connections apply: `qdrant_default`
+    may be what makes Qdrant a server."""
+    base = select_knowledge_base(kb)
     overrides: dict[str, Any] = {}
     headers = None
     if (state_conn := _connection(STATE_CONN_ID)) is not None:
         overrides["state_url"] = state_url_from_connection(state_conn)
-    if (ollama_conn := _connection(OLLAMA_CONN_ID)) is not None:
-        overrides["ollama_host"], headers = ollama_from_connection(ollama_conn)
-    if (qdrant_conn := _connection(QDRANT_CONN_ID)) is not None:
-        overrides.update(qdrant_overrides(qdrant_conn, root=project_root(os.environ)))
-    return Settings.from_env(**overrides), headers
+    if (ollama_conn := _entry_connection(base, base.ollama_conn_id, OLLAMA_CONN_ID)) is not None:
+        overrides["ollama_host"], headers = ollama_from_connection(ollama_conn, base.ollama_conn_id)
+    if (qdrant_conn := _entry_connection(base, base.qdrant_conn_id, QDRANT_CONN_ID)) is not None:
+        overrides.update(qdrant_overrides(qdrant_conn, root=project_root(os.environ), conn_id=base.qdrant_conn_id))
+    return base.settings(**overrides), headers
 
 
 @contextmanager
-def task_deps() -> Iterator[Deps]:
-    """The stores a task works with, opened from `task_settings` (Ollama's headers set)."""
-    settings, headers = task_settings()
+def task_deps(kb: str | None = None) -> Iterator[Deps]:
+    """The stores a task of knowledge base `kb` works with, opened from `task_settings` (Ollama's headers set)."""
+    settings, headers = task_settings(kb)
     with open_deps(settings) as deps:
         deps.ollama_headers = headers
         yield deps

@@ -1,20 +1,17 @@
-"""The Airflow names every DAG and task shares: the run id a DAG run is recorded under, the pool of Qdrant
-writes and the alias Asset. Imports only the Airflow SDK, so DAG parsing stays light."""
+"""The Airflow names every DAG and task shares: the run id a DAG run is recorded under and the Asset of an
+alias. Imports only the Airflow SDK, so DAG parsing stays light."""
 
 from __future__ import annotations
-
-import os
 
 from airflow.sdk import Asset, get_current_context
 
 from kb_reindex.services.state.dag_runs import kb_run_id
 
-#: the pool every task that writes to Qdrant takes a slot of (docker/airflow/init.sh creates it)
-POOL = "kb_qdrant_writes"
 
-ALIAS = os.environ.get("KB_ALIAS", "mall_knowledge")
-#: updated whenever the alias moves (promotion, migration, rollback); consumers can schedule on it
-KNOWLEDGE_ALIAS = Asset(name=f"kb_alias_{ALIAS}", uri=f"qdrant://{ALIAS}")
+def alias_asset(alias: str) -> Asset:
+    """The Asset of an alias, `qdrant://<alias>`: updated whenever the alias moves (promotion, migration,
+    rollback), so consumers can schedule on it. Each knowledge base has its own."""
+    return Asset(name=f"kb_alias_{alias}", uri=f"qdrant://{alias}")
 
 
 def current_run_id() -> str:

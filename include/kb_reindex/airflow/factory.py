@@ -1,51 +1,93 @@
-"""The one definition of a knowledge run as a DAG: `knowledge_reindex` and `knowledge_model_migration` are
-both built here and differ only in their kind, Params and schedule.
+"""The DAGs of every knowledge base, from one definition each: `knowledge_reindex`, `knowledge_model_migration`
+(both `knowledge_dag`: the same run, differing only in kind, Params and schedule), `knowledge_rollback` and
+`knowledge_promote_shadow`. Without KB_REGISTRY the environment's one knowledge base gets them under these ids;
+with a registry each entry gets its own, `<id>__<alias>`, in the registry's order, tagged with its alias, on
+its own schedule, pool and Asset (`for_each_knowledge_base`).
 
 plan -> has_changes -> create_version -> build_slices -> build (mapped) -> validate -> promote -> watch,
 and cleanup after promote (beside the watch). Each task is a thin call of kb_reindex.airflow.tasks, imported
-inside the task: parsing a DAG file imports the Airflow SDK and this module only, never Qdrant or pandas.
+inside the task and told which knowledge base it acts on: parsing a DAG file reads the registry and imports
+the Airflow SDK and this module only, never Qdrant, pandas or the state DB.
 """
 
 from __future__ import annotations
 
+import copy
+import functools
+import logging
 import os
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
 from airflow.sdk import DAG, Param, TriggerRule, dag, task
 
-from kb_reindex.airflow.constants import BUILD_SLICE_SIZE, KNOWLEDGE_ALIAS, POOL, current_run_id
+from kb_reindex.airflow.constants import BUILD_SLICE_SIZE, alias_asset, current_run_id
+from kb_reindex.domain.errors import ConfigError
 from kb_reindex.domain.model import RunKind
+from kb_reindex.services.registry import KnowledgeBase, load_registry
+
+log = logging.getLogger(__name__)
+START = datetime(2026, 1, 1)
 
 
-def release_run_lock(context: Any) -> None:
+def knowledge_bases() -> tuple[KnowledgeBase, ...]:
+    """The knowledge bases to make DAGs for. A registry that cannot be read gives none here: its error is the
+    import error of dags/knowledge_registry.py (`check_registry`), and an entry refused keeps the others."""
+    try:
+        return load_registry().bases
+    except ConfigError as exc:
+        log.error("kb_reindex: no knowledge base DAGs: %s", exc)
+        return ()
+
+
+def check_registry() -> None:
+    """Raise the registry's refusals (dags/knowledge_registry.py), so they show in Airflow's import errors."""
+    load_registry().check()
+
+
+def for_each_knowledge_base(make: Callable[[KnowledgeBase], DAG]) -> dict[str, DAG]:
+    """One DAG per knowledge base, by its DAG id, for a DAG file's globals (Airflow's dynamic DAG pattern)."""
+    return {dag_.dag_id: dag_ for dag_ in map(make, knowledge_bases())}
+
+
+def task_kb(kb: KnowledgeBase) -> str | None:
+    """What every task of `kb`'s DAGs is told it acts on: its registry entry, or None, the environment's one."""
+    return kb.alias if kb.registered else None
+
+
+def tags_of(kb: KnowledgeBase, *tags: str) -> list[str]:
+    return ["knowledge", "qdrant", *tags, *([f"kb:{kb.alias}"] if kb.registered else [])]
+
+
+def release_run_lock(context: Any, kb: str | None = None) -> None:
     """The failure callback (kb_reindex.airflow.callbacks), imported when it fires: it opens the state DB."""
     from kb_reindex.airflow.callbacks import release_run_lock as release
 
-    release(context)
+    release(context, kb=kb)
 
 
-def knowledge_dag(dag_id: str, *, kind: RunKind, doc_md: str | None, params: dict[str, Param],
-                  schedule: str | None, tags: list[str]) -> DAG:
-    """The run of `kind` as a DAG: the same tasks for a reindex and a migration; what a Param a DAG lacks
-    would say takes its default (no dry run, no forced rebuild, the golden set's thresholds, promotion on)."""
+def knowledge_dag(kb: KnowledgeBase, base_id: str, *, kind: RunKind, doc_md: str | None, params: dict[str, Param],
+                  schedule: str | None, tags: tuple[str, ...] = ()) -> DAG:
+    """The run of `kind` over knowledge base `kb` as a DAG: the same tasks for a reindex and a migration; what a
+    Param a DAG lacks would say takes its default (no dry run, no forced rebuild, the golden set's thresholds,
+    promotion on)."""
+    name, pool, release = task_kb(kb), kb.pool, functools.partial(release_run_lock, kb=task_kb(kb))
 
     @dag(
-        dag_id=dag_id,
+        dag_id=kb.dag_id(base_id),
         schedule=schedule,
-        start_date=datetime(2026, 1, 1),
+        start_date=START,
         catchup=False,
         max_active_runs=1,
-        # a run that fails as a whole (marked failed in the UI, timed out) lets its lock go too; the lock's
-        # liveness check asks Airflow about the run as well, so nothing depends on this callback firing
-        on_failure_callback=release_run_lock,
+        # a run failed as a whole (marked failed, timed out) lets its lock go too; liveness asks Airflow as well
+        on_failure_callback=release,
         doc_md=doc_md,
-        tags=tags,
-        # the run holds the alias's reindex lock from plan to cleanup; a task that fails for good releases it.
-        # KB_RETRY_DELAY_S: seconds before a failed task's first retry (a test stack shortens it)
+        tags=tags_of(kb, *tags),
+        # a task that fails for good releases the run's lock; KB_RETRY_DELAY_S: before a first retry (tests shorten it)
         default_args={"retries": 2, "retry_delay": timedelta(seconds=int(os.environ.get("KB_RETRY_DELAY_S", "60"))),
-                      "retry_exponential_backoff": True, "on_failure_callback": release_run_lock},
-        params=params,
+                      "retry_exponential_backoff": True, "on_failure_callback": release},
+        params=copy.deepcopy(params),  # each knowledge base's DAG its own Param objects
     )
     def knowledge_run() -> None:
         # a task's arguments are XCom references while the DAG is defined, their dicts when it runs: typed Any
@@ -54,7 +96,7 @@ def knowledge_dag(dag_id: str, *, kind: RunKind, doc_md: str | None, params: dic
             from kb_reindex.airflow import tasks
 
             p = params or {}
-            return tasks.plan_task(run_id=current_run_id(), kind=kind, force_full=p.get("force_full_rebuild", False),
+            return tasks.plan_task(kb=name, run_id=current_run_id(), kind=kind, force_full=p.get("force_full_rebuild", False),
                                    dry_run=p.get("dry_run", False), embedder=p.get("embedder"), model=p.get("model"),
                                    dim=p.get("dimension"), layout=p.get("payload_layout"))
 
@@ -63,55 +105,55 @@ def knowledge_dag(dag_id: str, *, kind: RunKind, doc_md: str | None, params: dic
         def has_changes(plan: Any, params: dict | None = None) -> bool:
             from kb_reindex.airflow import tasks
 
-            return tasks.should_build_task(plan=plan, dry_run=(params or {}).get("dry_run", False),
+            return tasks.should_build_task(kb=name, plan=plan, dry_run=(params or {}).get("dry_run", False),
                                            run_id=current_run_id())
 
-        @task(pool=POOL)
+        @task(pool=pool)
         def create_version(plan: Any) -> dict:
             from kb_reindex.airflow import tasks
 
-            return tasks.create_version_task(plan=plan, run_id=current_run_id())
+            return tasks.create_version_task(kb=name, plan=plan, run_id=current_run_id())
 
         @task
         def build_slices(version: Any, params: dict | None = None) -> list[dict]:
             from kb_reindex.airflow import tasks
 
             size = (params or {}).get("build_slice_size", BUILD_SLICE_SIZE)
-            return tasks.build_slices_task(version=version, slice_size=size, run_id=current_run_id())
+            return tasks.build_slices_task(kb=name, version=version, slice_size=size, run_id=current_run_id())
 
-        @task(pool=POOL, retries=3)
+        @task(pool=pool, retries=3)
         def build(work: dict) -> dict:
             from kb_reindex.airflow import tasks
 
-            return tasks.build_task(version=work, run_id=current_run_id(), window=(work["offset"], work["limit"]))
+            return tasks.build_task(kb=name, version=work, run_id=current_run_id(), window=(work["offset"], work["limit"]))
 
         @task
         def validate(version: Any, params: dict | None = None) -> dict:
             from kb_reindex.airflow import tasks
 
             p = params or {}
-            return tasks.validate_task(version=version, run_id=current_run_id(), min_hit_rate=p.get("min_hit_rate"),
+            return tasks.validate_task(kb=name, version=version, run_id=current_run_id(), min_hit_rate=p.get("min_hit_rate"),
                                        min_mrr=p.get("min_mrr"))
 
-        @task(pool=POOL, outlets=[KNOWLEDGE_ALIAS])
+        @task(pool=pool, outlets=[alias_asset(kb.alias)])
         def promote(plan: Any, version: Any, params: dict | None = None) -> dict:
             from kb_reindex.airflow import tasks
 
-            return tasks.promote_task(plan=plan, version=version, run_id=current_run_id(),
+            return tasks.promote_task(kb=name, plan=plan, version=version, run_id=current_run_id(),
                                       promote=(params or {}).get("promote", True))
 
         @task
         def watch(promoted: Any) -> dict:
             from kb_reindex.airflow import tasks
 
-            return tasks.watch_task(promoted=promoted, run_id=current_run_id())
+            return tasks.watch_task(kb=name, promoted=promoted, run_id=current_run_id())
 
         # after a promotion, a kept version or nothing to build; never after a failure
-        @task(pool=POOL, trigger_rule=TriggerRule.NONE_FAILED)
+        @task(pool=pool, trigger_rule=TriggerRule.NONE_FAILED)
         def cleanup(params: dict | None = None) -> dict:
             from kb_reindex.airflow import tasks
 
-            return tasks.cleanup_task(dry_run=(params or {}).get("dry_run", False), run_id=current_run_id())
+            return tasks.cleanup_task(kb=name, dry_run=(params or {}).get("dry_run", False), run_id=current_run_id())
 
         planned = plan()
         version = create_version(planned)
@@ -124,3 +166,93 @@ def knowledge_dag(dag_id: str, *, kind: RunKind, doc_md: str | None, params: dic
         watch(promoted)  # beside cleanup, which never drops live or the rollback target
 
     return knowledge_run()
+
+
+def rollback_dag(kb: KnowledgeBase, *, doc_md: str | None) -> DAG:
+    """On-call's rollback of `kb`'s alias: unpaused from the start, off the build pool, never waiting for a build."""
+    name = task_kb(kb)
+
+    @dag(
+        dag_id=kb.dag_id("knowledge_rollback"),
+        schedule=None,
+        start_date=START,
+        catchup=False,
+        max_active_runs=1,
+        # on-call's way back must work from the first minute of a fresh install
+        is_paused_upon_creation=False,
+        doc_md=doc_md,
+        tags=tags_of(kb, "on-call"),
+        params={
+            "live_version": Param(None, type=["null", "integer"], minimum=1, title="Live version you saw",
+                                  description="The version you saw serving; refused if another serves now.",
+                                  section="Rollback"),
+            "reason": Param("", type="string", minLength=1, title="Reason",
+                            description="Why the rollback is needed; recorded in the alias history.",
+                            section="Rollback"),
+            "to_version": Param(None, type=["null", "integer"], minimum=1, title="Target version",
+                                description="Empty: the version before the current one.", section="Rollback"),
+            "confirm": Param(False, type="boolean", title="Confirm",
+                             description="Tick to really move the alias.", section="Rollback"),
+            "freeze": Param(True, type="boolean", title="Freeze the alias",
+                            description="Hold every later promotion (runs, migrations, shadows) until `kb-reindex "
+                                        "unfreeze`: the rolled-back change is usually still in the knowledge folder.",
+                            section="Rollback"),
+            "revalidate": Param(True, type="boolean", title="Score the target on the golden set",
+                                description="Reported only; does not block a confirmed rollback.", section="Checks"),
+        },
+    )
+    def knowledge_rollback() -> None:
+        # default_pool, not the build pool: the build slices of a long reindex fill that one
+        @task(retries=0, outlets=[alias_asset(kb.alias)])
+        def rollback(params: dict | None = None) -> dict:
+            from kb_reindex.airflow.tasks import rollback_task
+
+            p = params or {}
+            return rollback_task(kb=name, run_id=current_run_id(), live_version=p["live_version"],
+                                 to_version=p["to_version"], reason=p["reason"], confirm=p["confirm"],
+                                 revalidate=p["revalidate"], freeze=p["freeze"])
+
+        rollback()
+
+    return knowledge_rollback()
+
+
+def promote_shadow_dag(kb: KnowledgeBase, *, doc_md: str | None) -> DAG:
+    """On-call's promotion of one of `kb`'s shadow versions, validated again."""
+    name = task_kb(kb)
+
+    @dag(
+        dag_id=kb.dag_id("knowledge_promote_shadow"),
+        schedule=None,
+        start_date=START,
+        catchup=False,
+        max_active_runs=1,
+        is_paused_upon_creation=False,  # on-call's DAG: runs from the first minute of a fresh install
+        doc_md=doc_md,
+        tags=tags_of(kb, "on-call"),
+        params={
+            "version": Param(None, type=["null", "integer"], minimum=1, title="Shadow version",
+                             description="Number of the shadow version to serve (status `ready`, never served).",
+                             section="Promotion"),
+            "live_version": Param(None, type=["null", "integer"], minimum=1, title="Live version you saw",
+                                  description="The version you saw serving (empty only when nothing serves); "
+                                              "refused if another serves now.", section="Promotion"),
+            "reason": Param("", type="string", minLength=1, title="Reason",
+                            description="Why this shadow goes live now; recorded in the alias history.",
+                            section="Promotion"),
+            "confirm": Param(False, type="boolean", title="Confirm",
+                             description="Tick to really move the alias to the shadow version.", section="Promotion"),
+        },
+    )
+    def knowledge_promote_shadow() -> None:
+        @task(pool=kb.pool, retries=0, outlets=[alias_asset(kb.alias)])
+        def promote_shadow(params: dict | None = None) -> dict:
+            from kb_reindex.airflow.tasks import promote_shadow_task
+
+            p = params or {}
+            return promote_shadow_task(kb=name, run_id=current_run_id(), version=p["version"], reason=p["reason"],
+                                       confirm=p["confirm"], live_version=p["live_version"])
+
+        promote_shadow()
+
+    return knowledge_promote_shadow()

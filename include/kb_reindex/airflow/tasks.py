@@ -18,7 +18,7 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from kb_reindex.run import dag_lock
 from kb_reindex.airflow.connections import state_url, task_deps, task_settings
-from kb_reindex.airflow.constants import KNOWLEDGE_ALIAS
+from kb_reindex.airflow.constants import alias_asset
 from kb_reindex.domain.errors import PERMANENT, KbError, StateUnreachable, StoreError, classify
 from kb_reindex.rules.fence import Fence
 from kb_reindex.rules.freeze import freeze_for_rollback
@@ -79,12 +79,12 @@ def step(deps: Deps, run_id: str) -> Iterator[None]:
 
 
 @contextmanager
-def task_step(run_id: str) -> Iterator[Deps]:
+def task_step(run_id: str, kb: str | None = None) -> Iterator[Deps]:
     """`task_deps` inside `step`, under the run's reindex lock (renewed now and all along the step): an error
     while opening the stores (Qdrant down, a bad Connection) is decided like one in the step's body."""
     stack = ExitStack()
     try:
-        deps = stack.enter_context(task_deps())
+        deps = stack.enter_context(task_deps(kb))
     except KbError as exc:
         stack.close()
         _opening_failed(run_id, exc)
@@ -120,14 +120,14 @@ def run_fence(deps: Deps, run_id: str) -> Fence:
 # --- knowledge_reindex & knowledge_model_migration ---------------------------------------------------
 
 
-def plan_task(*, run_id: str, kind: str = RunKind.REINDEX, force_full: bool = False, embedder: str | None = None,
+def plan_task(*, kb: str | None = None, run_id: str, kind: str = RunKind.REINDEX, force_full: bool = False, embedder: str | None = None,
               model: str | None = None, dim: int | None = None, layout: str | None = None,
               dry_run: bool = False) -> dict[str, Any]:
     """Start the run's record and take its reindex lock (held until cleanup, or the failure callback, lets it
     go), then plan: the only task that reads the knowledge folder."""
     request = RunRequest(kind=RunKind(kind), force_full=force_full, dry_run=dry_run, embedder=embedder, model=model,
                          dim=dim, layout=layout, layout_from="Param payload_layout")
-    with task_deps() as deps:
+    with task_deps(kb) as deps:
         recorder = Recorder.of(deps, run_id)
         recorder.start(request.kind, "airflow")
         with step(deps, run_id):
@@ -135,9 +135,9 @@ def plan_task(*, run_id: str, kind: str = RunKind.REINDEX, force_full: bool = Fa
             return plan_step(deps, recorder, request).to_dict()
 
 
-def should_build_task(*, plan: dict[str, Any], dry_run: bool, run_id: str) -> bool:
+def should_build_task(*, kb: str | None = None, plan: dict[str, Any], dry_run: bool, run_id: str) -> bool:
     """False ends the run here (short-circuit): nothing changed, or only a dry run was asked for."""
-    with task_deps() as deps:
+    with task_deps(kb) as deps:
         dag_lock.renew(deps, run_id)
         planned = Plan.from_dict(plan)
         if builds(planned, dry_run=dry_run):
@@ -149,40 +149,40 @@ def should_build_task(*, plan: dict[str, Any], dry_run: bool, run_id: str) -> bo
     return False
 
 
-def create_version_task(*, plan: dict[str, Any], run_id: str) -> dict[str, Any]:
-    with task_step(run_id) as deps:
+def create_version_task(*, kb: str | None = None, plan: dict[str, Any], run_id: str) -> dict[str, Any]:
+    with task_step(run_id, kb) as deps:
         return create_version_step(deps, Recorder.of(deps, run_id), Plan.from_dict(plan)).to_dict()
 
 
-def build_slices_task(*, version: dict[str, Any], slice_size: int, run_id: str | None = None) -> list[dict[str, Any]]:
+def build_slices_task(*, kb: str | None = None, version: dict[str, Any], slice_size: int, run_id: str | None = None) -> list[dict[str, Any]]:
     """(offset, limit) windows over the version's manifest, for dynamic task mapping of the build."""
-    with task_deps() as deps:
+    with task_deps(kb) as deps:
         if run_id is not None:
             dag_lock.renew(deps, run_id)
         windows = build_windows(deps, version["version"], slice_size)
     return [{"version": version["version"], "offset": offset, "limit": limit} for offset, limit in windows]
 
 
-def build_task(*, version: dict[str, Any], run_id: str, window: tuple[int, int] | None = None) -> dict[str, Any]:
-    with task_step(run_id) as deps:
+def build_task(*, kb: str | None = None, version: dict[str, Any], run_id: str, window: tuple[int, int] | None = None) -> dict[str, Any]:
+    with task_step(run_id, kb) as deps:
         return build_step(deps, Recorder.of(deps, run_id), version["version"], run_fence(deps, run_id),
                           window=window).to_dict()
 
 
-def validate_task(*, version: dict[str, Any], run_id: str, min_hit_rate: float | None = None,
+def validate_task(*, kb: str | None = None, version: dict[str, Any], run_id: str, min_hit_rate: float | None = None,
                   min_mrr: float | None = None) -> dict[str, Any]:
-    with task_step(run_id) as deps:
+    with task_step(run_id, kb) as deps:
         return validate_step(deps, version["version"],
                              RunRequest(min_hit_rate=min_hit_rate, min_mrr=min_mrr)).to_dict()
 
 
-def promote_task(*, plan: dict[str, Any], version: dict[str, Any], run_id: str, promote: bool = True) -> dict[str, Any]:
+def promote_task(*, kb: str | None = None, plan: dict[str, Any], version: dict[str, Any], run_id: str, promote: bool = True) -> dict[str, Any]:
     """Move the alias and announce it on the alias Asset. The task is skipped (no Asset event, no watch;
     `cleanup` still runs) when nothing moved: the version was already live (unless this very run moved it in
     an attempt that died before reporting), the alias is frozen (the run ends `frozen`), or `promote` is off
     (a migration's shadow: the run ends `shadow`)."""
     number = version["version"]
-    with task_step(run_id) as deps:
+    with task_step(run_id, kb) as deps:
         promotion = promote_step(deps, Recorder.of(deps, run_id), Plan.from_dict(plan), number, run_fence(deps, run_id),
                                  request=RunRequest(promote=promote))
         if promotion.moved:
@@ -217,21 +217,21 @@ def announce_alias_move(deps: Deps, *, action: str, version: VersionRecord,
     """Set the `extra` of this task's outlet event for the alias Asset (emitted when the task succeeds)."""
     extra = alias_move_extra(alias=deps.settings.alias, action=action, version=version,
                              previous_version=previous_version)
-    get_current_context()["outlet_events"][KNOWLEDGE_ALIAS].extra = extra
+    get_current_context()["outlet_events"][alias_asset(deps.settings.alias)].extra = extra
     log.info("kb_reindex: alias %s moved: %s", deps.settings.alias, extra)
     return extra
 
 
-def cleanup_task(*, dry_run: bool = False, run_id: str | None = None) -> dict[str, Any]:
+def cleanup_task(*, kb: str | None = None, dry_run: bool = False, run_id: str | None = None) -> dict[str, Any]:
     """Retention after any run that did not fail: a quiet knowledge base reclaims abandoned builds too.
     A dry run promised to change nothing, so it deletes nothing either. The run's last step: retention runs
     under the run's lock, then lets it go (a failed retention keeps it for its retry, or the failure callback)."""
     if dry_run:
         if run_id is not None:
-            with task_deps() as deps:
+            with task_deps(kb) as deps:
                 dag_lock.release(deps, run_id)
         raise AirflowSkipException("dry run: retention deletes nothing")
-    with task_deps() as deps:
+    with task_deps(kb) as deps:
         if run_id is None:
             return cleanup_step(deps).to_dict()
         with dag_lock.held(deps, run_id):
@@ -240,13 +240,13 @@ def cleanup_task(*, dry_run: bool = False, run_id: str | None = None) -> dict[st
         return result.to_dict()
 
 
-def watch_task(*, promoted: dict[str, Any], run_id: str) -> dict[str, Any]:
+def watch_task(*, kb: str | None = None, promoted: dict[str, Any], run_id: str) -> dict[str, Any]:
     """The watch after `promote`, for KB_WATCH_MINUTES (0: skipped). An automatic rollback, or a regression
     with nowhere to go back to, fails the task without retry: on-call must hear of it."""
-    settings, _headers = task_settings()
+    settings, _headers = task_settings(kb)
     if settings.watch_minutes <= 0:
         raise AirflowSkipException("KB_WATCH_MINUTES is 0: no watch after the promotion")
-    with task_deps() as deps:
+    with task_deps(kb) as deps:
         result = watch_step(deps, promoted["version"], minutes=settings.watch_minutes,
                             run_id=f"{run_id}__watch"[:255], trigger="watch")
     if result.outcome == WatchOutcome.ROLLED_BACK:
@@ -261,7 +261,7 @@ def watch_task(*, promoted: dict[str, Any], run_id: str) -> dict[str, Any]:
 # --- knowledge_rollback ----------------------------------------------------------------------------
 
 
-def rollback_task(*, run_id: str, live_version: int | None, to_version: int | None, reason: str, confirm: bool,
+def rollback_task(*, kb: str | None = None, run_id: str, live_version: int | None, to_version: int | None, reason: str, confirm: bool,
                   revalidate: bool, freeze: bool = True) -> dict[str, Any]:
     """On-call's rollback from `live_version` (the version they saw serving) to `to_version` (default: the one
     before it): refused, moving nothing, if another version serves by the move. No reindex lock: it completes
@@ -273,7 +273,7 @@ def rollback_task(*, run_id: str, live_version: int | None, to_version: int | No
     if live_version is None:
         raise AirflowFailException("name the version you saw serving (the 'live_version' param, from the Knowledge "
                                    "index page or `kb-reindex status`); nothing changed")
-    with task_deps() as deps:
+    with task_deps(kb) as deps:
         try:
             held = (freeze_for_rollback(deps, reason=reason, by=f"knowledge_rollback ({run_id})").view()
                     if freeze else None)
@@ -289,7 +289,7 @@ def rollback_task(*, run_id: str, live_version: int | None, to_version: int | No
 # --- knowledge_promote_shadow ------------------------------------------------------------------------
 
 
-def promote_shadow_task(*, run_id: str, version: int | None, reason: str, confirm: bool,
+def promote_shadow_task(*, kb: str | None = None, run_id: str, version: int | None, reason: str, confirm: bool,
                         live_version: int | None) -> dict[str, Any]:
     """Put a shadow (built, validated, never served) live on purpose: validated again against what serves
     now, under the alias's lock, and announced on the alias Asset. A retired or unknown version is refused:
@@ -301,7 +301,7 @@ def promote_shadow_task(*, run_id: str, version: int | None, reason: str, confir
         raise AirflowFailException("promotion not confirmed: set the 'confirm' param to true; nothing changed")
     if not reason or not reason.strip():
         raise AirflowFailException("a promotion needs a reason (it is recorded in the alias history)")
-    with task_deps() as deps:
+    with task_deps(kb) as deps:
         recorder = Recorder.of(deps, run_id)
         recorder.start(RunKind.PROMOTE, "airflow")
         with step(deps, run_id), exclusive(deps, run_id=run_id):

@@ -16,6 +16,11 @@ class ConfigError(KbError):
     """A setting or argument is wrong; the CLI exits 2."""
 
 
+class StateMissing(ConfigError):
+    """A read-only command found no state DB file where KB_STATE_URL points (SQLite): nothing has been built
+    with this configuration yet, or the path is wrong."""
+
+
 class StateEmpty(ConfigError):
     """The state DB exists but holds no kb-reindex table: a first run creates them (a read-only command
     refuses, naming the URL; `plan` previews that first run)."""

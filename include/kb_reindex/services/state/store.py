@@ -8,7 +8,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 
-from kb_reindex.domain.errors import ConfigError, StateEmpty, connect_failure
+from kb_reindex.domain.errors import ConfigError, StateEmpty, StateMissing, connect_failure
 from kb_reindex.services.state.clock import Clock, SystemClock
 from kb_reindex.services.state.freezes import FreezesMixin
 from kb_reindex.services.state.history import HistoryMixin
@@ -102,7 +102,7 @@ class StateStore(VersionsMixin, ManifestsMixin, RunsMixin, HistoryMixin, LocksMi
         if parsed.get_backend_name() == "sqlite":
             if parsed.database and parsed.database != ":memory:":
                 if not create and not Path(parsed.database).is_file():
-                    raise ConfigError(
+                    raise StateMissing(
                         f"no state DB at {parsed.database} (KB_STATE_URL); nothing has been built with this "
                         "configuration yet, or the path is wrong. `kb-reindex run` creates it; if it was lost "
                         "while Qdrant still holds the versions: `kb-reindex reconcile --rebuild-state`"

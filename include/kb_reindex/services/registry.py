@@ -1,0 +1,282 @@
+"""The knowledge bases of a deployment: the registry file `KB_REGISTRY` names, or the environment's one.
+
+A registry is YAML with one top-level key, `knowledge_bases`, a mapping from alias to that knowledge base's
+settings (`RegistryEntry`). Its relative paths resolve against the registry file's folder; the environment's
+settings (`KB_*`) are the defaults an entry overrides; the state DB is shared. On the embedded default each
+knowledge base keeps its own local-mode folder, `<KB_QDRANT_PATH>/<alias>`, so no two ever wait for one store.
+
+Without `KB_REGISTRY` the environment describes one knowledge base (`KB_ALIAS`), whose DAG ids carry no
+alias, as they always have. Reading a registry is the only I/O a DAG file does at parse time: it opens neither
+Qdrant nor the state DB. Every mistake is one `ConfigError` naming the file, the knowledge base and the key.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from kb_reindex.domain.errors import ConfigError
+from kb_reindex.services.config import ALIAS_PATTERN, EMBEDDERS, Settings, project_root
+
+REGISTRY_ENV = "KB_REGISTRY"
+#: selects one registry entry, as `kb-reindex --kb` does
+NAME_ENV = "KB_NAME"
+DEFAULT_SCHEDULE = "@daily"
+#: the Airflow pool of Qdrant writes; a registered knowledge base has its own, `<POOL>__<alias>`
+POOL = "kb_qdrant_writes"
+QDRANT_CONN_ID = "qdrant_default"
+OLLAMA_CONN_ID = "ollama_default"
+
+
+class RegistryEntry(BaseModel):
+    """One knowledge base as the registry writes it; unset keys take the environment's settings."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    source: str = Field(min_length=1)
+    golden_set: str | None = None
+    #: cron or preset; `null` for triggered runs only; unset: KB_REINDEX_SCHEDULE (default @daily)
+    schedule: str | None = None
+    embedder: str | None = None
+    model: str | None = None
+    dimension: int | None = Field(default=None, ge=1)
+    payload_layout: str | None = None
+    keep_versions: int | None = Field(default=None, ge=0)
+    chunk_size: int | None = Field(default=None, ge=50)
+    chunk_overlap: int | None = Field(default=None, ge=0)
+    #: the Airflow Connections of its Qdrant and its Ollama (one knowledge base may live on another Qdrant)
+    qdrant_conn_id: str | None = Field(default=None, min_length=1)
+    ollama_conn_id: str | None = Field(default=None, min_length=1)
+
+
+#: the environment variable each registry key overrides (what `Settings.from_env` reads)
+ENV_OF_KEY = {"source": "KB_KNOWLEDGE_DIR", "golden_set": "KB_GOLDEN_SET", "embedder": "KB_EMBEDDER",
+              "model": "KB_EMBED_MODEL", "dimension": "KB_EMBED_DIM", "payload_layout": "KB_PAYLOAD_LAYOUT",
+              "keep_versions": "KB_KEEP_VERSIONS", "chunk_size": "KB_CHUNK_SIZE", "chunk_overlap": "KB_CHUNK_OVERLAP"}
+
+
+@dataclass(frozen=True)
+class KnowledgeBase:
+    """One knowledge base of the deployment: its alias, where it came from and how Airflow runs it. Its
+    `Settings` are made when a command or task runs (`settings`), from the environment of that process."""
+
+    alias: str
+    #: the registry file it is an entry of; None: the environment's one knowledge base
+    registry: Path | None
+    schedule: str | None
+    qdrant_conn_id: str = QDRANT_CONN_ID
+    ollama_conn_id: str = OLLAMA_CONN_ID
+    #: the KB_* settings the entry sets, as `Settings.from_env` reads them
+    env: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def registered(self) -> bool:
+        return self.registry is not None
+
+    def dag_id(self, base: str) -> str:
+        """`knowledge_reindex` for the environment's knowledge base, `knowledge_reindex__<alias>` for an entry."""
+        return f"{base}__{self.alias}" if self.registered else base
+
+    @property
+    def pool(self) -> str:
+        return f"{POOL}__{self.alias}" if self.registered else POOL
+
+    def settings(self, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
+        """The settings of this knowledge base: the environment, overridden by the entry, then `overrides`."""
+        env = os.environ if env is None else env
+        try:
+            return Settings.from_env({**env, **self.env}, **overrides)
+        except ConfigError as exc:
+            if not self.registered:
+                raise
+            message = str(exc)
+            for key, name in ENV_OF_KEY.items():
+                if name in self.env:
+                    message = message.replace(f"{name}=", f"{key}=")
+            raise ConfigError(f"{self.registry}: knowledge base {self.alias!r}: {message}") from None
+
+
+@dataclass(frozen=True)
+class Registry:
+    """The knowledge bases of the deployment in the registry's order, and the entries refused (one message
+    each, naming the file, the knowledge base and the key): a bad entry never hides the good ones."""
+
+    bases: tuple[KnowledgeBase, ...]
+    errors: tuple[str, ...] = ()
+    path: Path | None = None
+
+    @property
+    def names(self) -> list[str]:
+        return [kb.alias for kb in self.bases]
+
+    def check(self) -> None:
+        """Refuse the registry if any entry is refused."""
+        if self.errors:
+            raise ConfigError("; ".join(self.errors))
+
+    def get(self, name: str) -> KnowledgeBase:
+        for kb in self.bases:
+            if kb.alias == name:
+                return kb
+        refused = [e for e in self.errors if f"knowledge base {name!r}" in e]
+        if refused:
+            raise ConfigError(refused[0])
+        where = f"the registry {self.path}" if self.path else "this deployment (no KB_REGISTRY: KB_ALIAS)"
+        raise ConfigError(f"knowledge base {name!r} is not in {where}; choose one of {', '.join(self.names) or 'none'}")
+
+    def select(self, name: str | None) -> KnowledgeBase:
+        """The knowledge base `name` names; with none named, the only one there is, else a refusal naming them."""
+        if name:
+            return self.get(name)
+        if len(self.bases) == 1 and not self.errors:
+            return self.bases[0]
+        if not self.bases:
+            self.check()
+        raise ConfigError(f"{len(self.bases) + len(self.errors)} knowledge bases are registered in {self.path}; "
+                          f"name one with --kb or KB_NAME: {', '.join(self.names)}")
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML that refuses a key given twice in one mapping (PyYAML would keep the last silently)."""
+
+
+def _unique_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+    seen: set[Any] = set()
+    for key_node, _value in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if key in seen:
+            raise ConfigError(f"line {key_node.start_mark.line + 1}: {key!r} is given twice")
+        seen.add(key)
+    return loader.construct_mapping(node, deep=deep)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_mapping)
+
+
+def registry_path(env: Mapping[str, str] | None = None) -> Path | None:
+    """The registry file KB_REGISTRY names (relative to the project root), or None."""
+    env = os.environ if env is None else env
+    raw = env.get(REGISTRY_ENV, "").strip()
+    if not raw:
+        return None
+    path = Path(raw).expanduser()
+    return path if path.is_absolute() else (project_root(env) / path).resolve()
+
+
+def environment_base(env: Mapping[str, str] | None = None) -> KnowledgeBase:
+    """The one knowledge base the environment describes (no registry)."""
+    env = os.environ if env is None else env
+    schedule = env.get("KB_REINDEX_SCHEDULE", DEFAULT_SCHEDULE).strip() or None
+    return KnowledgeBase(alias=env.get("KB_ALIAS", "mall_knowledge").strip(), registry=None, schedule=schedule)
+
+
+def load_registry(env: Mapping[str, str] | None = None) -> Registry:
+    """The deployment's knowledge bases: the registry's, or the environment's one. A file that cannot be read
+    as a registry raises; a refused entry is one of `errors`, the others are kept."""
+    env = os.environ if env is None else env
+    path = registry_path(env)
+    if path is None:
+        return Registry(bases=(environment_base(env),))
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{REGISTRY_ENV}={env[REGISTRY_ENV]!r}: {path} does not exist") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{REGISTRY_ENV}: {path} cannot be read: {exc}") from None
+    try:
+        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {str(exc).splitlines()[0]}") from None
+    if not isinstance(data, dict) or set(data) != {"knowledge_bases"}:
+        found = sorted(map(str, data)) if isinstance(data, dict) else type(data).__name__
+        raise ConfigError(f"{path}: the registry has one top-level key, knowledge_bases (found: {found})")
+    entries = data["knowledge_bases"]
+    if not isinstance(entries, dict) or not entries:
+        raise ConfigError(f"{path}: knowledge_bases must map each alias to its settings; it lists none")
+    bases, errors = [], []
+    for alias, raw in entries.items():
+        try:
+            bases.append(_entry(path, str(alias), raw, env))
+        except ConfigError as exc:
+            errors.append(str(exc))
+    return Registry(bases=tuple(bases), errors=tuple(errors), path=path)
+
+
+def _entry(path: Path, alias: str, raw: Any, env: Mapping[str, str]) -> KnowledgeBase:
+    where = f"{path}: knowledge base {alias!r}"
+    if not ALIAS_PATTERN.match(alias) or "__" in alias:
+        raise ConfigError(f"{where}: not an alias Qdrant and Airflow take: use letters, digits, '-' or '_', "
+                          "at most 63, and no '__' (it separates the parts of a collection name)")
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}: its settings must be a mapping with at least `source`")
+    try:
+        entry = RegistryEntry.model_validate(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        key = ".".join(map(str, first["loc"])) or "?"
+        reason = "unknown key (known: " + ", ".join(RegistryEntry.model_fields) + ")" \
+            if first["type"] == "extra_forbidden" else "missing" if first["type"] == "missing" else first["msg"]
+        raise ConfigError(f"{where}: {key}: {reason}") from None
+    if entry.embedder is not None and entry.embedder not in EMBEDDERS:
+        raise ConfigError(f"{where}: embedder: {entry.embedder!r} is unknown; choose one of {', '.join(EMBEDDERS)}")
+    folder = path.parent
+    values: dict[str, str] = {"KB_ALIAS": alias}
+    for key, name in ENV_OF_KEY.items():
+        value = getattr(entry, key)
+        if value is None:
+            continue
+        if key in ("source", "golden_set"):
+            value = str(_resolve(folder, str(value)))
+        values[name] = str(value)
+    golden = Path(values.get("KB_GOLDEN_SET") or _resolve(project_root(env), env.get("KB_GOLDEN_SET", "")
+                                                         or "knowledge/golden.yaml"))
+    if not golden.is_file():
+        raise ConfigError(f"{where}: golden_set: {golden} does not exist")
+    qdrant_base = _resolve(project_root(env), env.get("KB_QDRANT_PATH", "").strip() or ".kb/qdrant")
+    values["KB_QDRANT_PATH"] = str(qdrant_base / alias)
+    schedule = entry.schedule if "schedule" in entry.model_fields_set else \
+        (env.get("KB_REINDEX_SCHEDULE", DEFAULT_SCHEDULE).strip() or None)
+    kb = KnowledgeBase(alias=alias, registry=path, schedule=(schedule or "").strip() or None,
+                       qdrant_conn_id=entry.qdrant_conn_id or QDRANT_CONN_ID,
+                       ollama_conn_id=entry.ollama_conn_id or OLLAMA_CONN_ID, env=values)
+    kb.settings(env)  # every value checked now, as a run would check it
+    return kb
+
+
+def _resolve(folder: Path, value: str) -> Path:
+    path = Path(value).expanduser()
+    return path if path.is_absolute() else (folder / path).resolve()
+
+
+def select_knowledge_base(name: str | None = None, env: Mapping[str, str] | None = None) -> KnowledgeBase:
+    """The knowledge base a command or task acts on: `name` (`--kb`), else KB_NAME, else the only one."""
+    env = os.environ if env is None else env
+    return load_registry(env).select(name or env.get(NAME_ENV, "").strip() or None)
+
+
+def pool_slots() -> None:
+    """`python -m kb_reindex.services.registry`: one line `<pool> <slots>` per knowledge base, for the scripts
+    that create the pools (`make demo`, `make airflow`, the compose init); a refusal names the mistake."""
+    import sys
+
+    try:
+        registry = load_registry()
+        for message in registry.errors:
+            print(f"kb-reindex: configuration error: {message}", file=sys.stderr)
+        for kb in registry.bases:
+            print(kb.pool, kb.settings().build_parallelism)
+    except ConfigError as exc:
+        print(f"kb-reindex: configuration error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+if __name__ == "__main__":
+    pool_slots()

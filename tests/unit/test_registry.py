@@ -1,0 +1,145 @@
+"""The registry of knowledge bases (KB_REGISTRY): every entry's settings, resolved against the file's folder
+over the environment's defaults, and every mistake refused once, naming the file, the knowledge base and the key."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+from kb_reindex.domain.errors import ConfigError
+from kb_reindex.services.registry import load_registry, select_knowledge_base
+
+
+def write_registry(folder: Path, body: str) -> dict[str, str]:
+    (folder / "kb").mkdir(parents=True, exist_ok=True)
+    (folder / "kb" / "golden.yaml").write_text("probes: []\n", encoding="utf-8")
+    path = folder / "kb" / "registry.yaml"
+    path.write_text(body, encoding="utf-8")
+    return {"KB_PROJECT_ROOT": str(folder), "KB_REGISTRY": "kb/registry.yaml", "KB_EMBEDDER": "hashing"}
+
+
+TWO = """knowledge_bases:
+  shop:
+    source: shop-docs
+    golden_set: golden.yaml
+    chunk_size: 300
+    keep_versions: 4
+  wiki:
+    source: /srv/wiki
+    golden_set: golden.yaml
+    schedule: null
+    embedder: ollama
+    model: bge-m3
+    dimension: 1024
+    qdrant_conn_id: qdrant_wiki
+"""
+
+
+def test_without_a_registry_the_environment_is_one_knowledge_base_with_todays_dag_ids(tmp_path: Path) -> None:
+    registry = load_registry({"KB_PROJECT_ROOT": str(tmp_path), "KB_ALIAS": "help", "KB_REINDEX_SCHEDULE": "@hourly"})
+    [kb] = registry.bases
+    assert (kb.alias, kb.schedule, kb.registered) == ("help", "@hourly", False)
+    assert (kb.dag_id("knowledge_reindex"), kb.pool) == ("knowledge_reindex", "kb_qdrant_writes")
+    settings = kb.settings({"KB_PROJECT_ROOT": str(tmp_path), "KB_ALIAS": "help"})
+    assert settings.qdrant_path == tmp_path / ".kb" / "qdrant"
+    assert load_registry({"KB_PROJECT_ROOT": str(tmp_path), "KB_REINDEX_SCHEDULE": ""}).bases[0].schedule is None
+
+
+def test_entries_resolve_against_the_registry_folder_and_override_the_environment(tmp_path: Path) -> None:
+    env = {**write_registry(tmp_path, TWO), "KB_KEEP_VERSIONS": "1", "KB_CHUNK_OVERLAP": "20",
+           "KB_ALIAS": "ignored", "KB_QDRANT_PATH": "store"}
+    registry = load_registry(env)
+    assert registry.names == ["shop", "wiki"] and registry.errors == ()
+    shop, wiki = registry.bases
+    s = shop.settings(env)
+    assert (s.alias, s.knowledge_dir, s.golden_set) == ("shop", tmp_path / "kb" / "shop-docs", tmp_path / "kb" / "golden.yaml")
+    assert (s.chunk_size, s.chunk_overlap, s.keep_versions, s.embedder) == (300, 20, 4, "hashing")
+    # each knowledge base has its own local-mode folder: two never wait for one store
+    assert s.qdrant_path == tmp_path / "store" / "shop" and wiki.settings(env).qdrant_path == tmp_path / "store" / "wiki"
+    w = wiki.settings(env)
+    assert (w.knowledge_dir, w.embedder, w.embed_model, w.embed_dim) == (Path("/srv/wiki"), "ollama", "bge-m3", 1024)
+    assert (shop.schedule, wiki.schedule) == ("@daily", None)
+    assert (wiki.qdrant_conn_id, wiki.ollama_conn_id, shop.qdrant_conn_id) == ("qdrant_wiki", "ollama_default",
+                                                                               "qdrant_default")
+    assert [kb.dag_id("knowledge_rollback") for kb in registry.bases] == ["knowledge_rollback__shop",
+                                                                          "knowledge_rollback__wiki"]
+    assert (shop.pool, wiki.pool) == ("kb_qdrant_writes__shop", "kb_qdrant_writes__wiki")
+
+
+def test_a_command_names_its_knowledge_base_or_the_only_one_is_used(tmp_path: Path) -> None:
+    env = write_registry(tmp_path, TWO)
+    assert select_knowledge_base("wiki", env).alias == "wiki"
+    assert select_knowledge_base(None, {**env, "KB_NAME": "shop"}).alias == "shop"
+    with pytest.raises(ConfigError, match=r"2 knowledge bases are registered .*--kb or KB_NAME: shop, wiki"):
+        select_knowledge_base(None, env)
+    with pytest.raises(ConfigError, match=r"knowledge base 'nope' is not in the registry .*choose one of shop, wiki"):
+        select_knowledge_base("nope", env)
+    one = write_registry(tmp_path / "one", "knowledge_bases:\n  solo:\n    source: d\n    golden_set: golden.yaml\n")
+    assert select_knowledge_base(None, one).alias == "solo"
+
+
+@pytest.mark.parametrize(("body", "message"), [
+    ("knowledge_bases:\n  shop:\n    source: d\n    golden_set: golden.yaml\n    shedule: '@hourly'\n",
+     r"registry.yaml: knowledge base 'shop': shedule: unknown key \(known: source, golden_set, schedule"),
+    ("knowledge_bases:\n  shop:\n    golden_set: golden.yaml\n", r"knowledge base 'shop': source: missing"),
+    ("knowledge_bases:\n  shop__v2:\n    source: d\n", r"knowledge base 'shop__v2': not an alias Qdrant and Airflow"),
+    ("knowledge_bases:\n  'shop knowledge':\n    source: d\n", r"knowledge base 'shop knowledge': not an alias"),
+    ("knowledge_bases:\n  shop:\n    source: d\n  shop:\n    source: e\n", r"registry.yaml: line 4: 'shop' is given twice"),
+    ("knowledge_bases:\n  shop:\n    source: d\n    golden_set: nothere.yaml\n",
+     r"knowledge base 'shop': golden_set: .*kb/nothere.yaml does not exist"),
+    ("knowledge_bases:\n  shop:\n    source: d\n    golden_set: golden.yaml\n    chunk_size: 20\n",
+     r"knowledge base 'shop': chunk_size: Input should be greater than or equal to 50"),
+    ("knowledge_bases:\n  shop:\n    source: d\n    golden_set: golden.yaml\n    chunk_size: 100\n    chunk_overlap: 60\n",
+     r"knowledge base 'shop': chunk_overlap=60 must be less than half of chunk_size=100"),
+    ("knowledge_bases:\n  shop:\n    source: d\n    golden_set: golden.yaml\n    embedder: openai\n",
+     r"knowledge base 'shop': embedder: 'openai' is unknown"),
+])
+def test_a_bad_entry_is_refused_naming_the_file_the_knowledge_base_and_the_key(tmp_path: Path, body: str,
+                                                                              message: str) -> None:
+    env = write_registry(tmp_path, body)
+    try:
+        registry = load_registry(env)
+    except ConfigError as exc:  # the file as a whole (a key given twice)
+        errors = [str(exc)]
+    else:
+        errors = list(registry.errors)
+        with pytest.raises(ConfigError):
+            registry.check()
+    assert len(errors) == 1
+    assert re.search(message, errors[0]), errors[0]
+
+
+def test_a_bad_entry_keeps_the_good_ones(tmp_path: Path) -> None:
+    env = write_registry(tmp_path, TWO + "  broken:\n    golden_set: golden.yaml\n")
+    registry = load_registry(env)
+    assert registry.names == ["shop", "wiki"]
+    assert registry.errors == (f"{tmp_path / 'kb' / 'registry.yaml'}: knowledge base 'broken': source: missing",)
+    assert select_knowledge_base("shop", env).alias == "shop"
+    with pytest.raises(ConfigError, match="knowledge base 'broken': source: missing"):
+        select_knowledge_base("broken", env)
+
+
+@pytest.mark.parametrize(("body", "message"), [
+    ("", r"one top-level key, knowledge_bases \(found: NoneType\)"),
+    ("bases: {}\n", r"one top-level key, knowledge_bases \(found: \['bases'\]\)"),
+    ("knowledge_bases: {}\n", "it lists none"),
+    ("knowledge_bases: [\n", "not valid YAML"),
+])
+def test_a_file_that_is_no_registry_is_refused_as_a_whole(tmp_path: Path, body: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_registry(write_registry(tmp_path, body))
+    with pytest.raises(ConfigError, match=r"KB_REGISTRY='missing.yaml': .*missing.yaml does not exist"):
+        load_registry({"KB_PROJECT_ROOT": str(tmp_path), "KB_REGISTRY": "missing.yaml"})
+
+
+def test_the_shipped_registry_holds_the_shop_and_a_second_knowledge_base() -> None:
+    registry = load_registry({"KB_PROJECT_ROOT": str(REPO), "KB_REGISTRY": "knowledge/registry.yaml"})
+    assert registry.names == ["mall_knowledge", "seller_rules"] and registry.errors == ()
+    shop, seller = (kb.settings({"KB_PROJECT_ROOT": str(REPO)}) for kb in registry.bases)
+    assert shop.knowledge_dir == REPO / "knowledge" / "docs" and shop.golden_set == REPO / "knowledge" / "golden.yaml"
+    assert seller.knowledge_dir == REPO / "knowledge" / "seller" / "docs"
+    assert sorted(p.name for p in seller.knowledge_dir.glob("*.md")) == ["listing-rules.md", "penalties.md",
+                                                                         "settlement.md"]
