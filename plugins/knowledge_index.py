@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from airflow.plugins_manager import AirflowPlugin
 
-from kb_reindex.web.app import create_app
+from kb_reindex.web.app import deployment_app
 
 
 class KnowledgeIndexPlugin(AirflowPlugin):
     name = "knowledge_index"
-    fastapi_apps = [{"app": create_app(), "url_prefix": "/knowledge-index", "name": "Knowledge index"}]
+    fastapi_apps = [{"app": deployment_app(), "url_prefix": "/knowledge-index", "name": "Knowledge index"}]
     external_views = [
         {
             "name": "Knowledge index",

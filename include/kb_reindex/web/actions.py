@@ -16,7 +16,7 @@ from kb_reindex.domain.errors import LockHeldError
 from kb_reindex.run.pageview import check_rollback_target
 from kb_reindex.services.state.freezes import Freeze
 from kb_reindex.services.state.store import StateStore
-from kb_reindex.web.airflow_api import PROMOTE_SHADOW_DAG, REINDEX_DAG, ROLLBACK_DAG, Triggered
+from kb_reindex.web.airflow_api import Triggered
 from kb_reindex.web.context import PageContext, positive_int, reason_of, refusal
 
 #: how long a freeze from the page waits for a promotion in progress (the alias lock) before saying so
@@ -59,7 +59,7 @@ async def rollback(ctx: PageContext, request: Request) -> Triggered:
     if problems:
         raise HTTPException(409, f"v{to_version} ({row.collection}) is not whole, a rollback to it would be "
                                  f"refused: {'; '.join(problems)}. Nothing was triggered")
-    run = await ctx.airflow.trigger(request, ROLLBACK_DAG,
+    run = await ctx.airflow.trigger(request, ctx.dags.rollback,
                                     {"to_version": to_version, "reason": reason, "confirm": True, "live_version": live},
                                     fallback="On-call can run `kb-reindex rollback` instead",
                                     unpause=body.get("unpause") is True)
@@ -75,7 +75,7 @@ async def promote_shadow(ctx: PageContext, request: Request) -> Triggered:
     if not (await ctx.version_row(version)).shadow:
         raise HTTPException(409, f"v{version} is not a shadow (ready, never served); a version that served "
                                  "goes back through a rollback")
-    run = await ctx.airflow.trigger(request, PROMOTE_SHADOW_DAG,
+    run = await ctx.airflow.trigger(request, ctx.dags.promote_shadow,
                                     {"version": version, "reason": reason, "confirm": True, "live_version": live},
                                     fallback=f"On-call can run `kb-reindex promote --version {version}` instead",
                                     unpause=body.get("unpause") is True)
@@ -105,26 +105,26 @@ def set_freeze(settings: Settings, by: str, reason: str | None) -> FreezeChange:
 
 def add_actions(app: FastAPI, ctx: PageContext) -> None:
     """The routes that act, each requiring what Airflow requires for it."""
-    auth = ctx.auth
+    auth, dags = ctx.auth, ctx.dags
 
-    @app.post("/api/rollback", dependencies=auth.may_trigger(ROLLBACK_DAG))
+    @app.post("/api/rollback", dependencies=auth.may_trigger(dags.rollback))
     async def rollback_route(request: Request) -> JSONResponse:
         return JSONResponse((await rollback(ctx, request)).to_dict())
 
-    @app.post("/api/promote-shadow", dependencies=auth.may_trigger(PROMOTE_SHADOW_DAG))
+    @app.post("/api/promote-shadow", dependencies=auth.may_trigger(dags.promote_shadow))
     async def promote_shadow_route(request: Request) -> JSONResponse:
         return JSONResponse((await promote_shadow(ctx, request)).to_dict())
 
-    @app.post("/api/reindex-paused", dependencies=auth.may_edit(REINDEX_DAG))
+    @app.post("/api/reindex-paused", dependencies=auth.may_edit(dags.reindex))
     async def pause_reindex(request: Request) -> JSONResponse:
         """Runbook step 3 after a rollback: pause the reindex so it does not rebuild the bad change."""
         paused = (await request.json()).get("paused")
         if not isinstance(paused, bool):
             raise HTTPException(422, "paused must be true or false")
-        now = await ctx.airflow.set_paused(request, REINDEX_DAG, paused)
-        return JSONResponse({"dag_id": REINDEX_DAG, "reindex_paused": now})
+        now = await ctx.airflow.set_paused(request, dags.reindex, paused)
+        return JSONResponse({"dag_id": dags.reindex, "reindex_paused": now})
 
-    may_freeze = auth.may_edit(REINDEX_DAG)
+    may_freeze = auth.may_edit(dags.reindex)
 
     @app.post("/api/freeze", dependencies=may_freeze)
     async def freeze(request: Request, user: Any = Depends(auth.get_user)) -> JSONResponse:  # noqa: B008 - FastAPI's form

@@ -14,14 +14,28 @@ import httpx
 from fastapi import HTTPException, Request
 
 from kb_reindex.domain.errors import classify
+from kb_reindex.services.registry import KnowledgeBase
 
-REINDEX_DAG = "knowledge_reindex"
-ROLLBACK_DAG = "knowledge_rollback"
-MIGRATION_DAG = "knowledge_model_migration"
-PROMOTE_SHADOW_DAG = "knowledge_promote_shadow"
-#: the DAGs whose runs the page lists and follows (no other DAG is proxied)
-OUR_DAGS = (REINDEX_DAG, ROLLBACK_DAG, MIGRATION_DAG, PROMOTE_SHADOW_DAG)
 RECENT_RUNS_PER_DAG = 5
+
+
+@dataclass(frozen=True)
+class DagIds:
+    """The DAGs of one knowledge base (`knowledge_reindex`, or `knowledge_reindex__<alias>` for a registry
+    entry): the only ones its page lists, follows and triggers."""
+
+    reindex: str = "knowledge_reindex"
+    rollback: str = "knowledge_rollback"
+    migration: str = "knowledge_model_migration"
+    promote_shadow: str = "knowledge_promote_shadow"
+
+    @classmethod
+    def of(cls, kb: KnowledgeBase) -> DagIds:
+        return cls(*(kb.dag_id(base) for base in (cls.reindex, cls.rollback, cls.migration, cls.promote_shadow)))
+
+    @property
+    def all(self) -> tuple[str, ...]:
+        return (self.reindex, self.rollback, self.migration, self.promote_shadow)
 
 
 # --- what the page reads of Airflow's REST API answers (fields Airflow may leave out are optional) ------------

@@ -14,13 +14,14 @@ from typing import Any, Literal
 from fastapi import Depends, HTTPException, Request
 from fastapi.responses import RedirectResponse, Response
 
-from kb_reindex.web.airflow_api import PROMOTE_SHADOW_DAG, REINDEX_DAG, ROLLBACK_DAG
+from kb_reindex.web.airflow_api import DagIds
 
 
 class AirflowAuth:
     """Airflow's checks, imported when the app is made (not at module import): only the API server needs them."""
 
-    def __init__(self) -> None:
+    def __init__(self, dags: DagIds | None = None) -> None:
+        self.dags = dags or DagIds()
         from airflow.api_fastapi.app import get_auth_manager
         from airflow.api_fastapi.auth.managers.models.resource_details import (
             DagAccessEntity,
@@ -61,9 +62,10 @@ class AirflowAuth:
 
     def may(self, user: Any) -> dict[str, bool]:
         """The buttons the page shows this caller (the JSON edge: /api/status's `may`)."""
-        return {"rollback": self.allowed(user, "POST", ROLLBACK_DAG, self._run),
-                "promote_shadow": self.allowed(user, "POST", PROMOTE_SHADOW_DAG, self._run),
-                "pause_reindex": self.allowed(user, "PUT", REINDEX_DAG), "freeze": self.allowed(user, "PUT", REINDEX_DAG)}
+        dags = self.dags
+        return {"rollback": self.allowed(user, "POST", dags.rollback, self._run),
+                "promote_shadow": self.allowed(user, "POST", dags.promote_shadow, self._run),
+                "pause_reindex": self.allowed(user, "PUT", dags.reindex), "freeze": self.allowed(user, "PUT", dags.reindex)}
 
     async def login_redirect(self, request: Request) -> Response | None:
         """A browser without a valid login is sent to the auth manager's login page and back, as Airflow's UI

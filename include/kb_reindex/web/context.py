@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import HTTPException
@@ -15,7 +15,7 @@ from kb_reindex.domain.errors import classify
 from kb_reindex.run.pageview import PageStatus, read_status
 from kb_reindex.run.status import VersionRow
 from kb_reindex.services.store import describe_qdrant_failure
-from kb_reindex.web.airflow_api import AirflowApi
+from kb_reindex.web.airflow_api import AirflowApi, DagIds
 from kb_reindex.web.auth import AirflowAuth
 
 #: failures that mean the page's backing services are missing or down (503), not a refusal of the request (409)
@@ -59,6 +59,8 @@ class PageContext:
     settings_factory: Callable[[], Settings]
     airflow: AirflowApi
     auth: AirflowAuth
+    #: the DAGs of this page's knowledge base
+    dags: DagIds = field(default_factory=DagIds)
 
     async def status_now(self) -> PageStatus:
         return await asyncio.to_thread(page_status, self.settings_factory())

@@ -13,13 +13,14 @@ from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Response
 from kb_reindex.services.config import Settings
 from kb_reindex.run.pageview import PageStatus
 from kb_reindex.steps.templating import templates
-from kb_reindex.web.airflow_api import OUR_DAGS, REINDEX_DAG, AirflowApi, DagRun
+from kb_reindex.web.airflow_api import AirflowApi, DagIds, DagRun
 from kb_reindex.web.context import PageContext
 
 
-def render_page(settings: Settings) -> str:
+def render_page(settings: Settings, dags: DagIds) -> str:
     """The page (templates/page.html.j2, autoescaped); its script fills everything else in from /api/status."""
-    return templates().get_template("page.html.j2").render(alias=settings.alias, timezone=airflow_timezone())
+    return templates().get_template("page.html.j2").render(alias=settings.alias, timezone=airflow_timezone(), dags=dags,
+                                                               registered=dags != DagIds())
 
 
 def airflow_timezone() -> str:
@@ -74,10 +75,10 @@ async def status_json(ctx: PageContext, user: Any) -> StatusAnswer:
     return StatusAnswer(await ctx.status_now(), ctx.auth.may(user))
 
 
-async def run_json(airflow: AirflowApi, request: Request, dag_id: str, run_id: str) -> RunAnswer:
+async def run_json(airflow: AirflowApi, dags: DagIds, request: Request, dag_id: str, run_id: str) -> RunAnswer:
     """One run of our DAGs, read as the caller: the page follows a run it triggered to its end; a failed
     one comes with its failing task's last error line."""
-    if dag_id not in OUR_DAGS:
+    if dag_id not in dags.all:
         raise HTTPException(404, "not a knowledge DAG")
     run = await airflow.run(request, dag_id, run_id)
     if run.state != "failed":
@@ -88,7 +89,7 @@ async def run_json(airflow: AirflowApi, request: Request, dag_id: str, run_id: s
         return RunAnswer(run, f"its task log could not be read: {refused.detail}")
 
 
-async def airflow_json(airflow: AirflowApi, request: Request) -> AirflowAnswer:
+async def airflow_json(airflow: AirflowApi, dags: DagIds, request: Request) -> AirflowAnswer:
     """Whether our DAGs are paused and their recent runs, from Airflow's own records (runs that failed
     before reaching our code included), as the caller may see them; what could not be read is said."""
     async def paused(dag_id: str) -> bool | str:
@@ -103,11 +104,11 @@ async def airflow_json(airflow: AirflowApi, request: Request) -> AirflowAnswer:
         except HTTPException as refused:
             return f"{dag_id}: {refused.detail}"
 
-    flags = dict(zip(OUR_DAGS, await asyncio.gather(*(paused(dag_id) for dag_id in OUR_DAGS)), strict=True))
-    reindex = flags[REINDEX_DAG]
+    flags = dict(zip(dags.all, await asyncio.gather(*(paused(dag_id) for dag_id in dags.all)), strict=True))
+    reindex = flags[dags.reindex]
     if isinstance(reindex, str):
         return AirflowAnswer(reindex_paused=None, paused={}, runs=(), errors=(reindex,))
-    found = await asyncio.gather(*(runs_of(dag_id) for dag_id in OUR_DAGS))
+    found = await asyncio.gather(*(runs_of(dag_id) for dag_id in dags.all))
     runs = sorted((run for result in found if isinstance(result, list) for run in result),
                   key=lambda run: run.run_after or "", reverse=True)
     errors = [f for f in flags.values() if isinstance(f, str)] + [r for r in found if isinstance(r, str)]
@@ -139,14 +140,14 @@ def add_views(app: FastAPI, ctx: PageContext) -> None:
 
     @app.get("/api/runs/{dag_id}/{run_id}", dependencies=auth.signed_in())
     async def dag_run(dag_id: str, run_id: str, request: Request) -> JSONResponse:
-        return JSONResponse((await run_json(ctx.airflow, request, dag_id, run_id)).to_dict())
+        return JSONResponse((await run_json(ctx.airflow, ctx.dags, request, dag_id, run_id)).to_dict())
 
     @app.get("/api/airflow", dependencies=auth.signed_in())
     async def airflow_view(request: Request) -> JSONResponse:
-        return JSONResponse((await airflow_json(ctx.airflow, request)).to_dict())
+        return JSONResponse((await airflow_json(ctx.airflow, ctx.dags, request)).to_dict())
 
     @app.get("/ui", response_class=HTMLResponse)
     async def page(request: Request) -> Response:
         if (login := await auth.login_redirect(request)) is not None:
             return login
-        return HTMLResponse(render_page(ctx.settings_factory()))
+        return HTMLResponse(render_page(ctx.settings_factory(), ctx.dags))
