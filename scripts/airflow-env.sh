@@ -5,4 +5,4 @@ export AIRFLOW__CORE__DAGS_FOLDER="$root/dags"
 export AIRFLOW__CORE__PLUGINS_FOLDER="$root/plugins"
 export AIRFLOW__CORE__LOAD_EXAMPLES=False
 export AIRFLOW__CORE__UNIT_TEST_MODE="${AIRFLOW__CORE__UNIT_TEST_MODE:-False}"
-export KB_PROJECT_ROOT="$root"
+export KB_PROJECT_ROOT="${KB_PROJECT_ROOT:-$root}"

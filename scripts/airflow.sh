@@ -37,6 +37,9 @@ export KB_AIRFLOW_API_URL="${KB_AIRFLOW_API_URL:-$base}"
 # in process (offline; KB_EMBEDDER=hashing for a tiny machine)
 export KB_PROJECT_ROOT="${KB_PROJECT_ROOT:-$root}"
 export KB_EMBEDDER="${KB_EMBEDDER:-e5}"
+# the knowledge bases: the shipped registry (the shop's help centre and the sellers' rules) unless KB_REGISTRY
+# names another; KB_REGISTRY= (empty) serves the one knowledge base KB_ALIAS and the KB_* settings describe
+export KB_REGISTRY="${KB_REGISTRY-knowledge/registry.yaml}"
 
 run="$AIRFLOW_HOME/run"
 mkdir -p "$run"

@@ -33,7 +33,8 @@ POLL_S = 0.5
 #: the test stacks' Airflow settings beside the script's: no daily run (unpausing starts none, so a test's runs are
 #: its own), and the DAG files parsed once at start, not again every 30 s (they do not change; on a 2-core machine
 #: the re-parsing competes with the tasks)
-TEST_STACK_ENV = {"KB_REINDEX_SCHEDULE": "", "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "600"}
+#: the single-knowledge-base form (no registry: DAG ids without an alias), no schedule, the DAG files parsed once
+TEST_STACK_ENV = {"KB_REGISTRY": "", "KB_REINDEX_SCHEDULE": "", "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "600"}
 
 
 def free_port() -> int:
@@ -213,7 +214,7 @@ def test_make_airflow_builds_two_slices_at_once_like_a_serial_build_then_rolls_b
     assert (last["action"], last["reason"]) == ("rollback", "local airflow check")
     assert last["run_id"].startswith("airflow:knowledge_rollback:")
     # the rollback froze the alias (its `freeze` Param is on by default); lifted here for the tests that follow
-    assert status["freeze"]["set_by"].startswith("knowledge_rollback (airflow__knowledge_rollback__"), status["freeze"]
+    assert status["freeze"]["set_by"].startswith("knowledge_rollback (airflow:knowledge_rollback:"), status["freeze"]
     kb(airflow.env, "unfreeze")
     assert kb(airflow.env, "status")["freeze"] is None
 
