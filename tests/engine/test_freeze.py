@@ -233,7 +233,7 @@ def test_the_dags_honour_the_freeze(project: Path, monkeypatch: pytest.MonkeyPat
     with open_deps(Settings.from_env()) as deps:
         freeze = deps.state.freeze_status(ALIAS)
         assert freeze is not None and freeze.reason == "rollback: bad coupon text"
-        assert freeze.set_by.startswith("knowledge_rollback (airflow__knowledge_rollback__")
+        assert freeze.set_by.startswith("knowledge_rollback (airflow:knowledge_rollback:")
     ok, states = run_dag(None, "knowledge_reindex", {"force_full_rebuild": True})
     assert ok, states
     assert states["validate"] == "success" and states["promote"] == "skipped"
