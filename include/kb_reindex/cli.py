@@ -20,7 +20,7 @@ from kb_reindex.domain.errors import ConfigError, Failure, KbError, StateEmpty, 
 from kb_reindex.rules.freeze import FreezeView
 from kb_reindex.domain.model import RunOutcome, WatchOutcome
 from kb_reindex.run.status import StatusView, history, status_view
-from kb_reindex.services.registry import NAME_ENV, Registry, load_registry, select_knowledge_base
+from kb_reindex.services.registry import Registry, load_registry, named_in, select_knowledge_base
 
 log = logging.getLogger("kb_reindex.cli")
 
@@ -268,7 +268,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     from kb_reindex.services.runtime import open_deps
 
     registry = load_registry()
-    if args.command in ALL_BASES and not args.kb and not os.environ.get(NAME_ENV) and len(registry.bases) > 1:
+    if args.command in ALL_BASES and not (args.kb or named_in()) and len(registry.bases) > 1:
         return _all_bases(args, registry)
     kb = registry.select(args.kb)
     for refused in registry.errors:  # another entry's mistake never stops on-call acting on this one

@@ -130,8 +130,10 @@ class Registry:
         where = f"the registry {self.path}" if self.path else "this deployment (no KB_REGISTRY: KB_ALIAS)"
         raise ConfigError(f"knowledge base {name!r} is not in {where}; choose one of {', '.join(self.names) or 'none'}")
 
-    def select(self, name: str | None) -> KnowledgeBase:
-        """The knowledge base `name` names; with none named, the only one there is, else a refusal naming them."""
+    def select(self, name: str | None, env: Mapping[str, str] | None = None) -> KnowledgeBase:
+        """The knowledge base `name` (`--kb`) or else KB_NAME names; with none named, the only one there is,
+        else a refusal naming them."""
+        name = name or named_in(env)
         if name:
             return self.get(name)
         if len(self.bases) == 1 and not self.errors:
@@ -256,10 +258,14 @@ def _resolve(folder: Path, value: str) -> Path:
     return path if path.is_absolute() else (folder / path).resolve()
 
 
+def named_in(env: Mapping[str, str] | None = None) -> str | None:
+    """The knowledge base KB_NAME names, if any."""
+    return (os.environ if env is None else env).get(NAME_ENV, "").strip() or None
+
+
 def select_knowledge_base(name: str | None = None, env: Mapping[str, str] | None = None) -> KnowledgeBase:
     """The knowledge base a command or task acts on: `name` (`--kb`), else KB_NAME, else the only one."""
-    env = os.environ if env is None else env
-    return load_registry(env).select(name or env.get(NAME_ENV, "").strip() or None)
+    return load_registry(env).select(name, env)
 
 
 def pool_slots() -> None:

@@ -1,0 +1,125 @@
+"""Several knowledge bases in one deployment, through the CLI as a user runs it: `kb-reindex` processes with
+KB_REGISTRY set (the shipped example registry: the shop's help centre and the sellers' rules). Each command
+acts on the knowledge base it names, and only on it; one that writes refuses to guess."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+
+CLI = Path(sys.executable).with_name("kb-reindex")
+SHOP, SELLER = "mall_knowledge", "seller_rules"
+
+
+def env_for(project: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KB_") or k.startswith("KB_TEST_")}
+    env.update({"KB_PROJECT_ROOT": str(project), "KB_EMBEDDER": "hashing", "KB_REGISTRY": "knowledge/registry.yaml",
+                **extra})
+    return env
+
+
+def cli(project: Path, *argv: str, **extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(CLI), *argv], env=env_for(project, **extra), capture_output=True, text=True, timeout=180)
+
+
+def cli_json(project: Path, *argv: str, code: int = 0, **extra: str) -> dict:
+    done = cli(project, *argv, "--json", "-q", **extra)
+    assert done.returncode == code, done.stdout + done.stderr
+    return json.loads(done.stdout)
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The shipped knowledge and registry in a project of the module's own, both knowledge bases built once."""
+    root = tmp_path_factory.mktemp("many-bases")
+    shutil.copytree(REPO / "knowledge", root / "knowledge")
+    assert cli_json(root, "--kb", SHOP, "run")["outcome"] == "promoted"
+    assert cli_json(root, "run", KB_NAME=SELLER)["outcome"] == "promoted"  # KB_NAME names it as --kb does
+    return root
+
+
+def test_a_writing_command_without_a_knowledge_base_refuses_and_names_the_choices(project: Path) -> None:
+    for argv in (["run"], ["rollback", "--reason", "x", "--yes"], ["freeze", "--reason", "x"], ["gc"], ["query", "退货"]):
+        done = cli(project, *argv, "--json")
+        assert done.returncode == 2, (argv, done.stdout, done.stderr)
+        answer = json.loads(done.stdout)
+        assert answer["error_kind"] == "config"
+        assert f"name one with --kb or KB_NAME: {SHOP}, {SELLER}" in answer["error"], answer
+    unknown = cli(project, "--kb", "nope", "status")
+    assert unknown.returncode == 2 and f"knowledge base 'nope' is not in the registry" in unknown.stderr
+    # KB_ALIAS plays no part once a registry is set
+    assert cli_json(project, "--kb", SELLER, "status", KB_ALIAS="something_else")["alias"] == SELLER
+
+
+def test_each_knowledge_base_has_its_own_store_folder_collections_and_status(project: Path) -> None:
+    assert sorted(p.name for p in (project / ".kb" / "qdrant").iterdir()) == [SHOP, SELLER]
+    shop, seller = (cli_json(project, "--kb", kb, "status") for kb in (SHOP, SELLER))
+    assert shop["live"]["collection"].startswith(f"{SHOP}__") and seller["live"]["collection"].startswith(f"{SELLER}__")
+    assert (shop["live"]["points"], seller["live"]["points"]) == (50, 13)
+    answer = cli_json(project, "--kb", SELLER, "query", "货款什么时候到账", "-k", "1")
+    assert answer["results"][0]["knowledge_key"] == "settlement"
+    # status with several and none named shows every one of them
+    both = cli_json(project, "status")
+    assert [s["alias"] for s in both["knowledge_bases"]] == [SHOP, SELLER] and both["refused"] == []
+    human = cli(project, "status")
+    assert human.returncode == 0 and f"== {SHOP} ==" in human.stdout and f"== {SELLER} ==" in human.stdout
+
+
+def test_bases_lists_what_each_serves_its_model_freeze_and_last_run(project: Path) -> None:
+    listed = {b["alias"]: b for b in cli_json(project, "bases")["knowledge_bases"]}
+    assert list(listed) == [SHOP, SELLER]
+    assert listed[SHOP]["live_version"] == 1 and listed[SHOP]["embed_model"] == "hashing-ngram-v1"
+    assert listed[SELLER]["last_run"]["outcome"] == "promoted" and listed[SELLER]["schedule"] is None
+    assert listed[SHOP]["dag_id"] == f"knowledge_reindex__{SHOP}" and listed[SHOP]["problems"] == []
+    human = cli(project, "bases")
+    assert human.returncode == 0 and SHOP in human.stdout and "triggered" in human.stdout
+
+
+def test_freeze_rollback_retention_and_pins_act_on_the_one_named(project: Path) -> None:
+    for kb, key in ((SHOP, "docs/coupon-rules.md"), (SELLER, "seller/docs/settlement.md")):
+        path = project / "knowledge" / key
+        path.write_text(path.read_text(encoding="utf-8") + "\n\n补充：以最新公告为准。\n", encoding="utf-8")
+        assert cli_json(project, "--kb", kb, "run")["outcome"] == "promoted"
+    frozen = cli_json(project, "--kb", SHOP, "freeze", "--reason", "checking the coupon page")
+    assert (frozen["frozen"], frozen["alias"]) == (True, SHOP)
+    listed = {b["alias"]: b for b in cli_json(project, "bases")["knowledge_bases"]}
+    assert (listed[SHOP]["frozen"], listed[SELLER]["frozen"]) == (True, False)
+    # the seller's knowledge base promotes while the shop's is frozen
+    path = project / "knowledge" / "seller" / "docs" / "penalties.md"
+    path.write_text(path.read_text(encoding="utf-8") + "\n\n补充：申诉材料需真实。\n", encoding="utf-8")
+    assert cli_json(project, "--kb", SELLER, "run")["outcome"] == "promoted"
+    assert cli_json(project, "--kb", SELLER, "pin", "--version", "1", "--reason", "baseline")["pinned"] is True
+    rolled = cli_json(project, "--kb", SHOP, "rollback", "--reason", "coupon text", "--yes", "--live-version", "2")
+    assert (rolled["from_version"], rolled["to_version"]) == (2, 1)
+    shop, seller = (cli_json(project, "--kb", kb, "status") for kb in (SHOP, SELLER))
+    assert shop["live"]["version"] == 1 and seller["live"]["version"] == 3, "the seller's alias did not move"
+    assert shop["pinned"] == [] and seller["pinned"] == [1]
+    assert [e["action"] for e in cli_json(project, "--kb", SELLER, "history")["events"]] == ["promote"] * 3
+    cli_json(project, "--kb", SHOP, "unfreeze")
+    assert cli_json(project, "--kb", SELLER, "gc")["pinned"] == [1]  # the seller's pin, not the shop's
+    assert cli_json(project, "--kb", SHOP, "gc")["pinned"] == []
+    assert cli_json(project, "--kb", SELLER, "status")["live"]["version"] == 3
+
+
+def test_a_bad_entry_never_stops_the_good_ones_and_is_named(project: Path) -> None:
+    registry = project / "knowledge" / "broken-registry.yaml"
+    registry.write_text((project / "knowledge" / "registry.yaml").read_text(encoding="utf-8")
+                        + "  wiki:\n    source: wiki\n    golden_set: golden.yaml\n    shedule: '@hourly'\n",
+                        encoding="utf-8")
+    broken = {"KB_REGISTRY": "knowledge/broken-registry.yaml"}
+    done = cli(project, "--kb", SELLER, "status", "--json", **broken)
+    assert done.returncode == 0 and json.loads(done.stdout)["alias"] == SELLER
+    assert "broken-registry.yaml: knowledge base 'wiki': shedule: unknown key" in done.stderr
+    refused = cli(project, "--kb", "wiki", "run", **broken)
+    assert refused.returncode == 2
+    assert "broken-registry.yaml: knowledge base 'wiki': shedule: unknown key (known: source," in refused.stderr
+    listed = cli_json(project, "bases", code=1, **broken)
+    assert [b["alias"] for b in listed["knowledge_bases"]] == [SHOP, SELLER] and len(listed["refused"]) == 1
