@@ -1,0 +1,113 @@
+"""The DAGs of a registry (KB_REGISTRY): each knowledge base gets its four DAGs from the same factory, in the
+registry's order, with its alias's tag, schedule, pool and Asset; a refused entry loses only its own DAGs and
+is named in Airflow's import errors; parsing reads the registry and nothing heavier; and a knowledge base's
+reindex runs end to end under dag.test(), announcing its own alias."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+
+pytestmark = pytest.mark.airflow
+SHOP, SELLER = "mall_knowledge", "seller_rules"
+KINDS = ("knowledge_reindex", "knowledge_rollback", "knowledge_model_migration", "knowledge_promote_shadow")
+
+
+@pytest.fixture
+def registry_project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    project = tmp_path / "project"
+    shutil.copytree(REPO / "knowledge", project / "knowledge")
+    monkeypatch.setenv("KB_PROJECT_ROOT", str(project))
+    monkeypatch.setenv("KB_REGISTRY", "knowledge/registry.yaml")
+    return project
+
+
+def dagbag():
+    from airflow.dag_processing.dagbag import DagBag
+
+    return DagBag(dag_folder=str(REPO / "dags"))
+
+
+def test_each_knowledge_base_gets_its_own_dags(airflow_db: None, registry_project: Path) -> None:
+    bag = dagbag()
+    assert bag.import_errors == {}
+    assert sorted(bag.dag_ids) == sorted(f"{kind}__{kb}" for kind in KINDS for kb in (SHOP, SELLER))
+    for kb in (SHOP, SELLER):
+        dags = {kind: bag.dags[f"{kind}__{kb}"] for kind in KINDS}
+        for dag in dags.values():
+            assert f"kb:{kb}" in dag.tags and dag.doc_md
+            assert [o.uri for t in dag.tasks for o in t.outlets] == [f"qdrant://{kb}/"]
+        reindex = dags["knowledge_reindex"]
+        assert {t.pool for t in reindex.tasks if t.task_id in ("create_version", "build", "promote", "cleanup")} == {
+            f"kb_qdrant_writes__{kb}"}
+        rollback = dags["knowledge_rollback"]
+        assert rollback.get_task("rollback").pool == "default_pool" and rollback.is_paused_upon_creation is False
+        assert dags["knowledge_promote_shadow"].is_paused_upon_creation is False
+    # each its own schedule: the shop's the environment's default, the sellers' triggered only
+    assert bag.dags[f"knowledge_reindex__{SHOP}"].timetable.expression == "0 0 * * *"
+    assert bag.dags[f"knowledge_reindex__{SELLER}"].schedule is None
+
+
+def test_a_refused_entry_keeps_the_others_and_is_named_in_the_import_errors(airflow_db: None,
+                                                                           registry_project: Path) -> None:
+    registry = registry_project / "knowledge" / "registry.yaml"
+    registry.write_text(registry.read_text(encoding="utf-8") + "  wiki:\n    source: wiki\n    shedule: '@hourly'\n",
+                        encoding="utf-8")
+    bag = dagbag()
+    assert sorted(bag.dag_ids) == sorted(f"{kind}__{kb}" for kind in KINDS for kb in (SHOP, SELLER))
+    [(where, error)] = bag.import_errors.items()
+    assert where.endswith("dags/knowledge_registry.py")
+    assert "registry.yaml: knowledge base 'wiki': shedule: unknown key" in error
+
+
+def test_parsing_the_registrys_dags_imports_nothing_heavy(registry_project: Path) -> None:
+    code = (
+        "import sys, importlib.util\n"
+        f"for name in {list(KINDS) + ['knowledge_registry']!r}:\n"
+        f"    spec = importlib.util.spec_from_file_location(name, {str(REPO / 'dags')!r} + '/' + name + '.py')\n"
+        "    spec.loader.exec_module(importlib.util.module_from_spec(spec))\n"
+        "heavy = [m for m in ('qdrant_client', 'pandas', 'ollama', 'kb_reindex.run.pipeline',\n"
+        "                     'kb_reindex.services.state.store') if m in sys.modules]\n"
+        "print(','.join(heavy))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env=os.environ.copy())
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1:] in ([""], []), done.stdout
+
+
+def test_a_knowledge_bases_reindex_runs_end_to_end_and_announces_its_alias(airflow_db: None,
+                                                                          registry_project: Path) -> None:
+    from airflow.dag_processing.dagbag import DagBag
+    from airflow.models.asset import AssetEvent, AssetModel
+    from airflow.utils.session import create_session
+    from airflow.utils.state import DagRunState
+    from sqlalchemy import select
+
+    dag_id = f"knowledge_reindex__{SELLER}"
+    dag = DagBag(dag_folder=str(REPO / "dags" / "knowledge_reindex.py")).get_dag(dag_id)
+    run = dag.test()
+    assert run.state == DagRunState.SUCCESS, {ti.task_id: ti.state for ti in run.get_task_instances()}
+    with create_session() as session:
+        events = session.execute(select(AssetModel.uri, AssetEvent.extra).join(
+            AssetModel, AssetModel.id == AssetEvent.asset_id).where(AssetEvent.source_run_id == run.run_id)).all()
+    assert [(uri, extra["alias"], extra["version"]) for uri, extra in events] == [(f"qdrant://{SELLER}/", SELLER, 1)]
+    # only the sellers' store and alias were touched; the run is recorded under its DAG's own run id
+    assert sorted(p.name for p in (registry_project / ".kb" / "qdrant").iterdir()) == [SELLER]
+    from kb_reindex.services.registry import select_knowledge_base
+    from kb_reindex.services.state.store import StateStore
+
+    settings = select_knowledge_base(SELLER).settings()
+    state = StateStore(settings.state_url, create=False)
+    try:
+        assert state.list_runs(SELLER, limit=1)[0].run_id == f"airflow:{dag_id}:{run.run_id}"
+        assert state.list_runs(SHOP) == []
+    finally:
+        state.dispose()
