@@ -1,0 +1,160 @@
+"""`make airflow` with two knowledge bases in one registry, under the real scheduler (scripts/airflow.sh on a free
+port, LocalExecutor, our Qdrant-protocol server): both run on their own schedules; a rollback of one completes
+while the other's build is held at Qdrant, and moves only its own alias; a migration of one to another model
+runs while the other serves; an entry added to the registry gets its DAGs at the dag-processor's next parse,
+with no `airflow dags reserialize`."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import pytest
+
+from conftest import REPO
+from test_local_airflow import BIN, LocalAirflow, finished_state, free_port
+from test_local_airflow import kb as cli
+
+pytestmark = pytest.mark.airflow
+SHOP, SELLER = "shop", "seller"
+REGISTRY = f"""knowledge_bases:
+  {SHOP}:
+    source: docs
+    golden_set: golden.yaml
+    schedule: "@daily"
+  {SELLER}:
+    source: seller/docs
+    golden_set: seller/golden.yaml
+    schedule: "0 3 * * *"
+"""
+
+
+class CollectionHold:
+    """Every upsert into one knowledge base's collections waits at our Qdrant server until released."""
+
+    def __init__(self, qdrant: Any, alias: str) -> None:
+        self.qdrant, self.real, self.prefix = qdrant, qdrant._backend_call, f"{alias}__"
+        self.held, self.open = threading.Event(), threading.Event()
+
+    def __enter__(self) -> CollectionHold:
+        def held_call(op: str, params: dict, query: dict, body: Any, record: Any = None) -> Any:
+            if op == "upsert" and params.get("name", "").startswith(self.prefix) and not self.open.is_set():
+                self.held.set()
+                self.open.wait(300)
+            return self.real(op, params, query, body, record)
+
+        self.qdrant._backend_call = held_call
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.open.set()
+        self.qdrant._backend_call = self.real
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalAirflow, Path, Any]]:
+    from kb_reindex.testing.qdrant_server import FakeQdrantServer
+
+    root = tmp_path_factory.mktemp("many-bases-airflow")
+    project = root / "project"
+    shutil.copytree(REPO / "knowledge", project / "knowledge")
+    (project / "knowledge" / "registry.yaml").write_text(REGISTRY, encoding="utf-8")
+    with FakeQdrantServer(root / "qdrant-server") as qdrant:
+        port = free_port()
+        env = {name: value for name, value in os.environ.items() if not name.startswith("AIRFLOW")}
+        env.update(AIRFLOW_HOME=str(root / "airflow-home"), KB_PROJECT_ROOT=str(project), KB_AIRFLOW_PORT=str(port),
+                   PATH=f"{BIN}:{env.get('PATH', '')}", KB_QDRANT_URL=qdrant.url, KB_REGISTRY="knowledge/registry.yaml",
+                   KB_RETRY_DELAY_S="2", AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL="10")
+        try:
+            started = subprocess.run(["bash", str(REPO / "scripts" / "airflow.sh")], env=env, capture_output=True,
+                                     text=True, timeout=240)
+            assert started.returncode == 0, started.stdout + started.stderr
+            yield LocalAirflow(f"http://127.0.0.1:{port}", root / "airflow-home", env), project, qdrant
+        finally:
+            stopped = subprocess.run(["bash", str(REPO / "scripts" / "airflow-stop.sh")], env=env,
+                                     capture_output=True, text=True, timeout=120)
+            assert stopped.returncode == 0, stopped.stderr
+
+
+def scheduled_run(airflow: LocalAirflow, dag_id: str) -> str:
+    """Unpause `dag_id`; its schedule starts the latest interval's run (catchup off), which is returned."""
+    airflow.wait(f"{dag_id} parsed", lambda: airflow.http.get(f"/dags/{dag_id}").status_code == 200, 120)
+    assert airflow.http.patch(f"/dags/{dag_id}", json={"is_paused": False}).status_code == 200
+    runs: list[dict] = []
+
+    def started() -> bool:
+        runs[:] = airflow.http.get(f"/dags/{dag_id}/dagRuns").json()["dag_runs"]
+        return bool(runs)
+
+    airflow.wait(f"a scheduled run of {dag_id}", started, 120)
+    assert runs[0]["run_type"] == "scheduled", runs
+    return runs[0]["dag_run_id"]
+
+
+def test_two_knowledge_bases_under_the_real_scheduler(stack: tuple[LocalAirflow, Path, Any]) -> None:
+    airflow, project, qdrant = stack
+    env = {**airflow.env, "KB_LOCK_WAIT": "0"}
+    pools = {p["name"]: p["slots"] for p in airflow.http.get("/pools").json()["pools"]}
+    assert pools[f"kb_qdrant_writes__{SHOP}"] == 1 and pools[f"kb_qdrant_writes__{SELLER}"] == 1
+
+    # both on their own schedules: unpausing each starts its scheduled run, and both promote
+    runs = {alias: scheduled_run(airflow, f"knowledge_reindex__{alias}") for alias in (SHOP, SELLER)}
+    for alias, run_id in runs.items():
+        airflow.wait_for_success(f"knowledge_reindex__{alias}", run_id, 300)
+        assert kb_status(env, alias)["live"]["version"] == 1
+    doc = project / "knowledge" / "docs" / "coupon-rules.md"
+    doc.write_text(doc.read_text(encoding="utf-8") + "\n\n补充：限时活动券不可叠加。\n", encoding="utf-8")
+    assert cli(env, "--kb", SHOP, "run")["outcome"] == "promoted"
+
+    # the sellers' build held at Qdrant; the shop's rollback completes meanwhile and moves only the shop's alias
+    with CollectionHold(qdrant, SELLER) as hold:
+        build = airflow.trigger(f"knowledge_reindex__{SELLER}", {"force_full_rebuild": True})
+        assert hold.held.wait(240), f"the sellers' build never wrote\n{airflow.logs()}"
+        rollback = airflow.trigger(f"knowledge_rollback__{SHOP}", {"reason": "coupon text", "confirm": True,
+                                                                  "live_version": 2, "freeze": False})
+        airflow.wait_for_success(f"knowledge_rollback__{SHOP}", rollback, 180)
+        assert not hold.open.is_set(), "the rollback completed while the other knowledge base built"
+        assert kb_status(env, SHOP)["live"]["version"] == 1
+        assert kb_status(env, SELLER)["live"]["version"] == 1, "the other alias did not move"
+    airflow.wait_for_success(f"knowledge_reindex__{SELLER}", build, 300)
+    assert kb_status(env, SELLER)["live"]["version"] == 2, "its own compare-and-swap saw its own alias unmoved"
+
+    # the shop migrates to another model while the sellers' knowledge base serves its questions
+    migration = airflow.trigger(f"knowledge_model_migration__{SHOP}", {"embedder": "hashing",
+                                                                       "model": "hashing-ngram-v4", "dimension": 512})
+    answers = 0
+    while finished_state_now(airflow, f"knowledge_model_migration__{SHOP}", migration) is None:
+        found = cli(env, "--kb", SELLER, "query", "货款什么时候到账", "-k", "1")
+        assert found["results"][0]["knowledge_key"] == "settlement", found
+        answers += 1
+    assert finished_state(airflow, f"knowledge_model_migration__{SHOP}", migration, 10) == "success"
+    assert answers >= 1
+    shop, seller = kb_status(env, SHOP), kb_status(env, SELLER)
+    assert (shop["live"]["embed_model"], shop["live"]["dim"]) == ("hashing-ngram-v4", 512)
+    assert seller["live"]["embed_model"] == "hashing-ngram-v1" and seller["live"]["version"] == 2
+
+    # a third entry: its DAGs appear at the dag-processor's next parse of the DAG files, no reserialize
+    (project / "knowledge" / "wiki").mkdir()
+    (project / "knowledge" / "wiki" / "about.md").write_text("# 关于\n\n内部说明。\n", encoding="utf-8")
+    registry = project / "knowledge" / "registry.yaml"
+    registry.write_text(REGISTRY + "  wiki:\n    source: wiki\n    golden_set: golden.yaml\n    schedule: null\n",
+                        encoding="utf-8")
+    for kind in ("knowledge_reindex", "knowledge_rollback"):
+        airflow.wait(f"{kind}__wiki parsed", lambda k=kind: airflow.http.get(f"/dags/{k}__wiki").status_code == 200,
+                     120)
+    assert not airflow.http.get("/dags/knowledge_rollback__wiki").json()["is_paused"], "on-call's DAG starts unpaused"
+
+
+def kb_status(env: dict[str, str], alias: str) -> dict:
+    return cli(env, "--kb", alias, "status")
+
+
+def finished_state_now(airflow: LocalAirflow, dag_id: str, run_id: str) -> str | None:
+    state = airflow.http.get(f"/dags/{dag_id}/dagRuns/{quote(run_id, safe='')}").json()["state"]
+    return state if state in ("success", "failed") else None
