@@ -652,3 +652,22 @@ def test_compose_config_validates() -> None:
         cwd=REPO, capture_output=True, text=True, timeout=120,
     )
     assert result.returncode == 0, result.stderr
+
+
+def test_the_stack_serves_the_shipped_registry(airflow_services: dict[str, dict[str, Any]],
+                                               env_example: dict[str, str], tmp_path: Path) -> None:
+    """KB_REGISTRY points into the image's knowledge/ (copied from ./knowledge), where it resolves as the shipped
+    registry with both knowledge bases and their Ollama model."""
+    from kb_reindex.services.registry import load_registry
+
+    env = resolved_airflow_env(airflow_services["airflow-scheduler"], env_example)
+    assert env["KB_REGISTRY"] == "/opt/airflow/knowledge/registry.yaml"
+    image_root = tmp_path / "opt-airflow"  # the image's /opt/airflow, as the Dockerfile fills it
+    shutil.copytree(REPO / "knowledge", image_root / "knowledge")
+    registry = load_registry({**env, "KB_PROJECT_ROOT": str(image_root),
+                              "KB_REGISTRY": str(image_root / "knowledge" / "registry.yaml")})
+    assert registry.names == ["mall_knowledge", "seller_rules"] and registry.errors == ()
+    for kb in registry.bases:
+        settings = kb.settings({**env, "KB_PROJECT_ROOT": str(image_root)})
+        assert settings.embedder == "ollama" and settings.embed_model == "bge-m3"
+        assert settings.knowledge_dir.is_dir() and settings.qdrant_url == "http://qdrant:6333"
