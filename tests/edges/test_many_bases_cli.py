@@ -123,3 +123,25 @@ def test_a_bad_entry_never_stops_the_good_ones_and_is_named(project: Path) -> No
     assert "broken-registry.yaml: knowledge base 'wiki': shedule: unknown key (known: source," in refused.stderr
     listed = cli_json(project, "bases", code=1, **broken)
     assert [b["alias"] for b in listed["knowledge_bases"]] == [SHOP, SELLER] and len(listed["refused"]) == 1
+
+
+def test_an_entrys_default_tenant_is_what_its_documents_without_one_serve(tmp_path: Path) -> None:
+    """The sellers' pages name no tenant: they serve under the entry's `tenant`; changing it re-embeds them."""
+    project = tmp_path / "project"
+    shutil.copytree(REPO / "knowledge", project / "knowledge")
+    registry = project / "knowledge" / "registry.yaml"
+    shipped = registry.read_text(encoding="utf-8")
+    registry.write_text(shipped.replace("    schedule: null", "    schedule: null\n    tenant: sellers"), encoding="utf-8")
+    assert cli_json(project, "--kb", SELLER, "run")["outcome"] == "promoted"
+
+    def hits(tenant: str) -> list[str]:
+        answer = cli_json(project, "--kb", SELLER, "query", "货款什么时候到账", "--tenant", tenant)
+        return [r["knowledge_key"] for r in answer["results"]]
+
+    assert hits("sellers")[:1] == ["settlement"] and hits("default") == []
+    assert cli_json(project, "--kb", SELLER, "run")["outcome"] == "no_change"
+    registry.write_text(shipped.replace("    schedule: null", "    schedule: null\n    tenant: merchants"),
+                        encoding="utf-8")
+    moved = cli_json(project, "--kb", SELLER, "run")
+    assert moved["outcome"] == "promoted" and moved["docs"]["changed"] == 3, moved["docs"]
+    assert hits("merchants")[:1] == ["settlement"] and hits("sellers") == []

@@ -169,6 +169,13 @@ def _payload_layout(env: Mapping[str, str]) -> str:
     return layout_spec(env.get("KB_PAYLOAD_LAYOUT", "").strip() or "native", env.get("KB_PAYLOAD_TEXT_KEY", ""))
 
 
+def _tenant(env: Mapping[str, str]) -> str:
+    value = env.get("KB_DEFAULT_TENANT", "").strip() or "default"
+    if len(value) > 128:
+        raise ConfigError(f"KB_DEFAULT_TENANT is {len(value)} characters, over the limit of 128")
+    return value
+
+
 @dataclass(frozen=True)
 class Settings:
     """Everything a reindex needs to know; secrets are kept out of ``repr``."""
@@ -221,6 +228,8 @@ class Settings:
     watch_interval_s: float = 60.0
     # slots of the Airflow pool kb_qdrant_writes: build slices writing at once (scripts and compose init set it)
     build_parallelism: int = 1
+    # the tenant of a document whose front matter names none
+    default_tenant: str = "default"
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
@@ -294,6 +303,7 @@ class Settings:
             watch_minutes=_minutes(env, "KB_WATCH_MINUTES"),
             watch_interval_s=float(_int(env, "KB_WATCH_INTERVAL_S", 60, minimum=1)),
             build_parallelism=_int(env, "KB_BUILD_PARALLELISM", 1, minimum=1),
+            default_tenant=_tenant(env),
         )
         settings = replace(settings, **overrides) if overrides else settings
         settings.check_build_parallelism()

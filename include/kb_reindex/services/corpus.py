@@ -23,6 +23,7 @@ from typing import NamedTuple
 from kb_reindex.services.chunking import Chunk, chunk_document, chunking_version
 from kb_reindex.domain.errors import KbError, SourceChangedError, SourceError
 from kb_reindex.services.sources import (
+    DEFAULT_TENANT,
     Document,
     corpus_fingerprint,
     discover,
@@ -120,13 +121,13 @@ def _scan_document(doc: Document, *, chunk_size: int, overlap: int) -> ScannedDo
 
 
 def scan_corpus(docs_dir: Path, *, max_bytes: int, chunk_size: int, overlap: int,
-                hashes: dict[str, FileHash] | None = None) -> CorpusScan:
+                hashes: dict[str, FileHash] | None = None, default_tenant: str = DEFAULT_TENANT) -> CorpusScan:
     """Every document's facts and chunk references, sorted by key; each body is dropped once scanned.
     Errors as `sources.load_corpus` reports them. `hashes` receives what a plan records of every file."""
     started_ns = time.time_ns()
     stats: dict[str, os.stat_result] | None = {} if hashes is not None else None
     scanned = [_scan_document(document, chunk_size=chunk_size, overlap=overlap)
-               for document in iter_corpus(docs_dir, max_bytes=max_bytes, stats=stats)]
+               for document in iter_corpus(docs_dir, max_bytes=max_bytes, stats=stats, default_tenant=default_tenant)]
     scanned.sort(key=lambda d: d.info.knowledge_key)
     if hashes is not None and stats is not None:
         for d in scanned:
@@ -136,9 +137,11 @@ def scan_corpus(docs_dir: Path, *, max_bytes: int, chunk_size: int, overlap: int
                       chunking_version=chunking_version(chunk_size, overlap))
 
 
-def cache_root(docs_dir: Path) -> str:
-    """The key of a knowledge folder's recorded file hashes: its resolved path, hashed to a fixed size."""
-    return hashlib.sha256(str(docs_dir.resolve()).encode("utf-8")).hexdigest()
+def cache_root(docs_dir: Path, default_tenant: str = DEFAULT_TENANT) -> str:
+    """The key of a knowledge folder's recorded file hashes: its resolved path (and the default tenant its
+    documents inherit, when not `default`: another default hashes them anew), hashed to a fixed size."""
+    key = str(docs_dir.resolve()) + ("" if default_tenant == DEFAULT_TENANT else f"\x00tenant:{default_tenant}")
+    return hashlib.sha256(key.encode("utf-8")).hexdigest()
 
 
 class QuickScan(NamedTuple):
@@ -152,7 +155,8 @@ class _KeyHash(NamedTuple):
     content_hash: str
 
 
-def quick_fingerprint(docs_dir: Path, recorded: dict[str, FileHash], *, max_bytes: int) -> QuickScan | None:
+def quick_fingerprint(docs_dir: Path, recorded: dict[str, FileHash], *, max_bytes: int,
+                      default_tenant: str = DEFAULT_TENANT) -> QuickScan | None:
     """The corpus fingerprint from the recorded hashes of files whose (size, mtime_ns) did not change since,
     reading only the others; None when anything is off (a bad or colliding file): the full scan says what."""
     started_ns = time.time_ns()
@@ -173,7 +177,8 @@ def quick_fingerprint(docs_dir: Path, recorded: dict[str, FileHash], *, max_byte
             pairs.append(_KeyHash(knowledge_key_for(source), entry.content_hash))
             continue
         try:
-            document = parse_document(path, source, read_bytes(path, source, max_bytes=max_bytes))
+            document = parse_document(path, source, read_bytes(path, source, max_bytes=max_bytes),
+                                      default_tenant=default_tenant)
         except (OSError, SourceError):
             return None
         pairs.append(_KeyHash(document.knowledge_key, document.content_hash))
@@ -201,8 +206,8 @@ class DocumentTexts:
     """
 
     def __init__(self, docs_dir: Path, infos: dict[str, DocumentInfo], *, max_bytes: int, chunk_size: int,
-                 overlap: int, version_label: str) -> None:
-        self.docs_dir, self.infos = docs_dir, infos
+                 overlap: int, version_label: str, default_tenant: str = DEFAULT_TENANT) -> None:
+        self.docs_dir, self.infos, self.default_tenant = docs_dir, infos, default_tenant
         self.max_bytes, self.chunk_size, self.overlap = max_bytes, chunk_size, overlap
         self.version_label = version_label
         self._key: str | None = None
@@ -226,7 +231,7 @@ class DocumentTexts:
             data = read_bytes(path, info.source, max_bytes=self.max_bytes)
         except (OSError, SourceError):
             raise changed from None
-        document = parse_document(path, info.source, data)
+        document = parse_document(path, info.source, data, default_tenant=self.default_tenant)
         if document.content_hash != info.content_hash:
             raise changed
         self._key = knowledge_key

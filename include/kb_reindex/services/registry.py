@@ -50,6 +50,8 @@ class RegistryEntry(BaseModel):
     keep_versions: int | None = Field(default=None, ge=0)
     chunk_size: int | None = Field(default=None, ge=50)
     chunk_overlap: int | None = Field(default=None, ge=0)
+    #: the tenant of a document whose front matter names none (default `default`)
+    tenant: str | None = Field(default=None, min_length=1, max_length=128)
     #: the Airflow Connections of its Qdrant and its Ollama (one knowledge base may live on another Qdrant)
     qdrant_conn_id: str | None = Field(default=None, min_length=1)
     ollama_conn_id: str | None = Field(default=None, min_length=1)
@@ -58,7 +60,8 @@ class RegistryEntry(BaseModel):
 #: the environment variable each registry key overrides (what `Settings.from_env` reads)
 ENV_OF_KEY = {"source": "KB_KNOWLEDGE_DIR", "golden_set": "KB_GOLDEN_SET", "embedder": "KB_EMBEDDER",
               "model": "KB_EMBED_MODEL", "dimension": "KB_EMBED_DIM", "payload_layout": "KB_PAYLOAD_LAYOUT",
-              "keep_versions": "KB_KEEP_VERSIONS", "chunk_size": "KB_CHUNK_SIZE", "chunk_overlap": "KB_CHUNK_OVERLAP"}
+              "keep_versions": "KB_KEEP_VERSIONS", "chunk_size": "KB_CHUNK_SIZE", "chunk_overlap": "KB_CHUNK_OVERLAP",
+              "tenant": "KB_DEFAULT_TENANT"}
 
 
 @dataclass(frozen=True)

@@ -106,13 +106,21 @@ def read_bytes(path: Path, source: str, *, max_bytes: int) -> bytes:
     return path.read_bytes()
 
 
-def read_document(path: Path, docs_dir: Path, *, max_bytes: int) -> Document:
+def read_document(path: Path, docs_dir: Path, *, max_bytes: int, default_tenant: str = DEFAULT_TENANT) -> Document:
     """One file to one Document, or a SourceError that says what is wrong with it."""
     source = path.relative_to(docs_dir).as_posix()
-    return parse_document(path, source, read_bytes(path, source, max_bytes=max_bytes))
+    return parse_document(path, source, read_bytes(path, source, max_bytes=max_bytes), default_tenant=default_tenant)
 
 
-def parse_document(path: Path, source: str, data: bytes) -> Document:
+def document_hash(text: str, *, inherited_tenant: str | None) -> str:
+    """What a document serves as: its text, and the tenant it inherits when its front matter names none and the
+    knowledge base's default is not `default` (so a changed default re-embeds the documents it moves)."""
+    if inherited_tenant is None or inherited_tenant == DEFAULT_TENANT:
+        return sha256_text(text)
+    return sha256_text(f"{text}\n\x00tenant:{inherited_tenant}")
+
+
+def parse_document(path: Path, source: str, data: bytes, *, default_tenant: str = DEFAULT_TENANT) -> Document:
     if b"\x00" in data:
         raise SourceError(f"{source}: contains NUL bytes; this looks like a binary file, not Markdown")
     try:
@@ -133,9 +141,9 @@ def parse_document(path: Path, source: str, data: bytes) -> Document:
         source=source,
         title=meta.get("title") or _first_h1(body) or path.stem,
         category=meta.get("category", DEFAULT_CATEGORY),
-        tenant=meta.get("tenant", DEFAULT_TENANT),
+        tenant=meta.get("tenant", default_tenant),
         body=body,
-        content_hash=sha256_text(text),
+        content_hash=document_hash(text, inherited_tenant=None if "tenant" in meta else default_tenant),
     )
     for name, limit in MAX_LENGTHS.items():
         value = getattr(document, name)
@@ -217,8 +225,8 @@ def link_loop(path: Path, *, limit: int = 40) -> str | None:
     return " -> ".join(chain[:5]) + f" -> ... (over {limit} links)"
 
 
-def iter_corpus(docs_dir: Path, *, max_bytes: int = 2_000_000,
-                stats: dict[str, os.stat_result] | None = None) -> Iterator[Document]:
+def iter_corpus(docs_dir: Path, *, max_bytes: int = 2_000_000, stats: dict[str, os.stat_result] | None = None,
+                default_tenant: str = DEFAULT_TENANT) -> Iterator[Document]:
     """Every document, one at a time in folder order, so a caller keeps only what it needs of each.
     Errors from all files are reported together, once every file was read. `stats` collects each file's
     stat taken before it is read (a later edit then shows as a newer mtime than the one recorded)."""
@@ -230,7 +238,7 @@ def iter_corpus(docs_dir: Path, *, max_bytes: int = 2_000_000,
         try:
             if stats is not None:
                 stats[source] = path.stat()
-            document = read_document(path, docs_dir, max_bytes=max_bytes)
+            document = read_document(path, docs_dir, max_bytes=max_bytes, default_tenant=default_tenant)
         except SourceError as exc:
             errors.append(str(exc))
             continue

@@ -156,8 +156,9 @@ def _unchanged_from_hashes(deps: Deps, live: VersionRecord, recipe: Recipe, *, n
     """The no-change plan when the recorded file hashes (reading only files touched since) give live's
     fingerprint; None: the corpus is scanned."""
     settings = deps.settings
-    root = cache_root(settings.knowledge_dir)
-    quick = quick_fingerprint(settings.knowledge_dir, deps.state.file_hashes(root), max_bytes=settings.max_doc_bytes)
+    root = cache_root(settings.knowledge_dir, settings.default_tenant)
+    quick = quick_fingerprint(settings.knowledge_dir, deps.state.file_hashes(root), max_bytes=settings.max_doc_bytes,
+                              default_tenant=settings.default_tenant)
     if quick is None or quick.fingerprint != live.corpus_fingerprint:
         return None
     check_golden_set(settings.golden_set, set(quick.keys))
@@ -172,10 +173,11 @@ def _scan(deps: Deps, *, record: bool) -> CorpusScan:
     golden set and its replay gate checked against them."""
     settings = deps.settings
     recorded: dict[str, Any] | None = {} if record else None
-    scan = scan_corpus(settings.knowledge_dir, max_bytes=settings.max_doc_bytes,
-                       chunk_size=settings.chunk_size, overlap=settings.chunk_overlap, hashes=recorded)
+    scan = scan_corpus(settings.knowledge_dir, max_bytes=settings.max_doc_bytes, chunk_size=settings.chunk_size,
+                       overlap=settings.chunk_overlap, hashes=recorded, default_tenant=settings.default_tenant)
     if recorded:
-        deps.state.record_file_hashes(cache_root(settings.knowledge_dir), recorded, replace_all=True)
+        deps.state.record_file_hashes(cache_root(settings.knowledge_dir, settings.default_tenant), recorded,
+                                      replace_all=True)
     # only the plan checks the golden set against today's files: a rollback to an older version must
     # not be blocked by probes that name documents added since
     check_golden_set(settings.golden_set, {d.knowledge_key for d in scan.infos})

@@ -96,7 +96,8 @@ def _store_texts(deps: Deps, prepared: Prepared, *, label: str) -> int:
     if missing:
         texts = DocumentTexts(settings.knowledge_dir, {d.info.knowledge_key: d.info for d in scan.documents},
                               max_bytes=settings.max_doc_bytes, chunk_size=settings.chunk_size,
-                              overlap=settings.chunk_overlap, version_label=label)
+                              overlap=settings.chunk_overlap, version_label=label,
+                              default_tenant=settings.default_tenant)
 
         def rows() -> Any:
             for d in scan.documents:
