@@ -143,3 +143,27 @@ def test_the_shipped_registry_holds_the_shop_and_a_second_knowledge_base() -> No
     assert seller.knowledge_dir == REPO / "knowledge" / "seller" / "docs"
     assert sorted(p.name for p in seller.knowledge_dir.glob("*.md")) == ["listing-rules.md", "penalties.md",
                                                                          "settlement.md"]
+
+
+def test_a_task_of_an_entry_uses_the_connections_the_entry_names(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """In a DAG task, `wiki` (qdrant_conn_id: qdrant_wiki) reaches its own Qdrant; `shop` the default
+    Connection's; an entry naming a Connection Airflow does not have is refused, naming both."""
+    pytest.importorskip("airflow")
+    from types import SimpleNamespace
+
+    from kb_reindex.airflow import connections
+
+    env = write_registry(tmp_path, TWO)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    defined = {"qdrant_wiki": SimpleNamespace(host="qdrant-wiki", port=6333, password=None, extra_dejson={}),
+               "qdrant_default": SimpleNamespace(host="qdrant-shop", port=6334, password=None, extra_dejson={})}
+    monkeypatch.setattr(connections, "_connection", defined.get)
+    wiki, _ = connections.task_settings("wiki")
+    shop, _ = connections.task_settings("shop")
+    assert (wiki.alias, wiki.qdrant_host, wiki.qdrant_path) == ("wiki", "qdrant-wiki", None)
+    assert (shop.alias, shop.qdrant_host, shop.qdrant_port) == ("shop", "qdrant-shop", 6334)
+    monkeypatch.setattr(connections, "_connection", {"qdrant_default": defined["qdrant_default"]}.get)
+    with pytest.raises(ConfigError, match=r"knowledge base 'wiki' names the Connection 'qdrant_wiki', which Airflow"):
+        connections.task_settings("wiki")
