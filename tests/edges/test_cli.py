@@ -234,3 +234,27 @@ def test_migrate_refuses_a_model_its_embedder_cannot_serve_and_defaults_to_the_e
     code, migrated = run_json(capsys, "migrate", "--embedder", "hashing", "--dim", "512", "--no-promote")
     assert code == 0 and migrated["outcome"] == "shadow"
     assert migrated["collection"] == "mall_knowledge__hashing-ngram-v1__v2"
+
+
+def test_status_names_the_last_failed_run_its_step_and_why_and_exits_1(cli_env: Path) -> None:
+    """Two failed runs after a good one: the alias still serves v1, and status says so as a problem (exit 1),
+    naming the step that failed and why, in a fresh process as on-call runs it."""
+    cli = Path(sys.executable).with_name("kb-reindex")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KB_") or k.startswith("KB_TEST_")}
+    env.update(KB_PROJECT_ROOT=str(cli_env), KB_EMBEDDER="hashing")
+    assert subprocess.run([str(cli), "run", "-q"], env=env, capture_output=True, timeout=120).returncode == 0
+    golden = cli_env / "knowledge" / "golden.yaml"
+    golden.write_text(golden.read_text(encoding="utf-8").replace("min_hit_rate: 0.9", "min_hit_rate: 1.0")
+                      + "  - id: impossible\n    query: zzzz qqqq\n    expected: [return-policy]\n", encoding="utf-8")
+    for n in range(2):
+        doc = cli_env / "knowledge" / "docs" / "coupon-rules.md"
+        doc.write_text(doc.read_text(encoding="utf-8") + f"\n\n补充{n}：以公告为准。\n", encoding="utf-8")
+        assert subprocess.run([str(cli), "run", "-q"], env=env, capture_output=True, timeout=120).returncode == 1
+    done = subprocess.run([str(cli), "status", "--json", "-q"], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1, done.stdout + done.stderr
+    status = json.loads(done.stdout)
+    assert status["live"]["version"] == 1
+    [problem] = [p for p in status["problems"] if p.startswith("the last reindex run failed")]
+    assert problem.startswith("the last reindex run failed at validate (cli__reindex__") and "hit rate" in problem
+    human = subprocess.run([str(cli), "status"], env=env, capture_output=True, text=True, timeout=120)
+    assert human.returncode == 1 and "PROBLEM: the last reindex run failed at validate" in human.stdout

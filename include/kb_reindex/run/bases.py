@@ -8,13 +8,11 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from kb_reindex.domain.errors import StateEmpty, StateMissing
-from kb_reindex.domain.model import RunOutcome
+from kb_reindex.run.status import last_run_problem
 from kb_reindex.services.registry import KnowledgeBase, Registry
 from kb_reindex.services.state.clock import utc_stamp
 from kb_reindex.services.state.store import StateStore
 
-#: outcomes of a last run that on-call must look at
-BAD_OUTCOMES = frozenset({RunOutcome.FAILED})
 
 
 @dataclass(frozen=True)
@@ -65,9 +63,7 @@ def summary(state: StateStore | None, kb: KnowledgeBase) -> BaseSummary:
         r = runs[0]
         last = LastRun(run_id=r.run_id, kind=r.kind, outcome=r.outcome, started_at=utc_stamp(r.started_at),
                        finished_at=utc_stamp(r.finished_at) if r.finished_at else None, error=r.error)
-    problems = []
-    if last is not None and last.outcome in BAD_OUTCOMES:
-        problems.append(f"the last {last.kind} run failed: {(last.error or 'no error recorded').splitlines()[0]}")
+    problems = [p for p in [last_run_problem(state, kb.alias) if state is not None else None] if p]
     if live is None:
         problems.append(f"no version serves yet: trigger {kb.dag_id('knowledge_reindex')}")
     return BaseSummary(alias=kb.alias, dag_id=kb.dag_id("knowledge_reindex"), schedule=kb.schedule,

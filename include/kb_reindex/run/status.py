@@ -24,6 +24,7 @@ from kb_reindex.domain.model import SUCCEEDED, RunKind, RunOutcome, VersionStatu
 from kb_reindex.services.runtime import Deps, StateDeps
 from kb_reindex.services.state.history import AliasEvent, PinRecord
 from kb_reindex.services.state.locks import LockRecord, is_dag_run_owner
+from kb_reindex.services.state.store import StateStore
 from kb_reindex.services.state.versions import QdrantSnapshotRef, VersionRecord
 from kb_reindex.services.state.clock import utc_stamp, utcnow
 
@@ -205,6 +206,20 @@ class HistoryEvent:
 # --- the views ---------------------------------------------------------------------------------------------
 
 
+def last_run_problem(state: StateStore, alias: str) -> str | None:
+    """The newest run of `alias`, when it failed: which run, at which step and why. A failed run leaves the
+    alias where it was, so nothing else in the status would say that the knowledge is no longer fresh."""
+    runs = state.list_runs(alias, limit=1)
+    if not runs or runs[0].outcome != RunOutcome.FAILED:
+        return None
+    run = runs[0]
+    record = state.get_version(alias, run.version) if run.version is not None else None
+    step = record.failed_step if record is not None and record.failed_step else None
+    why = (run.error or "no error recorded").strip().splitlines()[0][:300]
+    return (f"the last {run.kind} run failed{f' at {step}' if step else ''} ({run.run_id}, started "
+            f"{utc_stamp(run.started_at)}): {why}; the alias still serves what it served before it")
+
+
 def status_view(deps: Deps) -> StatusView:
     """What serves now, every version, held locks, and whether Qdrant agrees with the state DB."""
     alias = deps.settings.alias
@@ -228,6 +243,8 @@ def status_view(deps: Deps) -> StatusView:
         else:
             problems.append(drift_advice(deps, serving, live))
     problems += _collection_problems(versions)
+    if (failed := last_run_problem(deps.state, alias)) is not None:
+        problems.append(failed)
     audit = live_audit(deps, live)
     if audit and (audit.missing or audit.orphans):
         problems.append(f"the audit of live v{audit.version} at {audit.at} found {audit.missing} missing "
@@ -254,7 +271,8 @@ def state_only_view(deps: StateDeps) -> StatusView:
     return StatusView(
         alias=alias, serving_collection=None, live=_live(versions, live),
         rollback_target=target.version if target else None, freeze=freeze_view(deps), pinned=tuple(sorted(pins)),
-        audit=None, versions=tuple(versions), locks=lock_rows(deps), problems=(), notes=(), metrics=metrics(deps),
+        audit=None, versions=tuple(versions), locks=lock_rows(deps),
+        problems=tuple(p for p in [last_run_problem(deps.state, alias)] if p), notes=(), metrics=metrics(deps),
         query_log=querylog.summary(deps))
 
 
