@@ -55,6 +55,8 @@ def _parser(*, json_answer: bool = False) -> argparse.ArgumentParser:
         flags = argparse.ArgumentParser(add_help=False)
         flags.add_argument("--json", action="store_true", default=default, help="print one JSON object instead of tables")
         flags.add_argument("-q", "--quiet", action="store_true", default=default, help="only warnings and errors on stderr")
+        flags.add_argument("-v", "--verbose", action="store_true", default=default,
+                           help="also the HTTP requests to Qdrant and Ollama on stderr")
         flags.add_argument("--kb", metavar="ALIAS", default=None if default is False else default,
                            help="the knowledge base of KB_REGISTRY to act on (default: KB_NAME, or the only one)")
         return flags
@@ -231,6 +233,9 @@ def _main(argv: list[str]) -> int:
         return stop.code if isinstance(stop.code, int) else 2
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(message)s")
+    if not args.verbose:  # the HTTP clients' request lines (Qdrant's, Ollama's) only when asked for
+        for name in ("httpx", "httpcore"):
+            logging.getLogger(name).setLevel(logging.WARNING)
     try:
         return _dispatch(args)
     except BrokenPipeError:

@@ -305,3 +305,13 @@ def test_a_503_on_one_upsert_fails_the_run_cleanly_and_a_rerun_completes(
         assert again["outcome"] == "promoted" and again["version"] == 2, again["error"]
         assert deps.store.alias_target(ALIAS) == again["collection"]
         assert status_view(deps).to_dict()["problems"] == []
+
+
+def test_the_cli_prints_no_http_request_lines_unless_verbose(qdrant_server: QdrantServerProcess, project: Path) -> None:
+    env = cli_env(project, qdrant_server)
+    assert subprocess.run([str(CLI), "run", "-q"], env=env, capture_output=True, timeout=180).returncode == 0
+    quiet = subprocess.run([str(CLI), "status"], env=env, capture_output=True, text=True, timeout=120)
+    assert quiet.returncode == 0 and "alias mall_knowledge -> v1" in quiet.stdout
+    assert "HTTP Request" not in quiet.stderr, quiet.stderr
+    verbose = subprocess.run([str(CLI), "status", "-v"], env=env, capture_output=True, text=True, timeout=120)
+    assert "HTTP Request: GET http://" in verbose.stderr
