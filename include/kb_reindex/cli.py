@@ -179,11 +179,18 @@ def _print(args: argparse.Namespace, data: dict[str, Any], human: str) -> None:
         print(human)
 
 
+def _doc_keys(r: dict[str, Any]) -> dict[str, list[str]]:
+    """The documents a run or plan removed, added and changed, by knowledge key (the plan names the first ones)."""
+    keys = (r.get("plan") or {}).get("doc_keys") or r.get("doc_keys") or {}
+    return {kind: list(keys.get(kind) or []) for kind in ("removed", "added", "changed")}
+
+
 def _run_human(r: dict[str, Any]) -> str:
     d, c = r["docs"], r["chunks"]
     lines = [
         f"outcome: {r['outcome']}" + (f"  version: v{r['version']}  collection: {r['collection']}" if r.get("version") else ""),
         f"docs: +{d['added']} added, ~{d['changed']} changed, ={d['unchanged']} unchanged, -{d['removed']} removed",
+        *(f"  {kind}: {', '.join(keys)}" for kind, keys in _doc_keys(r).items() if keys),
         f"chunks: {c['total']} total; this run: {c['embedded']} embedded, {c['copied']} copied, "
         f"{c['skipped']} skipped (already written); planned: {c['planned_embed']} to embed, {c['planned_reuse']} to reuse",
     ]
@@ -399,7 +406,7 @@ def _cmd_plan(args: argparse.Namespace, deps: Any) -> int:
     p = plan(deps)
     human = _run_human({**empty_result("no_change" if p.no_change else "would_build").to_dict(),
                         "docs": p.docs.to_dict(), "chunks": chunk_counts(p, BuildCounts()).to_dict(),
-                        "notes": list(p.notes)})
+                        "doc_keys": p.doc_keys.to_dict(), "notes": list(p.notes)})
     _print(args, p.to_dict(), human + f"\nmodel: {p.embedder}/{p.embed_model}  layout: {p.payload_layout}  "
                                       f"live: v{p.base_version or '-'}")
     return 0

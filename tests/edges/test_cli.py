@@ -258,3 +258,19 @@ def test_status_names_the_last_failed_run_its_step_and_why_and_exits_1(cli_env: 
     assert problem.startswith("the last reindex run failed at validate (cli__reindex__") and "hit rate" in problem
     human = subprocess.run([str(cli), "status"], env=env, capture_output=True, text=True, timeout=120)
     assert human.returncode == 1 and "PROBLEM: the last reindex run failed at validate" in human.stdout
+
+
+def test_run_and_plan_name_the_documents_they_remove_add_and_change(cli_env: Path) -> None:
+    cli = Path(sys.executable).with_name("kb-reindex")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KB_") or k.startswith("KB_TEST_")}
+    env.update(KB_PROJECT_ROOT=str(cli_env), KB_EMBEDDER="hashing")
+    docs = cli_env / "knowledge" / "docs"
+    (docs / "gift-cards.md").write_text("# 礼品卡\n\n礼品卡不能兑换现金。\n", encoding="utf-8")  # no probe names it
+    assert subprocess.run([str(cli), "run", "-q"], env=env, capture_output=True, timeout=120).returncode == 0
+    (docs / "gift-cards.md").unlink()
+    (docs / "coupon-rules.md").write_text((docs / "coupon-rules.md").read_text(encoding="utf-8") + "\n\n补充。\n",
+                                          encoding="utf-8")
+    planned = subprocess.run([str(cli), "plan", "-q"], env=env, capture_output=True, text=True, timeout=120)
+    assert "  removed: gift-cards" in planned.stdout and "  changed: coupon-rules" in planned.stdout, planned.stdout
+    ran = subprocess.run([str(cli), "run", "-q"], env=env, capture_output=True, text=True, timeout=120)
+    assert ran.returncode == 0 and "-1 removed" in ran.stdout and "  removed: gift-cards" in ran.stdout, ran.stdout
