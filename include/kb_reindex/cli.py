@@ -464,6 +464,7 @@ def _status_human(s: StatusView) -> str:
                       + ([f"\nlocks:\n{_table(data['locks'], ['name', 'owner', 'since', 'expires', 'owner_alive'])}"]
                          if s.locks else [])
                       + [f"NOTE: {n}" for n in s.notes]
+                      + [f"WARNING: live serves an {w.message} (look at it; never acted on)" for w in s.warnings]
                       + [f"PROBLEM: {p}" for p in s.problems])
 
 

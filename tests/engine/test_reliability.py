@@ -496,10 +496,10 @@ def test_instruction_like_text_is_listed_and_optionally_blocks(deps: Deps) -> No
     assert validation["flagged_instructions"][0]["source"] == "after-sales-guide.md"
     assert "Instruction-like text (1)" in Path(result["validation"]["report"]).read_text(encoding="utf-8")
 
-    deps.settings = deps.settings.__class__(**{**deps.settings.__dict__, "block_on_instructions": True})
+    deps.settings = deps.settings.__class__(**{**deps.settings.__dict__, "instruction_policy": "block"})
     edit(deps, "after-sales-guide", "补充说明。")
     blocked = run_reindex(deps)
-    assert blocked["outcome"] == "failed" and "KB_BLOCK_ON_INSTRUCTIONS" in blocked["error"]
+    assert blocked["outcome"] == "failed" and "KB_INSTRUCTION_POLICY=block" in blocked["error"]
     assert deps.state.live_version(ALIAS).version == 1
 
 

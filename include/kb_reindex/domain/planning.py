@@ -9,7 +9,7 @@ They are frozen dataclasses. A dict appears only where JSON or XCom carries one:
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from enum import StrEnum
 from typing import Any
 
@@ -122,6 +122,29 @@ class AuditResult:
 
 
 @dataclass(frozen=True)
+class ContentWarning:
+    """What a check cannot judge and a person should see before it serves: `kind` `instruction` (a line that
+    reads as an instruction to the assistant), in document `knowledge_key` at `line` of its file."""
+
+    kind: str
+    knowledge_key: str
+    line: int
+    text: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ContentWarning:
+        return cls(kind=str(data["kind"]), knowledge_key=str(data["knowledge_key"]), line=int(data["line"]),
+                   text=str(data["text"]))
+
+    @property
+    def message(self) -> str:
+        return f"{self.kind}-like line in {self.knowledge_key} line {self.line}: {self.text}"
+
+
+@dataclass(frozen=True)
 class Plan:
     """What a run will build, against which live version (`base_*`), and what it counted.
 
@@ -152,6 +175,8 @@ class Plan:
     version: int | None = None
     collection: str | None = None
     resumed: bool = False
+    #: what the plan's files hold that no check judges: shown on stderr, in --json, in status and on the page
+    warnings: tuple[ContentWarning, ...] = ()
 
     @property
     def snapshotted(self) -> bool:
@@ -173,6 +198,7 @@ class Plan:
             "force_full": self.force_full, "no_change": self.no_change, "docs": self.docs.to_dict(),
             "doc_keys": self.doc_keys.to_dict(), "chunks": self.chunks.to_dict(),
             "source_changed_at": self.source_changed_at, "notes": list(self.notes),
+            "warnings": [w.to_dict() for w in self.warnings],
         }
         if self.audit is not None:
             data["audit"] = self.audit.to_dict()
@@ -194,6 +220,7 @@ class Plan:
             chunks=ChunkCounts.from_dict(data["chunks"]), source_changed_at=data.get("source_changed_at"),
             notes=tuple(data.get("notes") or ()), audit=AuditResult.from_dict(data["audit"]) if data.get("audit") else None, version=data.get("version"),
             collection=data.get("collection"), resumed=bool(data.get("resumed", False)),
+            warnings=tuple(ContentWarning.from_dict(w) for w in data.get("warnings") or ()),
         )
 
 

@@ -11,13 +11,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypedDict
+from typing import NotRequired, Any, TypedDict
 
 
 class FlaggedLine(TypedDict):
     """An instruction-like line of a knowledge file, as the plan's snapshot and the validation record store it
-    (JSON): which file, which line, its text."""
+    (JSON): which document (`knowledge_key`; absent in records made before it was kept), which file, which line
+    of the file (records made before counted from the end of the front matter), its text."""
 
+    knowledge_key: NotRequired[str]
     source: str
     line: int
     text: str

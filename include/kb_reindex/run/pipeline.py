@@ -104,7 +104,8 @@ class RunResult:
                                "validation": self.validation.to_dict() if self.validation else None,
                                "error": self.error, "error_kind": self.error_kind}
         if self.plan is not None:
-            out.update(plan=self.plan.to_dict(), notes=list(self.plan.notes), doc_keys=self.plan.doc_keys.to_dict())
+            out.update(plan=self.plan.to_dict(), notes=list(self.plan.notes), doc_keys=self.plan.doc_keys.to_dict(),
+                       warnings=[w.to_dict() for w in self.plan.warnings])
         optional = {"audit": self.plan.audit.to_dict() if self.plan and self.plan.audit else None,
                     "build": self.build.to_dict() if self.build else None,
                     "lowered_thresholds": self.lowered_thresholds,

@@ -20,6 +20,8 @@ from kb_reindex.rules.freeze import FreezeView, freeze_view
 from kb_reindex.services.layouts import version_profile
 from kb_reindex.rules.locking import alias_lock_name, reindex_lock_name
 from kb_reindex.steps.querylog import QueryLogView
+from kb_reindex.steps.plan import content_warnings
+from kb_reindex.domain.planning import ContentWarning
 from kb_reindex.domain.model import SUCCEEDED, RunKind, RunOutcome, VersionStatus
 from kb_reindex.services.runtime import Deps, StateDeps
 from kb_reindex.services.state.history import AliasEvent, PinRecord
@@ -77,6 +79,8 @@ class VersionRow:
     snapshot: QdrantSnapshotRef | None
     pinned: bool
     pin: PinView | None
+    #: what its files held that no check judges (instruction-like lines), as its validation recorded them
+    warnings: tuple[ContentWarning, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -153,6 +157,15 @@ class StatusView:
     metrics: Metrics
     query_log: QueryLogView
 
+    @property
+    def warnings(self) -> tuple[ContentWarning, ...]:
+        """What live serves that no check judges (its instruction-like lines): shown to on-call."""
+        return self.live_row.warnings if self.live_row else ()
+
+    @property
+    def live_row(self) -> VersionRow | None:
+        return self.version(self.live.version) if self.live else None
+
     def version(self, number: int) -> VersionRow | None:
         return next((v for v in self.versions if v.version == number), None)
 
@@ -171,6 +184,7 @@ class StatusView:
             "notes": list(self.notes),
             "metrics": asdict(self.metrics),
             "query_log": asdict(self.query_log),
+            "warnings": [w.to_dict() for w in self.warnings],
         }
 
 
@@ -361,6 +375,7 @@ def version_row(v: VersionRecord, *, target: VersionRecord | None, pins: dict[in
         serving=v.collection == serving, error=v.error, run_id=v.run_id,
         collection_config=collection_config, snapshot=v.snapshot_view(),
         pinned=v.version in pins, pin=pin_view(pins.get(v.version)),
+        warnings=content_warnings(validation.get("flagged_instructions") or ()),
     )
 
 

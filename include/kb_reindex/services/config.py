@@ -169,6 +169,19 @@ def _payload_layout(env: Mapping[str, str]) -> str:
     return layout_spec(env.get("KB_PAYLOAD_LAYOUT", "").strip() or "native", env.get("KB_PAYLOAD_TEXT_KEY", ""))
 
 
+INSTRUCTION_POLICIES = ("warn", "block")
+
+
+def _instruction_policy(env: Mapping[str, str]) -> str:
+    """KB_INSTRUCTION_POLICY; the deprecated KB_BLOCK_ON_INSTRUCTIONS=true still means `block` where it is unset."""
+    raw = env.get("KB_INSTRUCTION_POLICY", "").strip().lower()
+    if not raw:
+        return "block" if _bool(env, "KB_BLOCK_ON_INSTRUCTIONS") else "warn"
+    if raw not in INSTRUCTION_POLICIES:
+        raise ConfigError(f"KB_INSTRUCTION_POLICY={raw!r} is unknown; choose warn or block")
+    return raw
+
+
 def _tenant(env: Mapping[str, str]) -> str:
     value = env.get("KB_DEFAULT_TENANT", "").strip() or "default"
     if len(value) > 128:
@@ -201,7 +214,8 @@ class Settings:
     copy_batch_size: int
     max_doc_bytes: int
     lock_ttl_s: int
-    block_on_instructions: bool = False
+    #: `warn` (instruction-like lines are shown) or `block` (a version holding one fails validation)
+    instruction_policy: str = "warn"
     lock_wait_s: int = 30
     # Qdrant client options beyond the URL and key (the QdrantHook's options, and the timeout it lacks);
     # host/port come only from an Airflow Connection that names a host instead of a URL
@@ -285,7 +299,7 @@ class Settings:
             copy_batch_size=_int(env, "KB_COPY_BATCH_SIZE", 256, minimum=1),
             max_doc_bytes=_int(env, "KB_MAX_DOC_BYTES", 2_000_000, minimum=1),
             lock_ttl_s=_int(env, "KB_LOCK_TTL", 3600, minimum=10),
-            block_on_instructions=_bool(env, "KB_BLOCK_ON_INSTRUCTIONS"),
+            instruction_policy=_instruction_policy(env),
             lock_wait_s=_int(env, "KB_LOCK_WAIT", 30, minimum=0),
             qdrant_https=qdrant_https,
             qdrant_prefix=env.get("KB_QDRANT_PREFIX", "").strip().strip("/") or None,

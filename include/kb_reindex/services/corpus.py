@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,30 +32,12 @@ from kb_reindex.services.sources import (
     read_bytes,
 )
 from kb_reindex.services.state.manifests import FileHash
+from kb_reindex.domain.instructions import flag_instructions
 from kb_reindex.domain.validation_model import FlaggedLine
 
 # A recorded hash is trusted for a file only if its mtime is older than the recording by this margin: a
 # write within the same mtime tick as the recording (coarse filesystems: 1-2 s) may not change the mtime.
 MTIME_MARGIN_NS = 2_000_000_000
-
-# Text in the knowledge base is data. Lines that read like instructions to an assistant are listed in the
-# validation report so a person looks at them; they are never acted on.
-INSTRUCTION_PATTERNS = [
-    re.compile(p, re.IGNORECASE)
-    for p in (
-        r"ignore (all |any )?(previous|prior|above) (instructions|rules)",
-        r"忽略(之前|以上|前面|上述)?的?(所有)?(规则|指令|指示|要求)",
-        r"(call|invoke|use) the \w+ tool",
-        r"调用.{0,6}(工具|tool)",
-        r"(输出|提供|告诉|发送).{0,8}(手机号|电话号码|身份证|密码|银行卡)",
-        r"(phone number|password|credit card number)s?\b.{0,20}(send|give|output|reveal)",
-        r"system prompt|系统提示",
-    )
-]
-# one pass over a whole document first: almost every document has no such line. Equivalent to the
-# per-line scan because no pattern is anchored or crosses a line end.
-ANY_INSTRUCTION = re.compile("|".join(f"(?:{p.pattern})" for p in INSTRUCTION_PATTERNS), re.IGNORECASE)
-
 
 @dataclass(frozen=True, slots=True)
 class DocumentInfo:
@@ -98,7 +79,7 @@ class CorpusScan:
         return [c for d in self.documents for c in d.chunks]
 
     def flagged_lines(self) -> list[FlaggedLine]:
-        return [{"source": d.info.source, "line": number, "text": text}
+        return [{"knowledge_key": d.info.knowledge_key, "source": d.info.source, "line": number, "text": text}
                 for d in self.documents for number, text in d.flagged]
 
 
@@ -107,17 +88,11 @@ def info_of(doc: Document) -> DocumentInfo:
                         category=doc.category, tenant=doc.tenant, content_hash=doc.content_hash)
 
 
-def flag_instructions(body: str) -> tuple[tuple[int, str], ...]:
-    if not ANY_INSTRUCTION.search(body):
-        return ()
-    return tuple((number, line.strip()[:200]) for number, line in enumerate(body.splitlines(), start=1)
-                 if ANY_INSTRUCTION.search(line))
-
-
 def _scan_document(doc: Document, *, chunk_size: int, overlap: int) -> ScannedDocument:
     chunks = tuple(ChunkRef(c.knowledge_key, c.chunk_index, c.chunk_hash, c.point_id)
                    for c in chunk_document(doc, chunk_size=chunk_size, overlap=overlap))
-    return ScannedDocument(info=info_of(doc), chunks=chunks, flagged=flag_instructions(doc.body))
+    return ScannedDocument(info=info_of(doc), chunks=chunks,
+                           flagged=flag_instructions(doc.body, first_line=doc.body_line))
 
 
 def scan_corpus(docs_dir: Path, *, max_bytes: int, chunk_size: int, overlap: int,
@@ -191,10 +166,11 @@ def quick_fingerprint(docs_dir: Path, recorded: dict[str, FileHash], *, max_byte
 def instruction_lines(docs_dir: Path, *, max_bytes: int) -> list[FlaggedLine]:
     """The instruction-like lines of every document, as `CorpusScan.flagged_lines` lists them, without
     chunking anything: for a step that has no scan of its own (an Airflow validate task, a rollback)."""
-    found = [(doc.knowledge_key, doc.source, flag_instructions(doc.body))
+    found = [(doc.knowledge_key, doc.source, flag_instructions(doc.body, first_line=doc.body_line))
              for doc in iter_corpus(docs_dir, max_bytes=max_bytes)]
     found.sort(key=lambda item: item[0])
-    return [{"source": source, "line": number, "text": text} for _, source, flagged in found for number, text in flagged]
+    return [{"knowledge_key": key, "source": source, "line": number, "text": text}
+            for key, source, flagged in found for number, text in flagged]
 
 
 class DocumentTexts:

@@ -44,6 +44,8 @@ class Document:
     tenant: str
     body: str
     content_hash: str
+    #: the file's line number of the body's first line (after the front matter)
+    body_line: int = 1
 
 
 def sha256_text(text: str) -> str:
@@ -144,6 +146,7 @@ def parse_document(path: Path, source: str, data: bytes, *, default_tenant: str 
         tenant=meta.get("tenant", default_tenant),
         body=body,
         content_hash=document_hash(text, inherited_tenant=None if "tenant" in meta else default_tenant),
+        body_line=text[: len(text) - len(body)].count("\n") + 1,
     )
     for name, limit in MAX_LENGTHS.items():
         value = getattr(document, name)

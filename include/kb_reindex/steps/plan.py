@@ -9,7 +9,8 @@ to embed and the flagged lines; every later step reads that, never the knowledge
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
 from typing import Any
 
 from kb_reindex.rules.alias import drift_advice
@@ -23,7 +24,9 @@ from kb_reindex.steps.golden import check_golden_set
 from kb_reindex.services.layouts import embedding_profile, layout_spec, version_profile
 from kb_reindex.rules.manifest import Prepared
 from kb_reindex.domain.model import RunKind
-from kb_reindex.domain.planning import AuditResult, ChunkCounts, DocCounts, DocKeys, Plan
+from kb_reindex.domain.planning import AuditResult, ChunkCounts, ContentWarning, DocCounts, DocKeys, Plan
+from kb_reindex.domain.validation_model import FlaggedLine
+from kb_reindex.services.sources import knowledge_key_for
 from kb_reindex.steps.replay import load_replay_gate
 from kb_reindex.services.runtime import Deps
 from kb_reindex.services.state.versions import VersionRecord
@@ -165,6 +168,8 @@ def _unchanged_from_hashes(deps: Deps, live: VersionRecord, recipe: Recipe, *, n
     if record and quick.rehashed:
         deps.state.record_file_hashes(root, quick.rehashed, replace_all=False)
     plan = _no_change_plan(settings.alias, live, len(quick.keys), recipe.target, notes=notes, audit=audit)
+    snapshot = deps.state.snapshot(live.id)  # the same files as live's: its plan's warnings stand
+    plan = replace(plan, warnings=warn(settings.alias, content_warnings(snapshot.flagged if snapshot else [])))
     return Prepared(plan=plan, scan=None, live=live)
 
 
@@ -270,6 +275,7 @@ def _plan_scan(deps: Deps, scan: CorpusScan, live: VersionRecord | None, recipe:
         docs=diff.counts, doc_keys=DocKeys.first(added=diff.added, changed=diff.changed, removed=diff.removed),
         chunks=ChunkCounts(total=len(chunks), embedded=len(chunks) - reused, reused=reused),
         source_changed_at=changed_at, notes=tuple(notes), audit=audit,
+        warnings=warn(settings.alias, content_warnings(scan.flagged_lines())),
     )
     return Prepared(plan=plan, scan=scan, reuse=reuse, live=live)
 
@@ -291,6 +297,20 @@ def choose_layout(configured: str, live: VersionRecord | None, explicit: str | N
         )
         log.warning("kb_reindex: %s", notes[0])
     return live.payload_layout, notes
+
+
+def content_warnings(flagged: Iterable[FlaggedLine]) -> tuple[ContentWarning, ...]:
+    """The flagged lines of a scan or a snapshot as the plan's warnings."""
+    return tuple(ContentWarning(kind="instruction", knowledge_key=f.get("knowledge_key") or knowledge_key_for(f["source"]),
+                                line=f["line"], text=f["text"]) for f in flagged)
+
+
+def warn(alias: str, warnings: tuple[ContentWarning, ...]) -> tuple[ContentWarning, ...]:
+    """Each warning once on the plan's log (the CLI's stderr, the plan task's log): a person must see it."""
+    for w in warnings:
+        log.warning("kb_reindex: %s: WARNING %s (shown to a person, never acted on; KB_INSTRUCTION_POLICY=block "
+                    "refuses such a version)", alias, w.message)
+    return warnings
 
 
 def _no_change_plan(alias: str, live: VersionRecord, docs: int, target: Target, *, notes: list[str],

@@ -186,9 +186,10 @@ def _validate(deps: Deps, version: VersionRecord, *, min_hit_rate: float | None,
         failures += replay_failures
     if flagged is None:
         flagged = planned_instruction_lines(deps, version)
-    if flagged and deps.settings.block_on_instructions:
-        failures.append(f"{len(flagged)} instruction-like line(s) in the knowledge text (KB_BLOCK_ON_INSTRUCTIONS); "
-                        f"first: {flagged[0]['source']}:{flagged[0]['line']}")
+    if flagged and deps.settings.instruction_policy == "block":
+        named = "; ".join(f"{f['source']}:{f['line']}: {f['text'][:80]}" for f in flagged[:5])
+        failures.append(f"{len(flagged)} instruction-like line(s) in the knowledge text (KB_INSTRUCTION_POLICY=block): "
+                        f"{named}{'; ...' if len(flagged) > 5 else ''}")
     result = ValidationResult(
         version=version.version, collection=version.collection, passed=not failures, failures=tuple(failures),
         checks=tuple(checks), k=golden.k, thresholds=thresholds, hit_rate=round(hit_rate, 4), mrr=round(mrr, 4),
