@@ -123,6 +123,7 @@ def _parser(*, json_answer: bool = False) -> argparse.ArgumentParser:
     prom = sub.add_parser("promote", parents=[common],
                           help="put a shadow version behind the alias, after validating it again")
     prom.add_argument("--version", type=int, required=True)
+    prom.add_argument("--reason", help="why it goes live now (a held version: what you checked); kept in the history")
     prom.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     prom.add_argument("--live-version", type=int, metavar="N",
                       help="the version you saw serving (scripts): refused, nothing moved, if another serves "
@@ -212,6 +213,9 @@ def _run_human(r: dict[str, Any]) -> str:
                      + (f"; {w['error']}" if w.get("error") else ""))
     if r.get("frozen"):
         lines.append(f"FROZEN: {r['frozen']['message']}")
+    if r.get("held"):
+        lines.append(f"HELD: v{r['version']} is not promoted: {'; '.join(r['held']['reasons'])}. Look at what went, "
+                     f"then `kb-reindex promote --version {r['version']} --reason \"...\"` puts it live")
     for note in r.get("notes") or []:
         lines.append(f"note: {note}")
     if r.get("error"):
@@ -518,7 +522,8 @@ def _cmd_promote(args: argparse.Namespace, deps: Any) -> int:
     from kb_reindex.services.runtime import new_run_id
 
     _existing_version(deps, args.version, "--version")
-    result = promote_shadow(deps, args.version, expected_live=args.live_version, run_id=new_run_id("promote"))
+    result = promote_shadow(deps, args.version, expected_live=args.live_version, run_id=new_run_id("promote"),
+                            **({"reason": args.reason} if args.reason else {}))
     _print(args, result.to_dict(), f"promoted v{result.version} ({result.collection}, {result.embed_model} "
                                    f"{result.dim}-d); v{result.previous_version or '-'} kept for rollback")
     return 0
@@ -672,6 +677,8 @@ def _unlock(args: argparse.Namespace, deps: Any) -> int:
 def _run_exit_code(result: dict[str, Any]) -> int:
     """A run stopped by a setting (e.g. no knowledge folder) is a configuration error, not a failed run."""
     if result["outcome"] in ("auto_rolled_back", "regressed"):  # the watch undid (or could not undo) it
+        return 1
+    if result["outcome"] == RunOutcome.HELD:  # built and validated, waiting for a person: a script must notice
         return 1
     if result["outcome"] != RunOutcome.FAILED:
         return 0

@@ -319,3 +319,55 @@ def test_instruction_like_lines_are_warned_everywhere_and_block_on_request(cli_e
     assert json.loads(status.stdout)["warnings"] == expected
     human = kb("status")
     assert f"WARNING: live serves an instruction-like line in return-policy line {expected[1]['line']}" in human.stdout
+
+
+def test_content_loss_is_held_for_a_person_and_promoted_when_they_looked(cli_env: Path) -> None:
+    """Three of ten documents removed, or pages emptied to a stub under their old titles: the version is built
+    and validated but held (exit 1, the run `held`, status names it), until `promote --version N --reason`
+    puts it live. Removing one document of eleven is an ordinary edit: named, not held."""
+    cli = Path(sys.executable).with_name("kb-reindex")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KB_") or k.startswith("KB_TEST_")}
+    env.update(KB_PROJECT_ROOT=str(cli_env), KB_EMBEDDER="hashing")
+
+    def kb(*argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([str(cli), *argv], env=env, capture_output=True, text=True, timeout=120)
+
+    docs = cli_env / "knowledge" / "docs"
+    for n in range(5):  # no probe names them
+        (docs / f"extra-{n}.md").write_text(f"# 补充说明{n}\n\n礼品卡与储值卡的使用说明{n}。\n", encoding="utf-8")
+    assert kb("run", "-q").returncode == 0
+    assert len(list(docs.glob("*.md"))) == 11
+
+    (docs / "extra-4.md").unlink()  # one of eleven: an ordinary edit
+    one = kb("run")
+    assert one.returncode == 0 and "outcome: promoted" in one.stdout and "  removed: extra-4" in one.stdout
+
+    for n in range(3):  # three of ten
+        (docs / f"extra-{n}.md").unlink()
+    held = kb("run")
+    assert held.returncode == 1, held.stdout + held.stderr
+    assert "outcome: held  version: v3" in held.stdout
+    assert "HELD: v3 is not promoted: 3 documents removed (extra-0, extra-1, extra-2), more than max_docs_removed=2" \
+        in held.stdout
+    assert 'kb-reindex promote --version 3 --reason "..."' in held.stdout
+    status = kb("status", "--json", "-q")
+    answer = json.loads(status.stdout)
+    assert status.returncode == 1 and answer["live"]["version"] == 2
+    assert any(p.startswith("the last reindex run (cli__reindex__") and "held: v3 is held for a person" in p
+               for p in answer["problems"]), answer["problems"]
+    promoted = kb("promote", "--version", "3", "--reason", "sellers' pages moved to their own base", "--yes",
+                  "--live-version", "2", "--json", "-q")
+    assert promoted.returncode == 0, promoted.stdout + promoted.stderr
+    assert json.loads(kb("status", "--json", "-q").stdout)["live"]["version"] == 3
+    events = json.loads(kb("history", "--json", "-q").stdout)["events"]
+    assert (events[-1]["to_version"], events[-1]["reason"]) == (3, "sellers' pages moved to their own base")
+
+    long_text = "\n\n".join(f"## 第{n}节\n\n" + "礼品卡、储值卡与发票的使用说明，按订单类型分别处理。" * 20 for n in range(8))
+    (docs / "handbook.md").write_text(f"# 售后手册\n\n{long_text}\n", encoding="utf-8")
+    assert json.loads(kb("run", "--json", "-q").stdout)["outcome"] == "promoted"
+    (docs / "handbook.md").write_text("# 售后手册\n\n内容更新中。\n", encoding="utf-8")  # emptied under its old title
+    emptied = kb("run", "--json", "-q")
+    answer = json.loads(emptied.stdout)
+    assert emptied.returncode == 1 and answer["outcome"] == "held"
+    assert answer["held"]["removed"] == [] and answer["held"]["shrink"] > 0.1
+    assert "of live's chunks lost" in answer["held"]["reasons"][0]

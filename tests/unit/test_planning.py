@@ -21,7 +21,7 @@ from kb_reindex.services.runtime import Deps
 #: the keys of the plan dict (`kb-reindex plan --json`, the plan task's XCom), in their order
 PLAN_KEYS = ["alias", "kind", "fingerprint", "embedder", "embed_model", "embed_dim", "chunking_version",
              "embed_profile", "payload_layout", "base_version", "base_collection", "base_embed_model", "force_full",
-             "no_change", "docs", "doc_keys", "chunks", "source_changed_at", "notes"]
+             "no_change", "docs", "doc_keys", "chunks", "source_changed_at", "notes", "warnings"]
 #: the keys of a plan's audit of live (`kb_reindex.rules.audit.audit_live`), in their order; a sampled one adds `sampled`
 AUDIT_KEYS = ["version", "collection", "expected", "points", "missing", "orphans", "missing_ratio", "orphan_ratio",
               "mode"]

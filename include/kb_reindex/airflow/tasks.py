@@ -191,6 +191,9 @@ def promote_task(*, kb: str | None = None, plan: dict[str, Any], version: dict[s
                                 previous_version=promotion.previous_version)
     if promotion.outcome == RunOutcome.FROZEN and promotion.frozen is not None:  # outside `step`: not a failure
         raise AirflowSkipException(promotion.frozen.message)
+    if promotion.outcome == RunOutcome.HELD and promotion.held is not None:
+        # recorded `held`, not failed; the task fails (no retry) so the DAG run is red and a person looks
+        raise AirflowFailException(promotion.held.message(number))
     if promotion.outcome == RunOutcome.SHADOW:
         raise AirflowSkipException(f"promote is off: v{number} is kept as a shadow (built and validated, never "
                                    "served); knowledge_promote_shadow puts it live")

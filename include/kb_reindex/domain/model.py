@@ -39,6 +39,7 @@ class RunOutcome(StrEnum):
     DRY_RUN = "dry_run"
     SHADOW = "shadow"
     FROZEN = "frozen"
+    HELD = "held"  # built and validated, kept unpromoted for a person (kb_reindex.rules.content_loss)
     ROLLED_BACK = "rolled_back"
     FAILED = "failed"
     CANCELLED = "cancelled"

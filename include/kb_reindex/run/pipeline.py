@@ -9,11 +9,15 @@ where it was; the result says what failed and why. On-call's promotion of a shad
 
 from __future__ import annotations
 
+import logging
+
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kb_reindex.steps.build import BuildCounts, build, create_version
+from kb_reindex.steps.golden import load_golden_set
 from kb_reindex.domain.errors import AliasFrozen, ConfigError
+from kb_reindex.rules.content_loss import ContentLoss, content_loss
 from kb_reindex.rules.fence import Fence
 from kb_reindex.rules.freeze import FreezeView, frozen_view
 from kb_reindex.rules.locking import reindex_lock_name
@@ -29,6 +33,8 @@ from kb_reindex.services.state.versions import VersionRecord
 from kb_reindex.steps.validate import validate
 from kb_reindex.domain.validation_model import ReplayReport, ValidationResult
 from kb_reindex.run.watch import WatchResult, watch
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -96,6 +102,7 @@ class RunResult:
     build: BuildResult | None = None
     lowered_thresholds: str | None = None
     frozen: FreezeView | None = None
+    held: ContentLoss | None = None
     cleanup: CleanupResult | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -110,6 +117,7 @@ class RunResult:
                     "build": self.build.to_dict() if self.build else None,
                     "lowered_thresholds": self.lowered_thresholds,
                     "frozen": self.frozen.to_dict() if self.frozen else None,
+                    "held": self.held.to_dict() if self.held else None,
                     "cleanup": self.cleanup.to_dict() if self.cleanup else None}
         out.update({k: v for k, v in optional.items() if v})
         return out
@@ -236,6 +244,7 @@ class Promotion:
     previous_version: int | None = None
     lowered_thresholds: str | None = None
     frozen: FreezeView | None = None
+    held: ContentLoss | None = None
 
     @property
     def moved(self) -> bool:
@@ -244,7 +253,8 @@ class Promotion:
     def to_dict(self) -> dict[str, Any]:
         return {"outcome": str(self.outcome), "version": self.version, "previous_version": self.previous_version,
                 "lowered_thresholds": self.lowered_thresholds,
-                "frozen": self.frozen.to_dict() if self.frozen else None}
+                "frozen": self.frozen.to_dict() if self.frozen else None,
+                "held": self.held.to_dict() if self.held else None}
 
 
 @dataclass(frozen=True)
@@ -268,6 +278,10 @@ def promote_step(deps: Deps, recorder: Recorder, plan: Plan, version_number: int
     if not request.promote:
         recorder.finish(RunOutcome.SHADOW, version=version_number, plan=plan)
         return Promotion(RunOutcome.SHADOW, version_number)
+    if (held := content_held(deps, plan, version_number)) is not None:  # a person decides, not the pipeline
+        recorder.finish(RunOutcome.HELD, version=version_number, plan=plan, reason=held.message(version_number))
+        log.warning("kb_reindex: %s", held.message(version_number))
+        return Promotion(RunOutcome.HELD, version_number, held=held)
     ensure_lock_held(deps, fence.owner)
     try:
         result: PromoteResult = promote(deps, version_number, run_id=recorder.run_id, fence=fence)
@@ -282,6 +296,19 @@ def promote_step(deps: Deps, recorder: Recorder, plan: Plan, version_number: int
     recorder.finish(outcome, version=version_number, plan=plan)
     return Promotion(outcome, version_number, previous_version=previous,
                      lowered_thresholds=result.lowered_thresholds)
+
+
+def content_held(deps: Deps, plan: Plan, version_number: int) -> ContentLoss | None:
+    """The content loss of the plan against live, when it must be held for a person (kb_reindex.rules.content_loss),
+    by the thresholds of the golden set the plan recorded."""
+    if plan.base_version is None:  # a first build loses nothing
+        return None
+    live = deps.state.get_version(deps.settings.alias, plan.base_version)
+    snapshot = deps.state.snapshot(recorded_version(deps, version_number).id)
+    golden = load_golden_set(deps.settings.golden_set, text=snapshot.golden if snapshot else None)
+    loss = content_loss(plan, live_chunks=live.points_expected if live else 0, max_docs_removed=golden.max_docs_removed,
+                        max_shrink=golden.max_shrink)
+    return loss if loss.held else None
 
 
 def promote_shadow(deps: Deps, version_number: int, *, expected_live: int | None, run_id: str | None = None,
@@ -370,7 +397,8 @@ def _build_and_release(deps: Deps, recorder: Recorder, request: RunRequest, plan
     progress.result = replace(progress.result, validation=validate_step(deps, number, request))
     promotion = promote_step(deps, recorder, plan, number, fence, request=request)
     progress.result = replace(progress.result, outcome=promotion.outcome,
-                              lowered_thresholds=promotion.lowered_thresholds, frozen=promotion.frozen)
+                              lowered_thresholds=promotion.lowered_thresholds, frozen=promotion.frozen,
+                              held=promotion.held)
     progress.result = replace(progress.result, cleanup=cleanup_step(deps))
 
 

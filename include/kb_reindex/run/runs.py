@@ -120,9 +120,11 @@ class Recorder:
         return RunCounters(chunks_embedded=row.chunks_embedded if row else 0,
                            chunks_reused=row.chunks_reused if row else 0)
 
-    def finish(self, outcome: RunOutcome, *, version: int | None = None, plan: Plan | None = None) -> None:
+    def finish(self, outcome: RunOutcome, *, version: int | None = None, plan: Plan | None = None,
+               reason: str | None = None) -> None:
         """The run ended as it should: a run that built records the plan's figures and what it wrote; a run
-        that found nothing to build (no change, dry run) records what the plan found unchanged."""
+        that found nothing to build (no change, dry run) records what the plan found unchanged. `reason`: why a
+        version was kept unpromoted (held), in the run's error column where on-call reads it."""
         counters = RunCounters()
         if plan is not None and outcome == RunOutcome.NO_CHANGE and plan.no_change:
             counters = no_change_counters(plan)
@@ -130,7 +132,7 @@ class Recorder:
             counters = run_counters(plan, self.built() if outcome != RunOutcome.DRY_RUN else None)
         columns = counters.as_columns()
         columns["version"] = version
-        self.state.finish_run(self.run_id, outcome=outcome, **columns)
+        self.state.finish_run(self.run_id, outcome=outcome, error=reason, **columns)
 
     def fail(self, exc: BaseException, *, retry_left: bool = False, version: int | None = None) -> Failure:
         """The one failure path: classify the exception (errors.classify), log and count it, and record the run

@@ -224,6 +224,8 @@ def last_run_problem(state: StateStore, alias: str) -> str | None:
     """The newest run of `alias`, when it failed: which run, at which step and why. A failed run leaves the
     alias where it was, so nothing else in the status would say that the knowledge is no longer fresh."""
     runs = state.list_runs(alias, limit=1)
+    if runs and runs[0].outcome == RunOutcome.HELD:  # its reason names what went and what to do
+        return f"the last {runs[0].kind} run ({runs[0].run_id}) held: {runs[0].error}"
     if not runs or runs[0].outcome != RunOutcome.FAILED:
         return None
     run = runs[0]

@@ -10,6 +10,7 @@ from typing import Any
 
 import yaml
 
+from kb_reindex.rules.content_loss import DEFAULT_MAX_DOCS_REMOVED, DEFAULT_MAX_SHRINK
 from kb_reindex.domain.errors import GoldenSetError, GoldenSetMissing
 from kb_reindex.domain.validation_model import CategoryScore, PairedComparison, ProbeResult
 
@@ -31,6 +32,9 @@ class GoldenSet:
     probes: tuple[Probe, ...]
     max_category_drop: float = 0.2
     paired_alpha: float = 0.05
+    #: content loss held for a person (kb_reindex.rules.content_loss)
+    max_docs_removed: int = DEFAULT_MAX_DOCS_REMOVED
+    max_shrink: float = DEFAULT_MAX_SHRINK
 
 
 def _fraction(data: dict[str, Any], name: str, default: float, where: str) -> float:
@@ -60,6 +64,9 @@ def load_golden_set(path: Path, *, text: str | None = None) -> GoldenSet:
     max_regressions = data.get("max_regressions", 0)
     if isinstance(max_regressions, bool) or not isinstance(max_regressions, int) or max_regressions < 0:
         raise GoldenSetError(f"{where}: 'max_regressions' must be a whole number of at least 0, got {max_regressions!r}")
+    max_removed = data.get("max_docs_removed", DEFAULT_MAX_DOCS_REMOVED)
+    if isinstance(max_removed, bool) or not isinstance(max_removed, int) or max_removed < 0:
+        raise GoldenSetError(f"{where}: 'max_docs_removed' must be a whole number of at least 0, got {max_removed!r}")
     raw_probes = data.get("probes")
     if not isinstance(raw_probes, list) or not raw_probes:
         raise GoldenSetError(f"{where}: 'probes' must be a non-empty list")
@@ -98,6 +105,8 @@ def load_golden_set(path: Path, *, text: str | None = None) -> GoldenSet:
         probes=tuple(probes),
         max_category_drop=_fraction(data, "max_category_drop", 0.2, where),
         paired_alpha=alpha,
+        max_docs_removed=max_removed,
+        max_shrink=_fraction(data, "max_shrink", DEFAULT_MAX_SHRINK, where),
     )
 
 
