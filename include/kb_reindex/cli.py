@@ -1,6 +1,7 @@
 """`kb-reindex`: the same steps as the DAGs, for when Airflow is down or for a quick look.
 
-Exit codes: 0 success or no change, 1 a failed run, 2 a usage or configuration error.
+Exit codes: 0 success or no change, 1 a failed run (or a version held for a person), 2 a usage or configuration
+error, 3 a server it needs (Qdrant, the state DB, Ollama) unavailable.
 Human tables by default; `--json` prints one JSON object on stdout (logs go to stderr).
 """
 
@@ -16,7 +17,7 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from kb_reindex.services.config import DEFAULT_MODELS, EMBEDDERS, Settings
-from kb_reindex.domain.errors import ConfigError, Failure, KbError, StateEmpty, classify
+from kb_reindex.domain.errors import UNAVAILABLE_EXIT, UNAVAILABLE_KINDS, ConfigError, Failure, KbError, StateEmpty, classify
 from kb_reindex.rules.freeze import FreezeView
 from kb_reindex.domain.model import RunOutcome, WatchOutcome
 from kb_reindex.run.status import StatusView, history, status_view
@@ -224,7 +225,8 @@ def _run_human(r: dict[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Exit codes: 0 success or no change, 1 a failed run, 2 a usage or configuration error."""
+    """Exit codes: 0 success or no change, 1 a failed run or a held version, 2 a usage or configuration error, 3 a
+    server unavailable."""
     try:
         code = _main(list(sys.argv[1:] if argv is None else argv))
         sys.stdout.flush()  # a closed pipe shows here, inside the handler, not at interpreter exit
@@ -436,7 +438,7 @@ def _all_bases(args: argparse.Namespace, registry: Registry) -> int:
             continue
         answers.append(s.to_dict())
         human.append(f"== {kb.alias} ==\n{_status_human(s)}\n")
-        code = max(code, 1 if s.problems else 0)
+        code = max(code, 1 if s.problems or s.last_run_problem else 0)
     human += [f"PROBLEM: registry: {refused}" for refused in registry.errors]
     _print(args, {"knowledge_bases": answers, "refused": list(registry.errors)}, "\n".join(human))
     return code
@@ -469,13 +471,13 @@ def _status_human(s: StatusView) -> str:
                          if s.locks else [])
                       + [f"NOTE: {n}" for n in s.notes]
                       + [f"WARNING: live serves an {w.message} (look at it; never acted on)" for w in s.warnings]
-                      + [f"PROBLEM: {p}" for p in s.problems])
+                      + [f"PROBLEM: {p}" for p in (*s.problems, *([s.last_run_problem] if s.last_run_problem else []))])
 
 
 def _cmd_status(args: argparse.Namespace, deps: Any) -> int:
     s = status_view(deps)
     _print(args, s.to_dict(), _status_human(s))
-    return 1 if s.problems else 0
+    return 1 if s.problems or s.last_run_problem else 0
 
 
 def _cmd_validate(args: argparse.Namespace, deps: Any) -> int:
@@ -682,6 +684,8 @@ def _run_exit_code(result: dict[str, Any]) -> int:
         return 1
     if result["outcome"] != RunOutcome.FAILED:
         return 0
+    if result.get("error_kind") in UNAVAILABLE_KINDS:
+        return UNAVAILABLE_EXIT
     return 2 if result.get("error_kind") == "config" else 1
 
 

@@ -140,10 +140,10 @@ def test_dag_run_holds_the_lock_from_plan_to_cleanup_and_lets_it_go(dag_env: Pat
     monkeypatch.setattr(retention_module, "cleanup", cleanup_and_look)
     ok, states = run_dag("knowledge_reindex")
     assert ok, states
-    assert str(seen["promote"]).startswith("airflow__knowledge_reindex__") and \
+    assert str(seen["promote"]).startswith("airflow:knowledge_reindex:") and \
         str(seen["promote"]).endswith("@airflow-dag-run")
     assert seen["cleanup"] == seen["promote"]  # cleanup runs under the run's own lock
-    assert "another run is working on mall_knowledge: airflow__knowledge_reindex__" in str(seen["refusal"])
+    assert "another run is working on mall_knowledge: airflow:knowledge_reindex:" in str(seen["refusal"])
     assert held_locks(settings_for(dag_env)) == []  # released after success
 
     # nothing changed: cleanup still runs under the run's lock, then lets it go

@@ -254,7 +254,7 @@ def test_status_names_the_last_failed_run_its_step_and_why_and_exits_1(cli_env: 
     assert done.returncode == 1, done.stdout + done.stderr
     status = json.loads(done.stdout)
     assert status["live"]["version"] == 1
-    [problem] = [p for p in status["problems"] if p.startswith("the last reindex run failed")]
+    problem = status["last_run_problem"]
     assert problem.startswith("the last reindex run failed at validate (cli__reindex__") and "hit rate" in problem
     human = subprocess.run([str(cli), "status"], env=env, capture_output=True, text=True, timeout=120)
     assert human.returncode == 1 and "PROBLEM: the last reindex run failed at validate" in human.stdout
@@ -353,8 +353,8 @@ def test_content_loss_is_held_for_a_person_and_promoted_when_they_looked(cli_env
     status = kb("status", "--json", "-q")
     answer = json.loads(status.stdout)
     assert status.returncode == 1 and answer["live"]["version"] == 2
-    assert any(p.startswith("the last reindex run (cli__reindex__") and "held: v3 is held for a person" in p
-               for p in answer["problems"]), answer["problems"]
+    assert answer["last_run_problem"].startswith("the last reindex run (cli__reindex__")
+    assert "held: v3 is held for a person" in answer["last_run_problem"]
     promoted = kb("promote", "--version", "3", "--reason", "sellers' pages moved to their own base", "--yes",
                   "--live-version", "2", "--json", "-q")
     assert promoted.returncode == 0, promoted.stdout + promoted.stderr
@@ -371,3 +371,31 @@ def test_content_loss_is_held_for_a_person_and_promoted_when_they_looked(cli_env
     assert emptied.returncode == 1 and answer["outcome"] == "held"
     assert answer["held"]["removed"] == [] and answer["held"]["shrink"] > 0.1
     assert "of live's chunks lost" in answer["held"]["reasons"][0]
+
+
+def test_an_unreachable_server_exits_3_with_one_line_naming_it(cli_env: Path) -> None:
+    """Qdrant, the state DB or Ollama not answering is `unavailable` (exit 3), not a setting to fix (exit 2)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing listens here
+    cli = Path(sys.executable).with_name("kb-reindex")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KB_") or k.startswith("KB_TEST_")}
+    env.update(KB_PROJECT_ROOT=str(cli_env), KB_EMBEDDER="hashing")
+    assert subprocess.run([str(cli), "run", "-q"], env=env, capture_output=True, timeout=120).returncode == 0
+    cases = {
+        "Qdrant": ({"KB_QDRANT_URL": f"http://127.0.0.1:{port}"}, ["status"], f"127.0.0.1:{port}"),
+        "the state DB": ({"KB_STATE_URL": f"mysql+pymysql://root@127.0.0.1:{port}/kb"}, ["history"], f"127.0.0.1:{port}"),
+        # a first build of its own (a reindex keeps live's model), embedding through an Ollama that is not there
+        "Ollama": ({"KB_EMBEDDER": "ollama", "OLLAMA_HOST": f"http://127.0.0.1:{port}", "KB_QDRANT_PATH": ".kb/q2",
+                    "KB_STATE_URL": f"sqlite:///{cli_env / '.kb' / 'second.db'}"}, ["run"], f"127.0.0.1:{port}"),
+    }
+    for name, (extra, argv, named) in cases.items():
+        done = subprocess.run([str(cli), *argv, "-q"], env={**env, **extra}, capture_output=True, text=True,
+                              timeout=180)
+        assert done.returncode == 3, (name, done.returncode, done.stdout[-500:], done.stderr[-800:])
+        # a command's refusal on stderr; a run's failure in its own output's `error:` line
+        errors = [line for line in done.stderr.splitlines() + done.stdout.splitlines()
+                  if line.startswith(("kb-reindex: error:", "error:"))]
+        assert len(errors) == 1 and named in errors[0] and "Traceback" not in done.stderr, (name, done.stderr)

@@ -201,7 +201,7 @@ def test_qdrant_gone_mid_build_is_one_line_and_the_rerun_resumes(project: Path, 
         qdrant.stop()
         held_ollama.release.set()
         _out, err = proc.communicate(timeout=120)
-        assert proc.returncode == 1, err
+        assert proc.returncode == 3, err  # Qdrant gone: unavailable
         errors = [line for line in err.splitlines() if " ERROR " in line or line.startswith("kb-reindex: error")]
         assert "Traceback" not in err and "unexpected error" not in err, err
         assert any(f"Qdrant at {qdrant.url}" in line and "unreachable" in line for line in errors), err
@@ -251,7 +251,7 @@ def test_state_db_gone_mid_build_is_one_line_then_recorded_failed_and_resumed(
     proxy.cut()
     held_ollama.release.set()
     out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 1, err
+    assert proc.returncode == 3, err  # the state DB gone: unavailable
     assert "Traceback" not in err and "unexpected error" not in err, err
     assert "s3cret-pw" not in out + err
     errors = [line for line in err.splitlines() if " ERROR " in line or line.startswith("kb-reindex: error")]
@@ -336,7 +336,7 @@ def free_port() -> int:
 def test_connection_failures_say_what_happened(project: Path, where: str, said: str) -> None:
     """Seen: OLLAMA_HOST=http://no-such-host.invalid was reported as "connection refused"."""
     from kb_reindex.services.embedding import OllamaEmbedder
-    from kb_reindex.domain.errors import ConfigError, EmbeddingError
+    from kb_reindex.domain.errors import ConfigError, EmbeddingError, StateUnreachable
     from kb_reindex.services.runtime import open_reader
     from kb_reindex.services.state.store import StateStore
 
@@ -347,7 +347,7 @@ def test_connection_failures_say_what_happened(project: Path, where: str, said: 
     with pytest.raises(ConfigError) as qdrant, open_reader(settings_for(project, KB_QDRANT_URL=f"http://{host}")):
         pass
     assert f"is unreachable ({said})" in str(qdrant.value), qdrant.value
-    with pytest.raises(ConfigError) as state:
+    with pytest.raises(StateUnreachable) as state:
         StateStore(f"mysql+pymysql://kb:pw@{host}/kb")
     assert f"is unreachable ({said})" in str(state.value) and "pw" not in str(state.value), state.value
 

@@ -210,7 +210,7 @@ def test_cli_exit_codes_and_one_line_errors_for_refused_key_and_connection(
     # the only other line allowed is the one-line warning that the key travels over plain http
     assert all("sent unencrypted" in line for line in key_err.splitlines()[:-1]), key_err
 
-    assert refused.returncode == 2, refused_err
+    assert refused.returncode == 3, refused_err  # nothing answers: unavailable, not a setting
     assert len(refused_err.splitlines()) == 1, refused_err
     assert nowhere in refused_err and "unreachable" in refused_err
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from kb_reindex.domain.errors import ConfigError, LockHeldError
+from kb_reindex.domain.errors import LockHeldError
 from kb_reindex.services.state.manifests import ManifestChunk, ManifestDocument
 from kb_reindex.services.state.versions import QdrantSnapshotRef
 from kb_reindex.services.state.store import StateStore
@@ -265,8 +265,10 @@ def test_lock_held_past_its_ttl_is_renewed_while_the_holder_works(state: StateSt
     state.acquire_lock("reindex:kb", owner="next-run", ttl_s=60)  # released on exit
 
 
-def test_unreachable_state_db_is_a_config_error_without_password() -> None:
-    with pytest.raises(ConfigError) as error:
+def test_unreachable_state_db_is_unavailable_without_password() -> None:
+    from kb_reindex.domain.errors import StateUnreachable
+
+    with pytest.raises(StateUnreachable) as error:
         StateStore("mysql+pymysql://kb:hunter2@127.0.0.1:1/kb")
     assert "unreachable" in str(error.value) and "hunter2" not in str(error.value)
 

@@ -27,7 +27,7 @@ class StateEmpty(ConfigError):
 
 
 class StoreUnreachable(ConfigError):
-    """Nothing answers at the configured Qdrant URL: a setting to check from the CLI (exit 2), but in
+    """Nothing answers at the configured Qdrant URL: unavailable (the CLI's exit 3), or a setting to check; in
     Airflow a server restarting for a minute, so its tasks retry it."""
 
 
@@ -53,6 +53,10 @@ class GoldenSetMissing(GoldenSetError, ConfigError):
 
 class EmbeddingError(KbError):
     """The embedder failed or answered something that must not be written."""
+
+
+class EmbedderUnavailable(EmbeddingError):
+    """No Ollama server answered, after every retry: unavailable (the CLI's exit 3), not a setting to change."""
 
 
 class ModelNotServed(ConfigError, EmbeddingError):
@@ -117,13 +121,22 @@ PERMANENT: tuple[type[KbError], ...] = (ValidationFailed, AliasMovedError, State
                                         LockLostError, AliasFrozen)
 
 
+#: the CLI's exit code when a server it needs does not answer (Qdrant, the state DB, Ollama): distinct from 2, a
+#: setting to fix, because what helps is waiting or calling whoever runs the server, not editing a setting
+UNAVAILABLE_EXIT = 3
+#: exceptions that say a server is unavailable, and the failure kind each is reported as
+UNAVAILABLE: dict[type[KbError], str] = {StoreUnreachable: "store_unreachable", StateUnreachable: "state_unreachable",
+                                         EmbedderUnavailable: "embedder_unreachable"}
+UNAVAILABLE_KINDS = frozenset(UNAVAILABLE.values())
+
+
 @dataclass(frozen=True)
 class Failure:
     """How every caller (the CLI, the engine, the Airflow tasks) reports and treats one exception."""
 
     kind: str  # "config" (a setting to fix), a KbError's class name, "state_unreachable", "store_unreachable", "unexpected"
     transient: bool  # another attempt later may succeed: an Airflow task retries it; False fails the task now
-    exit_code: int  # the CLI's: 2 a setting to fix, 1 a failed run
+    exit_code: int  # the CLI's: 3 a server unavailable, 2 a setting to fix, 1 a failed run
     message: str  # one line: what failed, where, what to do
     expected: bool = True  # False: a bug or an unknown failure, whose traceback is worth logging
     #: False when the request never got through (bad URL, name not resolved, connection refused or not made in
@@ -138,16 +151,18 @@ def classify(exc: BaseException, *, state_url: str | None = None, qdrant: Callab
     the Qdrant client in one line naming the server (store.describe_qdrant_failure bound to the settings)."""
     if isinstance(exc, KbError):
         permanent = isinstance(exc, PERMANENT) and not isinstance(exc, StoreUnreachable)
-        kind = "config" if isinstance(exc, ConfigError) else type(exc).__name__
+        unavailable = next((k for t, k in UNAVAILABLE.items() if isinstance(exc, t)), None)
+        kind = unavailable or ("config" if isinstance(exc, ConfigError) else type(exc).__name__)
+        code = UNAVAILABLE_EXIT if unavailable else 2 if isinstance(exc, ConfigError) else 1
         # as raised: a list of bad documents keeps one line per document
-        return Failure(kind, not permanent, 2 if isinstance(exc, ConfigError) else 1, str(exc))
+        return Failure(kind, not permanent, code, str(exc))
     if (database := state_db_failure(exc)) is not None:
-        return Failure("state_unreachable", True, 1, state_unreachable_message(database, state_url))
+        return Failure("state_unreachable", True, UNAVAILABLE_EXIT, state_unreachable_message(database, state_url))
     reached = not never_sent(exc)
     if qdrant is not None and (said := qdrant(exc)) is not None:
         if refused_credentials(exc):  # a key to set or fix: no retry helps
             return Failure("config", False, 2, one_line(said), reached=reached)
-        return Failure("store_unreachable", True, 1, one_line(said), reached=reached)
+        return Failure("store_unreachable", True, UNAVAILABLE_EXIT, one_line(said), reached=reached)
     return Failure("unexpected", True, 1, one_line(f"{type(exc).__name__}: {exc}"), expected=False, reached=reached)
 
 

@@ -156,6 +156,8 @@ class StatusView:
     notes: tuple[str, ...]
     metrics: Metrics
     query_log: QueryLogView
+    #: the newest run failed or was held: the alias still serves what it did, and the knowledge is not fresh
+    last_run_problem: str | None = None
 
     @property
     def warnings(self) -> tuple[ContentWarning, ...]:
@@ -185,6 +187,7 @@ class StatusView:
             "metrics": asdict(self.metrics),
             "query_log": asdict(self.query_log),
             "warnings": [w.to_dict() for w in self.warnings],
+            "last_run_problem": self.last_run_problem,
         }
 
 
@@ -220,6 +223,10 @@ class HistoryEvent:
 # --- the views ---------------------------------------------------------------------------------------------
 
 
+#: alias events by which on-call repairs the state a failed run met
+REPAIRS = frozenset({"rebuild-state", "reconcile"})
+
+
 def last_run_problem(state: StateStore, alias: str) -> str | None:
     """The newest run of `alias`, when it failed: which run, at which step and why. A failed run leaves the
     alias where it was, so nothing else in the status would say that the knowledge is no longer fresh."""
@@ -229,6 +236,9 @@ def last_run_problem(state: StateStore, alias: str) -> str | None:
     if not runs or runs[0].outcome != RunOutcome.FAILED:
         return None
     run = runs[0]
+    repaired = [e for e in state.alias_events(alias) if e.action in REPAIRS and e.at >= (run.finished_at or run.started_at)]
+    if repaired:  # on-call repaired what made it fail (the state DB rebuilt, reconciled): the next run says more
+        return None
     record = state.get_version(alias, run.version) if run.version is not None else None
     step = record.failed_step if record is not None and record.failed_step else None
     why = (run.error or "no error recorded").strip().splitlines()[0][:300]
@@ -259,8 +269,6 @@ def status_view(deps: Deps) -> StatusView:
         else:
             problems.append(drift_advice(deps, serving, live))
     problems += _collection_problems(versions)
-    if (failed := last_run_problem(deps.state, alias)) is not None:
-        problems.append(failed)
     audit = live_audit(deps, live)
     if audit and (audit.missing or audit.orphans):
         problems.append(f"the audit of live v{audit.version} at {audit.at} found {audit.missing} missing "
@@ -273,7 +281,7 @@ def status_view(deps: Deps) -> StatusView:
         alias=alias, serving_collection=serving, live=_live(versions, live),
         rollback_target=target.version if target else None, freeze=freeze_view(deps), pinned=tuple(sorted(pins)),
         audit=audit, versions=tuple(versions), locks=locks, problems=tuple(problems), notes=tuple(notes),
-        metrics=metrics(deps), query_log=querylog.summary(deps))
+        metrics=metrics(deps), query_log=querylog.summary(deps), last_run_problem=last_run_problem(deps.state, alias))
 
 
 def state_only_view(deps: StateDeps) -> StatusView:
@@ -288,7 +296,7 @@ def state_only_view(deps: StateDeps) -> StatusView:
         alias=alias, serving_collection=None, live=_live(versions, live),
         rollback_target=target.version if target else None, freeze=freeze_view(deps), pinned=tuple(sorted(pins)),
         audit=None, versions=tuple(versions), locks=lock_rows(deps),
-        problems=tuple(p for p in [last_run_problem(deps.state, alias)] if p), notes=(), metrics=metrics(deps),
+        problems=(), notes=(), metrics=metrics(deps), last_run_problem=last_run_problem(deps.state, alias),
         query_log=querylog.summary(deps))
 
 

@@ -38,6 +38,7 @@ from kb_reindex.services.config import (
     split_ollama_hosts,
 )
 from kb_reindex.domain.errors import (
+    EmbedderUnavailable,
     ConfigError,
     EmbeddingError,
     ModelNotServed,
@@ -321,8 +322,8 @@ class OllamaEmbedder:
                 return check_vectors(answer, expected=len(texts), dim=self._dim, source=self._source(host))
         if len(self._hosts) == 1:
             where, last = next(iter(failures.items()))
-            raise EmbeddingError(f"Ollama at {where} failed after {self._retries + 1} attempts: {last}")
-        raise EmbeddingError(
+            raise EmbedderUnavailable(f"Ollama at {where} failed after {self._retries + 1} attempts: {last}")
+        raise EmbedderUnavailable(
             f"all {len(self._hosts)} Ollama servers failed, {self._retries + 1} attempts each: "
             + "; ".join(f"{where} ({failures.get(where, 'not reached')})" for where in self.hosts)
         )

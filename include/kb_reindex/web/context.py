@@ -11,7 +11,7 @@ from typing import Any
 from fastapi import HTTPException
 
 from kb_reindex.services.config import Settings
-from kb_reindex.domain.errors import classify
+from kb_reindex.domain.errors import UNAVAILABLE_KINDS, classify
 from kb_reindex.run.pageview import PageStatus, read_status
 from kb_reindex.run.status import VersionRow
 from kb_reindex.services.store import describe_qdrant_failure
@@ -19,7 +19,7 @@ from kb_reindex.web.airflow_api import AirflowApi, DagIds
 from kb_reindex.web.auth import AirflowAuth
 
 #: failures that mean the page's backing services are missing or down (503), not a refusal of the request (409)
-UNAVAILABLE = frozenset({"config", "state_unreachable", "store_unreachable"})
+UNAVAILABLE = frozenset({"config"}) | UNAVAILABLE_KINDS
 
 
 def refusal(exc: Exception, settings: Settings, *, status: int | None = None) -> HTTPException:

@@ -8,7 +8,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 
-from kb_reindex.domain.errors import ConfigError, StateEmpty, StateMissing, connect_failure
+from kb_reindex.domain.errors import ConfigError, StateEmpty, StateMissing, StateUnreachable, connect_failure
 from kb_reindex.services.state.clock import Clock, SystemClock
 from kb_reindex.services.state.freezes import FreezesMixin
 from kb_reindex.services.state.history import HistoryMixin
@@ -56,6 +56,9 @@ class StateStore(VersionsMixin, ManifestsMixin, RunsMixin, HistoryMixin, LocksMi
                 return
             self.engine.dispose()
             what = connect_failure(exc)
+            if what:  # a server not answering: unavailable, not a setting to change (exit 3; a task retries)
+                raise StateUnreachable(f"state DB at {self.display_url} is unreachable ({what}); check KB_STATE_URL "
+                                       f"and that the server runs: {_first_line(exc.orig)}") from None
             raise ConfigError(
                 f"state DB at {self.display_url} is "
                 + (f"unreachable ({what}); check KB_STATE_URL and that the server runs: " if what else
