@@ -370,7 +370,7 @@ def test_content_loss_is_held_for_a_person_and_promoted_when_they_looked(cli_env
     answer = json.loads(emptied.stdout)
     assert emptied.returncode == 1 and answer["outcome"] == "held"
     assert answer["held"]["removed"] == [] and answer["held"]["shrink"] > 0.1
-    assert "of live's chunks lost" in answer["held"]["reasons"][0]
+    assert "of live's chunks lost by documents that stay" in answer["held"]["reasons"][0]
 
 
 def test_an_unreachable_server_exits_3_with_one_line_naming_it(cli_env: Path) -> None:

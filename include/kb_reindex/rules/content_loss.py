@@ -1,6 +1,7 @@
 """Content loss: a change that no retrieval check can judge and that is held for a person. A run that removes
-more documents than `max_docs_removed`, or loses more than `max_shrink` of live's chunks (pages emptied to a
-stub under their old titles keep their probes' hits and still lose the knowledge), is built and validated but
+more documents than `max_docs_removed`, or whose remaining documents lose more than `max_shrink` of live's
+chunks (pages emptied to a stub under their old titles keep their probes' hits and still lose the knowledge;
+removed documents count only against `max_docs_removed`), is built and validated but
 not promoted: its run ends `held`, naming what went, until someone looks and promotes it
 (`kb-reindex promote --version N --reason ...`, the page's **Promote** button, knowledge_promote_shadow).
 
@@ -25,7 +26,8 @@ class ContentLoss:
     removed: tuple[str, ...]
     removed_count: int
     live_chunks: int
-    chunks: int
+    #: chunks the documents that stay lost against live (an emptied page), removed documents apart
+    lost_chunks: int
     reasons: tuple[str, ...]
 
     @property
@@ -34,7 +36,7 @@ class ContentLoss:
 
     @property
     def shrink(self) -> float:
-        return 1 - self.chunks / self.live_chunks if self.live_chunks else 0.0
+        return self.lost_chunks / self.live_chunks if self.live_chunks else 0.0
 
     def message(self, version: int) -> str:
         return (f"v{version} is held for a person, built and validated but not promoted: {'; '.join(self.reasons)}. "
@@ -43,21 +45,25 @@ class ContentLoss:
 
     def to_dict(self) -> dict[str, object]:
         return {"held": self.held, "removed": list(self.removed), "removed_count": self.removed_count,
-                "live_chunks": self.live_chunks, "chunks": self.chunks, "shrink": round(self.shrink, 4),
+                "live_chunks": self.live_chunks, "lost_chunks": self.lost_chunks, "shrink": round(self.shrink, 4),
                 "reasons": list(self.reasons)}
 
 
-def content_loss(plan: Plan, *, live_chunks: int, max_docs_removed: int, max_shrink: float) -> ContentLoss:
-    """What the plan loses against live, and why it must be held (no reason: it may go live by itself)."""
+def content_loss(plan: Plan, *, live_counts: dict[str, int], new_counts: dict[str, int], max_docs_removed: int,
+                 max_shrink: float) -> ContentLoss:
+    """What the plan loses against live (chunk counts by document of each manifest), and why it must be held
+    (no reason: it may go live by itself)."""
     removed = plan.doc_keys.removed
-    loss = ContentLoss(removed=removed, removed_count=plan.docs.removed, live_chunks=live_chunks,
-                       chunks=plan.chunks.total, reasons=())
+    live_chunks = sum(live_counts.values())
+    lost = sum(max(0, n - new_counts[key]) for key, n in live_counts.items() if key in new_counts)
+    loss = ContentLoss(removed=removed, removed_count=plan.docs.removed, live_chunks=live_chunks, lost_chunks=lost,
+                       reasons=())
     reasons = []
     if plan.docs.removed > max_docs_removed:
         reasons.append(f"{plan.docs.removed} documents removed ({', '.join(removed)}), more than max_docs_removed="
                        f"{max_docs_removed}")
     if live_chunks and loss.shrink > max_shrink:
-        reasons.append(f"{loss.shrink:.0%} of live's chunks lost ({live_chunks} -> {plan.chunks.total}), more than "
-                       f"max_shrink={max_shrink:.0%}")
-    return ContentLoss(removed=removed, removed_count=plan.docs.removed, live_chunks=live_chunks,
-                       chunks=plan.chunks.total, reasons=tuple(reasons))
+        reasons.append(f"{loss.shrink:.0%} of live's chunks lost by documents that stay ({lost} of {live_chunks}: "
+                       f"pages emptied or cut), more than max_shrink={max_shrink:.0%}")
+    return ContentLoss(removed=removed, removed_count=plan.docs.removed, live_chunks=live_chunks, lost_chunks=lost,
+                       reasons=tuple(reasons))

@@ -304,9 +304,13 @@ def content_held(deps: Deps, plan: Plan, version_number: int) -> ContentLoss | N
     if plan.base_version is None:  # a first build loses nothing
         return None
     live = deps.state.get_version(deps.settings.alias, plan.base_version)
-    snapshot = deps.state.snapshot(recorded_version(deps, version_number).id)
+    if live is None:
+        return None
+    record = recorded_version(deps, version_number)
+    snapshot = deps.state.snapshot(record.id)
     golden = load_golden_set(deps.settings.golden_set, text=snapshot.golden if snapshot else None)
-    loss = content_loss(plan, live_chunks=live.points_expected if live else 0, max_docs_removed=golden.max_docs_removed,
+    counts = [{d.knowledge_key: d.chunk_count for d in deps.state.manifest_documents(v.id)} for v in (live, record)]
+    loss = content_loss(plan, live_counts=counts[0], new_counts=counts[1], max_docs_removed=golden.max_docs_removed,
                         max_shrink=golden.max_shrink)
     return loss if loss.held else None
 
