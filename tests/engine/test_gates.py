@@ -63,8 +63,9 @@ def test_a_category_that_loses_its_probes_fails_the_gate_while_the_totals_pass(d
     md = Path(v["report"]).read_text(encoding="utf-8")
     assert "## Categories" in md and "sign test" in md
 
-    # the same edit with the margin wide open passes: the category gate alone refused it
-    set_golden(deps, max_category_drop=1.0)
+    # the same edit with the margin wide open passes: the category gate alone refused it (the emptied page's
+    # content loss, held for a person otherwise, is approved here as the paired test is set aside)
+    set_golden(deps, max_category_drop=1.0, max_shrink=1.0)
     assert run_reindex(deps)["outcome"] == "promoted"
 
 

@@ -230,12 +230,15 @@ REPAIRS = frozenset({"rebuild-state", "reconcile"})
 def last_run_problem(state: StateStore, alias: str) -> str | None:
     """The newest run of `alias`, when it failed: which run, at which step and why. A failed run leaves the
     alias where it was, so nothing else in the status would say that the knowledge is no longer fresh."""
-    runs = state.list_runs(alias, limit=1)
-    if runs and runs[0].outcome == RunOutcome.HELD:  # its reason names what went and what to do
-        return f"the last {runs[0].kind} run ({runs[0].run_id}) held: {runs[0].error}"
-    if not runs or runs[0].outcome != RunOutcome.FAILED:
+    # the run that ended last: one refused at start while another ran ends before that other does
+    ended = [r for r in state.list_runs(alias, limit=10) if r.finished_at is not None]
+    if not ended:
         return None
-    run = runs[0]
+    run = max(ended, key=lambda r: r.finished_at or r.started_at)
+    if run.outcome == RunOutcome.HELD:  # its reason names what went and what to do
+        return f"the last {run.kind} run ({run.run_id}) held: {run.error}"
+    if run.outcome != RunOutcome.FAILED:
+        return None
     repaired = [e for e in state.alias_events(alias) if e.action in REPAIRS and e.at >= (run.finished_at or run.started_at)]
     if repaired:  # on-call repaired what made it fail (the state DB rebuilt, reconciled): the next run says more
         return None
