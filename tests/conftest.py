@@ -17,6 +17,11 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+# a test module may use another folder's helpers (`from test_dags import run_dag`): every folder of tests/ is
+# importable whichever subset runs (their module names are unique)
+for _folder in sorted(p for p in Path(__file__).resolve().parent.iterdir() if p.is_dir() and p.name != "__pycache__"):
+    if str(_folder) not in sys.path:
+        sys.path.append(str(_folder))
 _AIRFLOW_HOME = Path(tempfile.mkdtemp(prefix="kb-airflow-home-"))
 os.environ["AIRFLOW_HOME"] = str(_AIRFLOW_HOME)
 os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = str(REPO / "dags")
