@@ -56,14 +56,13 @@ def content_loss(plan: Plan, *, live_counts: dict[str, int], new_counts: dict[st
     removed = plan.doc_keys.removed
     live_chunks = sum(live_counts.values())
     lost = sum(max(0, n - new_counts[key]) for key, n in live_counts.items() if key in new_counts)
-    loss = ContentLoss(removed=removed, removed_count=plan.docs.removed, live_chunks=live_chunks, lost_chunks=lost,
-                       reasons=())
+    shrink = lost / live_chunks if live_chunks else 0.0
     reasons = []
     if plan.docs.removed > max_docs_removed:
         reasons.append(f"{plan.docs.removed} documents removed ({', '.join(removed)}), more than max_docs_removed="
                        f"{max_docs_removed}")
-    if live_chunks and loss.shrink > max_shrink:
-        reasons.append(f"{loss.shrink:.0%} of live's chunks lost by documents that stay ({lost} of {live_chunks}: "
+    if shrink > max_shrink:
+        reasons.append(f"{shrink:.0%} of live's chunks lost by documents that stay ({lost} of {live_chunks}: "
                        f"pages emptied or cut), more than max_shrink={max_shrink:.0%}")
     return ContentLoss(removed=removed, removed_count=plan.docs.removed, live_chunks=live_chunks, lost_chunks=lost,
                        reasons=tuple(reasons))
