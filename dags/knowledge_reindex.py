@@ -11,6 +11,11 @@
 6. **watch** (`KB_WATCH_MINUTES` > 0) rolls back automatically on a regression; **cleanup** applies retention,
    never touching live or the rollback target.
 
+**When it runs**: on its time schedule (`KB_REINDEX_SCHEDULE`, a registry entry's `schedule`) OR within seconds
+of a change to its source: a watcher in the triggerer lists the source every `KB_SOURCE_POLL_S` (default 15;
+0: not watched) and fires once it was quiet for `KB_SOURCE_QUIET_S` (default 5) and no run is in progress. A
+watched DAG starts unpaused; pausing it stops both.
+
 Params: `force_full_rebuild`, `dry_run`, `build_slice_size`, `payload_layout` (empty: keep live's layout).
 What on-call sees and does at each step: `docs/runbook.md` (rollback, locks, every status message).
 """
@@ -19,14 +24,14 @@ from __future__ import annotations
 
 from airflow.sdk import DAG, Param
 from kb_reindex.airflow.constants import BUILD_SLICE_SIZE
-from kb_reindex.airflow.factory import for_each_knowledge_base, knowledge_dag
+from kb_reindex.airflow.factory import for_each_knowledge_base, knowledge_dag, reindex_schedule, watched
 from kb_reindex.domain.model import RunKind
 from kb_reindex.services.registry import KnowledgeBase
 
 
 def knowledge_reindex(kb: KnowledgeBase) -> DAG:
     return knowledge_dag(kb, "knowledge_reindex", kind=RunKind.REINDEX, doc_md=__doc__, params=PARAMS,
-                         schedule=kb.schedule)  # KB_REINDEX_SCHEDULE or the entry's `schedule`; empty: triggered only
+                         schedule=reindex_schedule(kb), unpaused=watched(kb))  # its time schedule OR a change of its watched source
 
 
 PARAMS = {

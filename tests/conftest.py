@@ -34,6 +34,9 @@ for name in list(os.environ):
 # the suite embeds with the fast hashing embedder (as do the CLI and Airflow processes it starts, which inherit
 # this); the tests of retrieval quality ask for e5 by name (tests/engine/test_e5.py)
 os.environ["KB_EMBEDDER"] = "hashing"
+# no freshness watcher starts runs of its own in a test (the Airflow stacks' triggerers would otherwise run every
+# DAG whose source differs from its last plan); the tests of the watcher turn it on (test_freshness_*.py)
+os.environ["KB_SOURCE_POLL_S"] = "0"
 
 from qdrant_client import QdrantClient  # noqa: E402
 

@@ -79,6 +79,9 @@ def _parser(*, json_answer: bool = False) -> argparse.ArgumentParser:
     run.add_argument("--watch", type=float, metavar="MINUTES",
                      help="after a promotion, watch the alias this long and roll back on a regression "
                           "(default KB_WATCH_MINUTES, 0: off)")
+    run.add_argument("--follow", action="store_true",
+                     help="stay in the foreground: run now if the source changed since the last plan, then once per "
+                          "change (listed every KB_SOURCE_POLL_S, quiet for KB_SOURCE_QUIET_S); Ctrl-C ends it")
     run.set_defaults(func=_cmd_run)
     sub.add_parser("plan", parents=[common], help="what a run would do, writing nothing").set_defaults(func=_cmd_plan)
     sub.add_parser("bases", parents=[common], help="every knowledge base: what serves, model, freeze, last run")
@@ -310,6 +313,8 @@ def _dispatch(args: argparse.Namespace) -> int:
     dry_migration = args.command == "migrate" and args.dry_run
     if args.command == "plan":
         return _plan_with_state(args, settings)
+    if args.command == "run" and args.follow:
+        return _follow(args, settings)
     with open_deps(settings, create=args.command not in NO_CREATE and not dry_migration) as deps:
         if args.command == "promote" and not _confirm_promotion(args, deps):
             return 0
@@ -360,6 +365,41 @@ def _cmd_run(args: argparse.Namespace, deps: Any) -> int:
             result["outcome"] = "auto_rolled_back" if watched.outcome == WatchOutcome.ROLLED_BACK else "regressed"
     _print(args, result, _run_human(result))
     return _run_exit_code(result)
+
+
+def _follow(args: argparse.Namespace, settings: Settings) -> int:
+    """`run --follow`: the state DB stays open for the looks; Qdrant (a local-mode folder is one process's at a
+    time) only while a run builds. Each run prints its answer as `run` does; a failed run is said and the
+    following goes on, waiting for the next change. Ctrl-C ends it (exit 130); a run it interrupts releases its
+    lock as it unwinds, and its unfinished version is taken over by the next run."""
+    from kb_reindex.run.follow import follow
+    from kb_reindex.services.runtime import open_deps
+    from kb_reindex.services.state.store import StateStore
+
+    if args.dry_run:
+        raise ConfigError("--follow runs each change for real; --dry-run goes without it")
+    state = StateStore(settings.state_url)
+
+    def run_once() -> None:
+        try:
+            with open_deps(settings, state=state) as deps:
+                code = _cmd_run(args, deps)
+        except KbError as exc:  # e.g. Qdrant down: said as a one-off command says it; the next change retries
+            failure = _failure(exc, args)
+            _fail(args, failure.message, failure.kind)
+            code = failure.exit_code
+        sys.stdout.flush()
+        if code:
+            log.warning("kb_reindex: that run ended with exit code %d; following on", code)
+
+    try:
+        follow(settings, state, run_once)
+    except KeyboardInterrupt:
+        print("kb-reindex: stopped following", file=sys.stderr)
+        return 130
+    finally:
+        state.dispose()
+    return 0
 
 
 def _cmd_migrate(args: argparse.Namespace, deps: Any) -> int:

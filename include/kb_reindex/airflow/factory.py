@@ -20,7 +20,8 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
-from airflow.sdk import DAG, Param, TriggerRule, dag, task
+from airflow.sdk import (DAG, Asset, AssetOrTimeSchedule, AssetWatcher, CronTriggerTimetable, Param, TriggerRule, dag,
+                         task)
 
 from kb_reindex.airflow.constants import BUILD_SLICE_SIZE, alias_asset, current_run_id
 from kb_reindex.domain.errors import ConfigError
@@ -60,6 +61,36 @@ def tags_of(kb: KnowledgeBase, *tags: str) -> list[str]:
     return ["knowledge", "qdrant", *tags, *([f"kb:{kb.alias}"] if kb.registered else [])]
 
 
+def source_asset(kb: KnowledgeBase) -> Asset | None:
+    """The Asset of `kb`'s source, watched by its freshness trigger (kb_reindex.airflow.triggers), or None when
+    KB_SOURCE_POLL_S (the entry's `source_poll_s`) is 0: not watched."""
+    from kb_reindex.airflow.triggers import SourceChangeTrigger
+
+    settings = kb.settings()
+    if not watched(kb):
+        return None
+    trigger = SourceChangeTrigger(kb=task_kb(kb), alias=kb.alias, poll_s=settings.source_poll_s,
+                                  quiet_s=settings.source_quiet_s)
+    return Asset(name=f"kb_source_{kb.alias}", uri=settings.knowledge_dir.resolve().as_uri(),
+                 watchers=[AssetWatcher(name=f"kb_source_watcher_{kb.alias}", trigger=trigger)])
+
+
+def watched(kb: KnowledgeBase) -> bool:
+    return kb.settings().source_poll_s > 0
+
+
+def reindex_schedule(kb: KnowledgeBase) -> Any:
+    """`knowledge_reindex`'s schedule: its time schedule (KB_REINDEX_SCHEDULE, the entry's `schedule`; empty:
+    none) OR a change of its watched source (Airflow's asset-or-time schedule); either alone, or None: only
+    triggered runs."""
+    watched, cron = source_asset(kb), kb.schedule
+    if watched is None:
+        return cron
+    if cron is None:
+        return [watched]
+    return AssetOrTimeSchedule(timetable=CronTriggerTimetable(cron, timezone="UTC"), assets=[watched])
+
+
 def release_run_lock(context: Any, kb: str | None = None) -> None:
     """The failure callback (kb_reindex.airflow.callbacks), imported when it fires: it opens the state DB."""
     from kb_reindex.airflow.callbacks import release_run_lock as release
@@ -68,11 +99,13 @@ def release_run_lock(context: Any, kb: str | None = None) -> None:
 
 
 def knowledge_dag(kb: KnowledgeBase, base_id: str, *, kind: RunKind, doc_md: str | None, params: dict[str, Param],
-                  schedule: str | None, tags: tuple[str, ...] = ()) -> DAG:
+                  schedule: Any, tags: tuple[str, ...] = (), unpaused: bool = False) -> DAG:
     """The run of `kind` over knowledge base `kb` as a DAG: the same tasks for a reindex and a migration; what a
     Param a DAG lacks would say takes its default (no dry run, no forced rebuild, the golden set's thresholds,
-    promotion on)."""
+    promotion on). `unpaused`: running from the first parse (a watched source's DAG: a fresh install builds its
+    first version, and an edit becomes searchable, with no click)."""
     name, pool, release = task_kb(kb), kb.pool, functools.partial(release_run_lock, kb=task_kb(kb))
+    watching = kb.settings()  # the watch's window and interval, as the parsing process's environment sets them
 
     @dag(
         dag_id=kb.dag_id(base_id),
@@ -80,6 +113,7 @@ def knowledge_dag(kb: KnowledgeBase, base_id: str, *, kind: RunKind, doc_md: str
         start_date=START,
         catchup=False,
         max_active_runs=1,
+        is_paused_upon_creation=False if unpaused else None,
         # a run failed as a whole (marked failed, timed out) lets its lock go too; liveness asks Airflow as well
         on_failure_callback=release,
         doc_md=doc_md,
@@ -142,8 +176,10 @@ def knowledge_dag(kb: KnowledgeBase, base_id: str, *, kind: RunKind, doc_md: str
             return tasks.promote_task(kb=name, plan=plan, version=version, run_id=current_run_id(),
                                       promote=(params or {}).get("promote", True))
 
-        @task
-        def watch(promoted: Any) -> dict:
+        # a sensor in reschedule mode: between its looks the watch holds no worker slot
+        @task.sensor(mode="reschedule", poke_interval=watching.watch_interval_s,
+                     timeout=watching.watch_minutes * 60 + 3600)
+        def watch(promoted: Any) -> Any:
             from kb_reindex.airflow import tasks
 
             return tasks.watch_task(kb=name, promoted=promoted, run_id=current_run_id())

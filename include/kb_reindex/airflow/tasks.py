@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from typing import Any
 
-from airflow.sdk import get_current_context
+from airflow.sdk import PokeReturnValue, get_current_context
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from kb_reindex.run import dag_lock
@@ -38,7 +38,6 @@ from kb_reindex.run.pipeline import (
     promote_step,
     recorded_version,
     validate_step,
-    watch_step,
 )
 from kb_reindex.domain.planning import Plan
 from kb_reindex.run.runs import Recorder, exclusive, run_rollback
@@ -243,22 +242,32 @@ def cleanup_task(*, kb: str | None = None, dry_run: bool = False, run_id: str | 
         return result.to_dict()
 
 
-def watch_task(*, kb: str | None = None, promoted: dict[str, Any], run_id: str) -> dict[str, Any]:
-    """The watch after `promote`, for KB_WATCH_MINUTES (0: skipped). An automatic rollback, or a regression
-    with nowhere to go back to, fails the task without retry: on-call must hear of it."""
+def watch_task(*, kb: str | None = None, promoted: dict[str, Any], run_id: str) -> PokeReturnValue:
+    """One look of the watch after `promote` (the `watch` sensor pokes it every KB_WATCH_INTERVAL_S in reschedule
+    mode: between looks it holds no worker slot), until KB_WATCH_MINUTES after the promotion (0: skipped). An
+    automatic rollback, or a regression with nowhere to go back to, fails the task without retry: on-call must
+    hear of it. The rollback moves the alias only from the version this run promoted."""
+    from datetime import timedelta
+
+    from kb_reindex.run.watch import look_once, prepare_watch
+
     settings, _headers = task_settings(kb)
     if settings.watch_minutes <= 0:
         raise AirflowSkipException("KB_WATCH_MINUTES is 0: no watch after the promotion")
     with task_deps(kb) as deps:
-        result = watch_step(deps, promoted["version"], minutes=settings.watch_minutes,
-                            run_id=f"{run_id}__watch"[:255], trigger="watch")
+        setup = prepare_watch(deps, promoted["version"])
+        since = setup.version.promoted_at
+        last = since is None or deps.state.clock.now() >= since + timedelta(minutes=settings.watch_minutes)
+        _check, result = look_once(deps, setup, last=last, run_id=f"{run_id}__watch"[:255], trigger="watch")
+    if result is None:
+        return PokeReturnValue(is_done=False)
     if result.outcome == WatchOutcome.ROLLED_BACK:
         raise AirflowFailException(f"v{promoted['version']} was rolled back to v{result.to_version} "
                                    f"automatically: {result.reason}")
     if result.outcome == WatchOutcome.REGRESSED:
         raise AirflowFailException(f"v{promoted['version']} regressed after its promotion and could not be rolled "
                                    f"back: {'; '.join(result.signals or ())}; {result.error}")
-    return result.to_dict()
+    return PokeReturnValue(is_done=True, xcom_value=result.to_dict())
 
 
 # --- knowledge_rollback ----------------------------------------------------------------------------

@@ -32,7 +32,6 @@ from kb_reindex.steps.snapshot import snapshot_plan
 from kb_reindex.services.state.versions import VersionRecord
 from kb_reindex.steps.validate import validate
 from kb_reindex.domain.validation_model import ReplayReport, ValidationResult
-from kb_reindex.run.watch import WatchResult, watch
 
 log = logging.getLogger(__name__)
 
@@ -326,13 +325,6 @@ def promote_shadow(deps: Deps, version_number: int, *, expected_live: int | None
     checked = validate(deps, version_number, min_hit_rate=built_with.get("min_hit_rate"),
                        min_mrr=built_with.get("min_mrr"), record=False)
     return promote_checked_shadow(deps, shadow, checked, run_id=run_id, reason=reason)
-
-
-def watch_step(deps: Deps, version_number: int, *, minutes: float, run_id: str | None = None,
-               trigger: str = "watch") -> WatchResult:
-    """The watch after a promotion (kb_reindex.run.watch): rolls back automatically on a regression."""
-    return watch(deps, version_number, minutes=minutes, interval_s=deps.settings.watch_interval_s, run_id=run_id,
-                 trigger=trigger)
 
 
 def cleanup_step(deps: Deps) -> CleanupResult:

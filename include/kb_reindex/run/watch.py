@@ -147,6 +147,56 @@ def check_once(deps: Deps, version: VersionRecord, *, probe_vectors: list[list[f
                       signals=tuple(signals))
 
 
+@dataclass(frozen=True)
+class WatchSetup:
+    """What every look of a watch compares with: the version, its golden set and replay gate, the probes'
+    vectors, and the query log's baseline."""
+
+    version: VersionRecord
+    golden: Any
+    gate: Any
+    probe_vectors: list[list[float]]
+    baseline_empty: float | None
+    baseline_from: str
+
+
+def prepare_watch(deps: Deps, version_number: int) -> WatchSetup:
+    from kb_reindex.steps.replay import load_replay_gate
+    from kb_reindex.steps.validate import embed_probes
+
+    alias = deps.settings.alias
+    version = deps.state.get_version(alias, version_number)
+    if version is None:
+        raise KbError(f"version {version_number} of {alias} does not exist; nothing to watch")
+    golden = load_golden_set(deps.settings.golden_set)
+    baseline_empty, baseline_from = _empty_baseline(deps, version)
+    return WatchSetup(version=version, golden=golden, gate=load_replay_gate(deps.settings.golden_set),
+                      probe_vectors=embed_probes(deps, version, golden), baseline_empty=baseline_empty,
+                      baseline_from=baseline_from)
+
+
+def look_once(deps: Deps, setup: WatchSetup, *, last: bool, checks: tuple[WatchCheck, ...] = (),
+              run_id: str | None = None, trigger: str = "watch") -> tuple[WatchCheck | None, WatchResult | None]:
+    """One look of the watch: (the check, None) to go on watching; (check, result) when the watch ends here:
+    the alias moved (nothing is moved), a regression (undone), or `last` look passed (healthy). The CLI's
+    loop (`watch`) and the DAG's rescheduled `watch` sensor both take their looks with it."""
+    version = setup.version
+    moved = _serves(deps, version)
+    if moved is not None:
+        log.warning("kb_reindex: watch of v%d stopped: %s; it moves nothing", version.version, moved)
+        return None, WatchResult(WatchOutcome.ALIAS_MOVED, checks, version=version.version, reason=moved)
+    version = deps.state.get_version(deps.settings.alias, version.version) or version  # promoted_at as recorded
+    check = check_once(deps, version, probe_vectors=setup.probe_vectors, golden=setup.golden, gate=setup.gate,
+                       baseline_empty=setup.baseline_empty, baseline_from=setup.baseline_from)
+    checks = (*checks, check)
+    if check.regressed:
+        return check, _undo(deps, version, check, checks, run_id=run_id, trigger=trigger)
+    if last:
+        log.info("kb_reindex: watch of v%d passed (%d checks)", version.version, len(checks))
+        return check, WatchResult(WatchOutcome.HEALTHY, checks, version=version.version)
+    return check, None
+
+
 def watch(
     deps: Deps,
     version_number: int,
@@ -161,38 +211,20 @@ def watch(
     """Watch `version_number` for `minutes` (0: skipped). Outcomes: `skipped`, `healthy` (the window passed),
     `alias_moved` (stopped, nothing moved), `rolled_back` (auto-rollback done), `regressed` (no version to
     go back to: said loudly, nothing moved). `clock`/`sleep` are injectable: tests do not wait minutes."""
-    from kb_reindex.steps.replay import load_replay_gate
-    from kb_reindex.steps.validate import embed_probes
-
-    alias = deps.settings.alias
     if minutes <= 0:
         return WatchResult(WatchOutcome.SKIPPED, reason="watch window is 0 (KB_WATCH_MINUTES / --watch)")
-    version = deps.state.get_version(alias, version_number)
-    if version is None:
-        raise KbError(f"version {version_number} of {alias} does not exist; nothing to watch")
-    golden = load_golden_set(deps.settings.golden_set)
-    gate = load_replay_gate(deps.settings.golden_set)
-    probe_vectors = embed_probes(deps, version, golden)
-    baseline_empty, baseline_from = _empty_baseline(deps, version)
+    setup = prepare_watch(deps, version_number)
     deadline = clock() + minutes * 60
-    checks: list[WatchCheck] = []
-    log.info("kb_reindex: watching v%d behind %s for %s min, every %ss", version.version, alias, minutes, interval_s)
+    checks: tuple[WatchCheck, ...] = ()
+    log.info("kb_reindex: watching v%d behind %s for %s min, every %ss", version_number, deps.settings.alias,
+             minutes, interval_s)
     while True:
-        moved = _serves(deps, version)
-        if moved is not None:
-            log.warning("kb_reindex: watch of v%d stopped: %s; it moves nothing", version.version, moved)
-            return WatchResult(WatchOutcome.ALIAS_MOVED, tuple(checks), version=version.version, reason=moved)
-        version = deps.state.get_version(alias, version_number) or version  # promoted_at as recorded
-        check = check_once(deps, version, probe_vectors=probe_vectors, golden=golden, gate=gate,
-                           baseline_empty=baseline_empty, baseline_from=baseline_from)
-        checks.append(check)
-        if check.regressed:
-            return _undo(deps, version, check, tuple(checks), run_id=run_id, trigger=trigger)
-        now = clock()
-        if now >= deadline:
-            log.info("kb_reindex: watch of v%d passed (%d checks)", version.version, len(checks))
-            return WatchResult(WatchOutcome.HEALTHY, tuple(checks), version=version.version)
-        sleep(min(interval_s, deadline - now))
+        check, result = look_once(deps, setup, last=clock() >= deadline, checks=checks, run_id=run_id,
+                                  trigger=trigger)
+        if result is not None:
+            return result
+        checks = (*checks, check) if check else checks
+        sleep(max(0.0, min(interval_s, deadline - clock())))
 
 
 def _undo(deps: Deps, version: VersionRecord, check: WatchCheck, checks: tuple[WatchCheck, ...], *,

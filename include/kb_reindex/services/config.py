@@ -76,6 +76,20 @@ def _int(env: Mapping[str, str], name: str, default: int, *, minimum: int) -> in
     return value
 
 
+def _seconds(env: Mapping[str, str], name: str, default: float, *, most: float = 3600.0) -> float:
+    """A number of seconds, fractions allowed, from 0 to `most`."""
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not a number of seconds") from None
+    if not 0 <= value <= most:
+        raise ConfigError(f"{name}={raw} must be from 0 to {most:g} seconds")
+    return value
+
+
 def _minutes(env: Mapping[str, str], name: str) -> float:
     """A window in minutes, fractions allowed; 0 (the default) is off."""
     raw = env.get(name, "").strip()
@@ -244,6 +258,10 @@ class Settings:
     build_parallelism: int = 1
     # the tenant of a document whose front matter names none
     default_tenant: str = "default"
+    # the freshness watcher (kb_reindex.domain.freshness): list the source every poll (0: not watched); fire
+    # once it stayed unchanged this long
+    source_poll_s: float = 15.0
+    source_quiet_s: float = 5.0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
@@ -318,6 +336,8 @@ class Settings:
             watch_interval_s=float(_int(env, "KB_WATCH_INTERVAL_S", 60, minimum=1)),
             build_parallelism=_int(env, "KB_BUILD_PARALLELISM", 1, minimum=1),
             default_tenant=_tenant(env),
+            source_poll_s=_seconds(env, "KB_SOURCE_POLL_S", 15.0),
+            source_quiet_s=_seconds(env, "KB_SOURCE_QUIET_S", 5.0),
         )
         settings = replace(settings, **overrides) if overrides else settings
         settings.check_build_parallelism()

@@ -55,13 +55,16 @@ class RegistryEntry(BaseModel):
     #: the Airflow Connections of its Qdrant and its Ollama (one knowledge base may live on another Qdrant)
     qdrant_conn_id: str | None = Field(default=None, min_length=1)
     ollama_conn_id: str | None = Field(default=None, min_length=1)
+    #: the freshness watcher: seconds between listings of `source` (0: not watched), and of quiet before a run
+    source_poll_s: float | None = Field(default=None, ge=0, le=3600)
+    source_quiet_s: float | None = Field(default=None, ge=0, le=3600)
 
 
 #: the environment variable each registry key overrides (what `Settings.from_env` reads)
 ENV_OF_KEY = {"source": "KB_KNOWLEDGE_DIR", "golden_set": "KB_GOLDEN_SET", "embedder": "KB_EMBEDDER",
               "model": "KB_EMBED_MODEL", "dimension": "KB_EMBED_DIM", "payload_layout": "KB_PAYLOAD_LAYOUT",
               "keep_versions": "KB_KEEP_VERSIONS", "chunk_size": "KB_CHUNK_SIZE", "chunk_overlap": "KB_CHUNK_OVERLAP",
-              "tenant": "KB_DEFAULT_TENANT"}
+              "tenant": "KB_DEFAULT_TENANT", "source_poll_s": "KB_SOURCE_POLL_S", "source_quiet_s": "KB_SOURCE_QUIET_S"}
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from typing import Protocol
 import yaml
 
 from kb_reindex.domain.errors import KnowledgeFolderMissing, SourceError
+from kb_reindex.domain.freshness import ListedFile, Listing
 
 FRONT_MATTER_FIELDS = ("title", "category", "tenant")
 _YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when present: same rules, much faster
@@ -203,6 +204,22 @@ def discover(docs_dir: Path) -> tuple[list[Path], list[str]]:
 
     walk(docs_dir, (root,))
     return sorted(found), problems
+
+
+def list_source(docs_dir: Path) -> Listing:
+    """The source's listing for a watcher: each Markdown file's path, size and modification time, from the same
+    walk as a plan's (`discover`), reading no file. A link the walk refuses is in the listing as a file of size
+    -1, so the change still reaches a plan, which names it."""
+    paths, problems = discover(docs_dir)
+    files = []
+    for path in paths:
+        try:
+            st = path.stat()
+        except OSError:  # vanished since the walk: the next look sees it gone
+            continue
+        files.append(ListedFile(path.relative_to(docs_dir).as_posix(), st.st_size, st.st_mtime_ns))
+    files.extend(ListedFile(problem, -1, 0) for problem in problems)
+    return Listing(tuple(sorted(files)))
 
 
 def link_loop(path: Path, *, limit: int = 40) -> str | None:

@@ -1,0 +1,77 @@
+"""The freshness watcher of a knowledge base's source: an Airflow event trigger (`BaseEventTrigger`) behind
+the source's Asset (`source_asset`), which the knowledge base's `knowledge_reindex` is scheduled on besides its
+time schedule. It runs in the triggerer, lists the source every KB_SOURCE_POLL_S seconds (names, sizes,
+modification times; no file is read), and fires one asset event per change once the source was quiet for
+KB_SOURCE_QUIET_S and no run of the knowledge base is in progress (`kb_reindex.domain.freshness`). At its
+start (a triggerer start, a DAG unpaused, a fresh install) it fires once if the source differs from what the
+last plan read.
+
+Blocking looks (the listing, the state DB) run in a worker thread, never on the triggerer's event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from airflow.triggers.base import BaseEventTrigger, TriggerEvent
+
+log = logging.getLogger(__name__)
+
+
+class SourceChangeTrigger(BaseEventTrigger):
+    """Fires `{"alias", "files", "listing"}` for each quiet change of knowledge base `kb`'s source (None: the
+    environment's one knowledge base)."""
+
+    def __init__(self, *, kb: str | None, alias: str, poll_s: float, quiet_s: float) -> None:
+        super().__init__()
+        self.kb, self.alias, self.poll_s, self.quiet_s = kb, alias, float(poll_s), float(quiet_s)
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        # the same kwargs at every parse: Airflow identifies an asset's trigger by classpath and kwargs
+        return (f"{__name__}.SourceChangeTrigger",
+                {"kb": self.kb, "alias": self.alias, "poll_s": self.poll_s, "quiet_s": self.quiet_s})
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        from kb_reindex.domain.errors import KbError
+        from kb_reindex.domain.freshness import SourceWatch
+        from kb_reindex.run.follow import differs_from_last_plan, look, run_in_progress
+        from kb_reindex.services.registry import select_knowledge_base
+        from kb_reindex.services.state.store import StateStore
+
+        settings = await asyncio.to_thread(lambda: select_knowledge_base(self.kb).settings())
+        state = await asyncio.to_thread(StateStore, settings.state_url)
+        watch = SourceWatch(quiet_s=self.quiet_s)
+        try:
+            listing = await asyncio.to_thread(look, settings)
+            try:
+                differs = await asyncio.to_thread(differs_from_last_plan, state, settings, listing)
+            except KbError as exc:  # no answer from the state DB: a run finds out and says so
+                self.log.error("kb_reindex: %s: cannot tell what the last plan read (%s): firing once", self.alias, exc)
+                differs = True
+            watch.start(listing, differs_from_plan=differs, now=time.monotonic() - self.quiet_s)
+            self.log.info("kb_reindex: watching %s for %s every %gs (quiet %gs); %s", settings.knowledge_dir,
+                          self.alias, self.poll_s, self.quiet_s,
+                          "it differs from what the last plan read" if differs else "unchanged since the last plan")
+            while True:
+                if watch.quiet(now=time.monotonic()):
+                    try:
+                        active = await asyncio.to_thread(run_in_progress, state, settings)
+                    except KbError as exc:
+                        self.log.error("kb_reindex: %s: state DB: %s; looking again", self.alias, exc)
+                        active = True
+                    if not active:
+                        watch.fired()
+                        files = len(listing.files)
+                        self.log.info("kb_reindex: %s changed (%d files): asset event", self.alias, files)
+                        yield TriggerEvent({"alias": self.alias, "files": files, "listing": watch.seen})
+                await asyncio.sleep(watch.next_look_s(self.poll_s))
+                listing = await asyncio.to_thread(look, settings)
+                if watch.observe(listing, now=time.monotonic()):
+                    self.log.info("kb_reindex: %s: the source changed; waiting %gs of quiet", self.alias,
+                                  self.quiet_s)
+        finally:
+            state.dispose()

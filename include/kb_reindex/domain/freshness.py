@@ -1,0 +1,90 @@
+"""When a watched knowledge source's changes become a run: the listing it is watched by, and the quiet-time
+coalescing that Airflow's trigger (`kb_reindex.airflow.triggers`) and `kb-reindex run --follow` both apply.
+
+A watcher looks at the source's listing (names, sizes, modification times; never a file's content) every poll.
+A listing that differs from the last one it looked at is a change; the change fires once the listing has stayed
+the same for the quiet time (a burst of saves is one change), and not while a run of the knowledge base is in
+progress (edits landing during a build give one follow-up run, which sees them all). At its start a watcher
+fires once if the source differs from what the last plan read (the recorded file hashes): edits made while
+nothing watched are caught, a fresh install builds its first version, and a held, frozen or failed run is not
+retried until the source changes again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, order=True)
+class ListedFile:
+    """One document file as the listing shows it: its path inside the source, size and modification time."""
+
+    source: str
+    size: int
+    mtime_ns: int
+
+
+@dataclass(frozen=True)
+class Listing:
+    """A source's Markdown files in path order."""
+
+    files: tuple[ListedFile, ...]
+
+    @property
+    def digest(self) -> str:
+        h = hashlib.sha256()
+        for f in self.files:
+            h.update(f"{f.source}\x00{f.size}\x00{f.mtime_ns}\n".encode())
+        return h.hexdigest()
+
+    @property
+    def newest_ns(self) -> int:
+        return max((f.mtime_ns for f in self.files), default=0)
+
+
+@dataclass
+class SourceWatch:
+    """The coalescing of one watcher (monotonic seconds in, decisions out; nothing of I/O).
+
+    `observe` every listing; `due` says when to fire; `fired` after firing."""
+
+    quiet_s: float
+    seen: str | None = None  #: digest of the listing looked at last
+    pending: bool = False  #: a change seen and not fired yet
+    changed_at: float = 0.0  #: when the latest change was seen
+    fired_count: int = 0
+
+    def start(self, listing: Listing, *, differs_from_plan: bool, now: float) -> None:
+        """The first look: a source that differs from what the last plan read is a change."""
+        self.seen, self.pending, self.changed_at = listing.digest, differs_from_plan, now
+
+    def observe(self, listing: Listing, *, now: float) -> bool:
+        """Take a listing; True when it differs from the last one (a change, quiet time restarts)."""
+        if listing.digest == self.seen:
+            return False
+        self.seen, self.pending, self.changed_at = listing.digest, True, now
+        return True
+
+    def quiet(self, *, now: float) -> bool:
+        return self.pending and now - self.changed_at >= self.quiet_s
+
+    def due(self, *, now: float, run_active: bool) -> bool:
+        """Fire now: a change, quiet for `quiet_s`, and no run in progress (it would not see all of it)."""
+        return self.quiet(now=now) and not run_active
+
+    def fired(self) -> None:
+        self.pending = False
+        self.fired_count += 1
+
+    def next_look_s(self, poll_s: float) -> float:
+        """Seconds until the next look: the poll interval, or the quiet time while a change waits."""
+        return min(poll_s, max(self.quiet_s, 0.5)) if self.pending else poll_s
+
+
+def differs_from_recorded(listing: Listing, recorded: dict[str, tuple[int, int]]) -> bool:
+    """True when the listing is not the one the last plan read: a file added, removed, or with another size
+    or modification time than its recorded hash was taken at (`recorded`: source -> (size, mtime_ns))."""
+    if len(recorded) != len(listing.files):
+        return True
+    return any(recorded.get(f.source) != (f.size, f.mtime_ns) for f in listing.files)

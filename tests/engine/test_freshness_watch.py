@@ -1,0 +1,142 @@
+"""The freshness watcher over a real knowledge folder and state DB: `follow` (what `kb-reindex run --follow`
+runs) and Airflow's trigger (`SourceChangeTrigger.run`, driven here as the triggerer drives it, on asyncio).
+A fresh install builds at once, a burst of edits is one run that sees them all, edits during a run give one
+follow-up, and a source unchanged since its last plan (even one whose run was held) starts nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import settings_for, write_doc
+from kb_reindex.run.follow import differs_from_last_plan, follow, look
+from kb_reindex.run.pipeline import run_reindex
+from kb_reindex.services.runtime import open_deps
+from kb_reindex.services.state.store import StateStore
+
+DOCS = ("return-policy", "shipping-policy", "coupon-rules")
+
+
+class Script:
+    """A clock whose sleep moves time on and makes the edits due by then."""
+
+    def __init__(self, edits: list[tuple[float, Path, str]]) -> None:
+        self.now, self.edits = 0.0, sorted(edits, key=lambda e: e[0])
+
+    def clock(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+        while self.edits and self.edits[0][0] <= self.now:
+            _, path, text = self.edits.pop(0)
+            path.write_text(text, encoding="utf-8")
+            os.utime(path, ns=(time.time_ns(), time.time_ns() + int(self.now * 1e9)))  # a distinct mtime
+
+
+def test_follow_builds_a_fresh_install_then_one_run_per_burst_that_sees_every_edit(project: Path) -> None:
+    settings = settings_for(project, KB_SOURCE_POLL_S="15", KB_SOURCE_QUIET_S="5")
+    docs = project / "knowledge" / "docs"
+    paths = [next(docs.rglob(f"{name}.md")) for name in DOCS]
+    # three saves, each within the quiet time of the one before (the poll sees them 5 s apart): one change
+    edits = [(at, path, path.read_text(encoding="utf-8") + f"\n\n补充说明 {i}：以客服答复为准。\n")
+             for i, (at, path) in enumerate(zip((20, 33, 36), paths, strict=True))]
+    script = Script(edits)
+    state = StateStore(settings.state_url)
+    outcomes: list[dict] = []
+
+    def run_once() -> None:
+        with open_deps(settings, state=state) as deps:
+            outcomes.append(run_reindex(deps).to_dict())
+
+    try:
+        assert follow(settings, state, run_once, clock=script.clock, sleep=script.sleep, max_runs=2) == 2
+        assert [o["outcome"] for o in outcomes] == ["promoted", "promoted"]
+        assert outcomes[1]["docs"]["changed"] == 3  # one run for the burst, with every edit in it
+        assert not script.edits
+        assert not differs_from_last_plan(state, settings, look(settings))
+    finally:
+        state.dispose()
+
+
+def test_a_held_run_is_not_retried_until_the_source_changes_again(project: Path) -> None:
+    settings = settings_for(project)
+    state = StateStore(settings.state_url)
+    extra = [write_doc(project, f"notice-{i}", f"# 公告 {i}\n\n第{i}号公告：春节期间发货顺延。\n") for i in range(3)]
+    try:
+        with open_deps(settings, state=state) as deps:
+            assert run_reindex(deps).outcome == "promoted"
+        for path in extra:  # three documents removed: held for a person
+            path.unlink()
+        assert differs_from_last_plan(state, settings, look(settings))
+        with open_deps(settings, state=state) as deps:
+            assert run_reindex(deps).outcome == "held"
+        assert not differs_from_last_plan(state, settings, look(settings))  # a restarted watcher fires no run
+        write_doc(project, "new-rule", "# 新规则\n\n每周三为会员日。\n")
+        assert differs_from_last_plan(state, settings, look(settings))
+    finally:
+        state.dispose()
+
+
+def test_a_missing_folder_is_a_change_the_run_names(project: Path) -> None:
+    settings = settings_for(project, KB_KNOWLEDGE_DIR="knowledge/nowhere")
+    listed = look(settings)
+    assert len(listed.files) == 1 and "knowledge/nowhere" in listed.files[0].source
+
+
+async def _events(trigger, out: list[dict]) -> None:
+    async for event in trigger.run():
+        out.append(event.payload)
+
+
+def test_the_trigger_fires_at_start_coalesces_a_burst_and_waits_for_a_run_in_progress(
+        project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from kb_reindex.airflow.triggers import SourceChangeTrigger
+    from kb_reindex.rules.locking import reindex_lock_name
+
+    monkeypatch.setenv("KB_PROJECT_ROOT", str(project))
+    settings = settings_for(project)
+    StateStore(settings.state_url).dispose()
+    trigger = SourceChangeTrigger(kb=None, alias=settings.alias, poll_s=0.2, quiet_s=1.5)
+    assert trigger.serialize() == ("kb_reindex.airflow.triggers.SourceChangeTrigger",
+                                   {"kb": None, "alias": settings.alias, "poll_s": 0.2, "quiet_s": 1.5})
+    doc = next((project / "knowledge" / "docs").rglob("shipping-policy.md"))
+    events: list[dict] = []
+
+    async def scenario() -> None:
+        task = asyncio.create_task(_events(trigger, events))
+
+        async def until(n: int, timeout: float = 15) -> None:
+            deadline = time.monotonic() + timeout
+            while len(events) < n:
+                assert time.monotonic() < deadline, f"{n} event(s) expected, got {events}"
+                await asyncio.sleep(0.1)
+
+        try:
+            await until(1)  # nothing planned yet: a fresh install fires at its start
+            assert events[0]["alias"] == settings.alias and events[0]["files"] > 5
+            for i in range(5):  # five saves 0.3 s apart: one event, once quiet
+                doc.write_text(doc.read_text(encoding="utf-8") + f"\n第{i}次修改。\n", encoding="utf-8")
+                await asyncio.sleep(0.3)
+            await until(2)
+            await asyncio.sleep(2.5)
+            assert len(events) == 2
+            state = StateStore(settings.state_url)
+            try:  # a run in progress holds the reindex lock: an edit now waits for it to end
+                state.acquire_lock(reindex_lock_name(settings.alias), owner="test-run", ttl_s=60)
+                doc.write_text(doc.read_text(encoding="utf-8") + "\n运行中的修改。\n", encoding="utf-8")
+                await asyncio.sleep(3)
+                assert len(events) == 2
+                state.release_lock(reindex_lock_name(settings.alias), owner="test-run")
+                await until(3)
+            finally:
+                state.dispose()
+        finally:
+            task.cancel()
+
+    asyncio.run(scenario())
+    assert len(events) == 3

@@ -1,0 +1,68 @@
+"""The freshness watcher's coalescing (kb_reindex.domain.freshness): a burst is one change, fired once quiet and
+never while a run is in progress; the source compared with what the last plan recorded."""
+
+from __future__ import annotations
+
+from kb_reindex.domain.freshness import ListedFile, Listing, SourceWatch, differs_from_recorded
+
+
+def listing(*files: tuple[str, int, int]) -> Listing:
+    return Listing(tuple(sorted(ListedFile(*f) for f in files)))
+
+
+A = listing(("a.md", 10, 1))
+B = listing(("a.md", 11, 2))
+C = listing(("a.md", 11, 2), ("b.md", 5, 3))
+
+
+def test_a_burst_of_changes_fires_once_after_the_quiet_time() -> None:
+    watch = SourceWatch(quiet_s=5)
+    watch.start(A, differs_from_plan=False, now=0)
+    assert not watch.due(now=100, run_active=False)  # unchanged since the last plan: nothing to do
+    assert watch.observe(B, now=10)
+    assert not watch.due(now=12, run_active=False)  # not quiet yet
+    assert watch.observe(C, now=13)  # another save restarts the quiet time
+    assert not watch.observe(C, now=16)
+    assert not watch.due(now=17, run_active=False)
+    assert watch.due(now=18, run_active=False)
+    watch.fired()
+    assert not watch.due(now=60, run_active=False) and watch.fired_count == 1
+
+
+def test_a_change_during_a_run_waits_for_it_and_fires_once() -> None:
+    watch = SourceWatch(quiet_s=5)
+    watch.start(A, differs_from_plan=False, now=0)
+    watch.observe(B, now=1)
+    watch.observe(C, now=2)
+    assert not watch.due(now=30, run_active=True)
+    assert watch.due(now=31, run_active=False)
+    watch.fired()
+    assert not watch.due(now=32, run_active=False)
+
+
+def test_at_its_start_a_source_that_differs_from_the_last_plan_fires() -> None:
+    fresh = SourceWatch(quiet_s=5)
+    fresh.start(A, differs_from_plan=True, now=0)
+    assert not fresh.due(now=4, run_active=False) and fresh.due(now=5, run_active=False)
+
+
+def test_looks_come_faster_while_a_change_waits() -> None:
+    watch = SourceWatch(quiet_s=5)
+    watch.start(A, differs_from_plan=False, now=0)
+    assert watch.next_look_s(15) == 15
+    watch.observe(B, now=1)
+    assert watch.next_look_s(15) == 5
+
+
+def test_differs_from_recorded_names_added_removed_and_touched_files() -> None:
+    recorded = {"a.md": (11, 2), "b.md": (5, 3)}
+    assert not differs_from_recorded(C, recorded)
+    assert differs_from_recorded(B, recorded)  # b.md removed
+    assert differs_from_recorded(listing(("a.md", 11, 2), ("b.md", 5, 4)), recorded)  # b.md touched
+    assert differs_from_recorded(listing(("a.md", 11, 2), ("c.md", 5, 3)), recorded)  # renamed
+    assert differs_from_recorded(A, {})  # nothing recorded: a fresh install
+
+
+def test_the_digest_changes_with_any_field() -> None:
+    assert len({A.digest, B.digest, C.digest, listing(("a.md", 10, 2)).digest}) == 4
+    assert A.digest == listing(("a.md", 10, 1)).digest
