@@ -16,7 +16,7 @@ of a change to its source: a watcher in the triggerer lists the source every `KB
 0: not watched) and fires once it was quiet for `KB_SOURCE_QUIET_S` (default 5) and no run is in progress. A
 watched DAG starts unpaused; pausing it stops both.
 
-Params: `force_full_rebuild`, `dry_run`, `build_slice_size`, `payload_layout` (empty: keep live's layout).
+Params: `force_full_rebuild`, `dry_run`, `build_slice_size`, `watch_minutes`, `payload_layout` (empty: keep live's layout).
 What on-call sees and does at each step: `docs/runbook.md` (rollback, locks, every status message).
 """
 
@@ -44,6 +44,10 @@ PARAMS = {
                                         "first build). Set to change it on purpose: native, langchain4j (or "
                                         "langchain4j:<text key>), langchain, llamaindex; vectors are copied.",
                             section="Build"),
+    "watch_minutes": Param(None, type=["null", "number"], minimum=0, maximum=1440, title="Watch after promotion",
+                           description="Minutes to watch the alias after this run's promotion and roll back on a "
+                                       "regression (between looks the watch holds no worker slot); empty: "
+                                       "KB_WATCH_MINUTES, 0: no watch.", section="Promotion"),
     "build_slice_size": Param(BUILD_SLICE_SIZE, type="integer", minimum=1, title="Points per build task",
                               description="Size of each mapped build slice.", section="Build"),
 }

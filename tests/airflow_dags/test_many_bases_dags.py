@@ -111,3 +111,32 @@ def test_a_knowledge_bases_reindex_runs_end_to_end_and_announces_its_alias(airfl
         assert state.list_runs(SHOP) == []
     finally:
         state.dispose()
+
+
+def test_each_watched_source_schedules_its_reindex_on_its_time_schedule_or_a_change(
+        airflow_db: None, registry_project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Watching on (KB_SOURCE_POLL_S > 0): each knowledge base's reindex runs on its own time schedule OR an event
+    of its own source's watcher, starts unpaused; an entry's `source_poll_s: 0` keeps it on time alone; a
+    knowledge base with no time schedule runs on source changes only."""
+    from airflow.sdk import AssetOrTimeSchedule
+
+    monkeypatch.setenv("KB_SOURCE_POLL_S", "7")
+    registry = registry_project / "knowledge" / "registry.yaml"
+    registry.write_text(registry.read_text(encoding="utf-8") + "  unwatched:\n    source: docs\n"
+                        "    source_poll_s: 0\n", encoding="utf-8")
+    bag = dagbag()
+    assert bag.import_errors == {}
+    shop = bag.dags[f"knowledge_reindex__{SHOP}"]
+    assert isinstance(shop.timetable, AssetOrTimeSchedule) and shop.timetable.timetable.expression == "0 0 * * *"
+    assert shop.is_paused_upon_creation is False
+    (asset,) = shop.timetable.asset_condition.objects
+    assert asset.name == f"kb_source_{SHOP}"
+    assert asset.uri == (registry_project / "knowledge" / "docs").resolve().as_uri()
+    (watcher,) = asset.watchers
+    assert watcher.trigger.serialize() == ("kb_reindex.airflow.triggers.SourceChangeTrigger",
+                                           {"kb": SHOP, "alias": SHOP, "poll_s": 7.0, "quiet_s": 5.0})
+    seller = bag.dags[f"knowledge_reindex__{SELLER}"]  # `schedule: null`: its source's changes alone
+    assert not isinstance(seller.timetable, AssetOrTimeSchedule)
+    assert [a.name for a in seller.timetable.asset_condition.objects] == [f"kb_source_{SELLER}"]
+    unwatched = bag.dags["knowledge_reindex__unwatched"]
+    assert unwatched.timetable.expression == "0 0 * * *" and unwatched.is_paused_upon_creation is None

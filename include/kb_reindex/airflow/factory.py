@@ -91,6 +91,15 @@ def reindex_schedule(kb: KnowledgeBase) -> Any:
     return AssetOrTimeSchedule(timetable=CronTriggerTimetable(cron, timezone="UTC"), assets=[watched])
 
 
+def watch_sensor(kb: KnowledgeBase) -> Any:
+    """The `watch` task's decorator: a sensor in reschedule mode, so between its looks (KB_WATCH_INTERVAL_S, as
+    the parsing process's environment sets it) it holds no worker slot; its window is at most a day
+    (KB_WATCH_MINUTES or the watch_minutes Param). No retries: a rollback or a regression fails it for on-call
+    to see (Airflow 3.3 retried a failed rescheduled sensor even so), and a look a server missed is taken again
+    at the next poke (kb_reindex.airflow.tasks.watch_task)."""
+    return task.sensor(mode="reschedule", poke_interval=kb.settings().watch_interval_s, timeout=25 * 3600, retries=0)
+
+
 def release_run_lock(context: Any, kb: str | None = None) -> None:
     """The failure callback (kb_reindex.airflow.callbacks), imported when it fires: it opens the state DB."""
     from kb_reindex.airflow.callbacks import release_run_lock as release
@@ -102,18 +111,15 @@ def knowledge_dag(kb: KnowledgeBase, base_id: str, *, kind: RunKind, doc_md: str
                   schedule: Any, tags: tuple[str, ...] = (), unpaused: bool = False) -> DAG:
     """The run of `kind` over knowledge base `kb` as a DAG: the same tasks for a reindex and a migration; what a
     Param a DAG lacks would say takes its default (no dry run, no forced rebuild, the golden set's thresholds,
-    promotion on). `unpaused`: running from the first parse (a watched source's DAG: a fresh install builds its
-    first version, and an edit becomes searchable, with no click)."""
+    promotion on). `unpaused`: running from the first parse (a watched source's, so a fresh install builds alone)."""
     name, pool, release = task_kb(kb), kb.pool, functools.partial(release_run_lock, kb=task_kb(kb))
-    watching = kb.settings()  # the watch's window and interval, as the parsing process's environment sets them
 
     @dag(
         dag_id=kb.dag_id(base_id),
         schedule=schedule,
         start_date=START,
         catchup=False,
-        max_active_runs=1,
-        is_paused_upon_creation=False if unpaused else None,
+        max_active_runs=1, is_paused_upon_creation=False if unpaused else None,
         # a run failed as a whole (marked failed, timed out) lets its lock go too; liveness asks Airflow as well
         on_failure_callback=release,
         doc_md=doc_md,
@@ -176,13 +182,12 @@ def knowledge_dag(kb: KnowledgeBase, base_id: str, *, kind: RunKind, doc_md: str
             return tasks.promote_task(kb=name, plan=plan, version=version, run_id=current_run_id(),
                                       promote=(params or {}).get("promote", True))
 
-        # a sensor in reschedule mode: between its looks the watch holds no worker slot
-        @task.sensor(mode="reschedule", poke_interval=watching.watch_interval_s,
-                     timeout=watching.watch_minutes * 60 + 3600)
-        def watch(promoted: Any) -> Any:
+        @watch_sensor(kb)
+        def watch(promoted: Any, params: dict | None = None) -> Any:
             from kb_reindex.airflow import tasks
 
-            return tasks.watch_task(kb=name, promoted=promoted, run_id=current_run_id())
+            return tasks.watch_task(kb=name, promoted=promoted, run_id=current_run_id(),
+                                    minutes=(params or {}).get("watch_minutes"))
 
         # after a promotion, a kept version or nothing to build; never after a failure
         @task(pool=pool, trigger_rule=TriggerRule.NONE_FAILED)

@@ -19,7 +19,7 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 from kb_reindex.run import dag_lock
 from kb_reindex.airflow.connections import state_url, task_deps, task_settings
 from kb_reindex.airflow.constants import alias_asset
-from kb_reindex.domain.errors import PERMANENT, KbError, StateUnreachable, StoreError, classify
+from kb_reindex.domain.errors import PERMANENT, UNAVAILABLE, KbError, StateUnreachable, StoreError, classify
 from kb_reindex.rules.fence import Fence
 from kb_reindex.rules.freeze import freeze_for_rollback
 from kb_reindex.services.layouts import version_profile
@@ -242,9 +242,11 @@ def cleanup_task(*, kb: str | None = None, dry_run: bool = False, run_id: str | 
         return result.to_dict()
 
 
-def watch_task(*, kb: str | None = None, promoted: dict[str, Any], run_id: str) -> PokeReturnValue:
+def watch_task(*, kb: str | None = None, promoted: dict[str, Any], run_id: str,
+               minutes: float | None = None) -> PokeReturnValue:
     """One look of the watch after `promote` (the `watch` sensor pokes it every KB_WATCH_INTERVAL_S in reschedule
-    mode: between looks it holds no worker slot), until KB_WATCH_MINUTES after the promotion (0: skipped). An
+    mode: between looks it holds no worker slot), until `minutes` (the run's watch_minutes Param; None:
+    KB_WATCH_MINUTES) after the promotion (0: skipped). An
     automatic rollback, or a regression with nowhere to go back to, fails the task without retry: on-call must
     hear of it. The rollback moves the alias only from the version this run promoted."""
     from datetime import timedelta
@@ -252,13 +254,18 @@ def watch_task(*, kb: str | None = None, promoted: dict[str, Any], run_id: str) 
     from kb_reindex.run.watch import look_once, prepare_watch
 
     settings, _headers = task_settings(kb)
-    if settings.watch_minutes <= 0:
-        raise AirflowSkipException("KB_WATCH_MINUTES is 0: no watch after the promotion")
-    with task_deps(kb) as deps:
-        setup = prepare_watch(deps, promoted["version"])
-        since = setup.version.promoted_at
-        last = since is None or deps.state.clock.now() >= since + timedelta(minutes=settings.watch_minutes)
-        _check, result = look_once(deps, setup, last=last, run_id=f"{run_id}__watch"[:255], trigger="watch")
+    minutes = settings.watch_minutes if minutes is None else minutes
+    if minutes <= 0:
+        raise AirflowSkipException("KB_WATCH_MINUTES (or the watch_minutes Param) is 0: no watch after the promotion")
+    try:
+        with task_deps(kb) as deps:
+            setup = prepare_watch(deps, promoted["version"])
+            since = setup.version.promoted_at
+            last = since is None or deps.state.clock.now() >= since + timedelta(minutes=minutes)
+            _check, result = look_once(deps, setup, last=last, run_id=f"{run_id}__watch"[:255], trigger="watch")
+    except tuple(UNAVAILABLE) as exc:  # a server away for a look: the next look tries again (no task retry)
+        log.warning("kb_reindex: watch of v%s: no look this time: %s", promoted["version"], exc)
+        return PokeReturnValue(is_done=False)
     if result is None:
         return PokeReturnValue(is_done=False)
     if result.outcome == WatchOutcome.ROLLED_BACK:

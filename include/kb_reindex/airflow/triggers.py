@@ -43,7 +43,7 @@ class SourceChangeTrigger(BaseEventTrigger):
         from kb_reindex.services.state.store import StateStore
 
         settings = await asyncio.to_thread(lambda: select_knowledge_base(self.kb).settings())
-        state = await asyncio.to_thread(StateStore, settings.state_url)
+        state = await asyncio.to_thread(StateStore, await self._state_url(settings.state_url))
         watch = SourceWatch(quiet_s=self.quiet_s)
         try:
             listing = await asyncio.to_thread(look, settings)
@@ -75,3 +75,18 @@ class SourceChangeTrigger(BaseEventTrigger):
                                   self.quiet_s)
         finally:
             state.dispose()
+
+    @staticmethod
+    async def _state_url(from_env: str) -> str:
+        """The state DB as the tasks find it: the `kb_state` Connection when defined (asked the triggerer's async
+        way), else KB_STATE_URL."""
+        from airflow.sdk import BaseHook
+        from airflow.sdk.exceptions import AirflowNotFoundException
+
+        from kb_reindex.airflow.connections import STATE_CONN_ID, state_url_from_connection
+
+        try:
+            connection = await BaseHook.aget_connection(STATE_CONN_ID)
+        except AirflowNotFoundException:
+            return from_env
+        return state_url_from_connection(connection)

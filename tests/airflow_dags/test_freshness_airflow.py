@@ -1,0 +1,160 @@
+"""Fresh within a minute, under `make airflow` (scripts/airflow.sh: LocalExecutor, the triggerer running): the
+source watcher of knowledge_reindex (an AssetWatcher whose trigger lists the knowledge folder) starts every run
+here; no test triggers one, clicks or calls the API to start a build. One Airflow for the module, in order: a
+fresh install builds its first version; a burst of edits becomes searchable in at most two runs; edits made
+while the triggerer is down are caught when it starts again; a paused DAG starts nothing and catches up when
+unpaused; and the watch after a promotion waits rescheduled (holding no slot), then rolls back the version it
+promoted when that regresses."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import pytest
+
+from conftest import REPO
+from test_local_airflow import BIN, LocalAirflow, free_port, kb
+
+pytestmark = pytest.mark.airflow
+DAG = "knowledge_reindex"
+
+
+class Stack:
+    def __init__(self, airflow: LocalAirflow, project: Path, qdrant: Any, script_env: dict[str, str]) -> None:
+        self.airflow, self.project, self.qdrant, self.script_env = airflow, project, qdrant, script_env
+
+    def runs(self) -> list[dict]:
+        return self.airflow.http.get(f"/dags/{DAG}/dagRuns", params={"order_by": "run_after"}).json()["dag_runs"]
+
+    def edit(self, name: str, sentence: str) -> None:
+        doc = self.project / "knowledge" / "docs" / f"{name}.md"
+        doc.write_text(doc.read_text(encoding="utf-8") + f"\n\n{sentence}\n", encoding="utf-8")
+
+    def searchable(self, question: str, sentence: str) -> bool:
+        found = kb(self.airflow.env, "query", question, "-k", "3")
+        return any(sentence in (hit.get("text") or "") for hit in found.get("results") or [])
+
+    def wait_searchable(self, question: str, sentence: str, timeout_s: float = 150) -> float:
+        started = time.monotonic()
+        self.airflow.wait(f"{sentence!r} searchable", lambda: self.searchable(question, sentence), timeout_s)
+        return time.monotonic() - started
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    from kb_reindex.testing.qdrant_server import FakeQdrantServer
+
+    project = tmp_path_factory.mktemp("fresh-project")
+    shutil.copytree(REPO / "knowledge", project / "knowledge")
+    home = tmp_path_factory.mktemp("fresh-airflow") / "airflow-home"
+    with FakeQdrantServer(tmp_path_factory.mktemp("fresh-qdrant")) as qdrant:
+        env = {name: value for name, value in os.environ.items() if not name.startswith("AIRFLOW")}
+        # the single-knowledge-base form, no time schedule: every run here is the watcher's. The DAG file is
+        # parsed again every 10 s, so a pause or an unpause reaches the watcher soon
+        env.update(AIRFLOW_HOME=str(home), KB_PROJECT_ROOT=str(project), KB_AIRFLOW_PORT=str(free_port()),
+                   PATH=f"{BIN}:{env.get('PATH', '')}", KB_QDRANT_URL=qdrant.url, KB_REGISTRY="",
+                   KB_REINDEX_SCHEDULE="", KB_SOURCE_POLL_S="1", KB_SOURCE_QUIET_S="2", KB_WATCH_INTERVAL_S="4",
+                   KB_RETRY_DELAY_S="2", AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL="10")
+        try:
+            started = subprocess.run(["bash", str(REPO / "scripts" / "airflow.sh")], env=env, capture_output=True,
+                                     text=True, timeout=240)
+            assert started.returncode == 0, started.stdout + started.stderr
+            base = next(word for word in started.stdout.split() if word.startswith("http://127.0.0.1:"))
+            yield Stack(LocalAirflow(base, home, env), project, qdrant, env)
+        finally:
+            subprocess.run(["bash", str(REPO / "scripts" / "airflow-stop.sh")], env=env, capture_output=True,
+                           text=True, timeout=120)
+
+
+def test_a_fresh_install_builds_its_first_version_with_no_click(stack: Stack) -> None:
+    airflow = stack.airflow
+    airflow.wait("the first version live", lambda: (kb(airflow.env, "status").get("live") or {}).get("version") == 1,
+                 240)
+    runs = stack.runs()
+    assert [r["run_type"] for r in runs] == ["asset_triggered"], runs
+    airflow.wait("the first run finished", lambda: airflow.idle(DAG), 60)
+
+
+def test_a_burst_of_edits_becomes_searchable_in_at_most_two_runs(stack: Stack) -> None:
+    before = len(stack.runs())
+    sentences = {"shipping-policy": ("偏远海岛的包裹怎么送", "偏远海岛地区的包裹由渡轮转运，另加两天。"),
+                 "coupon-rules": ("生日券可以转赠吗", "生日优惠券仅限本人使用，不可转赠。"),
+                 "payment-guide": ("能用外币付款吗", "暂不支持外币支付，请使用人民币结算。")}
+    for name, (_question, sentence) in sentences.items():  # three saves half a second apart: one change
+        stack.edit(name, sentence)
+        time.sleep(0.5)
+    took = [stack.wait_searchable(question, sentence) for question, sentence in sentences.values()]
+    stack.airflow.wait("the runs finished", lambda: stack.airflow.idle(DAG), 60)
+    runs = stack.runs()[before:]
+    assert 1 <= len(runs) <= 2 and {r["run_type"] for r in runs} == {"asset_triggered"}, runs
+    print(f"burst of 3 edits -> searchable in {took[0]:.1f} s, {len(runs)} run(s)")
+
+
+def test_edits_made_while_the_triggerer_is_down_are_caught_when_it_starts(stack: Stack) -> None:
+    run_dir = stack.airflow.home / "run"
+    pid = int((run_dir / "triggerer.pid").read_text())
+    os.killpg(pid, signal.SIGTERM)  # its own session (setsid): the triggerer and its children
+    stack.airflow.wait("the triggerer stopped", lambda: subprocess.run(["ps", "-p", str(pid)],
+                                                                      capture_output=True).returncode != 0, 60)
+    before = len(stack.runs())
+    stack.edit("member-rules", "会员积分可在每年十二月兑换年度礼包。")
+    time.sleep(5)
+    assert len(stack.runs()) == before  # nobody watches: no run
+    started = subprocess.run(["bash", str(REPO / "scripts" / "airflow.sh")], env=stack.script_env,
+                             capture_output=True, text=True, timeout=240)
+    assert started.returncode == 0 and "started airflow triggerer" in started.stdout, started.stdout
+    stack.wait_searchable("积分能兑换年度礼包吗", "会员积分可在每年十二月兑换年度礼包。")
+    stack.airflow.wait("the run finished", lambda: stack.airflow.idle(DAG), 60)
+
+
+def test_a_paused_dag_starts_no_run_and_catches_up_when_unpaused(stack: Stack) -> None:
+    http = stack.airflow.http
+    assert http.patch(f"/dags/{DAG}", json={"is_paused": True}).status_code == 200
+    before = len(stack.runs())
+    sentence = "售后工单将在四小时内首次响应。"
+    stack.edit("after-sales-guide", sentence)
+    time.sleep(10)  # poll, quiet time and scheduler loops: a paused DAG queues no run from an asset event
+    assert len(stack.runs()) == before and not stack.searchable("售后多久响应", sentence)
+    assert http.patch(f"/dags/{DAG}", json={"is_paused": False}).status_code == 200
+    stack.wait_searchable("售后多久响应", sentence)  # the watcher, back with the next parse, finds the edit
+    assert len(stack.runs()) == before + 1
+    stack.airflow.wait("the run finished", lambda: stack.airflow.idle(DAG), 60)
+
+
+def test_the_watch_waits_rescheduled_and_rolls_back_the_version_it_promoted(stack: Stack) -> None:
+    """The one run a test triggers: with a watch (the watch_minutes Param). Between its looks the watch task is
+    up_for_reschedule (no worker slot held); once the promoted version's points are gone, it rolls the alias back
+    from that version to the one before, and fails so on-call hears of it."""
+    from qdrant_client import QdrantClient, models
+
+    airflow = stack.airflow
+    live_before = kb(airflow.env, "status")["live"]["version"]
+    run_id = airflow.trigger(DAG, {"force_full_rebuild": True, "watch_minutes": 5})
+    url = f"/dags/{DAG}/dagRuns/{quote(run_id, safe='')}"
+
+    def watch_state() -> str | None:
+        tis = airflow.http.get(f"{url}/taskInstances").json()["task_instances"]
+        return next((t["state"] for t in tis if t["task_id"] == "watch"), None)
+
+    airflow.wait("the watch rescheduled", lambda: watch_state() == "up_for_reschedule", 240)
+    promoted = kb(airflow.env, "status")["live"]
+    assert promoted["version"] == live_before + 1
+    client = QdrantClient(url=stack.qdrant.url, timeout=30)
+    try:  # the promoted version damaged behind everyone's back: its probes find nothing
+        client.delete(promoted["collection"], points_selector=models.FilterSelector(filter=models.Filter()))
+    finally:
+        client.close()
+    airflow.wait("the watch failed", lambda: airflow.http.get(url).json()["state"] == "failed", 120)
+    assert watch_state() == "failed"
+    events = kb(airflow.env, "history")["events"]
+    assert (events[-1]["action"], events[-1]["from_version"], events[-1]["to_version"]) == (
+        "auto-rollback", live_before + 1, live_before), events[-1]
+    assert kb(airflow.env, "status")["live"]["version"] == live_before
