@@ -485,13 +485,14 @@ def _all_bases(args: argparse.Namespace, registry: Registry) -> int:
 
 
 def _print_bases(args: argparse.Namespace, registry: Registry, settings: Settings) -> int:
-    from kb_reindex.run.bases import bases_view
+    from kb_reindex.run.bases import bases_view, when_it_runs
 
     view = bases_view(registry, settings.state_url)
     rows = [{"alias": b.alias, "live": f"v{b.live_version}" if b.live_version else "-",
              "model": f"{b.embed_model} {b.dim}-d" if b.embed_model else "-", "frozen": "FROZEN" if b.frozen else "",
              "last run": f"{b.last_run.kind} {b.last_run.outcome} {b.last_run.started_at}" if b.last_run else "-",
-             "schedule": b.schedule or "triggered", "problem": "; ".join(b.problems)} for b in view.bases]
+             "schedule": when_it_runs(b.schedule, b.source_poll_s), "problem": "; ".join(b.problems)}
+            for b in view.bases]
     human = _table(rows, ["alias", "live", "model", "frozen", "last run", "schedule", "problem"])
     human += "".join(f"\nPROBLEM: registry: {refused}" for refused in view.refused)
     _print(args, view.to_dict(), human)

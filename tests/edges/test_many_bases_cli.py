@@ -78,9 +78,11 @@ def test_bases_lists_what_each_serves_its_model_freeze_and_last_run(project: Pat
     assert list(listed) == [SHOP, SELLER]
     assert listed[SHOP]["live_version"] == 1 and listed[SHOP]["embed_model"] == "hashing-ngram-v1"
     assert listed[SELLER]["last_run"]["outcome"] == "promoted" and listed[SELLER]["schedule"] is None
+    assert listed[SELLER]["source_poll_s"] == 15
     assert listed[SHOP]["dag_id"] == f"knowledge_reindex__{SHOP}" and listed[SHOP]["problems"] == []
     human = cli(project, "bases")
-    assert human.returncode == 0 and SHOP in human.stdout and "triggered" in human.stdout
+    # when each runs: the shop on its time schedule or a change of its source, the sellers on a change alone
+    assert human.returncode == 0 and SHOP in human.stdout and "@daily + on change (every 15s)" in human.stdout
 
 
 def test_freeze_rollback_retention_and_pins_act_on_the_one_named(project: Path) -> None:

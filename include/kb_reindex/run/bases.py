@@ -30,6 +30,8 @@ class BaseSummary:
     alias: str
     dag_id: str
     schedule: str | None
+    #: the source watcher's poll in seconds (KB_SOURCE_POLL_S, the entry's source_poll_s); 0: not watched
+    source_poll_s: float
     live_version: int | None
     collection: str | None
     embed_model: str | None
@@ -42,6 +44,12 @@ class BaseSummary:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def when_it_runs(schedule: str | None, source_poll_s: float) -> str:
+    """`@daily + on change (every 15s)`, `on change (every 15s)`, `@daily`, or `triggered only`."""
+    watched = f"on change (every {source_poll_s:g}s)" if source_poll_s > 0 else ""
+    return " + ".join(part for part in (schedule or "", watched) if part) or "triggered only"
 
 
 @dataclass(frozen=True)
@@ -67,6 +75,7 @@ def summary(state: StateStore | None, kb: KnowledgeBase) -> BaseSummary:
     if live is None:
         problems.append(f"no version serves yet: trigger {kb.dag_id('knowledge_reindex')}")
     return BaseSummary(alias=kb.alias, dag_id=kb.dag_id("knowledge_reindex"), schedule=kb.schedule,
+                       source_poll_s=kb.settings().source_poll_s,
                        live_version=live.version if live else None, collection=live.collection if live else None,
                        embed_model=live.embed_model if live else None, dim=live.embed_dim if live else None,
                        frozen=freeze is not None, freeze_reason=freeze.reason if freeze is not None else None,

@@ -113,6 +113,8 @@ def deployment_app(*, airflow_api_url: str | None = None) -> ASGIApp:
             answer = view()
         except ConfigError as exc:
             answer = {"knowledge_bases": [], "refused": [str(exc)]}
-        return HTMLResponse(templates().get_template("bases.html.j2").render(**answer))
+        from kb_reindex.run.bases import when_it_runs
+
+        return HTMLResponse(templates().get_template("bases.html.j2").render(**answer, when_it_runs=when_it_runs))
 
     return PerKnowledgeBase(app, lambda kb: create_app(kb=kb, airflow_api_url=api_url))
