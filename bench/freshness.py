@@ -106,11 +106,12 @@ class Airflow:
         def end(task: str) -> float:
             return max(_ts(t["end_date"]) for t in by[task])
 
-        event = run.get("consumed_asset_events") or []
-        fired = _ts(event[-1]["timestamp"]) if event else _ts(run["queued_at"])
+        events = self.http.get(f"/dags/{DAG}/dagRuns/{quote(run['dag_run_id'], safe='')}/upstreamAssetEvents")
+        fired = max((_ts(e["timestamp"]) for e in events.json().get("asset_events") or []),
+                    default=_ts(run["queued_at"]))
         plan_start = _ts(by["plan"][0]["start_date"])
         marks = [edited, fired, plan_start, end("plan"), end("build"), end("validate"), end("promote"), found]
-        return {name: round(b - a, 2) for name, a, b in zip(PHASES, marks, marks[1:], strict=True)}
+        return {name: round(b - a, 2) for name, a, b in zip(PHASES, marks[:-1], marks[1:], strict=True)}
 
 
 def part_airflow(work: Path, edits: int, embedder: str) -> dict[str, Any]:
