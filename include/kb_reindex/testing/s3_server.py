@@ -17,7 +17,6 @@ import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import unquote
 
 from moto.server import ThreadedMotoServer
 
@@ -32,6 +31,8 @@ class S3Request:
     key: str  # '' for a request to the bucket itself (a listing, a HEAD of the bucket)
     query: str
     status: int
+    #: the access key id the request was signed with ('' unsigned)
+    access_key: str = ""
 
     @property
     def object_get(self) -> bool:
@@ -61,12 +62,14 @@ class MotoS3Server:
 
     def _recording(self, app: Callable[..., Iterable[bytes]]) -> Callable[..., Iterable[bytes]]:
         def handle(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
-            path = unquote(environ.get("PATH_INFO", ""))
+            # WSGI's PATH_INFO: percent-decoded, its UTF-8 bytes as latin-1 characters
+            path = environ.get("PATH_INFO", "").encode("latin-1").decode("utf-8", "replace")
             bucket, _, key = path.lstrip("/").partition("/")
             method, query = environ["REQUEST_METHOD"], environ.get("QUERY_STRING", "")
             signed = _CREDENTIAL.search(environ.get("HTTP_AUTHORIZATION", ""))
-            if not bucket.startswith("moto-api") and (signed is None or signed.group(1) not in self.access_keys):
-                self._record(S3Request(method, bucket, key, query, 403))
+            access_key = signed.group(1) if signed else ""
+            if not bucket.startswith("moto-api") and access_key not in self.access_keys:
+                self._record(S3Request(method, bucket, key, query, 403, access_key))
                 body = (b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>InvalidAccessKeyId</Code><Message>The AWS '
                         b'Access Key Id you provided does not exist in our records.</Message></Error>')
                 start_response("403 Forbidden", [("Content-Type", "application/xml"),
@@ -79,7 +82,7 @@ class MotoS3Server:
                 return start_response(line, headers, *rest)
 
             answer = app(environ, start)
-            self._record(S3Request(method, bucket, key, query, status[0] if status else 0))
+            self._record(S3Request(method, bucket, key, query, status[0] if status else 0, access_key))
             return answer
 
         return handle
