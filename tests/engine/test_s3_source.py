@@ -271,3 +271,21 @@ def test_open_source_hands_a_task_filesystem_down(s3: MotoS3Server, project: Pat
     assert str(refused.value) == (f"knowledge source s3://{bucket}/docs: bucket {bucket} refused the credentials of the "
                                   "Airflow Connection aws_kb (InvalidAccessKeyId); check the key and its permission "
                                   "to list and read the bucket")
+
+
+def test_a_task_refuses_an_aws_connection_its_registry_entry_names_and_airflow_lacks(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from kb_reindex.airflow import connections
+    from kb_reindex.services.registry import load_registry
+
+    (tmp_path / "golden.yaml").write_text((REPO / "knowledge" / "golden.yaml").read_text(encoding="utf-8"),
+                                          encoding="utf-8")
+    (tmp_path / "registry.yaml").write_text("knowledge_bases:\n  wiki:\n    source: s3://wiki-bucket/pages\n"
+                                            "    golden_set: golden.yaml\n    aws_conn_id: aws_wiki\n", encoding="utf-8")
+    wiki = load_registry({"KB_REGISTRY": str(tmp_path / "registry.yaml"), "KB_PROJECT_ROOT": str(tmp_path)}).get("wiki")
+    monkeypatch.setattr(connections, "_connection", lambda conn_id: None)  # Airflow has no such Connection
+    make, credentials = connections.object_storage(wiki)
+    assert credentials == "the Airflow Connection aws_wiki"
+    with pytest.raises(ConfigError, match=r"knowledge base 'wiki' names the Connection 'aws_wiki', which Airflow "
+                                          r"does not have"):
+        make("s3://wiki-bucket/pages")
