@@ -20,6 +20,7 @@ from qdrant_client import QdrantClient
 from conftest import REPO, settings_for
 from kb_reindex.domain.errors import ConfigError, SourceError, classify
 from kb_reindex.run.pipeline import run_reindex
+from kb_reindex.services.object_store import BucketAccess
 from kb_reindex.services.runtime import Deps, open_source
 from kb_reindex.services.sources import listing, listing_digest, load_corpus
 from kb_reindex.services.state.store import StateStore
@@ -264,7 +265,7 @@ def test_open_source_hands_a_task_filesystem_down(s3: MotoS3Server, project: Pat
     bucket = new_bucket(s3, project)
     settings = settings_for(project, KB_KNOWLEDGE_DIR=f"s3://{bucket}/docs")
     fs = s3fs.S3FileSystem(endpoint_url=s3.url, key="kb-wrong-key", secret=SECRET, skip_instance_cache=True)
-    knowledge = open_source(settings, (lambda uri: fs, "the Airflow Connection aws_kb"))
+    knowledge = open_source(settings, BucketAccess(lambda uri: fs, "the Airflow Connection aws_kb"))
     with pytest.raises(ConfigError) as refused:
         listing(knowledge)
     assert classify(refused.value).exit_code == 2
@@ -284,8 +285,8 @@ def test_a_task_refuses_an_aws_connection_its_registry_entry_names_and_airflow_l
                                             "    golden_set: golden.yaml\n    aws_conn_id: aws_wiki\n", encoding="utf-8")
     wiki = load_registry({"KB_REGISTRY": str(tmp_path / "registry.yaml"), "KB_PROJECT_ROOT": str(tmp_path)}).get("wiki")
     monkeypatch.setattr(connections, "_connection", lambda conn_id: None)  # Airflow has no such Connection
-    make, credentials = connections.object_storage(wiki)
-    assert credentials == "the Airflow Connection aws_wiki"
+    access = connections.object_storage(wiki)
+    assert access.credentials == "the Airflow Connection aws_wiki"
     with pytest.raises(ConfigError, match=r"knowledge base 'wiki' names the Connection 'aws_wiki', which Airflow "
                                           r"does not have"):
-        make("s3://wiki-bucket/pages")
+        access.filesystem("s3://wiki-bucket/pages")

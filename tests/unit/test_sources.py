@@ -211,7 +211,7 @@ def test_a_folder_listing_reads_no_document_and_its_digest_moves_with_an_edit(tm
     monkeypatch.setattr(KnowledgeSource, "read", no_reading)
     files = listing(docs_dir(tmp_path))
     assert [(f.source, f.etag) for f in files] == [("a.md", None), ("faq/退货 规则.md", None)]
-    assert files[0].size == len("# A\n\nx\n".encode()) and files[0].mtime_ns > 0
+    assert files[0].size == len(b"# A\n\nx\n") and files[0].mtime_ns > 0
     digest = listing_digest(files)
     assert listing_digest(reversed(files)) == digest
     path = write_doc(tmp_path, "a", "# A\n\ny\n")  # same size

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, NotRequired, TypedDict
 
@@ -22,6 +22,7 @@ from sqlalchemy.engine import URL
 from kb_reindex.services.collection_config import CollectionConfig, load_collection_config
 from kb_reindex.services.config import Settings, project_root, split_ollama_hosts, state_url_from_env
 from kb_reindex.domain.errors import ConfigError
+from kb_reindex.services.object_store import BucketAccess
 from kb_reindex.services.registry import (
     AWS_CONN_ID,
     OLLAMA_CONN_ID,
@@ -188,11 +189,11 @@ def task_deps(kb: str | None = None) -> Iterator[Deps]:
     with open_deps(settings) as deps:
         deps.ollama_headers = headers
         if settings.knowledge_remote:
-            deps.source_fs = object_storage(select_knowledge_base(kb))
+            deps.bucket_access = object_storage(select_knowledge_base(kb))
         yield deps
 
 
-def object_storage(kb: KnowledgeBase) -> tuple[Callable[[str], Any], str]:
+def object_storage(kb: KnowledgeBase) -> BucketAccess:
     """How a task reads a bucket source: the filesystem of Airflow's `ObjectStoragePath` with the knowledge
     base's aws Connection (the Amazon provider's s3fs), made when the plan first lists it; and the words a
     refusal names the credentials by. A Connection the registry entry names must exist; `aws_default` may be
@@ -205,7 +206,7 @@ def object_storage(kb: KnowledgeBase) -> tuple[Callable[[str], Any], str]:
 
         return ObjectStoragePath(uri, conn_id=conn_id).fs
 
-    return filesystem, f"the Airflow Connection {conn_id}"
+    return BucketAccess(filesystem, f"the Airflow Connection {conn_id}")
 
 
 def state_url() -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -57,6 +57,16 @@ class BucketLocation:
     def root(self) -> str:
         """The folder in fsspec's terms: `bucket/prefix`."""
         return f"{self.bucket}/{self.prefix}" if self.prefix else self.bucket
+
+
+@dataclass(frozen=True)
+class BucketAccess:
+    """How a bucket is reached when the caller (an Airflow task) has its own way: the filesystem for a URI
+    (ObjectStoragePath's, credentials from a Connection), made when first needed, and the words a refusal
+    names those credentials by."""
+
+    filesystem: Callable[[str], Any]
+    credentials: str
 
 
 def is_uri(value: str) -> bool:

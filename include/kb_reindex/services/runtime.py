@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from qdrant_client import QdrantClient
 
 from kb_reindex.services.config import Settings
 from kb_reindex.services.embedding import Embedder, make_embedder
-from kb_reindex.services.object_store import CLI_CREDENTIALS, env_filesystem, parse_bucket_uri
+from kb_reindex.services.object_store import CLI_CREDENTIALS, BucketAccess, env_filesystem, parse_bucket_uri
 from kb_reindex.services.sources import KnowledgeSource
 from kb_reindex.services.state.store import StateStore
 from kb_reindex.services.state.versions import VersionRecord
@@ -26,16 +25,16 @@ class Deps:
     state: StateStore
     store: KnowledgeStore
     ollama_headers: dict[str, str] | None = field(default=None, repr=False)
-    #: how a bucket source's filesystem is made: a DAG task's from its Airflow Connection (ObjectStoragePath),
-    #: with the words a refusal names its credentials by; None: s3fs from the AWS environment (the CLI)
-    source_fs: tuple[Callable[[str], Any], str] | None = field(default=None, repr=False)
+    #: how a bucket source is reached: a DAG task's ObjectStoragePath with its Airflow Connection; None: s3fs
+    #: with the AWS environment (the CLI)
+    bucket_access: BucketAccess | None = field(default=None, repr=False)
     _knowledge: KnowledgeSource | None = field(default=None, init=False, repr=False)
 
     @property
     def knowledge(self) -> KnowledgeSource:
         """The knowledge source, opened when first asked for (only the plan reads it)."""
         if self._knowledge is None:
-            self._knowledge = open_source(self.settings, self.source_fs)
+            self._knowledge = open_source(self.settings, self.bucket_access)
         return self._knowledge
 
     def embedder_for(self, version: VersionRecord) -> Embedder:
@@ -84,15 +83,14 @@ def open_deps(
             state.dispose()
 
 
-def open_source(settings: Settings, source_fs: tuple[Callable[[str], Any], str] | None = None) -> KnowledgeSource:
-    """The knowledge source of the settings: a local folder, or a bucket through `source_fs` (an Airflow
-    task's filesystem) or else s3fs with the AWS environment."""
+def open_source(settings: Settings, access: BucketAccess | None = None) -> KnowledgeSource:
+    """The knowledge source of the settings: a local folder, or a bucket through `access` (an Airflow task's
+    ObjectStoragePath) or else s3fs with the AWS environment."""
     if not settings.knowledge_remote:
         return KnowledgeSource.folder(Path(settings.knowledge_source))
     location = parse_bucket_uri(settings.knowledge_source)
-    if source_fs is not None:
-        make, credentials = source_fs
-        return KnowledgeSource.in_bucket(location, make(location.uri), credentials=credentials)
+    if access is not None:
+        return KnowledgeSource.in_bucket(location, access.filesystem(location.uri), credentials=access.credentials)
     return KnowledgeSource.in_bucket(location, env_filesystem(), credentials=CLI_CREDENTIALS)
 
 
