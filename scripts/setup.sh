@@ -8,7 +8,7 @@ if [ ! -x .venv/bin/python ]; then
 fi
 stamp=.venv/.kb-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ constraints.txt -nt "$stamp" ]; then
-  .venv/bin/python -m pip install --quiet --disable-pip-version-check -c constraints.txt -e ".[airflow,dev]"
+  .venv/bin/python -m pip install --quiet --disable-pip-version-check -c constraints.txt -e ".[airflow,dev,s3]"
   touch "$stamp"
 fi
 echo "kb-reindex environment ready: $(pwd)/.venv"

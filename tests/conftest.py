@@ -29,7 +29,8 @@ os.environ["AIRFLOW__CORE__PLUGINS_FOLDER"] = str(REPO / "plugins")
 os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
 os.environ["AIRFLOW__LOGGING__LOGGING_LEVEL"] = "WARNING"
 for name in list(os.environ):
-    if (name.startswith(("KB_", "AIRFLOW_CONN_")) and not name.startswith("KB_TEST_")) or name == "OLLAMA_HOST":
+    # AWS_*: the S3 tests point s3fs at moto's server themselves, never at a developer's own account
+    if (name.startswith(("KB_", "AIRFLOW_CONN_", "AWS_")) and not name.startswith("KB_TEST_")) or name == "OLLAMA_HOST":
         del os.environ[name]
 # the suite embeds with the fast hashing embedder (as do the CLI and Airflow processes it starts, which inherit
 # this); the tests of retrieval quality ask for e5 by name (tests/engine/test_e5.py)
@@ -218,8 +219,7 @@ def drop_postgres_database(base: str, name: str) -> None:
 #: worker takes the next file when it is free (--dist loadfile), so the long ones overlap each other and the short
 #: ones fill the end, instead of a long module starting last and running alone
 SLOW_FIRST = ("test_celery_airflow.py", "test_local_airflow.py", "test_many_bases_airflow.py", "test_freshness_airflow.py",
-              "test_bench_smoke.py",
-              "test_races.py",
+              "test_bench_smoke.py", "test_races.py", "test_s3_airflow.py",
               "test_operations.py", "test_engine.py", "test_dags.py", "test_operators.py", "test_web.py",
               "test_freeze.py", "test_qdrant_server.py")
 

@@ -534,10 +534,11 @@ def test_a_file_changed_after_the_plan_changes_nothing_of_the_build(deps: Deps, 
         raise AssertionError("a step after the plan read the knowledge folder")
 
     with monkeypatch.context() as m:
-        for name in ("read_bytes", "discover", "iter_corpus", "parse_document"):
+        for name in ("read_bytes", "discover", "list_source", "iter_corpus", "parse_document"):
             m.setattr(sources, name, no_reading)
+        m.setattr(sources.KnowledgeSource, "read", no_reading)
         m.setattr("kb_reindex.services.corpus.read_bytes", no_reading)
-        m.setattr("kb_reindex.services.corpus.discover", no_reading)
+        m.setattr("kb_reindex.services.corpus.list_source", no_reading)
         m.setattr("kb_reindex.services.corpus.iter_corpus", no_reading)
         created = create_version(deps, planned, run_id="dag-run")
         assert created.version == planned.version

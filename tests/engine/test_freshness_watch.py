@@ -14,11 +14,17 @@ import pytest
 
 from conftest import settings_for, write_doc
 from kb_reindex.run.follow import differs_from_last_plan, follow, look
+from kb_reindex.services.runtime import open_source
 from kb_reindex.run.pipeline import run_reindex
 from kb_reindex.services.runtime import open_deps
 from kb_reindex.services.state.store import StateStore
 
 DOCS = ("return-policy", "shipping-policy", "coupon-rules")
+
+
+def changed(state: StateStore, settings) -> bool:
+    source = open_source(settings)
+    return differs_from_last_plan(state, settings, source, look(source))
 
 
 class Script:
@@ -58,7 +64,7 @@ def test_follow_builds_a_fresh_install_then_one_run_per_burst_that_sees_every_ed
         assert [o["outcome"] for o in outcomes] == ["promoted", "promoted"]
         assert outcomes[1]["docs"]["changed"] == 3  # one run for the burst, with every edit in it
         assert not script.edits
-        assert not differs_from_last_plan(state, settings, look(settings))
+        assert not changed(state, settings)
     finally:
         state.dispose()
 
@@ -72,19 +78,19 @@ def test_a_held_run_is_not_retried_until_the_source_changes_again(project: Path)
             assert run_reindex(deps).outcome == "promoted"
         for path in extra:  # three documents removed: held for a person
             path.unlink()
-        assert differs_from_last_plan(state, settings, look(settings))
+        assert changed(state, settings)
         with open_deps(settings, state=state) as deps:
             assert run_reindex(deps).outcome == "held"
-        assert not differs_from_last_plan(state, settings, look(settings))  # a restarted watcher fires no run
+        assert not changed(state, settings)  # a restarted watcher fires no run
         write_doc(project, "new-rule", "# 新规则\n\n每周三为会员日。\n")
-        assert differs_from_last_plan(state, settings, look(settings))
+        assert changed(state, settings)
     finally:
         state.dispose()
 
 
 def test_a_missing_folder_is_a_change_the_run_names(project: Path) -> None:
     settings = settings_for(project, KB_KNOWLEDGE_DIR="knowledge/nowhere")
-    listed = look(settings)
+    listed = look(open_source(settings))
     assert len(listed.files) == 1 and "knowledge/nowhere" in listed.files[0].source
 
 

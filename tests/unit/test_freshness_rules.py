@@ -55,12 +55,13 @@ def test_looks_come_faster_while_a_change_waits() -> None:
 
 
 def test_differs_from_recorded_names_added_removed_and_touched_files() -> None:
-    recorded = {"a.md": (11, 2), "b.md": (5, 3)}
+    recorded = {"a.md": (11, 2, None), "b.md": (5, 3, None)}
     assert not differs_from_recorded(C, recorded)
     assert differs_from_recorded(B, recorded)  # b.md removed
     assert differs_from_recorded(listing(("a.md", 11, 2), ("b.md", 5, 4)), recorded)  # b.md touched
     assert differs_from_recorded(listing(("a.md", 11, 2), ("c.md", 5, 3)), recorded)  # renamed
     assert differs_from_recorded(A, {})  # nothing recorded: a fresh install
+    assert differs_from_recorded(listing(("a.md", 11, 2, "e2"), ("b.md", 5, 3)), recorded)  # another ETag
 
 
 def test_the_digest_changes_with_any_field() -> None:

@@ -194,3 +194,25 @@ def test_instruction_lines_without_chunking_match_the_scan(tmp_path: Path, monke
 
     monkeypatch.setattr(corpus, "chunk_document", no_chunking)
     assert corpus.instruction_lines(docs_dir(tmp_path), max_bytes=1 << 20) == scanned
+
+
+def test_a_folder_listing_reads_no_document_and_its_digest_moves_with_an_edit(tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a freshness watcher polls: names, sizes and mtimes (no ETag for a file), never a document's bytes."""
+    from kb_reindex.services.sources import KnowledgeSource, listing
+
+    write_doc(tmp_path, "faq/退货 规则", "# 退货\n\n七天无理由。\n")
+    write_doc(tmp_path, "a", "# A\n\nx\n")
+    (docs_dir(tmp_path) / ".hidden.md").write_text("# H\n\nh\n", encoding="utf-8")
+
+    def no_reading(*args: object) -> bytes:
+        raise AssertionError("the listing read a document")
+
+    monkeypatch.setattr(KnowledgeSource, "read", no_reading)
+    files = listing(docs_dir(tmp_path)).files
+    assert [(f.source, f.etag) for f in files] == [("a.md", None), ("faq/退货 规则.md", None)]
+    assert files[0].size == len(b"# A\n\nx\n") and files[0].mtime_ns > 0
+    digest = listing(docs_dir(tmp_path)).digest
+    path = write_doc(tmp_path, "a", "# A\n\ny\n")  # same size
+    os.utime(path, ns=(files[0].mtime_ns + 10**9, files[0].mtime_ns + 10**9))
+    assert listing(docs_dir(tmp_path)).digest != digest

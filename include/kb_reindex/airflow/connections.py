@@ -3,6 +3,10 @@
 entry may name Connections of its own for its Qdrant and its Ollama; the state DB is shared), so a task builds its stores
 exactly as the CLI does (`runtime.open_deps`, `store.make_client`). Without a Connection, the environment
 decides. Airflow is imported only when a Connection is looked up: the mapping is tested without it.
+
+An `s3://` source is read through Airflow's `ObjectStoragePath` with the knowledge base's `aws_conn_id`
+(default `aws_default`): the Amazon provider's s3fs filesystem is handed down to the steps, which list and read
+it as they do a local folder (`sources.KnowledgeSource`).
 """
 
 from __future__ import annotations
@@ -18,7 +22,14 @@ from sqlalchemy.engine import URL
 from kb_reindex.services.collection_config import CollectionConfig, load_collection_config
 from kb_reindex.services.config import Settings, project_root, split_ollama_hosts, state_url_from_env
 from kb_reindex.domain.errors import ConfigError
-from kb_reindex.services.registry import OLLAMA_CONN_ID, QDRANT_CONN_ID, KnowledgeBase, select_knowledge_base
+from kb_reindex.services.object_store import BucketAccess
+from kb_reindex.services.registry import (
+    AWS_CONN_ID,
+    OLLAMA_CONN_ID,
+    QDRANT_CONN_ID,
+    KnowledgeBase,
+    select_knowledge_base,
+)
 from kb_reindex.services.runtime import Deps, open_deps
 
 STATE_CONN_ID = "kb_state"
@@ -177,7 +188,25 @@ def task_deps(kb: str | None = None) -> Iterator[Deps]:
     settings, headers = task_settings(kb)
     with open_deps(settings) as deps:
         deps.ollama_headers = headers
+        if settings.knowledge_remote:
+            deps.bucket_access = object_storage(select_knowledge_base(kb))
         yield deps
+
+
+def object_storage(kb: KnowledgeBase) -> BucketAccess:
+    """How a task reads a bucket source: the filesystem of Airflow's `ObjectStoragePath` with the knowledge
+    base's aws Connection (the Amazon provider's s3fs), made when the plan first lists it; and the words a
+    refusal names the credentials by. A Connection the registry entry names must exist; `aws_default` may be
+    absent, and the provider then takes boto3's chain (the worker's AWS environment or instance role)."""
+    conn_id = kb.aws_conn_id
+
+    def filesystem(uri: str) -> Any:
+        _entry_connection(kb, conn_id, AWS_CONN_ID)
+        from airflow.sdk import ObjectStoragePath
+
+        return ObjectStoragePath(uri, conn_id=conn_id).fs
+
+    return BucketAccess(filesystem, f"the Airflow Connection {conn_id}")
 
 
 def state_url() -> str:

@@ -71,7 +71,8 @@ def source_asset(kb: KnowledgeBase) -> Asset | None:
         return None
     trigger = SourceChangeTrigger(kb=task_kb(kb), alias=kb.alias, poll_s=settings.source_poll_s,
                                   quiet_s=settings.source_quiet_s)
-    return Asset(name=f"kb_source_{kb.alias}", uri=settings.knowledge_dir.resolve().as_uri(),
+    uri = settings.knowledge_source if settings.knowledge_remote else settings.knowledge_dir.resolve().as_uri()
+    return Asset(name=f"kb_source_{kb.alias}", uri=uri,
                  watchers=[AssetWatcher(name=f"kb_source_watcher_{kb.alias}", trigger=trigger)])
 
 

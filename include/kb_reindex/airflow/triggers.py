@@ -39,21 +39,27 @@ class SourceChangeTrigger(BaseEventTrigger):
         from kb_reindex.domain.errors import KbError
         from kb_reindex.domain.freshness import SourceWatch
         from kb_reindex.run.follow import differs_from_last_plan, look, run_in_progress
+        from kb_reindex.airflow.connections import object_storage
         from kb_reindex.services.registry import select_knowledge_base
+        from kb_reindex.services.runtime import open_source
         from kb_reindex.services.state.store import StateStore
 
-        settings = await asyncio.to_thread(lambda: select_knowledge_base(self.kb).settings())
+        kb = await asyncio.to_thread(select_knowledge_base, self.kb)
+        settings = await asyncio.to_thread(kb.settings)
+        # a bucket through the knowledge base's aws Connection, as its tasks read it (Airflow's ObjectStoragePath)
+        access = object_storage(kb) if settings.knowledge_remote else None
+        source = await asyncio.to_thread(open_source, settings, access)
         state = await asyncio.to_thread(StateStore, await self._state_url(settings.state_url))
         watch = SourceWatch(quiet_s=self.quiet_s)
         try:
-            listing = await asyncio.to_thread(look, settings)
+            listing = await asyncio.to_thread(look, source)
             try:
-                differs = await asyncio.to_thread(differs_from_last_plan, state, settings, listing)
+                differs = await asyncio.to_thread(differs_from_last_plan, state, settings, source, listing)
             except KbError as exc:  # no answer from the state DB: a run finds out and says so
                 self.log.error("kb_reindex: %s: cannot tell what the last plan read (%s): firing once", self.alias, exc)
                 differs = True
             watch.start(listing, differs_from_plan=differs, now=time.monotonic() - self.quiet_s)
-            self.log.info("kb_reindex: watching %s for %s every %gs (quiet %gs); %s", settings.knowledge_dir,
+            self.log.info("kb_reindex: watching %s for %s every %gs (quiet %gs); %s", source.uri,
                           self.alias, self.poll_s, self.quiet_s,
                           "it differs from what the last plan read" if differs else "unchanged since the last plan")
             while True:
@@ -69,7 +75,7 @@ class SourceChangeTrigger(BaseEventTrigger):
                         self.log.info("kb_reindex: %s changed (%d files): asset event", self.alias, files)
                         yield TriggerEvent({"alias": self.alias, "files": files, "listing": watch.seen})
                 await asyncio.sleep(watch.next_look_s(self.poll_s))
-                listing = await asyncio.to_thread(look, settings)
+                listing = await asyncio.to_thread(look, source)
                 if watch.observe(listing, now=time.monotonic()):
                     self.log.info("kb_reindex: %s: the source changed; waiting %gs of quiet", self.alias,
                                   self.quiet_s)

@@ -39,6 +39,16 @@ class KnowledgeFolderMissing(SourceError, ConfigError):
     """KB_KNOWLEDGE_DIR names no folder: a setting to fix (exit 2), found while reading the sources."""
 
 
+class SourceRefused(SourceError, ConfigError):
+    """The object store refused the credentials it was given for the knowledge bucket (a wrong or missing key,
+    no permission to list or read it): a setting to fix (exit 2)."""
+
+
+class SourceUnreachable(KbError):
+    """The object store holding the knowledge (an S3 endpoint) does not answer: unavailable (the CLI's exit 3);
+    in Airflow the plan task retries it."""
+
+
 class SourceChangedError(KbError):
     """A file changed while the plan read it (between its scan and its snapshot): a new run plans again."""
 
@@ -126,7 +136,8 @@ PERMANENT: tuple[type[KbError], ...] = (ValidationFailed, AliasMovedError, State
 UNAVAILABLE_EXIT = 3
 #: exceptions that say a server is unavailable, and the failure kind each is reported as
 UNAVAILABLE: dict[type[KbError], str] = {StoreUnreachable: "store_unreachable", StateUnreachable: "state_unreachable",
-                                         EmbedderUnavailable: "embedder_unreachable"}
+                                         EmbedderUnavailable: "embedder_unreachable",
+                                         SourceUnreachable: "source_unreachable"}
 UNAVAILABLE_KINDS = frozenset(UNAVAILABLE.values())
 
 

@@ -18,11 +18,14 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True, order=True)
 class ListedFile:
-    """One document file as the listing shows it: its path inside the source, size and modification time."""
+    """A document as the listing shows it, before anything is read."""
 
+    #: the name under the folder or prefix, POSIX separators: `faq/退货.md`
     source: str
     size: int
     mtime_ns: int
+    #: the object store's ETag (changes with every write of other content); None for a file
+    etag: str | None = None
 
 
 @dataclass(frozen=True)
@@ -35,7 +38,7 @@ class Listing:
     def digest(self) -> str:
         h = hashlib.sha256()
         for f in self.files:
-            h.update(f"{f.source}\x00{f.size}\x00{f.mtime_ns}\n".encode())
+            h.update(f"{f.source}\x00{f.size}\x00{f.mtime_ns}\x00{f.etag or ''}\n".encode())
         return h.hexdigest()
 
     @property
@@ -82,9 +85,10 @@ class SourceWatch:
         return min(poll_s, max(self.quiet_s, 0.5)) if self.pending else poll_s
 
 
-def differs_from_recorded(listing: Listing, recorded: dict[str, tuple[int, int]]) -> bool:
-    """True when the listing is not the one the last plan read: a file added, removed, or with another size
-    or modification time than its recorded hash was taken at (`recorded`: source -> (size, mtime_ns))."""
+def differs_from_recorded(listing: Listing, recorded: dict[str, tuple[int, int, str | None]]) -> bool:
+    """True when the listing is not the one the last plan read: a file added, removed, or with another size,
+    modification time or ETag than its recorded hash was taken at (`recorded`: source -> (size, mtime_ns,
+    etag))."""
     if len(recorded) != len(listing.files):
         return True
-    return any(recorded.get(f.source) != (f.size, f.mtime_ns) for f in listing.files)
+    return any(recorded.get(f.source) != (f.size, f.mtime_ns, f.etag) for f in listing.files)

@@ -18,26 +18,28 @@ from kb_reindex.domain.freshness import ListedFile, Listing, SourceWatch, differ
 from kb_reindex.rules.locking import reindex_lock_name
 from kb_reindex.services.config import Settings
 from kb_reindex.services.corpus import cache_root
-from kb_reindex.services.sources import list_source
+from kb_reindex.services.runtime import open_source
+from kb_reindex.services.sources import KnowledgeSource, listing
 from kb_reindex.services.state.store import StateStore
 
 log = logging.getLogger(__name__)
 
 
-def look(settings: Settings) -> Listing:
-    """The source's listing. A source that cannot be listed (a missing folder) is a listing of its error, so
-    the change reaches a run, which fails naming it, once, rather than a watcher that goes quiet."""
+def look(source: KnowledgeSource) -> Listing:
+    """The source's listing (a folder's or a bucket's; no document read). A source that cannot be listed (a
+    missing folder, a bucket that refuses or does not answer) is a listing of its error, so the change reaches
+    a run, which fails naming it, once, rather than a watcher that goes quiet."""
     try:
-        return list_source(settings.knowledge_dir)
+        return listing(source)
     except (KbError, OSError) as exc:
-        log.error("kb_reindex: %s: the source cannot be listed: %s", settings.alias, exc)
+        log.error("kb_reindex: %s: the source cannot be listed: %s", source.uri, exc)
         return Listing((ListedFile(f"error: {exc}", -1, 0),))
 
 
-def differs_from_last_plan(state: StateStore, settings: Settings, listing: Listing) -> bool:
-    """True when `listing` is not what the last plan of this source read (or no plan read it yet)."""
-    recorded = state.file_hashes(cache_root(settings.knowledge_dir, settings.default_tenant))
-    return differs_from_recorded(listing, {source: (h.size, h.mtime_ns) for source, h in recorded.items()})
+def differs_from_last_plan(state: StateStore, settings: Settings, source: KnowledgeSource, now: Listing) -> bool:
+    """True when listing `now` is not what the last plan of this source read (or no plan read it yet)."""
+    recorded = state.file_hashes(cache_root(source, settings.default_tenant))
+    return differs_from_recorded(now, {name: (h.size, h.mtime_ns, h.etag) for name, h in recorded.items()})
 
 
 def run_in_progress(state: StateStore, settings: Settings) -> bool:
@@ -56,9 +58,10 @@ def follow(settings: Settings, state: StateStore, run_once: Callable[[], Any], *
         raise ConfigError("run --follow lists the source every KB_SOURCE_POLL_S seconds; it is 0 (watching off): "
                           "set it, e.g. KB_SOURCE_POLL_S=5")
     watch = SourceWatch(quiet_s=quiet_s)
-    first = look(settings)
-    watch.start(first, differs_from_plan=differs_from_last_plan(state, settings, first), now=clock() - quiet_s)
-    log.info("kb_reindex: following %s every %gs (quiet %gs)%s", settings.knowledge_dir, poll_s, quiet_s,
+    source = open_source(settings)  # a bucket through s3fs with the AWS environment, as every CLI command reads it
+    first = look(source)
+    watch.start(first, differs_from_plan=differs_from_last_plan(state, settings, source, first), now=clock() - quiet_s)
+    log.info("kb_reindex: following %s every %gs (quiet %gs)%s", source.uri, poll_s, quiet_s,
              "; it changed since the last plan" if watch.pending else "")
     while max_runs is None or watch.fired_count < max_runs:
         if watch.due(now=clock(), run_active=run_in_progress(state, settings)):
@@ -67,6 +70,6 @@ def follow(settings: Settings, state: StateStore, run_once: Callable[[], Any], *
             # what the run read is the listing to compare with next (edits during it are a change)
             continue
         sleep(watch.next_look_s(poll_s))
-        if watch.observe(look(settings), now=clock()):
-            log.info("kb_reindex: %s changed; waiting until it is quiet for %gs", settings.knowledge_dir, quiet_s)
+        if watch.observe(look(source), now=clock()):
+            log.info("kb_reindex: %s changed; waiting until it is quiet for %gs", source.uri, quiet_s)
     return watch.fired_count

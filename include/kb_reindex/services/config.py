@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kb_reindex.domain.errors import ConfigError
+from kb_reindex.services.object_store import is_uri, parse_bucket_uri
 
 if TYPE_CHECKING:
     from kb_reindex.services.collection_config import CollectionConfig
@@ -61,6 +62,14 @@ def state_url_from_env(env: Mapping[str, str] | None = None) -> str:
 def _resolve(root: Path, value: str) -> Path:
     path = Path(value).expanduser()
     return path if path.is_absolute() else (root / path).resolve()
+
+
+def knowledge_source(root: Path, value: str, *, setting: str = "KB_KNOWLEDGE_DIR") -> str:
+    """A source as the settings keep it: a bucket URI checked and normalised (`s3://bucket/prefix`), or a
+    local path resolved against `root`."""
+    if is_uri(value):
+        return parse_bucket_uri(value, setting=setting).uri
+    return str(_resolve(root, value))
 
 
 def _int(env: Mapping[str, str], name: str, default: int, *, minimum: int) -> int:
@@ -208,7 +217,8 @@ class Settings:
     """Everything a reindex needs to know; secrets are kept out of ``repr``."""
 
     root: Path
-    knowledge_dir: Path
+    #: the knowledge: a local folder's resolved path, or a bucket URI (`s3://bucket/prefix`)
+    knowledge_source: str
     golden_set: Path
     alias: str
     state_url: str = field(repr=False)
@@ -297,7 +307,7 @@ class Settings:
         split_ollama_hosts(ollama_host)  # a mistake in the list fails here, not at the first embedding
         settings = cls(
             root=root,
-            knowledge_dir=_resolve(root, env.get("KB_KNOWLEDGE_DIR", "knowledge/docs")),
+            knowledge_source=knowledge_source(root, env.get("KB_KNOWLEDGE_DIR", "") or "knowledge/docs"),
             golden_set=_resolve(root, env.get("KB_GOLDEN_SET", "knowledge/golden.yaml")),
             alias=alias,
             state_url=state_url,
@@ -350,6 +360,18 @@ class Settings:
                 f"KB_BUILD_PARALLELISM={self.build_parallelism} needs a Qdrant server (KB_QDRANT_URL): local mode "
                 f"(KB_QDRANT_PATH={self.qdrant_path}) admits one client at a time; set KB_BUILD_PARALLELISM=1"
             )
+
+    @property
+    def knowledge_remote(self) -> bool:
+        """The knowledge is in object storage (a bucket URI), not a local folder."""
+        return is_uri(self.knowledge_source)
+
+    @property
+    def knowledge_dir(self) -> Path:
+        """The local knowledge folder; a bucket source has none (`knowledge_source` is its URI)."""
+        if self.knowledge_remote:
+            raise ConfigError(f"KB_KNOWLEDGE_DIR is {self.knowledge_source}, not a local folder")
+        return Path(self.knowledge_source)
 
     @property
     def qdrant_remote(self) -> bool:

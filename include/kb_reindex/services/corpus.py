@@ -7,27 +7,30 @@ document's points (`DocumentTexts`), and checks that the file still has the plan
 
 Only the plan reads the folder: it writes what later steps need (manifest, texts of the chunks to embed,
 flagged lines) into the state DB as its snapshot (`kb_reindex.steps.snapshot`). Between plans the state DB keeps
-each file's (size, mtime_ns) -> content hash (`quick_fingerprint`), so a plan over unchanged files reads none.
+each file's (size, mtime_ns, ETag) -> content hash (`quick_fingerprint`), so a plan over unchanged files reads
+none: a folder is stat-ed, a bucket listed once, and no document fetched.
 """
 
 from __future__ import annotations
 
 import hashlib
-import os
 import time
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
 from typing import NamedTuple
 
 from kb_reindex.services.chunking import Chunk, chunk_document, chunking_version
-from kb_reindex.domain.errors import KbError, SourceChangedError, SourceError
+from kb_reindex.domain.errors import KbError, SourceChangedError, SourceError, SourceRefused
 from kb_reindex.services.sources import (
     DEFAULT_TENANT,
     Document,
+    KnowledgeSource,
+    ListedFile,
+    as_source,
     corpus_fingerprint,
-    discover,
     iter_corpus,
     knowledge_key_for,
+    list_source,
     parse_document,
     read_bytes,
 )
@@ -37,6 +40,7 @@ from kb_reindex.domain.validation_model import FlaggedLine
 
 # A recorded hash is trusted for a file only if its mtime is older than the recording by this margin: a
 # write within the same mtime tick as the recording (coarse filesystems: 1-2 s) may not change the mtime.
+# An object's ETag changes with every write of other content, so one whose ETag is unchanged needs no margin.
 MTIME_MARGIN_NS = 2_000_000_000
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +74,8 @@ class CorpusScan:
     documents: list[ScannedDocument]  # sorted by knowledge_key
     fingerprint: str
     chunking_version: str
+    #: source -> its mtime (ns) as the listing showed it before it was read
+    mtimes: dict[str, int] = field(default_factory=dict)
 
     @property
     def infos(self) -> list[DocumentInfo]:
@@ -95,28 +101,39 @@ def _scan_document(doc: Document, *, chunk_size: int, overlap: int) -> ScannedDo
                            flagged=flag_instructions(doc.body, first_line=doc.body_line))
 
 
-def scan_corpus(docs_dir: Path, *, max_bytes: int, chunk_size: int, overlap: int,
+def scan_corpus(docs: KnowledgeSource | Path, *, max_bytes: int, chunk_size: int, overlap: int,
                 hashes: dict[str, FileHash] | None = None, default_tenant: str = DEFAULT_TENANT) -> CorpusScan:
     """Every document's facts and chunk references, sorted by key; each body is dropped once scanned.
     Errors as `sources.load_corpus` reports them. `hashes` receives what a plan records of every file."""
     started_ns = time.time_ns()
-    stats: dict[str, os.stat_result] | None = {} if hashes is not None else None
+    listed: dict[str, ListedFile] = {}
     scanned = [_scan_document(document, chunk_size=chunk_size, overlap=overlap)
-               for document in iter_corpus(docs_dir, max_bytes=max_bytes, stats=stats, default_tenant=default_tenant)]
+               for document in iter_corpus(docs, max_bytes=max_bytes, listed=listed, default_tenant=default_tenant)]
     scanned.sort(key=lambda d: d.info.knowledge_key)
-    if hashes is not None and stats is not None:
+    if hashes is not None:
         for d in scanned:
-            st = stats[d.info.source]
-            hashes[d.info.source] = FileHash(st.st_size, st.st_mtime_ns, d.info.content_hash, started_ns)
+            f = listed[d.info.source]
+            hashes[d.info.source] = FileHash(f.size, f.mtime_ns, d.info.content_hash, started_ns, f.etag)
     return CorpusScan(documents=scanned, fingerprint=corpus_fingerprint([d.info for d in scanned]),
-                      chunking_version=chunking_version(chunk_size, overlap))
+                      chunking_version=chunking_version(chunk_size, overlap),
+                      mtimes={source: f.mtime_ns for source, f in listed.items()})
 
 
-def cache_root(docs_dir: Path, default_tenant: str = DEFAULT_TENANT) -> str:
-    """The key of a knowledge folder's recorded file hashes: its resolved path (and the default tenant its
-    documents inherit, when not `default`: another default hashes them anew), hashed to a fixed size."""
-    key = str(docs_dir.resolve()) + ("" if default_tenant == DEFAULT_TENANT else f"\x00tenant:{default_tenant}")
+def cache_root(docs: KnowledgeSource | Path, default_tenant: str = DEFAULT_TENANT) -> str:
+    """The key of a knowledge source's recorded file hashes: a folder's resolved path or a bucket's URI (and
+    the default tenant its documents inherit, when not `default`: another default hashes them anew), hashed
+    to a fixed size."""
+    knowledge = as_source(docs)
+    where = str(Path(knowledge.root).resolve()) if knowledge.local else knowledge.uri
+    key = where + ("" if default_tenant == DEFAULT_TENANT else f"\x00tenant:{default_tenant}")
     return hashlib.sha256(key.encode("utf-8")).hexdigest()
+
+
+def trusted(entry: FileHash, file: ListedFile) -> bool:
+    """A recorded hash still holds for a listed document: same size, mtime and ETag, and (a file, whose mtime
+    is all there is) modified well before the recording."""
+    return (entry.size == file.size and entry.mtime_ns == file.mtime_ns and entry.etag == file.etag
+            and (file.etag is not None or file.mtime_ns < entry.recorded_ns - MTIME_MARGIN_NS))
 
 
 class QuickScan(NamedTuple):
@@ -130,44 +147,42 @@ class _KeyHash(NamedTuple):
     content_hash: str
 
 
-def quick_fingerprint(docs_dir: Path, recorded: dict[str, FileHash], *, max_bytes: int,
+def quick_fingerprint(docs: KnowledgeSource | Path, recorded: dict[str, FileHash], *, max_bytes: int,
                       default_tenant: str = DEFAULT_TENANT) -> QuickScan | None:
-    """The corpus fingerprint from the recorded hashes of files whose (size, mtime_ns) did not change since,
-    reading only the others; None when anything is off (a bad or colliding file): the full scan says what."""
+    """The corpus fingerprint from the recorded hashes of documents whose listing (size, mtime, ETag) did not
+    change since, reading only the others; None when anything is off (a bad or colliding file): the full
+    scan says what."""
     started_ns = time.time_ns()
-    paths, problems = discover(docs_dir)
-    if problems or not paths:
+    knowledge = as_source(docs)
+    files, problems = list_source(knowledge)
+    if problems or not files:
         return None
     pairs: list[_KeyHash] = []
     rehashed: dict[str, FileHash] = {}
-    for path in paths:
-        source = path.relative_to(docs_dir).as_posix()
-        try:
-            st = path.stat()
-        except OSError:
-            return None
+    for file in files:
+        source = file.source
         entry = recorded.get(source)
-        if (entry is not None and entry.size == st.st_size and entry.mtime_ns == st.st_mtime_ns
-                and st.st_mtime_ns < entry.recorded_ns - MTIME_MARGIN_NS and st.st_size <= max_bytes):
+        if entry is not None and trusted(entry, file) and file.size <= max_bytes:
             pairs.append(_KeyHash(knowledge_key_for(source), entry.content_hash))
             continue
         try:
-            document = parse_document(path, source, read_bytes(path, source, max_bytes=max_bytes),
+            document = parse_document(PurePosixPath(source), source,
+                                      read_bytes(knowledge, source, max_bytes=max_bytes, size=file.size),
                                       default_tenant=default_tenant)
         except (OSError, SourceError):
             return None
         pairs.append(_KeyHash(document.knowledge_key, document.content_hash))
-        rehashed[source] = FileHash(st.st_size, st.st_mtime_ns, document.content_hash, started_ns)
+        rehashed[source] = FileHash(file.size, file.mtime_ns, document.content_hash, started_ns, file.etag)
     if len({p.knowledge_key.casefold() for p in pairs}) != len(pairs):
         return None
     return QuickScan(fingerprint=corpus_fingerprint(pairs), keys=[p.knowledge_key for p in pairs], rehashed=rehashed)
 
 
-def instruction_lines(docs_dir: Path, *, max_bytes: int) -> list[FlaggedLine]:
+def instruction_lines(docs: KnowledgeSource | Path, *, max_bytes: int) -> list[FlaggedLine]:
     """The instruction-like lines of every document, as `CorpusScan.flagged_lines` lists them, without
     chunking anything: for a step that has no scan of its own (an Airflow validate task, a rollback)."""
     found = [(doc.knowledge_key, doc.source, flag_instructions(doc.body, first_line=doc.body_line))
-             for doc in iter_corpus(docs_dir, max_bytes=max_bytes)]
+             for doc in iter_corpus(docs, max_bytes=max_bytes)]
     found.sort(key=lambda item: item[0])
     return [{"knowledge_key": key, "source": source, "line": number, "text": text}
             for key, source, flagged in found for number, text in flagged]
@@ -181,9 +196,9 @@ class DocumentTexts:
     no longer the scanned one stops the plan: the snapshot would mix two states of the knowledge.
     """
 
-    def __init__(self, docs_dir: Path, infos: dict[str, DocumentInfo], *, max_bytes: int, chunk_size: int,
-                 overlap: int, version_label: str, default_tenant: str = DEFAULT_TENANT) -> None:
-        self.docs_dir, self.infos, self.default_tenant = docs_dir, infos, default_tenant
+    def __init__(self, docs: KnowledgeSource | Path, infos: dict[str, DocumentInfo], *, max_bytes: int,
+                 chunk_size: int, overlap: int, version_label: str, default_tenant: str = DEFAULT_TENANT) -> None:
+        self.knowledge, self.infos, self.default_tenant = as_source(docs), infos, default_tenant
         self.max_bytes, self.chunk_size, self.overlap = max_bytes, chunk_size, overlap
         self.version_label = version_label
         self._key: str | None = None
@@ -200,14 +215,15 @@ class DocumentTexts:
 
     def _load(self, knowledge_key: str) -> None:
         info = self.infos[knowledge_key]
-        path = self.docs_dir / info.source
         changed = SourceChangedError(f"{info.source} changed while {self.version_label} read the files; "
                                      "start a new run (it plans from the files as they are then)")
         try:
-            data = read_bytes(path, info.source, max_bytes=self.max_bytes)
+            data = read_bytes(self.knowledge, info.source, max_bytes=self.max_bytes)
+        except SourceRefused:  # the bucket refused, not the document changed: the one line that says so
+            raise
         except (OSError, SourceError):
             raise changed from None
-        document = parse_document(path, info.source, data, default_tenant=self.default_tenant)
+        document = parse_document(PurePosixPath(info.source), info.source, data, default_tenant=self.default_tenant)
         if document.content_hash != info.content_hash:
             raise changed
         self._key = knowledge_key

@@ -22,7 +22,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from kb_reindex.domain.errors import ConfigError
-from kb_reindex.services.config import ALIAS_PATTERN, EMBEDDERS, Settings, project_root
+from kb_reindex.services.config import ALIAS_PATTERN, EMBEDDERS, Settings, knowledge_source, project_root
 
 REGISTRY_ENV = "KB_REGISTRY"
 #: selects one registry entry, as `kb-reindex --kb` does
@@ -32,6 +32,8 @@ DEFAULT_SCHEDULE = "@daily"
 POOL = "kb_qdrant_writes"
 QDRANT_CONN_ID = "qdrant_default"
 OLLAMA_CONN_ID = "ollama_default"
+#: the Airflow Connection whose credentials read an s3:// source in the DAG tasks
+AWS_CONN_ID = "aws_default"
 
 
 class RegistryEntry(BaseModel):
@@ -39,6 +41,7 @@ class RegistryEntry(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    #: a folder (relative to the registry file) or a bucket URI, `s3://bucket/prefix`
     source: str = Field(min_length=1)
     golden_set: str | None = None
     #: cron or preset; `null` for triggered runs only; unset: KB_REINDEX_SCHEDULE (default @daily)
@@ -58,6 +61,8 @@ class RegistryEntry(BaseModel):
     #: the freshness watcher: seconds between listings of `source` (0: not watched), and of quiet before a run
     source_poll_s: float | None = Field(default=None, ge=0, le=3600)
     source_quiet_s: float | None = Field(default=None, ge=0, le=3600)
+    #: the Airflow Connection (type aws) a DAG task reads an s3:// source with; default aws_default
+    aws_conn_id: str | None = Field(default=None, min_length=1)
 
 
 #: the environment variable each registry key overrides (what `Settings.from_env` reads)
@@ -78,6 +83,7 @@ class KnowledgeBase:
     schedule: str | None
     qdrant_conn_id: str = QDRANT_CONN_ID
     ollama_conn_id: str = OLLAMA_CONN_ID
+    aws_conn_id: str = AWS_CONN_ID
     #: the KB_* settings the entry sets, as `Settings.from_env` reads them
     env: Mapping[str, str] = field(default_factory=dict)
 
@@ -241,7 +247,12 @@ def _entry(path: Path, alias: str, raw: Any, env: Mapping[str, str]) -> Knowledg
         value = getattr(entry, key)
         if value is None:
             continue
-        if key in ("source", "golden_set"):
+        if key == "source":
+            try:
+                value = knowledge_source(folder, str(value), setting="source")
+            except ConfigError as exc:
+                raise ConfigError(f"{where}: {exc}") from None
+        elif key == "golden_set":
             value = str(_resolve(folder, str(value)))
         values[name] = str(value)
     golden = Path(values.get("KB_GOLDEN_SET") or _resolve(project_root(env), env.get("KB_GOLDEN_SET", "")
@@ -254,7 +265,8 @@ def _entry(path: Path, alias: str, raw: Any, env: Mapping[str, str]) -> Knowledg
         (env.get("KB_REINDEX_SCHEDULE", DEFAULT_SCHEDULE).strip() or None)
     kb = KnowledgeBase(alias=alias, registry=path, schedule=(schedule or "").strip() or None,
                        qdrant_conn_id=entry.qdrant_conn_id or QDRANT_CONN_ID,
-                       ollama_conn_id=entry.ollama_conn_id or OLLAMA_CONN_ID, env=values)
+                       ollama_conn_id=entry.ollama_conn_id or OLLAMA_CONN_ID,
+                       aws_conn_id=entry.aws_conn_id or AWS_CONN_ID, env=values)
     kb.settings(env)  # every value checked now, as a run would check it
     return kb
 

@@ -6,11 +6,14 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from qdrant_client import QdrantClient
 
 from kb_reindex.services.config import Settings
 from kb_reindex.services.embedding import Embedder, make_embedder
+from kb_reindex.services.object_store import CLI_CREDENTIALS, BucketAccess, env_filesystem, parse_bucket_uri
+from kb_reindex.services.sources import KnowledgeSource
 from kb_reindex.services.state.store import StateStore
 from kb_reindex.services.state.versions import VersionRecord
 from kb_reindex.services.store import KnowledgeStore, open_store
@@ -22,6 +25,17 @@ class Deps:
     state: StateStore
     store: KnowledgeStore
     ollama_headers: dict[str, str] | None = field(default=None, repr=False)
+    #: how a bucket source is reached: a DAG task's ObjectStoragePath with its Airflow Connection; None: s3fs
+    #: with the AWS environment (the CLI)
+    bucket_access: BucketAccess | None = field(default=None, repr=False)
+    _knowledge: KnowledgeSource | None = field(default=None, init=False, repr=False)
+
+    @property
+    def knowledge(self) -> KnowledgeSource:
+        """The knowledge source, opened when first asked for (only the plan reads it)."""
+        if self._knowledge is None:
+            self._knowledge = open_source(self.settings, self.bucket_access)
+        return self._knowledge
 
     def embedder_for(self, version: VersionRecord) -> Embedder:
         """The model a version was built with, reached through this deployment's connection settings."""
@@ -67,6 +81,17 @@ def open_deps(
     finally:
         if own_state:
             state.dispose()
+
+
+def open_source(settings: Settings, access: BucketAccess | None = None) -> KnowledgeSource:
+    """The knowledge source of the settings: a local folder, or a bucket through `access` (an Airflow task's
+    ObjectStoragePath) or else s3fs with the AWS environment."""
+    if not settings.knowledge_remote:
+        return KnowledgeSource.folder(Path(settings.knowledge_source))
+    location = parse_bucket_uri(settings.knowledge_source)
+    if access is not None:
+        return KnowledgeSource.in_bucket(location, access.filesystem(location.uri), credentials=access.credentials)
+    return KnowledgeSource.in_bucket(location, env_filesystem(), credentials=CLI_CREDENTIALS)
 
 
 def new_run_id(kind: str) -> str:

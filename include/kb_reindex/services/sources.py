@@ -1,4 +1,10 @@
-"""Reading the knowledge folder: Markdown files become `Document`s with a stable key and a SHA-256.
+"""Reading the knowledge: Markdown files in a folder, or objects under a bucket's prefix, become `Document`s
+with a stable key and a SHA-256.
+
+One code path for both: a `KnowledgeSource` is an fsspec filesystem and a folder in it (fsspec's
+`LocalFileSystem` for a local folder, s3fs for `s3://bucket/prefix`); `listing` says what is there without
+reading a byte (name, size, mtime, ETag), `read_bytes` reads one document. Only a local folder's listing
+differs, because links exist only there (`discover`: followed inside the folder, refused by name otherwise).
 
 A bad file stops the run with an error naming it (the safe default): serving yesterday's complete
 knowledge is better than serving today's with a policy silently missing.
@@ -9,15 +15,17 @@ from __future__ import annotations
 import hashlib
 import os
 import unicodedata
-from dataclasses import dataclass
 from collections.abc import Iterable, Iterator
-from pathlib import Path
-from typing import Protocol
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path, PurePath, PurePosixPath
+from typing import Any, Protocol
 
 import yaml
 
-from kb_reindex.domain.errors import KnowledgeFolderMissing, SourceError
+from kb_reindex.domain.errors import KnowledgeFolderMissing, SourceError, SourceRefused
 from kb_reindex.domain.freshness import ListedFile, Listing
+from kb_reindex.services.object_store import BucketLocation, bucket_failure, endpoint_of
 
 FRONT_MATTER_FIELDS = ("title", "category", "tenant")
 _YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when present: same rules, much faster
@@ -99,20 +107,77 @@ def _first_h1(body: str) -> str | None:
     return None
 
 
-def read_bytes(path: Path, source: str, *, max_bytes: int) -> bytes:
-    size = path.stat().st_size
-    if size > max_bytes:
-        raise SourceError(
-            f"{source}: file is {size:,} bytes, over the limit of {max_bytes:,} (KB_MAX_DOC_BYTES); "
-            "split it into several documents"
-        )
-    return path.read_bytes()
+@dataclass(frozen=True)
+class KnowledgeSource:
+    """Where a knowledge base's documents are: a folder of an fsspec filesystem."""
+
+    #: as configured and shown: the folder's path, or `s3://bucket/prefix`
+    uri: str
+    #: the folder in the filesystem's own terms: `/srv/docs`, `bucket/prefix`
+    root: str
+    fs: Any = field(compare=False, repr=False)
+    #: the bucket, for a source in object storage; None: a local folder
+    bucket: BucketLocation | None = None
+    #: where its credentials come from, as a refusal names them
+    credentials: str = ""
+
+    @classmethod
+    def folder(cls, path: Path) -> KnowledgeSource:
+        from fsspec.implementations.local import LocalFileSystem
+
+        return cls(uri=str(path), root=str(path), fs=LocalFileSystem())
+
+    @classmethod
+    def in_bucket(cls, location: BucketLocation, fs: Any, *, credentials: str) -> KnowledgeSource:
+        return cls(uri=location.uri, root=location.root, fs=fs, bucket=location, credentials=credentials)
+
+    @property
+    def local(self) -> bool:
+        return self.bucket is None
+
+    @property
+    def described(self) -> str:
+        return f"knowledge folder {self.uri}" if self.local else f"knowledge source {self.uri}"
+
+    def path_of(self, source: str) -> str:
+        return f"{self.root.rstrip('/')}/{source}"
+
+    def read(self, source: str) -> bytes:
+        """One document's bytes: an object store's failure as the one line `bucket_failure` says."""
+        try:
+            return bytes(self.fs.cat_file(self.path_of(source)))
+        except Exception as exc:
+            if self.bucket is not None and (failure := bucket_failure(
+                    exc, location=self.bucket, fs=self.fs, credentials=self.credentials)) is not None:
+                raise failure from None
+            raise
+
+
+def as_source(docs: KnowledgeSource | Path) -> KnowledgeSource:
+    return docs if isinstance(docs, KnowledgeSource) else KnowledgeSource.folder(docs)
+
+
+def _over_limit(source: str, size: int, max_bytes: int) -> SourceError:
+    return SourceError(f"{source}: file is {size:,} bytes, over the limit of {max_bytes:,} (KB_MAX_DOC_BYTES); "
+                       "split it into several documents")
+
+
+def read_bytes(knowledge: KnowledgeSource, source: str, *, max_bytes: int, size: int | None = None) -> bytes:
+    """A document's bytes; one over `max_bytes` (by its listed `size`, before anything is fetched, and by
+    what arrived) is refused by name."""
+    if size is not None and size > max_bytes:
+        raise _over_limit(source, size, max_bytes)
+    data = knowledge.read(source)
+    if len(data) > max_bytes:
+        raise _over_limit(source, len(data), max_bytes)
+    return data
 
 
 def read_document(path: Path, docs_dir: Path, *, max_bytes: int, default_tenant: str = DEFAULT_TENANT) -> Document:
     """One file to one Document, or a SourceError that says what is wrong with it."""
     source = path.relative_to(docs_dir).as_posix()
-    return parse_document(path, source, read_bytes(path, source, max_bytes=max_bytes), default_tenant=default_tenant)
+    data = read_bytes(KnowledgeSource.folder(docs_dir), source, max_bytes=max_bytes, size=path.stat().st_size)
+    return parse_document(path, source, data, default_tenant=default_tenant)
 
 
 def document_hash(text: str, *, inherited_tenant: str | None) -> str:
@@ -123,7 +188,7 @@ def document_hash(text: str, *, inherited_tenant: str | None) -> str:
     return sha256_text(f"{text}\n\x00tenant:{inherited_tenant}")
 
 
-def parse_document(path: Path, source: str, data: bytes, *, default_tenant: str = DEFAULT_TENANT) -> Document:
+def parse_document(path: PurePath, source: str, data: bytes, *, default_tenant: str = DEFAULT_TENANT) -> Document:
     if b"\x00" in data:
         raise SourceError(f"{source}: contains NUL bytes; this looks like a binary file, not Markdown")
     try:
@@ -206,22 +271,6 @@ def discover(docs_dir: Path) -> tuple[list[Path], list[str]]:
     return sorted(found), problems
 
 
-def list_source(docs_dir: Path) -> Listing:
-    """The source's listing for a watcher: each Markdown file's path, size and modification time, from the same
-    walk as a plan's (`discover`), reading no file. A link the walk refuses is in the listing as a file of size
-    -1, so the change still reaches a plan, which names it."""
-    paths, problems = discover(docs_dir)
-    files = []
-    for path in paths:
-        try:
-            st = path.stat()
-        except OSError:  # vanished since the walk: the next look sees it gone
-            continue
-        files.append(ListedFile(path.relative_to(docs_dir).as_posix(), st.st_size, st.st_mtime_ns))
-    files.extend(ListedFile(problem, -1, 0) for problem in problems)
-    return Listing(tuple(sorted(files)))
-
-
 def link_loop(path: Path, *, limit: int = 40) -> str | None:
     """`loop-a.md -> loop-b.md -> loop-a.md` when following the link comes back to a link already met (or
     goes on past `limit` links), else None. Names as the links hold them."""
@@ -245,26 +294,85 @@ def link_loop(path: Path, *, limit: int = 40) -> str | None:
     return " -> ".join(chain[:5]) + f" -> ... (over {limit} links)"
 
 
-def iter_corpus(docs_dir: Path, *, max_bytes: int = 2_000_000, stats: dict[str, os.stat_result] | None = None,
+def list_source(knowledge: KnowledgeSource) -> tuple[list[ListedFile], list[str]]:
+    """The documents of a source, sorted by name, with a problem line for each that cannot be listed (a
+    refused link). A folder: `discover`, then each file's stat (links followed). A bucket: one listing of
+    the prefix (keys, sizes, ETags, last-modified), no object read; keys under a `.name` are skipped as
+    hidden files are. A missing bucket, refused credentials or an endpoint that does not answer: one line."""
+    if knowledge.local:
+        paths, problems = discover(Path(knowledge.root))
+        files = []
+        for path in paths:
+            source = path.relative_to(knowledge.root).as_posix()
+            try:
+                st = path.stat()
+            except OSError as exc:  # vanished between listing and stat
+                problems.append(f"{source}: cannot be read ({exc.strerror or type(exc).__name__})")
+                continue
+            files.append(ListedFile(source, st.st_size, st.st_mtime_ns))
+        return files, problems
+    return _list_bucket(knowledge), []
+
+
+def _list_bucket(knowledge: KnowledgeSource) -> list[ListedFile]:
+    assert knowledge.bucket is not None
+    fs = knowledge.fs
+    try:
+        fs.invalidate_cache(knowledge.root)  # a filesystem kept from an earlier listing must not answer from it
+        found = fs.find(knowledge.root, detail=True)
+    except Exception as exc:
+        failure = bucket_failure(exc, location=knowledge.bucket, fs=fs, credentials=knowledge.credentials)
+        if failure is not None:
+            raise failure from None
+        raise
+    prefix = knowledge.root.rstrip("/") + "/"
+    files = []
+    for path, info in found.items():
+        name = path[len(prefix):] if path.startswith(prefix) else ""
+        if (info.get("type") != "file" or not name or any(part.startswith(".") for part in name.split("/"))
+                or PurePosixPath(name).suffix.lower() != ".md"):
+            continue
+        modified = info.get("LastModified") or info.get("mtime")
+        mtime_ns = (int(modified.timestamp()) * 1_000_000_000 + modified.microsecond * 1000
+                    if isinstance(modified, datetime) else 0)
+        etag = str(info.get("ETag") or "").strip('"') or None
+        files.append(ListedFile(name, int(info.get("size") or 0), mtime_ns, etag))
+    return sorted(files, key=lambda f: f.source)
+
+
+def listing(knowledge: KnowledgeSource | Path) -> Listing:
+    """What the source holds now, without reading a document: each one's name, size, mtime and (in object
+    storage) ETag, sorted by name, for a freshness watcher (`Listing.digest` moves with any write). A local
+    folder's refused links are entries of size -1, so the change still reaches a plan, which names them."""
+    files, problems = list_source(as_source(knowledge))
+    return Listing(tuple(sorted([*files, *(ListedFile(problem, -1, 0) for problem in problems)])))
+
+
+def iter_corpus(docs: KnowledgeSource | Path, *, max_bytes: int = 2_000_000,
+                listed: dict[str, ListedFile] | None = None,
                 default_tenant: str = DEFAULT_TENANT) -> Iterator[Document]:
-    """Every document, one at a time in folder order, so a caller keeps only what it needs of each.
-    Errors from all files are reported together, once every file was read. `stats` collects each file's
-    stat taken before it is read (a later edit then shows as a newer mtime than the one recorded)."""
-    paths, errors = discover(docs_dir)
+    """Every document, one at a time in name order, so a caller keeps only what it needs of each.
+    Errors from all files are reported together, once every file was read (a bucket that refuses or does not
+    answer stops at once: no other document can be read either). `listed` collects each document's listing
+    entry, taken before it is read (a later edit then shows as a newer mtime or another ETag)."""
+    knowledge = as_source(docs)
+    files, errors = list_source(knowledge)
     by_key: dict[str, list[str]] = {}
     count = 0
-    for path in paths:
-        source = path.relative_to(docs_dir).as_posix()
+    for file in files:
         try:
-            if stats is not None:
-                stats[source] = path.stat()
-            document = read_document(path, docs_dir, max_bytes=max_bytes, default_tenant=default_tenant)
+            data = read_bytes(knowledge, file.source, max_bytes=max_bytes, size=file.size)
+            document = parse_document(PurePosixPath(file.source), file.source, data, default_tenant=default_tenant)
+        except SourceRefused:
+            raise
         except SourceError as exc:
             errors.append(str(exc))
             continue
         except OSError as exc:  # vanished or unreadable between listing and reading
-            errors.append(f"{source}: cannot be read ({exc.strerror or type(exc).__name__})")
+            errors.append(f"{file.source}: cannot be read ({exc.strerror or type(exc).__name__})")
             continue
+        if listed is not None:
+            listed[file.source] = file
         by_key.setdefault(document.knowledge_key.casefold(), []).append(document.source)
         count += 1
         yield document
@@ -274,7 +382,11 @@ def iter_corpus(docs_dir: Path, *, max_bytes: int = 2_000_000, stats: dict[str, 
     if errors:
         raise SourceError(f"{len(errors)} knowledge document(s) cannot be indexed:\n  " + "\n  ".join(errors))
     if not count:
-        raise SourceError(f"knowledge folder {docs_dir} holds no .md documents")
+        if knowledge.local:
+            raise SourceError(f"knowledge folder {knowledge.uri} holds no .md documents")
+        raise SourceError(f"knowledge source {knowledge.uri} holds no .md documents at {endpoint_of(knowledge.fs)}: "
+                          "refused, as an empty folder is (most often a wrong prefix, not a wish to delete "
+                          "everything)")
 
 
 def spelled_apart(names: list[str]) -> list[str]:
@@ -291,9 +403,9 @@ def unicode_form(name: str) -> str:
     return "NFD, decomposed" if unicodedata.is_normalized("NFD", name) else "mixed Unicode forms"
 
 
-def load_corpus(docs_dir: Path, *, max_bytes: int = 2_000_000) -> list[Document]:
+def load_corpus(docs: KnowledgeSource | Path, *, max_bytes: int = 2_000_000) -> list[Document]:
     """Every document, sorted by key. Errors from all files are reported together."""
-    return sorted(iter_corpus(docs_dir, max_bytes=max_bytes), key=lambda d: d.knowledge_key)
+    return sorted(iter_corpus(docs, max_bytes=max_bytes), key=lambda d: d.knowledge_key)
 
 
 def corpus_fingerprint(documents: Iterable[HasContentHash]) -> str:

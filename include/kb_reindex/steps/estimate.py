@@ -83,7 +83,7 @@ def estimate_migration(deps: Deps, *, embedder: str, model: str, dim: int | None
     plan = prepared.plan
     texts = tokens = chars = 0
     probe: list[str] = []
-    for document in iter_corpus(settings.knowledge_dir, max_bytes=settings.max_doc_bytes,
+    for document in iter_corpus(deps.knowledge, max_bytes=settings.max_doc_bytes,
                                 default_tenant=settings.default_tenant):
         for chunk in chunk_document(document, chunk_size=settings.chunk_size, overlap=settings.chunk_overlap):
             texts += 1

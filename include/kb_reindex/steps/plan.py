@@ -159,8 +159,8 @@ def _unchanged_from_hashes(deps: Deps, live: VersionRecord, recipe: Recipe, *, n
     """The no-change plan when the recorded file hashes (reading only files touched since) give live's
     fingerprint; None: the corpus is scanned."""
     settings = deps.settings
-    root = cache_root(settings.knowledge_dir, settings.default_tenant)
-    quick = quick_fingerprint(settings.knowledge_dir, deps.state.file_hashes(root), max_bytes=settings.max_doc_bytes,
+    root = cache_root(deps.knowledge, settings.default_tenant)
+    quick = quick_fingerprint(deps.knowledge, deps.state.file_hashes(root), max_bytes=settings.max_doc_bytes,
                               default_tenant=settings.default_tenant)
     if quick is None or quick.fingerprint != live.corpus_fingerprint:
         return None
@@ -178,10 +178,10 @@ def _scan(deps: Deps, *, record: bool) -> CorpusScan:
     golden set and its replay gate checked against them."""
     settings = deps.settings
     recorded: dict[str, Any] | None = {} if record else None
-    scan = scan_corpus(settings.knowledge_dir, max_bytes=settings.max_doc_bytes, chunk_size=settings.chunk_size,
+    scan = scan_corpus(deps.knowledge, max_bytes=settings.max_doc_bytes, chunk_size=settings.chunk_size,
                        overlap=settings.chunk_overlap, hashes=recorded, default_tenant=settings.default_tenant)
     if recorded:
-        deps.state.record_file_hashes(cache_root(settings.knowledge_dir, settings.default_tenant), recorded,
+        deps.state.record_file_hashes(cache_root(deps.knowledge, settings.default_tenant), recorded,
                                       replace_all=True)
     # only the plan checks the golden set against today's files: a rollback to an older version must
     # not be blocked by probes that name documents added since
@@ -262,8 +262,9 @@ def _plan_scan(deps: Deps, scan: CorpusScan, live: VersionRecord | None, recipe:
     # no change: the same files cut the same way, so every chunk is one of live's
     reused = len(chunks) if no_change else sum(1 for c in chunks if c.chunk_hash in reuse)
     touched_keys = set(diff.added) | set(diff.changed)
-    touched = [settings.knowledge_dir / d.source for d in documents if d.knowledge_key in touched_keys]
-    changed_at = max((p.stat().st_mtime for p in touched if p.exists()), default=None)
+    # when the newest of them was written, as the listing said (no document is looked at again)
+    changed_at = max((scan.mtimes[d.source] / 1e9 for d in documents
+                      if d.knowledge_key in touched_keys and d.source in scan.mtimes), default=None)
 
     target = recipe.target
     plan = Plan(

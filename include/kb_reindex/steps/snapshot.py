@@ -94,7 +94,7 @@ def _store_texts(deps: Deps, prepared: Prepared, *, label: str) -> int:
     wanted = {c.chunk_hash for d in scan.documents for c in d.chunks if c.chunk_hash not in reuse}
     missing = deps.state.missing_texts(wanted)
     if missing:
-        texts = DocumentTexts(settings.knowledge_dir, {d.info.knowledge_key: d.info for d in scan.documents},
+        texts = DocumentTexts(deps.knowledge, {d.info.knowledge_key: d.info for d in scan.documents},
                               max_bytes=settings.max_doc_bytes, chunk_size=settings.chunk_size,
                               overlap=settings.chunk_overlap, version_label=label,
                               default_tenant=settings.default_tenant)

@@ -75,6 +75,8 @@ class FileHash(NamedTuple):
     mtime_ns: int
     content_hash: str
     recorded_ns: int
+    #: an object's ETag as listed (object storage); None for a file
+    etag: str | None = None
 
 
 class ManifestsMixin:
@@ -255,7 +257,8 @@ class ManifestsMixin:
         try:
             with self.engine.connect() as conn:
                 rows = conn.execute(sa.select(file_hashes.c.source, file_hashes.c.size, file_hashes.c.mtime_ns,
-                                              file_hashes.c.content_hash, file_hashes.c.recorded_ns)
+                                              file_hashes.c.content_hash, file_hashes.c.recorded_ns,
+                                              file_hashes.c.etag)
                                     .where(file_hashes.c.root == root))
                 return {source: FileHash(*rest) for source, *rest in rows}
         except (sa.exc.OperationalError, sa.exc.ProgrammingError) as exc:
@@ -267,7 +270,8 @@ class ManifestsMixin:
         """Record files as hashed by a plan: all of them (`replace_all`, after reading every file) or only
         these (after hashing a few again)."""
         rows = [{"root": root, "source": source, "size": e.size, "mtime_ns": e.mtime_ns,
-                 "content_hash": e.content_hash, "recorded_ns": e.recorded_ns} for source, e in entries.items()]
+                 "content_hash": e.content_hash, "recorded_ns": e.recorded_ns, "etag": e.etag}
+                for source, e in entries.items()]
         with self.engine.begin() as conn:
             if replace_all:
                 conn.execute(file_hashes.delete().where(file_hashes.c.root == root))

@@ -133,12 +133,13 @@ chunk_texts = sa.Table(
 file_hashes = sa.Table(
     "kb_file_hashes",
     metadata,
-    sa.Column("root", sa.String(64), primary_key=True),  # SHA-256 of the knowledge folder's resolved path
+    sa.Column("root", sa.String(64), primary_key=True),  # SHA-256 of the folder's resolved path or the bucket URI
     sa.Column("source", sa.String(512), primary_key=True),
     sa.Column("size", sa.BigInteger, nullable=False),
     sa.Column("mtime_ns", sa.BigInteger, nullable=False),
     sa.Column("content_hash", sa.String(64), nullable=False),
     sa.Column("recorded_ns", sa.BigInteger, nullable=False),
+    sa.Column("etag", sa.String(128), nullable=True),  # an object's ETag as listed; NULL for a file
     **MYSQL_TABLE,
 )
 
@@ -303,7 +304,7 @@ def _schema_guard(engine: sa.Engine) -> Iterator[None]:
 #: columns added after their table first shipped: a state DB made by an older kb-reindex gains them at open
 #: (nullable or with a default, so its rows stay valid), with the indexes that use them
 ADDED_COLUMNS = ((versions, "payload_layout"), (versions, "embed_profile"), (manifest_chunks, "position"),
-                 (versions, "qdrant_snapshot"), (versions, "qdrant_snapshot_at"))
+                 (versions, "qdrant_snapshot"), (versions, "qdrant_snapshot_at"), (file_hashes, "etag"))
 
 
 def _upgrade_schema(engine: sa.Engine, *, tables: tuple[sa.Table, ...] | None = None) -> None:
