@@ -178,9 +178,9 @@ def rollback_warnings(live: VersionRecord, target: VersionRecord) -> tuple[Conte
     if not same_model:
         found.append(ContentWarning(
             kind=MODEL_DIFFERS, knowledge_key="", line=0,
-            text=f"v{target.version} embeds with {target.embedder} {target.embed_model} {target.embed_dim}-d, live "
-                 f"v{live.version} with {live.embedder} {live.embed_model} {live.embed_dim}-d: after the rollback "
-                 "readers embed their queries with the older model"))
+            text=f"v{target.version} embeds with {target.embed_model} {target.embed_dim}-d ({target.embedder}), live "
+                 f"v{live.version} with {live.embed_model} {live.embed_dim}-d ({live.embedder}): after the rollback "
+                 f"readers embed their queries with v{target.version}'s model"))
     if target.payload_layout != live.payload_layout:
         found.append(ContentWarning(
             kind=LAYOUT_DIFFERS, knowledge_key="", line=0,

@@ -120,7 +120,7 @@ async def airflow_json(airflow: AirflowApi, dags: DagIds, request: Request) -> A
     errors = [f for f in flags.values() if isinstance(f, str)] + [r for r in found if isinstance(r, str)]
     return AirflowAnswer(reindex_paused=reindex, runs=tuple(runs), errors=tuple(errors),
                          paused={d: f for d, f in flags.items() if isinstance(f, bool)},
-                         schedule=Schedule.of(reindex_dag))
+                         schedule=Schedule.of(reindex_dag) if "timetable_summary" in reindex_dag else None)
 
 
 def add_views(app: FastAPI, ctx: PageContext) -> None:
