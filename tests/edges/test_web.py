@@ -1019,3 +1019,14 @@ def test_the_last_promotion_metrics_count_a_shadow_promoted_later(
     # a migration changed no source: no source-to-searchable time, where the reindex before it had one
     assert after["last_source_to_searchable_s"] is None and before["last_source_to_searchable_s"] > 0
     assert status["history"][-1]["by"] == "kb-user" and status["history"][-1]["action"] == "migrate"
+
+
+def test_the_dag_tasks_pass_on_who_triggered_their_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the rollback and shadow-promotion tasks record as the user: Airflow's `triggering_user_name` of
+    the task's DAG run (the page triggers as the signed-in user); a scheduled run has none."""
+    from kb_reindex.airflow import constants
+
+    for recorded, expected in (("kb-user", "kb-user"), (None, None), ("", None)):
+        monkeypatch.setattr(constants, "get_current_context",
+                            lambda r=recorded: {"dag_run": SimpleNamespace(triggering_user_name=r)})
+        assert constants.triggering_user() == expected
