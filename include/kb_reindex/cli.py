@@ -338,7 +338,7 @@ def _cmd_query(args: argparse.Namespace, settings: Settings) -> int:
 def _cmd_history(args: argparse.Namespace, deps: Any) -> int:
     events = [e.to_dict() for e in history(deps)]
     _print(args, {"alias": deps.settings.alias, "events": events},
-           _table(events, ["at", "action", "from_version", "to_version", "run_id", "reason"]))
+           _table(events, ["at", "action", "from_version", "to_version", "by", "run_id", "reason"]))
     return 0
 
 
