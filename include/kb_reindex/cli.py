@@ -343,7 +343,7 @@ def _cmd_query(args: argparse.Namespace, settings: Settings) -> int:
 def _cmd_history(args: argparse.Namespace, deps: Any) -> int:
     events = [e.to_dict() for e in history(deps)]
     _print(args, {"alias": deps.settings.alias, "events": events},
-           _table(events, ["at", "action", "from_version", "to_version", "run_id", "reason"]))
+           _table(events, ["at", "action", "from_version", "to_version", "by", "run_id", "reason"]))
     return 0
 
 
@@ -565,8 +565,10 @@ def _cmd_promote(args: argparse.Namespace, deps: Any) -> int:
     from kb_reindex.services.runtime import new_run_id
 
     _existing_version(deps, args.version, "--version")
+    from kb_reindex.rules.freeze import operator
+
     result = promote_shadow(deps, args.version, expected_live=args.live_version, run_id=new_run_id("promote"),
-                            **({"reason": args.reason} if args.reason else {}))
+                            by=operator(), **({"reason": args.reason} if args.reason else {}))
     _print(args, result.to_dict(), f"promoted v{result.version} ({result.collection}, {result.embed_model} "
                                    f"{result.dim}-d); v{result.previous_version or '-'} kept for rollback")
     return 0
@@ -738,8 +740,9 @@ def _existing_version(deps: Any, number: int, flag: str) -> None:
 
 
 def _rollback(args: argparse.Namespace, deps: Any) -> int:
-    from kb_reindex.run.runs import run_rollback
     from kb_reindex.rules.alias import rollback_target
+    from kb_reindex.rules.freeze import operator
+    from kb_reindex.run.runs import rollback_warnings, run_rollback, warning_line
 
     alias = deps.settings.alias
     # what on-call confirms: this live version, this target; the rollback moves nothing if another serves by then
@@ -759,6 +762,9 @@ def _rollback(args: argparse.Namespace, deps: Any) -> int:
         ask = sys.stderr if args.json else sys.stdout
         print(f"alias {deps.settings.alias}: v{live.version if live else '-'} -> "
               f"v{target.version if target else '?'} ({target.collection if target else 'no target'})", file=ask)
+        brought = rollback_warnings(live, target) if live and target else ()
+        for w in brought:  # what it brings back that live does not serve: read before confirming
+            print(f"  WARNING: it brings back {warning_line(w)}", file=ask)
         print("Switch the alias? Type 'yes': ", end="", file=ask, flush=True)
         if sys.stdin.readline().strip().lower() != "yes":
             # declining is an answer, not a failure
@@ -766,7 +772,8 @@ def _rollback(args: argparse.Namespace, deps: Any) -> int:
             return 0
     held = _rollback_freeze(args, deps)
     result = run_rollback(deps, reason=args.reason, to_version=target.version if target else None,
-                                 revalidate=not args.no_revalidate, expected_live=live.version if live else None)
+                          revalidate=not args.no_revalidate, expected_live=live.version if live else None,
+                          by=operator())
     _print(args, {**result.to_dict(), "freeze": held.to_dict() if held else None},
            f"rolled back: v{result.from_version} -> v{result.to_version} ({result.collection})"
            + (f"\n{held.message}; lift it with `kb-reindex unfreeze`" if held else

@@ -399,3 +399,45 @@ def test_an_unreachable_server_exits_3_with_one_line_naming_it(cli_env: Path) ->
         errors = [line for line in done.stderr.splitlines() + done.stdout.splitlines()
                   if line.startswith(("kb-reindex: error:", "error:"))]
         assert len(errors) == 1 and named in errors[0] and "Traceback" not in done.stderr, (name, done.stderr)
+
+
+def test_rollback_names_what_it_brings_back_in_its_prompt_and_json(cli_env: Path, capsys: pytest.CaptureFixture[str],
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """The trial's case: v2 held injected lines, v3 took them out; a rollback goes back to v2. Its prompt and
+    `rollback --json` name each line it brings back (kind, knowledge_key, line, text, as the run's warnings),
+    and the model when it differs from live's; the move is recorded under the login user."""
+    from kb_reindex.rules.freeze import operator
+
+    assert run_json(capsys, "run")[0] == 0
+    page = cli_env / "knowledge" / "docs" / "return-policy.md"
+    original = page.read_text(encoding="utf-8")
+    page.write_text(original + "\n" + "\n".join(INJECTED[:2]) + "\n", encoding="utf-8")
+    code, injected = run_json(capsys, "run")
+    assert code == 0 and injected["version"] == 2
+    page.write_text(original, encoding="utf-8")
+    assert run_json(capsys, "run")[1]["version"] == 3
+    expected = injected["warnings"]
+    assert [w["text"] for w in expected] == INJECTED[:2] and {w["knowledge_key"] for w in expected} == {"return-policy"}
+
+    monkeypatch.setattr("sys.stdin", _Terminal("n\n"))
+    assert main(["rollback", "--reason", "test", "-q"]) == 0
+    asked = capsys.readouterr().out
+    for w in expected:
+        assert f"WARNING: it brings back instruction-like line in return-policy line {w['line']}: {w['text']}" in asked
+    assert asked.index("WARNING") < asked.index("Switch the alias?")
+
+    code, rolled = run_json(capsys, "rollback", "--reason", "checking the refund page", "--yes")
+    assert code == 0 and (rolled["from_version"], rolled["to_version"]) == (3, 2)
+    assert rolled["warnings"] == expected
+    code, history = run_json(capsys, "history")
+    assert history["events"][-1]["action"] == "rollback" and history["events"][-1]["by"] == operator()
+
+    # another model live: rolling back to the older one says so too
+    assert run_json(capsys, "migrate", "--embedder", "hashing", "--model", "hashing-ngram-v2", "--dim", "512")[0] == 0
+    code, rolled = run_json(capsys, "rollback", "--reason", "the new model misses", "--yes")
+    assert code == 0 and rolled["to_version"] == 2
+    kinds = [w["kind"] for w in rolled["warnings"]]
+    assert kinds == ["instruction", "instruction", "model_differs"], rolled["warnings"]
+    differs = rolled["warnings"][-1]
+    assert (differs["knowledge_key"], differs["line"]) == ("", 0)
+    assert "hashing-ngram-v1 1024-d" in differs["text"] and "hashing-ngram-v2 512-d" in differs["text"]

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
+from chromium_page import FRAME_ROUTE, PREFIX, airflow_frame, chromium, needs_chromium, served, sign_in
 from conftest import REPO, settings_for
 from kb_reindex.run.pipeline import run_reindex
 from kb_reindex.services.registry import select_knowledge_base
@@ -138,62 +139,44 @@ def test_the_page_lists_every_knowledge_base_and_each_acts_on_its_own_dags(
     assert wiki.status_code == 200 and wiki.json()["alias"] == "wiki" and wiki.json()["live"] is None
 
 
+@needs_chromium
 @pytest.mark.browser
 def test_the_list_and_one_knowledge_base_in_headless_chromium(registry_site: tuple[Path, RecordingAirflow],
                                                               tokens: dict[str, str]) -> None:
-    """Signed in, 1280x800: the list shows both knowledge bases with what they serve; its link opens the
-    sellers' page, which names its own alias and DAGs and leads back. Screenshots in test-output/."""
-    import socket
-    import time
-
-    import uvicorn
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
+    """Signed in, in Airflow's frame at 1280x800: the list shows both knowledge bases with what they serve; its
+    link opens the sellers' page, which names its own alias and DAGs and leads back. Screenshots in
+    test-output/."""
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
     _project, airflow = registry_site
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(deployment_app(airflow_api_url=airflow.url), host="127.0.0.1", port=port,
-                                           log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    for _ in range(600):
-        if server.started or not thread.is_alive():
-            break
-        time.sleep(0.05)
-    assert server.started
-    options = webdriver.ChromeOptions()
-    options.binary_location = shutil.which("chromium")
-    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--disable-dev-shm-usage", "--window-size=1280,800"):
-        options.add_argument(flag)
-    browser = webdriver.Chrome(service=Service(shutil.which("chromedriver")), options=options)
-    wait = WebDriverWait(browser, 60)
     output = REPO / "test-output"
     output.mkdir(exist_ok=True)
-    try:
-        browser.get(f"http://127.0.0.1:{port}/ui")
+    with served(airflow_frame(deployment_app(airflow_api_url=airflow.url))) as base, chromium() as browser:
+        wait = WebDriverWait(browser, 60)
+
+        def here() -> str:
+            return browser.execute_script("return location.pathname")
+
+        browser.get(f"{base}{PREFIX}/ui")
         assert "/auth/login?next=" in browser.current_url  # anonymous: to Airflow's login
-        browser.add_cookie({"name": "_token", "value": tokens["user"]})
-        browser.get(f"http://127.0.0.1:{port}/ui")
+        sign_in(browser, base, tokens["user"], FRAME_ROUTE)
+        browser.switch_to.frame(browser.find_element(By.ID, "plugin"))
+        wait.until(lambda b: b.find_elements(By.CSS_SELECTOR, "#bases tbody tr"))
         rows = {r.get_attribute("id"): r.text for r in browser.find_elements(By.CSS_SELECTOR, "#bases tbody tr")}
         assert list(rows) == [f"kb-{SHOP}", f"kb-{SELLER}"]
         assert "v2" in rows[f"kb-{SHOP}"] and "reindex promoted" in rows[f"kb-{SHOP}"]
         assert "v1" in rows[f"kb-{SELLER}"] and "triggered only" in rows[f"kb-{SELLER}"]
+        browser.switch_to.default_content()
         browser.save_screenshot(str(output / "knowledge-bases.png"))
+        browser.switch_to.frame(browser.find_element(By.ID, "plugin"))
         browser.find_element(By.LINK_TEXT, SELLER).click()
-        wait.until(lambda b: b.current_url.endswith(f"/kb/{SELLER}/ui"))
+        wait.until(lambda b: here() == f"{PREFIX}/kb/{SELLER}/ui")
         wait.until(lambda b: "serving v1" in b.find_element(By.ID, "serving").text)
         assert browser.find_element(By.TAG_NAME, "h1").text == f"Knowledge index: {SELLER}"
         wait.until(lambda b: f"knowledge_reindex__{SELLER}" in b.find_element(By.ID, "reindex-paused").text)
+        browser.switch_to.default_content()
         browser.save_screenshot(str(output / "knowledge-base-seller.png"))
+        browser.switch_to.frame(browser.find_element(By.ID, "plugin"))
         browser.find_element(By.ID, "all-bases").click()
-        wait.until(lambda b: b.current_url.endswith(f":{port}/ui"))
-    finally:
-        browser.quit()
-        server.should_exit = True
-        thread.join(timeout=10)
+        wait.until(lambda b: here() == f"{PREFIX}/ui")

@@ -233,7 +233,9 @@ def test_the_dags_honour_the_freeze(project: Path, monkeypatch: pytest.MonkeyPat
     with open_deps(Settings.from_env()) as deps:
         freeze = deps.state.freeze_status(ALIAS)
         assert freeze is not None and freeze.reason == "rollback: bad coupon text"
-        assert freeze.set_by.startswith("knowledge_rollback (airflow:knowledge_rollback:")
+        # under who triggered the run (`airflow dags test` records its own user, dag_test), with the run
+        assert freeze.set_by.startswith("dag_test (knowledge_rollback airflow:knowledge_rollback:")
+        assert deps.state.alias_events(ALIAS)[-1].moved_by == "dag_test"
     ok, states = run_dag(None, "knowledge_reindex", {"force_full_rebuild": True})
     assert ok, states
     assert states["validate"] == "success" and states["promote"] == "skipped"

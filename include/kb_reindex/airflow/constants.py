@@ -20,5 +20,12 @@ def current_run_id() -> str:
     return kb_run_id(context["dag"].dag_id, context["run_id"])
 
 
+def triggering_user() -> str | None:
+    """Who triggered the calling task's DAG run, as Airflow recorded it from the trigger's login (the page
+    triggers as the signed-in user, with their token); None for a scheduled run."""
+    dag_run = get_current_context().get("dag_run")
+    return getattr(dag_run, "triggering_user_name", None) or None
+
+
 #: points per mapped build task: the reindex's `build_slice_size` Param default, and the migration's size
 BUILD_SLICE_SIZE = 2000

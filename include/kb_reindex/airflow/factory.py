@@ -23,7 +23,7 @@ from typing import Any
 from airflow.sdk import (DAG, Asset, AssetOrTimeSchedule, AssetWatcher, CronTriggerTimetable, Param, TriggerRule, dag,
                          task)
 
-from kb_reindex.airflow.constants import BUILD_SLICE_SIZE, alias_asset, current_run_id
+from kb_reindex.airflow.constants import BUILD_SLICE_SIZE, alias_asset, current_run_id, triggering_user
 from kb_reindex.domain.errors import ConfigError
 from kb_reindex.domain.model import RunKind
 from kb_reindex.services.registry import KnowledgeBase, load_registry
@@ -252,7 +252,7 @@ def rollback_dag(kb: KnowledgeBase, *, doc_md: str | None) -> DAG:
             p = params or {}
             return rollback_task(kb=name, run_id=current_run_id(), live_version=p["live_version"],
                                  to_version=p["to_version"], reason=p["reason"], confirm=p["confirm"],
-                                 revalidate=p["revalidate"], freeze=p["freeze"])
+                                 revalidate=p["revalidate"], freeze=p["freeze"], triggered_by=triggering_user())
 
         rollback()
 
@@ -293,7 +293,8 @@ def promote_shadow_dag(kb: KnowledgeBase, *, doc_md: str | None) -> DAG:
 
             p = params or {}
             return promote_shadow_task(kb=name, run_id=current_run_id(), version=p["version"], reason=p["reason"],
-                                       confirm=p["confirm"], live_version=p["live_version"])
+                                       confirm=p["confirm"], live_version=p["live_version"],
+                                       triggered_by=triggering_user())
 
         promote_shadow()
 

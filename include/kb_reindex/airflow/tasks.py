@@ -281,12 +281,13 @@ def watch_task(*, kb: str | None = None, promoted: dict[str, Any], run_id: str,
 
 
 def rollback_task(*, kb: str | None = None, run_id: str, live_version: int | None, to_version: int | None, reason: str, confirm: bool,
-                  revalidate: bool, freeze: bool = True) -> dict[str, Any]:
+                  revalidate: bool, freeze: bool = True, triggered_by: str | None = None) -> dict[str, Any]:
     """On-call's rollback from `live_version` (the version they saw serving) to `to_version` (default: the one
     before it): refused, moving nothing, if another version serves by the move. No reindex lock: it completes
     while a build runs, and that build's promotion then fails its compare-and-swap. `freeze`: set the
     product's freeze before the alias moves back (kb_reindex.rules.freeze), so no later run promotes the bad change
-    again; the result says so."""
+    again; the result says so. `triggered_by`: the Airflow user who triggered the run (the page's signed-in
+    user), recorded as who froze the alias and who moved it."""
     if not confirm:
         raise AirflowFailException("rollback not confirmed: set the 'confirm' param to true; nothing changed")
     if live_version is None:
@@ -294,10 +295,10 @@ def rollback_task(*, kb: str | None = None, run_id: str, live_version: int | Non
                                    "index page or `kb-reindex status`); nothing changed")
     with task_deps(kb) as deps:
         try:
-            held = (freeze_for_rollback(deps, reason=reason, by=f"knowledge_rollback ({run_id})").view()
-                    if freeze else None)
+            by = f"{triggered_by} (knowledge_rollback {run_id})" if triggered_by else f"knowledge_rollback ({run_id})"
+            held = freeze_for_rollback(deps, reason=reason, by=by).view() if freeze else None
             result = run_rollback(deps, reason=reason, to_version=to_version, run_id=run_id, trigger="airflow",
-                                  revalidate=revalidate, expected_live=live_version)
+                                  revalidate=revalidate, expected_live=live_version, by=triggered_by)
         except PERMANENT as exc:
             raise AirflowFailException(f"{type(exc).__name__}: {exc}") from None
         target = recorded_version(deps, result.to_version)
@@ -309,11 +310,12 @@ def rollback_task(*, kb: str | None = None, run_id: str, live_version: int | Non
 
 
 def promote_shadow_task(*, kb: str | None = None, run_id: str, version: int | None, reason: str, confirm: bool,
-                        live_version: int | None) -> dict[str, Any]:
+                        live_version: int | None, triggered_by: str | None = None) -> dict[str, Any]:
     """Put a shadow (built, validated, never served) live on purpose: validated again against what serves
     now, under the alias's lock, and announced on the alias Asset. A retired or unknown version is refused:
     a version that served goes back through a rollback. Moves only from `live_version`, the version on-call
-    saw serving (None: only when nothing serves)."""
+    saw serving (None: only when nothing serves). `triggered_by`: the Airflow user who triggered it, recorded
+    with the alias move."""
     if version is None:
         raise AirflowFailException("name the shadow version to promote (the 'version' param)")
     if not confirm:
@@ -324,7 +326,8 @@ def promote_shadow_task(*, kb: str | None = None, run_id: str, version: int | No
         recorder = Recorder.of(deps, run_id)
         recorder.start(RunKind.PROMOTE, "airflow")
         with step(deps, run_id), exclusive(deps, run_id=run_id):
-            result = promote_shadow(deps, version, expected_live=live_version, run_id=run_id, reason=reason.strip())
+            result = promote_shadow(deps, version, expected_live=live_version, run_id=run_id, reason=reason.strip(),
+                                    by=triggered_by)
         recorder.finish(RunOutcome.PROMOTED, version=version)
         record = recorded_version(deps, version)
         announce_alias_move(deps, action=_move_action(record), version=record,

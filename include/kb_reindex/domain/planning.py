@@ -64,6 +64,22 @@ class DocKeys:
 
 
 @dataclass(frozen=True)
+class DocChanges:
+    """What a version's plan added, changed and removed against the version it was planned on (its base):
+    the counts, and the first `DOC_KEYS_SHOWN` keys of each. Recorded with the version; the page lists it."""
+
+    docs: DocCounts
+    doc_keys: DocKeys
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"docs": self.docs.to_dict(), "doc_keys": self.doc_keys.to_dict()}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> DocChanges:
+        return cls(docs=DocCounts.from_dict(data["docs"]), doc_keys=DocKeys.from_dict(data["doc_keys"]))
+
+
+@dataclass(frozen=True)
 class ChunkCounts:
     """The chunks of the corpus: `embedded` are to be embedded, `reused` have their vector copied from live."""
 

@@ -82,12 +82,14 @@ def switch_alias(
     run_id: str | None,
     reason: str | None = None,
     fence: Fence | None = None,
+    by: str | None = None,
 ) -> VersionRecord | None:
     """CAS + atomic alias update + state record, under the alias lock. Returns the version moved away from.
 
     If a previous attempt moved the alias and died before the state write, the alias already points at
     the target: the state side is completed instead of failing. Under the same lock: `fence` (a run's
     lock, which it must still hold) and the target's record (dropped or failed meanwhile: nothing moves).
+    `by`: who moves it (the signed-in Airflow user who triggered the run, the CLI's login user), recorded.
     """
     alias = deps.settings.alias
     with deps.state.lock(alias_lock_name(alias), ttl_s=300, wait_s=deps.settings.lock_wait_s):
@@ -105,7 +107,8 @@ def switch_alias(
             deps.store.swap_alias(alias, to=target.collection, expected_from=expected_from)
         if previous is not None and previous.id == target.id:
             return None
-        deps.state.record_switch(alias=alias, action=action, to=target, previous=previous, run_id=run_id, reason=reason)
+        deps.state.record_switch(alias=alias, action=action, to=target, previous=previous, run_id=run_id, reason=reason,
+                                 by=by)
     try:
         deps.store.annotate(target.collection, {"served": True, "last_served_at": utc_stamp(utcnow())})
     except Exception as exc:  # the move is done and recorded; only the Qdrant-side note is missing

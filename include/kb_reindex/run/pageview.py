@@ -8,13 +8,15 @@ the parts only Qdrant knows (point counts, the alias, the audit, the structural 
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
 from kb_reindex.rules.checks import structural_problems
 from kb_reindex.services.config import Settings
-from kb_reindex.domain.errors import KbError, classify
+from kb_reindex.domain.errors import KbError, StateEmpty, StateMissing, classify
+from kb_reindex.domain.planning import ContentWarning
+from kb_reindex.run.runs import rollback_warnings
 from kb_reindex.steps.golden import load_golden_set, lowered_threshold_advice
 from kb_reindex.services.runtime import StateDeps, open_deps
 from kb_reindex.services.state.dag_runs import dag_run_of
@@ -59,15 +61,29 @@ class PageStatus:
     runs: tuple[RunRow, ...]
     #: version -> what makes it unfit for a rollback, as far as the page can tell without the full check
     rollback_problems: dict[int, tuple[str, ...]]
+    #: version -> what a rollback to it brings back that live does not serve (runs.rollback_warnings)
+    rollback_warnings: dict[int, tuple[ContentWarning, ...]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
-        """The page's /api/status JSON: the status (each version with its `rollback_problems`), the history,
-        the state DB's recent runs and whether Qdrant could be read."""
+        """The page's /api/status JSON: the status (each version with its `rollback_problems` and
+        `rollback_warnings`), the history, the state DB's recent runs and whether Qdrant could be read."""
         status = self.status.to_dict()
         for row in status["versions"]:
             row["rollback_problems"] = list(self.rollback_problems.get(row["version"], ()))
+            row["rollback_warnings"] = [w.to_dict() for w in self.rollback_warnings.get(row["version"], ())]
         return {**status, "history": [e.to_dict() for e in self.history], "runs": [asdict(r) for r in self.runs],
                 "qdrant": {"access": self.qdrant.value, "detail": self.qdrant_detail}}
+
+
+@dataclass(frozen=True)
+class FreshInstall:
+    """No version yet: the state DB does not exist, or holds no kb-reindex state (nothing was built with this
+    configuration). The page says what to do instead of an error; `detail` names where it looked."""
+
+    detail: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"fresh": True, "detail": self.detail}
 
 
 def airflow_run(run_id: str | None) -> tuple[str | None, str | None]:
@@ -147,9 +163,29 @@ def read_status(settings: Settings) -> PageStatus:
         if advice:
             status = replace(status, problems=(*status.problems, advice))
         return PageStatus(qdrant=access, qdrant_detail=detail, status=status, history=tuple(history(deps_state)),
-                          runs=recent_runs(state, settings.alias), rollback_problems=problems)
+                          runs=recent_runs(state, settings.alias), rollback_problems=problems,
+                          rollback_warnings=_rollback_warnings(state, settings.alias, status))
     finally:
         state.dispose()
+
+
+def read_page(settings: Settings) -> PageStatus | FreshInstall:
+    """read_status, or FreshInstall when nothing was ever built here (no state DB, or none of our tables);
+    any other failure is raised as read_status raises it."""
+    try:
+        return read_status(settings)
+    except (StateMissing, StateEmpty) as exc:
+        return FreshInstall(detail=str(exc))
+
+
+def _rollback_warnings(state: StateStore, alias: str, status: StatusView) -> dict[int, tuple[ContentWarning, ...]]:
+    """For each version a rollback may go to: what it would bring back that live does not serve."""
+    live = state.live_version(alias)
+    if live is None:
+        return {}
+    records = {r.version: r for r in state.list_versions(alias)}
+    return {row.version: rollback_warnings(live, records[row.version]) for row in status.versions
+            if row.rollback_allowed and row.version in records}
 
 
 def check_rollback_target(settings: Settings, version: int) -> list[str]:

@@ -315,16 +315,17 @@ def content_held(deps: Deps, plan: Plan, version_number: int) -> ContentLoss | N
 
 
 def promote_shadow(deps: Deps, version_number: int, *, expected_live: int | None, run_id: str | None = None,
-                   reason: str = "explicit promotion of a shadow version") -> PromoteResult:
+                   reason: str = "explicit promotion of a shadow version", by: str | None = None) -> PromoteResult:
     """On-call puts a shadow (built and validated, never served) behind the alias on purpose: checked
     (`promote.check_shadow`), validated again against what serves now by the thresholds it was built with (a
     failure leaves it a shadow), then moved by the same compare-and-swap, from `expected_live`, the version
-    on-call confirmed serving (None: nothing serves); if another serves by the move, nothing moves."""
+    on-call confirmed serving (None: nothing serves); if another serves by the move, nothing moves. `by`: who
+    asked (the Airflow user who triggered it, the CLI's login user), recorded with the alias move."""
     shadow = check_shadow(deps, version_number, expected_live=expected_live)
     built_with = (shadow.version.validation or {}).get("thresholds") or {}
     checked = validate(deps, version_number, min_hit_rate=built_with.get("min_hit_rate"),
                        min_mrr=built_with.get("min_mrr"), record=False)
-    return promote_checked_shadow(deps, shadow, checked, run_id=run_id, reason=reason)
+    return promote_checked_shadow(deps, shadow, checked, run_id=run_id, reason=reason, by=by)
 
 
 def cleanup_step(deps: Deps) -> CleanupResult:

@@ -9,14 +9,15 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import cast
 from datetime import UTC, datetime
 from kb_reindex.services import metrics
 from kb_reindex.domain.errors import AliasMovedError, EmbeddingError, Failure, KbError, LockHeldError, classify
 from kb_reindex.rules.locking import reindex_lock_name
 from kb_reindex.domain.model import RunKind, RunOutcome
-from kb_reindex.domain.planning import Plan
+from kb_reindex.domain.planning import ContentWarning, Plan
+from kb_reindex.steps.plan import content_warnings
 from kb_reindex.steps.rollback import Rescore, RollbackResult, check_rollback, rollback
 from kb_reindex.services.runtime import Deps, StateDeps, new_run_id
 from kb_reindex.services.state.runs import RunCounterColumns
@@ -160,23 +161,64 @@ class Recorder:
         return failure
 
 
+#: kinds of what a rollback brings back besides the target's flagged lines (kind `instruction`)
+MODEL_DIFFERS, LAYOUT_DIFFERS = "model_differs", "layout_differs"
+
+
+def rollback_warnings(live: VersionRecord, target: VersionRecord) -> tuple[ContentWarning, ...]:
+    """What a rollback from `live` to `target` brings back, for on-call to read before confirming (the CLI's
+    prompt and `--json`, the DAG's result, the page's confirm dialog): every instruction-like line the
+    target's validation recorded (kind `instruction`, by document and line), and, when they differ from
+    live's, its embedding model (`model_differs`: readers then embed queries with it) and its payload layout
+    (`layout_differs`: consumers read other payload fields). A version-wide warning names no document:
+    `knowledge_key` "" and `line` 0."""
+    found = list(content_warnings((target.validation or {}).get("flagged_instructions") or ()))
+    same_model = (target.embedder, target.embed_model, target.embed_dim) == (live.embedder, live.embed_model,
+                                                                             live.embed_dim)
+    if not same_model:
+        found.append(ContentWarning(
+            kind=MODEL_DIFFERS, knowledge_key="", line=0,
+            text=f"v{target.version} embeds with {target.embed_model} {target.embed_dim}-d ({target.embedder}), live "
+                 f"v{live.version} with {live.embed_model} {live.embed_dim}-d ({live.embedder}): after the rollback "
+                 f"readers embed their queries with v{target.version}'s model"))
+    if target.payload_layout != live.payload_layout:
+        found.append(ContentWarning(
+            kind=LAYOUT_DIFFERS, knowledge_key="", line=0,
+            text=f"v{target.version}'s payloads are in the {target.payload_layout} layout, live v{live.version}'s in "
+                 f"the {live.payload_layout} layout: consumers that read the live layout's fields read other ones"))
+    return tuple(found)
+
+
+def warning_line(warning: ContentWarning) -> str:
+    """One warning as the CLI and the logs say it."""
+    if warning.knowledge_key:
+        return f"{warning.kind}-like line in {warning.knowledge_key} line {warning.line}: {warning.text}"
+    return f"{warning.kind}: {warning.text}"
+
+
 def run_rollback(deps: Deps, *, reason: str, to_version: int | None = None, run_id: str | None = None,
                  trigger: str = "cli", revalidate: bool = True, action: str = "rollback",
-                 expected_live: int | None = None) -> RollbackResult:
+                 expected_live: int | None = None, by: str | None = None) -> RollbackResult:
     """A recorded rollback: checked (`rollback.check_rollback`, a stale `expected_live` refused before anything
     is scored), the target scored for the record (`revalidate`), then moved (`rollback.rollback`, the
-    compare-and-swap from the live version checked). No reindex lock, so a build in flight never delays it."""
+    compare-and-swap from the live version checked). No reindex lock, so a build in flight never delays it.
+    `by`: who asked (the Airflow user who triggered the DAG run, the CLI's login user), recorded with the
+    move. The result names what it brought back (`rollback_warnings`), each also logged once."""
     recorder = Recorder.of(deps, run_id or new_run_id(RunKind.ROLLBACK))
     recorder.start(RunKind.ROLLBACK, trigger)
     try:
         move = check_rollback(deps, reason=reason, to_version=to_version, expected_live=expected_live)
         scores = rescore(deps, move.target) if revalidate else None
-        result = rollback(deps, move, run_id=recorder.run_id, action=action, scores=scores)
+        result = rollback(deps, move, run_id=recorder.run_id, action=action, scores=scores, by=by)
     except KbError as exc:
         deps.state.finish_run(recorder.run_id, outcome=RunOutcome.FAILED, error=str(exc))
         raise
     recorder.finish(RunOutcome.ROLLED_BACK, version=result.to_version)
-    return result
+    warnings = rollback_warnings(move.live, move.target)
+    for w in warnings:
+        log.warning("kb_reindex: %s: the rollback to v%d brought back: %s", deps.settings.alias, result.to_version,
+                    warning_line(w))
+    return replace(result, warnings=warnings)
 
 
 def rescore(deps: Deps, target: VersionRecord) -> Rescore:

@@ -21,11 +21,12 @@ from kb_reindex.services.layouts import version_profile
 from kb_reindex.rules.locking import alias_lock_name, reindex_lock_name
 from kb_reindex.steps.querylog import QueryLogView
 from kb_reindex.steps.plan import content_warnings
-from kb_reindex.domain.planning import ContentWarning
+from kb_reindex.domain.planning import ContentWarning, DocChanges
 from kb_reindex.domain.model import SUCCEEDED, RunKind, RunOutcome, VersionStatus
 from kb_reindex.services.runtime import Deps, StateDeps
 from kb_reindex.services.state.history import AliasEvent, PinRecord
 from kb_reindex.services.state.locks import LockRecord, is_dag_run_owner
+from kb_reindex.services.state.runs import RunRecord
 from kb_reindex.services.state.store import StateStore
 from kb_reindex.services.state.versions import QdrantSnapshotRef, VersionRecord
 from kb_reindex.services.state.clock import utc_stamp, utcnow
@@ -81,6 +82,8 @@ class VersionRow:
     pin: PinView | None
     #: what its files held that no check judges (instruction-like lines), as its validation recorded them
     warnings: tuple[ContentWarning, ...] = ()
+    #: the documents its plan added, changed and removed against its base (None: not recorded)
+    changes: DocChanges | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -203,18 +206,20 @@ class HistoryEvent:
     to_collection: str | None
     run_id: str | None
     reason: str | None
+    #: who moved the alias (the Airflow user who triggered it, the CLI's login user); None: a scheduled run
+    by: str | None = None
 
     @classmethod
     def move(cls, event: AliasEvent) -> HistoryEvent:
         return cls(at=utc_stamp(event.at), action=event.action, from_version=event.from_version,
                    to_version=event.to_version, from_collection=event.from_collection,
-                   to_collection=event.to_collection, run_id=event.run_id, reason=event.reason)
+                   to_collection=event.to_collection, run_id=event.run_id, reason=event.reason, by=event.moved_by)
 
     @classmethod
-    def note(cls, at: datetime, action: str, reason: str) -> HistoryEvent:
-        """An event that moved no alias (a lock broken, a freeze): what, when and why."""
+    def note(cls, at: datetime, action: str, reason: str, by: str | None = None) -> HistoryEvent:
+        """An event that moved no alias (a lock broken, a freeze): what, when, why and by whom."""
         return cls(at=utc_stamp(at), action=action, from_version=None, to_version=None, from_collection=None,
-                   to_collection=None, run_id=None, reason=reason)
+                   to_collection=None, run_id=None, reason=reason, by=by)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -389,6 +394,7 @@ def version_row(v: VersionRecord, *, target: VersionRecord | None, pins: dict[in
         collection_config=collection_config, snapshot=v.snapshot_view(),
         pinned=v.version in pins, pin=pin_view(pins.get(v.version)),
         warnings=content_warnings(validation.get("flagged_instructions") or ()),
+        changes=DocChanges.from_dict(v.doc_changes) if v.doc_changes else None,
     )
 
 
@@ -407,27 +413,62 @@ def live_audit(deps: Deps, live: VersionRecord | None) -> AuditView | None:
     return found
 
 
+@dataclass(frozen=True)
+class LastPromotion:
+    """The newest promotion as the metrics count it: chunks embedded and reused for what went live, when its
+    source changed and when it went live."""
+
+    embedded: int
+    reused: int
+    source_changed_at: datetime | None
+    at: datetime | None
+
+
+#: alias events that put a newly built version live (a run's promotion, a shadow's or a held version's later)
+PROMOTIONS = frozenset({"promote", "migrate"})
+
+
+def last_promotion(deps: Deps | StateDeps, runs: list[RunRecord]) -> LastPromotion | None:
+    """The newest promotion: a build run's own (its counts, as before), or a shadow (or held) version put live
+    later by `promote` or the page, counted by what built that version (its record's counts, its build
+    run's source change) up to the alias move."""
+    alias = deps.settings.alias
+    event = next((e for e in reversed(deps.state.alias_events(alias)) if e.action in PROMOTIONS), None)
+    if event is None:
+        return None
+    run = next((r for r in runs if r.run_id == event.run_id), None)
+    if run is not None and run.kind in BUILDS and run.outcome == RunOutcome.PROMOTED:
+        return LastPromotion(embedded=run.chunks_embedded, reused=run.chunks_reused,
+                             source_changed_at=run.source_changed_at, at=run.finished_at)
+    version = deps.state.get_version(alias, event.to_version) if event.to_version is not None else None
+    if version is None:
+        return None
+    build = deps.state.get_run(version.run_id) if version.run_id else None
+    return LastPromotion(embedded=version.chunks_embedded, reused=version.chunks_reused,
+                         source_changed_at=build.source_changed_at if build else None, at=event.at)
+
+
 def metrics(deps: Deps | StateDeps) -> Metrics:
-    """Success rate, duration and reuse of the builds, failures by cause, and how long changes take to serve."""
+    """Success rate, duration and reuse of the builds, failures by cause, and how long changes take to serve
+    (the last promotion: a run's, or a shadow's put live later)."""
     runs = [r for r in deps.state.list_runs(deps.settings.alias, limit=200) if r.kind in BUILDS]
     finished = [r for r in runs if r.outcome != RunOutcome.RUNNING]
     succeeded = [r for r in finished if r.outcome in SUCCEEDED]
-    changed = [r for r in finished if r.outcome == RunOutcome.PROMOTED]
-    last = changed[0] if changed else None
-    total = (last.chunks_embedded + last.chunks_reused) if last else 0
+    last = last_promotion(deps, finished)
+    total = (last.embedded + last.reused) if last else 0
     ready = deps.state.list_versions(deps.settings.alias, statuses=[VersionStatus.READY])
     newest_ready = max((v.ready_at or v.updated_at for v in ready), default=None)
     latency = None
-    if last and last.source_changed_at and last.finished_at:
-        latency = round((last.finished_at - last.source_changed_at).total_seconds(), 3)
+    if last and last.source_changed_at and last.at:
+        latency = round((last.at - last.source_changed_at).total_seconds(), 3)
     errors = [r.error for r in finished if r.error]
     return Metrics(
         runs=len(finished),
         run_success_rate=round(len(succeeded) / len(finished), 4) if finished else None,
         last_run_duration_s=(round(finished[0].duration_s, 3)
                              if finished and finished[0].duration_s is not None else None),
-        last_changed_chunks=last.chunks_embedded if last else None,
-        last_embedding_reuse_rate=round(last.chunks_reused / total, 4) if last and total else None,
+        last_changed_chunks=last.embedded if last else None,
+        last_embedding_reuse_rate=round(last.reused / total, 4) if last and total else None,
         failed_runs=sum(1 for r in finished if r.outcome == RunOutcome.FAILED),
         alias_switch_failures=sum(1 for e in errors if "alias moved" in e),
         embedding_failures=sum(1 for e in errors if "Ollama" in e or "embedder" in e),
@@ -444,6 +485,6 @@ def history(deps: Deps | StateDeps) -> list[HistoryEvent]:
     events += [(e.at, HistoryEvent.note(e.at, "unlock" if e.action == "unlock" else "lock-takeover",
                                         f"{e.name} held by {e.owner}, broken by {e.by}: {e.reason}"))
                for e in deps.state.lock_events(names=[reindex_lock_name(alias), alias_lock_name(alias)])]
-    events += [(e.at, HistoryEvent.note(e.at, e.action, f"by {e.by}: {e.reason}"))
+    events += [(e.at, HistoryEvent.note(e.at, e.action, f"by {e.by}: {e.reason}", by=e.by))
                for e in deps.state.freeze_events(alias)]
     return [event for _, event in sorted(events, key=lambda pair: pair[0])]

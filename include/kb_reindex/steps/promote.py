@@ -136,8 +136,8 @@ def check_shadow(deps: Deps, version_number: int, *, expected_live: int | None) 
 
 
 def promote_checked_shadow(deps: Deps, shadow: ShadowPromotion, checked: ValidationResult, *,
-                           run_id: str | None = None,
-                           reason: str = "explicit promotion of a shadow version") -> PromoteResult:
+                           run_id: str | None = None, reason: str = "explicit promotion of a shadow version",
+                           by: str | None = None) -> PromoteResult:
     """Put the checked shadow behind the alias on purpose, once validated again against what serves now
     (`checked`, recorded on it): the same compare-and-swap, from the version on-call confirmed serving; if
     another serves by the move, nothing moves."""
@@ -146,7 +146,7 @@ def promote_checked_shadow(deps: Deps, shadow: ShadowPromotion, checked: Validat
     try:
         previous = switch_alias(deps, version, expected_from=shadow.expected_from,
                                 action="migrate" if version.kind == RunKind.MIGRATION else "promote", run_id=run_id,
-                                reason=reason)
+                                reason=reason, by=by)
     except AliasMovedError:
         confirmed_live(deps, shadow.expected_live, undone="promoted")  # says what serves now
         raise

@@ -16,6 +16,7 @@ from kb_reindex.rules.checks import structural_problems
 from kb_reindex.domain.errors import AliasMovedError, RollbackRefused
 from kb_reindex.domain.lifecycle import BUILDABLE, DELETED
 from kb_reindex.domain.model import RunOutcome
+from kb_reindex.domain.planning import ContentWarning
 from kb_reindex.services.runtime import Deps
 from kb_reindex.services.state.versions import VersionRecord
 from kb_reindex.domain.validation_model import ValidationResult
@@ -50,11 +51,13 @@ class RollbackResult:
     collection: str
     validation: Rescore | None = None
     outcome: RunOutcome = RunOutcome.ROLLED_BACK
+    #: what it brought back that live did not serve (`runs.rollback_warnings`): flagged lines, model, layout
+    warnings: tuple[ContentWarning, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {"outcome": str(self.outcome), "from_version": self.from_version, "to_version": self.to_version,
                 "collection": self.collection, "validation": self.validation.to_dict() if self.validation else None,
-                "error": None}
+                "warnings": [w.to_dict() for w in self.warnings], "error": None}
 
 
 @dataclass(frozen=True)
@@ -105,15 +108,17 @@ def check_rollback(deps: Deps, *, reason: str, to_version: int | None = None,
 
 
 def rollback(deps: Deps, move: RollbackMove, *, run_id: str | None = None, action: str = "rollback",
-             scores: Rescore | None = None) -> RollbackResult:
+             scores: Rescore | None = None, by: str | None = None) -> RollbackResult:
     """Put the checked target back behind the alias, by the compare-and-swap under the alias lock from the
     live version the check read: if another version serves by then, nothing moves and `AliasMovedError` says
     which. Takes no reindex lock: a build in flight does not delay it, and fails its own compare-and-swap
-    after. `scores`: the target's golden-set scores, for the record. `action="auto-rollback"` is the watch's."""
+    after. `scores`: the target's golden-set scores, for the record. `action="auto-rollback"` is the watch's.
+    `by`: who asked for it (recorded with the alias move)."""
     alias = deps.settings.alias
     live, target = move.live, move.target
     try:
-        switch_alias(deps, target, expected_from=live.collection, action=action, run_id=run_id, reason=move.reason)
+        switch_alias(deps, target, expected_from=live.collection, action=action, run_id=run_id, reason=move.reason,
+                     by=by)
     except AliasMovedError:
         confirmed_live(deps, live.version, undone="rolled back")  # names what serves now
         raise

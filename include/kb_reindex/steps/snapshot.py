@@ -11,6 +11,7 @@ knowledge folder: a file edited during a build changes nothing of it, and the ne
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any
 
@@ -21,7 +22,7 @@ from kb_reindex.services.layouts import embedding_profile
 from kb_reindex.domain.lifecycle import BUILDING, FAILED, READY
 from kb_reindex.rules.manifest import Prepared, resumable, write_manifest
 from kb_reindex.domain.model import VersionStatus
-from kb_reindex.domain.planning import Plan
+from kb_reindex.domain.planning import DocChanges, Plan
 from kb_reindex.services.runtime import Deps
 from kb_reindex.services.state.versions import VersionRecord
 from kb_reindex.services.store import DISTANCE, collection_name
@@ -51,6 +52,9 @@ def snapshot_plan(deps: Deps, prepared: Prepared, *, run_id: str | None = None) 
     try:
         to_embed = _store_texts(deps, prepared, label=f"the plan of v{version.version}")
         write_manifest(deps, version, scan, prepared.reuse)
+        # what it changes against its base, for the page's versions table (the plan's own counts and keys)
+        changes = DocChanges(docs=plan.docs, doc_keys=plan.doc_keys)
+        deps.state.update_version(version.id, doc_changes=json.dumps(changes.to_dict(), ensure_ascii=False))
         # the golden set as the plan checked it (moments ago): the build's validation reads no file
         golden = deps.settings.golden_set.read_text(encoding="utf-8")
         deps.state.finish_snapshot(version.id, run_id=run_id, chunks_to_embed=to_embed, flagged=scan.flagged_lines(),

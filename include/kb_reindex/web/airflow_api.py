@@ -6,7 +6,7 @@ decides every call. Only our DAGs are followed.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, TypedDict, TypeVar, cast
 from urllib.parse import quote
 
@@ -42,6 +42,9 @@ class DagIds:
 
 class DagJson(TypedDict, total=False):
     is_paused: bool
+    timetable_summary: str | None  # the schedule as written: "0 0 * * *", "@daily", None (manual only)
+    timetable_description: str | None  # in words: "At 00:00"
+    next_dagrun_run_after: str | None  # when the scheduler starts the next run
 
 
 class DagRunJson(TypedDict, total=False):
@@ -61,6 +64,7 @@ class TaskInstanceJson(TypedDict, total=False):
     task_id: str
     state: str | None
     try_number: int | None
+    max_tries: int | None
     map_index: int
 
 
@@ -81,8 +85,44 @@ def run_ui_path(dag_id: str, run_id: str) -> str:
 
 
 @dataclass(frozen=True)
+class Retrying:
+    """A task of a running dag run that failed and waits for its next try (Airflow's `up_for_retry`): it is
+    not failed yet. `attempt` is the try to come, of `attempts` in all (Airflow's try_number counts the tries
+    made, max_tries the retries allowed)."""
+
+    task_id: str
+    attempt: int
+    attempts: int
+
+    @classmethod
+    def of(cls, task: TaskInstanceJson) -> Retrying:
+        tried = task.get("try_number") or 1
+        return cls(task_id=task.get("task_id", ""), attempt=tried + 1, attempts=max(tried, task.get("max_tries") or 0) + 1)
+
+    @property
+    def message(self) -> str:
+        return f"retrying (attempt {self.attempt} of {self.attempts})"
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """The reindex DAG's schedule as Airflow has it: as written, in words, and when its next run starts (None:
+    no schedule, or paused)."""
+
+    summary: str | None
+    description: str | None
+    next_run: str | None
+
+    @classmethod
+    def of(cls, dag: DagJson) -> Schedule:
+        return cls(summary=dag.get("timetable_summary"), description=dag.get("timetable_description"),
+                   next_run=dag.get("next_dagrun_run_after"))
+
+
+@dataclass(frozen=True)
 class DagRun:
-    """The fields of an Airflow dag run the page shows, with the link to it."""
+    """The fields of an Airflow dag run the page shows, with the link to it; `retrying`: a task of it waits
+    for another try (the run is running, its version may show failed meanwhile)."""
 
     dag_id: str
     dag_run_id: str
@@ -92,6 +132,7 @@ class DagRun:
     start_date: str | None
     end_date: str | None
     url: str
+    retrying: Retrying | None = None
 
     @classmethod
     def of(cls, dag_id: str, run: DagRunJson) -> DagRun:
@@ -209,12 +250,25 @@ class AirflowApi:
                                                 DagRunJson))
 
     async def recent_runs(self, request: Request, dag_id: str) -> list[DagRun]:
+        """The newest runs of `dag_id`; a running one says which task waits for a retry, if one does."""
         page = await self.call(request, "GET", f"dags/{dag_id}/dagRuns", DagRunPageJson,
                                params={"order_by": "-run_after", "limit": RECENT_RUNS_PER_DAG})
-        return [DagRun.of(dag_id, run) for run in page.get("dag_runs", [])]
+        runs = [DagRun.of(dag_id, run) for run in page.get("dag_runs", [])]
+        return [replace(run, retrying=await self.retrying(request, dag_id, run.dag_run_id))
+                if run.state == "running" else run for run in runs]
+
+    async def retrying(self, request: Request, dag_id: str, run_id: str) -> Retrying | None:
+        """The task of a running run that failed and waits for its next try (`up_for_retry`), if any."""
+        tasks = (await self.call(request, "GET", f"dags/{dag_id}/dagRuns/{quote(run_id, safe='')}/taskInstances",
+                                 TaskInstancePageJson, params={"state": "up_for_retry"})).get("task_instances", [])
+        waiting = [t for t in tasks if t.get("state") == "up_for_retry"]
+        return Retrying.of(waiting[0]) if waiting else None
+
+    async def dag(self, request: Request, dag_id: str) -> DagJson:
+        return await self.call(request, "GET", f"dags/{dag_id}", DagJson)
 
     async def is_paused(self, request: Request, dag_id: str) -> bool:
-        return bool((await self.call(request, "GET", f"dags/{dag_id}", DagJson)).get("is_paused"))
+        return bool((await self.dag(request, dag_id)).get("is_paused"))
 
     async def set_paused(self, request: Request, dag_id: str, paused: bool, *,
                          action: dict[str, str] | None = None) -> bool | None:

@@ -12,7 +12,7 @@ from fastapi import HTTPException
 
 from kb_reindex.services.config import Settings
 from kb_reindex.domain.errors import UNAVAILABLE_KINDS, classify
-from kb_reindex.run.pageview import PageStatus, read_status
+from kb_reindex.run.pageview import FreshInstall, PageStatus, read_page, read_status
 from kb_reindex.run.status import VersionRow
 from kb_reindex.services.store import describe_qdrant_failure
 from kb_reindex.web.airflow_api import AirflowApi, DagIds
@@ -36,6 +36,15 @@ def page_status(settings: Settings) -> PageStatus:
     the local Qdrant store); a missing or unreadable state DB is a 503 naming KB_STATE_URL."""
     try:
         return read_status(settings)
+    except Exception as exc:
+        raise refusal(exc, settings, status=503) from None
+
+
+def page_or_fresh(settings: Settings) -> PageStatus | FreshInstall:
+    """The page's status, or what to do first on a fresh install (no state DB yet: not an error); any other
+    failure to read is a 503 as in page_status."""
+    try:
+        return read_page(settings)
     except Exception as exc:
         raise refusal(exc, settings, status=503) from None
 
@@ -64,6 +73,9 @@ class PageContext:
 
     async def status_now(self) -> PageStatus:
         return await asyncio.to_thread(page_status, self.settings_factory())
+
+    async def page_now(self) -> PageStatus | FreshInstall:
+        return await asyncio.to_thread(page_or_fresh, self.settings_factory())
 
     async def version_row(self, number: int) -> VersionRow:
         row = (await self.status_now()).status.version(number)

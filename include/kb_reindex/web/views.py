@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import json
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Response
 
 from kb_reindex.services.config import Settings
-from kb_reindex.run.pageview import PageStatus
+from kb_reindex.run.pageview import FreshInstall, PageStatus
 from kb_reindex.steps.templating import templates
-from kb_reindex.web.airflow_api import AirflowApi, DagIds, DagRun
+from kb_reindex.web.airflow_api import AirflowApi, DagIds, DagJson, DagRun, Schedule
 from kb_reindex.web.context import PageContext
 
 
@@ -33,9 +33,10 @@ def airflow_timezone() -> str:
 
 @dataclass(frozen=True)
 class StatusAnswer:
-    """/api/status: the typed status, with the buttons this caller may use; `to_dict()` is its JSON."""
+    """/api/status: the typed status (or, on a fresh install, what to do first), with the buttons this caller
+    may use; `to_dict()` is its JSON."""
 
-    status: PageStatus
+    status: PageStatus | FreshInstall
     may: dict[str, bool]
 
     def to_dict(self) -> dict[str, Any]:
@@ -58,21 +59,25 @@ class RunAnswer:
 @dataclass(frozen=True)
 class AirflowAnswer:
     """/api/airflow: whether our DAGs are paused (None: the reindex's flag could not be read, then nothing else
-    was asked) and their recent runs, newest first; what could not be read, said."""
+    was asked), the reindex's schedule and next run, and their recent runs, newest first (a running one with
+    the task waiting for a retry); what could not be read, said."""
 
     reindex_paused: bool | None
     paused: dict[str, bool]
     runs: tuple[DagRun, ...]
     errors: tuple[str, ...]
+    schedule: Schedule | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"reindex_paused": self.reindex_paused, "paused": dict(self.paused),
+                "schedule": asdict(self.schedule) if self.schedule else None,
                 "runs": [r.to_dict() for r in self.runs], "errors": list(self.errors)}
 
 
 async def status_json(ctx: PageContext, user: Any) -> StatusAnswer:
-    """/api/status: the typed status at the JSON edge, with the buttons this caller may use."""
-    return StatusAnswer(await ctx.status_now(), ctx.auth.may(user))
+    """/api/status: the typed status at the JSON edge (a fresh install: what to do first, not an error), with
+    the buttons this caller may use."""
+    return StatusAnswer(await ctx.page_now(), ctx.auth.may(user))
 
 
 async def run_json(airflow: AirflowApi, dags: DagIds, request: Request, dag_id: str, run_id: str) -> RunAnswer:
@@ -92,9 +97,9 @@ async def run_json(airflow: AirflowApi, dags: DagIds, request: Request, dag_id: 
 async def airflow_json(airflow: AirflowApi, dags: DagIds, request: Request) -> AirflowAnswer:
     """Whether our DAGs are paused and their recent runs, from Airflow's own records (runs that failed
     before reaching our code included), as the caller may see them; what could not be read is said."""
-    async def paused(dag_id: str) -> bool | str:
+    async def dag(dag_id: str) -> DagJson | str:
         try:
-            return await airflow.is_paused(request, dag_id)
+            return await airflow.dag(request, dag_id)
         except HTTPException as refused:
             return f"{dag_id}: {refused.detail}"
 
@@ -104,16 +109,18 @@ async def airflow_json(airflow: AirflowApi, dags: DagIds, request: Request) -> A
         except HTTPException as refused:
             return f"{dag_id}: {refused.detail}"
 
-    flags = dict(zip(dags.all, await asyncio.gather(*(paused(dag_id) for dag_id in dags.all)), strict=True))
-    reindex = flags[dags.reindex]
-    if isinstance(reindex, str):
-        return AirflowAnswer(reindex_paused=None, paused={}, runs=(), errors=(reindex,))
+    found_dags = dict(zip(dags.all, await asyncio.gather(*(dag(dag_id) for dag_id in dags.all)), strict=True))
+    flags = {d: f if isinstance(f, str) else bool(f.get("is_paused")) for d, f in found_dags.items()}
+    reindex, reindex_dag = flags[dags.reindex], found_dags[dags.reindex]
+    if isinstance(reindex, str) or isinstance(reindex_dag, str):
+        return AirflowAnswer(reindex_paused=None, paused={}, runs=(), errors=(str(reindex),))
     found = await asyncio.gather(*(runs_of(dag_id) for dag_id in dags.all))
     runs = sorted((run for result in found if isinstance(result, list) for run in result),
                   key=lambda run: run.run_after or "", reverse=True)
     errors = [f for f in flags.values() if isinstance(f, str)] + [r for r in found if isinstance(r, str)]
     return AirflowAnswer(reindex_paused=reindex, runs=tuple(runs), errors=tuple(errors),
-                         paused={d: f for d, f in flags.items() if isinstance(f, bool)})
+                         paused={d: f for d, f in flags.items() if isinstance(f, bool)},
+                         schedule=Schedule.of(reindex_dag) if "timetable_summary" in reindex_dag else None)
 
 
 def add_views(app: FastAPI, ctx: PageContext) -> None:

@@ -33,12 +33,15 @@ class AliasEvent:
     run_id: str | None
     reason: str | None
     at: datetime
+    #: who moved it (the Airflow user who triggered the run, the CLI's login user); None: a scheduled run
+    moved_by: str | None = None
 
     @classmethod
     def from_row(cls, row: Any) -> AliasEvent:
         return cls(id=row["id"], alias=row["alias"], action=row["action"], from_collection=row["from_collection"],
                    to_collection=row["to_collection"], from_version=row["from_version"],
-                   to_version=row["to_version"], run_id=row["run_id"], reason=row["reason"], at=row["at"])
+                   to_version=row["to_version"], run_id=row["run_id"], reason=row["reason"], at=row["at"],
+                   moved_by=row.get("moved_by"))
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -112,6 +115,7 @@ class HistoryMixin:
         run_id: str | None,
         reason: str | None = None,
         from_: Iterable[VersionStatus | str] = lifecycle.SWITCHABLE,
+        by: str | None = None,
     ) -> None:
         """The state side of an alias move, in one transaction: the event, `previous` live -> retired, `to`
         (in one of `from_`) -> live. A version found elsewhere than that (or another one live besides
@@ -128,6 +132,7 @@ class HistoryMixin:
                     run_id=run_id,
                     reason=reason,
                     at=self.clock.now(),
+                    moved_by=by,
                 )
             )
             if previous is not None and previous.id != to.id:

@@ -64,6 +64,8 @@ versions = sa.Table(
     # the name of the Qdrant snapshot taken before its collection was dropped (KB_SNAPSHOT_BEFORE_DROP), and when
     sa.Column("qdrant_snapshot", sa.String(512)),
     sa.Column("qdrant_snapshot_at", Timestamp),
+    # JSON {"docs": counts, "doc_keys": keys}: the documents its plan added, changed and removed against its base
+    sa.Column("doc_changes", sa.Text),
     sa.UniqueConstraint("alias", "version", name="uq_kb_versions_alias_version"),
     **MYSQL_TABLE,
 )
@@ -180,6 +182,9 @@ alias_events = sa.Table(
     sa.Column("run_id", sa.String(255)),
     sa.Column("reason", sa.Text),
     sa.Column("at", Timestamp, nullable=False),
+    # who moved it: the signed-in Airflow user who triggered the DAG run, the login user of a CLI command;
+    # NULL for a scheduled run's promotion (and rows written before it existed)
+    sa.Column("moved_by", sa.String(255)),
     **MYSQL_TABLE,
 )
 
@@ -304,7 +309,8 @@ def _schema_guard(engine: sa.Engine) -> Iterator[None]:
 #: columns added after their table first shipped: a state DB made by an older kb-reindex gains them at open
 #: (nullable or with a default, so its rows stay valid), with the indexes that use them
 ADDED_COLUMNS = ((versions, "payload_layout"), (versions, "embed_profile"), (manifest_chunks, "position"),
-                 (versions, "qdrant_snapshot"), (versions, "qdrant_snapshot_at"), (file_hashes, "etag"))
+                 (versions, "qdrant_snapshot"), (versions, "qdrant_snapshot_at"), (file_hashes, "etag"),
+                 (versions, "doc_changes"), (alias_events, "moved_by"))
 
 
 def _upgrade_schema(engine: sa.Engine, *, tables: tuple[sa.Table, ...] | None = None) -> None:

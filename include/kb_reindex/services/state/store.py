@@ -93,7 +93,7 @@ class StateStore(VersionsMixin, ManifestsMixin, RunsMixin, HistoryMixin, LocksMi
                 "check KB_STATE_URL; if the state DB was lost, rebuild it from Qdrant with "
                 "`kb-reindex reconcile --rebuild-state`"
             )
-        _upgrade_schema(self.engine, tables=(versions,))  # an older kb-reindex's DB: readable after the upgrade
+        _upgrade_schema(self.engine, tables=(versions, alias_events))  # an older kb-reindex's DB: readable after the upgrade
 
     @staticmethod
     def _make_engine(url: str, *, create: bool = True) -> sa.Engine:

@@ -53,6 +53,7 @@ class VersionFields(lifecycle.StatusStamps, total=False):
     embed_profile: str | None
     qdrant_snapshot: str | None
     qdrant_snapshot_at: datetime | None
+    doc_changes: str | None
 
 
 class VersionColumns(VersionFields, total=False):
@@ -115,11 +116,15 @@ class VersionRecord:
     # the Qdrant snapshot taken before its collection was dropped (KB_SNAPSHOT_BEFORE_DROP), and when
     qdrant_snapshot: str | None = None
     qdrant_snapshot_at: datetime | None = None
+    #: what its plan added, changed and removed against its base ({"docs": counts, "doc_keys": keys}); None
+    #: for a version planned before it was recorded (or rebuilt from Qdrant)
+    doc_changes: dict[str, Any] | None = None
 
     @classmethod
     def from_row(cls, row: sa.RowMapping) -> VersionRecord:
         data = {f.name: row[f.name] for f in fields(cls)}
         data["validation"] = json.loads(data["validation"]) if data["validation"] else None
+        data["doc_changes"] = json.loads(data["doc_changes"]) if data["doc_changes"] else None
         return cls(**data)
 
     def snapshot_view(self) -> QdrantSnapshotRef | None:
@@ -135,7 +140,7 @@ class VersionRecord:
     def to_dict(self) -> dict[str, Any]:
         """The JSON-able view the CLI and XCom carry (no validation detail, no snapshot)."""
         out = asdict(self)
-        for detail in ("validation", "qdrant_snapshot", "qdrant_snapshot_at"):
+        for detail in ("validation", "qdrant_snapshot", "qdrant_snapshot_at", "doc_changes"):
             out.pop(detail)
         for key, value in out.items():
             if isinstance(value, datetime):
