@@ -65,6 +65,8 @@ class FakeAirflowApi:
         self.dag_paused = dict.fromkeys(("knowledge_reindex", "knowledge_rollback", "knowledge_model_migration",
                                          "knowledge_promote_shadow"), False)
         self.logs: dict[tuple[str, str], list[dict]] = {}
+        #: when the source watcher's Asset had events (a change seen)
+        self.source_events: list[str] = []
         self.runs: dict[tuple[str, str], dict] = {}
         self.seed("knowledge_reindex", "scheduled__2026-01-01T00:00:00+00:00", "success", "scheduled")
         self.seed("knowledge_reindex", "scheduled__2026-01-02T00:00:00+00:00", "failed", "scheduled")
@@ -128,6 +130,13 @@ class FakeAirflowApi:
                 dag.update(timetable_summary="0 3 * * *", timetable_description="At 03:00",
                            next_dagrun_run_after="2026-12-02T03:00:00Z")
             return 200, dag
+        if parts == ["assets"]:  # the source watcher's Asset, once it saw a change
+            name = query.get("name_pattern", [""])[0]
+            found = [{"id": 7, "name": name}] if self.source_events and name == f"kb_source_{self.settings.alias}" else []
+            return 200, {"assets": found, "total_entries": len(found)}
+        if parts == ["assets", "events"] and query.get("asset_id") == ["7"]:
+            newest = sorted(self.source_events, reverse=True)[: int(query.get("limit", ["100"])[0])]
+            return 200, {"asset_events": [{"timestamp": t} for t in newest], "total_entries": len(newest)}
         if len(parts) == 5 and parts[4] == "taskInstances" and (parts[1], parts[3]) in self.runs:
             if (parts[1], parts[3]) in self.retries:
                 return 200, {"task_instances": [{"state": "up_for_retry", "map_index": -1,
@@ -1000,6 +1009,24 @@ def test_airflow_says_the_schedule_the_next_run_and_a_task_waiting_for_its_retry
     runs = {r["dag_run_id"]: r for r in view["runs"]}
     assert runs[retried]["retrying"] == {"task_id": "build", "attempt": 2, "attempts": 3}
     assert runs["scheduled__2026-01-02T00:00:00+00:00"]["retrying"] is None  # failed: no retry asked of Airflow
+
+
+def test_the_page_says_whether_the_source_is_watched_and_when_it_last_changed(
+        site: tuple[Settings, FakeAirflowApi], tokens: dict[str, str]) -> None:
+    """Watched (KB_SOURCE_POLL_S > 0): how often, and the last change its watcher saw (its Asset's newest event in
+    Airflow); not watched: said, with nothing asked of Airflow's assets."""
+    from dataclasses import replace
+
+    settings, airflow = site
+    viewer, _user = _clients(replace(settings, source_poll_s=0.0), airflow, tokens)
+    assert viewer.get("/api/airflow").json()["source"] == {"watched": False, "poll_s": 0.0, "quiet_s": 5.0,
+                                                           "last_change": None, "error": None}
+    watched, _ = _clients(replace(settings, source_poll_s=15.0), airflow, tokens)
+    assert watched.get("/api/airflow").json()["source"]["last_change"] is None  # no change seen yet
+    airflow.source_events += ["2026-12-01T09:00:00Z", "2026-12-01T10:30:00Z"]
+    source = watched.get("/api/airflow").json()["source"]
+    assert source == {"watched": True, "poll_s": 15.0, "quiet_s": 5.0, "last_change": "2026-12-01T10:30:00Z",
+                      "error": None}
 
 
 def test_the_last_promotion_metrics_count_a_shadow_promoted_later(

@@ -47,6 +47,23 @@ class DagJson(TypedDict, total=False):
     next_dagrun_run_after: str | None  # when the scheduler starts the next run
 
 
+class AssetJson(TypedDict, total=False):
+    id: int
+    name: str
+
+
+class AssetPageJson(TypedDict, total=False):
+    assets: list[AssetJson]
+
+
+class AssetEventJson(TypedDict, total=False):
+    timestamp: str
+
+
+class AssetEventPageJson(TypedDict, total=False):
+    asset_events: list[AssetEventJson]
+
+
 class DagRunJson(TypedDict, total=False):
     dag_run_id: str
     state: str | None
@@ -263,6 +280,17 @@ class AirflowApi:
                                  TaskInstancePageJson, params={"state": "up_for_retry"})).get("task_instances", [])
         waiting = [t for t in tasks if t.get("state") == "up_for_retry"]
         return Retrying.of(waiting[0]) if waiting else None
+
+    async def last_asset_event(self, request: Request, asset_name: str) -> str | None:
+        """When the Asset `asset_name` last had an event (a source watcher's: a change seen), or None."""
+        assets = (await self.call(request, "GET", "assets", AssetPageJson,
+                                  params={"name_pattern": asset_name})).get("assets", [])
+        ids = [a["id"] for a in assets if a.get("name") == asset_name and "id" in a]
+        if not ids:
+            return None
+        events = (await self.call(request, "GET", "assets/events", AssetEventPageJson,
+                                  params={"asset_id": ids[0], "order_by": "-timestamp", "limit": 1}))
+        return next((e.get("timestamp") for e in events.get("asset_events", [])), None)
 
     async def dag(self, request: Request, dag_id: str) -> DagJson:
         return await self.call(request, "GET", f"dags/{dag_id}", DagJson)

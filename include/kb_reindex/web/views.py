@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from fastapi import Depends, FastAPI, HTTPException, Request
@@ -57,6 +57,18 @@ class RunAnswer:
 
 
 @dataclass(frozen=True)
+class SourceWatchView:
+    """Whether the knowledge base's source is watched (kb_reindex.airflow.triggers), how often, and when the
+    watcher last saw a change (its Asset's newest event; None: none yet, or Airflow did not say)."""
+
+    watched: bool
+    poll_s: float
+    quiet_s: float
+    last_change: str | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
 class AirflowAnswer:
     """/api/airflow: whether our DAGs are paused (None: the reindex's flag could not be read, then nothing else
     was asked), the reindex's schedule and next run, and their recent runs, newest first (a running one with
@@ -67,10 +79,12 @@ class AirflowAnswer:
     runs: tuple[DagRun, ...]
     errors: tuple[str, ...]
     schedule: Schedule | None = None
+    source: SourceWatchView | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"reindex_paused": self.reindex_paused, "paused": dict(self.paused),
                 "schedule": asdict(self.schedule) if self.schedule else None,
+                "source": asdict(self.source) if self.source else None,
                 "runs": [r.to_dict() for r in self.runs], "errors": list(self.errors)}
 
 
@@ -94,7 +108,19 @@ async def run_json(airflow: AirflowApi, dags: DagIds, request: Request, dag_id: 
         return RunAnswer(run, f"its task log could not be read: {refused.detail}")
 
 
-async def airflow_json(airflow: AirflowApi, dags: DagIds, request: Request) -> AirflowAnswer:
+async def source_watch(airflow: AirflowApi, settings: Settings, request: Request) -> SourceWatchView:
+    watched = settings.source_poll_s > 0
+    view = SourceWatchView(watched=watched, poll_s=settings.source_poll_s, quiet_s=settings.source_quiet_s)
+    if not watched:
+        return view
+    try:
+        return replace(view, last_change=await airflow.last_asset_event(request, f"kb_source_{settings.alias}"))
+    except HTTPException as refused:
+        return replace(view, error=str(refused.detail))
+
+
+async def airflow_json(airflow: AirflowApi, dags: DagIds, request: Request,
+                       settings: Settings | None = None) -> AirflowAnswer:
     """Whether our DAGs are paused and their recent runs, from Airflow's own records (runs that failed
     before reaching our code included), as the caller may see them; what could not be read is said."""
     async def dag(dag_id: str) -> DagJson | str:
@@ -120,7 +146,8 @@ async def airflow_json(airflow: AirflowApi, dags: DagIds, request: Request) -> A
     errors = [f for f in flags.values() if isinstance(f, str)] + [r for r in found if isinstance(r, str)]
     return AirflowAnswer(reindex_paused=reindex, runs=tuple(runs), errors=tuple(errors),
                          paused={d: f for d, f in flags.items() if isinstance(f, bool)},
-                         schedule=Schedule.of(reindex_dag) if "timetable_summary" in reindex_dag else None)
+                         schedule=Schedule.of(reindex_dag) if "timetable_summary" in reindex_dag else None,
+                         source=await source_watch(airflow, settings, request) if settings else None)
 
 
 def add_views(app: FastAPI, ctx: PageContext) -> None:
@@ -151,7 +178,7 @@ def add_views(app: FastAPI, ctx: PageContext) -> None:
 
     @app.get("/api/airflow", dependencies=auth.signed_in())
     async def airflow_view(request: Request) -> JSONResponse:
-        return JSONResponse((await airflow_json(ctx.airflow, ctx.dags, request)).to_dict())
+        return JSONResponse((await airflow_json(ctx.airflow, ctx.dags, request, ctx.settings_factory())).to_dict())
 
     @app.get("/ui", response_class=HTMLResponse)
     async def page(request: Request) -> Response:
