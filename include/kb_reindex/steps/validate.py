@@ -30,6 +30,7 @@ from kb_reindex.domain.lifecycle import BUILDING, READY, may_validate
 from kb_reindex.domain.model import VersionStatus
 from kb_reindex.steps.replay import load_replay_gate, replay
 from kb_reindex.services.runtime import Deps
+from kb_reindex.services.state.clock import utcnow
 from kb_reindex.services.state.versions import VersionRecord
 from kb_reindex.domain.validation_model import (
     CategoryScore,
@@ -281,13 +282,19 @@ def _score_failures(probes: Sequence[ProbeResult], hit_rate: float, mrr: float, 
 def _with_reports(deps: Deps, version: VersionRecord, result: ValidationResult) -> ValidationResult:
     """The reports written (Markdown and CSV, then HTML with the scores of every version) and named in the result."""
     # pandas and matplotlib: loaded only by a command that writes reports
-    from kb_reindex.steps.reports import write_html_report, write_validation_report
+    from kb_reindex.steps.reports import ReportKind, write_html_report, write_validation_report
 
-    result = replace(result, report=str(write_validation_report(deps.settings.reports_dir, version, result)))
+    kind = ReportKind()
+    if version.status not in (VersionStatus.BUILDING, VersionStatus.FAILED):
+        # a kept version checked again: a report of its own, never over the promotion report of its build
+        live = deps.state.live_version(version.alias)
+        kind = ReportKind.on_demand(utcnow(), live.version if live else None)
+    result = replace(result, report=str(write_validation_report(deps.settings.reports_dir, version, result, kind)))
     history = [{"version": v.version, "hit_rate": (v.validation or {}).get("hit_rate"), "mrr": (v.validation or {}).get("mrr")}
                for v in deps.state.list_versions(version.alias) if v.id != version.id]
     history.append({"version": version.version, "hit_rate": result.hit_rate, "mrr": result.mrr})
-    return replace(result, report_html=str(write_html_report(deps.settings.reports_dir, version, result, history)))
+    return replace(result, report_html=str(write_html_report(deps.settings.reports_dir, version, result, history,
+                                                             kind)))
 
 
 def sharper_gates(probes: Sequence[ProbeResult], categories: dict[str, str], golden: GoldenSet, *,
