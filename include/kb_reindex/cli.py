@@ -494,7 +494,8 @@ def _status_human(s: StatusView) -> str:
                       + ([f"\nlocks:\n{_table(data['locks'], ['name', 'owner', 'since', 'expires', 'owner_alive'])}"]
                          if s.locks else [])
                       + [f"NOTE: {n}" for n in s.notes]
-                      + [f"WARNING: live serves an {w.message} (look at it; never acted on)" for w in s.warnings]
+                      + [f"WARNING: live serves {'an' if w.message[0] in 'aeiou' else 'a'} {w.message} (look at it; "
+                         "never acted on)" for w in s.warnings]
                       + [f"PROBLEM: {p}" for p in (*s.problems, *([s.last_run_problem] if s.last_run_problem else []))])
 
 

@@ -76,6 +76,23 @@ def _int(env: Mapping[str, str], name: str, default: int, *, minimum: int) -> in
     return value
 
 
+#: near-duplicate chunks (kb_reindex.steps.duplicates): calibrated on multilingual-e5-small, bench/duplicates.py
+DEFAULT_DUPLICATE_COSINE = 0.975
+
+
+def _cosine(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not a number") from None
+    if not 0.0 < value <= 1.0:
+        raise ConfigError(f"{name}={raw} must be above 0 and at most 1 (1: only exact copies)")
+    return value
+
+
 def _minutes(env: Mapping[str, str], name: str) -> float:
     """A window in minutes, fractions allowed; 0 (the default) is off."""
     raw = env.get(name, "").strip()
@@ -244,6 +261,8 @@ class Settings:
     build_parallelism: int = 1
     # the tenant of a document whose front matter names none
     default_tenant: str = "default"
+    # cosine at or above which a new chunk and a chunk of another document are named near-duplicates
+    duplicate_cosine: float = DEFAULT_DUPLICATE_COSINE
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
@@ -318,6 +337,7 @@ class Settings:
             watch_interval_s=float(_int(env, "KB_WATCH_INTERVAL_S", 60, minimum=1)),
             build_parallelism=_int(env, "KB_BUILD_PARALLELISM", 1, minimum=1),
             default_tenant=_tenant(env),
+            duplicate_cosine=_cosine(env, "KB_DUPLICATE_COSINE", DEFAULT_DUPLICATE_COSINE),
         )
         settings = replace(settings, **overrides) if overrides else settings
         settings.check_build_parallelism()

@@ -324,6 +324,20 @@ class KnowledgeStore:
             name, query=list(vector), limit=k, with_payload=True, query_filter=query_filter
         ).points
 
+    def nearest_in_other_documents(self, name: str, queries: Sequence[tuple[Sequence[float], str]], *, limit: int,
+                                   score_threshold: float) -> list[list[models.ScoredPoint]]:
+        """For each (vector, knowledge_key), the `limit` nearest points of other documents scoring at least
+        `score_threshold` (the cosine, for this engine's collections), in one batch request."""
+        if not queries:
+            return []
+        requests = [models.QueryRequest(
+            query=list(vector), limit=limit, score_threshold=score_threshold,
+            with_payload=["knowledge_key", "chunk_index"],
+            filter=models.Filter(must_not=[models.FieldCondition(key="knowledge_key",
+                                                                 match=models.MatchValue(value=key))]))
+            for vector, key in queries]
+        return [answer.points for answer in self.client.query_batch_points(name, requests=requests)]
+
     # --- alias ---------------------------------------------------------------------------------
 
     def alias_target(self, alias: str) -> str | None:
