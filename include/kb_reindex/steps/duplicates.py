@@ -27,8 +27,8 @@ log = logging.getLogger(__name__)
 
 #: at most this many new chunks are searched for near-duplicates in one validation (a first build of a big corpus)
 MAX_NEAR_CHECKS = 2000
-#: points of other documents looked at per new chunk
-NEIGHBOURS = 3
+#: nearest points looked at per new chunk (itself and its own document's among them, passed over)
+NEIGHBOURS = 6
 _BATCH = 256
 
 
@@ -87,13 +87,14 @@ def near(deps: Deps, version: VersionRecord, changed: set[str]) -> list[ContentW
         records = {str(r.id): r for r in deps.store.retrieve(version.collection, [c.point_id for c in batch],
                                                               vectors=True, payload=False)}
         queries = [(c, records[c.point_id].vector) for c in batch if c.point_id in records]
-        answers = deps.store.nearest_in_other_documents(
-            version.collection, [(_dense(vector), c.knowledge_key) for c, vector in queries], limit=NEIGHBOURS,
-            score_threshold=threshold)
+        answers = deps.store.nearest(version.collection, [_dense(vector) for _, vector in queries],
+                                     limit=NEIGHBOURS, score_threshold=threshold)
         for (chunk, _), hits in zip(queries, answers, strict=True):
             for hit in hits:
                 payload = hit.payload or {}
                 other, score = str(payload.get("knowledge_key")), float(hit.score)
+                if other == chunk.knowledge_key:  # itself, or its own document's neighbours
+                    continue
                 pair = frozenset((chunk.knowledge_key, other))
                 if pair not in best or score > best[pair][0]:
                     best[pair] = (score, chunk.knowledge_key, other, chunk.chunk_index,
