@@ -410,6 +410,8 @@ def test_identical_and_near_identical_copies_are_named_as_duplicates_of_their_pa
     assert result["outcome"] == "promoted", result["error"]
     named = {(w["knowledge_key"], w["other_key"], "score" in w) for w in result["warnings"]}
     assert named == {("coupon-copy", "coupon-rules", False), ("return-policy-copy", "return-policy", True)}
+    assert result["validation"]["warnings"] == result["warnings"]
+    assert "## Tenant changes and duplicates (2)" in Path(result["validation"]["report"]).read_text(encoding="utf-8")
     near = next(w for w in result["warnings"] if "score" in w)
     assert near["score"] >= deps.settings.duplicate_cosine and "nearly identical" in near["text"]
     assert {(w.knowledge_key, w.other_key) for w in status_view(deps).warnings} == {

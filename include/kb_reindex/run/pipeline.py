@@ -84,7 +84,8 @@ class ValidationSummary:
         return {"passed": self.passed, "hit_rate": self.hit_rate, "mrr": self.mrr, "regressions": self.regressions,
                 "live_hit_rate": self.live_hit_rate, "live_mrr": self.live_mrr, "failures": list(self.failures),
                 "report": self.report, "by_category": self.by_category, "paired": self.paired,
-                "replay": self.replay.to_dict(per_query=False) if self.replay is not None else None}
+                "replay": self.replay.to_dict(per_query=False) if self.replay is not None else None,
+                "warnings": [w.to_dict() for w in self.warnings]}
 
 
 @dataclass(frozen=True)

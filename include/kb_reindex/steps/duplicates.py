@@ -26,7 +26,7 @@ from kb_reindex.services.state.versions import VersionRecord
 log = logging.getLogger(__name__)
 
 #: at most this many new chunks are searched for near-duplicates in one validation (a first build of a big corpus)
-MAX_NEAR_CHECKS = 2000
+MAX_NEAR_CHECKS = 500
 #: nearest points looked at per new chunk (itself and its own document's among them, passed over)
 NEIGHBOURS = 6
 _BATCH = 256

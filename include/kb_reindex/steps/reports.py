@@ -131,6 +131,10 @@ def write_validation_report(reports_dir: Path, version: VersionRecord, result: V
                   _markdown(pd.DataFrame(flagged, columns=["source", "line", "text"])), ""]
     else:
         lines += ["None found.", ""]
+    lines += [f"## Tenant changes and duplicates ({len(result.warnings)})", ""]
+    lines += ([_markdown(pd.DataFrame([w.to_dict() for w in result.warnings],
+                                      columns=["kind", "knowledge_key", "other_key", "text"])), ""]
+              if result.warnings else ["None found.", ""])
     lines += replay_markdown(result.replay)
     path = folder / f"{kind.name}.md"
     path.write_text("\n".join(lines), encoding="utf-8")
