@@ -422,3 +422,8 @@ def test_identical_and_near_identical_copies_are_named_as_duplicates_of_their_pa
     assert again["outcome"] == "promoted" and again["chunks"]["embedded"] < 10
     assert {(w["knowledge_key"], w["other_key"]) for w in again["warnings"]} == {
         ("coupon-copy", "coupon-rules"), ("return-policy-copy", "return-policy")}
+    from kb_reindex.steps.plan import plan
+
+    quiet = plan(deps)  # nothing changed since: what live serves, its validation's warnings included
+    assert quiet.no_change and {(w.knowledge_key, w.other_key) for w in quiet.warnings} == {
+        ("coupon-copy", "coupon-rules"), ("return-policy-copy", "return-policy")}
