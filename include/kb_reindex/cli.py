@@ -27,7 +27,7 @@ log = logging.getLogger("kb_reindex.cli")
 
 
 #: commands that never create a state DB or a local Qdrant folder: they only read
-NO_CREATE = frozenset({"status", "plan"})
+NO_CREATE = frozenset({"status", "plan", "query"})
 #: commands that need only the state DB (never Qdrant, which a stuck process may hold in local mode)
 STATE_ONLY = frozenset({"history", "unlock", "freeze", "unfreeze"})
 #: commands that, with several knowledge bases registered and none named, show all of them
@@ -91,10 +91,14 @@ def _parser(*, json_answer: bool = False) -> argparse.ArgumentParser:
     val = sub.add_parser("validate", parents=[common], help="validate a version (default: live) again")
     val.add_argument("--version", type=int, help="version number")
     val.set_defaults(func=_cmd_validate)
-    query = sub.add_parser("query", parents=[common], help="search the live version through the alias")
+    query = sub.add_parser("query", parents=[common], help="search the live version through the alias "
+                                                            "(or, with --version N, that version's collection)")
     query.add_argument("text")
     query.add_argument("-k", type=int, default=4)
     query.add_argument("--tenant", help="only this tenant's documents")
+    query.add_argument("--version", type=int, metavar="N",
+                       help="try version N (any status but deleted: a candidate, a shadow, a retired one) by "
+                            "searching its collection directly, not through the alias")
     query.add_argument("--expect-profile", help="refuse unless the alias serves this embedding profile")
     query.set_defaults(func=_cmd_query)
     sub.add_parser("gc", parents=[common], help="apply retention: drop failed and old retired versions").set_defaults(
@@ -297,7 +301,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     settings = kb.settings()
     if args.command == "bases":
         return _print_bases(args, registry, settings)
-    if args.command == "query":
+    if args.command == "query" and args.version is None:
         # Qdrant alone: the assistant's path keeps answering while the state DB is lost, locked or down
         return args.func(args, settings)
     if args.command in STATE_ONLY:
@@ -327,16 +331,33 @@ def _dispatch(args: argparse.Namespace) -> int:
 # --- one function per command: (args, deps) -> exit code -----------------------------------------
 
 
-def _cmd_query(args: argparse.Namespace, settings: Settings) -> int:
-    """Takes the settings, not deps: it opens Qdrant alone, through the alias."""
-    from kb_reindex.reader import search_knowledge
-    from kb_reindex.services.runtime import open_reader
+def _cmd_query(args: argparse.Namespace, settings_or_deps: Any) -> int:
+    """Through the alias it takes the settings, not deps, and opens Qdrant alone; `--version N` (deps: the state
+    DB names the version) searches that version's collection (`steps.tryout.search_version`)."""
+    if args.version is not None:
+        from kb_reindex.services.layouts import version_profile
+        from kb_reindex.steps.tryout import search_version
 
-    with open_reader(settings) as reader:
-        found = search_knowledge(reader, args.text, k=args.k, tenant=args.tenant, expect_profile=args.expect_profile)
-    answer = found.to_dict()
+        deps = settings_or_deps
+        if args.expect_profile is not None:
+            record = deps.state.get_version(deps.settings.alias, args.version)
+            if record is not None and version_profile(record) != args.expect_profile:
+                raise ConfigError(f"--expect-profile {args.expect_profile}: v{args.version} holds embedding profile "
+                                  f"{version_profile(record)}")
+        tried = search_version(deps, args.version, args.text, k=args.k, tenant=args.tenant)
+        answer = tried.to_dict()
+        head = (f"v{tried.version} ({tried.status}{', serving' if tried.serving else ', not serving'}, "
+                f"{tried.collection}){f' tenant {tried.tenant}' if tried.tenant else ''}:\n")
+    else:
+        from kb_reindex.reader import search_knowledge
+        from kb_reindex.services.runtime import open_reader
+
+        with open_reader(settings_or_deps) as reader:
+            found = search_knowledge(reader, args.text, k=args.k, tenant=args.tenant,
+                                     expect_profile=args.expect_profile)
+        answer, head = found.to_dict(), ""
     rows = [{**r, "text": (r["text"] or "").replace("\n", " ")[:60]} for r in answer["results"]]
-    _print(args, answer, _table(rows, ["score", "knowledge_key", "title", "text"]))
+    _print(args, answer, head + _table(rows, ["score", "knowledge_key", "title", "text"]))
     return 0
 
 
@@ -491,9 +512,10 @@ def _print_bases(args: argparse.Namespace, registry: Registry, settings: Setting
     rows = [{"alias": b.alias, "live": f"v{b.live_version}" if b.live_version else "-",
              "model": f"{b.embed_model} {b.dim}-d" if b.embed_model else "-", "frozen": "FROZEN" if b.frozen else "",
              "last run": f"{b.last_run.kind} {b.last_run.outcome} {b.last_run.started_at}" if b.last_run else "-",
+             "shadow": ", ".join(f"v{n} (never served)" for n in b.shadows),
              "schedule": when_it_runs(b.schedule, b.source_poll_s), "problem": "; ".join(b.problems)}
             for b in view.bases]
-    human = _table(rows, ["alias", "live", "model", "frozen", "last run", "schedule", "problem"])
+    human = _table(rows, ["alias", "live", "model", "frozen", "shadow", "last run", "schedule", "problem"])
     human += "".join(f"\nPROBLEM: registry: {refused}" for refused in view.refused)
     _print(args, view.to_dict(), human)
     return 1 if view.refused else 0
@@ -502,17 +524,40 @@ def _print_bases(args: argparse.Namespace, registry: Registry, settings: Setting
 def _status_human(s: StatusView) -> str:
     data = s.to_dict()
     rows = [{**row, "status": v.status + (" *rollback target" if v.rollback_target else "")
-             + (" *pinned" if v.pinned else "")} for v, row in zip(s.versions, data["versions"], strict=True)]
+             + (" *shadow, never served" if v.shadow else "") + (" *pinned" if v.pinned else "")}
+            for v, row in zip(s.versions, data["versions"], strict=True)]
     return "\n".join([_status_head(s), "", _table(rows, ["version", "status", "collection", "points", "embed_model",
                                                         "dim", "payload_layout", "hit_rate", "mrr", "created_at"])]
                       + ([f"\nFROZEN: {s.freeze.message} (promotions held; `kb-reindex unfreeze` lifts it)"]
                          if s.freeze else [])
                       + _pins_and_audit_human(s)
+                      + _metrics_human(s)
                       + ([f"\nlocks:\n{_table(data['locks'], ['name', 'owner', 'since', 'expires', 'owner_alive'])}"]
                          if s.locks else [])
                       + [f"NOTE: {n}" for n in s.notes]
-                      + [f"WARNING: live serves an {w.message} (look at it; never acted on)" for w in s.warnings]
+                      + [f"WARNING: live serves {'an' if w.message[0] in 'aeiou' else 'a'} {w.message} (look at it; "
+                         "never acted on)" for w in s.warnings]
                       + [f"PROBLEM: {p}" for p in (*s.problems, *([s.last_run_problem] if s.last_run_problem else []))])
+
+
+def _share(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1%}"
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:g} s"
+
+
+def _metrics_human(s: StatusView) -> list[str]:
+    """The run metrics (`status --json`'s `metrics`, the page's table), each labelled."""
+    m = s.metrics
+    return ["", f"metrics ({m.runs} reindex/migration run(s) counted): success rate {_share(m.run_success_rate)}, "
+                f"{m.failed_runs} failed; last run took {_seconds(m.last_run_duration_s)}",
+            f"  last promotion: {'-' if m.last_changed_chunks is None else m.last_changed_chunks} chunk(s) embedded, "
+            f"embedding reuse {_share(m.last_embedding_reuse_rate)}, source to searchable "
+            f"{_seconds(m.last_source_to_searchable_s)}",
+            f"  failures: {m.alias_switch_failures} alias switch, {m.embedding_failures} embedding; newest ready "
+            f"unpromoted version waiting {_seconds(m.ready_unpromoted_age_s)}"]
 
 
 def _cmd_status(args: argparse.Namespace, deps: Any) -> int:

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 from kb_reindex.services.config import Settings
 from kb_reindex.services.embedding import make_embedder
 from kb_reindex.domain.errors import ConfigError, KbError
-from kb_reindex.services.layouts import EMBED_RECIPE, embed_recipe, embedding_profile, payload_text
+from kb_reindex.services.layouts import EMBED_RECIPE, SearchHit, embed_recipe, embedding_profile
 from kb_reindex.services.store import KnowledgeStore
 
 
@@ -37,23 +37,6 @@ class ServingModel:
     version: int | None
     embed_profile: str | None
     payload_layout: str
-
-
-@dataclass(frozen=True)
-class SearchHit:
-    """One result, its text read from wherever the version's payload layout keeps it."""
-
-    knowledge_key: str | None
-    title: str | None
-    source: str | None
-    section: str | None
-    score: float
-    text: str | None
-
-    @classmethod
-    def of(cls, payload: dict[str, Any], score: float, layout: str) -> SearchHit:
-        return cls(knowledge_key=payload.get("knowledge_key"), title=payload.get("title"), source=payload.get("source"),
-                   section=payload.get("section"), score=round(float(score), 4), text=payload_text(payload, layout))
 
 
 @dataclass(frozen=True)

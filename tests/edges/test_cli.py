@@ -441,3 +441,65 @@ def test_rollback_names_what_it_brings_back_in_its_prompt_and_json(cli_env: Path
     differs = rolled["warnings"][-1]
     assert (differs["knowledge_key"], differs["line"]) == ("", 0)
     assert "hashing-ngram-v1 1024-d" in differs["text"] and "hashing-ngram-v2 512-d" in differs["text"]
+
+
+def test_a_version_is_tried_before_it_serves_and_a_shadow_is_marked_as_on_the_page(
+        cli_env: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`query --version N` searches that version's collection (a shadow here, never served), with its own model
+    and the reader's tenant filter; a deleted or unknown version is refused naming N. `status` and `bases` mark
+    the shadow as the page does ("shadow, never served"), and status prints the metrics the README promises."""
+    assert run_json(capsys, "run")[0] == 0
+    code, shadow = run_json(capsys, "migrate", "--embedder", "hashing", "--model", "hashing-ngram-v1", "--dim", "256",
+                            "--no-promote", "--min-hit-rate", "0", "--min-mrr", "0")
+    assert code == 0 and shadow["outcome"] == "shadow" and shadow["version"] == 2
+
+    code, tried = run_json(capsys, "query", "--version", "2", "优惠券过期了还能恢复吗", "-k", "3")
+    assert code == 0 and (tried["version"], tried["status"], tried["serving"]) == (2, "ready", False)
+    assert tried["embed_model"] == "hashing-ngram-v1" and len(tried["results"]) == 3
+    assert tried["collection"] == shadow["collection"]
+    code, through_alias = run_json(capsys, "query", "优惠券过期了还能恢复吗")
+    assert code == 0 and through_alias["version"] == 1  # the alias still serves v1
+    assert run_json(capsys, "query", "--version", "2", "--tenant", "vip", "优惠券")[1]["results"] == []
+    assert main(["query", "--version", "2", "优惠券", "-q"]) == 0
+    assert "v2 (ready, not serving" in capsys.readouterr().out
+
+    status = run_json(capsys, "status")[1]
+    assert sorted((v["version"], v["shadow"]) for v in status["versions"]) == [(1, False), (2, True)]
+    assert main(["status", "-q"]) == 0
+    human = capsys.readouterr().out
+    assert "ready *shadow, never served" in human
+    assert "metrics (2 reindex/migration run(s) counted): success rate 100.0%, 0 failed; last run took" in human
+    assert f"last promotion: {status['metrics']['last_changed_chunks']} chunk(s) embedded, embedding reuse" in human
+    assert "failures: 0 alias switch, 0 embedding; newest ready unpromoted version waiting" in human
+    assert run_json(capsys, "bases")[1]["knowledge_bases"][0]["shadows"] == [2]
+    assert main(["bases", "-q"]) == 0 and "v2 (never served)" in capsys.readouterr().out
+
+    assert run_json(capsys, "drop", "--version", "2")[0] == 0
+    for number, said in (("2", "was deleted"), ("9", "no version 9")):
+        code, refused = run_json(capsys, "query", "--version", number, "优惠券")
+        assert code == 2 and refused["error_kind"] == "config" and said in refused["error"], refused
+        assert f"--version {number}" in refused["error"]
+
+
+def test_validate_writes_a_report_of_its_own_and_keeps_the_promotion_report(
+        cli_env: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`validate --version N` of a kept version writes `validate-<stamp>.md` beside the promotion report, naming
+    what serves now; the promotion report `validation.md` stays as the build wrote it, against live as it was."""
+    assert run_json(capsys, "run")[0] == 0
+    doc = cli_env / "knowledge" / "docs" / "coupon-rules.md"
+    doc.write_text(doc.read_text(encoding="utf-8") + "\n\n补充：券不可转让。\n", encoding="utf-8")
+    assert run_json(capsys, "run")[1]["version"] == 2
+    folder = cli_env / ".kb" / "reports" / "mall_knowledge"
+    promotion = {n: (folder / f"v{n}" / "validation.md").read_text(encoding="utf-8") for n in (1, 2)}
+    assert "- hit@4: " in promotion[2] and ", live v1 (" in promotion[2]
+
+    for number in (2, 1):  # live, then retired
+        code, checked = run_json(capsys, "validate", "--version", str(number))
+        assert code == 0, checked
+        report = Path(checked["report"])
+        assert report.parent == folder / f"v{number}" and report.name.startswith("validate-"), report
+        assert report.with_suffix(".csv").is_file() and report.with_suffix(".html").is_file()
+        text = report.read_text(encoding="utf-8")
+        assert "(on demand)" in text and "live now: v2" in text
+        assert (folder / f"v{number}" / "validation.md").read_text(encoding="utf-8") == promotion[number]
+    assert "v1 (the version v2 was built on)" in next((folder / "v2").glob("validate-*.md")).read_text(encoding="utf-8")

@@ -1057,3 +1057,18 @@ def test_the_dag_tasks_pass_on_who_triggered_their_run(monkeypatch: pytest.Monke
         monkeypatch.setattr(constants, "get_current_context",
                             lambda r=recorded: {"dag_run": SimpleNamespace(triggering_user_name=r)})
         assert constants.triggering_user() == expected
+
+
+def test_the_page_tries_a_chosen_version_before_it_serves(busy_site: tuple[Settings, FakeAirflowApi],
+                                                          tokens: dict[str, str]) -> None:
+    """The page's question box: a version's own collection (the shadow v4 here, never served), as
+    `kb-reindex query --version N`; an unknown version is refused naming it, and asking needs a sign-in."""
+    settings, airflow = busy_site
+    viewer, _user = _clients(settings, airflow, tokens)
+    tried = viewer.post("/api/try", json={"version": 4, "question": "优惠券过期了还能恢复吗"}).json()
+    assert (tried["version"], tried["status"], tried["serving"]) == (4, "ready", False) and len(tried["results"]) == 4
+    assert tried["results"][0]["knowledge_key"] and tried["results"][0]["text"]
+    refused = viewer.post("/api/try", json={"version": 99, "question": "优惠券"})
+    assert refused.status_code == 422 and "no version 99" in refused.json()["detail"]
+    anonymous = TestClient(create_app(settings_factory=lambda: settings, airflow_api_url=airflow.url))
+    assert anonymous.post("/api/try", json={"version": 4, "question": "优惠券"}).status_code == 401

@@ -250,5 +250,22 @@ def test_a_harmless_edit_passes_every_gate_and_is_promoted(e5_deps: Deps) -> Non
     result = run_reindex(e5_deps)
     assert result["outcome"] == "promoted", result.get("error")
     assert result["validation"]["failures"] == [] and result["validation"]["regressions"] == 0
+    # the edited page's chunks searched against the shipped pages: none is a near-duplicate at KB_DUPLICATE_COSINE
+    assert result["warnings"] == []
     # only the edited page's chunks were embedded again; the others' e5 vectors were copied
     assert 0 < result["chunks"]["embedded"] < result["chunks"]["copied"] and live_version(e5_deps) > before
+
+
+def test_near_copies_of_a_page_are_named_as_duplicates_with_the_threshold_calibrated_on_e5(e5_deps: Deps) -> None:
+    """The trial's near-copies of one page, retitled (one with a sentence added): each is a `duplicate` warning
+    naming the copy and the page, at or above the cosine calibrated on e5 (bench/duplicates.py)."""
+    text = (e5_deps.settings.knowledge_dir / "return-policy.md").read_text(encoding="utf-8")
+    write_doc(e5_deps.settings.root, "return-policy-2026", text.replace("退换货政策", "退换货政策（2026版）"))
+    write_doc(e5_deps.settings.root, "return-policy-faq", text.replace("退换货政策", "退货常见问题").replace(
+        "制定以下退换货政策。", "制定以下退换货政策。如有疑问，请联系在线客服。"))
+    result = run_reindex(e5_deps)
+    duplicates = [w for w in result["warnings"] if w["kind"] == "duplicate"]
+    assert {(w["knowledge_key"], w["other_key"]) for w in duplicates if w["other_key"] == "return-policy"} == {
+        ("return-policy-2026", "return-policy"), ("return-policy-faq", "return-policy")}
+    assert all(w["score"] >= e5_deps.settings.duplicate_cosine == 0.975 for w in duplicates if "score" in w)
+    assert all("return-policy-" in w["knowledge_key"] + w["other_key"] for w in duplicates), duplicates

@@ -162,6 +162,13 @@ def test_retention_victims_never_include_protected_versions(deps: Deps) -> None:
     victims = retention_victims(versions, keep=0, protected={target.id})
     assert {v.version for v in victims} == {1}
     assert all(v.status != "live" for v in victims)
+    # KB_KEEP_VERSIONS counts retired versions besides live and the rollback target (v2), as documented:
+    # keep=1 keeps v1 too, and a pin is kept on top of it
+    live = deps.state.live_version(ALIAS)
+    assert retention_victims(versions, keep=1, protected={live.id, target.id}) == []
+    assert [v.version for v in retention_victims(versions, keep=0, protected={live.id, target.id})] == [1]
+    # no rollback target: keep=1 is the newest retired one (v2)
+    assert [v.version for v in retention_victims(versions, keep=1, protected={live.id})] == [1]
 
 
 def test_full_run_with_state_on_mysql(settings, mysql_url: str) -> None:

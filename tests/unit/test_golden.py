@@ -37,6 +37,8 @@ def test_shipped_golden_set_covers_every_document() -> None:
         ("probes: [{query: q, expected: [x]}]", "probes[0]: 'id'"),
         ("probes: [{id: a, query: q, expected: [x]}, {id: a, query: r, expected: [x]}]", "id is used twice"),
         ("k: [unclosed", "not valid YAML"),
+        ("probes: [{id: a, query: q, expected: [x], tenant: ''}]", "probe 'a': 'tenant' must be non-empty text"),
+        ("probes: [{id: a, query: q, expected: [x], tenant: [vip]}]", "probe 'a': 'tenant' must be non-empty text"),
     ],
 )
 def test_malformed_golden_set_names_the_field(tmp_path: Path, text: str, message: str) -> None:
@@ -124,3 +126,30 @@ def test_airflow_plan_task_fails_for_good_on_a_bad_golden_set(project: Path, mon
     with open_deps(Settings.from_env()) as deps:
         assert deps.state.get_run("airflow__plan__golden").outcome == "failed"
         assert deps.state.list_versions(deps.settings.alias) == []
+
+
+def test_a_probe_whose_document_left_its_tenant_fails_by_name_whatever_the_regressions_allow(tmp_path: Path) -> None:
+    from kb_reindex.steps.golden import invisible_to_tenant
+
+    golden = load_golden_set(write(tmp_path, "max_regressions: 5\nprobes: [{id: ship, query: q, expected: [shipping], "
+                                             "tenant: default}, {id: any, query: q, expected: [shipping]}]"))
+    assert golden.probes[0].tenant == "default" and golden.probes[1].tenant is None
+    assert invisible_to_tenant(golden, {"shipping": "default"}, version=2) == []
+    failures = invisible_to_tenant(golden, {"shipping": "vip"}, was={"shipping": "default"}, version=2, live_version=1)
+    assert failures == ["probe ship (tenant default): its document shipping is under tenant vip in v2 (tenant default "
+                        "in live v1), so tenant default no longer finds it (a tenant gate: max_regressions does not "
+                        "apply)"]
+
+
+def test_identical_chunks_of_two_documents_are_one_warning_on_the_changed_one() -> None:
+    from kb_reindex.services.state.manifests import ManifestChunk
+    from kb_reindex.steps.duplicates import identical
+
+    rows = [ManifestChunk("p1", "coupon-copy", None, 0, "h0"), ManifestChunk("p2", "coupon-copy", None, 1, "h1"),
+            ManifestChunk("p3", "coupon-rules", None, 0, "h0"), ManifestChunk("p4", "coupon-rules", None, 1, "h1")]
+    [warning] = identical(rows, changed={"coupon-copy"})
+    assert (warning.kind, warning.knowledge_key, warning.other_key, warning.line) == (
+        "duplicate", "coupon-copy", "coupon-rules", None)
+    assert warning.text == "chunk 0 is identical to chunk 0 of coupon-rules (2 identical chunks)"
+    assert warning.to_dict() == {"kind": "duplicate", "knowledge_key": "coupon-copy", "line": None,
+                                 "text": warning.text, "other_key": "coupon-rules"}

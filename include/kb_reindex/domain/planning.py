@@ -9,11 +9,12 @@ They are frozen dataclasses. A dict appears only where JSON or XCom carries one:
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any
 
 from kb_reindex.domain.model import RunKind
+from kb_reindex.domain.validation_model import ContentWarning
 
 #: how many document keys of each kind a plan names (the counts are always whole)
 DOC_KEYS_SHOWN = 50
@@ -135,29 +136,6 @@ class AuditResult:
                    points=int(data["points"]), missing=int(data["missing"]), orphans=int(data["orphans"]),
                    missing_ratio=float(data["missing_ratio"]), orphan_ratio=float(data["orphan_ratio"]),
                    mode=AuditMode(data.get("mode") or AuditMode.FULL), sampled=data.get("sampled"))
-
-
-@dataclass(frozen=True)
-class ContentWarning:
-    """What a check cannot judge and a person should see before it serves: `kind` `instruction` (a line that
-    reads as an instruction to the assistant), in document `knowledge_key` at `line` of its file."""
-
-    kind: str
-    knowledge_key: str
-    line: int
-    text: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> ContentWarning:
-        return cls(kind=str(data["kind"]), knowledge_key=str(data["knowledge_key"]), line=int(data["line"]),
-                   text=str(data["text"]))
-
-    @property
-    def message(self) -> str:
-        return f"{self.kind}-like line in {self.knowledge_key} line {self.line}: {self.text}"
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,51 @@ class FlaggedLine(TypedDict):
     text: str
 
 
+#: the kinds of `ContentWarning`
+INSTRUCTION, TENANT_CHANGED, DUPLICATE = "instruction", "tenant_changed", "duplicate"
+
+
+@dataclass(frozen=True)
+class ContentWarning:
+    """What a check cannot judge and a person should see before it serves, in document `knowledge_key`:
+    - `instruction`: a line that reads as an instruction to the assistant, at `line` of its file;
+    - `tenant_changed`: the document serves another tenant than in the version compared with (`text` says
+      which), so a reader passing the old tenant no longer finds it;
+    - `duplicate`: a chunk that repeats one of document `other_key`, identically (same chunk hash) or nearly
+      (`score`: the cosine of their vectors, at or above the calibrated threshold); `line` is None."""
+
+    kind: str
+    knowledge_key: str
+    line: int | None
+    text: str
+    other_key: str | None = None
+    score: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"kind": self.kind, "knowledge_key": self.knowledge_key, "line": self.line,
+                               "text": self.text}
+        if self.other_key is not None:
+            out["other_key"] = self.other_key
+        if self.score is not None:
+            out["score"] = self.score
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ContentWarning:
+        line = data.get("line")
+        return cls(kind=str(data["kind"]), knowledge_key=str(data["knowledge_key"]),
+                   line=None if line is None else int(line), text=str(data["text"]), other_key=data.get("other_key"),
+                   score=data.get("score"))
+
+    @property
+    def message(self) -> str:
+        if self.kind == TENANT_CHANGED:
+            return f"tenant change of {self.knowledge_key}: {self.text}"
+        if self.kind == DUPLICATE:
+            return f"duplicate of {self.other_key} in {self.knowledge_key}: {self.text}"
+        return f"{self.kind}-like line in {self.knowledge_key} line {self.line}: {self.text}"
+
+
 @dataclass(frozen=True)
 class Check:
     """One structural check: `name` (stored as `check`), whether it passed, and what was seen."""
@@ -295,6 +340,8 @@ class ValidationResult:
     probes_fingerprint: str | None = None
     flagged_instructions: tuple[FlaggedLine, ...] = ()
     replay: ReplayReport | None = None  # None: not run (the structural checks failed)
+    #: tenant changes and duplicates this validation found (instruction-like lines are `flagged_instructions`)
+    warnings: tuple[ContentWarning, ...] = ()
     report: str | None = None
     report_html: str | None = None
     extra: dict[str, Any] = field(default_factory=dict, compare=False)  # keys of an older record kept as they were
@@ -313,6 +360,7 @@ class ValidationResult:
             "paired": self.paired.to_dict() if self.paired else None, "probes_fingerprint": self.probes_fingerprint,
             "flagged_instructions": [dict(f) for f in self.flagged_instructions],
             "replay": self.replay.to_dict() if self.replay is not None else None,
+            "warnings": [w.to_dict() for w in self.warnings],
         }
         if self.report is not None:
             out["report"] = self.report
@@ -341,6 +389,7 @@ class ValidationResult:
             probes_fingerprint=data.get("probes_fingerprint"),
             flagged_instructions=tuple(data.get("flagged_instructions") or ()),
             replay=ReplayReport.from_dict(replayed) if replayed is not None else None,
+            warnings=tuple(ContentWarning.from_dict(w) for w in data.get("warnings") or ()),
             report=data.get("report"), report_html=data.get("report_html"),
             extra={k: v for k, v in data.items() if k not in _KNOWN},
         )

@@ -8,6 +8,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from kb_reindex.domain.errors import StateEmpty, StateMissing
+from kb_reindex.domain.model import VersionStatus
+from kb_reindex.rules.alias import has_served
 from kb_reindex.run.status import last_run_problem
 from kb_reindex.services.registry import KnowledgeBase, Registry
 from kb_reindex.services.state.clock import utc_stamp
@@ -41,6 +43,8 @@ class BaseSummary:
     last_run: LastRun | None
     #: what on-call should look at first: the last run failed, nothing serves yet
     problems: tuple[str, ...]
+    #: shadow versions (ready, never served: only a promotion puts one live), as the page marks them
+    shadows: tuple[int, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -72,6 +76,7 @@ def summary(state: StateStore | None, kb: KnowledgeBase) -> BaseSummary:
         last = LastRun(run_id=r.run_id, kind=r.kind, outcome=r.outcome, started_at=utc_stamp(r.started_at),
                        finished_at=utc_stamp(r.finished_at) if r.finished_at else None, error=r.error)
     problems = [p for p in [last_run_problem(state, kb.alias) if state is not None else None] if p]
+    ready = state.list_versions(kb.alias, statuses=[VersionStatus.READY]) if state is not None else []
     if live is None:
         problems.append(f"no version serves yet: trigger {kb.dag_id('knowledge_reindex')}")
     return BaseSummary(alias=kb.alias, dag_id=kb.dag_id("knowledge_reindex"), schedule=kb.schedule,
@@ -79,7 +84,8 @@ def summary(state: StateStore | None, kb: KnowledgeBase) -> BaseSummary:
                        live_version=live.version if live else None, collection=live.collection if live else None,
                        embed_model=live.embed_model if live else None, dim=live.embed_dim if live else None,
                        frozen=freeze is not None, freeze_reason=freeze.reason if freeze is not None else None,
-                       last_run=last, problems=tuple(problems))
+                       last_run=last, problems=tuple(problems),
+                       shadows=tuple(sorted(v.version for v in ready if not has_served(v))))
 
 
 def bases_view(registry: Registry, state_url: str) -> BasesView:

@@ -15,7 +15,7 @@ from typing import Any
 from kb_reindex.rules.checks import structural_problems
 from kb_reindex.services.config import Settings
 from kb_reindex.domain.errors import KbError, StateEmpty, StateMissing, classify
-from kb_reindex.domain.planning import ContentWarning
+from kb_reindex.domain.validation_model import ContentWarning
 from kb_reindex.run.runs import rollback_warnings
 from kb_reindex.steps.golden import load_golden_set, lowered_threshold_advice
 from kb_reindex.services.runtime import StateDeps, open_deps

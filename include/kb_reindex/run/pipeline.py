@@ -31,7 +31,7 @@ from kb_reindex.services.runtime import Deps, new_run_id
 from kb_reindex.steps.snapshot import snapshot_plan
 from kb_reindex.services.state.versions import VersionRecord
 from kb_reindex.steps.validate import validate
-from kb_reindex.domain.validation_model import ReplayReport, ValidationResult
+from kb_reindex.domain.validation_model import ContentWarning, ReplayReport, ValidationResult
 
 log = logging.getLogger(__name__)
 
@@ -76,12 +76,15 @@ class ValidationSummary:
     by_category: list[dict[str, Any]] | None = None
     paired: dict[str, Any] | None = None
     replay: ReplayReport | None = None  # its totals only are carried
+    #: tenant changes and duplicates the validation found (the run's `warnings` list them after the plan's)
+    warnings: tuple[ContentWarning, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {"passed": self.passed, "hit_rate": self.hit_rate, "mrr": self.mrr, "regressions": self.regressions,
                 "live_hit_rate": self.live_hit_rate, "live_mrr": self.live_mrr, "failures": list(self.failures),
                 "report": self.report, "by_category": self.by_category, "paired": self.paired,
-                "replay": self.replay.to_dict(per_query=False) if self.replay is not None else None}
+                "replay": self.replay.to_dict(per_query=False) if self.replay is not None else None,
+                "warnings": [w.to_dict() for w in self.warnings]}
 
 
 @dataclass(frozen=True)
@@ -111,7 +114,8 @@ class RunResult:
                                "error": self.error, "error_kind": self.error_kind}
         if self.plan is not None:
             out.update(plan=self.plan.to_dict(), notes=list(self.plan.notes), doc_keys=self.plan.doc_keys.to_dict(),
-                       warnings=[w.to_dict() for w in self.plan.warnings])
+                       warnings=[w.to_dict() for w in (*self.plan.warnings,
+                                                        *(self.validation.warnings if self.validation else ()))])
         optional = {"audit": self.plan.audit.to_dict() if self.plan and self.plan.audit else None,
                     "build": self.build.to_dict() if self.build else None,
                     "lowered_thresholds": self.lowered_thresholds,
@@ -146,7 +150,8 @@ def validation_summary(result: dict[str, Any] | ValidationResult) -> ValidationS
         failures=tuple(record["failures"]), live_hit_rate=record.get("live_hit_rate"),
         live_mrr=record.get("live_mrr"), report=record.get("report"), by_category=record.get("by_category"),
         paired=record.get("paired"),
-        replay=ReplayReport.from_dict(replayed) if (replayed := record.get("replay")) is not None else None)
+        replay=ReplayReport.from_dict(replayed) if (replayed := record.get("replay")) is not None else None,
+        warnings=tuple(ContentWarning.from_dict(w) for w in record.get("warnings") or ()))
 
 
 @dataclass(frozen=True)

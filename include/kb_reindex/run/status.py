@@ -21,7 +21,8 @@ from kb_reindex.services.layouts import version_profile
 from kb_reindex.rules.locking import alias_lock_name, reindex_lock_name
 from kb_reindex.steps.querylog import QueryLogView
 from kb_reindex.steps.plan import content_warnings
-from kb_reindex.domain.planning import ContentWarning, DocChanges
+from kb_reindex.domain.planning import DocChanges
+from kb_reindex.domain.validation_model import ContentWarning
 from kb_reindex.domain.model import SUCCEEDED, RunKind, RunOutcome, VersionStatus
 from kb_reindex.services.runtime import Deps, StateDeps
 from kb_reindex.services.state.history import AliasEvent, PinRecord
@@ -80,7 +81,8 @@ class VersionRow:
     snapshot: QdrantSnapshotRef | None
     pinned: bool
     pin: PinView | None
-    #: what its files held that no check judges (instruction-like lines), as its validation recorded them
+    #: what its files held that no check judges (instruction-like lines, tenant changes, duplicates), as its
+    #: validation recorded them
     warnings: tuple[ContentWarning, ...] = ()
     #: the documents its plan added, changed and removed against its base (None: not recorded)
     changes: DocChanges | None = None
@@ -164,7 +166,8 @@ class StatusView:
 
     @property
     def warnings(self) -> tuple[ContentWarning, ...]:
-        """What live serves that no check judges (its instruction-like lines): shown to on-call."""
+        """What live serves that no check judges (instruction-like lines, tenant changes, duplicates): shown to
+        on-call."""
         return self.live_row.warnings if self.live_row else ()
 
     @property
@@ -393,7 +396,8 @@ def version_row(v: VersionRecord, *, target: VersionRecord | None, pins: dict[in
         serving=v.collection == serving, error=v.error, run_id=v.run_id,
         collection_config=collection_config, snapshot=v.snapshot_view(),
         pinned=v.version in pins, pin=pin_view(pins.get(v.version)),
-        warnings=content_warnings(validation.get("flagged_instructions") or ()),
+        warnings=content_warnings(validation.get("flagged_instructions") or ())
+        + tuple(ContentWarning.from_dict(w) for w in validation.get("warnings") or ()),
         changes=DocChanges.from_dict(v.doc_changes) if v.doc_changes else None,
     )
 

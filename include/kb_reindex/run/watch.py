@@ -119,7 +119,7 @@ def check_once(deps: Deps, version: VersionRecord, *, probe_vectors: list[list[f
     hit_before = {p["probe"] for p in (version.validation or {}).get("probes") or [] if p.get("rank_candidate")}
     ranks, lost = [], []
     for probe, vector in zip(golden.probes, probe_vectors, strict=True):
-        hits = deps.store.search(alias, vector, k=golden.k)
+        hits = deps.store.search(alias, vector, k=golden.k, tenant=probe.tenant)
         rank = first_hit_rank([str((h.payload or {}).get("knowledge_key")) for h in hits], probe.expected)
         ranks.append(rank)
         if rank is None and probe.id in hit_before:

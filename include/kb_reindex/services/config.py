@@ -99,6 +99,23 @@ def _seconds(env: Mapping[str, str], name: str, default: float, *, most: float =
     return value
 
 
+#: near-duplicate chunks (kb_reindex.steps.duplicates): calibrated on multilingual-e5-small, bench/duplicates.py
+DEFAULT_DUPLICATE_COSINE = 0.975
+
+
+def _cosine(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not a number") from None
+    if not 0.0 < value <= 1.0:
+        raise ConfigError(f"{name}={raw} must be above 0 and at most 1 (1: only exact copies)")
+    return value
+
+
 def _minutes(env: Mapping[str, str], name: str) -> float:
     """A window in minutes, fractions allowed; 0 (the default) is off."""
     raw = env.get(name, "").strip()
@@ -272,6 +289,8 @@ class Settings:
     # once it stayed unchanged this long
     source_poll_s: float = 15.0
     source_quiet_s: float = 5.0
+    # cosine at or above which a new chunk and a chunk of another document are named near-duplicates
+    duplicate_cosine: float = DEFAULT_DUPLICATE_COSINE
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
@@ -348,6 +367,7 @@ class Settings:
             default_tenant=_tenant(env),
             source_poll_s=_seconds(env, "KB_SOURCE_POLL_S", 15.0),
             source_quiet_s=_seconds(env, "KB_SOURCE_QUIET_S", 5.0),
+            duplicate_cosine=_cosine(env, "KB_DUPLICATE_COSINE", DEFAULT_DUPLICATE_COSINE),
         )
         settings = replace(settings, **overrides) if overrides else settings
         settings.check_build_parallelism()

@@ -159,6 +159,24 @@ def payload_text(payload: Mapping[str, Any], spec: str | None) -> str | None:
     return payload.get(text_key)
 
 
+@dataclass(frozen=True)
+class SearchHit:
+    """One search result, its text read from wherever the version's payload layout keeps it: what the reader
+    (`kb_reindex.reader`) answers through the alias, and a try-out of one version (`kb_reindex.steps.tryout`)."""
+
+    knowledge_key: str | None
+    title: str | None
+    source: str | None
+    section: str | None
+    score: float
+    text: str | None
+
+    @classmethod
+    def of(cls, payload: Mapping[str, Any], score: float, layout: str) -> SearchHit:
+        return cls(knowledge_key=payload.get("knowledge_key"), title=payload.get("title"), source=payload.get("source"),
+                   section=payload.get("section"), score=round(float(score), 4), text=payload_text(payload, layout))
+
+
 def payload_problems(payload: Mapping[str, Any], spec: str | None) -> list[str]:
     """What a consumer of this layout would miss in the payload: the engine's fields, the text, and the
     fields the consumer cites from. Empty when well-formed."""

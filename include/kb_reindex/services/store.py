@@ -324,6 +324,18 @@ class KnowledgeStore:
             name, query=list(vector), limit=k, with_payload=True, query_filter=query_filter
         ).points
 
+    def nearest(self, name: str, vectors: Sequence[Sequence[float]], *, limit: int,
+                score_threshold: float) -> list[list[models.ScoredPoint]]:
+        """For each vector, its `limit` nearest points scoring at least `score_threshold` (the cosine, for this
+        engine's collections), with their knowledge_key and chunk_index, in one batch request. Unfiltered (the
+        caller drops what it does not want): in local mode a `must_not` filter made the searches 1.6 times slower
+        (2,000 of 10k points: 562 s against 344 s at load 6; local mode recomputes every point's norm per query)."""
+        if not vectors:
+            return []
+        requests = [models.QueryRequest(query=list(vector), limit=limit, score_threshold=score_threshold,
+                                        with_payload=["knowledge_key", "chunk_index"]) for vector in vectors]
+        return [answer.points for answer in self.client.query_batch_points(name, requests=requests)]
+
     # --- alias ---------------------------------------------------------------------------------
 
     def alias_target(self, alias: str) -> str | None:

@@ -21,6 +21,8 @@ class Probe:
     query: str
     expected: tuple[str, ...]
     category: str | None = None  # None: the category of its first expected document
+    #: the tenant the caller passes: scored with that tenant's filter, as the reader applies it (None: no filter)
+    tenant: str | None = None
 
 
 @dataclass(frozen=True)
@@ -92,8 +94,13 @@ def load_golden_set(path: Path, *, text: str | None = None) -> GoldenSet:
         category = raw.get("category")
         if category is not None and (not isinstance(category, str) or not category.strip()):
             raise GoldenSetError(f"{at}: 'category' must be non-empty text when given, got {category!r}")
+        tenant = raw.get("tenant")
+        if tenant is not None and (not isinstance(tenant, str) or not tenant.strip()):
+            raise GoldenSetError(f"{at}: 'tenant' must be non-empty text when given (the tenant the assistant "
+                                 f"passes to the reader), got {tenant!r}")
         probes.append(Probe(id=probe_id, query=query.strip(), expected=tuple(expected),
-                            category=category.strip() if category else None))
+                            category=category.strip() if category else None,
+                            tenant=tenant.strip() if tenant else None))
     alpha = _fraction(data, "paired_alpha", 0.05, where)
     if not 0.0 < alpha < 1.0:
         raise GoldenSetError(f"{where}: 'paired_alpha' must be above 0 and below 1, got {alpha!r}")
@@ -120,6 +127,28 @@ def check_probe_keys(golden: GoldenSet, keys: set[str], *, where: str | None = N
             + f"{len(missing)} golden probe(s) name knowledge_keys in 'expected' that are not in the corpus: "
             + "; ".join(missing)
         )
+
+
+def invisible_to_tenant(golden: GoldenSet, tenants: dict[str, str], *, was: dict[str, str] | None = None,
+                        version: int, live_version: int | None = None) -> list[str]:
+    """A gate failure for each probe naming a tenant whose expected document that tenant cannot see in this
+    version (`tenants`: knowledge_key -> tenant of its documents; `was`: live's, to say what it was): the reader
+    filters by tenant, so that customer's question lost its answer whatever `max_regressions` allows."""
+    failures = []
+    for probe in golden.probes:
+        if probe.tenant is None:
+            continue
+        for key in probe.expected:
+            now = tenants.get(key)
+            if now is None or now == probe.tenant:
+                continue
+            before = (was or {}).get(key)
+            since = (f" (tenant {before} in live v{live_version})" if before is not None and live_version is not None
+                     else "")
+            failures.append(f"probe {probe.id} (tenant {probe.tenant}): its document {key} is under tenant {now} in "
+                            f"v{version}{since}, so tenant {probe.tenant} no longer finds it (a tenant gate: "
+                            "max_regressions does not apply)")
+    return failures
 
 
 def check_golden_set(path: Path, keys: set[str]) -> GoldenSet:

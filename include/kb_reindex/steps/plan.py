@@ -15,6 +15,7 @@ from typing import Any
 
 from kb_reindex.rules.alias import drift_advice
 from kb_reindex.rules.audit import audit_live
+from kb_reindex.rules.content_warnings import warn
 from kb_reindex.services.chunking import chunking_version
 from kb_reindex.services.config import DEFAULT_DIMS, model_or_default
 from kb_reindex.services.corpus import CorpusScan, cache_root, quick_fingerprint, scan_corpus
@@ -24,8 +25,8 @@ from kb_reindex.steps.golden import check_golden_set
 from kb_reindex.services.layouts import embedding_profile, layout_spec, version_profile
 from kb_reindex.rules.manifest import Prepared
 from kb_reindex.domain.model import RunKind
-from kb_reindex.domain.planning import AuditResult, ChunkCounts, ContentWarning, DocCounts, DocKeys, Plan
-from kb_reindex.domain.validation_model import FlaggedLine
+from kb_reindex.domain.planning import AuditResult, ChunkCounts, DocCounts, DocKeys, Plan
+from kb_reindex.domain.validation_model import ContentWarning, FlaggedLine, ValidationResult
 from kb_reindex.services.sources import knowledge_key_for
 from kb_reindex.steps.replay import load_replay_gate
 from kb_reindex.services.runtime import Deps
@@ -168,8 +169,9 @@ def _unchanged_from_hashes(deps: Deps, live: VersionRecord, recipe: Recipe, *, n
     if record and quick.rehashed:
         deps.state.record_file_hashes(root, quick.rehashed, replace_all=False)
     plan = _no_change_plan(settings.alias, live, len(quick.keys), recipe.target, notes=notes, audit=audit)
-    snapshot = deps.state.snapshot(live.id)  # the same files as live's: its plan's warnings stand
-    plan = replace(plan, warnings=warn(settings.alias, content_warnings(snapshot.flagged if snapshot else [])))
+    snapshot = deps.state.snapshot(live.id)  # the same files as live's: its plan's and validation's warnings stand
+    plan = replace(plan, warnings=warn(settings.alias, content_warnings(snapshot.flagged if snapshot else [])
+                                       + ValidationResult.from_dict(live.validation or {}).warnings))
     return Prepared(plan=plan, scan=None, live=live)
 
 
@@ -304,14 +306,6 @@ def content_warnings(flagged: Iterable[FlaggedLine]) -> tuple[ContentWarning, ..
     """The flagged lines of a scan or a snapshot as the plan's warnings."""
     return tuple(ContentWarning(kind="instruction", knowledge_key=f.get("knowledge_key") or knowledge_key_for(f["source"]),
                                 line=f["line"], text=f["text"]) for f in flagged)
-
-
-def warn(alias: str, warnings: tuple[ContentWarning, ...]) -> tuple[ContentWarning, ...]:
-    """Each warning once on the plan's log (the CLI's stderr, the plan task's log): a person must see it."""
-    for w in warnings:
-        log.warning("kb_reindex: %s: WARNING %s (shown to a person, never acted on; KB_INSTRUCTION_POLICY=block "
-                    "refuses such a version)", alias, w.message)
-    return warnings
 
 
 def _no_change_plan(alias: str, live: VersionRecord, docs: int, target: Target, *, notes: list[str],

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +16,44 @@ from kb_reindex.domain.validation_model import ReplayReport, ValidationResult
 
 #: the files a validation writes into its report folder (and the only ones the page serves)
 REPORT_FILES = ("validation.html", "validation.md", "validation.csv")
+#: the name of the reports the validation of a build writes: its promotion report, never replaced later
+PROMOTION_REPORT = "validation"
+
+
+@dataclass(frozen=True)
+class ReportKind:
+    """Which report a validation writes. The validation of a build writes the version's promotion report
+    (`validation.*`, compared with live as it was then); a later check of a kept version (`kb-reindex
+    validate`, a rollback's re-score, a shadow's check before its promotion) writes one of its own,
+    `validate-<UTC stamp>.*` beside it, saying which version serves now: it never replaces the first."""
+
+    name: str = PROMOTION_REPORT
+    #: the version live when the report is written (said in an on-demand report; None: nothing serves)
+    live_now: int | None = None
+    at: datetime | None = None
+
+    @classmethod
+    def on_demand(cls, at: datetime, live_now: int | None) -> ReportKind:
+        return cls(name=f"validate-{at:%Y%m%d-%H%M%S}-{at.microsecond // 1000:03d}", live_now=live_now, at=at)
+
+    @property
+    def promotion(self) -> bool:
+        return self.name == PROMOTION_REPORT
+
+    def compared(self, result: ValidationResult) -> str:
+        """How the report names the version the candidate was compared with: live then (the promotion
+        report); in a later check, the version it was built on, which need not serve now."""
+        if self.promotion:
+            return f"live v{result.live_version}"
+        return f"v{result.live_version} (the version v{result.version} was built on)"
+
+    def header(self, version: VersionRecord) -> list[str]:
+        if self.promotion:
+            return []
+        stamp = f"{self.at:%Y-%m-%d %H:%M:%S} UTC" if self.at else "later"
+        live = f"v{self.live_now}" if self.live_now is not None else "nothing"
+        return [f"- checked on demand at {stamp}, live now: {live}; the promotion report of v{version.version} is "
+                "`validation.md` and stays as it was"]
 
 
 def report_dir(reports_dir: Path, alias: str, version: int) -> Path:
@@ -25,14 +65,15 @@ MODELS_NOTE = ("A migration: live and the candidate scored on the same golden pr
                "(the per-probe ranks are under Golden probes). Only the absolute thresholds gate across models.")
 
 
-def models_frame(version: VersionRecord, result: ValidationResult) -> pd.DataFrame | None:
+def models_frame(version: VersionRecord, result: ValidationResult, kind: ReportKind = ReportKind()
+                 ) -> pd.DataFrame | None:
     """Live's model and the candidate's, their golden-set scores in one table: what a team deciding a
     migration compares. None unless the two versions have different models."""
     if result.compared_as != "side_by_side":
         return None
     probes = result.probes
     rows = [
-        {"version": f"live v{result.live_version}", "embedder": result.live_embedder,
+        {"version": kind.compared(result), "embedder": result.live_embedder,
          "model": result.live_embed_model, "dim": result.live_embed_dim,
          f"hit@{result.k}": result.live_hit_rate, "MRR": result.live_mrr,
          "probes hit": sum(1 for p in probes if p.rank_live is not None)},
@@ -50,34 +91,37 @@ def _table(frame: pd.DataFrame, **options: Any) -> Any:
     return Markup(frame.to_html(index=False, **options))
 
 
-def write_validation_report(reports_dir: Path, version: VersionRecord, result: ValidationResult) -> Path:
-    """Write `<reports>/<alias>/v<N>/validation.{csv,md}` and return the Markdown path."""
+def write_validation_report(reports_dir: Path, version: VersionRecord, result: ValidationResult,
+                            kind: ReportKind = ReportKind()) -> Path:
+    """Write `<reports>/<alias>/v<N>/<kind.name>.{csv,md}` and return the Markdown path."""
     folder = report_dir(reports_dir, version.alias, version.version)
     folder.mkdir(parents=True, exist_ok=True)
     probes = _probe_frame(result, ["probe", "query", "expected", "rank_live", "rank_candidate", "hit", "regression",
                                    "top"])
-    probes.to_csv(folder / "validation.csv", index=False)
+    probes.to_csv(folder / f"{kind.name}.csv", index=False)
     checks = _check_frame(result)
     thresholds = result.thresholds
+    compared = kind.compared(result)
     lines = [
-        f"# Validation of {version.alias} v{version.version}",
+        f"# Validation of {version.alias} v{version.version}" + ("" if kind.promotion else " (on demand)"),
         "",
+        *kind.header(version),
         f"- collection: `{version.collection}`",
         f"- model: `{version.embed_model}` ({version.embed_dim}-d, {version.distance})",
         f"- result: **{'PASSED' if result.passed else 'FAILED'}**",
         f"- hit@{result.k}: {result.hit_rate:.3f} (min {thresholds.min_hit_rate})"
-        + (f", live v{result.live_version} ({result.live_embed_model}): {result.live_hit_rate:.3f}" if result.live_version else ""),
+        + (f", {compared} ({result.live_embed_model}): {result.live_hit_rate:.3f}" if result.live_version else ""),
         f"- MRR: {result.mrr:.3f} (min {thresholds.min_mrr})"
-        + (f", live: {result.live_mrr:.3f}" if result.live_version else ""),
+        + (f", v{result.live_version}: {result.live_mrr:.3f}" if result.live_version else ""),
         f"- regressions: {result.regressions} (max {thresholds.max_regressions})",
         "",
     ]
     if result.failures:
         lines += ["## Failures", ""] + [f"- {f}" for f in result.failures] + [""]
-    models = models_frame(version, result)
+    models = models_frame(version, result, kind)
     if models is not None:
         lines += ["## Models side by side", "", MODELS_NOTE, "", _markdown(models), ""]
-    lines += gates_markdown(result)
+    lines += gates_markdown(result, kind)
     lines += ["## Structural checks", "", _markdown(checks), "", "## Golden probes", "",
               _markdown(probes.drop(columns=["top"])), ""]
     flagged = list(result.flagged_instructions)
@@ -87,15 +131,19 @@ def write_validation_report(reports_dir: Path, version: VersionRecord, result: V
                   _markdown(pd.DataFrame(flagged, columns=["source", "line", "text"])), ""]
     else:
         lines += ["None found.", ""]
+    lines += [f"## Tenant changes and duplicates ({len(result.warnings)})", ""]
+    lines += ([_markdown(pd.DataFrame([w.to_dict() for w in result.warnings],
+                                      columns=["kind", "knowledge_key", "other_key", "text"])), ""]
+              if result.warnings else ["None found.", ""])
     lines += replay_markdown(result.replay)
-    path = folder / "validation.md"
+    path = folder / f"{kind.name}.md"
     path.write_text("\n".join(lines), encoding="utf-8")
     return path
 
 
 def write_html_report(reports_dir: Path, version: VersionRecord, result: ValidationResult,
-                      history: list[dict[str, Any]]) -> Path:
-    """`validation.html`: the same tables, plus hit rate and MRR across versions as an embedded plot."""
+                      history: list[dict[str, Any]], kind: ReportKind = ReportKind()) -> Path:
+    """`<kind.name>.html`: the same tables, plus hit rate and MRR across versions as an embedded plot."""
     import base64
     import io
 
@@ -113,14 +161,15 @@ def write_html_report(reports_dir: Path, version: VersionRecord, result: Validat
     probes = _probe_frame(result, ["probe", "query", "expected", "rank_live", "rank_candidate", "hit", "regression"])
     checks = _check_frame(result)
     flagged = pd.DataFrame(list(result.flagged_instructions), columns=["source", "line", "text"])
-    models = models_frame(version, result)
+    models = models_frame(version, result, kind)
     body = templates().get_template("validation.html.j2").render(
         models=None if models is None else _table(models), models_note=MODELS_NOTE,
         version=version, result=result, verdict="PASSED" if result.passed else "FAILED", plot=plot,
-        gates=gates_html(result), checks=_table(checks), probes=_table(probes, na_rep="-"),
+        on_demand=kind.header(version), gates=gates_html(result, kind), checks=_table(checks),
+        probes=_table(probes, na_rep="-"),
         flagged_count=len(flagged), flagged=_table(flagged) if len(flagged) else None,
         replay=Markup(replay_html(result.replay)))
-    path = folder / "validation.html"
+    path = folder / f"{kind.name}.html"
     path.write_text(body, encoding="utf-8")
     return path
 
@@ -136,31 +185,31 @@ def _check_frame(result: ValidationResult) -> pd.DataFrame:
     return pd.DataFrame([c.to_dict() for c in result.checks], columns=["check", "passed", "detail"])
 
 
-def _paired_line(result: ValidationResult) -> str | None:
+def _paired_line(result: ValidationResult, kind: ReportKind = ReportKind()) -> str | None:
     paired = result.paired
     if not paired:
         return None
-    return (f"{paired.test} against live v{result.live_version}: {paired.better} better, "
+    return (f"{paired.test} against {kind.compared(result)}: {paired.better} better, "
             f"{paired.worse} worse, {paired.ties} tied of {paired.pairs}; p(worse)={paired.p_worse}, "
             f"p(better)={paired.p_better} (alpha {paired.alpha}): {paired.verdict}")
 
 
-def gates_markdown(result: ValidationResult) -> list[str]:
+def gates_markdown(result: ValidationResult, kind: ReportKind = ReportKind()) -> list[str]:
     """Per-category scores (margin beside them) and the paired test beside the thresholds."""
     margin = result.thresholds.max_category_drop
     lines = [f"## Categories (max hit-rate drop against live: {margin})", "", _markdown(_category_frame(result)), ""]
-    paired = _paired_line(result)
+    paired = _paired_line(result, kind)
     lines += ["## Paired comparison with live", "", paired or "No live version to compare with.", ""]
     return lines
 
 
-def gates_html(result: ValidationResult) -> str:
+def gates_html(result: ValidationResult, kind: ReportKind = ReportKind()) -> str:
     from markupsafe import Markup
 
     frame = _category_frame(result)
     return Markup(templates().get_template("_gates.html.j2").render(
         margin=result.thresholds.max_category_drop,
-        categories=_table(frame, na_rep="-") if len(frame) else None, paired=_paired_line(result)))
+        categories=_table(frame, na_rep="-") if len(frame) else None, paired=_paired_line(result, kind)))
 
 
 def score_figure(alias: str, history: list[dict[str, Any]], *, k: int, min_hit_rate: float) -> Any:

@@ -83,14 +83,18 @@ def retention_victims(
 ) -> list[VersionRecord]:
     """Versions whose collections may go: failed builds and retired versions beyond `keep`.
 
-    Never the live one, never the newest retired one, never a protected one (the rollback target),
-    never a shadow (ready, unpromoted) version, never one still building, never a pinned one (`pinned`:
-    version ids; they are kept on top of `keep`, not in its place).
+    `keep` counts retired versions besides the protected ones (live, the rollback target) and the pinned
+    ones (`pinned`: version ids), as documented: with `KB_KEEP_VERSIONS=2` the rollback target and two more
+    retired versions stay. Never a protected one, never a shadow (ready, unpromoted) version, never one
+    still building; and while no retired version is protected (no rollback target), never the newest
+    retired one, so a rollback stays possible even with `keep` 0.
     """
     protected = set(protected) | set(pinned)
-    retired = sorted((v for v in versions if v.status == RETIRED and v.id not in pinned),
+    retired = sorted((v for v in versions if v.status == RETIRED),
                      key=lambda v: (v.retired_at or v.created_at, v.version), reverse=True)
-    keep_ids = {v.id for v in retired[: max(keep, 1)]} | protected
+    others = [v for v in retired if v.id not in protected]
+    floor = keep if len(others) < len(retired) else max(keep, 1)
+    keep_ids = {v.id for v in others[:floor]} | protected
     victims = [v for v in retired if v.id not in keep_ids]
     victims += [v for v in versions if v.status == FAILED and v.id not in protected]
     return sorted(victims, key=lambda v: v.version)

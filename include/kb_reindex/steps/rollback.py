@@ -16,7 +16,7 @@ from kb_reindex.rules.checks import structural_problems
 from kb_reindex.domain.errors import AliasMovedError, RollbackRefused
 from kb_reindex.domain.lifecycle import BUILDABLE, DELETED
 from kb_reindex.domain.model import RunOutcome
-from kb_reindex.domain.planning import ContentWarning
+from kb_reindex.domain.validation_model import ContentWarning
 from kb_reindex.services.runtime import Deps
 from kb_reindex.services.state.versions import VersionRecord
 from kb_reindex.domain.validation_model import ValidationResult

@@ -15,12 +15,14 @@ from dataclasses import replace
 
 from kb_reindex.rules.checks import structural_checks
 from kb_reindex.rules.collection_setup import finish_bulk_load
+from kb_reindex.rules.content_warnings import tenant_changes, warn
 from kb_reindex.domain.errors import ConfigError, GoldenSetError, KbError, ValidationFailed
 from kb_reindex.steps.golden import (
     GoldenSet,
     category_scores,
     check_probe_keys,
     first_hit_rank,
+    invisible_to_tenant,
     load_golden_set,
     paired_comparison,
     probe_categories,
@@ -28,12 +30,16 @@ from kb_reindex.steps.golden import (
 )
 from kb_reindex.domain.lifecycle import BUILDING, READY, may_validate
 from kb_reindex.domain.model import VersionStatus
+from kb_reindex.steps.duplicates import duplicate_warnings
 from kb_reindex.steps.replay import load_replay_gate, replay
 from kb_reindex.services.runtime import Deps
+from kb_reindex.services.state.clock import utcnow
+from kb_reindex.services.state.manifests import ManifestDocument
 from kb_reindex.services.state.versions import VersionRecord
 from kb_reindex.domain.validation_model import (
     CategoryScore,
     Check,
+    ContentWarning,
     FlaggedLine,
     PairedComparison,
     ProbeResult,
@@ -53,7 +59,8 @@ def run_probes(deps: Deps, version: VersionRecord, golden: GoldenSet, *, collect
         vectors = embed_probes(deps, version, golden)
     results = []
     for probe, vector in zip(golden.probes, vectors, strict=True):
-        hits = deps.store.search(collection or version.collection, vector, k=golden.k)
+        # with the probe's tenant, filtered exactly as the reader filters (KnowledgeStore.search)
+        hits = deps.store.search(collection or version.collection, vector, k=golden.k, tenant=probe.tenant)
         keys = tuple(str((h.payload or {}).get("knowledge_key")) for h in hits)
         results.append(ProbeRun(probe=probe.id, rank=first_hit_rank(keys, probe.expected), top=keys))
     return results
@@ -61,7 +68,8 @@ def run_probes(deps: Deps, version: VersionRecord, golden: GoldenSet, *, collect
 
 def golden_fingerprint(golden: GoldenSet) -> str:
     """What decides a version's ranks besides its collection: k and every probe's id, query and answer."""
-    text = json.dumps([golden.k, [[p.id, p.query, list(p.expected)] for p in golden.probes]], ensure_ascii=False)
+    text = json.dumps([golden.k, [[p.id, p.query, list(p.expected)] + ([p.tenant] if p.tenant else [])
+                                  for p in golden.probes]], ensure_ascii=False)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
@@ -149,7 +157,7 @@ def _record(deps: Deps, version: VersionRecord, result: ValidationResult) -> Non
 def _validate(deps: Deps, version: VersionRecord, *, min_hit_rate: float | None, min_mrr: float | None,
               compare_live: bool, flagged: list[FlaggedLine] | None) -> ValidationResult:
     golden = _golden_for(deps, version)
-    categories, checks = _inspect(deps, version, golden)
+    categories, checks, documents = _inspect(deps, version, golden)
     structural_ok = all(c.passed for c in checks)
     probe_vectors = embed_probes(deps, version, golden) if structural_ok else None
     candidate = run_probes(deps, version, golden, vectors=probe_vectors) if structural_ok else []
@@ -175,10 +183,15 @@ def _validate(deps: Deps, version: VersionRecord, *, min_hit_rate: float | None,
     failures = [c.line for c in checks if not c.passed]
     by_category, paired, gate_failures = sharper_gates(probes, categories, golden, baseline=baseline,
                                                        same_model=same_model)
+    base_documents = deps.state.manifest_documents(baseline.id) if baseline else []
     replayed = None
     if structural_ok:
         failures += _score_failures(probes, hit_rate, mrr, thresholds, baseline)
         failures += gate_failures
+        # a probe's document its tenant no longer sees fails whatever max_regressions allows
+        failures += invisible_to_tenant(golden, {d.knowledge_key: d.tenant for d in documents},
+                                        was={d.knowledge_key: d.tenant for d in base_documents},
+                                        version=version.version, live_version=baseline.version if baseline else None)
         # real (logged) queries on live and on the candidate: kb_reindex.steps.replay
         replayed, replay_failures = replay(deps, version, baseline, same_model=same_model,
                                            gate=load_replay_gate(deps.settings.golden_set,
@@ -203,19 +216,30 @@ def _validate(deps: Deps, version: VersionRecord, *, min_hit_rate: float | None,
         live_mrr=None if live_mrr is None else round(live_mrr, 4),
         probes=probes, by_category=tuple(by_category), paired=paired, probes_fingerprint=probes_fingerprint,
         flagged_instructions=tuple(flagged), replay=replayed,
+        warnings=warn(deps.settings.alias, content_checks(deps, version, documents, baseline, base_documents)
+                      if structural_ok else ()),
     )
     return _with_reports(deps, version, result)
 
 
-def _inspect(deps: Deps, version: VersionRecord, golden: GoldenSet) -> tuple[dict[str, str], list[Check]]:
-    """(each probe's category, the structural checks): the golden set checked against the version's
-    manifest first, so a probe naming a missing document fails by name rather than as a miss."""
+def content_checks(deps: Deps, version: VersionRecord, documents: list[ManifestDocument],
+                   baseline: VersionRecord | None, base_documents: list[ManifestDocument]
+                   ) -> tuple[ContentWarning, ...]:
+    """What a person should see before this version serves and no gate decides: documents whose tenant
+    changed against the version it was built on, and duplicates (kb_reindex.steps.duplicates)."""
+    return (tenant_changes(documents, base_documents, base_version=baseline.version if baseline else None)
+            + duplicate_warnings(deps, version, documents, baseline, base_documents))
+
+
+def _inspect(deps: Deps, version: VersionRecord, golden: GoldenSet
+             ) -> tuple[dict[str, str], list[Check], list[ManifestDocument]]:
+    """(each probe's category, the structural checks, the version's documents): the golden set checked against
+    the version's manifest first, so a probe naming a missing document fails by name rather than as a miss."""
     manifest = deps.state.manifest_refs(version.id)
     documents = deps.state.manifest_documents(version.id)
     check_probe_keys(golden, {d.knowledge_key for d in documents})
     categories = probe_categories(golden, {d.knowledge_key: d.category for d in documents})
-    del documents
-    return categories, structural_checks(deps, version, manifest)
+    return categories, structural_checks(deps, version, manifest), documents
 
 
 def _baseline(deps: Deps, version: VersionRecord) -> VersionRecord | None:
@@ -237,7 +261,7 @@ def _live_ranks(deps: Deps, baseline: VersionRecord, golden: GoldenSet, probe_ve
         # one search with today's vectors: if the model's answers drifted since live was scored
         # (e.g. new weights under the same tag), the record no longer compares like with like
         first = golden.probes[0]
-        hits = deps.store.search(baseline.collection, probe_vectors[0], k=golden.k)
+        hits = deps.store.search(baseline.collection, probe_vectors[0], k=golden.k, tenant=first.tenant)
         if first_hit_rank([str((h.payload or {}).get("knowledge_key")) for h in hits], first.expected) != live_rank[first.id]:
             live_rank = None
     if live_rank is None:
@@ -281,13 +305,19 @@ def _score_failures(probes: Sequence[ProbeResult], hit_rate: float, mrr: float, 
 def _with_reports(deps: Deps, version: VersionRecord, result: ValidationResult) -> ValidationResult:
     """The reports written (Markdown and CSV, then HTML with the scores of every version) and named in the result."""
     # pandas and matplotlib: loaded only by a command that writes reports
-    from kb_reindex.steps.reports import write_html_report, write_validation_report
+    from kb_reindex.steps.reports import ReportKind, write_html_report, write_validation_report
 
-    result = replace(result, report=str(write_validation_report(deps.settings.reports_dir, version, result)))
+    kind = ReportKind()
+    if version.status not in (VersionStatus.BUILDING, VersionStatus.FAILED):
+        # a kept version checked again: a report of its own, never over the promotion report of its build
+        live = deps.state.live_version(version.alias)
+        kind = ReportKind.on_demand(utcnow(), live.version if live else None)
+    result = replace(result, report=str(write_validation_report(deps.settings.reports_dir, version, result, kind)))
     history = [{"version": v.version, "hit_rate": (v.validation or {}).get("hit_rate"), "mrr": (v.validation or {}).get("mrr")}
                for v in deps.state.list_versions(version.alias) if v.id != version.id]
     history.append({"version": version.version, "hit_rate": result.hit_rate, "mrr": result.mrr})
-    return replace(result, report_html=str(write_html_report(deps.settings.reports_dir, version, result, history)))
+    return replace(result, report_html=str(write_html_report(deps.settings.reports_dir, version, result, history,
+                                                             kind)))
 
 
 def sharper_gates(probes: Sequence[ProbeResult], categories: dict[str, str], golden: GoldenSet, *,

@@ -236,6 +236,7 @@ _ROUTES: list[tuple[str, re.Pattern[str], str]] = [
         ("POST", f"/collections/{_NAME}/points/scroll", "scroll"),
         ("POST", f"/collections/{_NAME}/points/count", "count"),
         ("POST", f"/collections/{_NAME}/points/query", "query"),
+        ("POST", f"/collections/{_NAME}/points/query/batch", "query_batch"),
         ("POST", f"/collections/{_NAME}/points/delete", "delete_points"),
         ("PUT", f"/collections/{_NAME}/index", "create_index"),
         ("POST", f"/collections/{_NAME}/snapshots", "create_snapshot"),
@@ -498,6 +499,10 @@ class _Backend:
             with_vectors=False if request.with_vector is None else request.with_vector,
             score_threshold=request.score_threshold, lookup_from=request.lookup_from,
         )
+
+    def _op_query_batch(self, p: dict[str, str], _q: dict[str, str], body: Any) -> Any:
+        request = _parse(models.QueryRequestBatch, body)
+        return self.client.query_batch_points(p["name"], requests=request.searches)
 
     def _op_delete_points(self, p: dict[str, str], q: dict[str, str], body: Any) -> Any:
         selector = _parse(models.PointsSelector, body)

@@ -150,6 +150,28 @@ async def airflow_json(airflow: AirflowApi, dags: DagIds, request: Request,
                          source=await source_watch(airflow, settings, request) if settings else None)
 
 
+def try_out(settings: Settings, body: dict[str, Any]) -> Any:
+    """One question to one version's collection, read-only (no state DB or store is created); a refusal of
+    search_version (unknown or deleted version, empty question) is a 422 naming it, Qdrant busy or down a 503."""
+    from kb_reindex.domain.errors import ConfigError, classify
+    from kb_reindex.services.runtime import open_deps
+    from kb_reindex.steps.tryout import search_version
+
+    version, question, tenant = body.get("version"), body.get("question"), body.get("tenant") or None
+    if not isinstance(version, int) or isinstance(version, bool) or not isinstance(question, str):
+        raise HTTPException(422, "give a version number and a question")
+    try:
+        with open_deps(settings, create=False) as deps:
+            return search_version(deps, version, question, k=4, tenant=tenant if isinstance(tenant, str) else None)
+    except ConfigError as exc:
+        raise HTTPException(422, str(exc)) from None
+    except Exception as exc:  # Qdrant busy (a build holds the local folder) or down, the state DB away: said
+        failure = classify(exc)
+        if not failure.expected:
+            raise
+        raise HTTPException(503, failure.message) from None
+
+
 def add_views(app: FastAPI, ctx: PageContext) -> None:
     """The routes that read: the page, its status, the reports, and Airflow's runs of our DAGs."""
     auth = ctx.auth
@@ -157,6 +179,11 @@ def add_views(app: FastAPI, ctx: PageContext) -> None:
     @app.get("/api/status")
     async def status(user: Any = Depends(auth.get_user)) -> JSONResponse:  # noqa: B008 - FastAPI's form
         return JSONResponse((await status_json(ctx, user)).to_dict())
+
+    @app.post("/api/try", dependencies=auth.signed_in())
+    async def try_version(body: dict[str, Any]) -> JSONResponse:
+        """The question box for a chosen version: `kb-reindex query --version N` (steps/tryout.search_version)."""
+        return JSONResponse((await asyncio.to_thread(try_out, ctx.settings_factory(), body)).to_dict())
 
     @app.get("/reports/v{version}/{name}")
     async def report(version: int, name: str, request: Request) -> Response:

@@ -146,6 +146,26 @@ class ManifestsMixin:
             # a tuple per row: a third of the time of a RowMapping per row
             return [ManifestChunk(*row) for row in rows]
 
+    def shared_chunks(self, version_id: int) -> list[ManifestChunk]:
+        """The version's chunks whose hash (text) appears in more than one of its documents: identical chunks
+        across documents, found in SQL by the (version_id, chunk_hash) index, in manifest order."""
+        c = manifest_chunks.c
+        shared = (sa.select(c.chunk_hash).where(c.version_id == version_id).group_by(c.chunk_hash)
+                  .having(sa.func.count(sa.distinct(c.knowledge_key)) > 1))
+        query = sa.select(*_CHUNK_COLUMNS).where(c.version_id == version_id, c.chunk_hash.in_(shared))
+        with self.engine.connect() as conn:
+            return [ManifestChunk(*row) for row in conn.execute(query.order_by(c.knowledge_key, c.chunk_index))]
+
+    def embedded_chunks(self, version_id: int, keys: Iterable[str] | None = None) -> list[ManifestChunk]:
+        """The version's chunks embedded for it (no vector copied from live), of the documents `keys` (None: all)."""
+        c = manifest_chunks.c
+        query = sa.select(*_CHUNK_COLUMNS).where(c.version_id == version_id, c.source_point_id.is_(None))
+        wanted = None if keys is None else set(keys)
+        with self.engine.connect() as conn:
+            rows = conn.execute(query.order_by(c.knowledge_key, c.chunk_index))
+            return [chunk for chunk in (ManifestChunk(*row) for row in rows)
+                    if wanted is None or chunk.knowledge_key in wanted]
+
     # --- the plan's snapshot -------------------------------------------------------------------
 
     def missing_texts(self, hashes: Iterable[str]) -> set[str]:

@@ -1,0 +1,36 @@
+"""What the files of a version hold that no gate judges, said where a person reads it: each warning once on the
+log of the step that finds it (the CLI's stderr, the plan or validate task's log). The plan finds
+instruction-like lines; validation finds tenant changes and duplicates (`ContentWarning`)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+
+from kb_reindex.domain.validation_model import INSTRUCTION, TENANT_CHANGED, ContentWarning
+from kb_reindex.services.state.manifests import ManifestDocument
+
+log = logging.getLogger(__name__)
+
+
+def warn(alias: str, warnings: tuple[ContentWarning, ...]) -> tuple[ContentWarning, ...]:
+    """Each warning once on the log: a person must see it. Nothing acts on an instruction-like line unless
+    KB_INSTRUCTION_POLICY=block; a tenant change or a duplicate is shown, never gated by itself."""
+    for w in warnings:
+        why = ("KB_INSTRUCTION_POLICY=block refuses such a version" if w.kind == INSTRUCTION else
+               "a probe naming its tenant fails the gate if it lost its document" if w.kind == TENANT_CHANGED else
+               "crowding the answers with copies; remove one of them")
+        log.warning("kb_reindex: %s: WARNING %s (shown to a person, never acted on; %s)", alias, w.message, why)
+    return warnings
+
+
+def tenant_changes(documents: Iterable[ManifestDocument], base_documents: Iterable[ManifestDocument], *,
+                   base_version: int | None) -> tuple[ContentWarning, ...]:
+    """A warning of kind `tenant_changed` for each document serving another tenant than in the version it was
+    built on: a reader passing the old tenant no longer finds it."""
+    was = {d.knowledge_key: d.tenant for d in base_documents}
+    return tuple(ContentWarning(kind=TENANT_CHANGED, knowledge_key=d.knowledge_key, line=None,
+                                text=f"tenant {was[d.knowledge_key]} in v{base_version} -> {d.tenant} here; a reader "
+                                     f"passing tenant {was[d.knowledge_key]} no longer finds it")
+                 for d in sorted(documents, key=lambda d: d.knowledge_key)
+                 if d.knowledge_key in was and was[d.knowledge_key] != d.tenant)
