@@ -85,18 +85,25 @@ def _int(env: Mapping[str, str], name: str, default: int, *, minimum: int) -> in
     return value
 
 
-def _seconds(env: Mapping[str, str], name: str, default: float, *, most: float = 3600.0) -> float:
-    """A number of seconds, fractions allowed, from 0 to `most`."""
+def _number(env: Mapping[str, str], name: str, default: float, *, low: float, high: float, unit: str = "",
+            above_low: bool = False, meaning: str = "") -> float:
+    """A number, fractions allowed, from `low` (or above it) to `high`; the refusal names the setting and range."""
     raw = env.get(name, "").strip()
     if not raw:
         return default
     try:
         value = float(raw)
     except ValueError:
-        raise ConfigError(f"{name}={raw!r} is not a number of seconds") from None
-    if not 0 <= value <= most:
-        raise ConfigError(f"{name}={raw} must be from 0 to {most:g} seconds")
+        raise ConfigError(f"{name}={raw!r} is not a number{f' of {unit}' if unit else ''}") from None
+    if not (low < value if above_low else low <= value) or value > high:
+        span = f"above {low:g} and at most {high:g}" if above_low else f"from {low:g}{meaning} to {high:g}"
+        raise ConfigError(f"{name}={raw} must be {span}{f' {unit}' if unit else ''}")
     return value
+
+
+def _seconds(env: Mapping[str, str], name: str, default: float, *, most: float = 3600.0) -> float:
+    """A number of seconds, fractions allowed, from 0 to `most`."""
+    return _number(env, name, default, low=0, high=most, unit="seconds")
 
 
 #: near-duplicate chunks (kb_reindex.steps.duplicates): calibrated on multilingual-e5-small, bench/duplicates.py
@@ -104,30 +111,13 @@ DEFAULT_DUPLICATE_COSINE = 0.975
 
 
 def _cosine(env: Mapping[str, str], name: str, default: float) -> float:
-    raw = env.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ConfigError(f"{name}={raw!r} is not a number") from None
-    if not 0.0 < value <= 1.0:
-        raise ConfigError(f"{name}={raw} must be above 0 and at most 1 (1: only exact copies)")
-    return value
+    """A cosine above 0 and at most 1 (1: only exact copies)."""
+    return _number(env, name, default, low=0, high=1, above_low=True)
 
 
 def _minutes(env: Mapping[str, str], name: str) -> float:
     """A window in minutes, fractions allowed; 0 (the default) is off."""
-    raw = env.get(name, "").strip()
-    if not raw:
-        return 0.0
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ConfigError(f"{name}={raw!r} is not a number of minutes") from None
-    if not 0 <= value <= 24 * 60:
-        raise ConfigError(f"{name}={raw} must be from 0 (off) to 1440 minutes")
-    return value
+    return _number(env, name, 0.0, low=0, high=24 * 60, unit="minutes", meaning=" (off)")
 
 
 def _bool(env: Mapping[str, str], name: str) -> bool:
