@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import os
 import shutil
 import socket
@@ -214,7 +215,9 @@ def test_make_airflow_builds_two_slices_at_once_like_a_serial_build_then_rolls_b
     assert (last["action"], last["reason"]) == ("rollback", "local airflow check")
     assert last["run_id"].startswith("airflow:knowledge_rollback:")
     # the rollback froze the alias (its `freeze` Param is on by default); lifted here for the tests that follow
-    assert status["freeze"]["set_by"].startswith("knowledge_rollback (airflow:knowledge_rollback:"), status["freeze"]
+    # ... under the user who triggered the rollback, as the page's rollback records it
+    assert re.match(r"\S+ \(knowledge_rollback airflow:knowledge_rollback:", status["freeze"]["set_by"]), status["freeze"]
+    assert last["by"] and status["freeze"]["set_by"].startswith(last["by"] + " ")
     kb(airflow.env, "unfreeze")
     assert kb(airflow.env, "status")["freeze"] is None
 

@@ -381,8 +381,10 @@ def test_the_dag_watch_task_is_skipped_at_window_0_and_fails_after_an_auto_rollb
     monkeypatch.setattr(connections, "_connection", lambda conn_id: None)  # no Airflow Connections defined
     with open_deps(Settings.from_env()) as deps:
         two_versions(deps)
-    with pytest.raises(AirflowSkipException, match="KB_WATCH_MINUTES is 0"):
+    with pytest.raises(AirflowSkipException, match=r"KB_WATCH_MINUTES \(or the watch_minutes Param\) is 0"):
         tasks.watch_task(promoted={"version": 2}, run_id="airflow__reindex__w")
+    # a look within the window: healthy, not done (the sensor is rescheduled, holding no slot, until its next look)
+    assert tasks.watch_task(promoted={"version": 2}, run_id="airflow__reindex__w", minutes=30).is_done is False
 
     with open_deps(Settings.from_env()) as deps:
         damage(deps, 2, ["return-policy", "member-rules"])

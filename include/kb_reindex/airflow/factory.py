@@ -16,6 +16,7 @@ import copy
 import functools
 import logging
 import os
+import warnings
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
@@ -98,7 +99,10 @@ def watch_sensor(kb: KnowledgeBase) -> Any:
     (KB_WATCH_MINUTES or the watch_minutes Param). No retries: a rollback or a regression fails it for on-call
     to see (Airflow 3.3 retried a failed rescheduled sensor even so), and a look a server missed is taken again
     at the next poke (kb_reindex.airflow.tasks.watch_task)."""
-    return task.sensor(mode="reschedule", poke_interval=kb.settings().watch_interval_s, timeout=25 * 3600, retries=0)
+    with warnings.catch_warnings():  # the standard provider's sensor module imports a name Airflow deprecated
+        warnings.filterwarnings("ignore", message=r"The `airflow\.utils\.operator_helpers\.determine_kwargs`")
+        return task.sensor(mode="reschedule", poke_interval=kb.settings().watch_interval_s, timeout=25 * 3600,
+                           retries=0)
 
 
 def release_run_lock(context: Any, kb: str | None = None) -> None:
