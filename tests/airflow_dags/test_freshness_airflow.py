@@ -61,7 +61,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         # parsed again every 10 s, so a pause or an unpause reaches the watcher soon
         env.update(AIRFLOW_HOME=str(home), KB_PROJECT_ROOT=str(project), KB_AIRFLOW_PORT=str(free_port()),
                    PATH=f"{BIN}:{env.get('PATH', '')}", KB_QDRANT_URL=qdrant.url, KB_REGISTRY="",
-                   KB_REINDEX_SCHEDULE="", KB_SOURCE_POLL_S="1", KB_SOURCE_QUIET_S="2", KB_WATCH_INTERVAL_S="4",
+                   KB_REINDEX_SCHEDULE="", KB_SOURCE_POLL_S="1", KB_SOURCE_QUIET_S="2", KB_WATCH_INTERVAL_S="8",
                    KB_RETRY_DELAY_S="2", AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL="10")
         try:
             started = subprocess.run(["bash", str(REPO / "scripts" / "airflow.sh")], env=env, capture_output=True,

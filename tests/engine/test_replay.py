@@ -395,3 +395,6 @@ def test_the_dag_watch_task_is_skipped_at_window_0_and_fails_after_an_auto_rollb
         assert deps.state.live_version(deps.settings.alias).version == 1
         event = deps.state.alias_events(deps.settings.alias)[-1]
         assert (event.action, event.run_id) == ("auto-rollback", "airflow__reindex__w__watch")
+    # a retry of the same watch (Airflow may run a rescheduled sensor again) says the rollback again: never success
+    with pytest.raises(AirflowFailException, match="v2 was rolled back to v1 automatically: watch of v2: golden"):
+        tasks.watch_task(promoted={"version": 2}, run_id="airflow__reindex__w")

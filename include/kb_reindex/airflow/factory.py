@@ -96,13 +96,13 @@ def reindex_schedule(kb: KnowledgeBase) -> Any:
 def watch_sensor(kb: KnowledgeBase) -> Any:
     """The `watch` task's decorator: a sensor in reschedule mode, so between its looks (KB_WATCH_INTERVAL_S, as
     the parsing process's environment sets it) it holds no worker slot; its window is at most a day
-    (KB_WATCH_MINUTES or the watch_minutes Param). No retries: a rollback or a regression fails it for on-call
-    to see (Airflow 3.3 retried a failed rescheduled sensor even so), and a look a server missed is taken again
-    at the next poke (kb_reindex.airflow.tasks.watch_task)."""
+    (KB_WATCH_MINUTES or the watch_minutes Param). It keeps the DAG's retries: Airflow 3.3 under load can fail a
+    rescheduled sensor on a late executor event of its previous poke, and a try after this watch's own rollback
+    fails again saying so (kb_reindex.airflow.tasks.watch_task), so a retry never turns it into a success; a look
+    a server missed is taken again at the next poke."""
     with warnings.catch_warnings():  # the standard provider's sensor module imports a name Airflow deprecated
         warnings.filterwarnings("ignore", message=r"The `airflow\.utils\.operator_helpers\.determine_kwargs`")
-        return task.sensor(mode="reschedule", poke_interval=kb.settings().watch_interval_s, timeout=25 * 3600,
-                           retries=0)
+        return task.sensor(mode="reschedule", poke_interval=kb.settings().watch_interval_s, timeout=25 * 3600)
 
 
 def release_run_lock(context: Any, kb: str | None = None) -> None:

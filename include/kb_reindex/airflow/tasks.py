@@ -257,13 +257,23 @@ def watch_task(*, kb: str | None = None, promoted: dict[str, Any], run_id: str,
     minutes = settings.watch_minutes if minutes is None else minutes
     if minutes <= 0:
         raise AirflowSkipException("KB_WATCH_MINUTES (or the watch_minutes Param) is 0: no watch after the promotion")
+    watch_run = f"{run_id}__watch"[:255]
     try:
         with task_deps(kb) as deps:
             setup = prepare_watch(deps, promoted["version"])
             since = setup.version.promoted_at
             last = since is None or deps.state.clock.now() >= since + timedelta(minutes=minutes)
-            _check, result = look_once(deps, setup, last=last, run_id=f"{run_id}__watch"[:255], trigger="watch")
-    except tuple(UNAVAILABLE) as exc:  # a server away for a look: the next look tries again (no task retry)
+            _check, result = look_once(deps, setup, last=last, run_id=watch_run, trigger="watch")
+            if result is not None and result.outcome == WatchOutcome.ALIAS_MOVED:
+                # a try after this watch's own rollback (Airflow may retry a rescheduled sensor, or run a poke
+                # twice): it says the rollback again, never a quiet success
+                undone = [e for e in deps.state.alias_events(deps.settings.alias)
+                          if e.action == "auto-rollback" and e.run_id == watch_run
+                          and e.from_version == promoted["version"]]
+                if undone:
+                    raise AirflowFailException(f"v{promoted['version']} was rolled back to v{undone[-1].to_version} "
+                                               f"automatically: {undone[-1].reason}")
+    except tuple(UNAVAILABLE) as exc:  # a server away for a look: the next look tries again
         log.warning("kb_reindex: watch of v%s: no look this time: %s", promoted["version"], exc)
         return PokeReturnValue(is_done=False)
     if result is None:

@@ -331,17 +331,23 @@ class _Handler(BaseHTTPRequestHandler):
             vectors[0] = [math.nan] + vectors[0][1:]
 
         total = time.perf_counter_ns() - started
-        self._send_json(
-            200,
-            {
-                "model": requested,
-                "embeddings": vectors,
-                "total_duration": total,
-                "load_duration": 0,
-                "prompt_eval_count": sum(len(t.split()) for t in texts),
-            },
-        )
+        # counted before the answer leaves (a client reading the count right after its answer sees it), taken
+        # back if the answer could not be delivered
         self.server.fake._count_texts(len(texts))
+        try:
+            self._send_json(
+                200,
+                {
+                    "model": requested,
+                    "embeddings": vectors,
+                    "total_duration": total,
+                    "load_duration": 0,
+                    "prompt_eval_count": sum(len(t.split()) for t in texts),
+                },
+            )
+        except OSError:
+            self.server.fake._count_texts(-len(texts))
+            raise
 
     def _embeddings(self, raw: bytes) -> None:
         """POST /api/embeddings (legacy, single prompt); not subject to the fault plan."""
