@@ -3,8 +3,9 @@ source watcher of knowledge_reindex (an AssetWatcher whose trigger lists the kno
 here; no test triggers one, clicks or calls the API to start a build. One Airflow for the module, in order: a
 fresh install builds its first version; a burst of edits becomes searchable in at most two runs; edits made
 while the triggerer is down are caught when it starts again; a paused DAG starts nothing and catches up when
-unpaused; and the watch after a promotion waits rescheduled (holding no slot), then rolls back the version it
-promoted when that regresses."""
+unpaused; a triggered run's plan and validate wait for a lock and for Qdrant's index rescheduled; and the watch
+after a promotion waits rescheduled (holding no slot), then rolls back the version it promoted when that
+regresses."""
 
 from __future__ import annotations
 
@@ -127,6 +128,42 @@ def test_a_paused_dag_starts_no_run_and_catches_up_when_unpaused(stack: Stack) -
     stack.wait_searchable("售后多久响应", sentence)  # the watcher, back with the next parse, finds the edit
     assert len(stack.runs()) == before + 1
     stack.airflow.wait("the run finished", lambda: stack.airflow.idle(DAG), 60)
+
+
+def test_plan_and_validate_wait_off_their_slots_under_the_scheduler(stack: Stack) -> None:
+    """A triggered run meets another holder of the reindex lock, then a new collection Qdrant is still indexing:
+    `plan`, then `validate`, are up_for_reschedule (no worker slot held) until what they wait for is there, and
+    the run promotes. The scheduler, not dag.test(), starts them again at their next look."""
+    from kb_reindex.rules.locking import reindex_lock_name
+    from kb_reindex.services.config import Settings
+    from kb_reindex.services.state.locks import default_lock_owner
+    from kb_reindex.services.state.store import StateStore
+
+    airflow = stack.airflow
+    live_before = kb(airflow.env, "status")["live"]["version"]
+    lock = reindex_lock_name("mall_knowledge")
+    state = StateStore(Settings.from_env(airflow.env).state_url)
+    try:
+        owner = default_lock_owner()
+        state.acquire_lock(lock, owner=owner, ttl_s=600)
+        run_id = airflow.trigger(DAG, {"force_full_rebuild": True})
+        url = f"/dags/{DAG}/dagRuns/{quote(run_id, safe='')}"
+
+        def task_state(task_id: str) -> str | None:
+            tis = airflow.http.get(f"{url}/taskInstances").json()["task_instances"]
+            return next((t["state"] for t in tis if t["task_id"] == task_id), None)
+
+        airflow.wait("plan waiting off its slot", lambda: task_state("plan") == "up_for_reschedule", 120)
+        stack.qdrant.hold_indexing(1_000_000)
+        state.release_lock(lock, owner=owner)
+    finally:
+        state.dispose()
+    try:
+        airflow.wait("validate waiting off its slot", lambda: task_state("validate") == "up_for_reschedule", 180)
+    finally:
+        stack.qdrant.hold_indexing(0)
+    airflow.wait("the run succeeded", lambda: airflow.http.get(url).json()["state"] == "success", 120)
+    assert kb(airflow.env, "status")["live"]["version"] == live_before + 1
 
 
 def test_the_watch_waits_rescheduled_and_rolls_back_the_version_it_promoted(stack: Stack) -> None:

@@ -14,11 +14,12 @@ from contextlib import ExitStack, contextmanager
 from typing import Any
 
 from airflow.sdk import PokeReturnValue, get_current_context
-from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
+from airflow.sdk.exceptions import AirflowFailException, AirflowRescheduleException, AirflowSkipException
 
 from kb_reindex.run import dag_lock
 from kb_reindex.airflow.connections import state_url, task_deps, task_settings
 from kb_reindex.airflow.constants import alias_asset
+from kb_reindex.airflow.waiting import rescheduling
 from kb_reindex.domain.errors import PERMANENT, UNAVAILABLE, KbError, StateUnreachable, StoreError, classify
 from kb_reindex.rules.fence import Fence
 from kb_reindex.rules.freeze import freeze_for_rollback
@@ -63,9 +64,12 @@ def _last_try() -> bool:
 
 @contextmanager
 def step(deps: Deps, run_id: str) -> Iterator[None]:
-    """Record the run as failed when it really ends, and tell Airflow whether to retry."""
+    """Record the run as failed when it really ends, and tell Airflow whether to retry. A wait giving its slot
+    back (kb_reindex.airflow.waiting) is no failure: it passes through."""
     try:
         yield
+    except AirflowRescheduleException:
+        raise
     except Exception as exc:
         failure = Recorder.of(deps, run_id).fail(exc, retry_left=not _last_try())
         if failure.kind == "state_unreachable" and not isinstance(exc, KbError):
@@ -78,9 +82,10 @@ def step(deps: Deps, run_id: str) -> Iterator[None]:
 
 
 @contextmanager
-def task_step(run_id: str, kb: str | None = None) -> Iterator[Deps]:
+def task_step(run_id: str, kb: str | None = None, *, reschedules: bool = False) -> Iterator[Deps]:
     """`task_deps` inside `step`, under the run's reindex lock (renewed now and all along the step): an error
-    while opening the stores (Qdrant down, a bad Connection) is decided like one in the step's body."""
+    while opening the stores (Qdrant down, a bad Connection) is decided like one in the step's body.
+    `reschedules`: the step's waits give the worker slot back between looks (a task safe to start again)."""
     stack = ExitStack()
     try:
         deps = stack.enter_context(task_deps(kb))
@@ -88,6 +93,8 @@ def task_step(run_id: str, kb: str | None = None) -> Iterator[Deps]:
         stack.close()
         _opening_failed(run_id, exc)
         raise
+    if reschedules:
+        deps.waiter = rescheduling(lock_ttl_s=deps.settings.lock_ttl_s)
     with stack, step(deps, run_id), dag_lock.held(deps, run_id):
         yield deps
 
@@ -127,6 +134,7 @@ def plan_task(*, kb: str | None = None, run_id: str, kind: str = RunKind.REINDEX
     request = RunRequest(kind=RunKind(kind), force_full=force_full, dry_run=dry_run, embedder=embedder, model=model,
                          dim=dim, layout=layout, layout_from="Param payload_layout")
     with task_deps(kb) as deps:
+        deps.waiter = rescheduling(lock_ttl_s=deps.settings.lock_ttl_s)  # another run's lock: wait off the slot
         recorder = Recorder.of(deps, run_id)
         recorder.start(request.kind, "airflow")
         with step(deps, run_id):
@@ -170,7 +178,7 @@ def build_task(*, kb: str | None = None, version: dict[str, Any], run_id: str, w
 
 def validate_task(*, kb: str | None = None, version: dict[str, Any], run_id: str, min_hit_rate: float | None = None,
                   min_mrr: float | None = None) -> dict[str, Any]:
-    with task_step(run_id, kb) as deps:
+    with task_step(run_id, kb, reschedules=True) as deps:  # Qdrant still indexing: wait off the slot
         return validate_step(deps, version["version"],
                              RunRequest(min_hit_rate=min_hit_rate, min_mrr=min_mrr)).to_dict()
 

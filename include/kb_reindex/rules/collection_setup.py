@@ -54,4 +54,4 @@ def finish_bulk_load(deps: Deps, version: VersionRecord) -> None:
         m = CollectionConfig.from_dict(recorded, source=f"collection {version.collection}'s recorded "
                                                         "collection_config").hnsw_m
         deps.store.restore_indexing(version.collection, m=m)
-    deps.store.wait_until_indexed(version.collection, wait_s=deps.settings.index_wait_s, m=m)
+    deps.store.wait_until_indexed(version.collection, wait_s=deps.settings.index_wait_s, m=m, waiter=deps.waiter)

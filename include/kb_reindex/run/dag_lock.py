@@ -2,7 +2,8 @@
 
 A CLI run holds `reindex:<alias>` in one process, judged alive by its PID. A DAG run's tasks are separate
 processes (often on separate workers), so its owner names the run, not a process: `<run_id>@airflow-dag-run`.
-`plan` takes it (waiting up to KB_LOCK_WAIT, then refusing with the holder's name), every later task renews
+`plan` takes it (waiting up to KB_LOCK_WAIT, its worker slot free between looks, then refusing with the holder's
+name), every later task renews
 it (a long build renews it all along, from a heartbeat thread), and `cleanup` or the run's failure callback
 releases it. Its liveness is its renewal: a run that dies stops renewing and its lock expires after
 KB_LOCK_TTL, after which `gc`, cleanup or another run may take it and reclaim the run's version.
@@ -32,7 +33,7 @@ def take(deps: Any, run_id: str) -> str:
     owner = dag_run_owner(run_id)
     settings = deps.settings
     deps.state.acquire_lock(reindex_lock_name(settings.alias), owner=owner, ttl_s=settings.lock_ttl_s,
-                            wait_s=settings.lock_wait_s)
+                            wait_s=settings.lock_wait_s, waiter=deps.waiter)
     log.info("kb_reindex: run %s holds the lock on %s (expires in %d s unless renewed)", run_id, settings.alias,
              settings.lock_ttl_s)
     return owner

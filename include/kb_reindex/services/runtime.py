@@ -10,6 +10,7 @@ from pathlib import Path
 
 from qdrant_client import QdrantClient
 
+from kb_reindex.domain.waiting import Sleeping, Waiter
 from kb_reindex.services.config import Settings
 from kb_reindex.services.embedding import Embedder, make_embedder
 from kb_reindex.services.object_store import CLI_CREDENTIALS, BucketAccess, env_filesystem, parse_bucket_uri
@@ -28,6 +29,9 @@ class Deps:
     #: how a bucket source is reached: a DAG task's ObjectStoragePath with its Airflow Connection; None: s3fs
     #: with the AWS environment (the CLI)
     bucket_access: BucketAccess | None = field(default=None, repr=False)
+    #: how a step waits for another run's lock or for Qdrant's index: sleeping (the CLI), or, in a DAG task,
+    #: giving the worker slot back between looks (kb_reindex.airflow.waiting)
+    waiter: Waiter = field(default_factory=Sleeping, repr=False)
     _knowledge: KnowledgeSource | None = field(default=None, init=False, repr=False)
 
     @property

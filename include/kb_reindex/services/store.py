@@ -31,6 +31,7 @@ from kb_reindex.domain.errors import (
     refused_credentials,
 )
 from kb_reindex.services.embedding import redact_url
+from kb_reindex.domain.waiting import Look, Sleeping, Waiter
 
 log = logging.getLogger(__name__)
 
@@ -235,28 +236,28 @@ class KnowledgeStore:
         log.info("kb_reindex: %s: HNSW m=%d restored after the bulk load; Qdrant builds the index now", name, m)
         return True
 
-    def wait_until_indexed(self, name: str, *, wait_s: float, m: int | None) -> models.CollectionInfo:
+    def wait_until_indexed(self, name: str, *, wait_s: float, m: int | None,
+                           waiter: Waiter | None = None) -> models.CollectionInfo:
         """Until Qdrant reports the collection green with its optimizers ok and, where it builds an index
-        at all, the index covering every point; a StoreError naming the collection and the wait otherwise."""
-        deadline = time.monotonic() + wait_s
-        waited = False
-        while True:
+        at all, the index covering every point; a StoreError naming the collection and the wait otherwise.
+        `waiter`: how the time between looks passes (sleeping here by default; a DAG task's gives its slot back)."""
+        seen: list[models.CollectionInfo] = []
+
+        def look() -> Look:
             info = self.collection_info(name)
+            seen[:] = [info]
             ready, state = index_state(info, m=m)
-            if ready:
-                if waited:
-                    log.info("kb_reindex: %s is indexed: %s", name, state)
-                return info
-            if time.monotonic() >= deadline:
-                raise StoreError(
-                    f"collection {name} is not ready for queries after {wait_s:g} s (KB_INDEX_WAIT_S): {state}; "
-                    "it stays unvalidated and the alias was not moved: run again to keep waiting, or raise "
-                    "KB_INDEX_WAIT_S"
-                )
-            if not waited:
-                log.info("kb_reindex: waiting up to %g s for Qdrant to index %s: %s", wait_s, name, state)
-                waited = True
-            time.sleep(min(INDEX_POLL_S, max(deadline - time.monotonic(), 0.0)))
+            return Look(ready, state)
+
+        last = (waiter or Sleeping()).until(look, budget_s=wait_s, poll_s=INDEX_POLL_S,
+                                            what=f"Qdrant to index {name}")
+        if not last.ready:
+            raise StoreError(
+                f"collection {name} is not ready for queries after {wait_s:g} s (KB_INDEX_WAIT_S): {last.state}; "
+                "it stays unvalidated and the alias was not moved: run again to keep waiting, or raise "
+                "KB_INDEX_WAIT_S"
+            )
+        return seen[0]
 
     def snapshot(self, name: str) -> str:
         """A server-side snapshot of the collection (Qdrant's snapshots folder); its name."""

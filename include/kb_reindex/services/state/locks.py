@@ -8,7 +8,6 @@ import logging
 import os
 import socket
 import threading
-import time
 import uuid
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -20,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import sqlalchemy as sa
 
 from kb_reindex.domain.errors import LockHeldError
+from kb_reindex.domain.waiting import Look, Sleeping, Waiter
 from kb_reindex.services.state.dag_runs import dag_run_alive
 from kb_reindex.services.state.schema import _first_line, lock_events, locks, runs
 
@@ -102,19 +102,21 @@ class LocksMixin:
 
     # --- locks ----------------------------------------------------------------------------------
 
-    def acquire_lock(self, name: str, *, owner: str, ttl_s: float, wait_s: float = 0.0) -> None:
+    def acquire_lock(self, name: str, *, owner: str, ttl_s: float, wait_s: float = 0.0,
+                     waiter: Waiter | None = None) -> None:
         """A lock row with owner and expiry: works the same on SQLite and MySQL, survives no crash forever.
 
         Taken over at once when its owner process is gone from this host (kill -9 leaves a row behind), after
-        its TTL when held from another host; otherwise waited for up to `wait_s`, then refused by name."""
-        deadline = time.monotonic() + wait_s
-        while True:
+        its TTL when held from another host; otherwise waited for up to `wait_s` (sleeping, unless `waiter`
+        passes the time otherwise: a DAG task's gives its slot back), then refused by name."""
+
+        def look() -> Look:
             holder = self._try_lock(name, owner=owner, ttl_s=ttl_s)
-            if holder is None:
-                return
-            if time.monotonic() >= deadline:
-                raise LockHeldError(describe_lock_holder(name, holder))
-            time.sleep(min(0.25, max(deadline - time.monotonic(), 0.01)))
+            return Look(True) if holder is None else Look(False, describe_lock_holder(name, holder))
+
+        seen = (waiter or Sleeping()).until(look, budget_s=wait_s, poll_s=0.25, what=f"lock {name!r}")
+        if not seen.ready:
+            raise LockHeldError(seen.state)
 
     def _try_lock(self, name: str, *, owner: str, ttl_s: float) -> LockRecord | None:
         """Take the lock if free, ours, expired, or held by an owner known dead; else the holder's row.
