@@ -202,7 +202,11 @@ def part_curve(work: Path, sizes: list[int]) -> list[dict[str, Any]]:
                 took: float | str = round(wait_searchable(env, sentence, sentence, timeout_s=300) - edited, 2)
             except SystemExit as missed:  # said in the table, not hidden: the run's own outcome beside it
                 took = f"not found ({missed}; run outcome {answer.get('outcome')}, {time.time() - edited:.0f} s)"
-            rows.append({"chunks": built["chunks"]["total"], "first_build_s": round(build_s, 1),
+            first = built.get("outcome") or "no answer"
+            if first != "promoted":  # the first build never served: the edit's run would rebuild everything
+                first += f" ({(built.get('error') or '').strip()[:300]})"
+            rows.append({"chunks": (built.get("chunks") or {}).get("total"), "first_build_s": round(build_s, 1),
+                         "first_build": first,
                          "edit_to_searchable_s": took, "run_outcome": answer.get("outcome"),
                          "copied": (answer.get("chunks") or {}).get("copied"),
                          "embedded": (answer.get("chunks") or {}).get("embedded")})
@@ -224,10 +228,11 @@ def markdown(result: dict[str, Any]) -> str:
     lines += ["", f"median **{a['median_s']} s**, max {a['max_s']} s (target median ≤ 60 s: "
               f"{'met' if a['met'] else 'NOT met'}); the CLI's own edit -> searchable in the same run: median "
               f"{a['cli_median_s']} s ({', '.join(map(str, a['cli_s']))}); ratio Airflow/CLI **{a['ratio_to_cli']}**",
-              "", "| chunks | first build s | one edit -> searchable s | copied | embedded |", "|---|---|---|---|---|"]
+              "", "| chunks | first build s | first build | one edit -> searchable s | copied | embedded |",
+              "|---|---|---|---|---|---|"]
     for r in result["curve"]:
-        lines.append(f"| {r['chunks']} | {r['first_build_s']} | {r['edit_to_searchable_s']} | {r['copied']} | "
-                     f"{r['embedded']} |")
+        lines.append(f"| {r['chunks']} | {r['first_build_s']} | {r.get('first_build', '?')} | "
+                     f"{r['edit_to_searchable_s']} | {r['copied']} | {r['embedded']} |")
     if result.get("curve_at"):
         lines.append(f"\n(the curve measured {result['curve_at']})")
     return "\n".join(lines) + "\n"

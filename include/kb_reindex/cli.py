@@ -20,7 +20,7 @@ from kb_reindex.services.config import DEFAULT_MODELS, EMBEDDERS, Settings
 from kb_reindex.domain.errors import UNAVAILABLE_EXIT, UNAVAILABLE_KINDS, ConfigError, Failure, KbError, StateEmpty, classify
 from kb_reindex.rules.freeze import FreezeView
 from kb_reindex.domain.model import RunOutcome, WatchOutcome
-from kb_reindex.run.status import StatusView, history, status_view
+from kb_reindex.run.status import KEPT_NOTES, StatusView, history, status_view
 from kb_reindex.services.registry import Registry, load_registry, named_in, select_knowledge_base
 
 log = logging.getLogger("kb_reindex.cli")
@@ -524,7 +524,7 @@ def _print_bases(args: argparse.Namespace, registry: Registry, settings: Setting
 def _status_human(s: StatusView) -> str:
     data = s.to_dict()
     rows = [{**row, "status": v.status + (" *rollback target" if v.rollback_target else "")
-             + (" *shadow, never served" if v.shadow else "") + (" *pinned" if v.pinned else "")}
+             + (f" *{KEPT_NOTES[v.kept]}" if v.kept else "") + (" *pinned" if v.pinned else "")}
             for v, row in zip(s.versions, data["versions"], strict=True)]
     return "\n".join([_status_head(s), "", _table(rows, ["version", "status", "collection", "points", "embed_model",
                                                         "dim", "payload_layout", "hit_rate", "mrr", "created_at"])]

@@ -355,6 +355,8 @@ def test_content_loss_is_held_for_a_person_and_promoted_when_they_looked(cli_env
     assert status.returncode == 1 and answer["live"]["version"] == 2
     assert answer["last_run_problem"].startswith("the last reindex run (cli__reindex__")
     assert "held: v3 is held for a person" in answer["last_run_problem"]
+    assert {v["version"]: v["kept"] for v in answer["versions"]}[3] == "held"  # not taken for a migration's shadow
+    assert "ready *held for a person, never served" in kb("status").stdout
     promoted = kb("promote", "--version", "3", "--reason", "sellers' pages moved to their own base", "--yes",
                   "--live-version", "2", "--json", "-q")
     assert promoted.returncode == 0, promoted.stdout + promoted.stderr

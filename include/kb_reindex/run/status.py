@@ -73,6 +73,9 @@ class VersionRow:
     rollback_allowed: bool
     #: ready and never served: only a promotion may put it live
     shadow: bool
+    #: why such a version is kept, from its run: `held` for a person (content loss), `frozen` (built while the
+    #: alias was frozen), else `shadow` (a migration not promoted); None for any other version
+    kept: str | None
     serving: bool
     error: str | None
     run_id: str | None
@@ -271,7 +274,8 @@ def status_view(deps: Deps) -> StatusView:
         versions.append(version_row(
             record, target=target, pins=pins, serving=serving,
             points=store.count(record.collection) if exists else None,
-            collection_config=store.collection_metadata(record.collection).get("collection_config") if exists else None))
+            collection_config=store.collection_metadata(record.collection).get("collection_config") if exists else None,
+            kept=kept_as(deps.state, record)))
     problems, notes = [], []
     if serving != (live.collection if live else None):
         if promotion_in_progress:
@@ -301,8 +305,8 @@ def state_only_view(deps: StateDeps) -> StatusView:
     live = deps.state.live_version(alias)
     target = rollback_target(deps) if live else None  # type: ignore[arg-type]  # reads only the state DB
     pins = deps.state.active_pins(alias)
-    versions = [version_row(v, target=target, pins=pins, serving=None, points=None, collection_config=None)
-                for v in deps.state.list_versions(alias)]
+    versions = [version_row(v, target=target, pins=pins, serving=None, points=None, collection_config=None,
+                            kept=kept_as(deps.state, v)) for v in deps.state.list_versions(alias)]
     return StatusView(
         alias=alias, serving_collection=None, live=_live(versions, live),
         rollback_target=target.version if target else None, freeze=freeze_view(deps), pinned=tuple(sorted(pins)),
@@ -378,9 +382,22 @@ def lock_rows(deps: Deps | StateDeps) -> tuple[LockRow, ...]:
         for row in deps.state.list_locks(subject=deps.settings.alias))
 
 
+KEPT_NOTES = {"held": "held for a person, never served", "frozen": "built while frozen, never served",
+              "shadow": "shadow, never served"}
+
+
+def kept_as(state: StateStore, v: VersionRecord) -> str | None:
+    """Why a ready version that never served is kept (VersionRow.kept): what its run ended as."""
+    if v.status != VersionStatus.READY or has_served(v):
+        return None
+    run = state.get_run(v.run_id) if v.run_id else None
+    outcome = run.outcome if run is not None else None
+    return outcome if outcome in (RunOutcome.HELD, RunOutcome.FROZEN) else "shadow"
+
+
 def version_row(v: VersionRecord, *, target: VersionRecord | None, pins: dict[int, PinRecord],
-                serving: str | None, points: int | None, collection_config: Any) -> VersionRow:
-    """One version as status and the page show it (Qdrant's `points` and `collection_config` given)."""
+                serving: str | None, points: int | None, collection_config: Any, kept: str | None = None) -> VersionRow:
+    """One version as status and the page show it (Qdrant's `points`, `collection_config` and `kept_as` given)."""
     served = has_served(v)
     validation = v.validation or {}
     return VersionRow(
@@ -392,7 +409,7 @@ def version_row(v: VersionRecord, *, target: VersionRecord | None, pins: dict[in
         created_at=utc_stamp(v.created_at), promoted_at=utc_stamp(v.promoted_at) if v.promoted_at else None,
         rollback_target=bool(target and target.id == v.id),
         rollback_allowed=v.status in (VersionStatus.RETIRED, VersionStatus.READY) and served,
-        shadow=v.status == VersionStatus.READY and not served,
+        shadow=v.status == VersionStatus.READY and not served, kept=kept,
         serving=v.collection == serving, error=v.error, run_id=v.run_id,
         collection_config=collection_config, snapshot=v.snapshot_view(),
         pinned=v.version in pins, pin=pin_view(pins.get(v.version)),

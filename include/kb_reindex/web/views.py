@@ -12,6 +12,7 @@ from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Response
 
 from kb_reindex.services.config import Settings
 from kb_reindex.run.pageview import FreshInstall, PageStatus
+from kb_reindex.run.status import KEPT_NOTES
 from kb_reindex.steps.templating import templates
 from kb_reindex.web.airflow_api import AirflowApi, DagIds, DagJson, DagRun, Schedule
 from kb_reindex.web.context import PageContext
@@ -20,7 +21,7 @@ from kb_reindex.web.context import PageContext
 def render_page(settings: Settings, dags: DagIds) -> str:
     """The page (templates/page.html.j2, autoescaped); its script fills everything else in from /api/status."""
     return templates().get_template("page.html.j2").render(alias=settings.alias, timezone=airflow_timezone(), dags=dags,
-                                                               registered=dags != DagIds())
+                                                               registered=dags != DagIds(), kept_notes=KEPT_NOTES)
 
 
 def airflow_timezone() -> str:
