@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -38,6 +39,10 @@ os.environ["KB_EMBEDDER"] = "hashing"
 # no freshness watcher starts runs of its own in a test (the Airflow stacks' triggerers would otherwise run every
 # DAG whose source differs from its last plan); the tests of the watcher turn it on (test_freshness_*.py)
 os.environ["KB_SOURCE_POLL_S"] = "0"
+# the tests that stop a process with Ctrl-C (SIGINT) need it to reach the process: a suite started in the
+# background by a shell without job control inherits SIGINT ignored, and so would every process it starts
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 from qdrant_client import QdrantClient  # noqa: E402
 

@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from airflow.sdk import get_current_context
 from airflow.sdk.exceptions import AirflowRescheduleException
 
-from kb_reindex.domain.waiting import Look, next_look
+from kb_reindex.domain.waiting import Look, Sleeping, Waiter, next_look
 
 log = logging.getLogger(__name__)
 
@@ -47,8 +47,11 @@ class Rescheduling:
         raise AirflowRescheduleException(at)
 
 
-def rescheduling(*, lock_ttl_s: float) -> Rescheduling:
-    """The waiter of the calling task's try."""
-    context = get_current_context()
+def rescheduling(*, lock_ttl_s: float) -> Waiter:
+    """The waiter of the calling task's try; outside a task (a task body called directly) the sleeping one."""
+    try:
+        context = get_current_context()
+    except RuntimeError:
+        return Sleeping()
     first = context["ti"].get_first_reschedule_date(context)
     return Rescheduling(started=first or datetime.now(UTC), gap_s=min(RESCHEDULE_GAP_S, lock_ttl_s / 3))
