@@ -52,6 +52,23 @@ from kb_reindex.services.state.store import StateStore  # noqa: E402
 from kb_reindex.services.store import KnowledgeStore  # noqa: E402
 
 
+def _checkout_state() -> list[tuple[str, int]]:
+    root = REPO / ".kb"
+    if not root.exists():
+        return []
+    return sorted((str(p.relative_to(root)), p.stat().st_mtime_ns) for p in root.rglob("*") if p.is_file())
+
+
+@pytest.fixture(scope="session", autouse=True)
+def checkout_state_untouched() -> Iterator[None]:
+    """No test writes the checkout's own state (`.kb/`, the default project root's, which `make demo` serves):
+    a test's work that outlives its patches lands there (seen: `make test` left the demo's alias frozen)."""
+    before = _checkout_state()
+    yield
+    changed = sorted(set(_checkout_state()) ^ set(before))
+    assert not changed, f"a test wrote into the checkout's .kb/: {changed[:5]}"
+
+
 @pytest.fixture(scope="session")
 def airflow_db() -> None:
     """A migrated SQLite metadata DB and the Qdrant write pool, once per session (DAG runs, and the page's
