@@ -237,16 +237,12 @@ class KnowledgeStore:
         return True
 
     def wait_until_indexed(self, name: str, *, wait_s: float, m: int | None,
-                           waiter: Waiter | None = None) -> models.CollectionInfo:
+                           waiter: Waiter | None = None) -> None:
         """Until Qdrant reports the collection green with its optimizers ok and, where it builds an index
         at all, the index covering every point; a StoreError naming the collection and the wait otherwise.
         `waiter`: how the time between looks passes (sleeping here by default; a DAG task's gives its slot back)."""
-        seen: list[models.CollectionInfo] = []
-
         def look() -> Look:
-            info = self.collection_info(name)
-            seen[:] = [info]
-            ready, state = index_state(info, m=m)
+            ready, state = index_state(self.collection_info(name), m=m)
             return Look(ready, state)
 
         last = (waiter or Sleeping()).until(look, budget_s=wait_s, poll_s=INDEX_POLL_S,
@@ -257,7 +253,6 @@ class KnowledgeStore:
                 "it stays unvalidated and the alias was not moved: run again to keep waiting, or raise "
                 "KB_INDEX_WAIT_S"
             )
-        return seen[0]
 
     def snapshot(self, name: str) -> str:
         """A server-side snapshot of the collection (Qdrant's snapshots folder); its name."""
