@@ -105,7 +105,8 @@ def test_an_airflow_connection_in_json_gives_a_client_at_the_server(
         assert deps.settings.collection_config is not None
         assert deps.settings.collection_config.to_dict() == {"hnsw_config": {"m": 24}}
         assert deps.store.collection_names() == set()
-    assert [r.op for r in server.requests()][-1] == "collections", "the task's client spoke to the test server"
+    # qdrant-client checks the server's version from a thread of its own, so that request may come last
+    assert "collections" in [r.op for r in server.requests()], "the task's client spoke to the test server"
 
     monkeypatch.setenv("AIRFLOW_CONN_QDRANT_DEFAULT", json.dumps({
         "conn_type": "qdrant", "host": "127.0.0.1", "port": port, "extra": {"grpc_port": "lots"}}))
