@@ -347,6 +347,16 @@ def test_restart_policies(services: dict[str, dict[str, Any]]) -> None:
             assert service.get("restart") == "unless-stopped", f"{name}: restart {service.get('restart')!r}"
 
 
+def test_task_supervisors_look_every_second_as_under_make_airflow(
+        airflow_services: dict[str, dict[str, Any]], env_example: dict[str, str]) -> None:
+    """Airflow 3.3's supervisor can miss a task process's exit until its next look: both stacks look every second."""
+    script = (REPO / "scripts" / "airflow.sh").read_text(encoding="utf-8")
+    assert 'AIRFLOW__WORKERS__MIN_HEARTBEAT_INTERVAL="${AIRFLOW__WORKERS__MIN_HEARTBEAT_INTERVAL:-1}"' in script
+    for name, service in airflow_services.items():
+        env = resolved_airflow_env(service, env_example)
+        assert env.get("AIRFLOW__WORKERS__MIN_HEARTBEAT_INTERVAL") == "1", name
+
+
 def test_celery_is_an_opt_in_profile(services: dict[str, dict[str, Any]], airflow_services: dict[str, dict[str, Any]],
                                      env_example: dict[str, str]) -> None:
     for name, service in services.items():
