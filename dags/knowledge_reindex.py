@@ -8,8 +8,9 @@
 4. **validate**: exact count and IDs, dimension, payload, golden set (hit@k, MRR, no regression). Fails → alias stays.
 5. **promote**: compare-and-swap of the alias; the previous version is kept for rollback. A frozen alias
    (`kb-reindex freeze`, a rollback's freeze) skips it: the version is kept unpromoted, the run ends `frozen`.
-6. **watch** (`KB_WATCH_MINUTES` > 0) rolls back automatically on a regression; **cleanup** applies retention,
-   never touching live or the rollback target.
+6. **cleanup** applies retention, never touching live or the rollback target. The promotion's event on the
+   alias Asset starts `knowledge_watch`, which watches the promoted version (`watch_minutes`, `KB_WATCH_MINUTES`
+   > 0) and rolls it back on a regression: this run ends here, so a change made during the watch is built at once.
 
 **When it runs**: on its time schedule (`KB_REINDEX_SCHEDULE`, a registry entry's `schedule`) OR within seconds
 of a change to its source: a watcher in the triggerer lists the source every `KB_SOURCE_POLL_S` (default 15;

@@ -13,7 +13,8 @@ import pytest
 from conftest import REPO, force_status
 
 pytestmark = pytest.mark.airflow
-DAG_IDS = {"knowledge_reindex", "knowledge_rollback", "knowledge_model_migration", "knowledge_promote_shadow"}
+DAG_IDS = {"knowledge_reindex", "knowledge_watch", "knowledge_rollback", "knowledge_model_migration",
+           "knowledge_promote_shadow"}
 
 
 @pytest.fixture(scope="session")
@@ -57,8 +58,7 @@ def test_reindex_dag_shape(dagbag) -> None:
     dag = dagbag.get_dag("knowledge_reindex")
     assert dag.schedule == "@daily" and dag.timetable.expression == "0 0 * * *"
     assert set(dag.params) >= {"force_full_rebuild", "dry_run"}
-    order = ["plan", "has_changes", "create_version", "build_slices", "build", "validate", "promote", "cleanup",
-             "watch"]
+    order = ["plan", "has_changes", "create_version", "build_slices", "build", "validate", "promote", "cleanup"]
     assert set(order) == set(dag.task_ids)
     for task_id in ("create_version", "build", "promote", "cleanup"):
         assert dag.get_task(task_id).pool == "kb_qdrant_writes"
@@ -66,8 +66,18 @@ def test_reindex_dag_shape(dagbag) -> None:
     assert dag.get_task("build").retries >= 1 and dag.get_task("validate").retries >= 1
     assert [o.uri for o in dag.get_task("promote").outlets] == ["qdrant://mall_knowledge/"]
     assert dag.get_task("validate").upstream_task_ids >= {"build", "create_version"}
-    # the watch follows the promotion, beside retention; it holds no Qdrant write slot while it waits
-    assert dag.get_task("watch").upstream_task_ids == {"promote"} and dag.get_task("watch").pool != "kb_qdrant_writes"
+    assert dag.get_task("cleanup").upstream_task_ids == {"promote"}, "the run ends at its promotion's retention"
+
+
+def test_the_watch_is_a_dag_of_its_own_started_by_each_promotion(dagbag) -> None:
+    """knowledge_watch runs on the alias Asset the promotions update, unpaused, one watch at a time: a sensor in
+    reschedule mode that holds no worker slot (and no Qdrant write slot) between its looks."""
+    dag = dagbag.get_dag("knowledge_watch")
+    assert [asset.uri for asset in dag.timetable.asset_condition.objects] == ["qdrant://mall_knowledge/"]
+    assert dag.is_paused_upon_creation is False and dag.max_active_runs == 1
+    (watch,) = dag.tasks
+    assert (watch.task_id, watch.mode, watch.pool) == ("watch", "reschedule", "default_pool")
+    assert watch.retries >= 1 and watch.poke_interval == 60  # KB_WATCH_INTERVAL_S
 
 
 def test_rollback_migration_and_shadow_promotion_are_manual(dagbag) -> None:
@@ -153,12 +163,16 @@ def asset_events_of_last_run() -> list[dict]:
     return [{"uri": uri, "extra": extra, "task": task} for uri, extra, task in rows]
 
 
-def alias_extra(project: Path, action: str, version: int, previous: int | None) -> dict:
-    """The `extra` consumers get: what serves now and what it replaced."""
+def alias_extra(project: Path, action: str, version: int, previous: int | None, *, watched: bool = False) -> dict:
+    """The `extra` consumers get: what serves now and what it replaced; `watched`: a run's promotion, which
+    says what knowledge_watch needs (the run's watch_minutes, empty here, and the run: the last `run_dag`)."""
     row = {v["version"]: v for v in kb(project, "status")["versions"]}[version]
-    return {"alias": "mall_knowledge", "action": action, "version": version, "collection": row["collection"],
-            "model": row["embed_model"], "dimension": row["dim"], "previous_version": previous,
-            "payload_layout": row["payload_layout"], "embed_profile": row["embed_profile"]}
+    extra = {"alias": "mall_knowledge", "action": action, "version": version, "collection": row["collection"],
+             "model": row["embed_model"], "dimension": row["dim"], "previous_version": previous,
+             "payload_layout": row["payload_layout"], "embed_profile": row["embed_profile"]}
+    if watched:
+        extra["watch"] = {"minutes": None, "run_id": f"airflow:{LAST_RUN['dag_id']}:{LAST_RUN['run_id']}"}
+    return extra
 
 
 def test_reindex_dag_end_to_end_then_no_change(dagbag, dag_env: Path) -> None:
@@ -169,8 +183,7 @@ def test_reindex_dag_end_to_end_then_no_change(dagbag, dag_env: Path) -> None:
     history = kb(dag_env, "history")["events"]
     assert history[0]["run_id"].startswith("airflow:knowledge_reindex:")
     assert asset_events_of_last_run() == [{"uri": "qdrant://mall_knowledge/", "task": "promote",
-                                           "extra": alias_extra(dag_env, "promote", 1, None)}]
-    assert states["watch"] == "skipped"  # KB_WATCH_MINUTES is 0 by default
+                                           "extra": alias_extra(dag_env, "promote", 1, None, watched=True)}]
 
     ok, states = run_dag(dagbag, "knowledge_reindex")
     assert ok
@@ -308,8 +321,8 @@ def test_migration_dag_with_promote_and_as_shadow(dagbag, dag_env: Path) -> None
     ok, states = run_dag(dagbag, "knowledge_model_migration",
                          {"embedder": "hashing", "model": "hashing-ngram-v4", "dimension": 512, "promote": False})
     assert ok, states
-    # the same run as a reindex: promote off keeps a shadow (the promote task skipped, so no watch); cleanup runs
-    assert states["promote"] == "skipped" and states["watch"] == "skipped" and states["cleanup"] == "success"
+    # the same run as a reindex: promote off keeps a shadow (the promote task skipped: no event, no watch); cleanup
+    assert states["promote"] == "skipped" and states["cleanup"] == "success"
     assert "build_slices" in states, "the migration maps its build over slices as the reindex does"
     status = kb(dag_env, "status")
     assert status["live"]["version"] == 1
@@ -323,7 +336,7 @@ def test_migration_dag_with_promote_and_as_shadow(dagbag, dag_env: Path) -> None
     assert (live["version"], live["embed_model"], live["dim"], live["payload_layout"]) == (
         3, "hashing-ngram-v5", 768, "langchain")
     assert kb(dag_env, "history")["events"][-1]["action"] == "migrate"
-    assert [e["extra"] for e in asset_events_of_last_run()] == [alias_extra(dag_env, "migrate", 3, 1)]
+    assert [e["extra"] for e in asset_events_of_last_run()] == [alias_extra(dag_env, "migrate", 3, 1, watched=True)]
     assert alias_extra(dag_env, "migrate", 3, 1)["model"] == "hashing-ngram-v5"
 
 

@@ -4,8 +4,8 @@ here; no test triggers one, clicks or calls the API to start a build. One Airflo
 fresh install builds its first version; a burst of edits becomes searchable in at most two runs; edits made
 while the triggerer is down are caught when it starts again; a paused DAG starts nothing and catches up when
 unpaused; a triggered run's plan and validate wait for a lock and for Qdrant's index rescheduled; and the watch
-after a promotion waits rescheduled (holding no slot), then rolls back the version it promoted when that
-regresses."""
+after a promotion (knowledge_watch) waits rescheduled, holding no slot and no later run back, then rolls back the
+version it watches when that regresses."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from conftest import REPO
 from test_local_airflow import BIN, LocalAirflow, free_port, kb
 
 pytestmark = pytest.mark.airflow
-DAG = "knowledge_reindex"
+DAG, WATCH = "knowledge_reindex", "knowledge_watch"
 
 
 class Stack:
@@ -166,32 +166,64 @@ def test_plan_and_validate_wait_off_their_slots_under_the_scheduler(stack: Stack
     assert kb(airflow.env, "status")["live"]["version"] == live_before + 1
 
 
-def test_the_watch_waits_rescheduled_and_rolls_back_the_version_it_promoted(stack: Stack) -> None:
-    """The one run a test triggers: with a watch (the watch_minutes Param). Between its looks the watch task is
-    up_for_reschedule (no worker slot held); once the promoted version's points are gone, it rolls the alias back
-    from that version to the one before, and fails so on-call hears of it."""
+def watch_runs(stack: Stack) -> list[dict]:
+    return stack.airflow.http.get(f"/dags/{WATCH}/dagRuns", params={"order_by": "run_after"}).json()["dag_runs"]
+
+
+def watch_waiting(stack: Stack) -> str:
+    """The knowledge_watch run whose watch is up_for_reschedule (between its looks: no worker slot held)."""
+    http, found = stack.airflow.http, []
+
+    def waiting() -> bool:
+        for run in watch_runs(stack)[-3:]:
+            url = f"/dags/{WATCH}/dagRuns/{quote(run['dag_run_id'], safe='')}"
+            if [t["state"] for t in http.get(f"{url}/taskInstances").json()["task_instances"]] == ["up_for_reschedule"]:
+                found.append(url)
+                return True
+        return False
+
+    stack.airflow.wait("a watch waiting off its slot", waiting, 240)
+    return found[-1]
+
+
+def test_a_watch_holds_no_run_back_and_rolls_back_only_the_version_it_promoted(stack: Stack) -> None:
+    """The runs a test triggers: with a 5-minute watch (the watch_minutes Param). The run ends at its promotion;
+    knowledge_watch, started by the promotion's event on the alias Asset, waits rescheduled (holding no slot)
+    between its looks. An edit made meanwhile is built and served at once, not after the window, and that watch
+    ends at its next look (the alias moved on). Then a watched version damaged behind everyone's back is rolled
+    back from that version to the one before, and its watch fails so on-call hears of it."""
     from qdrant_client import QdrantClient, models
 
     airflow = stack.airflow
     live_before = kb(airflow.env, "status")["live"]["version"]
     run_id = airflow.trigger(DAG, {"force_full_rebuild": True, "watch_minutes": 5})
-    url = f"/dags/{DAG}/dagRuns/{quote(run_id, safe='')}"
+    airflow.wait_for_success(DAG, run_id, 180)
+    first_watch = watch_waiting(stack)
+    assert kb(airflow.env, "status")["live"]["version"] == live_before + 1
 
-    def watch_state() -> str | None:
-        tis = airflow.http.get(f"{url}/taskInstances").json()["task_instances"]
-        return next((t["state"] for t in tis if t["task_id"] == "watch"), None)
+    sentence = "跨境商品的关税由平台代缴，无需另付。"
+    stack.edit("payment-guide", sentence)
+    stack.wait_searchable("跨境商品要另付关税吗", sentence)  # the watcher's run did not wait out the window
+    assert kb(airflow.env, "status")["live"]["version"] == live_before + 2
+    airflow.wait("the first watch ended: the alias moved on", lambda: http_state(airflow, first_watch) == "success", 60)
 
-    airflow.wait("the watch rescheduled", lambda: watch_state() == "up_for_reschedule", 240)
+    run_id = airflow.trigger(DAG, {"force_full_rebuild": True, "watch_minutes": 5})
+    airflow.wait_for_success(DAG, run_id, 180)
+    second_watch = watch_waiting(stack)
     promoted = kb(airflow.env, "status")["live"]
-    assert promoted["version"] == live_before + 1
+    assert promoted["version"] == live_before + 3
     client = QdrantClient(url=stack.qdrant.url, timeout=30)
     try:  # the promoted version damaged behind everyone's back: its probes find nothing
         client.delete(promoted["collection"], points_selector=models.FilterSelector(filter=models.Filter()))
     finally:
         client.close()
-    airflow.wait("the watch failed", lambda: airflow.http.get(url).json()["state"] == "failed", 120)
-    assert watch_state() == "failed"
+    airflow.wait("the watch failed", lambda: http_state(airflow, second_watch) == "failed", 120)
     events = kb(airflow.env, "history")["events"]
     assert (events[-1]["action"], events[-1]["from_version"], events[-1]["to_version"]) == (
-        "auto-rollback", live_before + 1, live_before), events[-1]
-    assert kb(airflow.env, "status")["live"]["version"] == live_before
+        "auto-rollback", live_before + 3, live_before + 2), events[-1]
+    assert events[-1]["run_id"].startswith("airflow:knowledge_watch:asset_triggered__")
+    assert kb(airflow.env, "status")["live"]["version"] == live_before + 2
+
+
+def http_state(airflow: LocalAirflow, url: str) -> str:
+    return airflow.http.get(url).json()["state"]

@@ -1,4 +1,4 @@
-"""The DAGs of a registry (KB_REGISTRY): each knowledge base gets its four DAGs from the same factory, in the
+"""The DAGs of a registry (KB_REGISTRY): each knowledge base gets its five DAGs from the same factory, in the
 registry's order, with its alias's tag, schedule, pool and Asset; a refused entry loses only its own DAGs and
 is named in Airflow's import errors; parsing reads the registry and nothing heavier; and a knowledge base's
 reindex runs end to end under dag.test(), announcing its own alias."""
@@ -17,7 +17,8 @@ from conftest import REPO
 
 pytestmark = pytest.mark.airflow
 SHOP, SELLER = "mall_knowledge", "seller_rules"
-KINDS = ("knowledge_reindex", "knowledge_rollback", "knowledge_model_migration", "knowledge_promote_shadow")
+KINDS = ("knowledge_reindex", "knowledge_watch", "knowledge_rollback", "knowledge_model_migration",
+         "knowledge_promote_shadow")
 
 
 @pytest.fixture
@@ -41,9 +42,13 @@ def test_each_knowledge_base_gets_its_own_dags(airflow_db: None, registry_projec
     assert sorted(bag.dag_ids) == sorted(f"{kind}__{kb}" for kind in KINDS for kb in (SHOP, SELLER))
     for kb in (SHOP, SELLER):
         dags = {kind: bag.dags[f"{kind}__{kb}"] for kind in KINDS}
-        for dag in dags.values():
+        for kind, dag in dags.items():
             assert f"kb:{kb}" in dag.tags and dag.doc_md
-            assert [o.uri for t in dag.tasks for o in t.outlets] == [f"qdrant://{kb}/"]
+            if kind == "knowledge_watch":  # started by its own alias's promotions
+                assert [a.uri for a in dag.timetable.asset_condition.objects] == [f"qdrant://{kb}/"]
+                assert [o for t in dag.tasks for o in t.outlets] == []
+            else:
+                assert [o.uri for t in dag.tasks for o in t.outlets] == [f"qdrant://{kb}/"]
         reindex = dags["knowledge_reindex"]
         assert {t.pool for t in reindex.tasks if t.task_id in ("create_version", "build", "promote", "cleanup")} == {
             f"kb_qdrant_writes__{kb}"}

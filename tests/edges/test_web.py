@@ -63,7 +63,7 @@ class FakeAirflowApi:
         #: (dag_id, run_id) -> a task instance waiting for its next try
         self.retries: dict[tuple[str, str], dict] = {}
         self.dag_paused = dict.fromkeys(("knowledge_reindex", "knowledge_rollback", "knowledge_model_migration",
-                                         "knowledge_promote_shadow"), False)
+                                         "knowledge_promote_shadow", "knowledge_watch"), False)
         self.logs: dict[tuple[str, str], list[dict]] = {}
         #: when the source watcher's Asset had events (a change seen)
         self.source_events: list[str] = []
@@ -716,7 +716,7 @@ def test_a_paused_on_call_dag_is_said_and_unpaused_only_when_on_call_agreed(
     airflow.dag_paused["knowledge_rollback"] = True
     assert viewer.get("/api/airflow").json()["paused"] == {
         "knowledge_reindex": False, "knowledge_rollback": True, "knowledge_model_migration": False,
-        "knowledge_promote_shadow": False}
+        "knowledge_promote_shadow": False, "knowledge_watch": False}
     body = {"to_version": 2, "reason": "x", "live_version": 3}
     refused = user.post("/api/rollback", json=body)
     assert refused.status_code == 409 and "knowledge_rollback is paused" in refused.json()["detail"]

@@ -398,3 +398,27 @@ def test_the_dag_watch_task_is_skipped_at_window_0_and_fails_after_an_auto_rollb
     # a retry of the same watch (Airflow may run a rescheduled sensor again) says the rollback again: never success
     with pytest.raises(AirflowFailException, match="v2 was rolled back to v1 automatically: watch of v2: golden"):
         tasks.watch_task(promoted={"version": 2}, run_id="airflow__reindex__w")
+
+
+def test_knowledge_watch_watches_the_newest_run_promotion_among_its_events_and_skips_other_moves() -> None:
+    """Promotions queued while a watch ran start one knowledge_watch run with all their events: the newest run's
+    promotion is watched, for the window its run asked for; a rollback's event alone is skipped, saying so."""
+    from datetime import UTC, datetime
+    from types import SimpleNamespace
+
+    from airflow.sdk.exceptions import AirflowSkipException
+    from kb_reindex.airflow.tasks import promotion_to_watch
+
+    def event(minute: int, action: str, version: int, watch: dict | None = None) -> SimpleNamespace:
+        extra = {"alias": "mall_knowledge", "action": action, "version": version} | ({"watch": watch} if watch else {})
+        return SimpleNamespace(extra=extra, timestamp=datetime(2026, 12, 1, 10, minute, tzinfo=UTC))
+
+    newest = event(9, "promote", 4, {"minutes": 30, "run_id": "airflow:knowledge_reindex:r4"})
+    events = {"kb_alias_mall_knowledge": [newest, event(1, "promote", 3, {"minutes": None, "run_id": "r3"}),
+                                          event(5, "rollback", 2), event(12, "migrate", 5)]}
+    assert promotion_to_watch(events) == newest.extra, "the newest with a run's watch: the shadow's (v5) has none"
+    with pytest.raises(AirflowSkipException, match="the alias moved by rollback of v2: only a reindex's or a "
+                                                   "migration's promotion is watched"):
+        promotion_to_watch({"kb_alias_mall_knowledge": [event(5, "rollback", 2)]})
+    with pytest.raises(AirflowSkipException, match="no event"):
+        promotion_to_watch(None)

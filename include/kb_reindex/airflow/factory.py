@@ -1,11 +1,12 @@
 """The DAGs of every knowledge base, from one definition each: `knowledge_reindex`, `knowledge_model_migration`
-(both `knowledge_dag`: the same run, differing only in kind, Params and schedule), `knowledge_rollback` and
-`knowledge_promote_shadow`. Without KB_REGISTRY the environment's one knowledge base gets them under these ids;
-with a registry each entry gets its own, `<id>__<alias>`, in the registry's order, tagged with its alias, on
-its own schedule, pool and Asset (`for_each_knowledge_base`).
+(both `knowledge_dag`: the same run, differing only in kind, Params and schedule), `knowledge_watch`,
+`knowledge_rollback` and `knowledge_promote_shadow`. Without KB_REGISTRY the environment's one knowledge base gets
+them under these ids; with a registry each entry gets its own, `<id>__<alias>`, in the registry's order, tagged
+with its alias, on its own schedule, pool and Assets (`for_each_knowledge_base`).
 
-plan -> has_changes -> create_version -> build_slices -> build (mapped) -> validate -> promote -> watch,
-and cleanup after promote (beside the watch). Each task is a thin call of kb_reindex.airflow.tasks, imported
+plan -> has_changes -> create_version -> build_slices -> build (mapped) -> validate -> promote -> cleanup. The
+promotion's event on the alias Asset starts `knowledge_watch`, so a run ends at its promotion and the next change
+is built while the version it promoted is watched. Each task is a thin call of kb_reindex.airflow.tasks, imported
 inside the task and told which knowledge base it acts on: parsing a DAG file reads the registry and imports
 the Airflow SDK and this module only, never Qdrant, pandas or the state DB.
 """
@@ -180,19 +181,14 @@ def knowledge_dag(kb: KnowledgeBase, base_id: str, *, kind: RunKind, doc_md: str
             return tasks.validate_task(kb=name, version=version, run_id=current_run_id(), min_hit_rate=p.get("min_hit_rate"),
                                        min_mrr=p.get("min_mrr"))
 
+        # its event on the alias Asset starts knowledge_watch (with this run's watch_minutes)
         @task(pool=pool, outlets=[alias_asset(kb.alias)])
         def promote(plan: Any, version: Any, params: dict | None = None) -> dict:
             from kb_reindex.airflow import tasks
 
+            p = params or {}
             return tasks.promote_task(kb=name, plan=plan, version=version, run_id=current_run_id(),
-                                      promote=(params or {}).get("promote", True))
-
-        @watch_sensor(kb)
-        def watch(promoted: Any, params: dict | None = None) -> Any:
-            from kb_reindex.airflow import tasks
-
-            return tasks.watch_task(kb=name, promoted=promoted, run_id=current_run_id(),
-                                    minutes=(params or {}).get("watch_minutes"))
+                                      promote=p.get("promote", True), watch_minutes=p.get("watch_minutes"))
 
         # after a promotion, a kept version or nothing to build; never after a failure
         @task(pool=pool, trigger_rule=TriggerRule.NONE_FAILED)
@@ -207,11 +203,41 @@ def knowledge_dag(kb: KnowledgeBase, base_id: str, *, kind: RunKind, doc_md: str
         built = build.expand(work=build_slices(version))
         checked = validate(version)
         built >> checked
-        promoted = promote(planned, version)
-        checked >> promoted >> cleanup()
-        watch(promoted)  # beside cleanup, which never drops live or the rollback target
+        checked >> promote(planned, version) >> cleanup()
 
     return knowledge_run()
+
+
+def watch_dag(kb: KnowledgeBase, *, doc_md: str | None) -> DAG:
+    """The watch after each promotion of `kb`'s reindex and migration runs, in a DAG of its own on the alias
+    Asset: the promoting run ends at its promotion (max_active_runs=1 would keep the next change waiting out the
+    whole window), and the version it promoted is watched here until its window ends or the alias moves on.
+    Unpaused from the start: a watch asked for must happen. Other moves of the alias (rollbacks, shadows
+    promoted by a person) are skipped."""
+    name = task_kb(kb)
+
+    @dag(
+        dag_id=kb.dag_id("knowledge_watch"),
+        schedule=[alias_asset(kb.alias)],
+        start_date=START,
+        catchup=False,
+        # a newer promotion's watch waits until this one sees the alias moved on (at its next look) and ends
+        max_active_runs=1,
+        is_paused_upon_creation=False,
+        doc_md=doc_md,
+        tags=tags_of(kb, "watch"),
+        default_args={"retries": 2, "retry_delay": timedelta(seconds=int(os.environ.get("KB_RETRY_DELAY_S", "60")))},
+    )
+    def knowledge_watch() -> None:
+        @watch_sensor(kb)
+        def watch(triggering_asset_events: Any = None) -> Any:
+            from kb_reindex.airflow import tasks
+
+            return tasks.watch_after_promotion(kb=name, events=triggering_asset_events, run_id=current_run_id())
+
+        watch()
+
+    return knowledge_watch()
 
 
 def rollback_dag(kb: KnowledgeBase, *, doc_md: str | None) -> DAG:

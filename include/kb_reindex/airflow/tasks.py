@@ -183,11 +183,13 @@ def validate_task(*, kb: str | None = None, version: dict[str, Any], run_id: str
                              RunRequest(min_hit_rate=min_hit_rate, min_mrr=min_mrr)).to_dict()
 
 
-def promote_task(*, kb: str | None = None, plan: dict[str, Any], version: dict[str, Any], run_id: str, promote: bool = True) -> dict[str, Any]:
-    """Move the alias and announce it on the alias Asset. The task is skipped (no Asset event, no watch;
-    `cleanup` still runs) when nothing moved: the version was already live (unless this very run moved it in
-    an attempt that died before reporting), the alias is frozen (the run ends `frozen`), or `promote` is off
-    (a migration's shadow: the run ends `shadow`)."""
+def promote_task(*, kb: str | None = None, plan: dict[str, Any], version: dict[str, Any], run_id: str, promote: bool = True,
+                 watch_minutes: float | None = None) -> dict[str, Any]:
+    """Move the alias and announce it on the alias Asset, whose event starts knowledge_watch: `watch_minutes`
+    (the run's Param; None: KB_WATCH_MINUTES where the watch runs) and this run's id go with it. The task is
+    skipped (no Asset event, no watch; `cleanup` still runs) when nothing moved: the version was already live
+    (unless this very run moved it in an attempt that died before reporting), the alias is frozen (the run ends
+    `frozen`), or `promote` is off (a migration's shadow: the run ends `shadow`)."""
     number = version["version"]
     with task_step(run_id, kb) as deps:
         promotion = promote_step(deps, Recorder.of(deps, run_id), Plan.from_dict(plan), number, run_fence(deps, run_id),
@@ -195,7 +197,8 @@ def promote_task(*, kb: str | None = None, plan: dict[str, Any], version: dict[s
         if promotion.moved:
             record = recorded_version(deps, number)
             announce_alias_move(deps, action=_move_action(record), version=record,
-                                previous_version=promotion.previous_version)
+                                previous_version=promotion.previous_version,
+                                watch={"minutes": watch_minutes, "run_id": run_id})
     if promotion.outcome == RunOutcome.FROZEN and promotion.frozen is not None:  # outside `step`: not a failure
         raise AirflowSkipException(promotion.frozen.message)
     if promotion.outcome == RunOutcome.HELD and promotion.held is not None:
@@ -222,11 +225,12 @@ def alias_move_extra(*, alias: str, action: str, version: VersionRecord,
             "payload_layout": version.payload_layout, "embed_profile": version_profile(version)}
 
 
-def announce_alias_move(deps: Deps, *, action: str, version: VersionRecord,
-                        previous_version: int | None) -> dict[str, Any]:
-    """Set the `extra` of this task's outlet event for the alias Asset (emitted when the task succeeds)."""
+def announce_alias_move(deps: Deps, *, action: str, version: VersionRecord, previous_version: int | None,
+                        watch: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Set the `extra` of this task's outlet event for the alias Asset (emitted when the task succeeds); `watch`
+    (a run's promotion only): what knowledge_watch needs, the window asked for and the promoting run."""
     extra = alias_move_extra(alias=deps.settings.alias, action=action, version=version,
-                             previous_version=previous_version)
+                             previous_version=previous_version) | ({"watch": watch} if watch is not None else {})
     get_current_context()["outlet_events"][alias_asset(deps.settings.alias)].extra = extra
     log.info("kb_reindex: alias %s moved: %s", deps.settings.alias, extra)
     return extra
@@ -250,11 +254,31 @@ def cleanup_task(*, kb: str | None = None, dry_run: bool = False, run_id: str | 
         return result.to_dict()
 
 
+def promotion_to_watch(events: Any) -> dict[str, Any]:
+    """The newest run's promotion among the alias Asset events that started a knowledge_watch run (Airflow's
+    `triggering_asset_events`: several when promotions queued while the previous watch ran): its `extra`,
+    whose `watch` promote_task set (a rollback's event, or a shadow's a person promoted, has none). None there:
+    the task is skipped, saying what moved the alias."""
+    moves = sorted((event for queue in (events or {}).values() for event in queue), key=lambda e: e.timestamp)
+    promotions = [dict(event.extra) for event in moves if isinstance((event.extra or {}).get("watch"), dict)]
+    if not promotions:
+        actions = ", ".join(f"{(e.extra or {}).get('action')} of v{(e.extra or {}).get('version')}" for e in moves)
+        raise AirflowSkipException(f"the alias moved by {actions or 'no event'}: only a reindex's or a migration's "
+                                   "promotion is watched")
+    return promotions[-1]
+
+
+def watch_after_promotion(*, kb: str | None = None, events: Any, run_id: str) -> PokeReturnValue:
+    """knowledge_watch's look: the newest run's promotion that started it, for the window that run asked for."""
+    promoted = promotion_to_watch(events)
+    return watch_task(kb=kb, promoted=promoted, run_id=run_id, minutes=promoted["watch"].get("minutes"))
+
+
 def watch_task(*, kb: str | None = None, promoted: dict[str, Any], run_id: str,
                minutes: float | None = None) -> PokeReturnValue:
-    """One look of the watch after `promote` (the `watch` sensor pokes it every KB_WATCH_INTERVAL_S in reschedule
-    mode: between looks it holds no worker slot), until `minutes` (the run's watch_minutes Param; None:
-    KB_WATCH_MINUTES) after the promotion (0: skipped). An
+    """One look of the watch after a promotion (knowledge_watch's sensor pokes it every KB_WATCH_INTERVAL_S in
+    reschedule mode: between looks it holds no worker slot), until `minutes` (the promoting run's watch_minutes
+    Param; None: KB_WATCH_MINUTES) after the promotion (0: skipped). An
     automatic rollback, or a regression with nowhere to go back to, fails the task without retry: on-call must
     hear of it. The rollback moves the alias only from the version this run promoted."""
     from datetime import timedelta

@@ -22,20 +22,23 @@ RECENT_RUNS_PER_DAG = 5
 @dataclass(frozen=True)
 class DagIds:
     """The DAGs of one knowledge base (`knowledge_reindex`, or `knowledge_reindex__<alias>` for a registry
-    entry): the only ones its page lists, follows and triggers."""
+    entry): the only ones its page lists, follows and triggers (the watch's runs are listed: a failed one is an
+    automatic rollback)."""
 
     reindex: str = "knowledge_reindex"
     rollback: str = "knowledge_rollback"
     migration: str = "knowledge_model_migration"
     promote_shadow: str = "knowledge_promote_shadow"
+    watch: str = "knowledge_watch"
 
     @classmethod
     def of(cls, kb: KnowledgeBase) -> DagIds:
-        return cls(*(kb.dag_id(base) for base in (cls.reindex, cls.rollback, cls.migration, cls.promote_shadow)))
+        return cls(*(kb.dag_id(base) for base in (cls.reindex, cls.rollback, cls.migration, cls.promote_shadow,
+                                                   cls.watch)))
 
     @property
     def all(self) -> tuple[str, ...]:
-        return (self.reindex, self.rollback, self.migration, self.promote_shadow)
+        return (self.reindex, self.rollback, self.migration, self.promote_shadow, self.watch)
 
 
 # --- what the page reads of Airflow's REST API answers (fields Airflow may leave out are optional) ------------
