@@ -20,7 +20,7 @@ import os
 import warnings
 from collections.abc import Callable
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypedDict
 
 from airflow.sdk import (DAG, Asset, AssetOrTimeSchedule, AssetWatcher, CronTriggerTimetable, Param, TriggerRule, dag,
                          task)
@@ -113,6 +113,29 @@ def release_run_lock(context: Any, kb: str | None = None) -> None:
     release(context, kb=kb)
 
 
+def retry_delay() -> timedelta:
+    """KB_RETRY_DELAY_S: before a task's first retry (tests shorten it)."""
+    return timedelta(seconds=int(os.environ.get("KB_RETRY_DELAY_S", "60")))
+
+
+class AlwaysOnDag(TypedDict):
+    dag_id: str
+    schedule: Any
+    start_date: datetime
+    catchup: bool
+    max_active_runs: int
+    is_paused_upon_creation: bool
+    doc_md: str | None
+    tags: list[str]
+
+
+def always_on_dag(kb: KnowledgeBase, base_id: str, *, schedule: Any, doc_md: str | None, tag: str) -> AlwaysOnDag:
+    """What the DAGs that must work from the first minute of a fresh install share (the watch, on-call's
+    rollback and shadow promotion): unpaused at creation, one run at a time, no catch-up."""
+    return AlwaysOnDag(dag_id=kb.dag_id(base_id), schedule=schedule, start_date=START, catchup=False,
+                       max_active_runs=1, is_paused_upon_creation=False, doc_md=doc_md, tags=tags_of(kb, tag))
+
+
 def knowledge_dag(kb: KnowledgeBase, base_id: str, *, kind: RunKind, doc_md: str | None, params: dict[str, Param],
                   schedule: Any, tags: tuple[str, ...] = (), unpaused: bool = False) -> DAG:
     """The run of `kind` over knowledge base `kb` as a DAG: the same tasks for a reindex and a migration; what a
@@ -131,8 +154,8 @@ def knowledge_dag(kb: KnowledgeBase, base_id: str, *, kind: RunKind, doc_md: str
         doc_md=doc_md,
         tags=tags_of(kb, *tags),
         # a task that fails for good releases the run's lock; KB_RETRY_DELAY_S: before a first retry (tests shorten it)
-        default_args={"retries": 2, "retry_delay": timedelta(seconds=int(os.environ.get("KB_RETRY_DELAY_S", "60"))),
-                      "retry_exponential_backoff": True, "on_failure_callback": release},
+        default_args={"retries": 2, "retry_delay": retry_delay(), "retry_exponential_backoff": True,
+                      "on_failure_callback": release},
         params=copy.deepcopy(params),  # each knowledge base's DAG its own Param objects
     )
     def knowledge_run() -> None:
@@ -216,18 +239,9 @@ def watch_dag(kb: KnowledgeBase, *, doc_md: str | None) -> DAG:
     promoted by a person) are skipped."""
     name = task_kb(kb)
 
-    @dag(
-        dag_id=kb.dag_id("knowledge_watch"),
-        schedule=[alias_asset(kb.alias)],
-        start_date=START,
-        catchup=False,
-        # a newer promotion's watch waits until this one sees the alias moved on (at its next look) and ends
-        max_active_runs=1,
-        is_paused_upon_creation=False,
-        doc_md=doc_md,
-        tags=tags_of(kb, "watch"),
-        default_args={"retries": 2, "retry_delay": timedelta(seconds=int(os.environ.get("KB_RETRY_DELAY_S", "60")))},
-    )
+    # one watch at a time: a newer promotion's waits until this one sees the alias moved on (its next look)
+    @dag(**always_on_dag(kb, "knowledge_watch", schedule=[alias_asset(kb.alias)], doc_md=doc_md, tag="watch"),
+         default_args={"retries": 2, "retry_delay": retry_delay()})
     def knowledge_watch() -> None:
         @watch_sensor(kb)
         def watch(triggering_asset_events: Any = None) -> Any:
@@ -244,16 +258,9 @@ def rollback_dag(kb: KnowledgeBase, *, doc_md: str | None) -> DAG:
     """On-call's rollback of `kb`'s alias: unpaused from the start, off the build pool, never waiting for a build."""
     name = task_kb(kb)
 
+    # on-call's way back must work from the first minute of a fresh install
     @dag(
-        dag_id=kb.dag_id("knowledge_rollback"),
-        schedule=None,
-        start_date=START,
-        catchup=False,
-        max_active_runs=1,
-        # on-call's way back must work from the first minute of a fresh install
-        is_paused_upon_creation=False,
-        doc_md=doc_md,
-        tags=tags_of(kb, "on-call"),
+        **always_on_dag(kb, "knowledge_rollback", schedule=None, doc_md=doc_md, tag="on-call"),
         params={
             "live_version": Param(None, type=["null", "integer"], minimum=1, title="Live version you saw",
                                   description="The version you saw serving; refused if another serves now.",
@@ -294,14 +301,7 @@ def promote_shadow_dag(kb: KnowledgeBase, *, doc_md: str | None) -> DAG:
     name = task_kb(kb)
 
     @dag(
-        dag_id=kb.dag_id("knowledge_promote_shadow"),
-        schedule=None,
-        start_date=START,
-        catchup=False,
-        max_active_runs=1,
-        is_paused_upon_creation=False,  # on-call's DAG: runs from the first minute of a fresh install
-        doc_md=doc_md,
-        tags=tags_of(kb, "on-call"),
+        **always_on_dag(kb, "knowledge_promote_shadow", schedule=None, doc_md=doc_md, tag="on-call"),
         params={
             "version": Param(None, type=["null", "integer"], minimum=1, title="Shadow version",
                              description="Number of the shadow version to serve (status `ready`, never served).",
