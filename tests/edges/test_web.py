@@ -589,6 +589,10 @@ def test_page_in_headless_chromium_on_call(busy_site: tuple[Settings, FakeAirflo
         # ... from a knowledge_rollback that is paused in Airflow: said plainly, unpaused after asking
         airflow.dag_paused["knowledge_rollback"] = True
         wait.until(lambda b: "knowledge_rollback is PAUSED in Airflow" in text("#dags-paused"))
+        # ... and the watch paused too: promotions go unwatched, said as plainly
+        airflow.dag_paused["knowledge_watch"] = True
+        wait.until(lambda b: "knowledge_watch is PAUSED in Airflow: no promotion is watched" in text("#dags-paused"))
+        airflow.dag_paused["knowledge_watch"] = False
         click("#rollback-top")
         question = answer("wrong coupon rule")
         assert "v3 -> v2" in question and "knowledge_rollback is PAUSED in Airflow: it will be unpaused" in question
