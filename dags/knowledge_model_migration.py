@@ -2,7 +2,7 @@
 ### knowledge_model_migration: rebuild the knowledge base with another embedding model
 
 Manual only. The same run as `knowledge_reindex` (plan, create_version, build mapped over slices, validate,
-promote, watch, cleanup), as a full build into a new collection named by the new model
+promote, cleanup; the promotion starts `knowledge_watch`), as a full build into a new collection named by the new model
 (`<alias>__<model>__v<N>`): no vector is reused across models or dimensions. Validation uses the golden
 set's absolute thresholds (or the overrides below); the report shows old-model and new-model ranks side by
 side per probe.

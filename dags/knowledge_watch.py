@@ -10,7 +10,9 @@ the source is built at once, while the version it promoted is watched here.
   once). On a regression it rolls the alias back from the version it watches to the one before (compare-and-swap:
   never from a version someone else put there since) and fails, so on-call hears of it.
 - The alias moved on (a newer promotion, a rollback): the watch ends at its next look; a newer promotion's watch
-  starts after it (`max_active_runs=1`). A rollback or a shadow promoted by a person starts a run that is skipped.
+  starts after it (`max_active_runs=1`), and judges the older version only through the newer one (its rollback
+  goes back to it). A rollback or a shadow promoted by a person starts a run that is skipped, and so does a watch
+  that could not start until long after its window ended (paused, or queued).
 
 Unpaused from the start. What on-call sees and does: `docs/runbook.md` ("The watch after a promotion").
 """

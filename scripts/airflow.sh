@@ -33,8 +33,8 @@ export AIRFLOW__CORE__EXECUTION_API_SERVER_URL="${AIRFLOW__CORE__EXECUTION_API_S
 export AIRFLOW__CORE__HOSTNAME_CALLABLE="${AIRFLOW__CORE__HOSTNAME_CALLABLE:-kb_reindex.airflow.hostname.worker_hostname}"
 # how long a task's supervisor sleeps between looks at its process (and at most heartbeats): Airflow 3.3's
 # supervisor can miss a task process's exit (its sockets close a moment before it can be reaped) and notice it
-# only at the next look, so with the default 5 s a run ends ~5 s after its last task (the skipped `watch`
-# every time); 1 s ends it within a second, for one heartbeat a second per running task
+# only at the next look, so with the default 5 s a run often ends ~5 s after its last task, and a task holds its
+# slot that long; 1 s ends it within a second, for one heartbeat a second per running task
 export AIRFLOW__WORKERS__MIN_HEARTBEAT_INTERVAL="${AIRFLOW__WORKERS__MIN_HEARTBEAT_INTERVAL:-1}"
 # the Knowledge index page triggers rollbacks through this api-server
 export KB_AIRFLOW_API_URL="${KB_AIRFLOW_API_URL:-$base}"

@@ -385,6 +385,17 @@ def test_the_dag_watch_task_is_skipped_at_window_0_and_fails_after_an_auto_rollb
         tasks.watch_task(promoted={"version": 2}, run_id="airflow__reindex__w")
     # a look within the window: healthy, not done (the sensor is rescheduled, holding no slot, until its next look)
     assert tasks.watch_task(promoted={"version": 2}, run_id="airflow__reindex__w", minutes=30).is_done is False
+    # a look taken hours after its window ended (knowledge_watch was paused, or queued) is not taken
+    from datetime import timedelta
+
+    from kb_reindex.services.state import clock as state_clock
+
+    real_now = state_clock.utcnow
+    monkeypatch.setattr(state_clock, "utcnow", lambda: real_now() + timedelta(hours=3))
+    with pytest.raises(AirflowSkipException, match=r"the 30-minute window of v2 \(promoted .*\) ended \d+ s before "
+                                                   r"this look could be taken \(knowledge_watch paused or queued\)"):
+        tasks.watch_task(promoted={"version": 2}, run_id="airflow__reindex__w", minutes=30)
+    monkeypatch.setattr(state_clock, "utcnow", real_now)
 
     with open_deps(Settings.from_env()) as deps:
         damage(deps, 2, ["return-policy", "member-rules"])
@@ -394,7 +405,7 @@ def test_the_dag_watch_task_is_skipped_at_window_0_and_fails_after_an_auto_rollb
     with open_deps(Settings.from_env()) as deps:
         assert deps.state.live_version(deps.settings.alias).version == 1
         event = deps.state.alias_events(deps.settings.alias)[-1]
-        assert (event.action, event.run_id) == ("auto-rollback", "airflow__reindex__w__watch")
+        assert (event.action, event.run_id) == ("auto-rollback", "airflow__reindex__w")
     # a retry of the same watch (Airflow may run a rescheduled sensor again) says the rollback again: never success
     with pytest.raises(AirflowFailException, match="v2 was rolled back to v1 automatically: watch of v2: golden"):
         tasks.watch_task(promoted={"version": 2}, run_id="airflow__reindex__w")
@@ -422,3 +433,17 @@ def test_knowledge_watch_watches_the_newest_run_promotion_among_its_events_and_s
         promotion_to_watch({"kb_alias_mall_knowledge": [event(5, "rollback", 2)]})
     with pytest.raises(AirflowSkipException, match="no event"):
         promotion_to_watch(None)
+
+
+def test_a_watch_look_is_late_only_past_its_window_and_the_slack_of_a_last_look() -> None:
+    from datetime import datetime, timedelta
+
+    from kb_reindex.airflow.tasks import late_by
+
+    promoted = datetime(2026, 12, 1, 10, 0)
+    at = lambda minutes: promoted + timedelta(minutes=minutes)  # noqa: E731
+    assert late_by(at(30), promoted, minutes=30, interval_s=60) == 0.0, "the last look, at the window's end"
+    assert late_by(at(33), promoted, minutes=30, interval_s=60) == 0.0, "a last look a few intervals late"
+    assert late_by(at(34), promoted, minutes=30, interval_s=60) == 60.0
+    assert late_by(at(32), promoted, minutes=30, interval_s=10) == 0.0, "at least two minutes of slack"
+    assert late_by(at(600), None, minutes=30, interval_s=60) == 0.0, "never promoted: not late"

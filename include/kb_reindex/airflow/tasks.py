@@ -9,6 +9,7 @@ transient one is raised for Airflow to retry, and ends the run only on the last 
 from __future__ import annotations
 
 import logging
+from datetime import datetime, timedelta
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from typing import Any
@@ -271,7 +272,18 @@ def promotion_to_watch(events: Any) -> dict[str, Any]:
 def watch_after_promotion(*, kb: str | None = None, events: Any, run_id: str) -> PokeReturnValue:
     """knowledge_watch's look: the newest run's promotion that started it, for the window that run asked for."""
     promoted = promotion_to_watch(events)
+    log.info("kb_reindex: watching v%s, promoted by %s", promoted.get("version"), promoted["watch"].get("run_id"))
     return watch_task(kb=kb, promoted=promoted, run_id=run_id, minutes=promoted["watch"].get("minutes"))
+
+
+def late_by(now: datetime, promoted_at: datetime | None, *, minutes: float, interval_s: float) -> float:
+    """Seconds past a watch window's end beyond the slack of a last look (three intervals, at least 2 min): more
+    than 0, and the look would judge a version that has served long unwatched (knowledge_watch paused or queued
+    behind another watch), so it is not taken."""
+    if promoted_at is None:
+        return 0.0
+    end = promoted_at + timedelta(minutes=minutes, seconds=max(3 * interval_s, 120.0))
+    return max(0.0, (now - end).total_seconds())
 
 
 def watch_task(*, kb: str | None = None, promoted: dict[str, Any], run_id: str,
@@ -280,21 +292,25 @@ def watch_task(*, kb: str | None = None, promoted: dict[str, Any], run_id: str,
     reschedule mode: between looks it holds no worker slot), until `minutes` (the promoting run's watch_minutes
     Param; None: KB_WATCH_MINUTES) after the promotion (0: skipped). An
     automatic rollback, or a regression with nowhere to go back to, fails the task without retry: on-call must
-    hear of it. The rollback moves the alias only from the version this run promoted."""
-    from datetime import timedelta
-
+    hear of it. The rollback moves the alias only from the version this run promoted, and is recorded under
+    `run_id` (the knowledge_watch run's). A look long after the window ended is not taken (`late_by`): skipped."""
     from kb_reindex.run.watch import look_once, prepare_watch
 
     settings, _headers = task_settings(kb)
     minutes = settings.watch_minutes if minutes is None else minutes
     if minutes <= 0:
         raise AirflowSkipException("KB_WATCH_MINUTES (or the watch_minutes Param) is 0: no watch after the promotion")
-    watch_run = f"{run_id}__watch"[:255]
+    watch_run = run_id[:255]
     try:
         with task_deps(kb) as deps:
             setup = prepare_watch(deps, promoted["version"])
-            since = setup.version.promoted_at
-            last = since is None or deps.state.clock.now() >= since + timedelta(minutes=minutes)
+            since, now = setup.version.promoted_at, deps.state.clock.now()
+            late = late_by(now, since, minutes=minutes, interval_s=deps.settings.watch_interval_s)
+            if late > 0:
+                raise AirflowSkipException(f"the {minutes:g}-minute window of v{promoted['version']} (promoted {since}) "
+                                           f"ended {late:.0f} s before this look could be taken (knowledge_watch "
+                                           "paused or queued): not watched, nothing moved")
+            last = since is None or now >= since + timedelta(minutes=minutes)
             _check, result = look_once(deps, setup, last=last, run_id=watch_run, trigger="watch")
             if result is not None and result.outcome == WatchOutcome.ALIAS_MOVED:
                 # a try after this watch's own rollback (Airflow may retry a rescheduled sensor, or run a poke

@@ -10,7 +10,8 @@ collection damaged after validation, real traffic the log had not seen). Every `
 On a regression the alias goes back with the same compare-and-swap as a rollback (alias event
 `auto-rollback`, the reason naming the signal), only while the alias still points at the version this
 watch was started for: a watch whose alias moved meanwhile (a rollback, another promotion) stops, moving
-nothing. The CLI (`kb-reindex run --watch MINUTES`) and the DAG's `watch` task call `watch`.
+nothing. The CLI (`kb-reindex run --watch MINUTES`) calls `watch`; knowledge_watch's rescheduled `watch` sensor
+takes one `look_once` a poke.
 """
 
 from __future__ import annotations
@@ -179,7 +180,7 @@ def look_once(deps: Deps, setup: WatchSetup, *, last: bool, checks: tuple[WatchC
               run_id: str | None = None, trigger: str = "watch") -> tuple[WatchCheck | None, WatchResult | None]:
     """One look of the watch: (the check, None) to go on watching; (check, result) when the watch ends here:
     the alias moved (nothing is moved), a regression (undone), or `last` look passed (healthy). The CLI's
-    loop (`watch`) and the DAG's rescheduled `watch` sensor both take their looks with it."""
+    loop (`watch`) and knowledge_watch's rescheduled `watch` sensor both take their looks with it."""
     version = setup.version
     moved = _serves(deps, version)
     if moved is not None:
