@@ -18,16 +18,24 @@ running() { local stat; stat="$(ps -o stat= -p "$1" 2> /dev/null)" && [[ "$stat"
 members() { ps -e -o pid=,sid=,stat= | awk -v s="$1" '$2 == s && $3 !~ /^Z/ {print $1}'; }
 kill_session() { local pids; pids="$(members "$1")"; [ -z "$pids" ] || kill -KILL $pids 2> /dev/null; }
 
-# A stale pid file must not stop someone else's process that reused the pid: ours leads its own session and is
-# older than its pid file, written just after it started (1 s for the clocks' rounding). Its command line and
-# environment are no proof: a Celery worker retitles itself "[celeryd: ...]", overwriting both.
+# A stale pid file must not stop someone else's process that reused the pid: ours leads its own session and has
+# the kernel start time airflow.sh recorded beside its pid file ($name.start; clock ticks since boot, so a wall
+# clock stepped meanwhile changes nothing). Without that record (an older start, no /proc): older than its pid
+# file, written just after it started (1 s for the clocks' rounding), which a wall clock stepped forward since
+# defeats. Its command line and environment are no proof: a Celery worker retitles itself "[celeryd: ...]".
+start_ticks() { local s f; s="$(cat "/proc/$1/stat" 2> /dev/null)" || return 1; read -r -a f <<< "${s##*) }"; echo "${f[19]}"; }
 ours() {
-  local sid age written
-  sid="$(ps -o sid= -p "$1" | tr -d ' ')" && age="$(ps -o etimes= -p "$1" | tr -d ' ')" && written="$(stat -c %Y "$2")" \
-    && [ "$sid" = "$1" ] && [ "$age" -ge $(( $(date +%s) - written - 1 )) ]
+  local sid age written recorded
+  sid="$(ps -o sid= -p "$1" | tr -d ' ')" && [ "$sid" = "$1" ] || return 1
+  if recorded="$(cat "$3" 2> /dev/null)" && [ -n "$recorded" ]; then
+    [ "$(start_ticks "$1")" = "$recorded" ]
+    return
+  fi
+  age="$(ps -o etimes= -p "$1" | tr -d ' ')" && written="$(stat -c %Y "$2")" \
+    && [ "$age" -ge $(( $(date +%s) - written - 1 )) ]
 }
 
-trap 'rm -f "$run"/*.pid.stopping' EXIT
+trap 'rm -f "$run"/*.pid.stopping "$run"/*.start' EXIT
 sessions=()
 for pidfile in "$run"/*.pid; do
   [ -f "$pidfile" ] || continue
@@ -40,7 +48,7 @@ for pidfile in "$run"/*.pid; do
     echo "airflow $name (pid $pid) was gone; killed what it left behind"
     continue
   fi
-  ours "$pid" "$pidfile.stopping" || continue
+  ours "$pid" "$pidfile.stopping" "$run/$name.start" || continue
   kill -TERM -- "-$pid" 2> /dev/null && sessions+=("$pid") && echo "stopping airflow $name (pid $pid)"
 done
 [ "${#sessions[@]}" -gt 0 ] || { echo "no Airflow started from $AIRFLOW_HOME is running"; exit 0; }

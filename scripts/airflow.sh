@@ -70,6 +70,9 @@ esac
 # in a container whose init does not reap orphans is forever: kill -0 would still answer for it)
 running() { local stat; stat="$(ps -o stat= -p "$1" 2> /dev/null)" && [[ "$stat" != Z* ]]; }
 alive() { [ -f "$run/$1.pid" ] && running "$(cat "$run/$1.pid")"; }
+# the kernel's start time of a process (clock ticks since boot, /proc/<pid>/stat field 22): with its pid it names
+# one process whatever the wall clock did since (airflow-stop.sh compares it; an NTP step is not a restart)
+start_ticks() { local s f; s="$(cat "/proc/$1/stat" 2> /dev/null)" || return 1; read -r -a f <<< "${s##*) }"; echo "${f[19]}"; }
 
 missing=()
 for name in "${components[@]}"; do
@@ -113,6 +116,7 @@ for name in ${missing[@]+"${missing[@]}"}; do
   esac
   setsid ${extra[@]+"${extra[@]}"} "${command[@]}" > "$run/$name.log" 2>&1 < /dev/null &
   echo $! > "$run/$name.pid"
+  start_ticks $! > "$run/$name.start" || rm -f "$run/$name.start"
   echo "started airflow $name (pid $!)"
 done
 

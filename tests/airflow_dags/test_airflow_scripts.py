@@ -92,3 +92,37 @@ def test_stop_recognises_its_components_by_their_session_and_age_not_their_title
         for process in (ours, theirs):
             process.kill()
             process.wait(timeout=30)
+
+
+def start_ticks(pid: int) -> str:
+    """/proc/<pid>/stat's start time (clock ticks since boot), as airflow.sh records it beside a pid file."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1].split()[19]
+
+
+def test_stop_knows_its_components_by_their_kernel_start_time_whatever_the_wall_clock_did(tmp_path: Path) -> None:
+    """The wall clock stepped forward ten minutes since the stack started (an NTP correction): its pid files now
+    look older than their processes, as a reused pid's would. The start time airflow.sh recorded beside each
+    (`<name>.start`) says which are still the processes it started: those are stopped; a process whose start
+    time differs (the pid was reused) is left alone, whatever the pid file's age."""
+    home = tmp_path / "home"
+    run = home / "run"
+    run.mkdir(parents=True)
+    ours = subprocess.Popen(["sleep", "600"], start_new_session=True)
+    theirs = subprocess.Popen(["sleep", "600"], start_new_session=True)
+    try:
+        for name, process, ticks in (("scheduler", ours, start_ticks(ours.pid)),
+                                     ("triggerer", theirs, str(int(start_ticks(theirs.pid)) - 1000))):
+            pid_file = run / f"{name}.pid"
+            pid_file.write_text(str(process.pid))
+            (run / f"{name}.start").write_text(ticks + "\n")
+            stepped = pid_file.stat().st_mtime - 600
+            os.utime(pid_file, (stepped, stepped))
+        stopped = script("airflow-stop.sh", base_env(home))
+        assert f"stopping airflow scheduler (pid {ours.pid})" in stopped.stdout, stopped.stdout
+        assert ours.wait(timeout=30) == -signal.SIGTERM
+        assert theirs.poll() is None, "a process that reused the pid of a pid file was stopped"
+        assert not list(run.iterdir()), "pid files and start times removed"
+    finally:
+        for process in (ours, theirs):
+            process.kill()
+            process.wait(timeout=30)
