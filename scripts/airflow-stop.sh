@@ -11,9 +11,7 @@ export AIRFLOW_HOME="${AIRFLOW_HOME:-$root/.airflow}"
 run="$AIRFLOW_HOME/run"
 grace="${KB_AIRFLOW_STOP_GRACE:-15}"
 
-# a process runs unless gone or a zombie: a component killed with kill -9 stays a zombie while nobody reaps it
-# (in a container whose init does not reap orphans, forever), and kill -0 answers for zombies too
-running() { local stat; stat="$(ps -o stat= -p "$1" 2> /dev/null)" && [[ "$stat" != Z* ]]; }
+source "$root/scripts/processes.sh"  # running, start_ticks
 # the processes of a session that still run
 members() { ps -e -o pid=,sid=,stat= | awk -v s="$1" '$2 == s && $3 !~ /^Z/ {print $1}'; }
 kill_session() { local pids; pids="$(members "$1")"; [ -z "$pids" ] || kill -KILL $pids 2> /dev/null; }
@@ -23,7 +21,6 @@ kill_session() { local pids; pids="$(members "$1")"; [ -z "$pids" ] || kill -KIL
 # clock stepped meanwhile changes nothing). Without that record (an older start, no /proc): older than its pid
 # file, written just after it started (1 s for the clocks' rounding), which a wall clock stepped forward since
 # defeats. Its command line and environment are no proof: a Celery worker retitles itself "[celeryd: ...]".
-start_ticks() { local s f; s="$(cat "/proc/$1/stat" 2> /dev/null)" || return 1; read -r -a f <<< "${s##*) }"; echo "${f[19]}"; }
 ours() {
   local sid age written recorded
   sid="$(ps -o sid= -p "$1" | tr -d ' ')" && [ "$sid" = "$1" ] || return 1

@@ -66,13 +66,8 @@ case "$AIRFLOW__CORE__EXECUTOR" in
     ;;
 esac
 
-# runs: neither gone nor a zombie (a component killed with kill -9 stays a zombie while nobody reaps it, which
-# in a container whose init does not reap orphans is forever: kill -0 would still answer for it)
-running() { local stat; stat="$(ps -o stat= -p "$1" 2> /dev/null)" && [[ "$stat" != Z* ]]; }
+source "$root/scripts/processes.sh"  # running, start_ticks
 alive() { [ -f "$run/$1.pid" ] && running "$(cat "$run/$1.pid")"; }
-# the kernel's start time of a process (clock ticks since boot, /proc/<pid>/stat field 22): with its pid it names
-# one process whatever the wall clock did since (airflow-stop.sh compares it; an NTP step is not a restart)
-start_ticks() { local s f; s="$(cat "/proc/$1/stat" 2> /dev/null)" || return 1; read -r -a f <<< "${s##*) }"; echo "${f[19]}"; }
 
 missing=()
 for name in "${components[@]}"; do

@@ -438,7 +438,7 @@ def test_knowledge_watch_watches_the_newest_run_promotion_among_its_events_and_s
 def test_a_watch_look_is_late_only_past_its_window_and_the_slack_of_a_last_look() -> None:
     from datetime import datetime, timedelta
 
-    from kb_reindex.airflow.tasks import late_by
+    from kb_reindex.run.watch import late_by
 
     promoted = datetime(2026, 12, 1, 10, 0)
     at = lambda minutes: promoted + timedelta(minutes=minutes)  # noqa: E731

@@ -9,7 +9,7 @@ transient one is raised for Airflow to retry, and ends the run only on the last 
 from __future__ import annotations
 
 import logging
-from datetime import datetime, timedelta
+from datetime import timedelta
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from typing import Any
@@ -276,16 +276,6 @@ def watch_after_promotion(*, kb: str | None = None, events: Any, run_id: str) ->
     return watch_task(kb=kb, promoted=promoted, run_id=run_id, minutes=promoted["watch"].get("minutes"))
 
 
-def late_by(now: datetime, promoted_at: datetime | None, *, minutes: float, interval_s: float) -> float:
-    """Seconds past a watch window's end beyond the slack of a last look (three intervals, at least 2 min): more
-    than 0, and the look would judge a version that has served long unwatched (knowledge_watch paused or queued
-    behind another watch), so it is not taken."""
-    if promoted_at is None:
-        return 0.0
-    end = promoted_at + timedelta(minutes=minutes, seconds=max(3 * interval_s, 120.0))
-    return max(0.0, (now - end).total_seconds())
-
-
 def watch_task(*, kb: str | None = None, promoted: dict[str, Any], run_id: str,
                minutes: float | None = None) -> PokeReturnValue:
     """One look of the watch after a promotion (knowledge_watch's sensor pokes it every KB_WATCH_INTERVAL_S in
@@ -294,7 +284,7 @@ def watch_task(*, kb: str | None = None, promoted: dict[str, Any], run_id: str,
     automatic rollback, or a regression with nowhere to go back to, fails the task without retry: on-call must
     hear of it. The rollback moves the alias only from the version this run promoted, and is recorded under
     `run_id` (the knowledge_watch run's). A look long after the window ended is not taken (`late_by`): skipped."""
-    from kb_reindex.run.watch import look_once, prepare_watch
+    from kb_reindex.run.watch import late_by, look_once, prepare_watch
 
     settings, _headers = task_settings(kb)
     minutes = settings.watch_minutes if minutes is None else minutes

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
+from datetime import datetime, timedelta
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -174,6 +175,16 @@ def prepare_watch(deps: Deps, version_number: int) -> WatchSetup:
     return WatchSetup(version=version, golden=golden, gate=load_replay_gate(deps.settings.golden_set),
                       probe_vectors=embed_probes(deps, version, golden), baseline_empty=baseline_empty,
                       baseline_from=baseline_from)
+
+
+def late_by(now: datetime, promoted_at: datetime | None, *, minutes: float, interval_s: float) -> float:
+    """Seconds past a watch window's end beyond the slack of a last look (three intervals, at least 2 min): more
+    than 0, and the look would judge a version that has served long unwatched (knowledge_watch paused or queued
+    behind another watch), so it is not taken."""
+    if promoted_at is None:
+        return 0.0
+    end = promoted_at + timedelta(minutes=minutes, seconds=max(3 * interval_s, 120.0))
+    return max(0.0, (now - end).total_seconds())
 
 
 def look_once(deps: Deps, setup: WatchSetup, *, last: bool, checks: tuple[WatchCheck, ...] = (),
