@@ -34,7 +34,7 @@ STATE_ONLY = frozenset({"history", "unlock", "freeze", "unfreeze"})
 ALL_BASES = frozenset({"status", "bases"})
 #: commands that change state or the alias take the alias's lock here; run and migrate take it inside the
 #: engine, as their DAG tasks do; rollback takes none (only the short alias lock of the move)
-LOCKED = frozenset({"validate", "gc", "drop", "reconcile", "promote", "pin", "unpin"})
+LOCKED = frozenset({"validate", "gc", "drop", "reconcile", "promote", "pin", "unpin", "restore"})
 
 
 class _Parser(argparse.ArgumentParser):
@@ -162,6 +162,10 @@ def _add_operator_commands(sub: Any, common: argparse.ArgumentParser) -> None:
     drop = sub.add_parser("drop", parents=[common], help="drop a kept version (e.g. a shadow migration)")
     drop.add_argument("--version", type=int, required=True)
     drop.set_defaults(func=_cmd_drop)
+    restore = sub.add_parser("restore", parents=[common],
+                             help="bring a kept version that resides in no slot back into one (embeds nothing)")
+    restore.add_argument("--version", type=int, required=True)
+    restore.set_defaults(func=_cmd_restore)
     pin = sub.add_parser("pin", parents=[common], help="keep a version (a known-good baseline) from retention and drop")
     pin.add_argument("--version", type=int, required=True)
     pin.add_argument("--reason", required=True, help="why it is kept (recorded with who and when)")
@@ -601,6 +605,18 @@ def _cmd_drop(args: argparse.Namespace, deps: Any) -> int:
     result = drop_version(deps, args.version)
     _print(args, result.to_dict(), f"v{result.version} ({result.collection}) was already deleted"
            if result.already_deleted else f"dropped v{result.version} ({result.collection}, was {result.was})")
+    return 0
+
+
+def _cmd_restore(args: argparse.Namespace, deps: Any) -> int:
+    from kb_reindex.steps.restore import restore_version
+
+    _existing_version(deps, args.version, "--version")
+    result = restore_version(deps, args.version)
+    _print(args, result.to_dict(), f"v{result.version} already resides in {result.collection}: one alias move away"
+           if result.already else f"v{result.version} restored into {result.collection}: {result.written} point(s) "
+           f"written, {result.kept} kept, nothing embedded; `kb-reindex rollback --to-version {result.version}` "
+           "puts it live")
     return 0
 
 

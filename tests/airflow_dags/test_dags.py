@@ -380,7 +380,7 @@ def test_migration_dag_refuses_a_model_the_embedder_cannot_serve_and_defaults_to
                          {"embedder": "hashing", "model": None, "dimension": 512, "promote": False})
     assert ok, states
     shadow = {v["version"]: v for v in kb(dag_env, "status")["versions"]}[2]
-    assert (shadow["embed_model"], shadow["collection"]) == ("hashing-ngram-v1", "mall_knowledge__hashing-ngram-v1__v2")
+    assert (shadow["embed_model"], shadow["collection"]) == ("hashing-ngram-v1", "mall_knowledge__hashing-ngram-v1__s2")
 
 
 def test_reindex_dag_uses_airflow_connections(dagbag, dag_env: Path, mysql_url: str, monkeypatch: pytest.MonkeyPatch,

@@ -127,7 +127,7 @@ def test_rollback_and_migrate_commands(cli_env: Path, capsys: pytest.CaptureFixt
     code, rolled = run_json(capsys, "rollback", "--reason", "bad coupon text", "--yes")
     assert code == 0
     assert (rolled["outcome"], rolled["from_version"], rolled["to_version"]) == ("rolled_back", 2, 1)
-    assert rolled["collection"].endswith("__v1")
+    assert rolled["collection"].endswith("__s1")
     code, status = run_json(capsys, "status")
     assert status["live"]["version"] == 1 and status["rollback_target"] is None  # nothing preceded v1
 
@@ -233,7 +233,7 @@ def test_migrate_refuses_a_model_its_embedder_cannot_serve_and_defaults_to_the_e
 
     code, migrated = run_json(capsys, "migrate", "--embedder", "hashing", "--dim", "512", "--no-promote")
     assert code == 0 and migrated["outcome"] == "shadow"
-    assert migrated["collection"] == "mall_knowledge__hashing-ngram-v1__v2"
+    assert migrated["collection"] == "mall_knowledge__hashing-ngram-v1__s2"
 
 
 def test_status_names_the_last_failed_run_its_step_and_why_and_exits_1(cli_env: Path) -> None:

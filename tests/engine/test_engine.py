@@ -77,7 +77,7 @@ def test_first_run_builds_validates_and_promotes(deps: Deps, counting: CountingE
     result = run_reindex(deps)
     assert result["outcome"] == "promoted", result["error"]
     assert result["version"] == 1
-    assert result["collection"] == "mall_knowledge__hashing-ngram-v1__v1"
+    assert result["collection"] == "mall_knowledge__hashing-ngram-v1__s1"
     assert result["docs"] == {"added": 6, "changed": 0, "unchanged": 0, "removed": 0}
     total = result["chunks"]["total"]
     assert result["chunks"] == {"total": total, "embedded": total, "copied": 0, "skipped": 0,
@@ -326,7 +326,7 @@ def test_alias_moved_back_by_hand_is_recorded_as_a_rollback_never_by_reconcile(d
         (docs(deps) / "coupon-rules.md").read_text(encoding="utf-8") + "\n\n补充条款。\n", encoding="utf-8")
     second = run_reindex(deps)
     # the alias moved back by hand (or by a rollback that crashed before its state write)
-    deps.store.swap_alias("mall_knowledge", to="mall_knowledge__hashing-ngram-v1__v1", expected_from=second["collection"])
+    deps.store.swap_alias("mall_knowledge", to="mall_knowledge__hashing-ngram-v1__s1", expected_from=second["collection"])
     with pytest.raises(StateDriftError, match="rollback --to-version 1"):
         from kb_reindex.steps.plan import plan
 
@@ -351,7 +351,7 @@ def test_alias_moved_forward_before_the_state_write_is_reconciled(deps: Deps, co
     monkeypatch.setattr(deps.state, "record_switch", lambda **_: (_ for _ in ()).throw(RuntimeError("crash")))
     assert run_reindex(deps)["outcome"] == "failed"
     monkeypatch.undo()
-    assert deps.store.alias_target("mall_knowledge").endswith("__v2")
+    assert deps.store.alias_target("mall_knowledge").endswith("__s2")
     with pytest.raises(StateDriftError, match="kb-reindex reconcile"):
         from kb_reindex.steps.plan import plan
 

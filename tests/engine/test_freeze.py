@@ -120,7 +120,7 @@ def test_a_frozen_alias_builds_but_promotes_nothing_until_unfrozen(deps: Deps) -
     assert message.startswith(f"{ALIAS} is frozen since ") and "by oncall@host: refund period incident" in message
     assert "v2 built and kept unpromoted; `kb-reindex unfreeze` then `kb-reindex promote --version 2`" in message
     assert result["validation"]["passed"]
-    assert statuses(deps) == {1: "live", 2: "ready"} and deps.store.alias_target(ALIAS).endswith("__v1")
+    assert statuses(deps) == {1: "live", 2: "ready"} and deps.store.alias_target(ALIAS).endswith("__s1")
     assert deps.state.list_runs(ALIAS, limit=1)[0].outcome == "frozen"
 
     # a migration and an explicit shadow promotion are held the same way
@@ -128,13 +128,13 @@ def test_a_frozen_alias_builds_but_promotes_nothing_until_unfrozen(deps: Deps) -
     assert migrated["outcome"] == "frozen" and statuses(deps)[migrated["version"]] == "ready"
     with pytest.raises(AliasFrozen, match="promote --version 2"):
         promote_shadow(deps, 2, expected_live=1)
-    assert deps.store.alias_target(ALIAS).endswith("__v1")
+    assert deps.store.alias_target(ALIAS).endswith("__s1")
 
     status = status_view(deps).to_dict()
     assert status["freeze"]["reason"] == "refund period incident" and status["freeze"]["set_by"] == "oncall@host"
     deps.state.unfreeze(ALIAS, by="lead@host")
     assert status_view(deps).to_dict()["freeze"] is None
-    assert promote_shadow(deps, 2, expected_live=1).version == 2 and deps.store.alias_target(ALIAS).endswith("__v2")
+    assert promote_shadow(deps, 2, expected_live=1).version == 2 and deps.store.alias_target(ALIAS).endswith("__s2")
     assert [e.action for e in history(deps)] == ["promote", "freeze", "unfreeze", "promote"]
 
 

@@ -101,7 +101,7 @@ def test_migration_to_another_dimension_with_promote(deps: Deps) -> None:
     result = run_reindex(deps, kind="migration", embedder="hashing", model="hashing-ngram-v2", dim=384, min_hit_rate=0.85)
     assert result["outcome"] == "promoted", result["error"]
     assert result["chunks"]["copied"] == 0 and result["chunks"]["embedded"] == first["chunks"]["total"]
-    assert result["collection"] == f"{ALIAS}__hashing-ngram-v2__v2"
+    assert result["collection"] == f"{ALIAS}__hashing-ngram-v2__s2"
     live = deps.state.live_version(ALIAS)
     assert (live.embed_model, live.embed_dim, live.kind) == ("hashing-ngram-v2", 384, "migration")
     assert deps.store.shape(result["collection"]).dim == 384
@@ -199,7 +199,8 @@ def test_failed_build_versions_are_dropped_by_gc(deps: Deps, monkeypatch: pytest
     monkeypatch.undo()
     result = cleanup(deps)
     assert [d.version for d in result.deleted] == [2]
-    assert not deps.store.exists(failed.collection)
+    # v2 resides nowhere now; its slot stays, for the next build to take (three slots rotate per profile)
+    assert not deps.store.exists(deps.state.get_version(ALIAS, 2).collection)
     assert deps.state.live_version(ALIAS).version == 1
 
 
@@ -295,7 +296,7 @@ def test_gc_drops_a_build_abandoned_by_a_run_that_ended(deps: Deps) -> None:
     dag_lock.release(deps, "crashed")  # its failure callback
     result = cleanup(deps)
     assert [d.version for d in result.deleted] == [2]
-    assert not deps.store.exists(created.collection)
+    assert not deps.store.exists(deps.state.get_version(ALIAS, 2).collection)  # its slot stays for the next build
 
 
 def test_a_rollback_moves_nothing_when_another_version_goes_live_between_its_check_and_its_move(

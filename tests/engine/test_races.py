@@ -122,7 +122,7 @@ def test_status_reconcile_and_a_second_run_during_a_run(project: Path, server: Q
     runner = subprocess.Popen([str(CLI), "run", "--json", "-q"], env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True)
     try:
-        wait_for(lambda: any(r["op"] == "create_collection" and str(r.get("collection")).endswith("__v2")
+        wait_for(lambda: any(r["op"] == "create_collection" and str(r.get("collection")).endswith("__s2")
                              for r in server.requests()), 60, "the build of v2 to start")
         second_code, second = cli({**env, "KB_LOCK_WAIT": "0"}, "run")
         assert second_code == 1 and f"another run is working on {ALIAS}: cli__reindex__" in second["error"]
@@ -188,7 +188,7 @@ def test_a_run_killed_mid_build_leaves_live_serving_and_the_next_run_resumes_at_
         victim.wait()
         slow_ollama.faults = FaultPlan()
         code, status = cli(env, "status")
-        assert status["live"]["version"] == 1 and status["serving_collection"].endswith("__v1")
+        assert status["live"]["version"] == 1 and status["serving_collection"].endswith("__s1")
         assert [lock["owner_alive"] for lock in status["locks"]] == ["no"]
         code, rerun = cli({**env, "KB_LOCK_WAIT": "0"}, "run")
         assert code == 0 and rerun["outcome"] == "promoted" and rerun["version"] == 2, rerun

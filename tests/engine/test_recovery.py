@@ -169,7 +169,7 @@ def test_status_and_reconcile_during_a_promotion_see_no_drift(deps: Deps, monkey
     runner = threading.Thread(target=lambda: results.update(run=run_reindex(deps)))
     runner.start()
     assert moved.wait(60)
-    assert deps.store.alias_target(ALIAS).endswith("__v2") and deps.state.live_version(ALIAS).version == 1
+    assert deps.store.alias_target(ALIAS).endswith("__s2") and deps.state.live_version(ALIAS).version == 1
     status = status_view(deps).to_dict()
     assert status["problems"] == [] and any("promotion in progress" in n for n in status["notes"])
     reconciler = threading.Thread(target=lambda: results.update(reconcile=reconcile(deps)))
@@ -401,7 +401,7 @@ def test_a_deleted_alias_is_pointed_back_at_live_by_reconcile(deps: Deps) -> Non
     [problem] = status_view(deps).to_dict()["problems"]
     assert "points to nothing" in problem and "kb-reindex reconcile" in problem
     outcome = reconcile(deps)
-    assert outcome.changed and deps.store.alias_target(ALIAS).endswith("__v1")
+    assert outcome.changed and deps.store.alias_target(ALIAS).endswith("__s1")
     assert deps.state.alias_events(ALIAS)[-1].action == "reconcile"
     assert status_view(deps).to_dict()["problems"] == []
 

@@ -137,7 +137,7 @@ def test_a_corpus_edit_that_breaks_real_queries_but_not_the_golden_set_is_blocke
         {"queries": 4, "mean_overlap": 0.0, "empty_live": 0.0, "empty_candidate": 0.0, "lost_top_hits": 4}
     assert "per_query" not in replayed  # the rows are in the report and the version's record
     assert "member-rules" in result["error"] and "replay.max_lost_top_hits" in result["error"]
-    assert deps.store.alias_target(deps.settings.alias).endswith("__v1")
+    assert deps.store.alias_target(deps.settings.alias).endswith("__s1")
     record = deps.state.get_version(deps.settings.alias, 2)
     rows = record.validation["replay"]["per_query"]
     assert {(r["live_top"], r["rank_change"], r["lost_top_hit"], r["top_changed"]) for r in rows} == \
@@ -238,12 +238,12 @@ def test_a_move_that_does_not_take_fails_loudly_and_records_nothing(deps: Deps, 
     # a promotion
     result = run_reindex(deps)
     assert result["outcome"] == "failed" and result["error_kind"] == "AliasReadBackError"
-    assert "moved to mall_knowledge__hashing-ngram-v1__v3 (Qdrant answered success) but reads back as " \
-           "mall_knowledge__hashing-ngram-v1__v2" in result["error"] and "the move did not take" in result["error"]
+    assert "moved to mall_knowledge__hashing-ngram-v1__s3 (Qdrant answered success) but reads back as " \
+           "mall_knowledge__hashing-ngram-v1__s2" in result["error"] and "the move did not take" in result["error"]
     assert deps.state.live_version(deps.settings.alias).version == 2
     assert deps.state.get_version(deps.settings.alias, 3).status == "failed"
     # a rollback
-    with pytest.raises(AliasReadBackError, match="reads back as mall_knowledge__hashing-ngram-v1__v2"):
+    with pytest.raises(AliasReadBackError, match="reads back as mall_knowledge__hashing-ngram-v1__s2"):
         run_rollback(deps, reason="test", to_version=1)
     assert deps.state.live_version(deps.settings.alias).version == 2
     assert [e.action for e in deps.state.alias_events(deps.settings.alias)] == ["promote", "promote"]
@@ -299,7 +299,7 @@ def test_watch_rolls_back_a_regression_injected_after_promotion(deps: Deps) -> N
     result = watch(deps, 2, minutes=30, interval_s=600, clock=clock, sleep=clock.sleep)
     assert result.outcome == "rolled_back" and result.to_version == 1
     assert len(result.checks) == 2 and not result.checks[0].regressed
-    assert deps.store.alias_target(deps.settings.alias).endswith("__v1")
+    assert deps.store.alias_target(deps.settings.alias).endswith("__s1")
     assert deps.state.live_version(deps.settings.alias).version == 1
     event = deps.state.alias_events(deps.settings.alias)[-1]
     assert (event.action, event.from_version, event.to_version) == ("auto-rollback", 2, 1)
@@ -335,7 +335,7 @@ def test_watch_does_nothing_when_the_alias_moved_meanwhile(deps: Deps) -> None:
     result = watch(deps, 2, minutes=30, interval_s=600, clock=clock, sleep=clock.sleep)
     assert result.outcome == "alias_moved" and "not v2" in (result.reason or "")
     assert [e.action for e in deps.state.alias_events(deps.settings.alias)] == ["promote", "promote", "rollback"]
-    assert deps.store.alias_target(deps.settings.alias).endswith("__v1")
+    assert deps.store.alias_target(deps.settings.alias).endswith("__s1")
 
 
 def test_an_auto_rollback_is_passed_over_by_the_next_rollback_target(deps: Deps) -> None:

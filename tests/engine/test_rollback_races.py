@@ -105,7 +105,7 @@ def test_a_rollback_completes_during_a_build_whose_promotion_then_keeps_its_vers
     assert "alias moved by a rollback to v1 while this run built" in run["error"], run["error"]
     assert "v3 kept unpromoted (`kb-reindex promote --version 3` to serve it)" in run["error"], run["error"]
     status = cli(env, "status")[1]
-    assert status["live"]["version"] == 1 and status["serving_collection"].endswith("__v1")
+    assert status["live"]["version"] == 1 and status["serving_collection"].endswith("__s1")
     assert versions(env) == {1: "live", 2: "retired", 3: "ready"}, "v3 is a shadow, not failed; nothing dropped"
     assert status["locks"] == [] and status["problems"] == []
     assert [e["action"] for e in cli(env, "history")[1]["events"]] == ["promote", "promote", "rollback"]

@@ -251,10 +251,14 @@ class BuildResult:
     skipped: int
     points: int | None = None
     copy_s: float | None = None
+    #: points the slot held already from the version it was taken from (vectors not written again), and of
+    #: those, the ones whose payload was rewritten (their document's title, tenant or content hash changed)
+    kept: int = 0
+    rewritten: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {"version": self.version, "embedded": self.embedded, "copied": self.copied,
-                                "skipped": self.skipped}
+                                "skipped": self.skipped, "kept": self.kept, "rewritten": self.rewritten}
         if self.points is not None:
             data["points"] = self.points
         if self.copy_s is not None:
@@ -264,4 +268,5 @@ class BuildResult:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> BuildResult:
         return cls(version=int(data["version"]), embedded=int(data["embedded"]), copied=int(data["copied"]),
-                   skipped=int(data["skipped"]), points=data.get("points"), copy_s=data.get("copy_s"))
+                   skipped=int(data["skipped"]), points=data.get("points"), copy_s=data.get("copy_s"),
+                   kept=int(data.get("kept", 0)), rewritten=int(data.get("rewritten", 0)))

@@ -98,6 +98,9 @@ def switch_alias(
         fresh = deps.state.get_version(alias, target.version)
         if fresh is None or fresh.status not in (*SWITCHABLE, LIVE):
             raise KbError(f"v{target.version} is {fresh.status if fresh else 'gone'} now; {alias} was not moved")
+        if fresh.collection != target.collection:  # its slot went to a newer build since it was checked
+            raise KbError(f"v{target.version} no longer resides in {target.collection} (a build took the slot); "
+                          f"{alias} was not moved. Restore it first: `kb-reindex restore --version {target.version}`")
         previous = deps.state.live_version(alias)
         current = deps.store.alias_target(alias)
         if current == target.collection and (previous is None or previous.id != target.id):

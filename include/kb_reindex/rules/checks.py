@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import hashlib
 import random
+from typing import Any
+
 from kb_reindex.services.layouts import describe_layout, payload_problems, payload_text
 from kb_reindex.domain.model import VersionStatus
 from kb_reindex.services.runtime import Deps
@@ -15,6 +17,25 @@ from kb_reindex.domain.validation_model import Check
 
 #: points whose payload and vector the structural check reads back (the count and IDs are checked in full)
 SAMPLE_SIZE = 64
+#: of a version built by difference: the points it wrote whose payload and vector are all read back (beyond
+#: this many, a sample of this size), and the IDs it kept that are looked up besides the count
+CHANGED_CHECKED = 1024
+KEPT_LOOKED_UP = 1024
+
+
+def by_difference(deps: Deps, version: VersionRecord) -> tuple[VersionRecord, list[str], list[str], list[str]] | None:
+    """(base, IDs added, IDs dropped, IDs kept) of a version being built in a slot that held `base` exactly;
+    None when it was built whole (or its base is gone)."""
+    if version.slot_base is None or version.status not in (VersionStatus.BUILDING, VersionStatus.FAILED):
+        return None
+    base = deps.state.get_version(version.alias, version.slot_base)
+    if base is None:
+        return None
+    rows = deps.state.slice_against(version.id, base.id)
+    added = [row.point_id for row, in_base in rows if not in_base]
+    kept = [row.point_id for row, in_base in rows if in_base]
+    dropped = [row.point_id for row in deps.state.dropped_chunks(version.id, base.id)]
+    return base, added, dropped, kept
 
 
 def shape_checks(deps: Deps, version: VersionRecord, manifest: list[ManifestRef]) -> tuple[list[Check], int | None]:
@@ -33,12 +54,40 @@ def shape_checks(deps: Deps, version: VersionRecord, manifest: list[ManifestRef]
         return checks, None
     shape = store.shape(version.collection)
     check("point count", shape.points == len(manifest), f"{shape.points} points, manifest lists {len(manifest)}")
-    missing, extra = store.id_differences(version.collection, [row.point_id for row in manifest], points=shape.points)
+    missing, extra, how = _id_differences(deps, version, manifest, points=shape.points)
     check("point ids", not missing and not extra,
-          f"{len(missing)} missing, {len(extra)} unexpected" + (f" (e.g. {sorted(missing or extra)[0]})" if missing or extra else ""))
+          f"{len(missing)} missing, {len(extra)} unexpected" + (f" (e.g. {sorted(missing or extra)[0]})" if missing or extra else "")
+          + how)
     check("dimension", shape.dim == version.embed_dim, f"{shape.dim}, expected {version.embed_dim}")
     check("distance", shape.distance == version.distance == DISTANCE.value, f"{shape.distance}, expected {version.distance}")
     return checks, shape.points
+
+
+def _id_differences(deps: Deps, version: VersionRecord, manifest: list[ManifestRef], *, points: int
+                    ) -> tuple[set[str], set[str], str]:
+    """IDs the collection lacks and holds beyond the manifest, and how that was found.
+
+    A version built by difference in a slot that held its base exactly (checked when the base was validated):
+    every point it added is looked up, every point it dropped must be gone, a sample of what it kept is looked
+    up, and the count must equal the manifest's. The slot then holds exactly the manifest: it held the base,
+    lost what was dropped and gained what was added; with as many points as the manifest, nothing else is
+    there. Any doubt, or any other version: every ID is looked up (`id_differences`)."""
+    store = deps.store
+    diff = by_difference(deps, version)
+    if diff is not None and points == len(manifest):
+        _base, added, dropped, kept = diff
+        looked = added + random.Random(version.version).sample(kept, min(KEPT_LOOKED_UP, len(kept)))
+        found = set()
+        for start in range(0, len(looked), 1024):
+            found.update(str(r.id) for r in store.retrieve(version.collection, looked[start:start + 1024], payload=False))
+        gone = set()
+        for start in range(0, len(dropped), 1024):
+            gone.update(str(r.id) for r in store.retrieve(version.collection, dropped[start:start + 1024], payload=False))
+        if found == set(looked) and not gone:
+            return set(), set(), (f"; by difference from v{version.slot_base}: {len(added)} added and "
+                                  f"{min(KEPT_LOOKED_UP, len(kept))} of {len(kept)} kept found, {len(dropped)} dropped gone")
+    missing, extra = store.id_differences(version.collection, [row.point_id for row in manifest], points=points)
+    return missing, extra, ""
 
 
 def structural_problems(deps: Deps, version: VersionRecord) -> list[str]:
@@ -57,9 +106,21 @@ def structural_checks(deps: Deps, version: VersionRecord, manifest: list[Manifes
         deps.state.update_version(version.id, points_written=points)
 
     store = deps.store
-    picked = random.Random(version.version).sample(manifest, min(SAMPLE_SIZE, len(manifest)))
-    sample = deps.state.manifest_chunks(version.id, point_ids=[row.point_id for row in picked]) if picked else []
-    records = {str(r.id): r for r in store.retrieve(version.collection, [row.point_id for row in sample], vectors=True)} if sample else {}
+    picked = [row.point_id for row in random.Random(version.version).sample(manifest, min(SAMPLE_SIZE, len(manifest)))]
+    diff = by_difference(deps, version)
+    written: set[str] = set()
+    if diff is not None:  # what this build wrote: read back in full (a sample beyond CHANGED_CHECKED)
+        added = diff[1]
+        written = set(random.Random(version.version).sample(added, min(CHANGED_CHECKED, len(added))))
+        picked = sorted(set(picked) | written)
+    sample = []
+    for start in range(0, len(picked), 1024):
+        sample += deps.state.manifest_chunks(version.id, point_ids=picked[start:start + 1024])
+    records: dict[str, Any] = {}
+    for start in range(0, len(sample), 1024):
+        records.update({str(r.id): r for r in store.retrieve(version.collection,
+                                                             [row.point_id for row in sample[start:start + 1024]],
+                                                             vectors=True)})
     problems: list[str] = []
     for row in sample:
         record = records.get(row.point_id)
@@ -74,12 +135,19 @@ def structural_checks(deps: Deps, version: VersionRecord, manifest: list[Manifes
             continue
         if hashlib.sha256(str(payload_text(payload, version.payload_layout)).encode("utf-8")).hexdigest() != row.chunk_hash:
             problems.append(f"{row.point_id}: text does not match its chunk hash")
-        if (payload["knowledge_key"], payload["chunk_index"], payload["version"], payload["embed_model"]) != (
-            row.knowledge_key, row.chunk_index, version.version, version.embed_model
-        ):
+        # `version` is the version that wrote the point: this one for what it wrote, another for a point its
+        # slot kept (an earlier one; a later one in a restored version)
+        wrote = payload["version"] == version.version or (
+            row.point_id not in written and isinstance(payload["version"], int) and version.slot_base is not None)
+        if (payload["knowledge_key"], payload["chunk_index"], payload["embed_model"]) != (
+            row.knowledge_key, row.chunk_index, version.embed_model
+        ) or not wrote:
             problems.append(f"{row.point_id}: payload key/index/version/model disagree with the manifest")
         if record.vector is None or len(record.vector) != version.embed_dim:
             problems.append(f"{row.point_id}: vector missing or of the wrong size")
     checks.append(Check("payload sample", not problems,
-                        f"{len(sample)} sampled" + (f"; {problems[0]}" if problems else ", all well-formed")))
+                        f"{len(sample)} sampled" + (f" ({len(written)} of those written by this build)" if written else "")
+                        + (f"; {problems[0]}" if problems else ", all well-formed")))
+    if all(c.passed for c in checks):  # its slot now holds exactly this version: the next build's base
+        deps.state.mark_slot_exact(version_id=version.id, collection=version.collection)
     return checks

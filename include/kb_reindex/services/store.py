@@ -308,6 +308,20 @@ class KnowledgeStore:
         if points:
             self.client.upsert(name, points=points, wait=True)
 
+    def delete_points(self, name: str, ids: Sequence[str]) -> None:
+        """Delete these points (absent ones are no error: a rerun deletes again)."""
+        if ids:
+            self.client.delete(name, points_selector=models.PointIdsList(points=list(ids)), wait=True)
+
+    def overwrite_payloads(self, name: str, payloads: dict[str, models.Payload]) -> None:
+        """Replace the payload of each point, vectors untouched, in one request (a document whose title or
+        content hash changed keeps the vectors of its unchanged chunks)."""
+        if payloads:
+            self.client.batch_update_points(name, wait=True, update_operations=[
+                models.OverwritePayloadOperation(overwrite_payload=models.SetPayload(payload=payload,
+                                                                                           points=[point_id]))
+                for point_id, payload in payloads.items()])
+
     def search(
         self, name: str, vector: Sequence[float], *, k: int, tenant: str | None = None
     ) -> list[models.ScoredPoint]:

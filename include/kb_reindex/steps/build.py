@@ -19,7 +19,6 @@ from typing import cast
 from qdrant_client import models
 
 from kb_reindex.services.chunking import Chunk
-from kb_reindex.rules.collection_setup import collection_metadata, version_collection_config
 from kb_reindex.services.corpus import DocumentInfo
 from kb_reindex.services.embedding import batched
 from kb_reindex.domain.errors import EmbeddingError, FencedError, KbError, StoreError, one_line
@@ -32,6 +31,7 @@ from kb_reindex.services.runtime import Deps
 from kb_reindex.services.sources import Document, sha256_text
 from kb_reindex.services.state.manifests import ManifestChunk
 from kb_reindex.services.state.versions import VersionRecord
+from kb_reindex.steps.slots import prepare_slot
 from kb_reindex.domain.vectors import check_vectors
 
 log = logging.getLogger(__name__)
@@ -47,6 +47,7 @@ class BuildCounts:
     embedded: int = 0
     copied: int = 0
     skipped: int = 0
+    kept: int = 0  # held by the slot from the version it was taken from
 
 
 def create_version(deps: Deps, plan: Plan, *, run_id: str | None = None) -> CreatedVersion:
@@ -75,10 +76,9 @@ def create_version(deps: Deps, plan: Plan, *, run_id: str | None = None) -> Crea
                                       run_id=version.run_id if run_id is None else run_id)
 
     try:
-        # a resumed version's collection keeps the settings it was created with (create checks its shape)
-        config = None if deps.store.exists(version.collection) else version_collection_config(deps, version.base_collection)
-        deps.store.create_collection(version.collection, dim=version.embed_dim,
-                                     metadata=collection_metadata(version, config), config=config)
+        # the slot it is built in, brought from the version it holds to where only this one's additions are
+        # missing (kb_reindex.rules.slots); a resumed version keeps its slot and the base it took it from
+        version = prepare_slot(deps, version)
     except Exception as exc:
         deps.state.mark_failed(version.id, step="create", error=str(exc) if isinstance(exc, KbError)
                                else f"{type(exc).__name__}: {exc}", from_=BUILDABLE)
@@ -246,23 +246,41 @@ def _fill(deps: Deps, version: VersionRecord, window: tuple[int, int] | None, ru
     if deps.state.snapshot(version.id) is None:
         raise KbError(f"v{version.version} has no snapshot of its plan (planned before snapshots existed, or its "
                       "plan did not finish); start a new run")
-    manifest = deps.state.slice_rows(version.id, window)
+    base = deps.state.get_version(version.alias, version.slot_base) if version.slot_base is not None else None
+    if base is None:  # a slot new or emptied: every point is written, but those a rerun finds there
+        manifest = deps.state.slice_rows(version.id, window)
+        held: set[str] = set()
+        rewrite: list[ManifestChunk] = []
+    else:  # the slot held `base` exactly: only what differs from it is written
+        against = deps.state.slice_against(version.id, base.id, window)
+        manifest = [row for row, _in_base in against]
+        held = {row.point_id for row, in_base in against if in_base}
+        changed_docs = deps.state.changed_documents(version.id, base.id) if held else set()
+        rewrite = [row for row, in_base in against if in_base and row.knowledge_key in changed_docs]
     documents = _slice_documents(deps, version, manifest)
-    existing = _already_written(deps, version.collection, [row.point_id for row in manifest])
+    existing = held | _already_written(deps, version.collection, [row.point_id for row in manifest
+                                                                   if row.point_id not in held])
     to_copy = [row for row in manifest if row.source_point_id and row.point_id not in existing]
     to_embed = [row for row in manifest if not row.source_point_id and row.point_id not in existing]
-    skipped = len(manifest) - len(to_copy) - len(to_embed)
+    skipped = len(manifest) - len(to_copy) - len(to_embed) - len(held)
     counts.skipped += skipped
+    counts.kept += len(held)
     if skipped:
         log.info("kb_reindex: v%d resumes: %d points already written are skipped", version.version, skipped)
+    if base is not None:
+        log.info("kb_reindex: v%d from v%d's points in %s: %d kept (%d payload(s) rewritten), %d copied, %d to "
+                 "embed", version.version, base.version, version.collection, len(held), len(rewrite), len(to_copy),
+                 len(to_embed))
     progress = _Progress(f"build v{version.version}", len(manifest))
-    progress.done = skipped
+    progress.done = skipped + len(held) - len(rewrite)
     writer = _SliceWriter(deps, version, documents=documents,
                           texts=SnapshotTexts(deps, to_embed, version_label=f"v{version.version}"),
                           progress=progress, window=window, run_id=run_id, counts=counts, fence=fence)
     copy_s = 0.0
     fenced = False
     try:
+        if rewrite:
+            _rewrite_payloads(deps, version, rewrite, writer)
         if to_copy:
             copy_s = _copy_from_live(deps, version, to_copy, writer)
         if to_embed:
@@ -286,7 +304,7 @@ def _fill(deps: Deps, version: VersionRecord, window: tuple[int, int] | None, ru
     # A slice adds only what it wrote: the collection's count also holds the writes of slices still running,
     # which they add themselves (set here, they were counted twice). Validation records the final count.
     return BuildResult(version=version.version, embedded=len(to_embed), copied=len(to_copy), skipped=skipped,
-                       points=written, copy_s=round(copy_s, 4))
+                       points=written, copy_s=round(copy_s, 4), kept=len(held), rewritten=len(rewrite))
 
 
 class _SliceWriter:
@@ -374,6 +392,30 @@ def _copy_from_live(deps: Deps, version: VersionRecord, to_copy: list[ManifestCh
                           for r in batch])
             writer.record(len(batch))
     return time.perf_counter() - started
+
+
+def _rewrite_payloads(deps: Deps, version: VersionRecord, rows: list[ManifestChunk], writer: _SliceWriter) -> None:
+    """The points the slot keeps of documents whose payload fields changed: their payloads written anew from
+    the manifest (the text and section read back from the slot's own payload), vectors untouched."""
+    base = deps.state.get_version(version.alias, version.slot_base) if version.slot_base is not None else None
+    layout = base.payload_layout if base is not None else version.payload_layout
+    for batch in batched(rows, deps.settings.copy_batch_size):
+        found = {str(r.id): r for r in deps.store.retrieve(version.collection, [r.point_id for r in batch],
+                                                           payload=["section", text_field(layout)])}
+        missing = [r.point_id for r in batch if r.point_id not in found]
+        if missing:
+            raise StoreError(f"slot {version.collection} lacks {len(missing)} point(s) v{version.version} keeps from "
+                             f"v{version.slot_base} (first: {missing[0]}); it drifted: start a new run")
+        payloads = {}
+        for row in batch:
+            chunk = _live_chunk(row._replace(source_point_id=row.point_id), found[row.point_id], version.collection,
+                                layout)
+            payloads[row.point_id] = payload_for(chunk, writer.documents[row.knowledge_key], version)
+        if writer.fence is not None:
+            writer.fence.check(deps.state, before=f"rewriting {len(batch)} payload(s) of v{version.version}")
+        deps.store.overwrite_payloads(version.collection, payloads)
+        writer.progress.done += len(batch)
+        writer.record(0)
 
 
 def _copied_vectors(live: str, batch: Sequence[ManifestChunk], found: dict[str, models.Record]) -> dict[str, list[float]]:

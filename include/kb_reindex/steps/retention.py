@@ -12,11 +12,15 @@ from typing import Any
 
 from kb_reindex.rules.alias import rollback_target
 from kb_reindex.domain.errors import ConfigError, KbError, StoreError
-from kb_reindex.domain.lifecycle import BUILDING, DELETED, FAILED, LIVE, RETIRED
+from kb_reindex.domain.lifecycle import BUILDING, DELETED, FAILED, LIVE, READY, RETIRED
 from kb_reindex.rules.locking import alias_lock_name, pin_by, run_is_active
 from kb_reindex.services.runtime import Deps
 from kb_reindex.services.state.versions import VersionRecord
 from kb_reindex.services.state.clock import utc_stamp, utcnow
+from kb_reindex.rules.slots import own_name, protected_ids, surplus_slots
+from kb_reindex.services.layouts import version_profile
+from kb_reindex.services.state.slots import VAULT
+from kb_reindex.steps.slots import in_a_slot, occupancies
 
 log = logging.getLogger(__name__)
 
@@ -127,6 +131,7 @@ def cleanup(deps: Deps) -> CleanupResult:
             log.info("kb_reindex: retention deleted v%d (%s, was %s)", victim.version, victim.collection, victim.status)
         if deleted:  # the chunk texts of the plans only these versions needed go with them
             deps.state.drop_unneeded_texts()
+        drop_surplus_slots(deps, protected | pinned | {v.id for v in versions if v.status == READY})
     return CleanupResult(deleted=tuple(deleted), rollback_target=target.version if target else None,
                          pinned=tuple(sorted(v.version for v in versions if v.id in pinned)))
 
@@ -215,6 +220,42 @@ def _drop_collection(deps: Deps, version: VersionRecord) -> tuple[bool, str | No
         deps.state.update_version(version.id, qdrant_snapshot=snapshot, qdrant_snapshot_at=utcnow())
         log.info("kb_reindex: snapshot %s of %s (v%d) taken before dropping it", snapshot, version.collection,
                  version.version)
-    dropped = deps.store.delete_collection(version.collection)
+    if in_a_slot(deps, version):
+        # a slot outlives its versions: it keeps the points (and says whose) for the next build's difference,
+        # unless the model keeps no more slots of its profile (a shadow of another model dropped)
+        slot = version.collection
+        deps.state.leave_slot(version_id=version.id, evicted_name=own_name(version))
+        protected = protected_ids(deps, deps.state.list_versions(deps.settings.alias)) - {version.id}
+        dropped = slot in drop_surplus_slots(deps, protected)
+    else:
+        dropped = deps.store.delete_collection(version.collection)
     deps.state.transition_version(version.id, from_=[version.status], to=DELETED)
     return dropped, snapshot
+
+
+def drop_surplus_slots(deps: Deps, protected: set[int]) -> list[str]:
+    """Slots beyond what the version model keeps (`rules.slots.surplus_slots`) that no kept version resides
+    in, and vaults of profiles with no slot and no kept version left: dropped. Their names."""
+    alias = deps.settings.alias
+    live = deps.state.live_version(alias)
+    occupied = occupancies(deps, alias)
+    dropped = []
+    for row in surplus_slots(occupied, protected=protected, live_profile=version_profile(live) if live else None):
+        resident = next((o.resident for o in occupied if o.slot.collection == row.collection), None)
+        if resident is not None and resident.status not in (DELETED, FAILED):
+            continue  # a kept version lives there: dropped with it, not before
+        if resident is not None:
+            deps.state.leave_slot(version_id=resident.id, evicted_name=own_name(resident))
+        deps.store.delete_collection(row.collection)
+        deps.state.forget_slot(row.collection)
+        dropped.append(row.collection)
+    kept_profiles = {version_profile(v) for v in deps.state.list_versions(alias) if v.status != DELETED}
+    slot_profiles = {row.embed_profile for row in deps.state.slots(alias)}
+    for vault in deps.state.slots(alias, role=VAULT):
+        if vault.embed_profile not in kept_profiles and vault.embed_profile not in slot_profiles:
+            deps.store.delete_collection(vault.collection)
+            deps.state.forget_slot(vault.collection)
+            dropped.append(vault.collection)
+    for name in dropped:
+        log.info("kb_reindex: retention dropped %s, a slot no version needs", name)
+    return dropped

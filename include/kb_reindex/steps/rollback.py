@@ -13,6 +13,7 @@ from typing import Any
 
 from kb_reindex.rules.alias import confirmed_live, has_served, rollback_target, switch_alias
 from kb_reindex.rules.checks import structural_problems
+from kb_reindex.rules.slots import own_name
 from kb_reindex.domain.errors import AliasMovedError, RollbackRefused
 from kb_reindex.domain.lifecycle import BUILDABLE, DELETED
 from kb_reindex.domain.model import RunOutcome
@@ -101,6 +102,12 @@ def check_rollback(deps: Deps, *, reason: str, to_version: int | None = None,
             "returns only to a version that served before. A shadow goes live through a promotion that validates "
             f"it again: `kb-reindex promote --version {target.version}`"
         )
+    if target.collection == own_name(target) and not deps.store.exists(target.collection):
+        # kept, but its slot went to a newer build
+        raise RollbackRefused(
+            f"v{target.version} is kept but resides in no slot (a newer build took it): restore it first, "
+            f"`kb-reindex restore --version {target.version}` (writes up to {target.points_expected} points from the "
+            "other slots and the vault, embeds none), then roll back; the previous version is always one move away")
     problems = structural_problems(deps, target)
     if problems:
         raise RollbackRefused(f"v{target.version} ({target.collection}) is not whole: " + "; ".join(problems))

@@ -238,6 +238,7 @@ _ROUTES: list[tuple[str, re.Pattern[str], str]] = [
         ("POST", f"/collections/{_NAME}/points/query", "query"),
         ("POST", f"/collections/{_NAME}/points/query/batch", "query_batch"),
         ("POST", f"/collections/{_NAME}/points/delete", "delete_points"),
+        ("POST", f"/collections/{_NAME}/points/batch", "batch_update"),
         ("PUT", f"/collections/{_NAME}/index", "create_index"),
         ("POST", f"/collections/{_NAME}/snapshots", "create_snapshot"),
         ("DELETE", f"/collections/{_NAME}/index/(?P<field_name>[^/]+)", "delete_index"),
@@ -312,6 +313,10 @@ class _Backend:
         self.indexing_held = 0  # get_collection answers still to report `indexing_status` (hold_indexing)
         self.indexing_status = models.CollectionStatus.YELLOW
         self.snapshots_taken = 0
+        # vectors sent to the server (upserts) and sent back (retrieve, scroll with vectors): what a build
+        # moves over the wire, counted where it arrives (GET/DELETE /__vectors)
+        self.vectors_written = 0
+        self.vectors_read = 0
         self.store_s = 0.0  # time inside the local-mode client for the request being served
         if str(path) == ":memory:":
             local = QdrantClient(":memory:")
@@ -453,18 +458,31 @@ class _Backend:
     def _op_upsert(self, p: dict[str, str], q: dict[str, str], body: Any) -> Any:
         request = _parse(models.PointInsertOperations, body)
         if isinstance(request, models.PointsBatch):
+            self.vectors_written += len(request.batch.ids)
             result = self.client.upsert(p["name"], points=request.batch, update_filter=request.update_filter)
         else:
+            self.vectors_written += len(request.points)
             result = self.client.upsert(p["name"], points=request.points, update_filter=request.update_filter)
         return self._update_answer(result, q)
 
+    def _op_batch_update(self, p: dict[str, str], q: dict[str, str], body: Any) -> Any:
+        request = _parse(models.UpdateOperations, body)
+        for operation in request.operations:
+            if isinstance(operation, models.UpsertOperation):
+                upsert = operation.upsert
+                self.vectors_written += len(upsert.batch.ids) if isinstance(upsert, models.PointsBatch) else len(upsert.points)
+        results = self.client.batch_update_points(p["name"], update_operations=request.operations)
+        return [self._update_answer(result, q) for result in results]
+
     def _op_retrieve(self, p: dict[str, str], _q: dict[str, str], body: Any) -> Any:
         request = _parse(models.PointRequest, body)
-        return self.client.retrieve(
+        records = self.client.retrieve(
             p["name"], ids=request.ids,
             with_payload=True if request.with_payload is None else request.with_payload,
             with_vectors=False if request.with_vector is None else request.with_vector,
         )
+        self.vectors_read += sum(1 for r in records if r.vector is not None)
+        return records
 
     def _op_get_point(self, p: dict[str, str], _q: dict[str, str], _b: Any) -> Any:
         raw = p["point_id"]
@@ -482,6 +500,7 @@ class _Backend:
             with_payload=True if request.with_payload is None else request.with_payload,
             with_vectors=False if request.with_vector is None else request.with_vector,
         )
+        self.vectors_read += sum(1 for r in points if r.vector is not None)
         return models.ScrollResult(points=points, next_page_offset=next_offset)
 
     def _op_count(self, p: dict[str, str], _q: dict[str, str], body: Any) -> Any:
@@ -736,6 +755,11 @@ class _Handler(BaseHTTPRequestHandler):
                 except ValueError as exc:
                     raise _HttpError(400, str(exc)) from None
                 self._send_json(200, True)
+            elif path == "/__vectors" and self.command == "GET":
+                self._send_json(200, fake.vector_counts())
+            elif path == "/__vectors" and self.command == "DELETE":
+                fake.vector_counts(reset=True)
+                self._send_json(200, True)
             elif path == "/__requests" and self.command == "GET":
                 self._send_json(200, [asdict(r) for r in fake.requests()])
             elif path == "/__requests" and self.command == "DELETE":
@@ -833,6 +857,18 @@ class FakeQdrantServer:
 
     def __repr__(self) -> str:
         return f"FakeQdrantServer({self.url}, path={self.path})"
+
+    def vector_counts(self, *, reset: bool = False) -> dict[str, int]:
+        """{"written": vectors sent to the server, "read": vectors it sent back} since the start or the last
+        reset (`reset=True` answers the counts and starts again)."""
+        backend = self._backend
+        if backend is None:
+            return {"written": 0, "read": 0}
+        with backend.lock:
+            counts = {"written": backend.vectors_written, "read": backend.vectors_read}
+            if reset:
+                backend.vectors_written = backend.vectors_read = 0
+        return counts
 
     def _log(self, record: RequestRecord) -> None:
         with self._log_lock:
@@ -969,6 +1005,12 @@ class QdrantServerProcess:
 
     def clear_requests(self) -> None:
         self._admin("DELETE", "/__requests")
+
+    def vector_counts(self, *, reset: bool = False) -> dict[str, int]:
+        counts: dict[str, int] = self._admin("GET", "/__vectors")
+        if reset:
+            self._admin("DELETE", "/__vectors")
+        return counts
 
     def __enter__(self) -> QdrantServerProcess:
         return self.start()

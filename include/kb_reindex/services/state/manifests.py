@@ -231,6 +231,68 @@ class ManifestsMixin:
             rows = conn.execute(query.order_by(manifest_chunks.c.position))
             return [ManifestChunk(*row) for row in rows]
 
+    def slice_against(self, version_id: int, base_id: int, window: tuple[int, int] | None = None
+                      ) -> list[tuple[ManifestChunk, bool]]:
+        """A build slice's rows (as `slice_rows`), each with whether the base version's manifest has the same
+        point (same key, chunk index and hash): one outer join on the primary key, nothing read twice."""
+        c = manifest_chunks.c
+        base = manifest_chunks.alias("base")
+        query = (sa.select(*_CHUNK_COLUMNS, base.c.point_id.is_not(None).label("in_base"))
+                 .select_from(manifest_chunks.outerjoin(base, sa.and_(base.c.version_id == base_id,
+                                                                      base.c.point_id == c.point_id)))
+                 .where(c.version_id == version_id))
+        if window is not None:
+            offset, limit = window
+            query = query.where(c.position >= offset, c.position < offset + limit)
+        with self.engine.connect() as conn:
+            rows = conn.execute(query.order_by(c.position))
+            return [(ManifestChunk(*row[:-1]), bool(row[-1])) for row in rows]
+
+    def dropped_chunks(self, version_id: int, base_id: int) -> list[ManifestChunk]:
+        """The base version's rows whose point the version's manifest lacks: what a slot gives up moving from
+        the base to the version (an anti-join on the primary key)."""
+        c = manifest_chunks.c
+        mine = manifest_chunks.alias("mine")
+        query = (sa.select(*_CHUNK_COLUMNS)
+                 .select_from(manifest_chunks.outerjoin(mine, sa.and_(mine.c.version_id == version_id,
+                                                                      mine.c.point_id == c.point_id)))
+                 .where(c.version_id == base_id, mine.c.point_id.is_(None)))
+        with self.engine.connect() as conn:
+            return [ManifestChunk(*row) for row in conn.execute(query.order_by(c.knowledge_key, c.chunk_index))]
+
+    def changed_documents(self, version_id: int, base_id: int) -> set[str]:
+        """Keys of the version's documents whose payload fields differ from the base's (or that it lacks)."""
+        d = manifest_documents.c
+        base = manifest_documents.alias("base")
+        same = sa.and_(base.c.source == d.source, base.c.title == d.title, base.c.category == d.category,
+                       base.c.tenant == d.tenant, base.c.content_hash == d.content_hash)
+        query = (sa.select(d.knowledge_key)
+                 .select_from(manifest_documents.outerjoin(base, sa.and_(base.c.version_id == base_id,
+                                                                         base.c.knowledge_key == d.knowledge_key)))
+                 .where(d.version_id == version_id, sa.or_(base.c.knowledge_key.is_(None), sa.not_(same))))
+        with self.engine.connect() as conn:
+            return set(conn.execute(query).scalars())
+
+    def chunks_by_hash(self, version_ids: Iterable[int], hashes: Iterable[str]) -> dict[str, tuple[int, str]]:
+        """chunk_hash -> (version id, point id) of a point holding it, among these versions' manifests."""
+        ids, wanted = list(version_ids), sorted(set(hashes))
+        out: dict[str, tuple[int, str]] = {}
+        if not ids:
+            return out
+        c = manifest_chunks.c
+        with self.engine.connect() as conn:
+            for start in range(0, len(wanted), 500):
+                part = wanted[start:start + 500]
+                for version_id, point_id, chunk_hash in conn.execute(
+                        sa.select(c.version_id, c.point_id, c.chunk_hash)
+                        .where(c.version_id.in_(ids), c.chunk_hash.in_(part))):
+                    out.setdefault(chunk_hash, (version_id, point_id))
+        return out
+
+    def referenced_hashes(self, version_ids: Iterable[int], hashes: Iterable[str]) -> set[str]:
+        """Those of `hashes` that a manifest of these versions holds."""
+        return set(self.chunks_by_hash(version_ids, hashes))
+
     def slice_documents(self, version_id: int, first_key: str, last_key: str) -> list[ManifestDocument]:
         """The manifest documents whose keys lie in [first_key, last_key]: those a slice's rows belong to."""
         with self.engine.connect() as conn:

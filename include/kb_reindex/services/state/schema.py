@@ -66,6 +66,10 @@ versions = sa.Table(
     sa.Column("qdrant_snapshot_at", Timestamp),
     # JSON {"docs": counts, "doc_keys": keys}: the documents its plan added, changed and removed against its base
     sa.Column("doc_changes", sa.Text),
+    # the slot this version was brought into held exactly this version's points (its diff's base; NULL: the
+    # slot was new or emptied first), and when its points were checked to be exactly its manifest
+    sa.Column("slot_base", sa.Integer),
+    sa.Column("synced_at", Timestamp),
     sa.UniqueConstraint("alias", "version", name="uq_kb_versions_alias_version"),
     **MYSQL_TABLE,
 )
@@ -98,6 +102,25 @@ manifest_chunks = sa.Table(
     sa.Column("position", sa.Integer),
     sa.Index("ix_kb_manifest_chunks_hash", "version_id", "chunk_hash"),
     sa.Index("ix_kb_manifest_chunks_position", "version_id", "position"),
+    **MYSQL_TABLE,
+)
+
+# The physical collections of an alias's versions (kb_reindex.rules.slots): a few per embedding profile,
+# reused in turn, each brought from the version it holds to the next by the difference; and per profile one
+# vault of the vectors a slot gave up (by chunk hash), from which an older kept version is restored. `holds`:
+# the version whose points a slot holds (NULL: none yet); `holds_exact`: when those points were checked to be
+# exactly that version's manifest (NULL: unknown, e.g. a build that stopped half-way).
+slots = sa.Table(
+    "kb_slots",
+    metadata,
+    sa.Column("collection", sa.String(255), primary_key=True),
+    sa.Column("alias", sa.String(64), nullable=False),
+    sa.Column("embed_profile", sa.String(128), nullable=False),
+    sa.Column("role", sa.String(16), nullable=False, server_default="slot"),
+    sa.Column("holds", sa.Integer),
+    sa.Column("holds_exact", Timestamp),
+    sa.Column("created_at", Timestamp, nullable=False),
+    sa.Index("ix_kb_slots_alias", "alias", "embed_profile"),
     **MYSQL_TABLE,
 )
 
@@ -310,7 +333,8 @@ def _schema_guard(engine: sa.Engine) -> Iterator[None]:
 #: (nullable or with a default, so its rows stay valid), with the indexes that use them
 ADDED_COLUMNS = ((versions, "payload_layout"), (versions, "embed_profile"), (manifest_chunks, "position"),
                  (versions, "qdrant_snapshot"), (versions, "qdrant_snapshot_at"), (file_hashes, "etag"),
-                 (versions, "doc_changes"), (alias_events, "moved_by"))
+                 (versions, "doc_changes"), (alias_events, "moved_by"),
+                 (versions, "slot_base"), (versions, "synced_at"))
 
 
 def _upgrade_schema(engine: sa.Engine, *, tables: tuple[sa.Table, ...] | None = None) -> None:

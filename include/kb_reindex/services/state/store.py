@@ -24,10 +24,11 @@ from kb_reindex.services.state.schema import (
     metadata,
     versions,
 )
+from kb_reindex.services.state.slots import SlotsMixin
 from kb_reindex.services.state.versions import VersionsMixin
 
 
-class StateStore(VersionsMixin, ManifestsMixin, RunsMixin, HistoryMixin, LocksMixin, FreezesMixin):
+class StateStore(VersionsMixin, ManifestsMixin, RunsMixin, HistoryMixin, LocksMixin, FreezesMixin, SlotsMixin):
     """All reads and writes of the state DB. Short transactions; nothing held across embedding calls."""
 
     def __init__(self, url: str, *, engine: sa.Engine | None = None, create: bool = True,

@@ -16,7 +16,7 @@ from kb_reindex.domain import lifecycle
 from kb_reindex.domain.errors import KbError
 from kb_reindex.domain.model import VersionStatus
 from kb_reindex.services.state.clock import utc_stamp
-from kb_reindex.services.state.schema import manifest_chunks, manifest_documents, snapshots, versions
+from kb_reindex.services.state.schema import manifest_chunks, manifest_documents, slots, snapshots, versions
 
 if TYPE_CHECKING:
     from kb_reindex.services.state.clock import Clock
@@ -54,6 +54,8 @@ class VersionFields(lifecycle.StatusStamps, total=False):
     qdrant_snapshot: str | None
     qdrant_snapshot_at: datetime | None
     doc_changes: str | None
+    slot_base: int | None
+    synced_at: datetime | None
 
 
 class VersionColumns(VersionFields, total=False):
@@ -119,6 +121,10 @@ class VersionRecord:
     #: what its plan added, changed and removed against its base ({"docs": counts, "doc_keys": keys}); None
     #: for a version planned before it was recorded (or rebuilt from Qdrant)
     doc_changes: dict[str, Any] | None = None
+    #: the version whose exact points the slot held when this one took it (its diff's base; None: built whole)
+    slot_base: int | None = None
+    #: when its points were checked to be exactly its manifest (validation's structural check)
+    synced_at: datetime | None = None
 
     @classmethod
     def from_row(cls, row: sa.RowMapping) -> VersionRecord:
@@ -140,7 +146,7 @@ class VersionRecord:
     def to_dict(self) -> dict[str, Any]:
         """The JSON-able view the CLI and XCom carry (no validation detail, no snapshot)."""
         out = asdict(self)
-        for detail in ("validation", "qdrant_snapshot", "qdrant_snapshot_at", "doc_changes"):
+        for detail in ("validation", "qdrant_snapshot", "qdrant_snapshot_at", "doc_changes", "slot_base", "synced_at"):
             out.pop(detail)
         for key, value in out.items():
             if isinstance(value, datetime):
@@ -197,6 +203,8 @@ class VersionsMixin:
             conn.execute(manifest_chunks.delete().where(manifest_chunks.c.version_id.in_(ids)))
             conn.execute(manifest_documents.delete().where(manifest_documents.c.version_id.in_(ids)))
             conn.execute(versions.delete().where(versions.c.alias == alias))
+            # the slots stay (their collections do), but whose points they hold is no longer known
+            conn.execute(slots.update().where(slots.c.alias == alias).values(holds=None, holds_exact=None))
         self.drop_unneeded_texts()
 
     def version_by_id(self, version_id: int, *, conn: sa.Connection | None = None) -> VersionRecord:
