@@ -288,7 +288,7 @@ def test_gc_drops_a_build_abandoned_by_a_run_that_ended(deps: Deps) -> None:
 
     deps.state.start_run(run_id="crashed", alias=ALIAS, kind="reindex", trigger="airflow")
     dag_lock.take(deps, "crashed")  # a DAG run holds the alias's lock from its plan until it ends
-    created = create_version(deps, plan_and_snapshot(deps, run_id="crashed"), run_id="crashed")
+    create_version(deps, plan_and_snapshot(deps, run_id="crashed"), run_id="crashed")
     assert deps.state.get_version(ALIAS, 2).status == "building"
     cleanup(deps)
     assert deps.state.get_version(ALIAS, 2).status == "building", "its run may still be retrying"

@@ -258,7 +258,9 @@ class BuildResult:
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {"version": self.version, "embedded": self.embedded, "copied": self.copied,
-                                "skipped": self.skipped, "kept": self.kept, "rewritten": self.rewritten}
+                                "skipped": self.skipped}
+        if self.kept or self.rewritten:  # built by difference in a slot (kb_reindex.rules.slots)
+            data.update(kept=self.kept, rewritten=self.rewritten)
         if self.points is not None:
             data["points"] = self.points
         if self.copy_s is not None:

@@ -77,10 +77,10 @@ def _id_differences(deps: Deps, version: VersionRecord, manifest: list[ManifestR
     if diff is not None and points == len(manifest):
         _base, added, dropped, kept = diff
         looked = added + random.Random(version.version).sample(kept, min(KEPT_LOOKED_UP, len(kept)))
-        found = set()
+        found: set[str] = set()
         for start in range(0, len(looked), 1024):
             found.update(str(r.id) for r in store.retrieve(version.collection, looked[start:start + 1024], payload=False))
-        gone = set()
+        gone: set[str] = set()
         for start in range(0, len(dropped), 1024):
             gone.update(str(r.id) for r in store.retrieve(version.collection, dropped[start:start + 1024], payload=False))
         if found == set(looked) and not gone:

@@ -73,13 +73,13 @@ def restore_version(deps: Deps, number: int) -> RestoreResult:
                                                category=d.category, tenant=d.tenant, content_hash=d.content_hash)
                  for d in deps.state.manifest_documents(version.id)}
     wanted = [row for row, in_base in rows if not in_base]
-    present = set()
+    present: set[str] = set()
     for batch in batched([r.point_id for r in wanted], deps.settings.copy_batch_size):
         present.update(str(r.id) for r in deps.store.retrieve(version.collection, batch, payload=False))
     wanted = [row for row in wanted if row.point_id not in present]
     sources = _Sources(deps, version)
     for batch in batched(wanted, deps.settings.copy_batch_size):
-        found = sources.fetch(batch)
+        found = sources.fetch(list(batch))
         deps.store.upsert(version.collection, [
             models.PointStruct(id=row.point_id, vector=vector,
                                payload=payload_for(Chunk(knowledge_key=row.knowledge_key, chunk_index=row.chunk_index,
