@@ -109,6 +109,9 @@ def rollback_problems(row: VersionRow) -> tuple[str, ...]:
     IDs included, runs when on-call asks for the rollback)."""
     if not row.rollback_allowed:
         return ()
+    if row.evicted:
+        return (f"resides in no slot (a newer build took it): restore it first, `kb-reindex restore --version "
+                f"{row.version}` ({row.points_expected} points to write, nothing embedded)",)
     if row.points is None:
         return (f"collection {row.collection} is missing from Qdrant",)
     if row.points != row.points_expected:

@@ -9,7 +9,7 @@ holds the local Qdrant store), Qdrant's numbers left None.
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import datetime
 from typing import Any
 
@@ -17,6 +17,7 @@ from kb_reindex.steps import querylog
 from kb_reindex.rules.alias import drift_advice, has_served, rollback_target
 from kb_reindex.rules.audit import AuditView, audit_view
 from kb_reindex.rules.freeze import FreezeView, freeze_view
+from kb_reindex.rules.slots import own_name
 from kb_reindex.services.layouts import version_profile
 from kb_reindex.rules.locking import alias_lock_name, reindex_lock_name
 from kb_reindex.steps.querylog import QueryLogView
@@ -89,9 +90,17 @@ class VersionRow:
     warnings: tuple[ContentWarning, ...] = ()
     #: the documents its plan added, changed and removed against its base (None: not recorded)
     changes: DocChanges | None = None
+    #: kept, but residing in no slot (a newer build took it): a rollback to it restores it first, writing up to
+    #: `points_expected` points and embedding none (kb_reindex.rules.slots)
+    evicted: bool = False
+
+    @property
+    def one_move_away(self) -> bool:
+        return self.rollback_allowed and not self.evicted and self.points is not None
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "one_move_away": self.one_move_away,
+                "restore_points": self.points_expected if self.evicted else 0}
 
 
 @dataclass(frozen=True)
@@ -197,6 +206,9 @@ class StatusView:
             "query_log": asdict(self.query_log),
             "warnings": [w.to_dict() for w in self.warnings],
             "last_run_problem": self.last_run_problem,
+            "residence": [{"version": v.version, "one_move_away": v.one_move_away,
+                           "restore_points": v.points_expected if v.evicted else 0}
+                          for v in self.versions if v.rollback_allowed],
         }
 
 
@@ -271,11 +283,11 @@ def status_view(deps: Deps) -> StatusView:
     versions = []
     for record in deps.state.list_versions(alias):
         exists = record.collection in collections and record.status != VersionStatus.DELETED
-        versions.append(version_row(
+        versions.append(replace(version_row(
             record, target=target, pins=pins, serving=serving,
             points=store.count(record.collection) if exists else None,
             collection_config=store.collection_metadata(record.collection).get("collection_config") if exists else None,
-            kept=kept_as(deps.state, record)))
+            kept=kept_as(deps.state, record)), evicted=not exists and record.collection == own_name(record)))
     problems, notes = [], []
     if serving != (live.collection if live else None):
         if promotion_in_progress:
@@ -284,6 +296,11 @@ def status_view(deps: Deps) -> StatusView:
         else:
             problems.append(drift_advice(deps, serving, live))
     problems += _collection_problems(versions)
+    evicted = [v for v in versions if v.evicted and v.status in KEPT]
+    if evicted:
+        notes.append("kept, residing in no slot (a rollback to them restores first, embedding nothing): "
+                     + ", ".join(f"v{v.version} ({v.points_expected} points to write)" for v in evicted)
+                     + "; `kb-reindex restore --version N`")
     audit = live_audit(deps, live)
     if audit and (audit.missing or audit.orphans):
         problems.append(f"the audit of live v{audit.version} at {audit.at} found {audit.missing} missing "
@@ -323,7 +340,7 @@ def _collection_problems(versions: list[VersionRow]) -> list[str]:
     """Kept versions whose collection Qdrant lacks, or holds with another point count than the manifest."""
     problems = []
     for v in versions:
-        if v.status not in KEPT:
+        if v.status not in KEPT or v.evicted:
             continue
         if v.points is None:
             problems.append(f"v{v.version} ({v.collection}) is {v.status} in the state DB, but Qdrant has no "
