@@ -150,4 +150,9 @@ def structural_checks(deps: Deps, version: VersionRecord, manifest: list[Manifes
                         + (f"; {problems[0]}" if problems else ", all well-formed")))
     if all(c.passed for c in checks):  # its slot now holds exactly this version: the next build's base
         deps.state.mark_slot_exact(version_id=version.id, collection=version.collection)
+        if version.status == VersionStatus.BUILDING:
+            # as a full audit: once promoted, the next run's audit of live samples instead of looking up every ID
+            deps.state.record_audit(alias=version.alias, version=version.version, collection=version.collection,
+                                    run_id=version.run_id, expected=len(manifest), points=points, missing=0,
+                                    orphans=0)
     return checks

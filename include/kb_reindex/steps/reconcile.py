@@ -157,9 +157,19 @@ class VersionFacts:
 
 
 def version_collections(deps: Deps) -> list[tuple[int, str]]:
-    """(N, name) of every collection named `<alias>__<model>__v<N>`, oldest first."""
-    pattern = re.compile(rf"^{re.escape(deps.settings.alias)}__[a-z0-9-]+__v(\d+)$")
-    found = [(int(m.group(1)), name) for name in deps.store.collection_names() if (m := pattern.match(name))]
+    """(N, name) of every collection holding a version: `<alias>__<model>__v<N>` (made before slots), and the
+    slots `<alias>__<model>__s<k>`, whose metadata names the version they hold; oldest first."""
+    alias = re.escape(deps.settings.alias)
+    named = re.compile(rf"^{alias}__[a-z0-9-]+__v(\d+)$")
+    slot = re.compile(rf"^{alias}__[a-z0-9-]+__s\d+$")
+    found = []
+    for name in deps.store.collection_names():
+        if m := named.match(name):
+            found.append((int(m.group(1)), name))
+        elif slot.match(name):
+            number = deps.store.collection_metadata(name).get("kb_version")
+            if isinstance(number, int) and deps.store.count(name):
+                found.append((number, name))
     return sorted(found)
 
 
