@@ -57,7 +57,8 @@ INSTRUCTION_PATTERNS = [
         r"(?:所有|全部|任何)的?(?:退款|退货|赔付|理赔)?(?:申请|请求).{0,4}(?:一律|全部|都|直接|无条件)(?:批准|同意|通过)",
         # tools and personal data
         r"\b(?:call|invoke|use|run|execute)\s+the\s+\w+\s+(?:tool|function)\b",
-        r"调用.{0,6}(?:工具|tool|函数|接口)",
+        # a call asked for, not one described ("开发者可调用订单接口"): the line starts with it, or asks for it
+        r"(?:^|请|立即|马上|直接|现在|先|并)\s*调用.{0,8}(?:工具|tool|函数|接口)",
         # someone else's data asked for: "the customer's phone number", not a warning to keep one's own
         r"(?:输出|提供|告诉我|发送|给出|列出|发给我)(?:所有|全部)?(?:客户|顾客|用户|买家|会员|他人|别人)的?.{0,4}"
         r"(?:手机号|电话号码|身份证|密码|银行卡|住址|家庭地址)",
