@@ -64,12 +64,13 @@ class Passage:
     """One thing the screen judges: `line` the file's line number where it starts, `text` that line as written
     (what a person is shown), `read` what the screen reads (normalised), `where` where on the page it was:
     "" (a line as a reader sees it), "HTML comment", "link title", "image alt text", "code block" or
-    "paragraph" (short consecutive lines read together)."""
+    "paragraph" (short consecutive lines read together; `lines` how many)."""
 
     line: int
     text: str
     read: str
     where: str = ""
+    lines: int = 1
 
 
 def visible_text(body: str) -> str:
@@ -103,6 +104,16 @@ def _visible_line(line: str) -> tuple[str, list[tuple[str, str]]]:
     return seen, [(where, text) for where, text in hidden if text.strip()]
 
 
+def read_line(line: str) -> str:
+    """One line as the screen reads a reader's view of it (markup gone, normalised): what the classifier is
+    trained on (bench/train_screen.py)."""
+    return normalize(_visible_line(line)[0])
+
+
+def letters(read: str) -> int:
+    return sum(c.isalpha() for c in read)
+
+
 def _worth_reading(read: str) -> bool:
     """Text that could address anyone: at least two letters (a table rule, a number, a lone mark is not)."""
     return sum(c.isalpha() for c in read) >= 2 and not _TABLE_RULE.match(read)
@@ -129,7 +140,7 @@ def passages(body: str, *, first_line: int = 1) -> list[Passage]:
         if 1 < len(paragraph) <= PARAGRAPH_LINES:
             joined = " ".join(p.read for p in paragraph)
             if len(joined) <= PARAGRAPH_CHARS:
-                out.append(Passage(paragraph[0].line, paragraph[0].text, joined, "paragraph"))
+                out.append(Passage(paragraph[0].line, paragraph[0].text, joined, "paragraph", len(paragraph)))
         paragraph.clear()
 
     for offset, raw in enumerate(visible_text(body).split("\n")):
