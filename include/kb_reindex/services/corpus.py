@@ -37,7 +37,8 @@ from kb_reindex.services.sources import (
 )
 from kb_reindex.services.state.manifests import FileHash
 from kb_reindex.domain.validation_model import FlaggedLine
-from kb_reindex.services.screen import Flag, Screen, patterns_screen
+from kb_reindex.domain.screen_text import Passage, passages
+from kb_reindex.services.screen import Flag, ScoreMemory, Screen, patterns_screen
 
 #: knowledge key -> (content hash, flagged lines) of live's documents, as live's plan judged them with the same
 #: screen: a document whose content hash is still that is not judged again
@@ -99,33 +100,54 @@ def info_of(doc: Document) -> DocumentInfo:
                         category=doc.category, tenant=doc.tenant, content_hash=doc.content_hash)
 
 
-def screened(doc: Document, screen: Screen, carried: Carried | None = None) -> tuple[Flag, ...]:
-    """The document's flagged lines: as live's plan found them when the document is live's unchanged (same
-    content hash) and was judged by the same screen (`carried`), else judged now."""
+def carried_flags(doc: Document, carried: Carried | None) -> tuple[Flag, ...] | None:
+    """The document's flagged lines as live's plan found them, when the document is live's unchanged (same
+    content hash) and was judged by the same screen (`carried`); None: it must be judged now."""
     if carried is not None and (was := carried.get(doc.knowledge_key)) is not None and was[0] == doc.content_hash:
         return was[1]
-    return screen.flag(doc.body, first_line=doc.body_line)
+    return None
 
 
-def _scan_document(doc: Document, *, chunk_size: int, overlap: int, screen: Screen,
-                   carried: Carried | None) -> ScannedDocument:
-    chunks = tuple(ChunkRef(c.knowledge_key, c.chunk_index, c.chunk_hash, c.point_id)
-                   for c in chunk_document(doc, chunk_size=chunk_size, overlap=overlap))
-    return ScannedDocument(info=info_of(doc), chunks=chunks, flagged=screened(doc, screen, carried))
+#: passages a scan collects from the documents it must judge before the screen scores them in one call
+JUDGE_BATCH = 4096
 
 
 def scan_corpus(docs: KnowledgeSource | Path, *, max_bytes: int, chunk_size: int, overlap: int,
                 hashes: dict[str, FileHash] | None = None, default_tenant: str = DEFAULT_TENANT,
-                screen: Screen | None = None, carried: Carried | None = None) -> CorpusScan:
+                screen: Screen | None = None, carried: Carried | None = None,
+                memory: ScoreMemory | None = None) -> CorpusScan:
     """Every document's facts and chunk references, sorted by key; each body is dropped once scanned.
     Errors as `sources.load_corpus` reports them. `hashes` receives what a plan records of every file.
     `screen` judges the instruction-like lines (default: the patterns alone) of each document `carried` does
-    not already hold unchanged."""
+    not already hold unchanged, the passages of many documents at once (`JUDGE_BATCH`); `memory`: the
+    classifier's scores kept by earlier plans (a line judged before is looked up, not embedded)."""
     started_ns = time.time_ns()
     listed: dict[str, ListedFile] = {}
     screen = screen or patterns_screen()
-    scanned = [_scan_document(document, chunk_size=chunk_size, overlap=overlap, screen=screen, carried=carried)
-               for document in iter_corpus(docs, max_bytes=max_bytes, listed=listed, default_tenant=default_tenant)]
+    scanned: list[ScannedDocument] = []
+    waiting: list[tuple[DocumentInfo, tuple[ChunkRef, ...], list[Passage]]] = []
+
+    def judge_waiting() -> None:
+        judged = screen.flag_pages([found for _, _, found in waiting], memory=memory)
+        scanned.extend(ScannedDocument(info=info, chunks=chunks, flagged=flagged)
+                       for (info, chunks, _), flagged in zip(waiting, judged, strict=True))
+        waiting.clear()
+
+    pending = 0
+    for doc in iter_corpus(docs, max_bytes=max_bytes, listed=listed, default_tenant=default_tenant):
+        chunks = tuple(ChunkRef(c.knowledge_key, c.chunk_index, c.chunk_hash, c.point_id)
+                       for c in chunk_document(doc, chunk_size=chunk_size, overlap=overlap))
+        flagged = carried_flags(doc, carried)
+        if flagged is not None:
+            scanned.append(ScannedDocument(info=info_of(doc), chunks=chunks, flagged=flagged))
+            continue
+        found = passages(doc.body, first_line=doc.body_line)
+        waiting.append((info_of(doc), chunks, found))
+        pending += len(found)
+        if pending >= JUDGE_BATCH:
+            judge_waiting()
+            pending = 0
+    judge_waiting()
     scanned.sort(key=lambda d: d.info.knowledge_key)
     if hashes is not None:
         for d in scanned:

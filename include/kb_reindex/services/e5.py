@@ -55,10 +55,12 @@ def e5_model(name: str) -> E5Model:
     return model
 
 
-def e5_arrays(texts: Sequence[str], *, model: str = "multilingual-e5-small", batch_size: int = 32) -> Any:
+def e5_arrays(texts: Sequence[str], *, model: str = "multilingual-e5-small", batch_size: int = 4096) -> Any:
     """The passage vectors of `texts` as one float32 numpy array (len(texts) x dim), for a caller that computes
     with them rather than storing them (the instruction screen's classifier); the same engine and weights the
-    embedder uses, loaded once per process."""
+    embedder uses, loaded once per process. Short texts go to the engine in large calls: it packs them into
+    forward passes of up to 16k tokens without padding, and each pass reads the 4-bit weights once, so 235
+    short lines cost about half as much in one call as in calls of 32."""
     import numpy as np
 
     served = e5_model(model)

@@ -11,8 +11,10 @@ normalised; HTML comments, link titles and alt texts apart):
 The screen's mode (`KB_INSTRUCTION_SCREEN`): `meaning` (both passes), `patterns` (the first alone: no model is
 loaded), `auto` (the default: `meaning`, except with the offline `hashing` embedder, which is for tests and
 trials; there the screen says once on the log that it judges by the patterns alone). The plan judges only the
-documents that changed against live when live was judged by the same screen (`kb_reindex.services.corpus`), and
-a process judges a text it has judged before from memory.
+documents that changed against live when live was judged by the same screen (`kb_reindex.services.corpus`), the
+passages of all of them scored in one e5 call; and e5 embeds only the texts no plan scored before with these
+weights: a process remembers what it scored, and the state DB keeps every score by the text's SHA-256
+(`ScoreMemory`, `kb_screen_scores`), so a one-line edit embeds that line (and the short paragraph it is in).
 
 `Screen.version` names the screen as each version records it: the patterns' digest, and in mode `meaning` the
 model and the weights file's digest; a version judged by another screen is judged again in full.
@@ -29,7 +31,7 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 from kb_reindex.domain.errors import ConfigError
 from kb_reindex.domain.instructions import INSTRUCTION_PATTERNS, pattern_reason
@@ -48,6 +50,21 @@ MIN_LETTERS = 4
 _MEMORY = 200_000
 
 PATTERNS_DIGEST = hashlib.sha256("\n".join(p.pattern for p in INSTRUCTION_PATTERNS).encode("utf-8")).hexdigest()[:12]
+
+
+class ScoreMemory(Protocol):
+    """Classifier scores kept beyond the process (the state DB's `kb_screen_scores`), by the classifier that
+    scored them (`Classifier.key`) and the SHA-256 of the text as read (`text_digest`): a text judged once by
+    these weights is never embedded again, in any later run."""
+
+    def recall_scores(self, classifier: str, digests: Sequence[str]) -> dict[str, float]: ...
+
+    def remember_scores(self, classifier: str, scores: dict[str, float]) -> None: ...
+
+
+def text_digest(read: str) -> str:
+    """The key a score is kept under: SHA-256 of the normalised text the classifier read."""
+    return hashlib.sha256(read.encode("utf-8")).hexdigest()
 
 
 class Flag(NamedTuple):
@@ -71,6 +88,8 @@ class Classifier:
     threshold: float
     digest: str
     model: str = MODEL
+    #: texts e5 embedded for this classifier in this process (the others were remembered)
+    embedded: int = 0
     _memory: dict[str, float] = field(default_factory=dict, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -98,22 +117,42 @@ class Classifier:
         return cls(weights=weights, bias=float(record["bias"]), threshold=float(record["threshold"]),
                    digest=hashlib.sha256(raw).hexdigest()[:12])
 
-    def scores(self, texts: Sequence[str]) -> list[float]:
-        """Each text's probability of being addressed to the assistant; e5 embeds only texts not seen before."""
+    @property
+    def key(self) -> str:
+        """Who scored a kept score: the model and the weights file's digest."""
+        return f"{self.model}-lr:{self.digest}"
+
+    def scores(self, texts: Sequence[str], memory: ScoreMemory | None = None) -> list[float]:
+        """Each text's probability of being addressed to the assistant. Looked up first in this process's
+        memory, then in `memory` (scores kept by earlier runs); e5 embeds only the rest, all in one call, and
+        what it scored is kept in both. `embedded` counts the texts e5 embedded."""
         from kb_reindex.services.e5 import e5_arrays  # loads the model on first use only
 
         with self._lock:
             known = {t: self._memory[t] for t in set(texts) if t in self._memory}
-        todo = sorted(set(texts) - known.keys(), key=len)  # alike lengths batch with little padding
+        todo = sorted(set(texts) - known.keys(), key=len)
+        if todo and memory is not None:
+            digests = {text_digest(t): t for t in todo}
+            kept = {digests[d]: score for d, score in memory.recall_scores(self.key, list(digests)).items()
+                    if d in digests}
+            known.update(kept)
+            self._remember(kept)
+            todo = [t for t in todo if t not in kept]
         if todo:
             logits = e5_arrays(todo, model=self.model) @ self.weights + self.bias
             fresh = {text: 1.0 / (1.0 + math.exp(-logit)) for text, logit in zip(todo, logits.tolist(), strict=True)}
+            self.embedded += len(todo)
             known.update(fresh)
-            with self._lock:
-                if len(self._memory) + len(fresh) > _MEMORY:
-                    self._memory.clear()
-                self._memory.update(fresh)
+            self._remember(fresh)
+            if memory is not None:
+                memory.remember_scores(self.key, {text_digest(t): score for t, score in fresh.items()})
         return [known[t] for t in texts]
+
+    def _remember(self, scores: dict[str, float]) -> None:
+        with self._lock:
+            if len(self._memory) + len(scores) > _MEMORY:
+                self._memory.clear()
+            self._memory.update(scores)
 
 
 @dataclass
@@ -139,30 +178,33 @@ class Screen:
                        threshold=self.classifier.threshold)
         return out
 
-    def flag(self, body: str, *, first_line: int = 1) -> tuple[Flag, ...]:
+    def flag(self, body: str, *, first_line: int = 1, memory: ScoreMemory | None = None) -> tuple[Flag, ...]:
         """The flagged lines of a page body whose first line is line `first_line` of its file, one per line,
         in line order."""
-        self.judged_documents += 1
-        return self._flags(passages(body, first_line=first_line))
+        return self.flag_pages([passages(body, first_line=first_line)], memory=memory)[0]
+
+    def flag_pages(self, pages: Sequence[Sequence[Passage]], memory: ScoreMemory | None = None) -> list[tuple[Flag, ...]]:
+        """The flagged lines of each page (its `passages`), the classifier's texts of all of them scored in one
+        call (`memory`: scores kept by earlier runs, see `Classifier.scores`)."""
+        self.judged_documents += len(pages)
+        reasons = [[pattern_reason(p.read) for p in found] for found in pages]
+        scored: dict[str, float] = {}
+        if self.classifier is not None:
+            texts = sorted({p.read for found, why in zip(pages, reasons, strict=True)
+                            for p, r in zip(found, why, strict=True) if r is None and letters(p.read) >= MIN_LETTERS})
+            scored = dict(zip(texts, self.classifier.scores(texts, memory), strict=True))
+        return [self._flags(found, why, scored) for found, why in zip(pages, reasons, strict=True)]
 
     def judge_lines(self, lines: Sequence[str]) -> list[tuple[Flag, ...]]:
         """Each text judged as a one-line page (the bench's labelled lines), in one classifier call."""
-        cut = [passages(line) for line in lines]
-        if self.classifier is not None:
-            self.classifier.scores([p.read for ps in cut for p in ps
-                                    if pattern_reason(p.read) is None and letters(p.read) >= MIN_LETTERS])
-        return [self._flags(ps) for ps in cut]
+        return self.flag_pages([passages(line) for line in lines])
 
-    def _flags(self, found: list[Passage]) -> tuple[Flag, ...]:
-        reasons = [pattern_reason(p.read) for p in found]
-        scores: list[float | None] = [None] * len(found)
-        if self.classifier is not None:
-            unmatched = [i for i, r in enumerate(reasons) if r is None and letters(found[i].read) >= MIN_LETTERS]
-            for i, judged in zip(unmatched, self.classifier.scores([found[i].read for i in unmatched]), strict=True):
-                scores[i] = judged
+    def _flags(self, found: Sequence[Passage], reasons: Sequence[str | None], scored: dict[str, float]
+               ) -> tuple[Flag, ...]:
         flags: dict[int, Flag] = {}
         paragraphs = []
-        for passage, reason, score in zip(found, reasons, scores, strict=True):
+        for passage, reason in zip(found, reasons, strict=True):
+            score = scored.get(passage.read) if reason is None else None
             if reason is not None:
                 why = f"matches a pattern: {reason}"
             elif score is not None and self.classifier is not None and score >= self.classifier.threshold:

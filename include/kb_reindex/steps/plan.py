@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -20,7 +20,7 @@ from kb_reindex.rules.content_warnings import warn
 from kb_reindex.services.chunking import chunking_version
 from kb_reindex.services.config import DEFAULT_DIMS, model_or_default
 from kb_reindex.services.corpus import Carried, CorpusScan, cache_root, quick_fingerprint, scan_corpus
-from kb_reindex.services.screen import Flag, Screen, screen_for
+from kb_reindex.services.screen import Flag, ScoreMemory, Screen, screen_for
 from kb_reindex.services.embedding import check_model_served
 from kb_reindex.domain.errors import ConfigError, DimensionMismatch, StateDriftError
 from kb_reindex.steps.golden import check_golden_set
@@ -195,6 +195,19 @@ def carried_flags(deps: Deps, live: VersionRecord | None, screen: Screen) -> Car
             for key, content_hash in deps.state.manifest_document_hashes(live.id).items()}
 
 
+class _Recall:
+    """The state DB's kept screen scores, read and never written (a plan that records nothing: a preview)."""
+
+    def __init__(self, memory: ScoreMemory) -> None:
+        self._memory = memory
+
+    def recall_scores(self, classifier: str, digests: Sequence[str]) -> dict[str, float]:
+        return self._memory.recall_scores(classifier, digests)
+
+    def remember_scores(self, classifier: str, scores: dict[str, float]) -> None:
+        return None
+
+
 def _scan(deps: Deps, *, record: bool, screen: Screen | None = None, carried: Carried | None = None) -> CorpusScan:
     """Every document and chunk of the knowledge folder (the file hashes recorded when asked), with the
     golden set and its replay gate checked against them; `screen` judges the documents `carried` lacks."""
@@ -202,13 +215,16 @@ def _scan(deps: Deps, *, record: bool, screen: Screen | None = None, carried: Ca
     recorded: dict[str, Any] | None = {} if record else None
     started = time.perf_counter()
     judged_before = screen.judged_documents if screen else 0
+    embedded_before = screen.classifier.embedded if screen and screen.classifier else 0
     scan = scan_corpus(deps.knowledge, max_bytes=settings.max_doc_bytes, chunk_size=settings.chunk_size,
                        overlap=settings.chunk_overlap, hashes=recorded, default_tenant=settings.default_tenant,
-                       screen=screen, carried=carried)
+                       screen=screen, carried=carried, memory=deps.state if record else _Recall(deps.state))
     if screen is not None:
-        log.info("kb_reindex: scanned %d documents in %.2fs; the instruction screen (%s) judged %d of them, the "
-                 "others are live's unchanged", len(scan.documents), time.perf_counter() - started, screen.version,
-                 screen.judged_documents - judged_before)
+        embedded = screen.classifier.embedded - embedded_before if screen.classifier else 0
+        log.info("kb_reindex: scanned %d documents in %.2fs; the instruction screen (%s) judged %d of them (the "
+                 "others are live's unchanged), embedding %d line(s) no plan had judged before",
+                 len(scan.documents), time.perf_counter() - started, screen.version,
+                 screen.judged_documents - judged_before, embedded)
     if recorded:
         deps.state.record_file_hashes(cache_root(deps.knowledge, settings.default_tenant), recorded,
                                       replace_all=True)
