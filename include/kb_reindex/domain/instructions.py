@@ -72,8 +72,8 @@ PATTERN_GROUPS: list[tuple[str, tuple[re.Pattern[str], ...]]] = [
     ("asks for a tool call or someone's personal data", (
             # tools and personal data
             r"\b(?:call|invoke|use|run|execute)\s+the\s+\w+\s+(?:tool|function)\b",
-            # a call asked for, not one described ("开发者可调用订单接口"): the line starts with it, or asks for it
-            r"(?:^|请|立即|马上|直接|现在|先|并)\s*调用.{0,8}(?:工具|tool|函数|接口)",
+            # a call asked for, not one described ("开发者可调用订单接口", "调用开放接口前，请先认证"): the line starts with it, or asks for it
+            r"(?:^|请|立即|马上|直接|现在|先|并)\s*调用.{0,8}(?:工具|tool|函数|接口)(?![前时后])",
             # someone else's data asked for: "the customer's phone number", not a warning to keep one's own
             r"(?:输出|提供|告诉我|发送|给出|列出|发给我)(?:所有|全部)?(?:客户|顾客|用户|买家|会员|他人|别人)的?.{0,4}"
             r"(?:手机号|电话号码|身份证|密码|银行卡|住址|家庭地址)",
