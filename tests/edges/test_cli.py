@@ -410,6 +410,9 @@ def test_rollback_names_what_it_brings_back_in_its_prompt_and_json(cli_env: Path
     and the model when it differs from live's; the move is recorded under the login user."""
     from kb_reindex.rules.freeze import operator
 
+    # v2 must serve its injected lines for the rollback to bring them back: let them through (the default, hold,
+    # would keep v2 for a person)
+    monkeypatch.setenv("KB_INSTRUCTION_POLICY", "warn")
     assert run_json(capsys, "run")[0] == 0
     page = cli_env / "knowledge" / "docs" / "return-policy.md"
     original = page.read_text(encoding="utf-8")

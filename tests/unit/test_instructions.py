@@ -10,17 +10,17 @@ import yaml
 
 from conftest import REPO
 from kb_reindex.domain.instructions import flag_instructions, is_instruction
+from kb_reindex.domain.screen_text import normalize
 from kb_reindex.services.sources import parse_document, read_document
 
 LABELLED = yaml.safe_load((REPO / "bench" / "instructions.yaml").read_text(encoding="utf-8"))
 
 
-def test_recall_on_the_labelled_set_is_at_least_0_9_and_no_policy_line_is_flagged() -> None:
-    instructions = LABELLED["instruction"] + LABELLED["held_out_instruction"]
-    policy = LABELLED["policy"] + LABELLED["held_out_policy"]
-    found = [line for line in instructions if is_instruction(line)]
-    assert len(found) / len(instructions) >= 0.9, [line for line in instructions if line not in found]
-    assert [line for line in policy if is_instruction(line)] == []
+def test_the_patterns_flag_no_policy_line_of_the_labelled_set() -> None:
+    """The patterns are the screen's first pass: what they flag is flagged whatever the classifier says, so
+    they must not flag a shop rule of any part."""
+    policy = [line for part in LABELLED.values() for line in part["policy"]]
+    assert [line for line in policy if is_instruction(normalize(line))] == []
 
 
 def test_the_trials_missed_lines_are_found() -> None:

@@ -6,82 +6,107 @@ Knowledge text is data: a flagged line is never acted on, it is shown to a perso
 KB_INSTRUCTION_POLICY=block, refused). The patterns are written against policy text that merely uses the same
 words ("请忽略外包装上的旧地址标签", "Please disregard the previous shipping estimate"): what follows the verb
 must be the rules or instructions themselves, and "you are now" must be followed by a role, not a status.
-Measured on a labelled set of both kinds: bench/instructions.py, bench/instructions.yaml.
+They are the screen's fast first pass, read over normalised text (`kb_reindex.domain.screen_text`); a classifier
+judges what they miss by its meaning (`kb_reindex.services.screen`). Measured on a labelled set of both kinds:
+bench/instructions.py, bench/instructions.yaml.
 """
 
 from __future__ import annotations
 
 import re
 
+from kb_reindex.domain.screen_text import passages
+
 _RULES_EN = r"(?:instructions?|rules?|guidelines?|directions?|directives?|policies|prompts?|constraints?|restrictions?)"
 _RULES_ZH = r"(?:规则|规定|指令|指示|要求|设定|限制|提示词?|约束|政策|条款|说明)"
 
-INSTRUCTION_PATTERNS = [
-    re.compile(p, re.IGNORECASE)
-    for p in (
-        # ignore / disregard / forget / override the rules (English)
-        rf"\b(?:ignore|disregard|forget|override|bypass|skip|discard)\s+(?:all\s+|any\s+|the\s+|your\s+|these\s+|those\s+"
-        rf"|every\s+|of\s+)*(?:previous\s+|prior\s+|above\s+|earlier\s+|preceding\s+|existing\s+|original\s+|other\s+"
-        rf"|system\s+|safety\s+|store\s+|shop\s+)*{_RULES_EN}\b",
-        r"\b(?:ignore|disregard|forget)\s+(?:everything|all)\s+(?:above|before|previously|you\s+were\s+told)",
-        # 忽略 / 无视 / 忘记 ... 规则 (Chinese): the object must be the rules themselves
-        rf"(?:忽略|无视|忘记|忘掉|忘了|不要理会|不用理会|别管|不必遵守|不要遵守|别遵守|跳过)(?:掉)?(?:你)?"
-        rf"(?:之前|以上|上面|前面|上述|先前|此前|原来|原有|所有|全部|一切|其他|其它|这些|那些|平台|商城|系统)*的?"
-        rf"(?:所有|全部|一切)?的?{_RULES_ZH}",
-        r"(?:忽略|无视|忘记|忘掉)(?:以上|上面|前面|之前)(?:所有|全部)?(?:内容|的内容|说的|所说)",
-        # a new identity for the assistant
-        r"\bfrom\s+now\s+on,?\s+(?:you\s+are|you're)\s+(?!required|eligible|entitled|responsible|able|allowed|not\b"
-        r"|welcome|free)",
-        r"\bfrom\s+now\s+on,?\s+(?:you\s+)?(?:will\s+|must\s+|should\s+)?(?:act|behave|respond|answer|reply|pretend)\s+as\b",
-        r"\byou\s+are\s+now\s+(?:a\s+|an\s+|the\s+|my\s+)?(?:[\w-]+\s+){0,2}\S*(?:bot|gpt|assistant|ai|agent|model|dan)\b",
-        r"\b(?:act|behave|pretend|roleplay|role-play)\s+(?:as|to\s+be)\s+(?:a\s+|an\s+|the\s+)?(?:[\w-]+\s+){0,2}\S*(?:bot"
-        r"|gpt|assistant|ai|agent|model|administrator|admin|developer)\b",
-        r"从现在(?:开始|起)[，,]?\s*你(?:就)?(?:是|要扮演|扮演|将扮演|的身份是|必须|只能|要|将)",
-        r"你现在(?:是|扮演|的身份是)(?:一个|一名)?.{0,10}(?:机器人|助手|AI|ai|模型|客服|管理员)",
-        r"(?:扮演|假装|充当)(?:一个|一名)?.{0,10}(?:机器人|助手|AI|ai|模型|管理员|开发者)",
-        # system prompts, roles and chat markup
-        r"\b(?:system|developer)\s+(?:prompt|message|instructions?)\b",
-        r"系统提示词|系统指令|系统设定|开发者(?:模式|指令)",
-        r"^\s*[\[<(]?\s*(?:system|assistant|系统|助手)\s*[\]>)]?\s*[:：]",
-        r"<\|im_start\|>|<\|im_end\|>|\[/?INST\]|<</?SYS>>|^\s*#{2,}\s*(?:instruction|system)\b",
-        r"\bnew\s+instructions?\s*[:：]|新(?:的)?指令\s*[:：]",
-        # requests to reveal the prompt or configuration
-        r"\b(?:reveal|show|print|output|repeat|disclose|leak|tell\s+me)\s+(?:me\s+)?(?:your|the)\s+(?:system\s+prompt|"
-        r"prompt|instructions|hidden|secret|configuration|initial)",
-        r"(?:泄露|透露|告诉我|输出|显示|打印|复述|重复)(?:一下)?(?:你的)?(?:系统提示|提示词|指令|内部规则|初始设定|配置)",
-        # requests to approve everything, or to answer one way whatever is asked
-        r"\b(?:approve|accept|grant|authorize|authorise)\s+(?:every|all|any)\s+(?:refund|return|request|claim|application)s?\b",
-        r"\balways\s+(?:approve|agree|say\s+yes|grant|accept)\b",
-        r"(?:无条件|一律|全部|直接)(?:批准|同意|通过)(?:所有|全部|任何|用户的|顾客的|客户的)*(?:退款|退货|申请|请求|赔付|理赔)",
-        r"(?:对|给)(?:所有|任何)?(?:用户|顾客|客户)(?:都|一律)?(?:说|回答|回复)(?:是|可以|同意)",
-        r"(?:所有|全部|任何)的?(?:退款|退货|赔付|理赔)?(?:申请|请求).{0,4}(?:一律|全部|都|直接|无条件)(?:批准|同意|通过)",
-        # tools and personal data
-        r"\b(?:call|invoke|use|run|execute)\s+the\s+\w+\s+(?:tool|function)\b",
-        r"调用.{0,6}(?:工具|tool|函数|接口)",
-        # someone else's data asked for: "the customer's phone number", not a warning to keep one's own
-        r"(?:输出|提供|告诉我|发送|给出|列出|发给我)(?:所有|全部)?(?:客户|顾客|用户|买家|会员|他人|别人)的?.{0,4}"
-        r"(?:手机号|电话号码|身份证|密码|银行卡|住址|家庭地址)",
-        r"(?:手机号|电话号码|身份证号?|密码|银行卡号?)(?:都|全部)?(?:发给我|告诉我|发送给我)",
-        r"\b(?:send|give|output|reveal|list|share|tell)\s+(?:me|us)?\s*(?:the\s+|all\s+)?(?:customers?|users?|buyers?)"
-        r"(?:'s|s')?\s+(?:phone|password|credit\s+card|home\s+address|address)",
-        r"\b(?:list|output|reveal|print|dump)\s+(?:all|every)\s+(?:the\s+)?(?:passwords?|phone\s+numbers?"
-        r"|credit\s+card\s+numbers?)",
+#: (why, patterns): each group says why a line it matches is flagged
+PATTERN_GROUPS: list[tuple[str, tuple[re.Pattern[str], ...]]] = [
+    (why, tuple(re.compile(p, re.IGNORECASE) for p in patterns)) for why, patterns in (
+    ('sets the rules aside', (
+            # ignore / disregard / forget / override the rules (English)
+            rf"\b(?:ignore|disregard|forget|override|bypass|skip|discard)\s+(?:all\s+|any\s+|the\s+|your\s+|these\s+|those\s+"
+            rf"|every\s+|of\s+)*(?:previous\s+|prior\s+|above\s+|earlier\s+|preceding\s+|existing\s+|original\s+|other\s+"
+            rf"|system\s+|safety\s+|store\s+|shop\s+)*{_RULES_EN}\b",
+            r"\b(?:ignore|disregard|forget)\s+(?:everything|all)\s+(?:above|before|previously|you\s+were\s+told)",
+            # 忽略 / 无视 / 忘记 ... 规则 (Chinese): the object must be the rules themselves
+            rf"(?:忽略|无视|忘记|忘掉|忘了|不要理会|不用理会|别管|不必遵守|不要遵守|别遵守|跳过)(?:掉)?(?:你)?"
+            rf"(?:之前|以上|上面|前面|上述|先前|此前|原来|原有|所有|全部|一切|其他|其它|这些|那些|平台|商城|系统)*的?"
+            rf"(?:所有|全部|一切)?的?{_RULES_ZH}",
+            r"(?:忽略|无视|忘记|忘掉)(?:以上|上面|前面|之前)(?:所有|全部)?(?:内容|的内容|说的|所说)",
+    )),
+    ('gives the assistant a new role', (
+            # a new identity for the assistant
+            r"\bfrom\s+now\s+on,?\s+(?:you\s+are|you're)\s+(?!required|eligible|entitled|responsible|able|allowed|not\b"
+            r"|welcome|free)",
+            r"\bfrom\s+now\s+on,?\s+(?:you\s+)?(?:will\s+|must\s+|should\s+)?(?:act|behave|respond|answer|reply|pretend)\s+as\b",
+            r"\byou\s+are\s+now\s+(?:a\s+|an\s+|the\s+|my\s+)?(?:[\w-]+\s+){0,2}\S*(?:bot|gpt|assistant|ai|agent|model|dan)\b",
+            r"\b(?:act|behave|pretend|roleplay|role-play)\s+(?:as|to\s+be)\s+(?:a\s+|an\s+|the\s+)?(?:[\w-]+\s+){0,2}\S*(?:bot"
+            r"|gpt|assistant|ai|agent|model|administrator|admin|developer)\b",
+            r"从现在(?:开始|起)[，,]?\s*你(?:就)?(?:是|要扮演|扮演|将扮演|的身份是|必须|只能|要|将)",
+            r"你现在(?:是|扮演|的身份是)(?:一个|一名)?.{0,10}(?:机器人|助手|AI|ai|模型|客服|管理员)",
+            r"(?:扮演|假装|充当)(?:一个|一名)?.{0,10}(?:机器人|助手|AI|ai|模型|管理员|开发者)",
+    )),
+    ('system-prompt talk or chat markup', (
+            # system prompts, roles and chat markup
+            r"\b(?:system|developer)\s+(?:prompt|message|instructions?)\b",
+            r"系统提示词|系统指令|系统设定|开发者(?:模式|指令)",
+            r"^\s*[\[<(]?\s*(?:system|assistant|系统|助手)\s*[\]>)]?\s*[:：]",
+            r"<\|im_start\|>|<\|im_end\|>|\[/?INST\]|<</?SYS>>|^\s*#{2,}\s*(?:instruction|system)\b",
+            r"\bnew\s+instructions?\s*[:：]|新(?:的)?指令\s*[:：]",
+    )),
+    ('asks for the prompt or configuration', (
+            # requests to reveal the prompt or configuration
+            r"\b(?:reveal|show|print|output|repeat|disclose|leak|tell\s+me)\s+(?:me\s+)?(?:your|the)\s+(?:system\s+prompt|"
+            r"prompt|instructions|hidden|secret|configuration|initial)",
+            r"(?:泄露|透露|告诉我|输出|显示|打印|复述|重复)(?:一下)?(?:你的)?(?:系统提示|提示词|指令|内部规则|初始设定|配置)",
+    )),
+    ('approves everything, or one answer whatever is asked', (
+            # requests to approve everything, or to answer one way whatever is asked
+            r"\b(?:approve|accept|grant|authorize|authorise)\s+(?:every|all|any)\s+(?:refund|return|request|claim|application)s?\b",
+            r"\balways\s+(?:approve|agree|say\s+yes|grant|accept)\b",
+            r"(?:无条件|一律|全部|直接)(?:批准|同意|通过)(?:所有|全部|任何|用户的|顾客的|客户的)*(?:退款|退货|申请|请求|赔付|理赔)",
+            r"(?:对|给)(?:所有|任何)?(?:用户|顾客|客户)(?:都|一律)?(?:说|回答|回复)(?:是|可以|同意)",
+            r"(?:所有|全部|任何)的?(?:退款|退货|赔付|理赔)?(?:申请|请求).{0,4}(?:一律|全部|都|直接|无条件)(?:批准|同意|通过)",
+    )),
+    ("asks for a tool call or someone's personal data", (
+            # tools and personal data
+            r"\b(?:call|invoke|use|run|execute)\s+the\s+\w+\s+(?:tool|function)\b",
+            # a call asked for, not one described ("开发者可调用订单接口", "调用开放接口前，请先认证"): the line starts with it, or asks for it
+            r"(?:^|请|立即|马上|直接|现在|先|并)\s*调用.{0,8}(?:工具|tool|函数|接口)(?![前时后])",
+            # someone else's data asked for: "the customer's phone number", not a warning to keep one's own
+            r"(?:输出|提供|告诉我|发送|给出|列出|发给我)(?:所有|全部)?(?:客户|顾客|用户|买家|会员|他人|别人)的?.{0,4}"
+            r"(?:手机号|电话号码|身份证|密码|银行卡|住址|家庭地址)",
+            r"(?:手机号|电话号码|身份证号?|密码|银行卡号?)(?:都|全部)?(?:发给我|告诉我|发送给我)",
+            r"\b(?:send|give|output|reveal|list|share|tell)\s+(?:me|us)?\s*(?:the\s+|all\s+)?(?:customers?|users?|buyers?)"
+            r"(?:'s|s')?\s+(?:phone|password|credit\s+card|home\s+address|address)",
+            r"\b(?:list|output|reveal|print|dump)\s+(?:all|every)\s+(?:the\s+)?(?:passwords?|phone\s+numbers?"
+            r"|credit\s+card\s+numbers?)",
+    )),
     )
 ]
-# one pass over a whole document first: almost every document has no such line. Equivalent to the per-line
-# scan because no pattern crosses a line end (the ^-anchored ones match at a document's first line only; the
-# per-line scan below finds them on every line)
-_ANY = re.compile("|".join(f"(?:{p.pattern})" for p in INSTRUCTION_PATTERNS), re.IGNORECASE | re.MULTILINE)
+INSTRUCTION_PATTERNS = [p for _, patterns in PATTERN_GROUPS for p in patterns]
+
+
+def pattern_reason(text: str) -> str | None:
+    """Why `text` (as the screen reads it: normalised) matches a pattern, or None."""
+    for why, patterns in PATTERN_GROUPS:
+        if any(p.search(text) for p in patterns):
+            return why
+    return None
 
 
 def is_instruction(line: str) -> bool:
-    return any(p.search(line) for p in INSTRUCTION_PATTERNS)
+    return pattern_reason(line) is not None
 
 
 def flag_instructions(body: str, *, first_line: int = 1) -> tuple[tuple[int, str], ...]:
-    """The instruction-like lines of `body` as (line number in the file, text); `first_line` is the file's
-    line number of the body's first line (after the front matter)."""
-    if not _ANY.search(body):
-        return ()
-    return tuple((number, line.strip()[:200]) for number, line in enumerate(body.splitlines(), start=first_line)
-                 if is_instruction(line))
+    """The lines of `body` the patterns alone flag, as (line number in the file, text as written), each line
+    read as the screen reads it (`screen_text.passages`: normalised, HTML comments, link titles and alt texts
+    included); `first_line` is the file's line number of the body's first line (after the front matter). The
+    whole screen (the patterns, then the classifier) is `kb_reindex.services.screen`."""
+    found: dict[int, str] = {}
+    for passage in passages(body, first_line=first_line):
+        if passage.where != "paragraph" and passage.line not in found and is_instruction(passage.read):
+            found[passage.line] = passage.text
+    return tuple(sorted(found.items()))

@@ -23,6 +23,8 @@ class FlaggedLine(TypedDict):
     source: str
     line: int
     text: str
+    #: why the screen flagged it (a pattern's group, the classifier's score, where on the page); absent before
+    why: NotRequired[str]
 
 
 #: the kinds of `ContentWarning`
@@ -339,6 +341,9 @@ class ValidationResult:
     paired: PairedComparison | None = None
     probes_fingerprint: str | None = None
     flagged_instructions: tuple[FlaggedLine, ...] = ()
+    #: the instruction screen this version was judged by (kb_reindex.services.screen.Screen.describe: its
+    #: version, mode, model and weights digest); None in records made before it was kept
+    screen: dict[str, Any] | None = None
     replay: ReplayReport | None = None  # None: not run (the structural checks failed)
     #: tenant changes and duplicates this validation found (instruction-like lines are `flagged_instructions`)
     warnings: tuple[ContentWarning, ...] = ()
@@ -362,6 +367,8 @@ class ValidationResult:
             "replay": self.replay.to_dict() if self.replay is not None else None,
             "warnings": [w.to_dict() for w in self.warnings],
         }
+        if self.screen is not None:
+            out["screen"] = self.screen
         if self.report is not None:
             out["report"] = self.report
         if self.report_html is not None:
@@ -387,7 +394,7 @@ class ValidationResult:
             by_category=tuple(CategoryScore.from_dict(c) for c in data.get("by_category") or ()),
             paired=PairedComparison.from_dict(paired) if paired else None,
             probes_fingerprint=data.get("probes_fingerprint"),
-            flagged_instructions=tuple(data.get("flagged_instructions") or ()),
+            flagged_instructions=tuple(data.get("flagged_instructions") or ()), screen=data.get("screen"),
             replay=ReplayReport.from_dict(replayed) if replayed is not None else None,
             warnings=tuple(ContentWarning.from_dict(w) for w in data.get("warnings") or ()),
             report=data.get("report"), report_html=data.get("report_html"),

@@ -14,13 +14,15 @@ log = logging.getLogger(__name__)
 
 
 def warn(alias: str, warnings: tuple[ContentWarning, ...]) -> tuple[ContentWarning, ...]:
-    """Each warning once on the log: a person must see it. Nothing acts on an instruction-like line unless
-    KB_INSTRUCTION_POLICY=block; a tenant change or a duplicate is shown, never gated by itself."""
+    """Each warning once on the log: a person must see it. An instruction-like line live does not serve holds
+    the version for a person (KB_INSTRUCTION_POLICY=hold, the default), or refuses it (block); a tenant change or
+    a duplicate is shown, never gated by itself."""
     for w in warnings:
-        why = ("KB_INSTRUCTION_POLICY=block refuses such a version" if w.kind == INSTRUCTION else
+        why = ("a line live does not serve holds the version for a person under KB_INSTRUCTION_POLICY=hold, "
+               "block refuses it" if w.kind == INSTRUCTION else
                "a probe naming its tenant fails the gate if it lost its document" if w.kind == TENANT_CHANGED else
                "crowding the answers with copies; remove one of them")
-        log.warning("kb_reindex: %s: WARNING %s (shown to a person, never acted on; %s)", alias, w.message, why)
+        log.warning("kb_reindex: %s: WARNING %s (never obeyed; %s)", alias, w.message, why)
     return warnings
 
 

@@ -18,6 +18,7 @@ from kb_reindex.steps.build import BuildCounts, build, create_version
 from kb_reindex.steps.golden import load_golden_set
 from kb_reindex.domain.errors import AliasFrozen, ConfigError
 from kb_reindex.rules.content_loss import ContentLoss, content_loss
+from kb_reindex.rules.instruction_hold import Hold, InstructionHold, instruction_hold
 from kb_reindex.rules.fence import Fence
 from kb_reindex.rules.freeze import FreezeView, frozen_view
 from kb_reindex.rules.locking import reindex_lock_name
@@ -104,7 +105,7 @@ class RunResult:
     build: BuildResult | None = None
     lowered_thresholds: str | None = None
     frozen: FreezeView | None = None
-    held: ContentLoss | None = None
+    held: Hold | None = None
     cleanup: CleanupResult | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -248,7 +249,7 @@ class Promotion:
     previous_version: int | None = None
     lowered_thresholds: str | None = None
     frozen: FreezeView | None = None
-    held: ContentLoss | None = None
+    held: Hold | None = None
 
     @property
     def moved(self) -> bool:
@@ -282,7 +283,7 @@ def promote_step(deps: Deps, recorder: Recorder, plan: Plan, version_number: int
     if not request.promote:
         recorder.finish(RunOutcome.SHADOW, version=version_number, plan=plan)
         return Promotion(RunOutcome.SHADOW, version_number)
-    if (held := content_held(deps, plan, version_number)) is not None:  # a person decides, not the pipeline
+    if (held := held_for_a_person(deps, plan, version_number)) is not None:  # a person decides, not the pipeline
         recorder.finish(RunOutcome.HELD, version=version_number, plan=plan, reason=held.message(version_number))
         log.warning("kb_reindex: %s", held.message(version_number))
         return Promotion(RunOutcome.HELD, version_number, held=held)
@@ -300,6 +301,28 @@ def promote_step(deps: Deps, recorder: Recorder, plan: Plan, version_number: int
     recorder.finish(outcome, version=version_number, plan=plan)
     return Promotion(outcome, version_number, previous_version=previous,
                      lowered_thresholds=result.lowered_thresholds)
+
+
+def held_for_a_person(deps: Deps, plan: Plan, version_number: int) -> Hold | None:
+    """Why the version must wait for a person before it serves (content loss, new instruction-like lines under
+    KB_INSTRUCTION_POLICY=hold), or None: it may go live by itself."""
+    hold = Hold(loss=content_held(deps, plan, version_number), instructions=instructions_held(deps, version_number))
+    return hold if hold.held else None
+
+
+def instructions_held(deps: Deps, version_number: int) -> InstructionHold | None:
+    """Under KB_INSTRUCTION_POLICY=hold, the version's flagged lines (as its validation recorded them) that
+    live does not serve (kb_reindex.rules.instruction_hold); None when none, or under another policy."""
+    if deps.settings.instruction_policy != "hold":
+        return None
+    record = recorded_version(deps, version_number)
+    live = deps.state.live_version(deps.settings.alias)
+    flagged = (record.validation or {}).get("flagged_instructions") or []
+    served = ((live.validation or {}).get("flagged_instructions") or []) if live and live.id != record.id else flagged
+    hold = instruction_hold(flagged, served)
+    if hold.held:
+        return hold
+    return None
 
 
 def content_held(deps: Deps, plan: Plan, version_number: int) -> ContentLoss | None:

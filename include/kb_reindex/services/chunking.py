@@ -13,6 +13,7 @@ import re
 import uuid
 from dataclasses import dataclass
 
+from kb_reindex.domain.screen_text import visible_text
 from kb_reindex.services.sources import Document, sha256_text
 
 CHUNKER_NAME = "md-sections-v2"
@@ -166,8 +167,10 @@ def _pack(units: list[_Unit], size: int, overlap: int) -> list[str]:
 
 
 def chunk_document(doc: Document, *, chunk_size: int = 500, overlap: int = 50) -> list[Chunk]:
+    """The document's chunks, cut from what a reader of the page sees: HTML comments are not served to the
+    assistant (`screen_text.visible_text`; the instruction screen still reads them)."""
     chunks: list[Chunk] = []
-    for section, text in _sections(doc.body, doc.title):
+    for section, text in _sections(visible_text(doc.body), doc.title):
         body_budget = max(chunk_size - len(doc.title) - len(section) - 4, chunk_size // 2)
         for body in _pack(_units(text, body_budget), body_budget, overlap):
             body = body.strip()

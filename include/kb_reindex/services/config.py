@@ -199,16 +199,26 @@ def _payload_layout(env: Mapping[str, str]) -> str:
     return layout_spec(env.get("KB_PAYLOAD_LAYOUT", "").strip() or "native", env.get("KB_PAYLOAD_TEXT_KEY", ""))
 
 
-INSTRUCTION_POLICIES = ("warn", "block")
+INSTRUCTION_POLICIES = ("warn", "hold", "block")
+#: how the instruction screen judges (kb_reindex.services.screen): `auto` is `meaning` except with the hashing embedder
+INSTRUCTION_SCREENS = ("auto", "meaning", "patterns")
 
 
 def _instruction_policy(env: Mapping[str, str]) -> str:
-    """KB_INSTRUCTION_POLICY; the deprecated KB_BLOCK_ON_INSTRUCTIONS=true still means `block` where it is unset."""
+    """KB_INSTRUCTION_POLICY (default `hold`); the deprecated KB_BLOCK_ON_INSTRUCTIONS=true still means `block`
+    where it is unset."""
     raw = env.get("KB_INSTRUCTION_POLICY", "").strip().lower()
     if not raw:
-        return "block" if _bool(env, "KB_BLOCK_ON_INSTRUCTIONS") else "warn"
+        return "block" if _bool(env, "KB_BLOCK_ON_INSTRUCTIONS") else "hold"
     if raw not in INSTRUCTION_POLICIES:
-        raise ConfigError(f"KB_INSTRUCTION_POLICY={raw!r} is unknown; choose warn or block")
+        raise ConfigError(f"KB_INSTRUCTION_POLICY={raw!r} is unknown; choose warn, hold or block")
+    return raw
+
+
+def _instruction_screen(env: Mapping[str, str]) -> str:
+    raw = env.get("KB_INSTRUCTION_SCREEN", "").strip().lower() or "auto"
+    if raw not in INSTRUCTION_SCREENS:
+        raise ConfigError(f"KB_INSTRUCTION_SCREEN={raw!r} is unknown; choose auto, meaning or patterns")
     return raw
 
 
@@ -245,8 +255,11 @@ class Settings:
     copy_batch_size: int
     max_doc_bytes: int
     lock_ttl_s: int
-    #: `warn` (instruction-like lines are shown) or `block` (a version holding one fails validation)
-    instruction_policy: str = "warn"
+    #: `warn` (instruction-like lines are shown), `hold` (a version with a line live does not serve is built and
+    #: validated, then held for a person, as content loss is) or `block` (a version holding one fails validation)
+    instruction_policy: str = "hold"
+    #: `auto`, `meaning` (patterns, then the classifier over e5) or `patterns` (kb_reindex.services.screen)
+    instruction_screen: str = "auto"
     lock_wait_s: int = 30
     # Qdrant client options beyond the URL and key (the QdrantHook's options, and the timeout it lacks);
     # host/port come only from an Airflow Connection that names a host instead of a URL
@@ -337,6 +350,7 @@ class Settings:
             max_doc_bytes=_int(env, "KB_MAX_DOC_BYTES", 2_000_000, minimum=1),
             lock_ttl_s=_int(env, "KB_LOCK_TTL", 3600, minimum=10),
             instruction_policy=_instruction_policy(env),
+            instruction_screen=_instruction_screen(env),
             lock_wait_s=_int(env, "KB_LOCK_WAIT", 30, minimum=0),
             qdrant_https=qdrant_https,
             qdrant_prefix=env.get("KB_QDRANT_PREFIX", "").strip().strip("/") or None,

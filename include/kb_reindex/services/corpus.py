@@ -17,6 +17,7 @@ import hashlib
 import time
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
+from collections.abc import Mapping
 from typing import NamedTuple
 
 from kb_reindex.services.chunking import Chunk, chunk_document, chunking_version
@@ -35,8 +36,13 @@ from kb_reindex.services.sources import (
     read_bytes,
 )
 from kb_reindex.services.state.manifests import FileHash
-from kb_reindex.domain.instructions import flag_instructions
 from kb_reindex.domain.validation_model import FlaggedLine
+from kb_reindex.domain.screen_text import Passage, passages
+from kb_reindex.services.screen import Flag, ScoreMemory, Screen, patterns_screen
+
+#: knowledge key -> (content hash, flagged lines) of live's documents, as live's plan judged them with the same
+#: screen: a document whose content hash is still that is not judged again
+Carried = Mapping[str, tuple[str, tuple[Flag, ...]]]
 
 # A recorded hash is trusted for a file only if its mtime is older than the recording by this margin: a
 # write within the same mtime tick as the recording (coarse filesystems: 1-2 s) may not change the mtime.
@@ -66,7 +72,7 @@ class ChunkRef(NamedTuple):
 class ScannedDocument:
     info: DocumentInfo
     chunks: tuple[ChunkRef, ...]
-    flagged: tuple[tuple[int, str], ...]  # (line number, text) of instruction-like lines
+    flagged: tuple[Flag, ...]  # (line number, text, why) of instruction-like lines
 
 
 @dataclass(frozen=True)
@@ -85,8 +91,8 @@ class CorpusScan:
         return [c for d in self.documents for c in d.chunks]
 
     def flagged_lines(self) -> list[FlaggedLine]:
-        return [{"knowledge_key": d.info.knowledge_key, "source": d.info.source, "line": number, "text": text}
-                for d in self.documents for number, text in d.flagged]
+        return [{"knowledge_key": d.info.knowledge_key, "source": d.info.source, "line": f.line, "text": f.text,
+                 "why": f.why} for d in self.documents for f in d.flagged]
 
 
 def info_of(doc: Document) -> DocumentInfo:
@@ -94,21 +100,54 @@ def info_of(doc: Document) -> DocumentInfo:
                         category=doc.category, tenant=doc.tenant, content_hash=doc.content_hash)
 
 
-def _scan_document(doc: Document, *, chunk_size: int, overlap: int) -> ScannedDocument:
-    chunks = tuple(ChunkRef(c.knowledge_key, c.chunk_index, c.chunk_hash, c.point_id)
-                   for c in chunk_document(doc, chunk_size=chunk_size, overlap=overlap))
-    return ScannedDocument(info=info_of(doc), chunks=chunks,
-                           flagged=flag_instructions(doc.body, first_line=doc.body_line))
+def carried_flags(doc: Document, carried: Carried | None) -> tuple[Flag, ...] | None:
+    """The document's flagged lines as live's plan found them, when the document is live's unchanged (same
+    content hash) and was judged by the same screen (`carried`); None: it must be judged now."""
+    if carried is not None and (was := carried.get(doc.knowledge_key)) is not None and was[0] == doc.content_hash:
+        return was[1]
+    return None
+
+
+#: passages a scan collects from the documents it must judge before the screen scores them in one call
+JUDGE_BATCH = 4096
 
 
 def scan_corpus(docs: KnowledgeSource | Path, *, max_bytes: int, chunk_size: int, overlap: int,
-                hashes: dict[str, FileHash] | None = None, default_tenant: str = DEFAULT_TENANT) -> CorpusScan:
+                hashes: dict[str, FileHash] | None = None, default_tenant: str = DEFAULT_TENANT,
+                screen: Screen | None = None, carried: Carried | None = None,
+                memory: ScoreMemory | None = None) -> CorpusScan:
     """Every document's facts and chunk references, sorted by key; each body is dropped once scanned.
-    Errors as `sources.load_corpus` reports them. `hashes` receives what a plan records of every file."""
+    Errors as `sources.load_corpus` reports them. `hashes` receives what a plan records of every file.
+    `screen` judges the instruction-like lines (default: the patterns alone) of each document `carried` does
+    not already hold unchanged, the passages of many documents at once (`JUDGE_BATCH`); `memory`: the
+    classifier's scores kept by earlier plans (a line judged before is looked up, not embedded)."""
     started_ns = time.time_ns()
     listed: dict[str, ListedFile] = {}
-    scanned = [_scan_document(document, chunk_size=chunk_size, overlap=overlap)
-               for document in iter_corpus(docs, max_bytes=max_bytes, listed=listed, default_tenant=default_tenant)]
+    screen = screen or patterns_screen()
+    scanned: list[ScannedDocument] = []
+    waiting: list[tuple[DocumentInfo, tuple[ChunkRef, ...], list[Passage]]] = []
+
+    def judge_waiting() -> None:
+        judged = screen.flag_pages([found for _, _, found in waiting], memory=memory)
+        scanned.extend(ScannedDocument(info=info, chunks=chunks, flagged=flagged)
+                       for (info, chunks, _), flagged in zip(waiting, judged, strict=True))
+        waiting.clear()
+
+    pending = 0
+    for doc in iter_corpus(docs, max_bytes=max_bytes, listed=listed, default_tenant=default_tenant):
+        chunks = tuple(ChunkRef(c.knowledge_key, c.chunk_index, c.chunk_hash, c.point_id)
+                       for c in chunk_document(doc, chunk_size=chunk_size, overlap=overlap))
+        flagged = carried_flags(doc, carried)
+        if flagged is not None:
+            scanned.append(ScannedDocument(info=info_of(doc), chunks=chunks, flagged=flagged))
+            continue
+        found = passages(doc.body, first_line=doc.body_line)
+        waiting.append((info_of(doc), chunks, found))
+        pending += len(found)
+        if pending >= JUDGE_BATCH:
+            judge_waiting()
+            pending = 0
+    judge_waiting()
     scanned.sort(key=lambda d: d.info.knowledge_key)
     if hashes is not None:
         for d in scanned:
@@ -178,14 +217,15 @@ def quick_fingerprint(docs: KnowledgeSource | Path, recorded: dict[str, FileHash
     return QuickScan(fingerprint=corpus_fingerprint(pairs), keys=[p.knowledge_key for p in pairs], rehashed=rehashed)
 
 
-def instruction_lines(docs: KnowledgeSource | Path, *, max_bytes: int) -> list[FlaggedLine]:
+def instruction_lines(docs: KnowledgeSource | Path, *, max_bytes: int, screen: Screen | None = None) -> list[FlaggedLine]:
     """The instruction-like lines of every document, as `CorpusScan.flagged_lines` lists them, without
     chunking anything: for a step that has no scan of its own (an Airflow validate task, a rollback)."""
-    found = [(doc.knowledge_key, doc.source, flag_instructions(doc.body, first_line=doc.body_line))
+    screen = screen or patterns_screen()
+    found = [(doc.knowledge_key, doc.source, screen.flag(doc.body, first_line=doc.body_line))
              for doc in iter_corpus(docs, max_bytes=max_bytes)]
     found.sort(key=lambda item: item[0])
-    return [{"knowledge_key": key, "source": source, "line": number, "text": text}
-            for key, source, flagged in found for number, text in flagged]
+    return [{"knowledge_key": key, "source": source, "line": f.line, "text": f.text, "why": f.why}
+            for key, source, flagged in found for f in flagged]
 
 
 class DocumentTexts:

@@ -55,6 +55,23 @@ def e5_model(name: str) -> E5Model:
     return model
 
 
+def e5_arrays(texts: Sequence[str], *, model: str = "multilingual-e5-small", batch_size: int = 4096) -> Any:
+    """The passage vectors of `texts` as one float32 numpy array (len(texts) x dim), for a caller that computes
+    with them rather than storing them (the instruction screen's classifier); the same engine and weights the
+    embedder uses, loaded once per process. Short texts go to the engine in large calls: it packs them into
+    forward passes of up to 16k tokens without padding, and each pass reads the 4-bit weights once, so 235
+    short lines cost about half as much in one call as in calls of 32."""
+    import numpy as np
+
+    served = e5_model(model)
+    engine = _engine(served.variant)
+    parts = []
+    for start in range(0, len(texts), batch_size):
+        with _ENGINE_LOCK:
+            parts.append(engine.encode(list(texts[start : start + batch_size]), False))
+    return np.vstack(parts) if parts else np.zeros((0, served.dim), dtype=np.float32)
+
+
 class E5Embedder:
     """multilingual-e5-small, in process and batched: `embed` for chunks (`passage: `), `embed_queries` for
     questions (`query: `); L2-normalised 384-d vectors, checked like every other embedder's."""

@@ -16,7 +16,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -63,13 +63,16 @@ class RegistryEntry(BaseModel):
     source_quiet_s: float | None = Field(default=None, ge=0, le=3600)
     #: the Airflow Connection (type aws) a DAG task reads an s3:// source with; default aws_default
     aws_conn_id: str | None = Field(default=None, min_length=1)
+    #: warn, hold or block: what an instruction-like line live does not serve does (KB_INSTRUCTION_POLICY)
+    instruction_policy: Literal["warn", "hold", "block"] | None = None
 
 
 #: the environment variable each registry key overrides (what `Settings.from_env` reads)
 ENV_OF_KEY = {"source": "KB_KNOWLEDGE_DIR", "golden_set": "KB_GOLDEN_SET", "embedder": "KB_EMBEDDER",
               "model": "KB_EMBED_MODEL", "dimension": "KB_EMBED_DIM", "payload_layout": "KB_PAYLOAD_LAYOUT",
               "keep_versions": "KB_KEEP_VERSIONS", "chunk_size": "KB_CHUNK_SIZE", "chunk_overlap": "KB_CHUNK_OVERLAP",
-              "tenant": "KB_DEFAULT_TENANT", "source_poll_s": "KB_SOURCE_POLL_S", "source_quiet_s": "KB_SOURCE_QUIET_S"}
+              "tenant": "KB_DEFAULT_TENANT", "source_poll_s": "KB_SOURCE_POLL_S", "source_quiet_s": "KB_SOURCE_QUIET_S",
+              "instruction_policy": "KB_INSTRUCTION_POLICY"}
 
 
 @dataclass(frozen=True)

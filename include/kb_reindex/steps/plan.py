@@ -9,7 +9,8 @@ to embed and the flagged lines; every later step reads that, never the knowledge
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+import time
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -18,7 +19,8 @@ from kb_reindex.rules.audit import audit_live
 from kb_reindex.rules.content_warnings import warn
 from kb_reindex.services.chunking import chunking_version
 from kb_reindex.services.config import DEFAULT_DIMS, model_or_default
-from kb_reindex.services.corpus import CorpusScan, cache_root, quick_fingerprint, scan_corpus
+from kb_reindex.services.corpus import Carried, CorpusScan, cache_root, quick_fingerprint, scan_corpus
+from kb_reindex.services.screen import Flag, ScoreMemory, Screen, screen_for
 from kb_reindex.services.embedding import check_model_served
 from kb_reindex.domain.errors import ConfigError, DimensionMismatch, StateDriftError
 from kb_reindex.steps.golden import check_golden_set
@@ -119,7 +121,8 @@ def prepare(
         unchanged = _unchanged_from_hashes(deps, live, recipe, notes=notes, audit=audit, record=record)
         if unchanged is not None:
             return unchanged
-    scan = _scan(deps, record=record)
+    screen = screen_for(settings.instruction_screen, target.embedder)
+    scan = _scan(deps, record=record, screen=screen, carried=carried_flags(deps, live, screen))
     return _plan_scan(deps, scan, live, recipe, kind=kind, force_full=force_full, notes=notes, audit=audit)
 
 
@@ -175,13 +178,53 @@ def _unchanged_from_hashes(deps: Deps, live: VersionRecord, recipe: Recipe, *, n
     return Prepared(plan=plan, scan=None, live=live)
 
 
-def _scan(deps: Deps, *, record: bool) -> CorpusScan:
+def carried_flags(deps: Deps, live: VersionRecord | None, screen: Screen) -> Carried | None:
+    """Live's documents with the lines its plan flagged, when live was judged by this very screen: the scan
+    judges only the documents that changed since. None (judge every document): nothing live, another screen
+    (new weights, another mode), or no snapshot of live's plan to read them from."""
+    if live is None or ((live.validation or {}).get("screen") or {}).get("version") != screen.version:
+        return None
+    snapshot = deps.state.snapshot(live.id)
+    if snapshot is None:
+        return None
+    by_key: dict[str, list[Flag]] = {}
+    for f in snapshot.flagged:
+        key = f.get("knowledge_key") or knowledge_key_for(f["source"])
+        by_key.setdefault(key, []).append(Flag(f["line"], f["text"], f.get("why", "")))
+    return {key: (content_hash, tuple(by_key.get(key, ())))
+            for key, content_hash in deps.state.manifest_document_hashes(live.id).items()}
+
+
+class _Recall:
+    """The state DB's kept screen scores, read and never written (a plan that records nothing: a preview)."""
+
+    def __init__(self, memory: ScoreMemory) -> None:
+        self._memory = memory
+
+    def recall_scores(self, classifier: str, digests: Sequence[str]) -> dict[str, float]:
+        return self._memory.recall_scores(classifier, digests)
+
+    def remember_scores(self, classifier: str, scores: dict[str, float]) -> None:
+        return None
+
+
+def _scan(deps: Deps, *, record: bool, screen: Screen | None = None, carried: Carried | None = None) -> CorpusScan:
     """Every document and chunk of the knowledge folder (the file hashes recorded when asked), with the
-    golden set and its replay gate checked against them."""
+    golden set and its replay gate checked against them; `screen` judges the documents `carried` lacks."""
     settings = deps.settings
     recorded: dict[str, Any] | None = {} if record else None
+    started = time.perf_counter()
+    judged_before = screen.judged_documents if screen else 0
+    embedded_before = screen.classifier.embedded if screen and screen.classifier else 0
     scan = scan_corpus(deps.knowledge, max_bytes=settings.max_doc_bytes, chunk_size=settings.chunk_size,
-                       overlap=settings.chunk_overlap, hashes=recorded, default_tenant=settings.default_tenant)
+                       overlap=settings.chunk_overlap, hashes=recorded, default_tenant=settings.default_tenant,
+                       screen=screen, carried=carried, memory=deps.state if record else _Recall(deps.state))
+    if screen is not None:
+        embedded = screen.classifier.embedded - embedded_before if screen.classifier else 0
+        log.info("kb_reindex: scanned %d documents in %.2fs; the instruction screen (%s) judged %d of them (the "
+                 "others are live's unchanged), embedding %d line(s) no plan had judged before",
+                 len(scan.documents), time.perf_counter() - started, screen.version,
+                 screen.judged_documents - judged_before, embedded)
     if recorded:
         deps.state.record_file_hashes(cache_root(deps.knowledge, settings.default_tenant), recorded,
                                       replace_all=True)

@@ -33,6 +33,7 @@ from kb_reindex.domain.model import VersionStatus
 from kb_reindex.steps.duplicates import duplicate_warnings
 from kb_reindex.steps.replay import load_replay_gate, replay
 from kb_reindex.services.runtime import Deps
+from kb_reindex.services.screen import screen_for
 from kb_reindex.services.state.clock import utcnow
 from kb_reindex.services.state.manifests import ManifestDocument
 from kb_reindex.services.state.versions import VersionRecord
@@ -216,6 +217,7 @@ def _validate(deps: Deps, version: VersionRecord, *, min_hit_rate: float | None,
         live_mrr=None if live_mrr is None else round(live_mrr, 4),
         probes=probes, by_category=tuple(by_category), paired=paired, probes_fingerprint=probes_fingerprint,
         flagged_instructions=tuple(flagged), replay=replayed,
+        screen=screen_for(deps.settings.instruction_screen, version.embedder).describe(),
         warnings=warn(deps.settings.alias, content_checks(deps, version, documents, baseline, base_documents)
                       if structural_ok else ()),
     )

@@ -168,6 +168,19 @@ file_hashes = sa.Table(
     **MYSQL_TABLE,
 )
 
+# The instruction screen's classifier scores (kb_reindex.services.screen), by the classifier that scored them
+# (model and weights digest) and the SHA-256 of the normalised text: a line judged once is looked up, not
+# embedded again, by any later plan (a one-line edit embeds its new line only). Shared by every knowledge base
+# of the state DB; the rows of weights no longer shipped are dead weight, not wrong answers.
+screen_scores = sa.Table(
+    "kb_screen_scores",
+    metadata,
+    sa.Column("classifier", sa.String(128), primary_key=True),
+    sa.Column("text_sha256", sa.String(64), primary_key=True),
+    sa.Column("score", sa.Float, nullable=False),
+    **MYSQL_TABLE,
+)
+
 runs = sa.Table(
     "kb_runs",
     metadata,

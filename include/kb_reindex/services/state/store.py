@@ -15,6 +15,7 @@ from kb_reindex.services.state.history import HistoryMixin
 from kb_reindex.services.state.locks import LocksMixin
 from kb_reindex.services.state.manifests import ManifestsMixin
 from kb_reindex.services.state.runs import RunsMixin
+from kb_reindex.services.state.screen_scores import ScreenScoresMixin
 from kb_reindex.services.state.schema import (
     _first_line,
     _schema_guard,
@@ -28,7 +29,8 @@ from kb_reindex.services.state.slots import SlotsMixin
 from kb_reindex.services.state.versions import VersionsMixin
 
 
-class StateStore(VersionsMixin, ManifestsMixin, RunsMixin, HistoryMixin, LocksMixin, FreezesMixin, SlotsMixin):
+class StateStore(VersionsMixin, ManifestsMixin, RunsMixin, HistoryMixin, LocksMixin, FreezesMixin, SlotsMixin,
+                 ScreenScoresMixin):
     """All reads and writes of the state DB. Short transactions; nothing held across embedding calls."""
 
     def __init__(self, url: str, *, engine: sa.Engine | None = None, create: bool = True,
