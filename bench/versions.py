@@ -1,0 +1,156 @@
+"""P15: one edit -> searchable over the Qdrant test server, at growing collection sizes, with the vectors each
+edit sends to Qdrant and reads back counted at the server; this release (slots, the difference) beside the
+release before it (a full copy per version, `0a70e71`, its package taken from git) in the same run.
+
+    .venv/bin/python bench/versions.py                           # 1k, 10k, 50k chunks; ~30-40 min on 2 cores
+    .venv/bin/python bench/versions.py --sizes 1000 --edits 4    # a quick look
+
+For each release and size: a synthetic corpus (bench/corpus.py, about five chunks a document) built once by the
+CLI (`kb-reindex run`, hashing embedder: what is measured is the version model, not the model), then `--edits`
+edits, each one document rewritten to one new sentence and `kb-reindex run` timed from its start to its exit (the
+alias moved before it exits: an upper bound of edit -> searchable, with the process start and the cleanup). The
+first two edits of this release fill its second and third slots (a full copy each, once per alias and profile);
+from the third edit on an edit costs the difference. The server (this release's test server, the same protocol
+for both) counts vectors in upserts and vectors in retrieve/scroll answers. At the end, the points stored in all
+of the alias's collections. Writes `<out>/versions.json` and `<out>/versions.md`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from datetime import UTC, datetime
+from io import BytesIO
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+sys.path.insert(0, str(HERE))
+CLI = Path(sys.executable).with_name("kb-reindex")
+BEFORE = "0a70e71"
+
+
+def old_package(work: Path) -> Path:
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", "--format=tar", BEFORE, "include"],
+                             capture_output=True, check=True, timeout=60)
+    with tarfile.open(fileobj=BytesIO(archive.stdout)) as tar:
+        tar.extractall(work / "old", filter="data")
+    return work / "old" / "include"
+
+
+def kb(env: dict[str, str], *argv: str, package: Path | None) -> dict[str, Any]:
+    command = ([sys.executable, "-c", "import sys; from kb_reindex.cli import main; sys.exit(main(sys.argv[1:]))"]
+               if package is not None else [str(CLI)])
+    run_env = {**env, "PYTHONPATH": str(package)} if package is not None else env
+    done = subprocess.run([*command, *argv, "--json", "-q"], env=run_env, capture_output=True, text=True,
+                          timeout=7200)
+    return json.loads(done.stdout) if done.stdout.strip() else {"error": done.stderr[-800:]}
+
+
+def measure(work: Path, chunks: int, edits: int, release: str, package: Path | None) -> dict[str, Any]:
+    import corpus as corpus_mod
+
+    folder = work / f"{release}-{chunks}"
+    generated = corpus_mod.generate(max(1, chunks // 5))
+    corpus_mod.write_project(folder, generated, None)
+    proc = subprocess.Popen([sys.executable, "-m", "kb_reindex.testing.qdrant_server", "--port", "0", "--path",
+                             str(folder / "q")], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    url = proc.stdout.readline().split(" at ", 1)[1].split()[0]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KB_") and k != "PYTHONPATH"}
+    env.update(KB_PROJECT_ROOT=str(folder), KB_QDRANT_URL=url, KB_EMBEDDER="hashing", KB_REGISTRY="",
+               KB_KEEP_VERSIONS="2")
+    admin = httpx.Client(base_url=url, timeout=600)
+    try:
+        t0 = time.perf_counter()
+        built = kb(env, "run", package=package)
+        row: dict[str, Any] = {"release": release, "chunks": (built.get("chunks") or {}).get("total"),
+                               "first_build_s": round(time.perf_counter() - t0, 1),
+                               "first_build": built.get("outcome") or built.get("error"), "edits": []}
+        keys = sorted(generated.docs)
+        for n in range(edits):
+            key = keys[(n * 7919) % len(keys)]
+            sentence = f"本条于今日更新（第{n + 1}次）：第{chunks}号规则全文改为线下门店统一受理。"
+            (folder / "knowledge" / "docs" / f"{key}.md").write_text(f"# {key}\n\n{sentence}\n", encoding="utf-8")
+            admin.delete("/__vectors")
+            t0 = time.perf_counter()
+            answer = kb(env, "run", package=package)
+            took = time.perf_counter() - t0
+            counts = admin.get("/__vectors").json()
+            build = answer.get("build") or {}
+            row["edits"].append({"edit": n + 1, "s": round(took, 2), "outcome": answer.get("outcome"),
+                                 "written": counts["written"], "read": counts["read"],
+                                 "embedded": (answer.get("chunks") or {}).get("embedded"),
+                                 "copied": (answer.get("chunks") or {}).get("copied"), "kept": build.get("kept"),
+                                 "collection": answer.get("collection")})
+        names = [c["name"] for c in admin.get("/collections").json()["result"]["collections"]]
+        row["collections"] = len(names)
+        row["points_stored"] = sum(admin.post(f"/collections/{name}/points/count", json={"exact": True})
+                                   .json()["result"]["count"] for name in names)
+        return row
+    finally:
+        admin.close()
+        proc.terminate()
+        proc.wait(timeout=60)
+
+
+def markdown(result: dict[str, Any]) -> str:
+    lines = [f"{result['at']} · {result['machine']} · load {result['load_at_start']:.1f} at start · hashing embedder · "
+             f"Qdrant test server · `{result['command']}`", "",
+             "| release | chunks | first build s | edit s (each) | vectors written / read back (each edit) | "
+             "points stored after | collections |", "|---|---|---|---|---|---|---|"]
+    for r in result["rows"]:
+        lines.append(f"| {r['release']} | {r['chunks']} | {r['first_build_s']} | "
+                     + ", ".join(str(e["s"]) for e in r["edits"]) + " | "
+                     + ", ".join(f"{e['written']} / {e['read']}" for e in r["edits"])
+                     + f" | {r['points_stored']} | {r['collections']} |")
+    steady = {(r["release"], r["chunks"]): r["edits"][-1]["s"] for r in result["rows"] if r["edits"]}
+    sizes = sorted({r["chunks"] for r in result["rows"] if r["chunks"]})
+    if len(sizes) > 1:
+        lines.append("")
+        for release in ("slots", "before"):
+            base = steady.get((release, sizes[0]))
+            if base:
+                lines.append(f"- {release}: last edit at " + ", ".join(
+                    f"{size} chunks {steady[(release, size)] / base:.2f}x" for size in sizes[1:]
+                    if (release, size) in steady) + f" the one at {sizes[0]}")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="1000,10000,50000")
+    parser.add_argument("--edits", type=int, default=4)
+    parser.add_argument("--before-edits", type=int, default=2, help="edits of the release before (each a full copy)")
+    parser.add_argument("--out", type=Path, default=HERE / "results")
+    args = parser.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",") if s]
+    result: dict[str, Any] = {"at": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+                              "machine": f"{platform.machine()} {os.cpu_count()} cores",
+                              "load_at_start": os.getloadavg()[0], "command": " ".join(["bench/versions.py", *sys.argv[1:]]),
+                              "rows": []}
+    with tempfile.TemporaryDirectory(prefix="kb-p15-") as tmp:
+        work = Path(tmp)
+        package = old_package(work)
+        for chunks in sizes:
+            result["rows"].append(measure(work, chunks, args.edits, "slots", None))
+            result["rows"].append(measure(work, chunks, args.before_edits, "before", package))
+            print(json.dumps(result["rows"][-2:], ensure_ascii=False), flush=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "versions.json").write_text(json.dumps(result, ensure_ascii=False, indent=2), encoding="utf-8")
+    (args.out / "versions.md").write_text(markdown(result), encoding="utf-8")
+    print(markdown(result))
+
+
+if __name__ == "__main__":
+    main()
