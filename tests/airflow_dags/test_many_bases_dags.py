@@ -60,6 +60,28 @@ def test_each_knowledge_base_gets_its_own_dags(airflow_db: None, registry_projec
     assert bag.dags[f"knowledge_reindex__{SELLER}"].schedule is None
 
 
+def test_on_calls_tasks_run_on_their_own_lane_and_builds_never_on_it(airflow_db: None, registry_project: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the lane `make airflow` and the compose stack set (KB_ONCALL_POOL, KB_ONCALL_QUEUE): the rollback and
+    the shadow promotion in on-call's pool and queue with the highest weight; no task of a build there."""
+    from kb_reindex.airflow.lanes import ONCALL_PRIORITY
+
+    monkeypatch.setenv("KB_ONCALL_POOL", "kb_oncall")
+    monkeypatch.setenv("KB_ONCALL_QUEUE", "kb_oncall")
+    bag = dagbag()
+    assert bag.import_errors == {}
+    for kb in (SHOP, SELLER):
+        for dag_id, task_id in ((f"knowledge_rollback__{kb}", "rollback"),
+                                (f"knowledge_promote_shadow__{kb}", "promote_shadow")):
+            t = bag.dags[dag_id].get_task(task_id)
+            assert (t.pool, t.queue, t.priority_weight, t.weight_rule) == (
+                "kb_oncall", "kb_oncall", ONCALL_PRIORITY, "absolute"), dag_id
+        others = [t for kind in ("knowledge_reindex", "knowledge_model_migration", "knowledge_watch")
+                  for t in bag.dags[f"{kind}__{kb}"].tasks]
+        assert others and all(t.pool != "kb_oncall" and t.queue != "kb_oncall" for t in others)
+        assert max(t.priority_weight for t in others) < ONCALL_PRIORITY
+
+
 def test_a_refused_entry_keeps_the_others_and_is_named_in_the_import_errors(airflow_db: None,
                                                                            registry_project: Path) -> None:
     registry = registry_project / "knowledge" / "registry.yaml"

@@ -26,6 +26,7 @@ from airflow.sdk import (DAG, Asset, AssetOrTimeSchedule, AssetWatcher, CronTrig
                          task)
 
 from kb_reindex.airflow.constants import BUILD_SLICE_SIZE, alias_asset, current_run_id, triggering_user
+from kb_reindex.airflow.lanes import oncall_lane
 from kb_reindex.domain.errors import ConfigError
 from kb_reindex.domain.model import RunKind
 from kb_reindex.services.registry import KnowledgeBase, load_registry
@@ -255,7 +256,8 @@ def watch_dag(kb: KnowledgeBase, *, doc_md: str | None) -> DAG:
 
 
 def rollback_dag(kb: KnowledgeBase, *, doc_md: str | None) -> DAG:
-    """On-call's rollback of `kb`'s alias: unpaused from the start, off the build pool, never waiting for a build."""
+    """On-call's rollback of `kb`'s alias: unpaused from the start, on on-call's lane (its own queue and pool,
+    the highest weight: kb_reindex.airflow.lanes), never waiting for a build."""
     name = task_kb(kb)
 
     # on-call's way back must work from the first minute of a fresh install
@@ -281,8 +283,8 @@ def rollback_dag(kb: KnowledgeBase, *, doc_md: str | None) -> DAG:
         },
     )
     def knowledge_rollback() -> None:
-        # default_pool, not the build pool: the build slices of a long reindex fill that one
-        @task(retries=0, outlets=[alias_asset(kb.alias)])
+        # on-call's lane (kb_reindex.airflow.lanes), never the build pool: a long reindex's slices fill that one
+        @task(retries=0, outlets=[alias_asset(kb.alias)], **oncall_lane().task_args())
         def rollback(params: dict | None = None) -> dict:
             from kb_reindex.airflow.tasks import rollback_task
 
@@ -317,7 +319,8 @@ def promote_shadow_dag(kb: KnowledgeBase, *, doc_md: str | None) -> DAG:
         },
     )
     def knowledge_promote_shadow() -> None:
-        @task(pool=kb.pool, retries=0, outlets=[alias_asset(kb.alias)])
+        # on-call's lane, like the rollback: it opens Qdrant as any step does (a local-mode folder waits its turn)
+        @task(retries=0, outlets=[alias_asset(kb.alias)], **oncall_lane().task_args())
         def promote_shadow(params: dict | None = None) -> dict:
             from kb_reindex.airflow.tasks import promote_shadow_task
 
