@@ -21,7 +21,7 @@ import os
 import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import NotRequired, TypedDict
 
 from kb_reindex.domain.errors import ConfigError
 
@@ -39,6 +39,15 @@ ONCALL_PRIORITY = 10_000
 SIZED_BY = "kb-reindex"
 
 
+class OnCallTaskArgs(TypedDict):
+    """The `@task` arguments that put a task on on-call's lane."""
+
+    pool: str
+    priority_weight: int
+    weight_rule: str
+    queue: NotRequired[str]
+
+
 @dataclass(frozen=True)
 class OnCallLane:
     """Where on-call's tasks run: their pool, their Celery queue (None: Airflow's default) and their weight."""
@@ -46,10 +55,12 @@ class OnCallLane:
     pool: str = DEFAULT_POOL
     queue: str | None = None
 
-    def task_args(self) -> dict[str, Any]:
+    def task_args(self) -> OnCallTaskArgs:
         """The `@task` arguments of a task on this lane."""
-        return {"pool": self.pool, "priority_weight": ONCALL_PRIORITY, "weight_rule": "absolute",
-                **({"queue": self.queue} if self.queue else {})}
+        args = OnCallTaskArgs(pool=self.pool, priority_weight=ONCALL_PRIORITY, weight_rule="absolute")
+        if self.queue:
+            args["queue"] = self.queue
+        return args
 
 
 def oncall_lane(env: Mapping[str, str] | None = None) -> OnCallLane:
