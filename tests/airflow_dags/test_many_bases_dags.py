@@ -88,10 +88,15 @@ def test_a_refused_entry_keeps_the_others_and_is_named_in_the_import_errors(airf
     registry.write_text(registry.read_text(encoding="utf-8") + "  wiki:\n    source: wiki\n    shedule: '@hourly'\n",
                         encoding="utf-8")
     bag = dagbag()
-    assert sorted(bag.dag_ids) == sorted(f"{kind}__{kb}" for kind in KINDS for kb in (SHOP, SELLER))
+    # the refused entry keeps on-call's rollback DAG alone, its doc saying why
+    assert sorted(bag.dag_ids) == sorted([*(f"{kind}__{kb}" for kind in KINDS for kb in (SHOP, SELLER)),
+                                          "knowledge_rollback__wiki"])
     [(where, error)] = bag.import_errors.items()
     assert where.endswith("dags/knowledge_registry.py")
     assert "registry.yaml: knowledge base 'wiki': shedule: unknown key" in error
+    rollback = bag.dags["knowledge_rollback__wiki"]
+    assert "kb:wiki" in rollback.tags and rollback.is_paused_upon_creation is False
+    assert rollback.doc_md.startswith("**Its registry entry is refused") and "shedule: unknown key" in rollback.doc_md
 
 
 def test_parsing_the_registrys_dags_imports_nothing_heavy(registry_project: Path) -> None:
@@ -136,8 +141,21 @@ def test_a_knowledge_bases_reindex_runs_end_to_end_and_announces_its_alias(airfl
     try:
         assert state.list_runs(SELLER, limit=1)[0].run_id == f"airflow:{dag_id}:{run.run_id}"
         assert state.list_runs(SHOP) == []
+        # its plan recorded the entry it ran with: what its rollback acts from once the entry stops loading
+        kept, entry = state.recorded_entry(SELLER), select_knowledge_base(SELLER).recorded()
+        assert kept is not None and (kept.registry, kept.schedule, dict(kept.env)) == (entry.registry, None,
+                                                                                      dict(entry.env))
     finally:
         state.dispose()
+    from kb_reindex.airflow.connections import task_base, task_settings
+
+    registry = registry_project / "knowledge" / "registry.yaml"
+    registry.write_text(registry.read_text(encoding="utf-8").replace("    schedule: null", "    schedul: null"),
+                        encoding="utf-8")
+    base = task_base(SELLER, on_call=True)
+    assert "schedul: unknown key" in (base.problem or "") and base.recorded_at is not None
+    on_call, _headers = task_settings(SELLER, on_call=True)
+    assert (on_call.alias, on_call.qdrant_path) == (SELLER, settings.qdrant_path), "the store it served from"
 
 
 def test_each_watched_source_schedules_its_reindex_on_its_time_schedule_or_a_change(
