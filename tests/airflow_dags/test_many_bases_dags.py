@@ -185,3 +185,12 @@ def test_each_watched_source_schedules_its_reindex_on_its_time_schedule_or_a_cha
     assert [a.name for a in seller.timetable.asset_condition.objects] == [f"kb_source_{SELLER}"]
     unwatched = bag.dags["knowledge_reindex__unwatched"]
     assert unwatched.timetable.expression == "0 0 * * *" and unwatched.is_paused_upon_creation is None
+    # what the README says of `make airflow`: which DAGs start unpaused and which paused
+    readme = " ".join((REPO / "README.md").read_text(encoding="utf-8").split())
+    assert "DAGs start paused" not in readme
+    assert ("Every `knowledge_reindex__*` whose source is watched (the default, `KB_SOURCE_POLL_S` 15) starts unpaused"
+            in readme and "only `knowledge_model_migration__*` (and a reindex with `source_poll_s: 0`) starts paused"
+            in readme)
+    for kind in ("knowledge_reindex", "knowledge_rollback", "knowledge_promote_shadow", "knowledge_watch"):
+        assert bag.dags[f"{kind}__{SHOP}"].is_paused_upon_creation is False, kind
+    assert bag.dags[f"knowledge_model_migration__{SHOP}"].is_paused_upon_creation is None  # Airflow's default: paused
