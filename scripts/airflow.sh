@@ -49,6 +49,11 @@ export KB_PROJECT_ROOT="${KB_PROJECT_ROOT:-$root}"
 export KB_EMBEDDER="${KB_EMBEDDER:-e5}"
 # the knowledge bases: the shipped registry (the shop's help centre and the sellers' rules) unless KB_REGISTRY
 # names another; KB_REGISTRY= (empty) serves the one knowledge base KB_ALIAS and the KB_* settings describe
+if [ -z "${KB_REGISTRY+set}" ] && { [ -n "${KB_ALIAS:-}" ] || [ -n "${KB_KNOWLEDGE_DIR:-}" ]; }; then
+  echo "warning: KB_ALIAS/KB_KNOWLEDGE_DIR are set but KB_REGISTRY is not: serving the shipped registry" \
+    "knowledge/registry.yaml, whose entries they do not change; KB_REGISTRY= (empty) serves the one knowledge" \
+    "base they describe" >&2
+fi
 export KB_REGISTRY="${KB_REGISTRY-knowledge/registry.yaml}"
 # on-call's lane: its pool (every component parses the DAG files with the same value) and the parallelism the
 # pools are sized against
@@ -77,6 +82,14 @@ case "$AIRFLOW__CORE__EXECUTOR" in
     [ -z "$KB_ONCALL_QUEUE" ] || components+=("worker-oncall")
     ;;
 esac
+
+# what the components are started with, for an `airflow` command typed by hand against this stack (`airflow
+# connections add`, `airflow pools set`: on PostgreSQL it needs the metadata DB's async URL too): every AIRFLOW*
+# variable, to source first (its DB URLs may hold a password: readable by this user alone)
+( umask 077
+  { echo "# written by scripts/airflow.sh: \`source $run/airflow-env.sh\` before an airflow command against this stack"
+    for name in $(compgen -e | grep '^AIRFLOW' | sort); do printf 'export %s=%q\n' "$name" "${!name}"; done
+  } > "$run/airflow-env.sh" )
 
 source "$root/scripts/processes.sh"  # running, start_ticks
 alive() { [ -f "$run/$1.pid" ] && running "$(cat "$run/$1.pid")"; }
@@ -160,3 +173,4 @@ login="$(python -c "import json, sys; users = json.load(open(sys.argv[1])); prin
 echo "Airflow is up: $base  (login: $login; executor $AIRFLOW__CORE__EXECUTOR)"
 echo "Knowledge index page: $base/knowledge-index/ui"
 echo "home $AIRFLOW_HOME, logs and pids in $run; stop with: make airflow-stop"
+echo "airflow commands by hand against it: source $run/airflow-env.sh first"

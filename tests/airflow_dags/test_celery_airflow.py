@@ -325,6 +325,18 @@ def test_scheduler_killed_and_broker_restarted_mid_run_the_run_still_promotes(ce
     assert status["problems"] == [] and status["live"]["version"] == before + 1
 
 
+def test_an_airflow_command_by_hand_reaches_the_stack_after_sourcing_its_env_file(celery_airflow: LocalAirflow) -> None:
+    """`airflow connections add` against the PostgreSQL metadata DB needs what the components were started with (its
+    async URL among it): `make airflow` writes it to run/airflow-env.sh and says so."""
+    airflow = celery_airflow
+    env = {name: value for name, value in airflow.env.items() if not name.startswith("AIRFLOW")}
+    added = subprocess.run(["bash", "-c", f"source {airflow.home / 'run' / 'airflow-env.sh'} && airflow connections add "
+                            "kb_by_hand --conn-type http --conn-host example.invalid"], env=env, capture_output=True,
+                           text=True, timeout=180)
+    assert added.returncode == 0, added.stdout + added.stderr
+    assert airflow.http.get("/connections/kb_by_hand").json()["host"] == "example.invalid"
+
+
 def test_a_rollback_runs_on_on_calls_worker_while_builds_hold_every_build_worker(celery_airflow: LocalAirflow,
                                                                                   hold: Hold) -> None:
     """Two build slices held at the embedder, one on each build worker (every build slot busy): knowledge_rollback
