@@ -32,4 +32,5 @@ from __future__ import annotations
 
 from kb_reindex.airflow.factory import for_each_knowledge_base, rollback_dag
 
-globals().update(for_each_knowledge_base(lambda kb: rollback_dag(kb, doc_md=__doc__)))
+# every knowledge base's, and a refused entry's too: a typo never takes on-call's way back away
+globals().update(for_each_knowledge_base(lambda kb: rollback_dag(kb, doc_md=__doc__), on_call=True))

@@ -1,4 +1,6 @@
-# Sourced by the demo and test scripts: a project-local Airflow home on SQLite.
+# Sourced by the demo and test scripts: a project-local Airflow home on SQLite (AIRFLOW_HOME, the DAG and plugin
+# folders, no examples). Not for `make airflow`'s stack: an airflow command by hand against that one sources the
+# $AIRFLOW_HOME/run/airflow-env.sh scripts/airflow.sh writes (docs/configuration.md "Airflow Connections").
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 export AIRFLOW_HOME="${AIRFLOW_HOME:-$root/.airflow}"
 export AIRFLOW__CORE__DAGS_FOLDER="$root/dags"

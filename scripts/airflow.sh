@@ -4,7 +4,12 @@
 # its own instance on a free port.
 #   default            LocalExecutor on SQLite (the embedded default, one machine)
 #   Celery             KB_AIRFLOW_EXECUTOR=CeleryExecutor KB_AIRFLOW_DB_URL=postgresql+psycopg2://... make airflow
-#                      adds KB_CELERY_WORKERS (2) Celery workers on the broker KB_CELERY_BROKER_URL (Redis)
+#                      adds KB_CELERY_WORKERS (2) Celery workers on the broker KB_CELERY_BROKER_URL (Redis), and
+#                      on-call's worker (worker-oncall), which takes only the queue KB_ONCALL_QUEUE (kb_oncall)
+# On-call's lane (kb_reindex.airflow.lanes): rollbacks and shadow promotions run in the pool KB_ONCALL_POOL
+# (kb_oncall, KB_ONCALL_SLOTS slots, default 2), and default_pool is sized so that every other task leaves those
+# slots of AIRFLOW__CORE__PARALLELISM (32) free; with Celery they go to on-call's own queue and worker.
+# KB_ONCALL_POOL= / KB_ONCALL_QUEUE= (empty) turn either off.
 # Run again after a component died: it starts what is missing and leaves what runs.
 # Stop it with scripts/airflow-stop.sh (make airflow-stop).
 set -euo pipefail
@@ -44,7 +49,16 @@ export KB_PROJECT_ROOT="${KB_PROJECT_ROOT:-$root}"
 export KB_EMBEDDER="${KB_EMBEDDER:-e5}"
 # the knowledge bases: the shipped registry (the shop's help centre and the sellers' rules) unless KB_REGISTRY
 # names another; KB_REGISTRY= (empty) serves the one knowledge base KB_ALIAS and the KB_* settings describe
+if [ -z "${KB_REGISTRY+set}" ] && { [ -n "${KB_ALIAS:-}" ] || [ -n "${KB_KNOWLEDGE_DIR:-}" ]; }; then
+  echo "warning: KB_ALIAS/KB_KNOWLEDGE_DIR are set but KB_REGISTRY is not: serving the shipped registry" \
+    "knowledge/registry.yaml, whose entries they do not change; KB_REGISTRY= (empty) serves the one knowledge" \
+    "base they describe" >&2
+fi
 export KB_REGISTRY="${KB_REGISTRY-knowledge/registry.yaml}"
+# on-call's lane: its pool (every component parses the DAG files with the same value) and the parallelism the
+# pools are sized against
+export KB_ONCALL_POOL="${KB_ONCALL_POOL-kb_oncall}"
+export AIRFLOW__CORE__PARALLELISM="${AIRFLOW__CORE__PARALLELISM:-32}"
 
 run="$AIRFLOW_HOME/run"
 mkdir -p "$run"
@@ -63,8 +77,19 @@ case "$AIRFLOW__CORE__EXECUTOR" in
     workers="${KB_CELERY_WORKERS:-2}"
     [[ "$workers" =~ ^[1-9][0-9]*$ ]] || { echo "KB_CELERY_WORKERS must be a whole number >= 1, not '$workers'" >&2; exit 1; }
     for i in $(seq 1 "$workers"); do components+=("worker-$i"); done
+    # on-call's queue and the worker that takes it alone: a rollback never waits for a build slice's worker
+    export KB_ONCALL_QUEUE="${KB_ONCALL_QUEUE-kb_oncall}"
+    [ -z "$KB_ONCALL_QUEUE" ] || components+=("worker-oncall")
     ;;
 esac
+
+# what the components are started with, for an `airflow` command typed by hand against this stack (`airflow
+# connections add`, `airflow pools set`: on PostgreSQL it needs the metadata DB's async URL too): every AIRFLOW*
+# variable, to source first (its DB URLs may hold a password: readable by this user alone)
+( umask 077
+  { echo "# written by scripts/airflow.sh: \`source $run/airflow-env.sh\` before an airflow command against this stack"
+    for name in $(compgen -e | grep '^AIRFLOW' | sort); do printf 'export %s=%q\n' "$name" "${!name}"; done
+  } > "$run/airflow-env.sh" )
 
 source "$root/scripts/processes.sh"  # running, start_ticks
 alive() { [ -f "$run/$1.pid" ] && running "$(cat "$run/$1.pid")"; }
@@ -83,10 +108,10 @@ if [ "${#missing[@]}" -gt 0 ]; then
   # a write pool per knowledge base (kb_qdrant_writes; with KB_REGISTRY kb_qdrant_writes__<alias>), its slots
   # KB_BUILD_PARALLELISM (build slices writing at once), checked by the settings: local mode admits one client,
   # so a larger value there, or a bad registry, stops here with the reason
-  pools="$(python -m kb_reindex.services.registry)"
-  while read -r pool slots; do
-    airflow pools set "$pool" "$slots" "Qdrant writes of kb-reindex (KB_BUILD_PARALLELISM)" >> "$run/pool.log" 2>&1 \
-      || { cat "$run/pool.log"; exit 1; }
+  # and on-call's pool with default_pool sized beside it (kb_reindex.airflow.lanes)
+  pools="$(python -m kb_reindex.airflow.lanes)"
+  while read -r pool slots description; do
+    airflow pools set "$pool" "$slots" "$description" >> "$run/pool.log" 2>&1 || { cat "$run/pool.log"; exit 1; }
   done <<< "$pools"
 fi
 
@@ -101,6 +126,12 @@ for name in ${missing[@]+"${missing[@]}"}; do
   extra=()
   case "$name" in
     api-server) command=(airflow api-server --host 127.0.0.1 --port "$port") ;;
+    worker-oncall)
+      # on-call's queue alone, as many tasks at once as on-call's pool has slots
+      extra=(env "KB_WORKER_HOSTNAME=${KB_WORKER_HOSTNAME_PREFIX:-$(hostname -s)}-worker-oncall"
+             "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT=${KB_CELERY_ONCALL_LOG_PORT:-$(( ${KB_CELERY_LOG_PORT:-8793} + workers ))}")
+      command=(airflow celery worker --celery-hostname "kb-worker-oncall@%h" --queues "$KB_ONCALL_QUEUE"
+               --concurrency "${KB_ONCALL_SLOTS:-2}") ;;
     worker-*)
       n="${name#worker-}"
       # its own Celery node name and the hostname its task instances record; its own log-server port
@@ -142,3 +173,4 @@ login="$(python -c "import json, sys; users = json.load(open(sys.argv[1])); prin
 echo "Airflow is up: $base  (login: $login; executor $AIRFLOW__CORE__EXECUTOR)"
 echo "Knowledge index page: $base/knowledge-index/ui"
 echo "home $AIRFLOW_HOME, logs and pids in $run; stop with: make airflow-stop"
+echo "airflow commands by hand against it: source $run/airflow-env.sh first"

@@ -10,9 +10,9 @@ export KB_REGISTRY="${KB_REGISTRY-knowledge/registry.yaml}"
 export PATH="$PWD/.venv/bin:$PATH"
 airflow db migrate > .airflow-migrate.log 2>&1 || { cat .airflow-migrate.log; exit 1; }
 # a write pool per knowledge base, KB_BUILD_PARALLELISM slots each (more than 1 is refused in local mode)
-pools="$(python -m kb_reindex.services.registry)"
-while read -r pool slots; do
-  airflow pools set "$pool" "$slots" "Qdrant writes of kb-reindex (KB_BUILD_PARALLELISM)" > /dev/null
+pools="$(python -m kb_reindex.airflow.lanes)"
+while read -r pool slots description; do
+  airflow pools set "$pool" "$slots" "$description" > /dev/null
 done <<< "$pools"
 dags="$(kb-reindex bases --json | python -c 'import json, sys; print(*(b["dag_id"] for b in json.load(sys.stdin)["knowledge_bases"]))')"
 : > .kb-demo.log

@@ -2,7 +2,8 @@
 # airflow-init: one-shot bootstrap of the Airflow side, run on every `docker compose up` (idempotent).
 #   1. metadata DB schema          airflow db migrate
 #   2. admin login                 SimpleAuthManager password file from AIRFLOW_ADMIN_PASSWORD
-#   3. pool                        kb_qdrant_writes, KB_BUILD_PARALLELISM slots (default 1): build slices writing at once
+#   3. pools                       kb_qdrant_writes, KB_BUILD_PARALLELISM slots (default 1): build slices writing at once;
+#                                  kb_oncall (on-call's lane) and default_pool sized beside it
 #   4. Connections                 qdrant_default, kb_state, ollama_default (recreated from .env)
 #   5. smoke check                 kb-reindex status: state DB and Qdrant reachable with these secrets
 # The Connection ids are the ones include/kb_reindex/airflow/connections.py reads. A failure here (exit != 0)
@@ -30,11 +31,13 @@ path.chmod(0o600)
 PY
 
 # a write pool per knowledge base (KB_REGISTRY's entries each kb_qdrant_writes__<alias>), KB_BUILD_PARALLELISM
-# slots each (build slices writing to Qdrant at once), as the settings accept it
-pools="$(python -m kb_reindex.services.registry)"
-while read -r pool slots; do
+# slots each (build slices writing to Qdrant at once), as the settings accept it; on-call's pool (KB_ONCALL_POOL,
+# KB_ONCALL_SLOTS) and default_pool sized so that those slots of AIRFLOW__CORE__PARALLELISM stay free for
+# rollbacks (kb_reindex.airflow.lanes)
+pools="$(python -m kb_reindex.airflow.lanes)"
+while read -r pool slots description; do
   echo "airflow-init: pool ${pool}, ${slots} slot(s)"
-  airflow pools set "$pool" "$slots" "Qdrant writes of kb-reindex (KB_BUILD_PARALLELISM)"
+  airflow pools set "$pool" "$slots" "$description"
 done <<< "$pools"
 
 # `connections add` refuses an existing id: delete first, so values changed in .env are applied.

@@ -32,6 +32,11 @@ NO_CREATE = frozenset({"status", "plan", "query"})
 STATE_ONLY = frozenset({"history", "unlock", "freeze", "unfreeze"})
 #: commands that, with several knowledge bases registered and none named, show all of them
 ALL_BASES = frozenset({"status", "bases"})
+#: on-call's commands: they act on an entry that no longer loads (refused, or removed from the registry) from its
+#: last entry that loaded, recorded in the state DB, or its alias alone (kb_reindex.run.bases.on_call_base)
+ON_CALL = frozenset({"status", "history", "rollback", "freeze", "unfreeze", "unlock"})
+#: commands that record the entry they ran with in the state DB (what ON_CALL acts from once it no longer loads)
+RECORDS_ENTRY = frozenset({"run", "migrate", "validate", "gc", "promote", "reconcile"})
 #: commands that change state or the alias take the alias's lock here; run and migrate take it inside the
 #: engine, as their DAG tasks do; rollback takes none (only the short alias lock of the move)
 LOCKED = frozenset({"validate", "gc", "drop", "reconcile", "promote", "pin", "unpin", "restore"})
@@ -297,14 +302,30 @@ def _dispatch(args: argparse.Namespace) -> int:
     from kb_reindex.services.runtime import open_deps
 
     registry = load_registry()
-    if args.command in ALL_BASES and not (args.kb or named_in()) and len(registry.bases) > 1:
+    if args.command == "bases" and not (args.kb or named_in()) and registry.path is not None:
+        from kb_reindex.services.config import state_url_from_env
+
+        return _print_bases(args, registry, state_url_from_env())  # every entry, a lone broken one too
+    if args.command in ALL_BASES and not (args.kb or named_in()) and registry.entries > 1:
         return _all_bases(args, registry)
-    kb = registry.select(args.kb)
+    if args.command in ON_CALL:
+        from kb_reindex.run.bases import on_call_base
+        from kb_reindex.services.config import state_url_from_env
+
+        kb = on_call_base(registry, args.kb, state_url_from_env())
+    else:
+        kb = registry.select(args.kb)
+    args.registry_error = kb.problem
+    if kb.problem:
+        log.warning("kb_reindex: %s; acting on %s from %s", kb.problem, kb.alias,
+                    f"its entry as it last loaded ({kb.recorded_at})" if kb.recorded_at
+                    else "its alias alone (no entry of it was recorded)")
     for refused in registry.errors:  # another entry's mistake never stops on-call acting on this one
-        log.warning("kb_reindex: %s (that knowledge base has no DAGs until it is fixed)", refused)
+        if refused != kb.problem:
+            log.warning("kb_reindex: %s (that knowledge base has only on-call's DAG until it is fixed)", refused)
     settings = kb.settings()
     if args.command == "bases":
-        return _print_bases(args, registry, settings)
+        return _print_bases(args, registry, settings.state_url)
     if args.command == "query" and args.version is None:
         # Qdrant alone: the assistant's path keeps answering while the state DB is lost, locked or down
         return args.func(args, settings)
@@ -324,6 +345,8 @@ def _dispatch(args: argparse.Namespace) -> int:
     if args.command == "run" and args.follow:
         return _follow(args, settings)
     with open_deps(settings, create=args.command not in NO_CREATE and not dry_migration) as deps:
+        if args.command in RECORDS_ENTRY and kb.registered and kb.problem is None and not dry_migration:
+            deps.state.record_entry(kb.recorded())
         if args.command == "promote" and not _confirm_promotion(args, deps):
             return 0
         if args.command in LOCKED:
@@ -484,35 +507,50 @@ def _cmd_plan(args: argparse.Namespace, deps: Any) -> int:
 
 
 def _all_bases(args: argparse.Namespace, registry: Registry) -> int:
-    """`status` or `bases` with several knowledge bases and none named: every one of them."""
-    first = registry.bases[0].settings()
+    """`status` or `bases` with several registry entries and none named: every one of them, an entry that does not
+    load among them with its refusal beside what it serves (exit 2, each refusal named on stderr)."""
+    from kb_reindex.services.config import state_url_from_env
+
+    state_url = state_url_from_env()
     if args.command == "bases":
-        return _print_bases(args, registry, first)
+        return _print_bases(args, registry, state_url)
+    from kb_reindex.run.bases import recorded_entry
+    from kb_reindex.services.registry import stand_in
     from kb_reindex.services.runtime import open_deps
 
     answers: list[dict[str, Any]] = []
-    human, code = [], 1 if registry.errors else 0
-    for kb in registry.bases:
+    human, code = [], 0
+    broken = [stand_in(alias, registry=registry.path, problem=error, recorded=recorded_entry(state_url, alias))
+              for alias, error in registry.broken.items()]
+    for kb in registry.in_order((*registry.bases, *tuple(broken))):
         try:
             with open_deps(kb.settings(), create=False) as deps:
                 s = status_view(deps)
         except ConfigError as exc:  # this one never built (or misconfigured): said, and the others still shown
-            answers.append({"alias": kb.alias, "problems": [str(exc)]})
+            answers.append({"alias": kb.alias, "problems": [str(exc)], "registry_error": kb.problem})
             human.append(f"== {kb.alias} ==\nPROBLEM: {exc}\n")
-            code = 1
+            code = max(code, 1)
             continue
-        answers.append(s.to_dict())
-        human.append(f"== {kb.alias} ==\n{_status_human(s)}\n")
+        answers.append({**s.to_dict(), "registry_error": kb.problem})
+        human.append(f"== {kb.alias} ==\n{_status_human(s)}\n"
+                     + (f"PROBLEM: registry: {kb.problem}\n" if kb.problem else ""))
         code = max(code, 1 if s.problems or s.last_run_problem else 0)
-    human += [f"PROBLEM: registry: {refused}" for refused in registry.errors]
+    human += [f"PROBLEM: registry: {refused}" for refused in registry.errors if refused not in registry.broken.values()]
     _print(args, {"knowledge_bases": answers, "refused": list(registry.errors)}, "\n".join(human))
-    return code
+    return _refusals_named(registry.errors) or code
 
 
-def _print_bases(args: argparse.Namespace, registry: Registry, settings: Settings) -> int:
+def _refusals_named(refused: Sequence[str]) -> int:
+    """A registry entry refused is a configuration error (exit 2), named on stderr: never hidden by a listing."""
+    for message in refused:
+        print(f"kb-reindex: error: registry: {message}", file=sys.stderr)
+    return 2 if refused else 0
+
+
+def _print_bases(args: argparse.Namespace, registry: Registry, state_url: str) -> int:
     from kb_reindex.run.bases import bases_view, when_it_runs
 
-    view = bases_view(registry, settings.state_url)
+    view = bases_view(registry, state_url)
     rows = [{"alias": b.alias, "live": f"v{b.live_version}" if b.live_version else "-",
              "model": f"{b.embed_model} {b.dim}-d" if b.embed_model else "-", "frozen": "FROZEN" if b.frozen else "",
              "last run": f"{b.last_run.kind} {b.last_run.outcome} {b.last_run.started_at}" if b.last_run else "-",
@@ -520,9 +558,10 @@ def _print_bases(args: argparse.Namespace, registry: Registry, settings: Setting
              "schedule": when_it_runs(b.schedule, b.source_poll_s), "problem": "; ".join(b.problems)}
             for b in view.bases]
     human = _table(rows, ["alias", "live", "model", "frozen", "shadow", "last run", "schedule", "problem"])
-    human += "".join(f"\nPROBLEM: registry: {refused}" for refused in view.refused)
+    named = {b.registry_error for b in view.bases}
+    human += "".join(f"\nPROBLEM: registry: {refused}" for refused in view.refused if refused not in named)
     _print(args, view.to_dict(), human)
-    return 1 if view.refused else 0
+    return _refusals_named(view.refused)
 
 
 def _status_human(s: StatusView) -> str:
@@ -565,8 +604,15 @@ def _metrics_human(s: StatusView) -> list[str]:
 
 
 def _cmd_status(args: argparse.Namespace, deps: Any) -> int:
+    """What serves and every version; an entry that does not load (`registry_error`): the same, its refusal
+    beside it, exit 2 (a configuration error stands)."""
     s = status_view(deps)
-    _print(args, s.to_dict(), _status_human(s))
+    refused = getattr(args, "registry_error", None)
+    _print(args, {**s.to_dict(), "registry_error": refused},
+           _status_human(s) + (f"\nPROBLEM: registry: {refused}" if refused else ""))
+    if refused:
+        print(f"kb-reindex: error: registry: {refused}", file=sys.stderr)
+        return 2
     return 1 if s.problems or s.last_run_problem else 0
 
 
@@ -831,9 +877,13 @@ def _rollback(args: argparse.Namespace, deps: Any) -> int:
             # declining is an answer, not a failure
             _print(args, {"outcome": RunOutcome.CANCELLED, "changed": False, "message": "nothing changed"}, "nothing changed")
             return 0
+    revalidate = not args.no_revalidate
+    if revalidate and getattr(args, "registry_error", None):  # its golden set may be what its entry got wrong
+        log.warning("kb_reindex: its registry entry does not load: the target is not scored on a golden set")
+        revalidate = False
     held = _rollback_freeze(args, deps)
     result = run_rollback(deps, reason=args.reason, to_version=target.version if target else None,
-                          revalidate=not args.no_revalidate, expected_live=live.version if live else None,
+                          revalidate=revalidate, expected_live=live.version if live else None,
                           by=operator())
     _print(args, {**result.to_dict(), "freeze": held.to_dict() if held else None},
            f"rolled back: v{result.from_version} -> v{result.to_version} ({result.collection})"

@@ -39,6 +39,18 @@ def test_celery_on_sqlite_or_a_bad_worker_count_is_refused_before_anything_start
     assert not list((tmp_path / "home" / "run").glob("*.pid")), "nothing was started"
 
 
+@pytest.mark.parametrize("extra, warned", [({"KB_ALIAS": "policy_wiki"}, True), ({"KB_KNOWLEDGE_DIR": "/srv/wiki"}, True),
+                                           ({"KB_ALIAS": "policy_wiki", "KB_REGISTRY": ""}, False), ({}, False)])
+def test_the_single_form_settings_without_kb_registry_are_said_to_be_ignored(tmp_path: Path, extra: dict[str, str],
+                                                                             warned: bool) -> None:
+    """`make airflow` serves the shipped registry unless KB_REGISTRY says otherwise: KB_ALIAS or KB_KNOWLEDGE_DIR set
+    alone would be ignored, so it says so (here before its refusal of Celery on SQLite stops it)."""
+    done = script("airflow.sh", base_env(tmp_path / "home", KB_AIRFLOW_EXECUTOR="CeleryExecutor", **extra))
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert ("KB_ALIAS/KB_KNOWLEDGE_DIR are set but KB_REGISTRY is not: serving the shipped registry" in done.stderr) \
+        is warned, done.stderr
+
+
 def test_stop_kills_at_once_what_a_component_killed_with_kill_9_left_behind(tmp_path: Path) -> None:
     """The scheduler killed with kill -9 stays a zombie (nobody reaps it) while a child of its session, in a
     process group of its own (as Airflow runs a task) and ignoring TERM, runs on: airflow-stop kills that group at once instead of skipping it (a zombie has no

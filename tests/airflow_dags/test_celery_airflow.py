@@ -1,7 +1,7 @@
 """`KB_AIRFLOW_EXECUTOR=CeleryExecutor make airflow`: Airflow's own way past one machine, proven for real.
 
-scripts/airflow.sh starts the api-server, scheduler, dag-processor, triggerer and two Celery workers (each its
-own process group, Celery node and hostname on the task instance) on a fresh PostgreSQL metadata DB and a Redis
+scripts/airflow.sh starts the api-server, scheduler, dag-processor, triggerer, two Celery workers and on-call's
+worker of the queue kb_oncall (each its own process group, Celery node and hostname on the task instance) on a fresh PostgreSQL metadata DB and a Redis
 broker of the module's own (a real redis-server on a free port, so the test can restart it). The state DB is on
 PostgreSQL too, Qdrant our Qdrant-protocol server, the embedder our Ollama server, whose hold keeps build slices
 in flight while the test looks at them and kills what runs them. One stack serves the module (starting it is
@@ -31,7 +31,7 @@ from urllib.parse import quote
 
 import pytest
 from conftest import REPO, create_postgres_database, drop_postgres_database, postgres_base_url
-from test_local_airflow import BIN, TEST_STACK_ENV, LocalAirflow, free_port, kb, points
+from test_local_airflow import BIN, TEST_STACK_ENV, LocalAirflow, finished_state, free_port, kb, points
 
 pytestmark = [pytest.mark.airflow, pytest.mark.celery, pytest.mark.postgres]
 
@@ -94,16 +94,17 @@ class Redis:
             self.process.wait(timeout=30)
 
 
-def two_free_ports() -> int:
-    """A free port whose next one is free too: the two workers' log servers."""
+def three_free_ports() -> int:
+    """A free port whose next two are free too: the log servers of the two workers and of on-call's."""
     while True:
         port = free_port()
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port + 1))
-                return port
-            except OSError:
-                continue
+        try:
+            with socket.socket() as a, socket.socket() as b:
+                a.bind(("127.0.0.1", port + 1))
+                b.bind(("127.0.0.1", port + 2))
+            return port
+        except OSError:
+            continue
 
 
 @pytest.fixture(scope="module")
@@ -184,7 +185,7 @@ def celery_airflow(project: Path, qdrant: Any, ollama: Any, redis: Redis, databa
     env.update(
         AIRFLOW_HOME=str(home), KB_PROJECT_ROOT=str(project), KB_AIRFLOW_PORT=str(port),
         PATH=f"{BIN}:{env.get('PATH', '')}", KB_AIRFLOW_EXECUTOR="CeleryExecutor", KB_AIRFLOW_DB_URL=airflow_db,
-        KB_CELERY_BROKER_URL=redis.url, KB_CELERY_WORKERS="2", KB_CELERY_LOG_PORT=str(two_free_ports()),
+        KB_CELERY_BROKER_URL=redis.url, KB_CELERY_WORKERS="2", KB_CELERY_LOG_PORT=str(three_free_ports()),
         KB_WORKER_HOSTNAME_PREFIX="kbtest", KB_STATE_URL=state_db, KB_QDRANT_URL=qdrant.url,
         KB_BUILD_PARALLELISM="2", KB_EMBEDDER="ollama", OLLAMA_HOST=ollama.url, KB_EMBED_MODEL="bge-m3",
         KB_EMBED_BATCH_SIZE="4", KB_EMBED_CONCURRENCY="1", KB_RETRY_DELAY_S="2", KB_AIRFLOW_START_TIMEOUT="240",
@@ -195,7 +196,8 @@ def celery_airflow(project: Path, qdrant: Any, ollama: Any, redis: Redis, databa
     try:
         out = start(env)
         assert f"http://127.0.0.1:{port}" in out and "executor CeleryExecutor" in out, out
-        assert {f"started airflow worker-{n}" for n in (1, 2)} <= {line.split(" (")[0] for line in out.splitlines()}
+        assert {f"started airflow worker-{n}" for n in (1, 2, "oncall")} <= {line.split(" (")[0]
+                                                                            for line in out.splitlines()}
         yield LocalAirflow(f"http://127.0.0.1:{port}", home, env)
     finally:
         stopped = subprocess.run(["bash", str(REPO / "scripts" / "airflow-stop.sh")], env=env, capture_output=True,
@@ -321,6 +323,53 @@ def test_scheduler_killed_and_broker_restarted_mid_run_the_run_still_promotes(ce
     airflow.wait_for_success("knowledge_reindex", run_id, 240)
     status = kb(airflow.env, "status")
     assert status["problems"] == [] and status["live"]["version"] == before + 1
+
+
+def test_an_airflow_command_by_hand_reaches_the_stack_after_sourcing_its_env_file(celery_airflow: LocalAirflow) -> None:
+    """`airflow connections add` against the PostgreSQL metadata DB needs what the components were started with (its
+    async URL among it): `make airflow` writes it to run/airflow-env.sh and says so."""
+    airflow = celery_airflow
+    env = {name: value for name, value in airflow.env.items() if not name.startswith("AIRFLOW")}
+    added = subprocess.run(["bash", "-c", f"source {airflow.home / 'run' / 'airflow-env.sh'} && airflow connections add "
+                            "kb_by_hand --conn-type http --conn-host example.invalid"], env=env, capture_output=True,
+                           text=True, timeout=180)
+    assert added.returncode == 0, added.stdout + added.stderr
+    assert airflow.http.get("/connections/kb_by_hand").json()["host"] == "example.invalid"
+
+
+def test_a_rollback_runs_on_on_calls_worker_while_builds_hold_every_build_worker(celery_airflow: LocalAirflow,
+                                                                                  hold: Hold) -> None:
+    """Two build slices held at the embedder, one on each build worker (every build slot busy): knowledge_rollback
+    runs on on-call's queue and worker, in on-call's pool with the highest weight, and moves the alias while the
+    slices are still held. Without the lane its task would queue until a build worker frees. The build's promotion
+    then meets the moved alias (its compare-and-swap) and keeps its version unpromoted."""
+    from kb_reindex.airflow.lanes import ONCALL_PRIORITY
+
+    airflow = celery_airflow
+    status = kb(airflow.env, "status")
+    live, target = status["live"]["version"], status["rollback_target"]
+    assert target is not None and target < live, status
+    run_id = start_held_run(airflow, hold)
+    try:
+        both_slices_held(airflow, hold, run_id)
+        clicked = time.monotonic()
+        # revalidate off: the held embedder would hold the target's golden-set scoring too
+        rollback = airflow.trigger("knowledge_rollback", {"reason": "bad answers during a build", "confirm": True,
+                                                          "live_version": live, "freeze": False, "revalidate": False})
+        airflow.wait_for_success("knowledge_rollback", rollback, 150)
+        took = time.monotonic() - clicked
+        assert hold.on and [t["state"] for t in build_tasks(airflow, run_id)] == ["running", "running"], \
+            "the rollback finished while both build slices still held their workers"
+        assert kb(airflow.env, "status")["live"]["version"] == target
+        ti = airflow.http.get(f"/dags/knowledge_rollback/dagRuns/{quote(rollback, safe='')}/taskInstances").json()
+        (task,) = ti["task_instances"]
+        assert (task["queue"], task["pool"], task["priority_weight"], task["hostname"]) == (
+            "kb_oncall", "kb_oncall", ONCALL_PRIORITY, "kbtest-worker-oncall"), task
+        print(f"knowledge_rollback moved the alias {took:.1f} s after it was triggered, every build slot busy")
+    finally:
+        hold.release()
+    assert finished_state(airflow, "knowledge_reindex", run_id, 240) == "failed", "its CAS met the rolled-back alias"
+    assert kb(airflow.env, "status")["live"]["version"] == target
 
 
 if __name__ == "__main__":

@@ -58,7 +58,7 @@ class LocalAirflow:
     def logs(self) -> str:
         run = self.home / "run"
         return "\n".join(f"--- {name}.log\n" + (run / f"{name}.log").read_text(errors="replace")[-2000:]
-                         for name in ("scheduler", "dag-processor", "api-server"))
+                         for name in ("scheduler", "dag-processor", "triggerer", "api-server"))
 
     def wait(self, what: str, check, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
@@ -208,6 +208,15 @@ def test_make_airflow_builds_two_slices_at_once_like_a_serial_build_then_rolls_b
     run_id = airflow.trigger("knowledge_rollback", {"reason": "local airflow check", "confirm": True, "to_version": None,
                                                     "live_version": 2})
     airflow.wait_for_success("knowledge_rollback", run_id, 120)
+    # on-call's lane on the local executor: its own pool, the highest weight, and default_pool sized so that every
+    # other task together leaves its slots of the parallelism free
+    from kb_reindex.airflow.lanes import ONCALL_PRIORITY
+
+    (ti,) = airflow.http.get(f"/dags/knowledge_rollback/dagRuns/{quote(run_id, safe='')}/taskInstances"
+                             ).json()["task_instances"]
+    assert (ti["pool"], ti["priority_weight"]) == ("kb_oncall", ONCALL_PRIORITY), ti
+    pools = {p["name"]: p["slots"] for p in airflow.http.get("/pools").json()["pools"]}
+    assert pools["kb_oncall"] == 2 and pools["default_pool"] + pools["kb_qdrant_writes"] == 32 - pools["kb_oncall"]
     status = kb(airflow.env, "status")
     assert status["live"]["version"] == 1
     assert {v["version"]: v["status"] for v in status["versions"]}[2] == "retired"

@@ -2,7 +2,7 @@
 port, LocalExecutor, our Qdrant-protocol server): both run on their own schedules; a rollback of one completes
 while the other's build is held at Qdrant, and moves only its own alias; a migration of one to another model
 runs while the other serves; an entry added to the registry gets its DAGs at the dag-processor's next parse,
-with no `airflow dags reserialize`."""
+with no `airflow dags reserialize`, and its first version with no command typed (its pool made when it starts)."""
 
 from __future__ import annotations
 
@@ -142,13 +142,39 @@ def test_two_knowledge_bases_under_the_real_scheduler(stack: tuple[LocalAirflow,
     # a third entry: its DAGs appear at the dag-processor's next parse of the DAG files, no reserialize
     (project / "knowledge" / "wiki").mkdir()
     (project / "knowledge" / "wiki" / "about.md").write_text("# 关于\n\n内部说明。\n", encoding="utf-8")
+    (project / "knowledge" / "wiki-golden.yaml").write_text(
+        "k: 3\nmin_hit_rate: 0.5\nmin_mrr: 0.5\nmax_regressions: 0\nprobes:\n  - id: about\n    query: 内部说明\n"
+        "    expected: [about]\n", encoding="utf-8")
     registry = project / "knowledge" / "registry.yaml"
-    registry.write_text(REGISTRY + "  wiki:\n    source: wiki\n    golden_set: golden.yaml\n    schedule: null\n",
+    registry.write_text(REGISTRY + "  wiki:\n    source: wiki\n    golden_set: wiki-golden.yaml\n    schedule: null\n",
                         encoding="utf-8")
     for kind in ("knowledge_reindex", "knowledge_rollback"):
         airflow.wait(f"{kind}__wiki parsed", lambda k=kind: airflow.http.get(f"/dags/{k}__wiki").status_code == 200,
                      120)
     assert not airflow.http.get("/dags/knowledge_rollback__wiki").json()["is_paused"], "on-call's DAG starts unpaused"
+    # ... and its first run builds its first version: its build pool, which `make airflow` never set, is created by
+    # the scheduler's listener when the run starts, before create_version needs it (without it, the run would wait
+    # at create_version for ever, holding the lock). Triggered here: the suite's stacks watch no source
+    # (tests/conftest.py); a watched source's own first run is tests/airflow_dags/test_freshness_airflow.py's
+    assert airflow.http.get("/pools/kb_qdrant_writes__wiki").status_code == 404
+    first = airflow.trigger("knowledge_reindex__wiki")
+    airflow.wait_for_success("knowledge_reindex__wiki", first, 240)
+    assert cli(env, "--kb", "wiki", "status")["live"]["version"] == 1
+    assert airflow.http.get("/pools/kb_qdrant_writes__wiki").json()["slots"] == 1
+
+    # a typo in the sellers' entry: at the next parse its build DAGs go, its rollback DAG stays (saying why) and
+    # rolls its alias back under the real scheduler, from the entry its runs recorded; the others are untouched
+    registry.write_text(registry.read_text(encoding="utf-8").replace('    schedule: "0 3 * * *"', '    schedul: "0 3"'),
+                        encoding="utf-8")
+    rollback_id = f"knowledge_rollback__{SELLER}"
+    airflow.wait("the sellers' rollback DAG parsed from the broken entry", lambda: (airflow.http.get(
+        f"/dags/{rollback_id}/details").json().get("doc_md") or "").startswith("**Its registry entry is refused"), 120)
+    live = cli(env, "--kb", SELLER, "status")
+    assert live["live"]["version"] == 2 and "schedul: unknown key" in live["registry_error"]
+    rolled = airflow.trigger(rollback_id, {"reason": "typo drill", "confirm": True, "live_version": 2, "freeze": False})
+    airflow.wait_for_success(rollback_id, rolled, 180)
+    assert cli(env, "--kb", SELLER, "status")["live"]["version"] == 1
+    assert kb_status(env, SHOP)["live"]["version"] == shop["live"]["version"]
 
 
 def kb_status(env: dict[str, str], alias: str) -> dict:

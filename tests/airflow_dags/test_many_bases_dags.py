@@ -60,16 +60,43 @@ def test_each_knowledge_base_gets_its_own_dags(airflow_db: None, registry_projec
     assert bag.dags[f"knowledge_reindex__{SELLER}"].schedule is None
 
 
+def test_on_calls_tasks_run_on_their_own_lane_and_builds_never_on_it(airflow_db: None, registry_project: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the lane `make airflow` and the compose stack set (KB_ONCALL_POOL, KB_ONCALL_QUEUE): the rollback and
+    the shadow promotion in on-call's pool and queue with the highest weight; no task of a build there."""
+    from kb_reindex.airflow.lanes import ONCALL_PRIORITY
+
+    monkeypatch.setenv("KB_ONCALL_POOL", "kb_oncall")
+    monkeypatch.setenv("KB_ONCALL_QUEUE", "kb_oncall")
+    bag = dagbag()
+    assert bag.import_errors == {}
+    for kb in (SHOP, SELLER):
+        for dag_id, task_id in ((f"knowledge_rollback__{kb}", "rollback"),
+                                (f"knowledge_promote_shadow__{kb}", "promote_shadow")):
+            t = bag.dags[dag_id].get_task(task_id)
+            assert (t.pool, t.queue, t.priority_weight, t.weight_rule) == (
+                "kb_oncall", "kb_oncall", ONCALL_PRIORITY, "absolute"), dag_id
+        others = [t for kind in ("knowledge_reindex", "knowledge_model_migration", "knowledge_watch")
+                  for t in bag.dags[f"{kind}__{kb}"].tasks]
+        assert others and all(t.pool != "kb_oncall" and t.queue != "kb_oncall" for t in others)
+        assert max(t.priority_weight for t in others) < ONCALL_PRIORITY
+
+
 def test_a_refused_entry_keeps_the_others_and_is_named_in_the_import_errors(airflow_db: None,
                                                                            registry_project: Path) -> None:
     registry = registry_project / "knowledge" / "registry.yaml"
     registry.write_text(registry.read_text(encoding="utf-8") + "  wiki:\n    source: wiki\n    shedule: '@hourly'\n",
                         encoding="utf-8")
     bag = dagbag()
-    assert sorted(bag.dag_ids) == sorted(f"{kind}__{kb}" for kind in KINDS for kb in (SHOP, SELLER))
+    # the refused entry keeps on-call's rollback DAG alone, its doc saying why
+    assert sorted(bag.dag_ids) == sorted([*(f"{kind}__{kb}" for kind in KINDS for kb in (SHOP, SELLER)),
+                                          "knowledge_rollback__wiki"])
     [(where, error)] = bag.import_errors.items()
     assert where.endswith("dags/knowledge_registry.py")
     assert "registry.yaml: knowledge base 'wiki': shedule: unknown key" in error
+    rollback = bag.dags["knowledge_rollback__wiki"]
+    assert "kb:wiki" in rollback.tags and rollback.is_paused_upon_creation is False
+    assert rollback.doc_md.startswith("**Its registry entry is refused") and "shedule: unknown key" in rollback.doc_md
 
 
 def test_parsing_the_registrys_dags_imports_nothing_heavy(registry_project: Path) -> None:
@@ -114,8 +141,21 @@ def test_a_knowledge_bases_reindex_runs_end_to_end_and_announces_its_alias(airfl
     try:
         assert state.list_runs(SELLER, limit=1)[0].run_id == f"airflow:{dag_id}:{run.run_id}"
         assert state.list_runs(SHOP) == []
+        # its plan recorded the entry it ran with: what its rollback acts from once the entry stops loading
+        kept, entry = state.recorded_entry(SELLER), select_knowledge_base(SELLER).recorded()
+        assert kept is not None and (kept.registry, kept.schedule, dict(kept.env)) == (entry.registry, None,
+                                                                                      dict(entry.env))
     finally:
         state.dispose()
+    from kb_reindex.airflow.connections import task_base, task_settings
+
+    registry = registry_project / "knowledge" / "registry.yaml"
+    registry.write_text(registry.read_text(encoding="utf-8").replace("    schedule: null", "    schedul: null"),
+                        encoding="utf-8")
+    base = task_base(SELLER, on_call=True)
+    assert "schedul: unknown key" in (base.problem or "") and base.recorded_at is not None
+    on_call, _headers = task_settings(SELLER, on_call=True)
+    assert (on_call.alias, on_call.qdrant_path) == (SELLER, settings.qdrant_path), "the store it served from"
 
 
 def test_each_watched_source_schedules_its_reindex_on_its_time_schedule_or_a_change(
@@ -145,3 +185,12 @@ def test_each_watched_source_schedules_its_reindex_on_its_time_schedule_or_a_cha
     assert [a.name for a in seller.timetable.asset_condition.objects] == [f"kb_source_{SELLER}"]
     unwatched = bag.dags["knowledge_reindex__unwatched"]
     assert unwatched.timetable.expression == "0 0 * * *" and unwatched.is_paused_upon_creation is None
+    # what the README says of `make airflow`: which DAGs start unpaused and which paused
+    readme = " ".join((REPO / "README.md").read_text(encoding="utf-8").split())
+    assert "DAGs start paused" not in readme
+    assert ("Every `knowledge_reindex__*` whose source is watched (the default, `KB_SOURCE_POLL_S` 15) starts unpaused"
+            in readme and "only `knowledge_model_migration__*` (and a reindex with `source_poll_s: 0`) starts paused"
+            in readme)
+    for kind in ("knowledge_reindex", "knowledge_rollback", "knowledge_promote_shadow", "knowledge_watch"):
+        assert bag.dags[f"{kind}__{SHOP}"].is_paused_upon_creation is False, kind
+    assert bag.dags[f"knowledge_model_migration__{SHOP}"].is_paused_upon_creation is None  # Airflow's default: paused

@@ -260,6 +260,18 @@ def test_status_names_the_last_failed_run_its_step_and_why_and_exits_1(cli_env: 
     assert human.returncode == 1 and "PROBLEM: the last reindex run failed at validate" in human.stdout
 
 
+def test_status_names_the_document_a_failed_run_could_not_index(cli_env: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """A plan refusing a document says how many in its first line and which one after it: status keeps both."""
+    assert run_json(capsys, "run")[0] == 0
+    (cli_env / "knowledge" / "docs" / "broken-page.md").write_bytes(b"# \xff\xfe not UTF-8\n")
+    assert run_json(capsys, "run")[0] != 0
+    code, status = run_json(capsys, "status")
+    assert code == 1 and status["live"]["version"] == 1
+    problem = status["last_run_problem"]
+    assert "1 knowledge document(s) cannot be indexed: " in problem and "broken-page.md" in problem, problem
+
+
 def test_run_and_plan_name_the_documents_they_remove_add_and_change(cli_env: Path) -> None:
     cli = Path(sys.executable).with_name("kb-reindex")
     env = {k: v for k, v in os.environ.items() if not k.startswith("KB_") or k.startswith("KB_TEST_")}

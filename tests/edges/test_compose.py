@@ -360,9 +360,16 @@ def test_task_supervisors_look_every_second_as_under_make_airflow(
 def test_celery_is_an_opt_in_profile(services: dict[str, dict[str, Any]], airflow_services: dict[str, dict[str, Any]],
                                      env_example: dict[str, str]) -> None:
     for name, service in services.items():
-        expected = ["celery"] if name in ("redis", "airflow-worker") else None
+        expected = ["celery"] if name in ("redis", "airflow-worker", "airflow-worker-oncall") else None
         assert service.get("profiles") == expected, f"{name}: profiles {service.get('profiles')!r}"
     assert services["airflow-worker"]["command"] in ("celery worker", ["celery", "worker"])
+    # on-call's worker takes on-call's queue alone, the one the DAG files put rollbacks on; the build workers
+    # take Airflow's default queue only (no --queues)
+    common = resolved_airflow_env(services["airflow-worker-oncall"], env_example)
+    oncall = interpolate(services["airflow-worker-oncall"]["command"], env_example).split()
+    assert oncall[:2] == ["celery", "worker"] and oncall[oncall.index("--queues") + 1] == common["KB_ONCALL_QUEUE"]
+    assert common["KB_ONCALL_QUEUE"] == "kb_oncall" and common["KB_ONCALL_POOL"] == "kb_oncall"
+    assert oncall[oncall.index("--concurrency") + 1] == common["KB_ONCALL_SLOTS"]
     env = resolved_airflow_env(airflow_services["airflow-scheduler"], env_example)
     assert env["AIRFLOW__CORE__EXECUTOR"] == "LocalExecutor", "LocalExecutor is the default"
     assert env["AIRFLOW__CELERY__BROKER_URL"].startswith("redis://redis:")
@@ -599,11 +606,12 @@ def test_init_connections_are_idempotent(init_commands: list[list[str]]) -> None
 def test_init_migrates_and_creates_a_pool_per_knowledge_base(init_commands: list[list[str]], tmp_path: Path) -> None:
     assert ["airflow", "db", "migrate"] in init_commands
     pools = [cmd for cmd in init_commands if cmd[:3] == ["airflow", "pools", "set"]]
-    # one per line `python -m kb_reindex.services.registry` prints: each knowledge base's pool and its slots,
-    # KB_BUILD_PARALLELISM as the settings accept it (local mode refuses more than 1)
-    assert ["pools=$(python -m kb_reindex.services.registry)"] in init_commands
-    assert ["while", "read", "-r", "pool", "slots;", "do"] in init_commands and ["done", "<<<", "$pools"] in init_commands
-    assert any(cmd[3:5] == ["$pool", "$slots"] for cmd in pools), pools
+    # one per line `python -m kb_reindex.airflow.lanes` prints: each knowledge base's pool and its slots,
+    # KB_BUILD_PARALLELISM as the settings accept it (local mode refuses more than 1), then on-call's and default_pool
+    assert ["pools=$(python -m kb_reindex.airflow.lanes)"] in init_commands
+    assert ["while", "read", "-r", "pool", "slots", "description;", "do"] in init_commands
+    assert ["done", "<<<", "$pools"] in init_commands
+    assert any(cmd[3:6] == ["$pool", "$slots", "$description"] for cmd in pools), pools
     migrate = init_commands.index(["airflow", "db", "migrate"])
     assert all(init_commands.index(cmd) > migrate for cmd in pools)
     printed = {}
@@ -614,6 +622,14 @@ def test_init_migrates_and_creates_a_pool_per_knowledge_base(init_commands: list
         printed[registry] = done.stdout.splitlines()
     assert printed == {"": ["kb_qdrant_writes 1"], "knowledge/registry.yaml": ["kb_qdrant_writes__mall_knowledge 1",
                                                                                "kb_qdrant_writes__seller_rules 1"]}
+    # as the stack sets them: on-call's pool, and default_pool leaving its slots of the parallelism free
+    done = subprocess.run([sys.executable, "-m", "kb_reindex.airflow.lanes"], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "KB_PROJECT_ROOT": str(REPO), "KB_REGISTRY": "knowledge/registry.yaml",
+                               "KB_ONCALL_POOL": "kb_oncall", "KB_ONCALL_SLOTS": "2", "AIRFLOW__CORE__PARALLELISM": "32"})
+    assert done.returncode == 0, done.stderr
+    assert [line.split()[:2] for line in done.stdout.splitlines()] == [
+        ["kb_qdrant_writes__mall_knowledge", "1"], ["kb_qdrant_writes__seller_rules", "1"], ["kb_oncall", "2"],
+        ["default_pool", "28"]]
 
 
 def test_init_needs_the_secrets_it_uses(airflow_services: dict[str, dict[str, Any]]) -> None:

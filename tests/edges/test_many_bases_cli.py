@@ -123,8 +123,64 @@ def test_a_bad_entry_never_stops_the_good_ones_and_is_named(project: Path) -> No
     refused = cli(project, "--kb", "wiki", "run", **broken)
     assert refused.returncode == 2
     assert "broken-registry.yaml: knowledge base 'wiki': shedule: unknown key (known: source," in refused.stderr
-    listed = cli_json(project, "bases", code=1, **broken)
-    assert [b["alias"] for b in listed["knowledge_bases"]] == [SHOP, SELLER] and len(listed["refused"]) == 1
+    # every entry listed, the refused one with its refusal; exit 2 naming it
+    listed = cli_json(project, "bases", code=2, **broken)
+    assert [b["alias"] for b in listed["knowledge_bases"]] == [SHOP, SELLER, "wiki"] and len(listed["refused"]) == 1
+    assert "shedule: unknown key" in listed["knowledge_bases"][2]["registry_error"]
+    assert "shedule: unknown key" in cli(project, "bases", **broken).stderr
+
+
+def test_a_typo_in_a_served_entry_keeps_its_on_call_commands_and_shows_its_error(
+        project: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """`schedule` typed `schedul` in the sellers' entry (which served and so was recorded in the state DB): its
+    status still shows what serves, beside the error (exit 2); freeze and rollback act on it; status and bases over
+    all list both knowledge bases (the one good entry never makes them refuse with "name one") and name the error.
+    Removed from the registry, it keeps the same commands from its recorded entry. In process (`main`): the same
+    commands, without a Python start each."""
+    from kb_reindex.cli import main
+
+    for name in [k for k in os.environ if k.startswith("KB_") and not k.startswith("KB_TEST_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("KB_PROJECT_ROOT", str(project))
+    monkeypatch.setenv("KB_EMBEDDER", "hashing")
+
+    def kb(*argv: str, code: int = 0) -> tuple[dict, str]:
+        done = main([*argv, "--json", "-q"])
+        out, err = capsys.readouterr()
+        assert done == code, out + err
+        return json.loads(out), err
+
+    monkeypatch.setenv("KB_REGISTRY", "knowledge/registry.yaml")
+    page = project / "knowledge" / "seller" / "docs" / "listing-rules.md"
+    page.write_text(page.read_text(encoding="utf-8") + "\n\n补充：标题不得含联系方式。\n", encoding="utf-8")
+    assert kb("--kb", SELLER, "run")[0]["outcome"] == "promoted"  # a version to roll back to, its entry recorded
+    monkeypatch.setenv("KB_REGISTRY", "knowledge/typo-registry.yaml")
+    shipped = (project / "knowledge" / "registry.yaml").read_text(encoding="utf-8")
+    (project / "knowledge" / "typo-registry.yaml").write_text(shipped.replace("    schedule: null", "    schedul: null"),
+                                                             encoding="utf-8")
+    seen, err = kb("--kb", SELLER, "status", code=2)
+    live = seen["live"]["version"]
+    assert seen["alias"] == SELLER and live >= 2 and seen["rollback_target"] is not None
+    assert "knowledge base 'seller_rules': schedul: unknown key" in seen["registry_error"] and "schedul" in err
+    assert main(["--kb", SELLER, "status"]) == 2 and "PROBLEM: registry:" in capsys.readouterr().out
+    assert kb("--kb", SELLER, "freeze", "--reason", "typo drill")[0]["frozen"] is True
+    kb("--kb", SELLER, "unfreeze")
+    rolled, _ = kb("--kb", SELLER, "rollback", "--reason", "bad page", "--yes", "--live-version", str(live))
+    assert (rolled["from_version"], rolled["to_version"]) == (live, seen["rollback_target"])
+    # over all: both, the broken one with what it serves and its error; exit 2 naming it
+    both, err = kb("status", code=2)
+    assert "schedul: unknown key" in err
+    answers = {a["alias"]: a for a in both["knowledge_bases"]}
+    assert list(answers) == [SHOP, SELLER] and answers[SELLER]["live"]["version"] == seen["rollback_target"]
+    assert answers[SHOP]["registry_error"] is None and "schedul" in answers[SELLER]["registry_error"]
+    listed, _ = kb("bases", code=2)
+    assert [b["alias"] for b in listed["knowledge_bases"]] == [SHOP, SELLER]
+    assert any("schedul: unknown key" in p for p in listed["knowledge_bases"][1]["problems"])
+    # removed from the registry: still seen from the entry the state DB recorded
+    (project / "knowledge" / "shop-only.yaml").write_text(shipped.split("  seller_rules:")[0], encoding="utf-8")
+    monkeypatch.setenv("KB_REGISTRY", "knowledge/shop-only.yaml")
+    gone, _ = kb("--kb", SELLER, "status", code=2)
+    assert gone["live"]["version"] == seen["rollback_target"] and "no longer in the registry" in gone["registry_error"]
 
 
 def test_an_entrys_default_tenant_is_what_its_documents_without_one_serve(tmp_path: Path) -> None:

@@ -139,6 +139,36 @@ def test_the_page_lists_every_knowledge_base_and_each_acts_on_its_own_dags(
     assert wiki.status_code == 200 and wiki.json()["alias"] == "wiki" and wiki.json()["live"] is None
 
 
+def test_a_typo_in_an_entry_keeps_its_page_and_its_rollback_and_refusals_are_pages(
+        registry_site: tuple[Path, RecordingAirflow], tokens: dict[str, str]) -> None:
+    """The shop's entry mistyped (`golden_sett`): its row stays in the list with the error, its page opens with the
+    error at the top, shows what serves, and its rollback button triggers its rollback DAG (which the registry's
+    DAG file keeps). A knowledge base the page cannot open is a page saying why, naming the registry from the
+    project, never the server's absolute path (an API call gets JSON)."""
+    project, airflow = registry_site
+    registry = project / "knowledge" / "registry.yaml"
+    registry.write_text(registry.read_text(encoding="utf-8").replace("    golden_set: golden.yaml",
+                                                                     "    golden_sett: golden.yaml"), encoding="utf-8")
+    client = TestClient(deployment_app(airflow_api_url=airflow.url), cookies={"_token": tokens["user"]})
+    bases = {b["alias"]: b for b in client.get("/api/bases").json()["knowledge_bases"]}
+    assert list(bases) == [SHOP, SELLER] and bases[SHOP]["live_version"] == 2
+    assert "golden_sett: unknown key" in bases[SHOP]["registry_error"] and bases[SELLER]["registry_error"] is None
+    assert f'href="kb/{SHOP}/ui"' in client.get("/ui").text
+    page = client.get(f"/kb/{SHOP}/ui")
+    assert page.status_code == 200 and 'id="registry-error"' in page.text and "golden_sett: unknown key" in page.text
+    assert client.get(f"/kb/{SHOP}/api/status").json()["live"]["version"] == 2
+    rolled = client.post(f"/kb/{SHOP}/api/rollback", json={"to_version": 1, "reason": "bad coupon", "live_version": 2})
+    assert rolled.status_code == 200, rolled.text
+    assert airflow.triggers[-1] == (f"knowledge_rollback__{SHOP}",
+                                    {"to_version": 1, "reason": "bad coupon", "confirm": True, "live_version": 2})
+    refused = client.get("/kb/nope/ui", headers={"Accept": "text/html"})
+    assert refused.status_code == 404 and refused.headers["content-type"].startswith("text/html")
+    assert "knowledge base &#39;nope&#39; is not in the registry knowledge/registry.yaml" in refused.text
+    assert str(project) not in refused.text
+    api = client.get("/kb/nope/api/status")
+    assert api.status_code == 404 and "is not in the registry knowledge/registry.yaml" in api.json()["detail"]
+
+
 @needs_chromium
 @pytest.mark.browser
 def test_the_list_and_one_knowledge_base_in_headless_chromium(registry_site: tuple[Path, RecordingAirflow],

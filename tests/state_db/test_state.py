@@ -433,3 +433,39 @@ def test_the_kb_state_connection_may_be_a_postgres_one(postgres_url: str) -> Non
     finally:
         store.dispose()
 
+
+
+def test_the_last_registry_entry_that_loaded_is_kept_once_per_alias(state: StateStore) -> None:
+    """What on-call acts from when an entry stops loading: written when it changed, read back as it was."""
+    from kb_reindex.services.state.entries import RecordedEntry
+
+    entry = RecordedEntry(alias="wiki", registry="/srv/registry.yaml", schedule=None, qdrant_conn_id="qdrant_wiki",
+                          ollama_conn_id="ollama_default", aws_conn_id="aws_default",
+                          env={"KB_ALIAS": "wiki", "KB_EMBED_MODEL": "bge-m3"})
+    assert state.recorded_entry("wiki") is None
+    assert state.record_entry(entry) is True
+    assert state.record_entry(entry) is False, "unchanged: not written again"
+    kept = state.recorded_entry("wiki")
+    assert kept is not None and kept.recorded_at is not None
+    assert (kept.qdrant_conn_id, kept.schedule, dict(kept.env)) == ("qdrant_wiki", None, dict(entry.env))
+    assert state.record_entry(RecordedEntry(**{**entry.__dict__, "schedule": "@hourly"})) is True
+    assert [(e.alias, e.schedule) for e in state.recorded_entries()] == [("wiki", "@hourly")]
+
+
+def test_bases_shows_a_candidate_whose_run_is_in_progress_as_no_shadow(state: StateStore, tmp_path: Path) -> None:
+    """A ready version that never served is a shadow in `kb-reindex bases` only once its run has ended (a migration
+    kept it): while its run validates or promotes, it is that run's candidate; and a first run in progress says so."""
+    from kb_reindex.run.bases import summary
+    from kb_reindex.services.registry import KnowledgeBase
+
+    kb = KnowledgeBase(alias="kb", registry=tmp_path / "registry.yaml", schedule=None,
+                       env={"KB_ALIAS": "kb", "KB_QDRANT_PATH": str(tmp_path / "q"), "KB_PROJECT_ROOT": str(tmp_path)})
+    columns = dict(kind="reindex", embedder="hashing", embed_model="m", embed_dim=8, distance="Cosine",
+                   chunking_version="c", corpus_fingerprint="f", status="ready")
+    state.start_run(run_id="building", alias="kb", kind="reindex", trigger="airflow")
+    state.insert_version(alias="kb", version=1, collection="kb__m__v1", run_id="building", **columns)
+    candidate = summary(state, kb)
+    assert candidate.shadows == () and candidate.problems == ("no version serves yet: its first run (building) is "
+                                                              "in progress",)
+    state.finish_run("building", outcome="shadow")
+    assert summary(state, kb).shadows == (1,)

@@ -126,6 +126,34 @@ def test_a_bad_entry_keeps_the_good_ones(tmp_path: Path) -> None:
         select_knowledge_base("broken", env)
 
 
+def test_a_broken_entry_keeps_a_stand_in_for_on_call_from_its_recorded_entry_or_its_alias_alone(tmp_path: Path) -> None:
+    from kb_reindex.services.registry import stand_in
+
+    env = write_registry(tmp_path, TWO.replace("    schedule: null\n", "    schedul: null\n")
+                         + "  'bad alias!':\n    source: x\n")
+    registry = load_registry(env)
+    assert registry.names == ["shop"] and len(registry.errors) == 2
+    # an alias Airflow takes keeps on-call's surface; one it cannot take has none
+    assert list(registry.broken) == ["wiki"] and "wiki': schedul: unknown key" in registry.broken["wiki"]
+    (alone,) = registry.stand_ins(env)
+    assert (alone.alias, alone.registered, alone.problem, alone.recorded_at) == ("wiki", True, registry.broken["wiki"],
+                                                                                   None)
+    assert alone.dag_id("knowledge_rollback") == "knowledge_rollback__wiki"
+    assert alone.settings(env).qdrant_path == tmp_path / ".kb" / "qdrant" / "wiki", "its own store folder, as an entry's"
+    # from the entry as it last loaded: its Connection and settings, not the environment's
+    wiki = load_registry(write_registry(tmp_path / "good", TWO)).get("wiki")
+    recorded = wiki.recorded()
+    assert recorded.qdrant_conn_id == "qdrant_wiki" and recorded.env["KB_EMBED_MODEL"] == "bge-m3"
+    kept = stand_in("wiki", registry=registry.path, problem="typo", recorded=recorded)
+    assert (kept.qdrant_conn_id, kept.schedule, kept.problem) == ("qdrant_wiki", None, "typo")
+    assert kept.settings(env).embed_model == "bge-m3"
+    # naming none: the refusal says why there is no only one, and names the broken entry among the choices
+    with pytest.raises(ConfigError, match=r"2 refused: .*schedul: unknown key.*; name one with --kb or KB_NAME: "
+                                          r"shop, wiki"):
+        load_registry(write_registry(tmp_path / "two", TWO.replace("    schedule: null\n", "    schedul: null\n")
+                                     + "  third:\n    source: y\n    chunk_size: 1\n")).select(None, {})
+
+
 @pytest.mark.parametrize(("body", "message"), [
     ("", r"one top-level key, knowledge_bases \(found: NoneType\)"),
     ("bases: {}\n", r"one top-level key, knowledge_bases \(found: \['bases'\]\)"),

@@ -166,11 +166,22 @@ def _entry_connection(kb: KnowledgeBase, conn_id: str, default: str) -> Any | No
     return conn
 
 
-def task_settings(kb: str | None = None) -> tuple[Settings, dict[str, str] | None]:
+def task_base(kb: str | None = None, *, on_call: bool = False) -> KnowledgeBase:
+    """The knowledge base a task acts on. `on_call` (the rollback): when its entry no longer loads, a stand-in
+    from its last entry that loaded (recorded in the state DB) or its alias alone (`run.bases.on_call_base`)."""
+    if not on_call:
+        return select_knowledge_base(kb)
+    from kb_reindex.run.bases import on_call_base
+    from kb_reindex.services.registry import load_registry
+
+    return on_call_base(load_registry(), kb, state_url())
+
+
+def task_settings(kb: str | None = None, *, on_call: bool = False) -> tuple[Settings, dict[str, str] | None]:
     """The settings of the knowledge base `kb` (None: the environment's, or a registry's only one), overridden
     by the Connections that are defined; Ollama's headers. Checked once the Connections apply: `qdrant_default`
-    may be what makes Qdrant a server."""
-    base = select_knowledge_base(kb)
+    may be what makes Qdrant a server. `on_call`: see `task_base`."""
+    base = task_base(kb, on_call=on_call)
     overrides: dict[str, Any] = {}
     headers = None
     if (state_conn := _connection(STATE_CONN_ID)) is not None:
@@ -183,12 +194,12 @@ def task_settings(kb: str | None = None) -> tuple[Settings, dict[str, str] | Non
 
 
 @contextmanager
-def task_deps(kb: str | None = None) -> Iterator[Deps]:
+def task_deps(kb: str | None = None, *, on_call: bool = False) -> Iterator[Deps]:
     """The stores a task of knowledge base `kb` works with, opened from `task_settings` (Ollama's headers set)."""
-    settings, headers = task_settings(kb)
+    settings, headers = task_settings(kb, on_call=on_call)
     with open_deps(settings) as deps:
         deps.ollama_headers = headers
-        if settings.knowledge_remote:
+        if settings.knowledge_remote and not on_call:
             deps.bucket_access = object_storage(select_knowledge_base(kb))
         yield deps
 

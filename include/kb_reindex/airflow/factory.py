@@ -26,6 +26,7 @@ from airflow.sdk import (DAG, Asset, AssetOrTimeSchedule, AssetWatcher, CronTrig
                          task)
 
 from kb_reindex.airflow.constants import BUILD_SLICE_SIZE, alias_asset, current_run_id, triggering_user
+from kb_reindex.airflow.lanes import oncall_lane
 from kb_reindex.domain.errors import ConfigError
 from kb_reindex.domain.model import RunKind
 from kb_reindex.services.registry import KnowledgeBase, load_registry
@@ -44,14 +45,26 @@ def knowledge_bases() -> tuple[KnowledgeBase, ...]:
         return ()
 
 
+def on_call_bases() -> tuple[KnowledgeBase, ...]:
+    """`knowledge_bases` and every entry refused whose alias is one Airflow takes, as a stand-in made from its
+    alias alone (a DAG file never reads the state DB): on-call's rollback DAG is never taken away by a typo."""
+    try:
+        registry = load_registry()
+    except ConfigError as exc:
+        log.error("kb_reindex: no knowledge base DAGs: %s", exc)
+        return ()
+    return registry.in_order((*registry.bases, *registry.stand_ins()))
+
+
 def check_registry() -> None:
     """Raise the registry's refusals (dags/knowledge_registry.py), so they show in Airflow's import errors."""
     load_registry().check()
 
 
-def for_each_knowledge_base(make: Callable[[KnowledgeBase], DAG]) -> dict[str, DAG]:
-    """One DAG per knowledge base, by its DAG id, for a DAG file's globals (Airflow's dynamic DAG pattern)."""
-    return {dag_.dag_id: dag_ for dag_ in map(make, knowledge_bases())}
+def for_each_knowledge_base(make: Callable[[KnowledgeBase], DAG], *, on_call: bool = False) -> dict[str, DAG]:
+    """One DAG per knowledge base, by its DAG id, for a DAG file's globals (Airflow's dynamic DAG pattern).
+    `on_call`: a refused entry's too (`on_call_bases`)."""
+    return {dag_.dag_id: dag_ for dag_ in map(make, on_call_bases() if on_call else knowledge_bases())}
 
 
 def task_kb(kb: KnowledgeBase) -> str | None:
@@ -255,8 +268,13 @@ def watch_dag(kb: KnowledgeBase, *, doc_md: str | None) -> DAG:
 
 
 def rollback_dag(kb: KnowledgeBase, *, doc_md: str | None) -> DAG:
-    """On-call's rollback of `kb`'s alias: unpaused from the start, off the build pool, never waiting for a build."""
+    """On-call's rollback of `kb`'s alias: unpaused from the start, on on-call's lane (its own queue and pool,
+    the highest weight: kb_reindex.airflow.lanes), never waiting for a build."""
     name = task_kb(kb)
+    if kb.problem is not None:  # a refused entry keeps its way back: said at the top of its DAG's doc
+        doc_md = (f"**Its registry entry is refused, so this is its only DAG until it is fixed:** {kb.problem}\n\n"
+                  "The rollback acts from the entry as it last loaded (recorded in the state DB) or the alias alone, "
+                  "and does not score the target on a golden set.\n\n" + (doc_md or ""))
 
     # on-call's way back must work from the first minute of a fresh install
     @dag(
@@ -281,8 +299,8 @@ def rollback_dag(kb: KnowledgeBase, *, doc_md: str | None) -> DAG:
         },
     )
     def knowledge_rollback() -> None:
-        # default_pool, not the build pool: the build slices of a long reindex fill that one
-        @task(retries=0, outlets=[alias_asset(kb.alias)])
+        # on-call's lane (kb_reindex.airflow.lanes), never the build pool: a long reindex's slices fill that one
+        @task(retries=0, outlets=[alias_asset(kb.alias)], **oncall_lane().task_args())
         def rollback(params: dict | None = None) -> dict:
             from kb_reindex.airflow.tasks import rollback_task
 
@@ -317,7 +335,8 @@ def promote_shadow_dag(kb: KnowledgeBase, *, doc_md: str | None) -> DAG:
         },
     )
     def knowledge_promote_shadow() -> None:
-        @task(pool=kb.pool, retries=0, outlets=[alias_asset(kb.alias)])
+        # on-call's lane, like the rollback: it opens Qdrant as any step does (a local-mode folder waits its turn)
+        @task(retries=0, outlets=[alias_asset(kb.alias)], **oncall_lane().task_args())
         def promote_shadow(params: dict | None = None) -> dict:
             from kb_reindex.airflow.tasks import promote_shadow_task
 

@@ -18,7 +18,7 @@ from airflow.sdk import PokeReturnValue, get_current_context
 from airflow.sdk.exceptions import AirflowFailException, AirflowRescheduleException, AirflowSkipException
 
 from kb_reindex.run import dag_lock
-from kb_reindex.airflow.connections import state_url, task_deps, task_settings
+from kb_reindex.airflow.connections import state_url, task_base, task_deps, task_settings
 from kb_reindex.airflow.constants import alias_asset
 from kb_reindex.airflow.waiting import rescheduling
 from kb_reindex.domain.errors import PERMANENT, UNAVAILABLE, KbError, StateUnreachable, StoreError, classify
@@ -140,6 +140,8 @@ def plan_task(*, kb: str | None = None, run_id: str, kind: str = RunKind.REINDEX
         recorder.start(request.kind, "airflow")
         with step(deps, run_id):
             dag_lock.take(deps, run_id)
+            if kb is not None:  # the entry this run loaded: what on-call acts from if it stops loading
+                deps.state.record_entry(task_base(kb).recorded())
             return plan_step(deps, recorder, request).to_dict()
 
 
@@ -341,7 +343,12 @@ def rollback_task(*, kb: str | None = None, run_id: str, live_version: int | Non
     if live_version is None:
         raise AirflowFailException("name the version you saw serving (the 'live_version' param, from the Knowledge "
                                    "index page or `kb-reindex status`); nothing changed")
-    with task_deps(kb) as deps:
+    base = task_base(kb, on_call=True)
+    if base.problem is not None:  # its golden set may be what its entry got wrong: not scored
+        log.warning("kb_reindex: %s; rolling back from %s, the target not scored on a golden set", base.problem,
+                    f"its entry as it last loaded ({base.recorded_at})" if base.recorded_at else "its alias alone")
+        revalidate = False
+    with task_deps(kb, on_call=True) as deps:
         try:
             by = f"{triggered_by} (knowledge_rollback {run_id})" if triggered_by else f"knowledge_rollback ({run_id})"
             held = freeze_for_rollback(deps, reason=reason, by=by).view() if freeze else None

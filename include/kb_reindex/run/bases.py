@@ -7,14 +7,14 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from kb_reindex.domain.errors import StateEmpty, StateMissing
+from kb_reindex.domain.errors import ConfigError, StateEmpty, StateMissing
 from kb_reindex.domain.model import VersionStatus
 from kb_reindex.rules.alias import has_served
 from kb_reindex.run.status import last_run_problem
-from kb_reindex.services.registry import KnowledgeBase, Registry
+from kb_reindex.services.registry import KnowledgeBase, Registry, named_in, stand_in, valid_alias
 from kb_reindex.services.state.clock import utc_stamp
+from kb_reindex.services.state.entries import RecordedEntry
 from kb_reindex.services.state.store import StateStore
-
 
 
 @dataclass(frozen=True)
@@ -43,8 +43,12 @@ class BaseSummary:
     last_run: LastRun | None
     #: what on-call should look at first: the last run failed, nothing serves yet
     problems: tuple[str, ...]
-    #: shadow versions (ready, never served: only a promotion puts one live), as the page marks them
+    #: shadow versions (ready, never served: only a promotion puts one live), as the page marks them; a
+    #: candidate whose run is still in progress is none
     shadows: tuple[int, ...] = ()
+    #: its registry entry does not load (refused, or no longer in the registry): why. What serves is still
+    #: shown, and on-call's surface kept (its rollback DAG, status/rollback/freeze, its page)
+    registry_error: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -75,17 +79,26 @@ def summary(state: StateStore | None, kb: KnowledgeBase) -> BaseSummary:
         r = runs[0]
         last = LastRun(run_id=r.run_id, kind=r.kind, outcome=r.outcome, started_at=utc_stamp(r.started_at),
                        finished_at=utc_stamp(r.finished_at) if r.finished_at else None, error=r.error)
-    problems = [p for p in [last_run_problem(state, kb.alias) if state is not None else None] if p]
+    problems = [p for p in [kb.problem, last_run_problem(state, kb.alias) if state is not None else None] if p]
     ready = state.list_versions(kb.alias, statuses=[VersionStatus.READY]) if state is not None else []
-    if live is None:
+    building = {r.run_id for r in runs if r.finished_at is None}
+    if live is None and building:
+        problems.append(f"no version serves yet: its first run ({runs[0].run_id}) is in progress")
+    elif live is None:
         problems.append(f"no version serves yet: trigger {kb.dag_id('knowledge_reindex')}")
     return BaseSummary(alias=kb.alias, dag_id=kb.dag_id("knowledge_reindex"), schedule=kb.schedule,
                        source_poll_s=kb.settings().source_poll_s,
                        live_version=live.version if live else None, collection=live.collection if live else None,
                        embed_model=live.embed_model if live else None, dim=live.embed_dim if live else None,
                        frozen=freeze is not None, freeze_reason=freeze.reason if freeze is not None else None,
-                       last_run=last, problems=tuple(problems),
-                       shadows=tuple(sorted(v.version for v in ready if not has_served(v))))
+                       last_run=last, problems=tuple(problems), registry_error=kb.problem,
+                       shadows=tuple(sorted(v.version for v in ready if not has_served(v) and not _in_progress(state, v))))
+
+
+def _in_progress(state: StateStore | None, version: Any) -> bool:
+    """A candidate: the run that built it has not ended (it validates or promotes now), so it is no shadow."""
+    run = state.get_run(version.run_id) if state is not None and version.run_id else None
+    return run is not None and run.finished_at is None
 
 
 def bases_view(registry: Registry, state_url: str) -> BasesView:
@@ -96,7 +109,47 @@ def bases_view(registry: Registry, state_url: str) -> BasesView:
     except (StateEmpty, StateMissing):  # a fresh install: nothing built anywhere yet
         state = None
     try:
-        return BasesView(bases=tuple(summary(state, kb) for kb in registry.bases), refused=registry.errors)
+        broken = tuple(_stand_in(state, registry, alias, error) for alias, error in registry.broken.items())
+        return BasesView(bases=tuple(summary(state, kb) for kb in registry.in_order((*registry.bases, *broken))),
+                         refused=registry.errors)
     finally:
         if state is not None:
             state.dispose()
+
+
+def _stand_in(state: StateStore | None, registry: Registry, alias: str, problem: str) -> KnowledgeBase:
+    recorded = state.recorded_entry(alias) if state is not None else None
+    return stand_in(alias, registry=registry.path, problem=problem, recorded=recorded)
+
+
+def recorded_entry(state_url: str, alias: str) -> RecordedEntry | None:
+    """`alias`'s last entry that loaded, as the state DB keeps it (None: none, or no state DB yet)."""
+    try:
+        state = StateStore(state_url, create=False)
+    except (StateEmpty, StateMissing):
+        return None
+    try:
+        return state.recorded_entry(alias)
+    finally:
+        state.dispose()
+
+
+def on_call_base(registry: Registry, name: str | None, state_url: str) -> KnowledgeBase:
+    """The knowledge base on-call names (`--kb`, KB_NAME, the only one): its entry; when that does not load
+    (refused, or removed from the registry) a stand-in (`KnowledgeBase.problem` says why) made from the entry the
+    state DB recorded when it last loaded, or from the alias alone. A name the registry never held, or one
+    removed and never recorded, is refused as before."""
+    try:
+        return registry.select(name)
+    except ConfigError:
+        name = name or named_in()
+        if registry.path is None or not name or not valid_alias(name):
+            raise
+        recorded = recorded_entry(state_url, name)
+        problem = registry.broken.get(name)
+        if problem is None:
+            if recorded is None:
+                raise
+            problem = (f"knowledge base {name!r} is no longer in the registry {registry.path} (its entry last "
+                       f"loaded {recorded.since}); what it serves is kept: retire it when done")
+        return stand_in(name, registry=registry.path, problem=problem, recorded=recorded)

@@ -267,7 +267,9 @@ def last_run_problem(state: StateStore, alias: str) -> str | None:
         return None
     record = state.get_version(alias, run.version) if run.version is not None else None
     step = record.failed_step if record is not None and record.failed_step else None
-    why = (run.error or "no error recorded").strip().splitlines()[0][:300]
+    # every line: a refusal's first line says how many, the lines after it which document and why
+    why = "; ".join(line.strip() for line in (run.error or "no error recorded").splitlines() if line.strip())
+    why = why.replace(":; ", ": ")[:600]
     return (f"the last {run.kind} run failed{f' at {step}' if step else ''} ({run.run_id}, started "
             f"{utc_stamp(run.started_at)}): {why}; the alias still serves what it served before it")
 

@@ -16,13 +16,16 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from kb_reindex.domain.errors import ConfigError
 from kb_reindex.services.config import ALIAS_PATTERN, EMBEDDERS, Settings, knowledge_source, project_root
+
+if TYPE_CHECKING:  # the state DB is never imported while a DAG file parses
+    from kb_reindex.services.state.entries import RecordedEntry
 
 REGISTRY_ENV = "KB_REGISTRY"
 #: selects one registry entry, as `kb-reindex --kb` does
@@ -89,10 +92,24 @@ class KnowledgeBase:
     aws_conn_id: str = AWS_CONN_ID
     #: the KB_* settings the entry sets, as `Settings.from_env` reads them
     env: Mapping[str, str] = field(default_factory=dict)
+    #: a stand-in for on-call (`stand_in`): why its entry does not load now (refused, or no longer in the
+    #: registry); None for an entry that loaded
+    problem: str | None = None
+    #: a stand-in's: when the entry it stands in for last loaded (None: made from the alias alone)
+    recorded_at: str | None = None
 
     @property
     def registered(self) -> bool:
         return self.registry is not None
+
+    def recorded(self) -> RecordedEntry:
+        """This entry as the state DB keeps it (`StateStore.record_entry`): what on-call acts from once it no
+        longer loads."""
+        from kb_reindex.services.state.entries import RecordedEntry
+
+        return RecordedEntry(alias=self.alias, registry=str(self.registry), schedule=self.schedule,
+                             qdrant_conn_id=self.qdrant_conn_id, ollama_conn_id=self.ollama_conn_id,
+                             aws_conn_id=self.aws_conn_id, env=dict(self.env))
 
     def dag_id(self, base: str) -> str:
         """`knowledge_reindex` for the environment's knowledge base, `knowledge_reindex__<alias>` for an entry."""
@@ -125,10 +142,29 @@ class Registry:
     bases: tuple[KnowledgeBase, ...]
     errors: tuple[str, ...] = ()
     path: Path | None = None
+    #: the refused entries whose alias is one Qdrant and Airflow take, by alias: their refusal. They keep
+    #: on-call's surface (`stand_in`): a rollback DAG, the CLI's status/rollback/freeze, their page
+    broken: Mapping[str, str] = field(default_factory=dict)
+    #: every entry's alias in the registry's order, loaded or refused
+    order: tuple[str, ...] = ()
 
     @property
     def names(self) -> list[str]:
         return [kb.alias for kb in self.bases]
+
+    @property
+    def entries(self) -> int:
+        """How many entries the registry lists, loaded or refused."""
+        return len(self.bases) + len(self.errors)
+
+    def in_order(self, bases: tuple[KnowledgeBase, ...]) -> tuple[KnowledgeBase, ...]:
+        """`bases` (entries and stand-ins) in the registry's order."""
+        rank = {alias: n for n, alias in enumerate(self.order)}
+        return tuple(sorted(bases, key=lambda kb: rank.get(kb.alias, len(rank))))
+
+    def stand_ins(self, env: Mapping[str, str] | None = None) -> tuple[KnowledgeBase, ...]:
+        """The broken entries as stand-ins made from their alias alone (what a DAG file can know at parse time)."""
+        return tuple(stand_in(alias, registry=self.path, problem=error, env=env) for alias, error in self.broken.items())
 
     def check(self) -> None:
         """Refuse the registry if any entry is refused."""
@@ -155,8 +191,9 @@ class Registry:
             return self.bases[0]
         if not self.bases:
             self.check()
-        raise ConfigError(f"{len(self.bases) + len(self.errors)} knowledge bases are registered in {self.path}; "
-                          f"name one with --kb or KB_NAME: {', '.join(self.names)}")
+        refused = f" ({len(self.errors)} refused: {'; '.join(self.errors)})" if self.errors else ""
+        raise ConfigError(f"{self.entries} knowledge bases are registered in {self.path}{refused}; "
+                          f"name one with --kb or KB_NAME: {', '.join([*self.names, *self.broken])}")
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -218,18 +255,25 @@ def load_registry(env: Mapping[str, str] | None = None) -> Registry:
     entries = data["knowledge_bases"]
     if not isinstance(entries, dict) or not entries:
         raise ConfigError(f"{path}: knowledge_bases must map each alias to its settings; it lists none")
-    bases, errors = [], []
+    bases, errors, broken = [], [], {}
     for alias, raw in entries.items():
         try:
             bases.append(_entry(path, str(alias), raw, env))
         except ConfigError as exc:
             errors.append(str(exc))
-    return Registry(bases=tuple(bases), errors=tuple(errors), path=path)
+            if valid_alias(str(alias)):
+                broken[str(alias)] = str(exc)
+    return Registry(bases=tuple(bases), errors=tuple(errors), path=path, broken=broken,
+                    order=tuple(map(str, entries)))
+
+
+def valid_alias(alias: str) -> bool:
+    return bool(ALIAS_PATTERN.match(alias)) and "__" not in alias
 
 
 def _entry(path: Path, alias: str, raw: Any, env: Mapping[str, str]) -> KnowledgeBase:
     where = f"{path}: knowledge base {alias!r}"
-    if not ALIAS_PATTERN.match(alias) or "__" in alias:
+    if not valid_alias(alias):
         raise ConfigError(f"{where}: not an alias Qdrant and Airflow take: use letters, digits, '-' or '_', "
                           "at most 63, and no '__' (it separates the parts of a collection name)")
     if not isinstance(raw, dict):
@@ -272,6 +316,22 @@ def _entry(path: Path, alias: str, raw: Any, env: Mapping[str, str]) -> Knowledg
                        aws_conn_id=entry.aws_conn_id or AWS_CONN_ID, env=values)
     kb.settings(env)  # every value checked now, as a run would check it
     return kb
+
+
+def stand_in(alias: str, *, registry: Path | None, problem: str, recorded: RecordedEntry | None = None,
+             env: Mapping[str, str] | None = None) -> KnowledgeBase:
+    """What on-call acts on when `alias`'s entry does not load (`problem`): the entry as it last loaded
+    (`recorded`, kept in the state DB), or the alias alone over the environment's settings with its own store
+    folder, as a registry entry has. A rollback needs nothing else: no source, no golden set."""
+    if recorded is not None:
+        return KnowledgeBase(alias=alias, registry=registry or Path(recorded.registry), schedule=recorded.schedule,
+                             qdrant_conn_id=recorded.qdrant_conn_id, ollama_conn_id=recorded.ollama_conn_id,
+                             aws_conn_id=recorded.aws_conn_id, env={**recorded.env, "KB_ALIAS": alias},
+                             problem=problem, recorded_at=recorded.since)
+    env = os.environ if env is None else env
+    qdrant_base = _resolve(project_root(env), env.get("KB_QDRANT_PATH", "").strip() or ".kb/qdrant")
+    return KnowledgeBase(alias=alias, registry=registry, schedule=None,
+                         env={"KB_ALIAS": alias, "KB_QDRANT_PATH": str(qdrant_base / alias)}, problem=problem)
 
 
 def _resolve(folder: Path, value: str) -> Path:

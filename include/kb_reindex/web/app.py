@@ -17,8 +17,8 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from kb_reindex.domain.errors import ConfigError
-from kb_reindex.run.bases import bases_view
-from kb_reindex.services.config import Settings
+from kb_reindex.run.bases import bases_view, on_call_base
+from kb_reindex.services.config import Settings, project_root, state_url_from_env
 from kb_reindex.services.registry import KnowledgeBase, environment_base, load_registry, registry_path
 from kb_reindex.steps.templating import templates
 from kb_reindex.web.actions import add_actions
@@ -45,7 +45,7 @@ def create_app(
     app = FastAPI(title=f"Knowledge index: {kb.alias}", docs_url=None, redoc_url=None)
     dags = DagIds.of(kb)
     ctx = PageContext(settings_factory=settings_factory or kb.settings, airflow=AirflowApi(api_url),
-                      auth=AirflowAuth(dags), dags=dags)
+                      auth=AirflowAuth(dags), dags=dags, registry_error=kb.problem)
     add_views(app, ctx)
     add_actions(app, ctx)
     return app
@@ -68,15 +68,32 @@ class PerKnowledgeBase:
             return
         alias = route[len(KB_PREFIX):].split("/", 1)[0]
         try:
-            kb = load_registry().get(alias)
+            # an entry that no longer loads keeps its page: made from its last entry that loaded, or its alias alone
+            kb = on_call_base(load_registry(), alias, state_url_from_env())
         except ConfigError as exc:
-            await JSONResponse({"detail": str(exc)}, status_code=404)(scope, receive, send)
+            await refused_page(scope, str(exc), route)(scope, receive, send)
             return
         made = self.apps.get(alias)
         if made is None or made[0] != kb:  # the entry changed: its page follows
             made = self.apps[alias] = (kb, self.make(kb))
         child = dict(scope, root_path=scope.get("root_path", "") + KB_PREFIX + alias)
         await made[1](child, receive, send)
+
+
+def shown(message: str) -> str:
+    """A refusal as the page shows it: paths under the project named from there, not from the server's root."""
+    return message.replace(str(project_root()) + os.sep, "")
+
+
+def refused_page(scope: Scope, message: str, route: str) -> Response:
+    """A knowledge base the page cannot open: a page saying why for a browser (an API call gets JSON), with the
+    registry named by its place under the project, never the server's absolute path."""
+    message = shown(message)
+    headers = dict(scope.get("headers") or [])
+    wants_json = route.split("/", 3)[-1].startswith("api/") or b"text/html" not in headers.get(b"accept", b"")
+    if wants_json:
+        return JSONResponse({"detail": message}, status_code=404)
+    return HTMLResponse(templates().get_template("refused.html.j2").render(message=message), status_code=404)
 
 
 def _api_url(airflow_api_url: str | None) -> str:
@@ -94,9 +111,7 @@ def deployment_app(*, airflow_api_url: str | None = None) -> ASGIApp:
 
     def view() -> dict[str, Any]:
         registry = load_registry()
-        if not registry.bases:
-            registry.check()
-        return bases_view(registry, registry.bases[0].settings().state_url).to_dict() if registry.bases else {}
+        return bases_view(registry, state_url_from_env()).to_dict()
 
     @app.get("/api/bases", dependencies=auth.signed_in())
     async def bases() -> JSONResponse:
@@ -112,7 +127,7 @@ def deployment_app(*, airflow_api_url: str | None = None) -> ASGIApp:
         try:
             answer = view()
         except ConfigError as exc:
-            answer = {"knowledge_bases": [], "refused": [str(exc)]}
+            answer = {"knowledge_bases": [], "refused": [shown(str(exc))]}
         from kb_reindex.run.bases import when_it_runs
 
         return HTMLResponse(templates().get_template("bases.html.j2").render(**answer, when_it_runs=when_it_runs))

@@ -70,6 +70,9 @@ class PageContext:
     auth: AirflowAuth
     #: the DAGs of this page's knowledge base
     dags: DagIds = field(default_factory=DagIds)
+    #: its registry entry does not load (kb_reindex.services.registry.KnowledgeBase.problem): why; the page and
+    #: its rollback stay
+    registry_error: str | None = None
 
     async def status_now(self) -> PageStatus:
         return await asyncio.to_thread(page_status, self.settings_factory())

@@ -18,10 +18,12 @@ from kb_reindex.web.airflow_api import AirflowApi, DagIds, DagJson, DagRun, Sche
 from kb_reindex.web.context import PageContext
 
 
-def render_page(settings: Settings, dags: DagIds) -> str:
-    """The page (templates/page.html.j2, autoescaped); its script fills everything else in from /api/status."""
+def render_page(settings: Settings, dags: DagIds, registry_error: str | None = None) -> str:
+    """The page (templates/page.html.j2, autoescaped); its script fills everything else in from /api/status.
+    `registry_error`: its registry entry does not load, said at the top."""
     return templates().get_template("page.html.j2").render(alias=settings.alias, timezone=airflow_timezone(), dags=dags,
-                                                               registered=dags != DagIds(), kept_notes=KEPT_NOTES)
+                                                               registered=dags != DagIds(), kept_notes=KEPT_NOTES,
+                                                               registry_error=registry_error)
 
 
 def airflow_timezone() -> str:
@@ -212,4 +214,4 @@ def add_views(app: FastAPI, ctx: PageContext) -> None:
     async def page(request: Request) -> Response:
         if (login := await auth.login_redirect(request)) is not None:
             return login
-        return HTMLResponse(render_page(ctx.settings_factory(), ctx.dags))
+        return HTMLResponse(render_page(ctx.settings_factory(), ctx.dags, ctx.registry_error))

@@ -10,6 +10,7 @@ from sqlalchemy.engine import make_url
 
 from kb_reindex.domain.errors import ConfigError, StateEmpty, StateMissing, StateUnreachable, connect_failure
 from kb_reindex.services.state.clock import Clock, SystemClock
+from kb_reindex.services.state.entries import EntriesMixin
 from kb_reindex.services.state.freezes import FreezesMixin
 from kb_reindex.services.state.history import HistoryMixin
 from kb_reindex.services.state.locks import LocksMixin
@@ -30,7 +31,7 @@ from kb_reindex.services.state.versions import VersionsMixin
 
 
 class StateStore(VersionsMixin, ManifestsMixin, RunsMixin, HistoryMixin, LocksMixin, FreezesMixin, SlotsMixin,
-                 ScreenScoresMixin):
+                 ScreenScoresMixin, EntriesMixin):
     """All reads and writes of the state DB. Short transactions; nothing held across embedding calls."""
 
     def __init__(self, url: str, *, engine: sa.Engine | None = None, create: bool = True,
