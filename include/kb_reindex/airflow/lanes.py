@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import NotRequired, TypedDict
 
 from kb_reindex.domain.errors import ConfigError
+from kb_reindex.services.config import env_int
 
 ONCALL_QUEUE_ENV = "KB_ONCALL_QUEUE"
 ONCALL_POOL_ENV = "KB_ONCALL_POOL"
@@ -69,19 +70,6 @@ def oncall_lane(env: Mapping[str, str] | None = None) -> OnCallLane:
                       queue=env.get(ONCALL_QUEUE_ENV, "").strip() or None)
 
 
-def _whole(env: Mapping[str, str], name: str, default: int, minimum: int) -> int:
-    raw = env.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ConfigError(f"{name}={raw!r} is not a whole number") from None
-    if value < minimum:
-        raise ConfigError(f"{name}={value} must be at least {minimum}")
-    return value
-
-
 @dataclass(frozen=True)
 class PoolSize:
     name: str
@@ -120,9 +108,9 @@ def deployment_pools(env: Mapping[str, str] | None = None) -> list[PoolSize]:
     for message in registry.errors:
         print(f"kb-reindex: configuration error: {message}", file=sys.stderr)
     builds = [(kb.pool, kb.settings(env).build_parallelism) for kb in registry.bases]
-    return pool_sizes(builds, parallelism=_whole(env, PARALLELISM_ENV, DEFAULT_PARALLELISM, 1),
+    return pool_sizes(builds, parallelism=env_int(env, PARALLELISM_ENV, DEFAULT_PARALLELISM, minimum=1),
                       oncall_pool=oncall_lane(env).pool,
-                      oncall_slots=_whole(env, ONCALL_SLOTS_ENV, DEFAULT_ONCALL_SLOTS, 1))
+                      oncall_slots=env_int(env, ONCALL_SLOTS_ENV, DEFAULT_ONCALL_SLOTS, minimum=1))
 
 
 def main() -> None:

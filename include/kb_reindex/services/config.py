@@ -72,7 +72,8 @@ def knowledge_source(root: Path, value: str, *, setting: str = "KB_KNOWLEDGE_DIR
     return str(_resolve(root, value))
 
 
-def _int(env: Mapping[str, str], name: str, default: int, *, minimum: int) -> int:
+def env_int(env: Mapping[str, str], name: str, default: int, *, minimum: int) -> int:
+    """A whole number setting of at least `minimum`; the refusal names the setting."""
     raw = env.get(name, "").strip()
     if not raw:
         return default
@@ -178,7 +179,7 @@ def split_ollama_hosts(value: str, *, source: str = "OLLAMA_HOST") -> list[str]:
 
 
 def _port(env: Mapping[str, str], name: str, default: int) -> int:
-    value = _int(env, name, default, minimum=1)
+    value = env_int(env, name, default, minimum=1)
     if value > 65535:
         raise ConfigError(f"{name}={value} is not a port (1-65535)")
     return value
@@ -313,11 +314,11 @@ class Settings:
         qdrant_path = None if qdrant_url else _resolve(root, env.get("KB_QDRANT_PATH", ".kb/qdrant"))
         state_url = state_url_from_env(env)
         dim_raw = env.get("KB_EMBED_DIM", "").strip()
-        embed_dim = _int(env, "KB_EMBED_DIM", 0, minimum=1) if dim_raw else None
+        embed_dim = env_int(env, "KB_EMBED_DIM", 0, minimum=1) if dim_raw else None
         if embed_dim is None:
             embed_dim = DEFAULT_DIMS.get(embedder)
-        chunk_size = _int(env, "KB_CHUNK_SIZE", 500, minimum=50)
-        chunk_overlap = _int(env, "KB_CHUNK_OVERLAP", 50, minimum=0)
+        chunk_size = env_int(env, "KB_CHUNK_SIZE", 500, minimum=50)
+        chunk_overlap = env_int(env, "KB_CHUNK_OVERLAP", 50, minimum=0)
         if chunk_overlap >= chunk_size // 2:
             raise ConfigError(f"KB_CHUNK_OVERLAP={chunk_overlap} must be less than half of KB_CHUNK_SIZE={chunk_size}")
         timeout_raw = env.get("KB_OLLAMA_TIMEOUT", "60").strip()
@@ -344,30 +345,30 @@ class Settings:
             chunk_size=chunk_size,
             chunk_overlap=chunk_overlap,
             reports_dir=_resolve(root, env.get("KB_REPORTS_DIR", ".kb/reports")),
-            keep_versions=_int(env, "KB_KEEP_VERSIONS", 2, minimum=0),
-            embed_batch_size=_int(env, "KB_EMBED_BATCH_SIZE", 32, minimum=1),
-            copy_batch_size=_int(env, "KB_COPY_BATCH_SIZE", 256, minimum=1),
-            max_doc_bytes=_int(env, "KB_MAX_DOC_BYTES", 2_000_000, minimum=1),
-            lock_ttl_s=_int(env, "KB_LOCK_TTL", 3600, minimum=10),
+            keep_versions=env_int(env, "KB_KEEP_VERSIONS", 2, minimum=0),
+            embed_batch_size=env_int(env, "KB_EMBED_BATCH_SIZE", 32, minimum=1),
+            copy_batch_size=env_int(env, "KB_COPY_BATCH_SIZE", 256, minimum=1),
+            max_doc_bytes=env_int(env, "KB_MAX_DOC_BYTES", 2_000_000, minimum=1),
+            lock_ttl_s=env_int(env, "KB_LOCK_TTL", 3600, minimum=10),
             instruction_policy=_instruction_policy(env),
             instruction_screen=_instruction_screen(env),
-            lock_wait_s=_int(env, "KB_LOCK_WAIT", 30, minimum=0),
+            lock_wait_s=env_int(env, "KB_LOCK_WAIT", 30, minimum=0),
             qdrant_https=qdrant_https,
             qdrant_prefix=env.get("KB_QDRANT_PREFIX", "").strip().strip("/") or None,
             qdrant_prefer_grpc=_bool(env, "KB_QDRANT_PREFER_GRPC"),
             qdrant_grpc_port=_port(env, "KB_QDRANT_GRPC_PORT", 6334),
-            qdrant_timeout_s=_int(env, "KB_QDRANT_TIMEOUT", 60, minimum=1),
+            qdrant_timeout_s=env_int(env, "KB_QDRANT_TIMEOUT", 60, minimum=1),
             collection_config=_collection_config(env, root),
-            index_wait_s=_int(env, "KB_INDEX_WAIT_S", 600, minimum=0),
+            index_wait_s=env_int(env, "KB_INDEX_WAIT_S", 600, minimum=0),
             snapshot_before_drop=_bool(env, "KB_SNAPSHOT_BEFORE_DROP"),
-            embed_concurrency=_int(env, "KB_EMBED_CONCURRENCY", 1, minimum=1),
+            embed_concurrency=env_int(env, "KB_EMBED_CONCURRENCY", 1, minimum=1),
             payload_layout=_payload_layout(env),
             query_log=_bool(env, "KB_QUERY_LOG"),
-            query_log_keep=_int(env, "KB_QUERY_LOG_KEEP", 5000, minimum=1),
-            replay_queries=_int(env, "KB_REPLAY_QUERIES", 200, minimum=0),
+            query_log_keep=env_int(env, "KB_QUERY_LOG_KEEP", 5000, minimum=1),
+            replay_queries=env_int(env, "KB_REPLAY_QUERIES", 200, minimum=0),
             watch_minutes=_minutes(env, "KB_WATCH_MINUTES"),
-            watch_interval_s=float(_int(env, "KB_WATCH_INTERVAL_S", 60, minimum=1)),
-            build_parallelism=_int(env, "KB_BUILD_PARALLELISM", 1, minimum=1),
+            watch_interval_s=float(env_int(env, "KB_WATCH_INTERVAL_S", 60, minimum=1)),
+            build_parallelism=env_int(env, "KB_BUILD_PARALLELISM", 1, minimum=1),
             default_tenant=_tenant(env),
             source_poll_s=_seconds(env, "KB_SOURCE_POLL_S", 15.0),
             source_quiet_s=_seconds(env, "KB_SOURCE_QUIET_S", 5.0),
