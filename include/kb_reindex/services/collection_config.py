@@ -126,8 +126,10 @@ def load_collection_config(raw: str | Mapping[str, Any], *, source: str, root: P
             text, text_source = path.read_text(encoding="utf-8"), f"{source} ({path})"
         import yaml  # JSON is YAML: one parser for both
 
+        from kb_reindex.services.yaml_input import load_yaml
+
         try:
-            raw = yaml.safe_load(text)
+            raw = load_yaml(text, where=text_source)
         except yaml.YAMLError as exc:
             raise ConfigError(f"{text_source} is not valid JSON or YAML: {' '.join(str(exc).split())}") from None
     return validate_collection_config(raw, source=text_source)

@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from kb_reindex.domain.errors import ConfigError
 from kb_reindex.services.config import ALIAS_PATTERN, EMBEDDERS, Settings, knowledge_source, project_root
+from kb_reindex.services.yaml_input import load_yaml
 
 if TYPE_CHECKING:  # the state DB is never imported while a DAG file parses
     from kb_reindex.services.state.entries import RecordedEntry
@@ -200,12 +201,16 @@ class _UniqueKeyLoader(yaml.SafeLoader):
     """YAML that refuses a key given twice in one mapping (PyYAML would keep the last silently)."""
 
 
+class _KeyTwice(ConfigError):
+    """A key given twice in one mapping of the registry (its file named by the loader's caller)."""
+
+
 def _unique_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
     seen: set[Any] = set()
     for key_node, _value in node.value:
         key = loader.construct_object(key_node, deep=deep)
         if key in seen:
-            raise ConfigError(f"line {key_node.start_mark.line + 1}: {key!r} is given twice")
+            raise _KeyTwice(f"line {key_node.start_mark.line + 1}: {key!r} is given twice")
         seen.add(key)
     return loader.construct_mapping(node, deep=deep)
 
@@ -244,8 +249,8 @@ def load_registry(env: Mapping[str, str] | None = None) -> Registry:
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{REGISTRY_ENV}: {path} cannot be read: {exc}") from None
     try:
-        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader
-    except ConfigError as exc:
+        data = load_yaml(text, where=str(path), loader=_UniqueKeyLoader)
+    except _KeyTwice as exc:
         raise ConfigError(f"{path}: {exc}") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {str(exc).splitlines()[0]}") from None

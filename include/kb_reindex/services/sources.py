@@ -26,9 +26,9 @@ import yaml
 from kb_reindex.domain.errors import KnowledgeFolderMissing, SourceError, SourceRefused
 from kb_reindex.domain.freshness import ListedFile, Listing
 from kb_reindex.services.object_store import BucketLocation, bucket_failure, endpoint_of
+from kb_reindex.services.yaml_input import FRONT_MATTER, TEXT_DATES_LOADER, load_yaml
 
 FRONT_MATTER_FIELDS = ("title", "category", "tenant")
-_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when present: same rules, much faster
 # the state DB's column sizes: refuse here, with the file named, rather than fail inside MySQL
 MAX_LENGTHS = {"knowledge_key": 255, "source": 512, "title": 512, "category": 128, "tenant": 128}
 DEFAULT_CATEGORY = "general"
@@ -83,7 +83,8 @@ def _split_front_matter(text: str, source: str) -> tuple[dict[str, str], str]:
     if after and not after.startswith("\n"):
         raise SourceError(f"{source}: front matter closing '---' must stand alone on its line")
     try:
-        meta = yaml.load(raw, Loader=_YAML_LOADER) if raw.strip() else {}
+        meta = load_yaml(raw, where=f"{source}: front matter", limits=FRONT_MATTER, loader=TEXT_DATES_LOADER,
+                         error=SourceError) if raw.strip() else {}
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" (line {mark.line + 2})" if mark is not None else ""

@@ -12,6 +12,7 @@ import yaml
 
 from kb_reindex.rules.content_loss import DEFAULT_MAX_DOCS_REMOVED, DEFAULT_MAX_SHRINK
 from kb_reindex.domain.errors import GoldenSetError, GoldenSetMissing
+from kb_reindex.services.yaml_input import load_yaml
 from kb_reindex.domain.validation_model import CategoryScore, PairedComparison, ProbeResult
 
 
@@ -53,7 +54,8 @@ def load_golden_set(path: Path, *, text: str | None = None) -> GoldenSet:
         raise GoldenSetMissing(f"golden set {where} does not exist (KB_GOLDEN_SET): set KB_GOLDEN_SET to the golden "
                                "set file, or restore it")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8") if text is None else text)
+        data = load_yaml(path.read_text(encoding="utf-8") if text is None else text, where=where,
+                         error=GoldenSetError)
     except UnicodeDecodeError:
         raise GoldenSetError(f"{where}: not valid UTF-8") from None
     except yaml.YAMLError as exc:

@@ -28,6 +28,7 @@ from kb_reindex.steps.golden import first_hit_rank
 from kb_reindex.services.runtime import Deps
 from kb_reindex.services.state.versions import VersionRecord
 from kb_reindex.domain.validation_model import ReplayQuery, ReplayReport
+from kb_reindex.services.yaml_input import load_yaml
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +50,8 @@ def load_replay_gate(path: Path, *, text: str | None = None) -> ReplayGate:
     file's content as a plan recorded it (a build's validation reads no file)."""
     where = str(path)
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8") if text is None else text)
+        data = load_yaml(path.read_text(encoding="utf-8") if text is None else text, where=where,
+                         error=GoldenSetError)
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
         raise GoldenSetError(f"{where}: cannot read the replay thresholds: {exc}") from None
     raw = data.get("replay") if isinstance(data, dict) else None

@@ -1,0 +1,150 @@
+"""YAML bombs and impossible values: one line naming the file, within a time and memory limit, no lock left.
+
+Each bomb is read in a subprocess with an address-space limit and a timeout, so a parser that expands it
+fails the test instead of taking the suite's machine with it."""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+CLI = Path(sys.executable).with_name("kb-reindex")
+
+
+def laughs(levels: int = 9, width: int = 9) -> str:
+    """The billion laughs: each anchor a list of `width` aliases of the one before."""
+    lines = ['a0: &a0 "lol"']
+    for n in range(1, levels + 1):
+        lines.append(f"a{n}: &a{n} [{', '.join([f'*a{n - 1}'] * width)}]")
+    return "\n".join(lines) + f"\ntitle: *a{levels}\n"
+
+
+def merges(levels: int = 24) -> str:
+    """Merge keys of merge keys: each mapping merges the one before twice over."""
+    lines = ["m0: &m0 {x: 1}"]
+    for n in range(1, levels + 1):
+        lines.append(f"m{n}: &m{n} {{<<: [*m{n - 1}, *m{n - 1}], k{n}: {n}}}")
+    return "\n".join(lines) + f"\ntitle: ok\ncategory: *m{levels}\n"
+
+
+BOMBS = {
+    "anchors": laughs(),
+    "merge keys": merges(),
+    "deep nesting": "title: " + "[" * 5000 + "]" * 5000 + "\n",
+    "deep block nesting": "title:\n  " + "- " * 3000 + "x\n",
+    "nesting past ours, within libyaml's": "title: " + "[" * 200 + "]" * 200 + "\n",
+    "wide aliases": "a: &a [" + ", ".join(["x"] * 2000) + "]\ntitle: [" + ", ".join(["*a"] * 2000) + "]\n",
+}
+
+
+def _limited() -> None:
+    resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))  # 1 GiB: the bomb would need many more
+
+
+@pytest.mark.parametrize("kind", sorted(BOMBS))
+def test_a_yaml_bomb_in_front_matter_is_one_line_naming_the_file(kind: str, tmp_path: Path) -> None:
+    page = tmp_path / "bomb.md"
+    page.write_text(f"---\n{BOMBS[kind]}---\n# Bomb\n\ntext\n", encoding="utf-8")
+    code = ("import sys\n"
+            "from kb_reindex.domain.errors import SourceError\n"
+            "from kb_reindex.services.sources import _split_front_matter\n"
+            "text = open(sys.argv[1], encoding='utf-8').read()\n"
+            "try:\n"
+            "    _split_front_matter(text, 'docs/bomb.md')\n"
+            "except SourceError as exc:\n"
+            "    print(exc)\n"
+            "else:\n"
+            "    print('READ')\n")
+    done = subprocess.run([sys.executable, "-c", code, str(page)], capture_output=True, text=True, timeout=60,
+                          preexec_fn=_limited)
+    assert done.returncode == 0, done.stderr[-2000:]
+    [line] = done.stdout.splitlines()
+    assert line.startswith("docs/bomb.md: front matter"), line
+    assert any(word in line for word in ("expands to more than", "nested more than", "nesting depth")), line
+
+
+@pytest.mark.parametrize("kind", ["anchors", "merge keys"])
+def test_a_yaml_bomb_in_the_golden_set_or_registry_is_refused_by_name(kind: str, tmp_path: Path) -> None:
+    golden = tmp_path / "golden.yaml"
+    golden.write_text(BOMBS[kind].replace("title:", "k: 4\nprobes:"), encoding="utf-8")
+    registry = tmp_path / "registry.yaml"
+    registry.write_text(BOMBS[kind].replace("title:", "knowledge_bases:"), encoding="utf-8")
+    code = ("import sys, os\n"
+            "from kb_reindex.domain.errors import KbError\n"
+            "from kb_reindex.steps.golden import load_golden_set\n"
+            "from kb_reindex.services.registry import load_registry\n"
+            "from pathlib import Path\n"
+            "for read in (lambda: load_golden_set(Path(sys.argv[1])),\n"
+            "             lambda: load_registry({'KB_REGISTRY': sys.argv[2], 'KB_PROJECT_ROOT': '/'})):\n"
+            "    try:\n"
+            "        read()\n"
+            "    except KbError as exc:\n"
+            "        print(exc)\n")
+    done = subprocess.run([sys.executable, "-c", code, str(golden), str(registry)], capture_output=True, text=True,
+                          timeout=60, preexec_fn=_limited)
+    assert done.returncode == 0, done.stderr[-2000:]
+    first, second = done.stdout.splitlines()
+    assert first.startswith(f"{golden}: YAML that expands to more than"), first
+    assert second.startswith(f"{registry}: YAML that expands to more than"), second
+
+
+def test_anchors_used_as_meant_still_read() -> None:
+    from kb_reindex.services.yaml_input import load_yaml
+
+    text = "base: &base {k: 4, tenant: shop}\nmine:\n  <<: *base\n  k: 6\nboth: [*base, *base]\n"
+    assert load_yaml(text, where="x.yaml") == {"base": {"k": 4, "tenant": "shop"},
+                                               "mine": {"k": 6, "tenant": "shop"},
+                                               "both": [{"k": 4, "tenant": "shop"}] * 2}
+
+
+def test_a_date_like_front_matter_value_is_text_not_a_traceback() -> None:
+    from kb_reindex.services.sources import _split_front_matter
+
+    fields, _body = _split_front_matter("---\ntitle: 2026-13-45\ncategory: 2026-12-01\n---\n# T\n", "docs/d.md")
+    assert fields == {"title": "2026-13-45", "category": "2026-12-01"}
+
+
+def test_an_impossible_date_in_a_golden_set_names_the_file(tmp_path: Path) -> None:
+    from kb_reindex.domain.errors import GoldenSetError
+    from kb_reindex.steps.golden import load_golden_set
+
+    golden = tmp_path / "golden.yaml"
+    golden.write_text("k: 4\nchecked: 2026-13-45\nprobes: []\n", encoding="utf-8")
+    with pytest.raises(GoldenSetError, match=rf"^{golden}: a value YAML cannot read \(ValueError: month must be"):
+        load_golden_set(golden)
+
+
+def test_front_matter_past_its_size_is_refused_by_name() -> None:
+    from kb_reindex.domain.errors import SourceError
+    from kb_reindex.services.sources import _split_front_matter
+
+    big = "---\ntitle: t\nnote: " + "x" * 70_000 + "\n---\n# T\n"
+    with pytest.raises(SourceError, match=r"^docs/big.md: front matter: 70,\d{3} bytes of YAML, more than the "
+                                          r"65,536 read$"):
+        _split_front_matter(big, "docs/big.md")
+
+
+def test_the_billion_laughs_page_fails_a_run_in_one_line_and_leaves_no_lock(project: Path) -> None:
+    """What a contributor's page did to the product: `run` hung holding the lock. Now the run fails naming
+    the page, the lock is gone, and the next run (the page fixed) promotes."""
+    page = project / "knowledge" / "docs" / "bomb.md"
+    page.write_text(f"---\n{laughs()}---\n# Bomb\n\ntext\n", encoding="utf-8")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KB_") or k.startswith("KB_TEST_")}
+    env.update(KB_PROJECT_ROOT=str(project), KB_EMBEDDER="hashing", KB_LOCK_WAIT="0")
+    failed = subprocess.run([str(CLI), "run", "--json", "-q"], env=env, capture_output=True, text=True, timeout=120)
+    answer = json.loads(failed.stdout)
+    assert failed.returncode != 0 and answer["outcome"] == "failed", failed.stdout + failed.stderr
+    assert "bomb.md: front matter: YAML that expands to more than 10,000 values" in answer["error"], answer
+    assert "Traceback" not in failed.stderr
+    status = subprocess.run([str(CLI), "status", "--json", "-q"], env=env, capture_output=True, text=True,
+                            timeout=120)
+    assert json.loads(status.stdout)["locks"] == []
+    page.write_text("# Bomb\n\nnow a page\n", encoding="utf-8")
+    again = subprocess.run([str(CLI), "run", "--json", "-q"], env=env, capture_output=True, text=True, timeout=120)
+    assert json.loads(again.stdout)["outcome"] == "promoted", again.stdout + again.stderr
