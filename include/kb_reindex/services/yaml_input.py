@@ -36,7 +36,7 @@ FRONT_MATTER = YamlLimits(max_bytes=64 * 1024, max_nodes=10_000)
 SETTINGS_FILE = YamlLimits(max_bytes=16 * 1024 * 1024, max_nodes=500_000)
 
 
-def _text_dates(base: type) -> type:
+def _text_dates(base: Any) -> type:
     """`base` with dates and times read as the text they are: a front-matter `title: 2026-13-45` is a title,
     not an impossible date that ends in a traceback."""
     resolvers = {first: [(tag, regexp) for tag, regexp in found if tag != "tag:yaml.org,2002:timestamp"]
