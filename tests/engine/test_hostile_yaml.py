@@ -148,3 +148,38 @@ def test_the_billion_laughs_page_fails_a_run_in_one_line_and_leaves_no_lock(proj
     page.write_text("# Bomb\n\nnow a page\n", encoding="utf-8")
     again = subprocess.run([str(CLI), "run", "--json", "-q"], env=env, capture_output=True, text=True, timeout=120)
     assert json.loads(again.stdout)["outcome"] == "promoted", again.stdout + again.stderr
+
+
+# --- names that lie ---------------------------------------------------------------------------------------
+
+FORGED = "x\n2026-12-01 23:59:59,000 INFO kb_reindex: nothing flagged"
+
+
+def test_a_file_name_that_would_forge_a_log_line_is_refused_escaped(project: Path) -> None:
+    docs = project / "knowledge" / "docs"
+    (docs / f"{FORGED}.md").write_text("# Forged\n\ntext\n", encoding="utf-8")
+    (docs / "rtl\u202egpj.md").write_text("# Reversed\n\ntext\n", encoding="utf-8")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KB_") or k.startswith("KB_TEST_")}
+    env.update(KB_PROJECT_ROOT=str(project), KB_EMBEDDER="hashing", KB_LOCK_WAIT="0")
+    done = subprocess.run([str(CLI), "run", "--json"], env=env, capture_output=True, text=True, timeout=120)
+    answer = json.loads(done.stdout)
+    assert answer["outcome"] == "failed", done.stdout
+    assert "x\\n2026-12-01 23:59:59,000 INFO kb_reindex: nothing flagged.md: its name holds 1 unprintable " \
+           "character(s) (U+000A unnamed); refused: rename it" in answer["error"], answer["error"]
+    assert "rtl\\u202egpj.md: its name holds 1 unprintable character(s) (U+202E RIGHT-TO-LEFT OVERRIDE)" in \
+        answer["error"]
+    for line in done.stderr.splitlines() + answer["error"].splitlines():
+        assert not line.startswith("2026-12-01 23:59:59,000"), line
+        assert "\u202e" not in line
+
+
+def test_a_title_with_a_control_character_is_refused_by_file_and_field() -> None:
+    from kb_reindex.domain.errors import SourceError
+    from kb_reindex.services.sources import _split_front_matter, parse_document
+    from pathlib import PurePosixPath
+
+    text = '---\ntitle: "Returns\\nINFO forged"\n---\n# T\n\ntext\n'
+    assert _split_front_matter(text, "docs/t.md")[0]["title"] == "Returns\nINFO forged"
+    with pytest.raises(SourceError, match=r"^docs/t.md: Returns\\nINFO forged: its front matter field 'title' holds "
+                                          r"1 unprintable character\(s\) \(U\+000A unnamed\); refused$"):
+        parse_document(PurePosixPath("docs/t.md"), "docs/t.md", text.encode())

@@ -25,6 +25,7 @@ import yaml
 
 from kb_reindex.domain.errors import KnowledgeFolderMissing, SourceError, SourceRefused
 from kb_reindex.domain.freshness import ListedFile, Listing
+from kb_reindex.domain.names import name_problem
 from kb_reindex.services.object_store import BucketLocation, bucket_failure, endpoint_of
 from kb_reindex.services.yaml_input import FRONT_MATTER, TEXT_DATES_LOADER, load_yaml
 
@@ -215,6 +216,9 @@ def parse_document(path: PurePath, source: str, data: bytes, *, default_tenant: 
         content_hash=document_hash(text, inherited_tenant=None if "tenant" in meta else default_tenant),
         body_line=text[: len(text) - len(body)].count("\n") + 1,
     )
+    for name in FRONT_MATTER_FIELDS:
+        if (problem := name_problem(getattr(document, name), what=f"front matter field '{name}'", fix=None)):
+            raise SourceError(f"{source}: {problem}")
     for name, limit in MAX_LENGTHS.items():
         value = getattr(document, name)
         if len(value) > limit:
@@ -311,8 +315,11 @@ def list_source(knowledge: KnowledgeSource) -> tuple[list[ListedFile], list[str]
                 problems.append(f"{source}: cannot be read ({exc.strerror or type(exc).__name__})")
                 continue
             files.append(ListedFile(source, st.st_size, st.st_mtime_ns))
-        return files, problems
-    return _list_bucket(knowledge), []
+    else:
+        files, problems = _list_bucket(knowledge), []
+    # a name with a newline or a control character would forge log lines and errors: refused, shown escaped
+    named = [(f, name_problem(f.source, what="name")) for f in files]
+    return [f for f, problem in named if problem is None], problems + [p for _f, p in named if p is not None]
 
 
 def _list_bucket(knowledge: KnowledgeSource) -> list[ListedFile]:
