@@ -16,7 +16,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from chromium_page import FRAME_ROUTE, PREFIX, airflow_frame, chromium, needs_chromium, served, sign_in
-from conftest import REPO, settings_for
+from conftest import REPO, as_page, settings_for
 from kb_reindex.run.pipeline import run_reindex
 from kb_reindex.services.registry import select_knowledge_base
 from kb_reindex.services.runtime import open_deps
@@ -100,7 +100,7 @@ def test_the_page_lists_every_knowledge_base_and_each_acts_on_its_own_dags(
     assert anonymous.get("/api/bases").status_code == 401
     assert anonymous.get(f"/kb/{SHOP}/api/status").status_code == 401
 
-    client = TestClient(app, cookies={"_token": tokens["user"]})
+    client = TestClient(app, **as_page(tokens["user"]))
     listed = client.get("/ui").text
     assert f'href="kb/{SHOP}/ui"' in listed and f'href="kb/{SELLER}/ui"' in listed
     bases = {b["alias"]: b for b in client.get("/api/bases").json()["knowledge_bases"]}
@@ -149,7 +149,7 @@ def test_a_typo_in_an_entry_keeps_its_page_and_its_rollback_and_refusals_are_pag
     registry = project / "knowledge" / "registry.yaml"
     registry.write_text(registry.read_text(encoding="utf-8").replace("    golden_set: golden.yaml",
                                                                      "    golden_sett: golden.yaml"), encoding="utf-8")
-    client = TestClient(deployment_app(airflow_api_url=airflow.url), cookies={"_token": tokens["user"]})
+    client = TestClient(deployment_app(airflow_api_url=airflow.url), **as_page(tokens["user"]))
     bases = {b["alias"]: b for b in client.get("/api/bases").json()["knowledge_bases"]}
     assert list(bases) == [SHOP, SELLER] and bases[SHOP]["live_version"] == 2
     assert "golden_sett: unknown key" in bases[SHOP]["registry_error"] and bases[SELLER]["registry_error"] is None

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 import pytest
-from conftest import REPO, settings_for
+from conftest import REPO, as_page, settings_for
 from fastapi.testclient import TestClient
 from kb_reindex.run.pipeline import run_reindex
 from kb_reindex.services.config import Settings
@@ -281,7 +281,7 @@ def test_status_reports_and_rollback_authorisation(site: tuple[Settings, FakeAir
                                                    tokens: dict[str, str]) -> None:
     settings, airflow = site
     app = create_app(settings_factory=lambda: settings, airflow_api_url=airflow.url)
-    client = TestClient(app, cookies={"_token": tokens["viewer"]})
+    client = TestClient(app, **as_page(tokens["viewer"]))
     status = client.get("/api/status").json()
     assert status["live"]["version"] == 3 and status["rollback_target"] == 2
     assert [e["action"] for e in status["history"]] == ["promote"] * 3
@@ -294,7 +294,7 @@ def test_status_reports_and_rollback_authorisation(site: tuple[Settings, FakeAir
     assert refused.status_code == 403 and airflow.triggers == []
     user = {"Authorization": f"Bearer {tokens['user']}"}  # an explicit bearer wins over the viewer's cookie
     assert client.post("/api/rollback", json={"to_version": 2, "live_version": 3}, headers=user).status_code == 422
-    ok = TestClient(app, cookies={"_token": tokens["user"]}).post(
+    ok = TestClient(app, **as_page(tokens["user"])).post(
         "/api/rollback", json={"to_version": 2, "reason": "bad text", "live_version": 3})
     assert ok.status_code == 200
     assert airflow.triggers == [{"to_version": 2, "reason": "bad text", "confirm": True, "live_version": 3}]
@@ -310,7 +310,7 @@ def test_rollback_when_the_airflow_api_does_not_answer_says_so_and_changes_nothi
     settings, _airflow = site
     nowhere = f"http://127.0.0.1:{free_port()}"
     client = TestClient(create_app(settings_factory=lambda: settings, airflow_api_url=nowhere),
-                        cookies={"_token": tokens["user"]})
+                        **as_page(tokens["user"]))
     answer = client.post("/api/rollback", json={"to_version": 2, "reason": "x", "live_version": 3})
     assert answer.status_code == 502
     assert nowhere in answer.json()["detail"] and "nothing was triggered" in answer.json()["detail"]
@@ -341,7 +341,7 @@ def test_rollback_whose_request_got_no_answer_says_a_run_may_exist(site: tuple[S
     try:
         url = f"http://127.0.0.1:{listener.getsockname()[1]}"
         client = TestClient(create_app(settings_factory=lambda: settings, airflow_api_url=url),
-                            cookies={"_token": tokens["user"]})
+                            **as_page(tokens["user"]))
         answer = client.post("/api/rollback", json={"to_version": 2, "reason": "x", "live_version": 3})
     finally:
         listener.close()
@@ -357,7 +357,7 @@ def test_a_script_in_the_alias_comes_out_escaped_in_the_page(project: Path, toke
     alias = "kb</script><script>alert('x')</script>"
     settings = replace(settings_for(project), alias=alias)
     app = create_app(settings_factory=lambda: settings, airflow_api_url="http://127.0.0.1:9")
-    page = TestClient(app, cookies={"_token": tokens["viewer"]}).get("/ui")
+    page = TestClient(app, **as_page(tokens["viewer"])).get("/ui")
     assert page.status_code == 200
     assert "<script>alert" not in page.text and page.text.count("<script>") == 1
     assert "<code>kb&lt;/script&gt;&lt;script&gt;alert(&#39;x&#39;)&lt;/script&gt;</code>" in page.text
@@ -379,8 +379,8 @@ def test_shadow_promotion_pause_and_runs_through_airflow_as_the_caller(busy_site
                                                                         tokens: dict[str, str]) -> None:
     settings, airflow = busy_site
     app = create_app(settings_factory=lambda: settings, airflow_api_url=airflow.url)
-    viewer = TestClient(app, cookies={"_token": tokens["viewer"]})
-    user = TestClient(app, cookies={"_token": tokens["user"]})
+    viewer = TestClient(app, **as_page(tokens["viewer"]))
+    user = TestClient(app, **as_page(tokens["user"]))
     rows = {v["version"]: v for v in viewer.get("/api/status").json()["versions"]}
     assert sorted(n for n, v in rows.items() if v["rollback_allowed"]) == [1, 2]
     assert [n for n, v in rows.items() if v["shadow"]] == [4] and rows[5]["status"] == "building"
@@ -422,7 +422,7 @@ def test_airflow_view_says_when_airflow_does_not_answer(site: tuple[Settings, Fa
     settings, _airflow = site
     nowhere = f"http://127.0.0.1:{free_port()}"
     client = TestClient(create_app(settings_factory=lambda: settings, airflow_api_url=nowhere),
-                        cookies={"_token": tokens["viewer"]})
+                        **as_page(tokens["viewer"]))
     view = client.get("/api/airflow").json()
     assert view["reindex_paused"] is None and view["runs"] == [] and nowhere in view["errors"][0]
     assert client.get("/api/status").status_code == 200  # the engine's side of the page still answers
@@ -681,7 +681,7 @@ def engine_status(settings: Settings) -> dict:
 
 def _clients(settings: Settings, airflow: FakeAirflowApi, tokens: dict[str, str]) -> tuple[TestClient, TestClient]:
     app = create_app(settings_factory=lambda: settings, airflow_api_url=airflow.url)
-    return TestClient(app, cookies={"_token": tokens["viewer"]}), TestClient(app, cookies={"_token": tokens["user"]})
+    return TestClient(app, **as_page(tokens["viewer"])), TestClient(app, **as_page(tokens["user"]))
 
 
 def _wait_for_end(client: TestClient, run: dict) -> dict:
@@ -800,7 +800,7 @@ def test_the_page_never_creates_a_state_db(project: Path, tokens: dict[str, str]
     settings = settings_for(project)
     state_file = Path(settings.state_url.removeprefix("sqlite:///"))
     client = TestClient(create_app(settings_factory=lambda: settings, airflow_api_url="http://127.0.0.1:9"),
-                        cookies={"_token": tokens["viewer"]})
+                        **as_page(tokens["viewer"]))
     answer = client.get("/api/status")
     # a fresh install: what to do first, not an HTTP error; where it looked is named (a KB_STATE_URL typo)
     assert answer.status_code == 200 and answer.json()["fresh"] is True
@@ -810,7 +810,7 @@ def test_the_page_never_creates_a_state_db(project: Path, tokens: dict[str, str]
     assert page.status_code == 200 and "no version yet: trigger ${REINDEX_DAG}" in page.text
     # nor does an action: each says the state DB is missing, and still creates nothing
     user = TestClient(create_app(settings_factory=lambda: settings, airflow_api_url="http://127.0.0.1:9"),
-                      cookies={"_token": tokens["user"]})
+                      **as_page(tokens["user"]))
     for path, body in (("/api/freeze", {"reason": "x"}), ("/api/unfreeze", {}),
                        ("/api/rollback", {"to_version": 1, "reason": "x"})):
         answer = user.post(path, json=body)
@@ -896,7 +896,7 @@ def test_times_follow_airflows_time_zone_beside_utc(project: Path, tokens: dict[
 
     settings = settings_for(project)
     client = TestClient(create_app(settings_factory=lambda: settings, airflow_api_url="http://127.0.0.1:9"),
-                        cookies={"_token": tokens["viewer"]})
+                        **as_page(tokens["viewer"]))
     assert 'const TIMEZONE="UTC";' in client.get("/ui").text
     monkeypatch.setattr(airflow.settings, "TIMEZONE", pendulum.timezone("Europe/Amsterdam"))
     assert 'const TIMEZONE="Europe/Amsterdam";' in client.get("/ui").text
@@ -942,7 +942,7 @@ def test_a_promotion_with_lowered_thresholds_says_later_reindexes_will_fail(
     assert "(validated against a lowered 0.5)" in said
     assert "Every later reindex" in said and str(settings.golden_set) in said and said in caplog.text
     client = TestClient(create_app(settings_factory=lambda: settings, airflow_api_url="http://127.0.0.1:9"),
-                        cookies={"_token": tokens["viewer"]})
+                        **as_page(tokens["viewer"]))
     assert said in client.get("/api/status").json()["problems"]
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import JSONResponse
@@ -18,6 +18,10 @@ from kb_reindex.services.state.freezes import Freeze
 from kb_reindex.services.state.store import StateStore
 from kb_reindex.web.airflow_api import Triggered
 from kb_reindex.web.context import PageContext, positive_int, reason_of, refusal
+from kb_reindex.web.guard import page_json
+
+#: a state-changing request's body, once it showed it comes from the page (web.guard)
+PageBody = Annotated[dict[str, Any], Depends(page_json)]
 
 #: how long a freeze from the page waits for a promotion in progress (the alias lock) before saying so
 FREEZE_WAIT_S = 10.0
@@ -37,9 +41,8 @@ class FreezeChange:
         return {"frozen": False, "lifted": self.lifted.view() if self.lifted else None}
 
 
-async def rollback(ctx: PageContext, request: Request) -> Triggered:
+async def rollback(ctx: PageContext, request: Request, body: dict[str, Any]) -> Triggered:
     """Trigger the rollback DAG to a version that served and is whole, from the live version on-call saw."""
-    body = await request.json()
     reason = reason_of(body)
     to_version = positive_int(body, "to_version", " (the version to roll back to)")
     live = await ctx.confirmed_live(body)
@@ -66,9 +69,8 @@ async def rollback(ctx: PageContext, request: Request) -> Triggered:
     return run
 
 
-async def promote_shadow(ctx: PageContext, request: Request) -> Triggered:
+async def promote_shadow(ctx: PageContext, request: Request, body: dict[str, Any]) -> Triggered:
     """Trigger the shadow promotion DAG for a ready version that never served."""
-    body = await request.json()
     reason = reason_of(body)
     version = positive_int(body, "version")
     live = await ctx.confirmed_live(body)
@@ -108,17 +110,17 @@ def add_actions(app: FastAPI, ctx: PageContext) -> None:
     auth, dags = ctx.auth, ctx.dags
 
     @app.post("/api/rollback", dependencies=auth.may_trigger(dags.rollback))
-    async def rollback_route(request: Request) -> JSONResponse:
-        return JSONResponse((await rollback(ctx, request)).to_dict())
+    async def rollback_route(request: Request, body: PageBody) -> JSONResponse:
+        return JSONResponse((await rollback(ctx, request, body)).to_dict())
 
     @app.post("/api/promote-shadow", dependencies=auth.may_trigger(dags.promote_shadow))
-    async def promote_shadow_route(request: Request) -> JSONResponse:
-        return JSONResponse((await promote_shadow(ctx, request)).to_dict())
+    async def promote_shadow_route(request: Request, body: PageBody) -> JSONResponse:
+        return JSONResponse((await promote_shadow(ctx, request, body)).to_dict())
 
     @app.post("/api/reindex-paused", dependencies=auth.may_edit(dags.reindex))
-    async def pause_reindex(request: Request) -> JSONResponse:
+    async def pause_reindex(request: Request, body: PageBody) -> JSONResponse:
         """Runbook step 3 after a rollback: pause the reindex so it does not rebuild the bad change."""
-        paused = (await request.json()).get("paused")
+        paused = body.get("paused")
         if not isinstance(paused, bool):
             raise HTTPException(422, "paused must be true or false")
         now = await ctx.airflow.set_paused(request, dags.reindex, paused)
@@ -127,14 +129,14 @@ def add_actions(app: FastAPI, ctx: PageContext) -> None:
     may_freeze = auth.may_edit(dags.reindex)
 
     @app.post("/api/freeze", dependencies=may_freeze)
-    async def freeze(request: Request, user: Any = Depends(auth.get_user)) -> JSONResponse:  # noqa: B008 - FastAPI's form
+    async def freeze(body: PageBody, user: Any = Depends(auth.get_user)) -> JSONResponse:  # noqa: B008 - FastAPI's form
         """Pause the product: no promotion moves the alias until unfrozen (rollbacks still do). Written to the
         state DB as the signed-in user; allowed to whoever may pause knowledge_reindex."""
-        reason = reason_of(await request.json())
+        reason = reason_of(body)
         changed = await asyncio.to_thread(set_freeze, ctx.settings_factory(), user.get_name(), reason)
         return JSONResponse(changed.to_dict())
 
     @app.post("/api/unfreeze", dependencies=may_freeze)
-    async def unfreeze(user: Any = Depends(auth.get_user)) -> JSONResponse:  # noqa: B008 - FastAPI's form
+    async def unfreeze(_body: PageBody, user: Any = Depends(auth.get_user)) -> JSONResponse:  # noqa: B008
         changed = await asyncio.to_thread(set_freeze, ctx.settings_factory(), user.get_name(), None)
         return JSONResponse(changed.to_dict())

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 from dataclasses import asdict, dataclass, replace
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Response
@@ -16,14 +16,17 @@ from kb_reindex.run.status import KEPT_NOTES
 from kb_reindex.steps.templating import templates
 from kb_reindex.web.airflow_api import AirflowApi, DagIds, DagJson, DagRun, Schedule
 from kb_reindex.web.context import PageContext
+from kb_reindex.web.guard import TOKEN_HEADER, page_json, token_for
 
 
-def render_page(settings: Settings, dags: DagIds, registry_error: str | None = None) -> str:
+def render_page(settings: Settings, dags: DagIds, registry_error: str | None = None, *, page_token: str = "") -> str:
     """The page (templates/page.html.j2, autoescaped); its script fills everything else in from /api/status.
-    `registry_error`: its registry entry does not load, said at the top."""
+    `registry_error`: its registry entry does not load, said at the top. `page_token`: what its script sends
+    with every request that acts (web.guard)."""
     return templates().get_template("page.html.j2").render(alias=settings.alias, timezone=airflow_timezone(), dags=dags,
                                                                registered=dags != DagIds(), kept_notes=KEPT_NOTES,
-                                                               registry_error=registry_error)
+                                                               registry_error=registry_error, page_token=page_token,
+                                                               token_header=TOKEN_HEADER)
 
 
 def airflow_timezone() -> str:
@@ -184,7 +187,7 @@ def add_views(app: FastAPI, ctx: PageContext) -> None:
         return JSONResponse((await status_json(ctx, user)).to_dict())
 
     @app.post("/api/try", dependencies=auth.signed_in())
-    async def try_version(body: dict[str, Any]) -> JSONResponse:
+    async def try_version(body: Annotated[dict[str, Any], Depends(page_json)]) -> JSONResponse:
         """The question box for a chosen version: `kb-reindex query --version N` (steps/tryout.search_version)."""
         return JSONResponse((await asyncio.to_thread(try_out, ctx.settings_factory(), body)).to_dict())
 
@@ -214,4 +217,5 @@ def add_views(app: FastAPI, ctx: PageContext) -> None:
     async def page(request: Request) -> Response:
         if (login := await auth.login_redirect(request)) is not None:
             return login
-        return HTMLResponse(render_page(ctx.settings_factory(), ctx.dags, ctx.registry_error))
+        return HTMLResponse(render_page(ctx.settings_factory(), ctx.dags, ctx.registry_error,
+                                        page_token=token_for(request)))
