@@ -216,7 +216,7 @@ def site(project: Path, tokens: dict[str, str],
     from kb_reindex.airflow import tasks
 
     settings = settings_for(project)
-    monkeypatch.setattr(tasks, "task_deps", lambda kb=None: open_deps(settings))
+    monkeypatch.setattr(tasks, "task_deps", lambda kb=None, on_call=False: open_deps(settings))
     monkeypatch.setattr(tasks, "get_current_context", lambda: {"outlet_events": _Outlets()})
     for n in range(3):
         if n:
@@ -248,7 +248,8 @@ def busy_site(site: tuple[Settings, FakeAirflowApi]) -> tuple[Settings, FakeAirf
         shadow = run_reindex(deps, kind="migration", embedder="hashing", model="hashing-ngram-v4", dim=512,
                                     promote_version=False)
         assert shadow["outcome"] == "shadow" and shadow["version"] == 4
-        path = settings.knowledge_dir / "coupon-rules.md"
+        # the last document's end: the slot v5 takes keeps the rest, and its first 20 rows hold none of the edit
+        path = settings.knowledge_dir / "shipping-policy.md"
         path.write_text(path.read_text(encoding="utf-8") + "\n\n补充：节假日不适用。\n", encoding="utf-8")
         created = create_version(deps, plan_and_snapshot(deps))
         build(deps, created.version, window=(0, 20))
@@ -508,7 +509,7 @@ def test_page_in_headless_chromium_on_call(busy_site: tuple[Settings, FakeAirflo
         # the versions table fits the frame (1208 px of a 1280 px window): nothing to scroll sideways
         table = rect(browser, browser.find_element(By.ID, "versions"))
         assert table["right"] <= table["width"] and table["scroll_width"] <= table["width"], table
-        row_button = rect(browser, browser.find_element(By.CSS_SELECTOR, "#version-1 button.rollback"))
+        row_button = rect(browser, browser.find_element(By.CSS_SELECTOR, "#version-2 button.rollback"))
         assert 0 <= row_button["left"] < row_button["right"] <= row_button["width"], row_button  # not cut off
         # the schedule and the next run, from Airflow
         wait.until(lambda b: "schedule: 0 3 * * * (At 03:00); next run: 2026-12-02 03:00:00" in text("#schedule"))
@@ -523,8 +524,11 @@ def test_page_in_headless_chromium_on_call(busy_site: tuple[Settings, FakeAirflo
         # each version offers what it may: rollback to served ones, promotion of the shadow, nothing else
         actions = {n: [b.text for b in browser.find_elements(By.CSS_SELECTOR, f"#version-{n} button")]
                    for n in range(1, 6)}
-        assert actions == {1: ["Roll back to v1"], 2: ["Roll back to v2"], 3: [],
+        # v1's slot went to the build v5 (live, the rollback target and the shadow keep theirs): it is one restore
+        # away, and its row says so instead of offering a rollback that would be refused
+        assert actions == {1: [], 2: ["Roll back to v2"], 3: [],
                            4: ["Promote shadow v4 (hashing-ngram-v4, 512-d)"], 5: []}
+        assert "restore it first, `kb-reindex restore --version 1`" in text("#version-1")
         assert "(rollback target)" in text("#version-2") and "shadow, never served" in text("#version-4")
         bar = browser.find_element(By.CSS_SELECTOR, "#version-5 progress.build-progress")
         expected = {v["version"]: v for v in engine_status(settings)["versions"]}[5]

@@ -27,11 +27,13 @@ def test_two_knowledge_bases_build_at_the_same_time_and_both_promote(tmp_path: P
     project = tmp_path / "project"
     shutil.copytree(REPO / "knowledge", project / "knowledge")
     qdrant = start_process(tmp_path / "qdrant-server")
-    # lexical vectors (the golden sets pass), 40 ms per text: each build is embedder-bound for a second or more,
-    # one request in flight per process
+    # lexical vectors (the golden sets pass), 40 ms per text, one request in flight per process; the first
+    # request waits (up to 90 s) for a second to arrive, so two processes that start seconds apart on a loaded
+    # machine still meet, and two builds that were serialized never do
     embedder = HashingEmbedder(model="bge-m3", dim=1024)
     model = FakeModel("bge-m3", 1024, embed=lambda _m, text: embedder.embed_one(text))
-    with FakeOllamaServer([model], faults=FaultPlan(delay_per_text_s=0.04)) as ollama:
+    faults = FaultPlan(delay_per_text_s=0.04, company=2, company_wait_s=90)
+    with FakeOllamaServer([model], faults=faults) as ollama:
         env = {k: v for k, v in os.environ.items() if not k.startswith("KB_") or k.startswith("KB_TEST_")}
         env.update(KB_PROJECT_ROOT=str(project), KB_REGISTRY="knowledge/registry.yaml", KB_QDRANT_URL=qdrant.url,
                    KB_EMBEDDER="ollama", KB_EMBED_MODEL="bge-m3", OLLAMA_HOST=ollama.url, KB_LOCK_WAIT="0",

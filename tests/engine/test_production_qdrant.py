@@ -312,9 +312,12 @@ def test_retention_snapshots_each_collection_before_dropping_it(project: Path, s
             result = run_reindex(deps)
             assert result["outcome"] == "promoted", result["error"]
         [dropped] = result["cleanup"]["deleted"]
-        assert dropped["version"] == 1 and dropped["collection_dropped"] and dropped["snapshot"].endswith(".snapshot")
+        # v1 leaves its slot, which stays for the next build's difference: snapshotted, not deleted
+        assert dropped["version"] == 1 and not dropped["collection_dropped"]
+        assert dropped["snapshot"].endswith(".snapshot") and dropped["snapshot"].startswith(dropped["collection"])
         ops = [(r.op, r.collection) for r in server.requests() if r.op in ("create_snapshot", "delete_collection")]
-        assert ops == [("create_snapshot", dropped["collection"]), ("delete_collection", dropped["collection"])]
+        assert ops == [("create_snapshot", dropped["collection"])]
+        assert deps.store.exists(dropped["collection"])
         v1 = next(v for v in status_view(deps).to_dict()["versions"] if v["version"] == 1)
         assert v1["status"] == "deleted" and v1["snapshot"]["name"] == dropped["snapshot"]
         assert v1["snapshot"]["collection"] == dropped["collection"]
@@ -337,4 +340,8 @@ def test_drop_takes_a_snapshot_too(project: Path, server: FakeQdrantServer) -> N
         shadow = run_reindex(deps, force_full=True, promote_version=False)
         assert shadow["outcome"] == "shadow", shadow["error"]
         dropped = drop_version(deps, shadow["version"])
-    assert dropped.collection_dropped and dropped.snapshot is not None and dropped.snapshot.startswith(shadow["collection"])
+    # the shadow leaves its slot (kept for the next build): snapshotted first, the slot not deleted
+    assert not dropped.collection_dropped
+    assert dropped.snapshot is not None and dropped.snapshot.startswith(shadow["collection"])
+    creates = [r.collection for r in server.requests() if r.op == "create_snapshot"]
+    assert creates == [shadow["collection"]]

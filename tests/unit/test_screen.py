@@ -108,7 +108,7 @@ def test_the_classifier_finds_held_out_lines_the_patterns_miss_and_spares_look_a
     screen = meaning_screen()
     assert all(screen.judge_lines(attacks)), [f for f in screen.judge_lines(attacks)]
     assert not any(screen.judge_lines(benign))
-    assert screen.describe()["weights_sha256"] in screen.version
+    assert screen.to_dict()["weights_sha256"] in screen.version
 
 
 def test_a_one_line_edit_embeds_only_its_new_line_the_state_db_remembers_the_rest(tmp_path: Path) -> None:

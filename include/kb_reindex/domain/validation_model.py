@@ -341,7 +341,7 @@ class ValidationResult:
     paired: PairedComparison | None = None
     probes_fingerprint: str | None = None
     flagged_instructions: tuple[FlaggedLine, ...] = ()
-    #: the instruction screen this version was judged by (kb_reindex.services.screen.Screen.describe: its
+    #: the instruction screen this version was judged by (kb_reindex.services.screen.Screen.to_dict: its
     #: version, mode, model and weights digest); None in records made before it was kept
     screen: dict[str, Any] | None = None
     replay: ReplayReport | None = None  # None: not run (the structural checks failed)

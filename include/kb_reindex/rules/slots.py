@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kb_reindex.domain.lifecycle import BUILDING, FAILED, LIVE, READY
-from kb_reindex.rules.alias import rollback_target
+from kb_reindex.rules.alias import moved_from, rollback_target
 from kb_reindex.rules.locking import run_is_active
 from kb_reindex.services.layouts import version_profile
 from kb_reindex.services.runtime import Deps
@@ -69,14 +69,12 @@ def next_number(taken: set[str], alias: str) -> int:
 
 def protected_ids(deps: Deps, versions: list[VersionRecord]) -> set[int]:
     """Versions whose slot no build may take: live (by the state DB and by the alias), the rollback target,
-    pinned ones, ready ones (built and never served: shadows, held or frozen builds) and builds whose run still
+    the version served just before live (after a rollback: the one rolled away from), pinned ones, ready ones (built and never served: shadows, held or frozen builds) and builds whose run still
     holds the reindex lock."""
     alias = deps.settings.alias
     serving = deps.store.alias_target(alias)
     ids = {v.id for v in versions if v.status in (LIVE, READY) or v.collection == serving}
-    target = rollback_target(deps)
-    if target is not None:
-        ids.add(target.id)
+    ids |= {v.id for v in (rollback_target(deps), moved_from(deps)) if v is not None}
     pinned = set(deps.state.active_pins(alias))
     ids |= {v.id for v in versions if v.version in pinned}
     ids |= {v.id for v in versions if v.status in (BUILDING, FAILED) and v.run_id and run_is_active(deps, v.run_id)}

@@ -170,7 +170,7 @@ class Screen:
             return f"patterns:{PATTERNS_DIGEST}"
         return f"patterns:{PATTERNS_DIGEST}+{self.classifier.model}-lr:{self.classifier.digest}"
 
-    def describe(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         """What a version records of the screen that judged it."""
         out: dict[str, Any] = {"version": self.version, "mode": self.mode, "patterns": len(INSTRUCTION_PATTERNS)}
         if self.classifier is not None:

@@ -58,6 +58,7 @@ def prepare_slot(deps: Deps, version: VersionRecord) -> VersionRecord:
     if not in_a_slot(deps, version) and deps.store.exists(version.collection):
         return version  # its own collection of old: built there as before
     clear = False
+    marked = False  # the slot's metadata names this version already (a resumed build)
     with deps.state.lock(alias_lock_name(alias), ttl_s=300, wait_s=deps.settings.lock_wait_s):
         fresh = deps.state.version_by_id(version.id)
         protected = protected_ids(deps, deps.state.list_versions(alias)) - {fresh.id}
@@ -65,8 +66,9 @@ def prepare_slot(deps: Deps, version: VersionRecord) -> VersionRecord:
         config = None
         if choice.resumed:
             collection = fresh.collection
-            clear = fresh.slot_base is None and (not deps.store.exists(collection) or deps.store.collection_metadata(
-                collection).get("kb_version") != fresh.version)
+            marked = deps.store.exists(collection) and deps.store.collection_metadata(
+                collection).get("kb_version") == fresh.version
+            clear = fresh.slot_base is None and not marked
         elif choice.collection is None:
             taken = {row.collection for row in deps.state.slots(alias, role=None)} | deps.store.collection_names()
             collection = slot_name(alias, fresh.embed_model, next_number(taken, alias))
@@ -92,7 +94,7 @@ def prepare_slot(deps: Deps, version: VersionRecord) -> VersionRecord:
         deps.store.create_collection(collection, dim=fresh.embed_dim, config=config,
                                      metadata=collection_metadata(fresh, config))
         log.info("kb_reindex: slot %s emptied for v%d (what it held was not known exactly)", collection, fresh.version)
-    elif config is None:
+    elif config is None and not marked:
         shape = deps.store.shape(collection)
         if shape.dim != fresh.embed_dim:
             raise StoreError(f"slot {collection} holds {shape.dim}-d vectors; v{fresh.version} needs {fresh.embed_dim}")
@@ -103,7 +105,10 @@ def prepare_slot(deps: Deps, version: VersionRecord) -> VersionRecord:
             raise KbError(f"v{fresh.version}'s slot {collection} was taken from v{fresh.slot_base}, which the state DB "
                           "no longer knows; start a new run")
         give_up(deps, fresh, base_version)
-    return fresh
+    # what the slot holds of the version now (kept points, a resumed build's writes): the page's progress
+    # starts there, and mapped slices add only what they write
+    deps.state.update_version(fresh.id, points_written=deps.store.count(collection))
+    return deps.state.version_by_id(fresh.id)
 
 
 def vault_of(deps: Deps, version: VersionRecord, *, create: bool) -> str | None:

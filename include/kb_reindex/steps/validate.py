@@ -217,7 +217,7 @@ def _validate(deps: Deps, version: VersionRecord, *, min_hit_rate: float | None,
         live_mrr=None if live_mrr is None else round(live_mrr, 4),
         probes=probes, by_category=tuple(by_category), paired=paired, probes_fingerprint=probes_fingerprint,
         flagged_instructions=tuple(flagged), replay=replayed,
-        screen=screen_for(deps.settings.instruction_screen, version.embedder).describe(),
+        screen=screen_for(deps.settings.instruction_screen, version.embedder).to_dict(),
         warnings=warn(deps.settings.alias, content_checks(deps, version, documents, baseline, base_documents)
                       if structural_ok else ()),
     )

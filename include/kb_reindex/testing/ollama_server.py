@@ -159,6 +159,10 @@ class FaultPlan:
     stall_s: float = 0.0
     wrong_dim_next: int = 0
     nan_next: int = 0
+    #: a request waits (up to ``company_wait_s``) until this many have been in flight at once, once: a test that
+    #: asks whether two clients embed at the same moment gets its answer whatever their start-up times
+    company: int = 0
+    company_wait_s: float = 0.0
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False, compare=False)
 
     def take(self, counter: str) -> bool:
@@ -572,6 +576,9 @@ class FakeOllamaServer:
             with self._counter_lock:
                 self._in_flight += 1
                 self._max_in_flight = max(self._max_in_flight, self._in_flight)
+            deadline = time.monotonic() + self.faults.company_wait_s
+            while self.max_in_flight < self.faults.company and time.monotonic() < deadline:
+                time.sleep(0.01)
             try:
                 yield
             finally:
