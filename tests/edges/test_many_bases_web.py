@@ -163,10 +163,14 @@ def test_a_typo_in_an_entry_keeps_its_page_and_its_rollback_and_refusals_are_pag
                                     {"to_version": 1, "reason": "bad coupon", "confirm": True, "live_version": 2})
     refused = client.get("/kb/nope/ui", headers={"Accept": "text/html"})
     assert refused.status_code == 404 and refused.headers["content-type"].startswith("text/html")
-    assert "knowledge base &#39;nope&#39; is not in the registry knowledge/registry.yaml" in refused.text
-    assert str(project) not in refused.text
+    assert "no knowledge base &#39;nope&#39; can be opened here" in refused.text
     api = client.get("/kb/nope/api/status")
-    assert api.status_code == 404 and "is not in the registry knowledge/registry.yaml" in api.json()["detail"]
+    assert api.status_code == 404 and "no knowledge base 'nope' can be opened here" in api.json()["detail"]
+    # signed in or not, a 404 names neither the registry's path nor the other knowledge bases
+    anonymous = TestClient(deployment_app(airflow_api_url=airflow.url)).get("/kb/nope/api/status")
+    for answer in (refused.text, api.text, anonymous.text):
+        assert str(project) not in answer and "registry.yaml" not in answer
+        assert SHOP not in answer and SELLER not in answer
 
 
 @needs_chromium

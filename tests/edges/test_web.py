@@ -278,6 +278,57 @@ def test_every_route_refuses_a_caller_without_a_valid_airflow_login(site: tuple[
     assert airflow.triggers == []
 
 
+#: every route that acts, with a body it would accept
+ACTING = {"/api/rollback": {"to_version": 2, "reason": "x", "live_version": 3},
+          "/api/promote-shadow": {"version": 2, "reason": "x", "live_version": 3},
+          "/api/reindex-paused": {"paused": True}, "/api/freeze": {"reason": "x"}, "/api/unfreeze": {},
+          "/api/try": {"version": 3, "question": "退货"}}
+
+
+def test_the_acting_routes_obey_only_the_page(site: tuple[Settings, FakeAirflowApi], tokens: dict[str, str]) -> None:
+    """A cross-site form carries the signed-in cookie: each route that acts refuses it (a foreign Origin, no
+    Origin, a text/plain or form body, no token or another session's), with a line, never a 500; nothing is
+    triggered, paused or frozen. The page itself, and a caller with its own bearer header, still act."""
+    from kb_reindex.web.guard import TOKEN_HEADER, page_token
+
+    settings, airflow = site
+    app = create_app(settings_factory=lambda: settings, airflow_api_url=airflow.url)
+    session = tokens["user"]
+    browser = TestClient(app, cookies={"_token": session})
+    own = {"Origin": "http://testserver", TOKEN_HEADER: page_token(session)}
+    paused_before = dict(airflow.dag_paused)
+    for route, body in ACTING.items():
+        attempts = {
+            "foreign origin": dict(json=body, headers={**own, "Origin": "http://evil.example:8080"}),
+            "sibling port": dict(json=body, headers={**own, "Origin": "http://testserver:8081"}),
+            "no origin": dict(json=body, headers={TOKEN_HEADER: own[TOKEN_HEADER]}),
+            "null origin": dict(json=body, headers={**own, "Origin": "null"}),
+            "no token": dict(json=body, headers={"Origin": own["Origin"]}),
+            "another session's token": dict(json=body, headers={**own, TOKEN_HEADER: page_token(tokens["viewer"])}),
+            "text/plain form": dict(content=json.dumps(body), headers={**own, "Content-Type": "text/plain"}),
+            "urlencoded form": dict(data={"reason": "x"}, headers=own),
+        }
+        for what, arguments in attempts.items():
+            answer = browser.post(route, **arguments)
+            expected = 415 if "form" in what else 403
+            assert answer.status_code == expected, (route, what, answer.status_code, answer.text)
+            assert "nothing was done" in answer.json()["detail"], (route, what)
+        bad = browser.post(route, content=b"{not json", headers={**own, "Content-Type": "application/json"})
+        assert bad.status_code == 400 and "the body is not JSON" in bad.json()["detail"], (route, bad.text)
+        listed = browser.post(route, json=[1, 2], headers=own)
+        assert listed.status_code == 400 and "must be a JSON object" in listed.json()["detail"], route
+    assert airflow.triggers == [] and airflow.dag_paused == paused_before
+    with open_deps(settings) as deps:
+        assert deps.state.freeze_status(settings.alias) is None
+    # the page's own request acts; so does a script with its own bearer header (no browser adds one)
+    assert browser.post("/api/reindex-paused", json={"paused": True}, headers=own).status_code == 200
+    script = TestClient(app, headers={"Authorization": f"Bearer {session}"})
+    assert script.post("/api/reindex-paused", json={"paused": False}).status_code == 200
+    # the page carries its token
+    page = TestClient(app, **as_page(session)).get("/ui").text
+    assert f'<meta name="kb-page-token" content="{page_token(session)}">' in page
+
+
 def test_status_reports_and_rollback_authorisation(site: tuple[Settings, FakeAirflowApi],
                                                    tokens: dict[str, str]) -> None:
     settings, airflow = site

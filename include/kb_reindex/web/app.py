@@ -17,6 +17,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from kb_reindex.domain.errors import ConfigError
+from kb_reindex.domain.names import escaped
 from kb_reindex.run.bases import bases_view, on_call_base
 from kb_reindex.services.config import Settings, project_root, state_url_from_env
 from kb_reindex.services.registry import KnowledgeBase, environment_base, load_registry, registry_path
@@ -70,14 +71,22 @@ class PerKnowledgeBase:
         try:
             # an entry that no longer loads keeps its page: made from its last entry that loaded, or its alias alone
             kb = on_call_base(load_registry(), alias, state_url_from_env())
-        except ConfigError as exc:
-            await refused_page(scope, str(exc), route)(scope, receive, send)
+        except ConfigError:
+            # said to anyone, signed in or not: neither the registry's path nor the other knowledge bases'
+            # names (the list, behind the login, has them and why an entry is refused)
+            await refused_page(scope, unknown_base(alias), route)(scope, receive, send)
             return
         made = self.apps.get(alias)
         if made is None or made[0] != kb:  # the entry changed: its page follows
             made = self.apps[alias] = (kb, self.make(kb))
         child = dict(scope, root_path=scope.get("root_path", "") + KB_PREFIX + alias)
         await made[1](child, receive, send)
+
+
+def unknown_base(alias: str) -> str:
+    """What a request for a knowledge base no page can open is told."""
+    return (f"no knowledge base {escaped(alias[:100])!r} can be opened here: the list of knowledge bases, signed in, "
+            "names those that are registered and why one is refused")
 
 
 def shown(message: str) -> str:
