@@ -262,7 +262,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: rank.get(item.path.name, len(SLOW_FIRST)))
 
 
-def as_page(session: str) -> dict[str, Any]:
+def as_page(session: str) -> dict[str, dict[str, str]]:
     """A TestClient's arguments to act as the page a signed-in browser opened: Airflow's session cookie, the
     page's own origin, and the token the page was served with (web.guard)."""
     from kb_reindex.web.guard import SESSION_COOKIE, TOKEN_HEADER, page_token
