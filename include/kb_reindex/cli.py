@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from kb_reindex.services.config import DEFAULT_MODELS, EMBEDDERS, Settings
-from kb_reindex.domain.errors import UNAVAILABLE_EXIT, UNAVAILABLE_KINDS, ConfigError, Failure, KbError, StateEmpty, classify
+from kb_reindex.domain.errors import UNAVAILABLE_EXIT, UNAVAILABLE_KINDS, ConfigError, Failure, KbError, StateEmpty, StateMissing, classify
 from kb_reindex.rules.freeze import FreezeView
 from kb_reindex.domain.model import RunOutcome, WatchOutcome
 from kb_reindex.run.status import KEPT_NOTES, StatusView, history, status_view
@@ -480,13 +480,21 @@ def _plan_with_state(args: argparse.Namespace, settings: Settings) -> int:
     from kb_reindex.services.runtime import open_deps
     from kb_reindex.services.state.store import StateStore
 
+    client = None
     try:
         state = StateStore(settings.state_url, create=False)
     except StateEmpty as empty:
         log.warning("kb_reindex: %s. Previewing a first run", empty)
         state = StateStore("sqlite:///:memory:")
+    except StateMissing:  # a knowledge base never built: what its first run would do, warnings included
+        log.warning("kb_reindex: no state DB yet (KB_STATE_URL): previewing a first run; nothing is created")
+        state = StateStore("sqlite:///:memory:")
+        if settings.qdrant_path is not None and not (settings.qdrant_path / "meta.json").is_file():
+            from qdrant_client import QdrantClient
+
+            client = QdrantClient(location=":memory:")  # no local store yet either: an empty one, in memory
     try:
-        with open_deps(settings, state=state, create=False) as deps:
+        with open_deps(settings, state=state, create=False, client=client) as deps:
             return int(args.func(args, deps))
     finally:
         state.dispose()

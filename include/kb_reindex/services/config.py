@@ -56,7 +56,22 @@ def state_url_from_env(env: Mapping[str, str] | None = None) -> str:
     if not url.startswith(("sqlite", "mysql", "postgresql")):
         raise ConfigError("KB_STATE_URL must be a SQLAlchemy URL starting with sqlite:///, mysql+pymysql:// or "
                           "postgresql+psycopg://")
+    if not url.startswith("sqlite"):
+        _check_server_url(url)
     return url
+
+
+def _check_server_url(url: str) -> None:
+    """A database server's URL whose host and port SQLAlchemy can read, else one line (its password hidden)."""
+    from sqlalchemy.engine import make_url
+
+    shown = re.sub(r"(://[^:/@]*:)[^@]*@", r"\1***@", url)
+    try:
+        port = make_url(url).port
+    except Exception as exc:  # SQLAlchemy's ValueError/ArgumentError: the URL is the user's, not a bug
+        raise ConfigError(f"KB_STATE_URL={shown!r} cannot be read as a URL: {' '.join(str(exc).split())[:200]}") from None
+    if port is not None and not 0 < port < 65536:
+        raise ConfigError(f"KB_STATE_URL={shown!r}: port {port} is not a port (1-65535)")
 
 
 def _resolve(root: Path, value: str) -> Path:
@@ -148,6 +163,18 @@ def _qdrant_url(env: Mapping[str, str], https: bool | None) -> str | None:
         # the client silently lets the URL's scheme win; a contradiction is a mistake worth naming
         raise ConfigError(f"KB_QDRANT_HTTPS={'true' if https else 'false'} contradicts the {scheme}:// scheme of "
                           "KB_QDRANT_URL; drop one of them")
+    from urllib.parse import urlsplit
+
+    shown = url.split("@")[-1]
+    try:
+        parts = urlsplit(url if scheme else f"http://{url}")
+        port = parts.port
+    except ValueError as exc:
+        raise ConfigError(f"KB_QDRANT_URL={shown!r} cannot be read as a URL: {exc}") from None
+    if not parts.hostname:
+        raise ConfigError(f"KB_QDRANT_URL={shown!r} names no host")
+    if port is not None and port == 0:
+        raise ConfigError(f"KB_QDRANT_URL={shown!r}: port 0 is not a port (1-65535)")
     return url
 
 
