@@ -243,3 +243,15 @@ def test_plan_previews_a_first_build_with_no_state_db_and_creates_nothing(projec
     assert answer["docs"]["added"] == 7 and answer["chunks"]["embedded"] == answer["chunks"]["total"] > 0, answer
     assert "instruction-like line in new line 3" in stderr, stderr
     assert not (project / ".kb").exists(), "a preview creates neither a state DB nor a Qdrant folder"
+
+
+def test_a_name_longer_than_the_state_db_keeps_is_refused_in_a_readable_line(project: Path) -> None:
+    folder = project / "knowledge" / "docs"
+    for n in range(12):  # a 3,024-character key: 12 folders of 251-character names
+        folder = folder / (f"{n:02d}" + "k" * 249)
+    folder.mkdir(parents=True)
+    (folder / "page.md").write_text("# Deep\n\ntext\n", encoding="utf-8")
+    code, answer, stderr = _cli(project, "run")
+    assert code != 0 and answer["outcome"] == "failed", answer
+    [line] = [line for line in answer["error"].splitlines() if "characters, over the limit" in line]
+    assert "its name is 3,031 characters, over the limit of 512; refused" in line and len(line) < 300, line

@@ -153,3 +153,19 @@ def test_identical_chunks_of_two_documents_are_one_warning_on_the_changed_one() 
     assert warning.text == "chunk 0 is identical to chunk 0 of coupon-rules (2 identical chunks)"
     assert warning.to_dict() == {"kind": "duplicate", "knowledge_key": "coupon-copy", "line": None,
                                  "text": warning.text, "other_key": "coupon-rules"}
+
+
+def test_a_golden_set_with_several_mistakes_names_every_one_and_stays_readable(tmp_path: Path) -> None:
+    golden = tmp_path / "golden.yaml"
+    long_id = "p" * 4024
+    golden.write_text(f"k: 0\nmin_hit_rate: 1.5\nmin_mrr: high\nprobes:\n  - {{id: {long_id}, query: ''}}\n"
+                      "  - {id: ok, query: q, expected: [a]}\n  - {id: ok, query: q, expected: [a]}\n",
+                      encoding="utf-8")
+    with pytest.raises(GoldenSetError) as refused:
+        load_golden_set(golden)
+    message = str(refused.value)
+    assert message.startswith(f"{golden}: 5 problems: 'k' must be a whole number of at least 1, got 0; "
+                              "'min_hit_rate' must be a number from 0 to 1, got 1.5; "
+                              "'min_mrr' must be a number from 0 to 1, got 'high'; probe 'ppp"), message
+    assert "(4,026 characters)" in message and "probe 'ok': id is used twice" in message
+    assert len(message) < 500

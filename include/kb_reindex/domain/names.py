@@ -36,3 +36,13 @@ def name_problem(text: str, *, what: str, fix: str | None = "rename it") -> str 
     shown = ", ".join(f"U+{ord(c):04X} {unicodedata.name(c, 'unnamed')}" for c in bad[:4])
     return f"{escaped(text)!s}: its {what} holds {len(bad)} unprintable character(s) ({shown}); refused" + (
         f": {fix}" if fix else "")
+
+
+def shortened(text: str, limit: int = 100) -> str:
+    """`text` escaped and, past `limit` characters, cut in the middle with its length said: an error line stays
+    readable whatever the name."""
+    shown = escaped(text)
+    if len(shown) <= limit:
+        return shown
+    half = (limit - 5) // 2
+    return f"{shown[:half]}...{shown[-half:]} ({len(text):,} characters)"

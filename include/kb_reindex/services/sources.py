@@ -25,7 +25,7 @@ import yaml
 
 from kb_reindex.domain.errors import KnowledgeFolderMissing, SourceError, SourceRefused
 from kb_reindex.domain.freshness import ListedFile, Listing
-from kb_reindex.domain.names import name_problem
+from kb_reindex.domain.names import name_problem, shortened
 from kb_reindex.services.object_store import BucketLocation, bucket_failure, endpoint_of
 from kb_reindex.services.yaml_input import FRONT_MATTER, TEXT_DATES_LOADER, load_yaml
 
@@ -317,9 +317,19 @@ def list_source(knowledge: KnowledgeSource) -> tuple[list[ListedFile], list[str]
             files.append(ListedFile(source, st.st_size, st.st_mtime_ns))
     else:
         files, problems = _list_bucket(knowledge), []
-    # a name with a newline or a control character would forge log lines and errors: refused, shown escaped
-    named = [(f, name_problem(f.source, what="name")) for f in files]
+    # a name with a newline or a control character would forge log lines and errors: refused, shown escaped;
+    # one longer than the state DB keeps: refused before it is read, shown shortened
+    named = [(f, name_problem(f.source, what="name") or _length_problem(f.source)) for f in files]
     return [f for f, problem in named if problem is None], problems + [p for _f, p in named if p is not None]
+
+
+def _length_problem(source: str) -> str | None:
+    key = knowledge_key_for(source)
+    for name, value in (("name", source), ("knowledge_key", key)):
+        limit = MAX_LENGTHS["source" if name == "name" else name]
+        if len(value) > limit:
+            return f"{shortened(source)}: its {name} is {len(value):,} characters, over the limit of {limit}; refused"
+    return None
 
 
 def _list_bucket(knowledge: KnowledgeSource) -> list[ListedFile]:

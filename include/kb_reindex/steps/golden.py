@@ -40,15 +40,48 @@ class GoldenSet:
     max_shrink: float = DEFAULT_MAX_SHRINK
 
 
-def _fraction(data: dict[str, Any], name: str, default: float, where: str) -> float:
+class _Problems:
+    """The golden set's problems, every one found before any is raised: one run shows them all."""
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+        self.found: list[str] = []
+
+    def add(self, problem: str) -> None:
+        self.found.append(problem)
+
+    def raise_any(self) -> None:
+        if len(self.found) == 1:
+            raise GoldenSetError(f"{self.where}: {self.found[0]}")
+        if self.found:
+            shown = "; ".join(self.found[:20]) + (f"; and {len(self.found) - 20} more" if len(self.found) > 20 else "")
+            raise GoldenSetError(f"{self.where}: {len(self.found)} problems: {shown}")
+
+
+def _fraction(data: dict[str, Any], name: str, default: float, problems: _Problems) -> float:
     value = data.get(name, default)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= float(value) <= 1.0:
-        raise GoldenSetError(f"{where}: '{name}' must be a number from 0 to 1, got {value!r}")
+        problems.add(f"'{name}' must be a number from 0 to 1, got {_short(value)}")
+        return default
     return float(value)
 
 
+def _whole(data: dict[str, Any], name: str, default: int, least: int, problems: _Problems) -> int:
+    value = data.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        problems.add(f"'{name}' must be a whole number of at least {least}, got {_short(value)}")
+        return default
+    return value
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    shown = repr(value)
+    return shown if len(shown) <= limit else f"{shown[:limit - 12]}... ({len(shown):,} characters)"
+
+
 def load_golden_set(path: Path, *, text: str | None = None) -> GoldenSet:
-    """`text`: the file's content as a plan recorded it (validation then needs no file); `path` names it."""
+    """`text`: the file's content as a plan recorded it (validation then needs no file); `path` names it.
+    Every problem of the file is named in one error."""
     where = str(path)
     if text is None and not path.is_file():
         raise GoldenSetMissing(f"golden set {where} does not exist (KB_GOLDEN_SET): set KB_GOLDEN_SET to the golden "
@@ -62,61 +95,66 @@ def load_golden_set(path: Path, *, text: str | None = None) -> GoldenSet:
         raise GoldenSetError(f"{where}: not valid YAML: {exc}") from None
     if not isinstance(data, dict):
         raise GoldenSetError(f"{where}: must be a mapping with k, thresholds and probes")
-    k = data.get("k", 4)
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise GoldenSetError(f"{where}: 'k' must be a whole number of at least 1, got {k!r}")
-    max_regressions = data.get("max_regressions", 0)
-    if isinstance(max_regressions, bool) or not isinstance(max_regressions, int) or max_regressions < 0:
-        raise GoldenSetError(f"{where}: 'max_regressions' must be a whole number of at least 0, got {max_regressions!r}")
-    max_removed = data.get("max_docs_removed", DEFAULT_MAX_DOCS_REMOVED)
-    if isinstance(max_removed, bool) or not isinstance(max_removed, int) or max_removed < 0:
-        raise GoldenSetError(f"{where}: 'max_docs_removed' must be a whole number of at least 0, got {max_removed!r}")
+    problems = _Problems(where)
+    k = _whole(data, "k", 4, 1, problems)
+    max_regressions = _whole(data, "max_regressions", 0, 0, problems)
+    max_removed = _whole(data, "max_docs_removed", DEFAULT_MAX_DOCS_REMOVED, 0, problems)
+    thresholds = {name: _fraction(data, name, default, problems) for name, default in (
+        ("min_hit_rate", 0.9), ("min_mrr", 0.7), ("max_category_drop", 0.2), ("max_shrink", DEFAULT_MAX_SHRINK))}
+    alpha = _fraction(data, "paired_alpha", 0.05, problems)
+    if not 0.0 < alpha < 1.0:
+        problems.add(f"'paired_alpha' must be above 0 and below 1, got {alpha!r}")
     raw_probes = data.get("probes")
-    if not isinstance(raw_probes, list) or not raw_probes:
-        raise GoldenSetError(f"{where}: 'probes' must be a non-empty list")
     probes: list[Probe] = []
+    if not isinstance(raw_probes, list) or not raw_probes:
+        problems.add("'probes' must be a non-empty list")
+        raw_probes = []
     seen: set[str] = set()
     for index, raw in enumerate(raw_probes):
-        at = f"{where}: probes[{index}]"
-        if not isinstance(raw, dict):
-            raise GoldenSetError(f"{at}: must be a mapping with id, query and expected")
-        probe_id, query, expected = raw.get("id"), raw.get("query"), raw.get("expected")
-        if not isinstance(probe_id, str) or not probe_id.strip():
-            raise GoldenSetError(f"{at}: 'id' must be non-empty text")
-        at = f"{where}: probe {probe_id!r}"
-        if probe_id in seen:
-            raise GoldenSetError(f"{at}: id is used twice")
-        seen.add(probe_id)
-        if not isinstance(query, str) or not query.strip():
-            raise GoldenSetError(f"{at}: 'query' must be non-empty text")
-        if isinstance(expected, str):
-            expected = [expected]
-        if not isinstance(expected, list) or not expected or not all(isinstance(e, str) and e for e in expected):
-            raise GoldenSetError(f"{at}: 'expected' must be a non-empty list of knowledge_keys")
-        category = raw.get("category")
-        if category is not None and (not isinstance(category, str) or not category.strip()):
-            raise GoldenSetError(f"{at}: 'category' must be non-empty text when given, got {category!r}")
-        tenant = raw.get("tenant")
-        if tenant is not None and (not isinstance(tenant, str) or not tenant.strip()):
-            raise GoldenSetError(f"{at}: 'tenant' must be non-empty text when given (the tenant the assistant "
-                                 f"passes to the reader), got {tenant!r}")
-        probes.append(Probe(id=probe_id, query=query.strip(), expected=tuple(expected),
-                            category=category.strip() if category else None,
-                            tenant=tenant.strip() if tenant else None))
-    alpha = _fraction(data, "paired_alpha", 0.05, where)
-    if not 0.0 < alpha < 1.0:
-        raise GoldenSetError(f"{where}: 'paired_alpha' must be above 0 and below 1, got {alpha!r}")
+        probe = _probe(raw, index, seen, problems)
+        if probe is not None:
+            probes.append(probe)
+    problems.raise_any()
     return GoldenSet(
-        k=k,
-        min_hit_rate=_fraction(data, "min_hit_rate", 0.9, where),
-        min_mrr=_fraction(data, "min_mrr", 0.7, where),
-        max_regressions=max_regressions,
-        probes=tuple(probes),
-        max_category_drop=_fraction(data, "max_category_drop", 0.2, where),
-        paired_alpha=alpha,
-        max_docs_removed=max_removed,
-        max_shrink=_fraction(data, "max_shrink", DEFAULT_MAX_SHRINK, where),
+        k=k, min_hit_rate=thresholds["min_hit_rate"], min_mrr=thresholds["min_mrr"], max_regressions=max_regressions,
+        probes=tuple(probes), max_category_drop=thresholds["max_category_drop"], paired_alpha=alpha,
+        max_docs_removed=max_removed, max_shrink=thresholds["max_shrink"],
     )
+
+
+def _probe(raw: Any, index: int, seen: set[str], problems: _Problems) -> Probe | None:
+    """One probe, or None with its first problem added."""
+    if not isinstance(raw, dict):
+        problems.add(f"probes[{index}]: must be a mapping with id, query and expected")
+        return None
+    probe_id, query, expected = raw.get("id"), raw.get("query"), raw.get("expected")
+    if not isinstance(probe_id, str) or not probe_id.strip():
+        problems.add(f"probes[{index}]: 'id' must be non-empty text")
+        return None
+    at = f"probe {_short(probe_id)}"
+    if probe_id in seen:
+        problems.add(f"{at}: id is used twice")
+        return None
+    seen.add(probe_id)
+    if not isinstance(query, str) or not query.strip():
+        problems.add(f"{at}: 'query' must be non-empty text")
+        return None
+    if isinstance(expected, str):
+        expected = [expected]
+    if not isinstance(expected, list) or not expected or not all(isinstance(e, str) and e for e in expected):
+        problems.add(f"{at}: 'expected' must be a non-empty list of knowledge_keys")
+        return None
+    category = raw.get("category")
+    if category is not None and (not isinstance(category, str) or not category.strip()):
+        problems.add(f"{at}: 'category' must be non-empty text when given, got {_short(category)}")
+        return None
+    tenant = raw.get("tenant")
+    if tenant is not None and (not isinstance(tenant, str) or not tenant.strip()):
+        problems.add(f"{at}: 'tenant' must be non-empty text when given (the tenant the assistant passes to the "
+                     f"reader), got {_short(tenant)}")
+        return None
+    return Probe(id=probe_id, query=query.strip(), expected=tuple(expected),
+                 category=category.strip() if category else None, tenant=tenant.strip() if tenant else None)
 
 
 def check_probe_keys(golden: GoldenSet, keys: set[str], *, where: str | None = None) -> None:
