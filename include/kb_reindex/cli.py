@@ -302,6 +302,8 @@ def _dispatch(args: argparse.Namespace) -> int:
     from kb_reindex.services.runtime import open_deps
 
     registry = load_registry()
+    for warning in registry.warnings:
+        log.warning("kb_reindex: %s", warning)
     if args.command == "bases" and not (args.kb or named_in()) and registry.path is not None:
         from kb_reindex.services.config import state_url_from_env
 

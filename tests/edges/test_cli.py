@@ -331,6 +331,13 @@ def test_instruction_like_lines_are_warned_everywhere_and_block_on_request(cli_e
     assert json.loads(status.stdout)["warnings"] == expected
     human = kb("status")
     assert f"WARNING: live serves an instruction-like line in return-policy line {expected[1]['line']}" in human.stdout
+    assert status.returncode == 0 and json.loads(status.stdout)["problems"] == []
+    # where the policy is block, live serving such lines (promoted under warn, or rolled back to) is a problem
+    under_block = kb("status", "--json", "-q", KB_INSTRUCTION_POLICY="block")
+    [problem] = json.loads(under_block.stdout)["problems"]
+    assert under_block.returncode == 1, under_block.stdout
+    assert problem.startswith(f"live v2 serves {len(expected)} instruction-like line(s) KB_INSTRUCTION_POLICY=block "
+                              f"refuses (first: return-policy line {expected[0]['line']}"), problem
 
 
 def test_content_loss_is_held_for_a_person_and_promoted_when_they_looked(cli_env: Path) -> None:

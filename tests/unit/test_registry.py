@@ -199,3 +199,17 @@ def test_a_task_of_an_entry_uses_the_connections_the_entry_names(tmp_path: Path,
     monkeypatch.setattr(connections, "_connection", {"qdrant_default": defined["qdrant_default"]}.get)
     with pytest.raises(ConfigError, match=r"knowledge base 'wiki' names the Connection 'qdrant_wiki', which Airflow"):
         connections.task_settings("wiki")
+
+
+def test_aliases_that_differ_only_by_case_are_refused_and_a_shared_source_is_said(tmp_path: Path) -> None:
+    env = write_registry(tmp_path, TWO + "  Shop:\n    source: other-docs\n    golden_set: golden.yaml\n"
+                                         "  shop-copy:\n    source: shop-docs\n    golden_set: golden.yaml\n")
+    registry = load_registry(env)
+    path = tmp_path / "kb" / "registry.yaml"
+    assert registry.names == ["shop", "wiki", "shop-copy"]
+    assert registry.errors == (f"{path}: knowledge base 'Shop': its alias differs from 'shop' only by case; rename "
+                               "one (the first is kept)",)
+    assert registry.warnings == (f"{path}: knowledge bases shop, shop-copy all read {tmp_path / 'kb' / 'shop-docs'}: "
+                                 "each builds and serves it on its own; if that is not meant, give each its own "
+                                 "source",)
+    assert load_registry(write_registry(tmp_path / "plain", TWO)).warnings == ()

@@ -303,6 +303,13 @@ def status_view(deps: Deps) -> StatusView:
         notes.append("kept, residing in no slot (a rollback to them restores first, embedding nothing): "
                      + ", ".join(f"v{v.version} ({v.points_expected} points to write)" for v in evicted)
                      + "; `kb-reindex restore --version N`")
+    serving_row = next((v for v in versions if v.serving), None)
+    blocked = [w for w in (serving_row.warnings if serving_row else ()) if w.kind == "instruction"]
+    if blocked and deps.settings.instruction_policy == "block":
+        # allowed to serve (a rollback is never refused for its content), never silent
+        problems.append(f"live v{serving_row.version if serving_row else '?'} serves {len(blocked)} instruction-like "
+                        f"line(s) KB_INSTRUCTION_POLICY=block refuses (first: {blocked[0].knowledge_key} line "
+                        f"{blocked[0].line}: {blocked[0].text[:80]!r}); take them out of the page and run a reindex")
     audit = live_audit(deps, live)
     if audit and (audit.missing or audit.orphans):
         problems.append(f"the audit of live v{audit.version} at {audit.at} found {audit.missing} missing "

@@ -148,6 +148,8 @@ class Registry:
     broken: Mapping[str, str] = field(default_factory=dict)
     #: every entry's alias in the registry's order, loaded or refused
     order: tuple[str, ...] = ()
+    #: what loads but looks like a mistake (entries sharing one source): said, never refused
+    warnings: tuple[str, ...] = ()
 
     @property
     def names(self) -> list[str]:
@@ -261,15 +263,32 @@ def load_registry(env: Mapping[str, str] | None = None) -> Registry:
     if not isinstance(entries, dict) or not entries:
         raise ConfigError(f"{path}: knowledge_bases must map each alias to its settings; it lists none")
     bases, errors, broken = [], [], {}
+    by_case: dict[str, str] = {}
     for alias, raw in entries.items():
         try:
+            other = by_case.setdefault(str(alias).casefold(), str(alias))
+            if other != str(alias):
+                # Airflow's DAG ids and a filesystem's folders may tell them apart, a person reading them may not
+                raise ConfigError(f"{path}: knowledge base {str(alias)!r}: its alias differs from {other!r} only by "
+                                  "case; rename one (the first is kept)")
             bases.append(_entry(path, str(alias), raw, env))
         except ConfigError as exc:
             errors.append(str(exc))
             if valid_alias(str(alias)):
                 broken[str(alias)] = str(exc)
     return Registry(bases=tuple(bases), errors=tuple(errors), path=path, broken=broken,
-                    order=tuple(map(str, entries)))
+                    order=tuple(map(str, entries)), warnings=tuple(_shared_sources(path, bases)))
+
+
+def _shared_sources(path: Path, bases: list[KnowledgeBase]) -> list[str]:
+    """A warning per source read by more than one entry: allowed (two models of one folder, say), but as often
+    a copied entry whose source was never changed."""
+    readers: dict[str, list[str]] = {}
+    for kb in bases:
+        readers.setdefault(kb.env.get("KB_KNOWLEDGE_DIR", ""), []).append(kb.alias)
+    return [f"{path}: knowledge bases {', '.join(aliases)} all read {source}: each builds and serves it on its own; "
+            "if that is not meant, give each its own source" for source, aliases in readers.items()
+            if source and len(aliases) > 1]
 
 
 def valid_alias(alias: str) -> bool:
