@@ -14,14 +14,16 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from kb_reindex.services.config import DEFAULT_MODELS, EMBEDDERS, Settings
 from kb_reindex.domain.errors import UNAVAILABLE_EXIT, UNAVAILABLE_KINDS, ConfigError, Failure, KbError, StateEmpty, StateMissing, classify
-from kb_reindex.rules.freeze import FreezeView
 from kb_reindex.domain.model import RunOutcome, WatchOutcome
-from kb_reindex.run.status import KEPT_NOTES, StatusView, history, status_view
-from kb_reindex.services.registry import Registry, load_registry, named_in, select_knowledge_base
+
+if TYPE_CHECKING:  # the CLI answers --help and usage errors before it imports the stores, the model or Airflow
+    from kb_reindex.rules.freeze import FreezeView
+    from kb_reindex.run.status import StatusView
+    from kb_reindex.services.registry import Registry
 
 log = logging.getLogger("kb_reindex.cli")
 
@@ -279,6 +281,7 @@ def _main(argv: list[str]) -> int:
 
 def _failure(exc: BaseException, args: argparse.Namespace) -> Failure:
     """errors.classify, naming the state DB and Qdrant of the chosen knowledge base's settings (when they parse)."""
+    from kb_reindex.services.registry import select_knowledge_base
     from kb_reindex.services.store import describe_qdrant_failure
 
     try:
@@ -298,6 +301,7 @@ def _fail(args: argparse.Namespace, message: str, kind: str) -> None:
 
 def _dispatch(args: argparse.Namespace) -> int:
     """Open what the command needs (see NO_CREATE, STATE_ONLY, LOCKED), then call its `func`."""
+    from kb_reindex.services.registry import load_registry, named_in
     from kb_reindex.run.runs import exclusive
     from kb_reindex.services.runtime import open_deps
 
@@ -391,6 +395,7 @@ def _cmd_query(args: argparse.Namespace, settings_or_deps: Any) -> int:
 
 
 def _cmd_history(args: argparse.Namespace, deps: Any) -> int:
+    from kb_reindex.run.status import history
     events = [e.to_dict() for e in history(deps)]
     _print(args, {"alias": deps.settings.alias, "events": events},
            _table(events, ["at", "action", "from_version", "to_version", "by", "run_id", "reason"]))
@@ -519,6 +524,7 @@ def _cmd_plan(args: argparse.Namespace, deps: Any) -> int:
 def _all_bases(args: argparse.Namespace, registry: Registry) -> int:
     """`status` or `bases` with several registry entries and none named: every one of them, an entry that does not
     load among them with its refusal beside what it serves (exit 2, each refusal named on stderr)."""
+    from kb_reindex.run.status import status_view
     from kb_reindex.services.config import state_url_from_env
 
     state_url = state_url_from_env()
@@ -575,6 +581,7 @@ def _print_bases(args: argparse.Namespace, registry: Registry, state_url: str) -
 
 
 def _status_human(s: StatusView) -> str:
+    from kb_reindex.run.status import KEPT_NOTES
     data = s.to_dict()
     rows = [{**row, "status": v.status + (" *rollback target" if v.rollback_target else "")
              + (f" *{KEPT_NOTES[v.kept]}" if v.kept else "") + (" *pinned" if v.pinned else "")}
@@ -616,6 +623,7 @@ def _metrics_human(s: StatusView) -> list[str]:
 def _cmd_status(args: argparse.Namespace, deps: Any) -> int:
     """What serves and every version; an entry that does not load (`registry_error`): the same, its refusal
     beside it, exit 2 (a configuration error stands)."""
+    from kb_reindex.run.status import status_view
     s = status_view(deps)
     refused = getattr(args, "registry_error", None)
     _print(args, {**s.to_dict(), "registry_error": refused},
@@ -905,6 +913,7 @@ def _rollback(args: argparse.Namespace, deps: Any) -> int:
 
 def _rollback_freeze(args: argparse.Namespace, deps: Any) -> FreezeView | None:
     """`rollback --freeze`: the freeze goes in first, so nothing moves the alias forward between the two."""
+    from kb_reindex.rules.freeze import FreezeView
     if not args.freeze:
         return None
     from kb_reindex.rules.freeze import freeze_for_rollback, operator

@@ -223,3 +223,23 @@ def test_untyped_dicts_only_at_the_xcom_edge(tmp_path: Path) -> None:
     found = {str(path.relative_to(PACKAGE)): untyped_dict_returns(path) for path in ENGINE_FILES}
     assert {where: names for where, names in found.items() if names and where != UNTYPED_DICT_EDGE} == {}
     assert len(found[UNTYPED_DICT_EDGE]) <= UNTYPED_DICT_BUDGET
+
+
+def test_help_and_usage_errors_import_no_store_model_or_airflow() -> None:
+    """`kb-reindex --help` and a mistyped command answer before the heavy imports (qdrant-client alone takes
+    seconds on a busy machine): they need none of them."""
+    import subprocess
+    import sys
+
+    code = ("import sys\n"
+            "from kb_reindex.cli import main\n"
+            "for argv in (['--help'], ['run', '--help'], ['nonsense']):\n"
+            "    try:\n"
+            "        main(argv)\n"
+            "    except SystemExit:\n"
+            "        pass\n"
+            "heavy = ('qdrant_client', 'airflow', 'sqlalchemy', 'ollama', 'torch', 'onnxruntime', 'pandas', 'pydantic')\n"
+            "print(sorted({m.split('.')[0] for m in sys.modules} & set(heavy)))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "[]", done.stdout[-500:]
