@@ -662,6 +662,9 @@ def test_page_in_headless_chromium_on_call(busy_site: tuple[Settings, FakeAirflo
         wait.until(lambda b: "FROZEN since" in text("#freeze-text"))
         assert "by kb-user (knowledge_rollback airflow:knowledge_rollback:manual__" in text("#freeze-text")
         assert "kb-user" in text("#history tbody tr:first-child")
+        # v3, rolled away from, is one move away: going there again is a roll forward, and says so
+        wait.until(lambda b: [e.text for e in b.find_elements(By.CSS_SELECTOR, "#version-3 button")]
+                   == ["Roll forward to v3"])
 
         # unfreeze, then promote the shadow: the confirmation names its model and dimension
         click("#freeze-toggle")
