@@ -32,6 +32,7 @@ from kb_reindex.domain.lifecycle import BUILDING, READY, may_validate
 from kb_reindex.domain.model import VersionStatus
 from kb_reindex.steps.duplicates import duplicate_warnings
 from kb_reindex.steps.replay import load_replay_gate, replay
+from kb_reindex.services.layouts import version_profile
 from kb_reindex.services.runtime import Deps
 from kb_reindex.services.screen import screen_for
 from kb_reindex.services.state.clock import utcnow
@@ -87,7 +88,21 @@ def recorded_ranks(baseline: VersionRecord, golden: GoldenSet, fingerprint: str)
 
 
 def embed_probes(deps: Deps, version: VersionRecord, golden: GoldenSet) -> list[list[float]]:
-    return deps.embedder_for(version).embed_queries([p.query for p in golden.probes])
+    """The probes' query vectors under the version's model: those a validation of its profile embedded before
+    from the state DB, the others embedded (the model loaded only then) and kept."""
+    queries = [p.query for p in golden.probes]
+    digests = [hashlib.sha256(q.encode("utf-8")).hexdigest() for q in queries]
+    profile = version_profile(version)
+    kept = {d: v for d, v in deps.state.recall_query_vectors(profile, sorted(set(digests))).items()
+            if len(v) == version.embed_dim}
+    missing = {d: q for q, d in zip(queries, digests, strict=True) if d not in kept}
+    if missing:
+        fresh = dict(zip(missing, deps.embedder_for(version).embed_queries(list(missing.values())), strict=True))
+        deps.state.remember_query_vectors(profile, fresh)
+        kept.update(fresh)
+    log.info("kb_reindex: golden probes of v%d: %d embedded, %d kept from an earlier validation", version.version,
+             len(missing), len(queries) - len(missing))
+    return [kept[d] for d in digests]
 
 
 def validate(

@@ -181,6 +181,20 @@ screen_scores = sa.Table(
     **MYSQL_TABLE,
 )
 
+# Query vectors validation embedded (the golden probes), by embedding profile and the SHA-256 of the query text:
+# a later validation of the same profile looks them up instead of loading the model and embedding every probe
+# again (the model under one profile gives one vector to one text, the premise every reused document vector rests
+# on too). float64, little-endian, as the embedder returned them: searches with a kept vector rank exactly as the
+# first did. Shared by every knowledge base of the state DB.
+query_vectors = sa.Table(
+    "kb_query_vectors",
+    metadata,
+    sa.Column("embed_profile", sa.String(128), primary_key=True),
+    sa.Column("text_sha256", sa.String(64), primary_key=True),
+    sa.Column("vector", sa.LargeBinary().with_variant(mysql.MEDIUMBLOB(), "mysql", "mariadb"), nullable=False),
+    **MYSQL_TABLE,
+)
+
 runs = sa.Table(
     "kb_runs",
     metadata,

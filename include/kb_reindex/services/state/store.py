@@ -16,6 +16,7 @@ from kb_reindex.services.state.history import HistoryMixin
 from kb_reindex.services.state.locks import LocksMixin
 from kb_reindex.services.state.manifests import ManifestsMixin
 from kb_reindex.services.state.runs import RunsMixin
+from kb_reindex.services.state.query_vectors import QueryVectorsMixin
 from kb_reindex.services.state.screen_scores import ScreenScoresMixin
 from kb_reindex.services.state.schema import (
     _first_line,
@@ -31,7 +32,7 @@ from kb_reindex.services.state.versions import VersionsMixin
 
 
 class StateStore(VersionsMixin, ManifestsMixin, RunsMixin, HistoryMixin, LocksMixin, FreezesMixin, SlotsMixin,
-                 ScreenScoresMixin, EntriesMixin):
+                 ScreenScoresMixin, QueryVectorsMixin, EntriesMixin):
     """All reads and writes of the state DB. Short transactions; nothing held across embedding calls."""
 
     def __init__(self, url: str, *, engine: sa.Engine | None = None, create: bool = True,
