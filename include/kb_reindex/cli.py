@@ -488,13 +488,14 @@ def _plan_with_state(args: argparse.Namespace, settings: Settings) -> int:
     from kb_reindex.services.state.store import StateStore
 
     client = None
+    missing: StateMissing | None = None
     try:
         state = StateStore(settings.state_url, create=False)
     except StateEmpty as empty:
         log.warning("kb_reindex: %s. Previewing a first run", empty)
         state = StateStore("sqlite:///:memory:")
-    except StateMissing:  # a knowledge base never built: what its first run would do, warnings included
-        log.warning("kb_reindex: no state DB yet (KB_STATE_URL): previewing a first run; nothing is created")
+    except StateMissing as exc:  # a knowledge base never built: what its first run would do, warnings included
+        missing = exc
         state = StateStore("sqlite:///:memory:")
         if settings.qdrant_path is not None and not (settings.qdrant_path / "meta.json").is_file():
             from qdrant_client import QdrantClient
@@ -502,6 +503,12 @@ def _plan_with_state(args: argparse.Namespace, settings: Settings) -> int:
             client = QdrantClient(location=":memory:")  # no local store yet either: an empty one, in memory
     try:
         with open_deps(settings, state=state, create=False, client=client) as deps:
+            if missing is not None:
+                if deps.store.alias_target(settings.alias) is not None:
+                    # the alias serves: its state DB is elsewhere (a typo in KB_STATE_URL?) or lost, never new
+                    raise missing
+                log.warning("kb_reindex: no state DB yet and %s serves nothing: previewing a first run; nothing "
+                            "is created", settings.alias)
             return int(args.func(args, deps))
     finally:
         state.dispose()

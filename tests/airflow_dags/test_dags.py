@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import os
 import subprocess
 import sys
@@ -477,7 +478,9 @@ def test_the_page_runs_in_airflows_api_server_and_rolls_back_as_the_signed_in_us
                 assert anonymous.status_code == 401, (route, anonymous.text)
             signed_in = httpx.request(method, url, cookies={"_token": token})
             assert signed_in.status_code == 200, (route, signed_in.text)
-        assert "Knowledge index" in httpx.get(f"{base}/knowledge-index/ui", cookies={"_token": token}).text
+        page = httpx.get(f"{base}/knowledge-index/ui", cookies={"_token": token}).text
+        assert "Knowledge index" in page
+        page_token = re.search(r'<meta name="kb-page-token" content="([0-9a-f]+)">', page).group(1)
         plugins = httpx.get(f"{base}/api/v2/plugins", headers=bearer).json()["plugins"]
         ours = next(p for p in plugins if p["name"] == "knowledge_index")
         assert ours["external_views"][0]["href"] == "knowledge-index/ui"
@@ -486,8 +489,23 @@ def test_the_page_runs_in_airflows_api_server_and_rolls_back_as_the_signed_in_us
         rollback = f"{base}/knowledge-index/api/rollback"
         assert httpx.post(rollback, json={"reason": "check"}).status_code == 401
         asked = {"to_version": 1, "reason": "api-server check", "live_version": 2}
+        # what another site's page can make a signed-in browser send: refused, nothing triggered or paused
+        host = base.split("://", 1)[1].split("/", 1)[0]
+        own = {"Origin": f"http://{host}", "X-KB-Page-Token": page_token}
+        paused = httpx.get(f"{base}/api/v2/dags/knowledge_reindex", headers=bearer).json()["is_paused"]
+        for route, body in ((rollback, asked), (f"{base}/knowledge-index/api/reindex-paused", {"paused": not paused})):
+            for headers, content, status in (
+                    ({**own, "Origin": "http://evil.example", "Content-Type": "text/plain"}, json.dumps(body), 415),
+                    ({**own, "Content-Type": "application/x-www-form-urlencoded"}, "paused=true", 415),
+                    ({**own, "Origin": "http://evil.example", "Content-Type": "application/json"}, json.dumps(body),
+                     403),
+                    ({"Origin": own["Origin"], "Content-Type": "application/json"}, json.dumps(body), 403)):
+                refused = httpx.post(route, content=content, headers=headers, cookies={"_token": token})
+                assert refused.status_code == status, (route, headers, refused.text)
+        assert httpx.get(f"{base}/api/v2/dags/knowledge_rollback/dagRuns", headers=bearer).json()["dag_runs"] == []
+        assert httpx.get(f"{base}/api/v2/dags/knowledge_reindex", headers=bearer).json()["is_paused"] == paused
         # the page unpauses the on-call DAG (paused on a fresh install unless it starts unpaused) when asked to
-        triggered = httpx.post(rollback, json={**asked, "unpause": True}, cookies={"_token": token})
+        triggered = httpx.post(rollback, json={**asked, "unpause": True}, cookies={"_token": token}, headers=own)
         assert triggered.status_code == 200, triggered.text
         run_id = triggered.json()["dag_run_id"]
         runs = f"{base}/api/v2/dags/knowledge_rollback/dagRuns"

@@ -94,11 +94,16 @@ def test_a_deployment_of_the_release_before_slots_keeps_serving_and_moves_to_slo
     assert code == 0 and back["to_version"] == 3 and back["collection"].endswith("__v3"), back
     code, status = cli(project, "status")
     assert code == 0 and status["live"]["version"] == 3 and status["problems"] == [], status
-    # forward again: v4 (rolled away from, neither live nor the rollback target) gives its slot to the next
-    # build, which writes only what differs from it
+    # v4, rolled away from, stays one move away while the next build runs: that build takes a slot of its own
+    assert {r["version"]: r["one_move_away"] for r in status["residence"]}[4] is True
     edit(project, "payment-guide", "补充：升级后第二版。")
+    code, run = cli(project, "run")
+    assert code == 0 and run["outcome"] == "promoted" and run["collection"].endswith("__s2"), run
+    code, status = cli(project, "status")
+    assert code == 0 and status["problems"] == [], status
+    # and the build after it writes only what differs: v4 (now neither live, nor the rollback target, nor the
+    # version just left) gives its slot
+    edit(project, "payment-guide", "补充：升级后第三版。")
     code, run = cli(project, "run")
     assert code == 0 and run["outcome"] == "promoted" and run["collection"].endswith("__s1"), run
     assert run["build"]["kept"] > 0 and run["build"]["copied"] + run["build"]["embedded"] < run["build"]["kept"]
-    code, status = cli(project, "status")
-    assert code == 0 and status["problems"] == [], status

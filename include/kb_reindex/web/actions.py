@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, HTTPException, Request
@@ -21,7 +22,7 @@ from kb_reindex.web.context import PageContext, positive_int, reason_of, refusal
 from kb_reindex.web.guard import page_json
 
 #: a state-changing request's body, once it showed it comes from the page (web.guard)
-PageBody = Annotated[dict[str, Any], Depends(page_json)]
+PageBody = Annotated[Mapping[str, Any], Depends(page_json)]
 
 #: how long a freeze from the page waits for a promotion in progress (the alias lock) before saying so
 FREEZE_WAIT_S = 10.0
@@ -41,7 +42,7 @@ class FreezeChange:
         return {"frozen": False, "lifted": self.lifted.view() if self.lifted else None}
 
 
-async def rollback(ctx: PageContext, request: Request, body: dict[str, Any]) -> Triggered:
+async def rollback(ctx: PageContext, request: Request, body: Mapping[str, Any]) -> Triggered:
     """Trigger the rollback DAG to a version that served and is whole, from the live version on-call saw."""
     reason = reason_of(body)
     to_version = positive_int(body, "to_version", " (the version to roll back to)")
@@ -69,7 +70,7 @@ async def rollback(ctx: PageContext, request: Request, body: dict[str, Any]) -> 
     return run
 
 
-async def promote_shadow(ctx: PageContext, request: Request, body: dict[str, Any]) -> Triggered:
+async def promote_shadow(ctx: PageContext, request: Request, body: Mapping[str, Any]) -> Triggered:
     """Trigger the shadow promotion DAG for a ready version that never served."""
     reason = reason_of(body)
     version = positive_int(body, "version")

@@ -4,7 +4,7 @@ error policy (errors.classify) turned into HTTP answers."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,14 +49,14 @@ def page_or_fresh(settings: Settings) -> PageStatus | FreshInstall:
         raise refusal(exc, settings, status=503) from None
 
 
-def reason_of(body: dict[str, Any]) -> str:
+def reason_of(body: Mapping[str, Any]) -> str:
     reason = str(body.get("reason") or "").strip()
     if not reason:
         raise HTTPException(422, "a reason is required")
     return reason
 
 
-def positive_int(body: dict[str, Any], key: str, meaning: str = "") -> int:
+def positive_int(body: Mapping[str, Any], key: str, meaning: str = "") -> int:
     value = body.get(key)
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise HTTPException(422, f"{key} must be a positive integer{meaning}")
@@ -86,7 +86,7 @@ class PageContext:
             raise HTTPException(404, f"no version {number}")
         return row
 
-    async def confirmed_live(self, body: dict[str, Any]) -> int | None:
+    async def confirmed_live(self, body: Mapping[str, Any]) -> int | None:
         """The live version on-call saw and confirmed ("vX -> vY"): refused when the alias has moved since."""
         confirmed = body.get("live_version")
         if confirmed is not None and (isinstance(confirmed, bool) or not isinstance(confirmed, int)):

@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -55,7 +56,7 @@ def _origin(request: Request) -> str | None:
     return "null" if origin == "null" else None
 
 
-async def page_json(request: Request) -> dict[str, Any]:
+async def page_json(request: Request) -> Mapping[str, Any]:
     """The JSON object a state-changing request sends, once it has shown it comes from the page (a FastAPI
     dependency: use its value as the body)."""
     kind = request.headers.get("content-type", "").split(";")[0].strip().lower()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 from dataclasses import asdict, dataclass, replace
+from collections.abc import Mapping
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, HTTPException, Request
@@ -156,7 +157,7 @@ async def airflow_json(airflow: AirflowApi, dags: DagIds, request: Request,
                          source=await source_watch(airflow, settings, request) if settings else None)
 
 
-def try_out(settings: Settings, body: dict[str, Any]) -> Any:
+def try_out(settings: Settings, body: Mapping[str, Any]) -> Any:
     """One question to one version's collection, read-only (no state DB or store is created); a refusal of
     search_version (unknown or deleted version, empty question) is a 422 naming it, Qdrant busy or down a 503."""
     from kb_reindex.domain.errors import ConfigError, classify
@@ -187,7 +188,7 @@ def add_views(app: FastAPI, ctx: PageContext) -> None:
         return JSONResponse((await status_json(ctx, user)).to_dict())
 
     @app.post("/api/try", dependencies=auth.signed_in())
-    async def try_version(body: Annotated[dict[str, Any], Depends(page_json)]) -> JSONResponse:
+    async def try_version(body: Annotated[Mapping[str, Any], Depends(page_json)]) -> JSONResponse:
         """The question box for a chosen version: `kb-reindex query --version N` (steps/tryout.search_version)."""
         return JSONResponse((await asyncio.to_thread(try_out, ctx.settings_factory(), body)).to_dict())
 

@@ -5,6 +5,7 @@ Every status write is `transition_version`: a conditional UPDATE checked against
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, fields
 from datetime import datetime
@@ -140,8 +141,13 @@ class VersionRecord:
             old = (self.validation or {}).get("snapshot")
             return QdrantSnapshotRef.from_dict(old) if old else None
         at = self.qdrant_snapshot_at
-        return QdrantSnapshotRef(name=self.qdrant_snapshot, collection=self.collection,
-                                 at=utc_stamp(at) if at else None)
+        # Qdrant names a snapshot after the collection it was taken of: a version that left its slot was
+        # snapshotted there (`<alias>__<model>__s<k>-...`), and its record now names no collection of Qdrant's
+        taken_of = self.collection
+        in_slot = re.match(r"^(.+__s\d+)-", self.qdrant_snapshot)
+        if not self.qdrant_snapshot.startswith(f"{self.collection}-") and in_slot:
+            taken_of = in_slot.group(1)
+        return QdrantSnapshotRef(name=self.qdrant_snapshot, collection=taken_of, at=utc_stamp(at) if at else None)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON-able view the CLI and XCom carry (no validation detail, no snapshot)."""
