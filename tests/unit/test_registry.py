@@ -10,7 +10,7 @@ import pytest
 
 from conftest import REPO
 from kb_reindex.domain.errors import ConfigError
-from kb_reindex.services.registry import load_registry, select_knowledge_base
+from kb_reindex.services.registry import RegistryEntry, load_registry, select_knowledge_base
 
 
 def write_registry(folder: Path, body: str) -> dict[str, str]:
@@ -213,3 +213,11 @@ def test_aliases_that_differ_only_by_case_are_refused_and_a_shared_source_is_sai
                                  "each builds and serves it on its own; if that is not meant, give each its own "
                                  "source",)
     assert load_registry(write_registry(tmp_path / "plain", TWO)).warnings == ()
+
+
+def test_an_entry_with_several_wrong_keys_names_every_one(tmp_path: Path) -> None:
+    env = write_registry(tmp_path, "knowledge_bases:\n  shop:\n    golden_set: golden.yaml\n    schedul: '@daily'\n"
+                                   "    chunk_size: 20\n")
+    [error] = load_registry(env).errors
+    assert error.endswith("knowledge base 'shop': source: missing; chunk_size: Input should be greater than or "
+                          "equal to 50; schedul: unknown key (known: " + ", ".join(RegistryEntry.model_fields) + ")"), error

@@ -22,6 +22,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from kb_reindex.domain.errors import ConfigError
+from kb_reindex.domain.names import escaped
 from kb_reindex.services.config import ALIAS_PATTERN, EMBEDDERS, Settings, knowledge_source, project_root
 from kb_reindex.services.yaml_input import load_yaml
 
@@ -305,11 +306,15 @@ def _entry(path: Path, alias: str, raw: Any, env: Mapping[str, str]) -> Knowledg
     try:
         entry = RegistryEntry.model_validate(raw)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        key = ".".join(map(str, first["loc"])) or "?"
-        reason = "unknown key (known: " + ", ".join(RegistryEntry.model_fields) + ")" \
-            if first["type"] == "extra_forbidden" else "missing" if first["type"] == "missing" else first["msg"]
-        raise ConfigError(f"{where}: {key}: {reason}") from None
+        # every wrong key at once: one fix per run is a slow way to learn a registry
+        problems = []
+        for error in exc.errors():
+            key = ".".join(map(str, error["loc"])) or "?"
+            reason = "unknown key (known: " + ", ".join(RegistryEntry.model_fields) + ")" \
+                if error["type"] == "extra_forbidden" else "missing" if error["type"] == "missing" else error["msg"]
+            problems.append(f"{escaped(key[:80])}: {reason}")
+        raise ConfigError(f"{where}: {'; '.join(problems[:10])}"
+                          + (f"; and {len(problems) - 10} more" if len(problems) > 10 else "")) from None
     if entry.embedder is not None and entry.embedder not in EMBEDDERS:
         raise ConfigError(f"{where}: embedder: {entry.embedder!r} is unknown; choose one of {', '.join(EMBEDDERS)}")
     folder = path.parent
