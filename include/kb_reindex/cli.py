@@ -262,8 +262,12 @@ def _main(argv: list[str]) -> int:
         args = _parser(json_answer="--json" in argv).parse_args(argv)
     except SystemExit as stop:  # a usage error (2) or --help (0), already answered by argparse
         return stop.code if isinstance(stop.code, int) else 2
-    logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(message)s")
+    level, fmt = logging.WARNING if args.quiet else logging.INFO, "%(asctime)s %(levelname)s %(message)s"
+    from kb_reindex.run.terminal import use_terminal_log
+
+    # a terminal gets a progress bar for builds and restores; --json, -q and a pipe get the plain lines
+    if args.json or args.quiet or not use_terminal_log(sys.stderr, level=level, fmt=fmt):
+        logging.basicConfig(level=level, stream=sys.stderr, format=fmt)
     if not args.verbose:  # the HTTP clients' request lines (Qdrant's, Ollama's) only when asked for
         for name in ("httpx", "httpcore"):
             logging.getLogger(name).setLevel(logging.WARNING)

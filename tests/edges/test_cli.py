@@ -527,3 +527,41 @@ def test_validate_writes_a_report_of_its_own_and_keeps_the_promotion_report(
         assert "(on demand)" in text and "live now: v2" in text
         assert (folder / f"v{number}" / "validation.md").read_text(encoding="utf-8") == promotion[number]
     assert "v1 (the version v2 was built on)" in next((folder / "v2").glob("validate-*.md")).read_text(encoding="utf-8")
+
+
+def test_a_build_in_a_terminal_draws_a_progress_bar_and_a_pipe_gets_the_lines(cli_env: Path) -> None:
+    """On a terminal (a pty here) `run` draws the build's progress as a bar; with --json, or stderr a pipe, the
+    plain "build v1 50/50 points" lines as before."""
+    import pty
+
+    cli = Path(sys.executable).with_name("kb-reindex")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KB_") or k.startswith("KB_TEST_")}
+    env.update(KB_PROJECT_ROOT=str(cli_env), KB_EMBEDDER="hashing", COLUMNS="100", TERM="xterm")
+    main, child = pty.openpty()
+    proc = subprocess.Popen([str(cli), "run"], env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=child, text=True)
+    os.close(child)
+    drawn = b""
+    while True:
+        try:
+            chunk = os.read(main, 65536)
+        except OSError:  # the child closed its end
+            break
+        if not chunk:
+            break
+        drawn += chunk
+    proc.wait(timeout=120)
+    os.close(main)
+    screen = drawn.decode("utf-8", errors="replace")
+    assert proc.returncode == 0, screen[-2000:]
+    assert "build v1" in screen and "━" in screen and "50/50" in screen, screen[-2000:]
+    assert "build v1 50/50 points (100%)" not in screen, "the bar replaces the progress line"
+    assert "plan for mall_knowledge" in screen  # the other log lines still print
+
+    page = cli_env / "knowledge" / "docs" / "coupon-rules.md"
+    page.write_text(page.read_text(encoding="utf-8") + "\n\n补充：节假日不适用。\n", encoding="utf-8")
+    piped = subprocess.run([str(cli), "run", "--force-full"], env=env, capture_output=True, text=True, timeout=120)
+    assert piped.returncode == 0, piped.stderr[-2000:]
+    assert "build v2 50/50 points (100%)" in piped.stderr or "build v2 51/51 points (100%)" in piped.stderr, \
+        piped.stderr[-2000:]
+    assert "━" not in piped.stderr

@@ -110,7 +110,9 @@ def payload_for(chunk: Chunk, doc: DocumentInfo | Document, version: VersionReco
     }, version.payload_layout, point_id=chunk.point_id)
 
 
-class _Progress:
+class Progress:
+    """A build's or a restore's progress, logged (a terminal draws it as a bar: run.terminal)."""
+
     def __init__(self, label: str, total: int) -> None:
         self.label, self.total, self.done = label, total, 0
         self.started = time.monotonic()
@@ -119,8 +121,10 @@ class _Progress:
         elapsed = max(time.monotonic() - self.started, 1e-9)
         rate = self.done / elapsed
         eta = (self.total - self.done) / rate if rate else 0.0
+        # `kb_progress`: a terminal draws it as a bar (run.terminal); elsewhere it is this line
         log.info("kb_reindex: %s %d/%d points (%.0f%%), %.1f points/s, eta %.0fs",
-                 self.label, self.done, self.total, 100.0 * self.done / max(self.total, 1), rate, eta)
+                 self.label, self.done, self.total, 100.0 * self.done / max(self.total, 1), rate, eta,
+                 extra={"kb_progress": (self.label, self.done, self.total)})
 
 
 def build(deps: Deps, version_number: int, *, run_id: str | None = None,
@@ -271,7 +275,7 @@ def _fill(deps: Deps, version: VersionRecord, window: tuple[int, int] | None, ru
         log.info("kb_reindex: v%d from v%d's points in %s: %d kept (%d payload(s) rewritten), %d copied, %d to "
                  "embed", version.version, base.version, version.collection, len(held), len(rewrite), len(to_copy),
                  len(to_embed))
-    progress = _Progress(f"build v{version.version}", len(manifest))
+    progress = Progress(f"build v{version.version}", len(manifest))
     progress.done = skipped + len(held) - len(rewrite)
     writer = _SliceWriter(deps, version, documents=documents,
                           texts=SnapshotTexts(deps, to_embed, version_label=f"v{version.version}"),
@@ -313,7 +317,7 @@ class _SliceWriter:
     mapped slices. The run's record adds what this call wrote."""
 
     def __init__(self, deps: Deps, version: VersionRecord, *, documents: dict[str, DocumentInfo],
-                 texts: SnapshotTexts, progress: _Progress, window: tuple[int, int] | None, run_id: str | None,
+                 texts: SnapshotTexts, progress: Progress, window: tuple[int, int] | None, run_id: str | None,
                  counts: BuildCounts, fence: Fence | None) -> None:
         self.deps, self.version, self.documents, self.texts = deps, version, documents, texts
         self.progress, self.window, self.run_id, self.counts, self.fence = progress, window, run_id, counts, fence
