@@ -493,6 +493,7 @@ def test_the_page_runs_in_airflows_api_server_and_rolls_back_as_the_signed_in_us
         host = base.split("://", 1)[1].split("/", 1)[0]
         own = {"Origin": f"http://{host}", "X-KB-Page-Token": page_token}
         paused = httpx.get(f"{base}/api/v2/dags/knowledge_reindex", headers=bearer).json()["is_paused"]
+        runs_before = httpx.get(f"{base}/api/v2/dags/knowledge_rollback/dagRuns", headers=bearer).json()["total_entries"]
         for route, body in ((rollback, asked), (f"{base}/knowledge-index/api/reindex-paused", {"paused": not paused})):
             for headers, content, status in (
                     ({**own, "Origin": "http://evil.example", "Content-Type": "text/plain"}, json.dumps(body), 415),
@@ -502,7 +503,8 @@ def test_the_page_runs_in_airflows_api_server_and_rolls_back_as_the_signed_in_us
                     ({"Origin": own["Origin"], "Content-Type": "application/json"}, json.dumps(body), 403)):
                 refused = httpx.post(route, content=content, headers=headers, cookies={"_token": token})
                 assert refused.status_code == status, (route, headers, refused.text)
-        assert httpx.get(f"{base}/api/v2/dags/knowledge_rollback/dagRuns", headers=bearer).json()["dag_runs"] == []
+        runs_after = httpx.get(f"{base}/api/v2/dags/knowledge_rollback/dagRuns", headers=bearer).json()["total_entries"]
+        assert runs_after == runs_before, "a refused request created a rollback run"
         assert httpx.get(f"{base}/api/v2/dags/knowledge_reindex", headers=bearer).json()["is_paused"] == paused
         # the page unpauses the on-call DAG (paused on a fresh install unless it starts unpaused) when asked to
         triggered = httpx.post(rollback, json={**asked, "unpause": True}, cookies={"_token": token}, headers=own)

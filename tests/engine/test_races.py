@@ -101,6 +101,16 @@ def edit_every_doc(project: Path) -> None:
         path.write_text(path.read_text(encoding="utf-8") + "\n\n本条款自下月起生效。\n", encoding="utf-8")
 
 
+def add_a_long_page(project: Path) -> None:
+    """A new page of 40 sections: 40 chunks to embed (the golden probes' vectors are kept from the first run, so
+    an edit of a line or two embeds only a few texts)."""
+    # words no golden probe asks about, so no probe's answer moves
+    sections = "\n\n".join(f"## Zebra quartz {i}\n\nZebra quartz protocol {i}: llama grooming kits ship in crate "
+                            f"{i * 7} of the orchard depot." for i in range(40))
+    (project / "knowledge" / "docs" / "zebra-quartz.md").write_text(f"# Zebra quartz\n\n{sections}\n",
+                                                                     encoding="utf-8")
+
+
 def wait_for(predicate: Any, timeout_s: float, what: str) -> None:
     deadline = time.monotonic() + timeout_s
     while not predicate():
@@ -178,7 +188,7 @@ def test_a_run_killed_mid_build_leaves_live_serving_and_the_next_run_resumes_at_
             "KB_PROJECT_ROOT": str(project), "KB_EMBEDDER": "ollama", "OLLAMA_HOST": slow_ollama.url,
             "KB_EMBED_BATCH_SIZE": "4"}
         assert cli(env, "run")[1]["outcome"] == "promoted"
-        edit_every_doc(project)
+        add_a_long_page(project)
         slow_ollama.faults = FaultPlan(delay_per_text_s=0.1)
         before = slow_ollama.embedded_texts
         victim = subprocess.Popen([str(CLI), "run", "-q"], env=env, stdout=subprocess.DEVNULL,
