@@ -924,10 +924,9 @@ def _rollback(args: argparse.Namespace, deps: Any) -> int:
 
 def _rollback_freeze(args: argparse.Namespace, deps: Any) -> FreezeView | None:
     """`rollback --freeze`: the freeze goes in first, so nothing moves the alias forward between the two."""
-    from kb_reindex.rules.freeze import FreezeView
     if not args.freeze:
         return None
-    from kb_reindex.rules.freeze import freeze_for_rollback, operator
+    from kb_reindex.rules.freeze import FreezeView, freeze_for_rollback, operator
 
     return FreezeView.of(freeze_for_rollback(deps, reason=args.reason, by=operator()))
 
