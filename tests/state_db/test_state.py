@@ -469,3 +469,19 @@ def test_bases_shows_a_candidate_whose_run_is_in_progress_as_no_shadow(state: St
                                                               "in progress",)
     state.finish_run("building", outcome="shadow")
     assert summary(state, kb).shadows == (1,)
+
+
+def test_kept_query_vectors_and_screen_scores_round_trip_exactly_and_a_race_keeps_the_first(state: StateStore) -> None:
+    """On SQLite, MariaDB and PostgreSQL: a 1024-d float64 vector comes back bit for bit (validation's ranks with
+    it are the first validation's), scores come back, and a second writer of the same rows changes nothing."""
+    import random
+
+    vector = [random.Random(7).uniform(-1, 1) for _ in range(1024)]
+    state.remember_query_vectors("hashing/m/8", {"a" * 64: vector})
+    state.remember_query_vectors("hashing/m/8", {"a" * 64: [0.0] * 1024, "b" * 64: [1.0] * 1024})  # a's kept
+    kept = state.recall_query_vectors("hashing/m/8", ["a" * 64, "b" * 64, "c" * 64])
+    assert kept == {"a" * 64: vector, "b" * 64: [1.0] * 1024}
+    assert state.recall_query_vectors("other/profile/8", ["a" * 64]) == {}
+    state.remember_scores("clf", {"d" * 64: 0.25})
+    state.remember_scores("clf", {"d" * 64: 0.9, "e" * 64: 0.5})
+    assert state.recall_scores("clf", ["d" * 64, "e" * 64]) == {"d" * 64: 0.25, "e" * 64: 0.5}

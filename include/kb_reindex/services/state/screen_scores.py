@@ -8,10 +8,8 @@ from collections.abc import Sequence
 
 import sqlalchemy as sa
 
-from kb_reindex.services.state.schema import _table_missing, screen_scores
-
-
-_BATCH = 500
+from kb_reindex.services.state import by_digest
+from kb_reindex.services.state.schema import screen_scores
 
 
 class ScreenScoresMixin:
@@ -20,36 +18,12 @@ class ScreenScoresMixin:
     def recall_scores(self, classifier: str, digests: Sequence[str]) -> dict[str, float]:
         """digest -> kept score of those `classifier` scored before; empty for a state DB from before the table
         (a read-only command on it)."""
-        found: dict[str, float] = {}
-        try:
-            with self.engine.connect() as conn:
-                for start in range(0, len(digests), _BATCH):
-                    rows = conn.execute(sa.select(screen_scores.c.text_sha256, screen_scores.c.score)
-                                        .where(screen_scores.c.classifier == classifier,
-                                               screen_scores.c.text_sha256.in_(digests[start:start + _BATCH])))
-                    found.update((d, float(score)) for d, score in rows)
-        except (sa.exc.OperationalError, sa.exc.ProgrammingError) as exc:
-            if _table_missing(exc, screen_scores.name):
-                return {}
-            raise
-        return found
+        found = by_digest.recall(self.engine, screen_scores, ("classifier", classifier), digests, "score")
+        return {digest: float(score) for digest, score in found.items()}
 
     def remember_scores(self, classifier: str, scores: dict[str, float]) -> None:
         """Keep these scores; one kept meanwhile by another plan stays as it is (same weights, same text, same
         score)."""
-        digests = list(scores)
-        for start in range(0, len(digests), _BATCH):
-            batch = digests[start:start + _BATCH]
-            try:
-                with self.engine.begin() as conn:
-                    conn.execute(screen_scores.insert(), [_row(classifier, d, scores[d]) for d in batch])
-            except sa.exc.IntegrityError:
-                kept = self.recall_scores(classifier, batch)
-                fresh = [_row(classifier, d, scores[d]) for d in batch if d not in kept]
-                if fresh:
-                    with self.engine.begin() as conn:
-                        conn.execute(screen_scores.insert(), fresh)
-
-
-def _row(classifier: str, digest: str, score: float) -> dict[str, object]:
-    return {"classifier": classifier, "text_sha256": digest, "score": score}
+        by_digest.remember(self.engine, screen_scores,
+                           [{"classifier": classifier, "text_sha256": d, "score": s} for d, s in scores.items()],
+                           lambda batch: self.recall_scores(classifier, batch))
