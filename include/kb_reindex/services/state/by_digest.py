@@ -15,10 +15,10 @@ BATCH = 500
 
 
 def recall(engine: sa.Engine, table: sa.Table, key: tuple[str, str], digests: Sequence[str],
-           value: str) -> dict[str, Any]:
+           value: str) -> dict[str, object]:
     """digest -> the `value` column of the rows of `table` whose `key` column (name, value) matches."""
     key_column, digest_column = table.c[key[0]], table.c.text_sha256
-    found: dict[str, Any] = {}
+    found: dict[str, object] = {}
     try:
         with engine.connect() as conn:
             for start in range(0, len(digests), BATCH):

@@ -27,7 +27,7 @@ class QueryVectorsMixin:
         """digest -> the kept vector of each text `profile` embedded before; empty on a state DB from before
         the table (a read-only command on it)."""
         found = by_digest.recall(self.engine, query_vectors, ("embed_profile", profile), digests, "vector")
-        return {digest: _unpacked(blob) for digest, blob in found.items()}
+        return {digest: _unpacked(bytes(blob)) for digest, blob in found.items() if isinstance(blob, bytes | bytearray | memoryview)}
 
     def remember_query_vectors(self, profile: str, vectors: dict[str, list[float]]) -> None:
         """Keep these vectors; one kept meanwhile by another validation stays as it is."""

@@ -19,7 +19,7 @@ class ScreenScoresMixin:
         """digest -> kept score of those `classifier` scored before; empty for a state DB from before the table
         (a read-only command on it)."""
         found = by_digest.recall(self.engine, screen_scores, ("classifier", classifier), digests, "score")
-        return {digest: float(score) for digest, score in found.items()}
+        return {digest: float(score) for digest, score in found.items() if isinstance(score, (int, float))}
 
     def remember_scores(self, classifier: str, scores: dict[str, float]) -> None:
         """Keep these scores; one kept meanwhile by another plan stays as it is (same weights, same text, same
