@@ -115,10 +115,17 @@ class Progress:
 
     def __init__(self, label: str, total: int) -> None:
         self.label, self.total, self.done = label, total, 0
-        self.started = time.monotonic()
+        self.started = self.reported = time.monotonic()
+
+    def advance(self, count: int) -> None:
+        """`count` more done; reported at most once every PROGRESS_EVERY_S."""
+        self.done += count
+        if time.monotonic() - self.reported >= PROGRESS_EVERY_S:
+            self.report()
 
     def report(self) -> None:
-        elapsed = max(time.monotonic() - self.started, 1e-9)
+        self.reported = time.monotonic()
+        elapsed = max(self.reported - self.started, 1e-9)
         rate = self.done / elapsed
         eta = (self.total - self.done) / rate if rate else 0.0
         # `kb_progress`: a terminal draws it as a bar (run.terminal); elsewhere it is this line

@@ -10,7 +10,6 @@ checked in full against the manifest. A rollback to it is then one alias move. R
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -26,7 +25,7 @@ from kb_reindex.services.layouts import payload_text, text_field, version_profil
 from kb_reindex.services.runtime import Deps
 from kb_reindex.services.state.manifests import ManifestChunk
 from kb_reindex.services.state.versions import VersionRecord
-from kb_reindex.steps.build import PROGRESS_EVERY_S, Progress, payload_for
+from kb_reindex.steps.build import Progress, payload_for
 from kb_reindex.steps.slots import prepare_slot, vault_of, vaulted
 
 log = logging.getLogger(__name__)
@@ -80,12 +79,7 @@ def restore_version(deps: Deps, number: int) -> RestoreResult:
     wanted = [row for row in wanted if row.point_id not in present]
     sources = _Sources(deps, version)
     progress = Progress(f"restore v{number}", len(wanted))
-    last = time.monotonic()
     for batch in batched(wanted, deps.settings.copy_batch_size):
-        if time.monotonic() - last >= PROGRESS_EVERY_S:
-            progress.report()
-            last = time.monotonic()
-        progress.done += len(batch)
         found = sources.fetch(list(batch))
         deps.store.upsert(version.collection, [
             models.PointStruct(id=row.point_id, vector=vector,
@@ -93,6 +87,7 @@ def restore_version(deps: Deps, number: int) -> RestoreResult:
                                                          section=section, text=text, chunk_hash=row.chunk_hash,
                                                          point_id=row.point_id), documents[row.knowledge_key], version))
             for row, (vector, text, section) in zip(batch, found, strict=True)])
+        progress.advance(len(batch))
     if wanted:
         progress.report()
     rewrite = [row for row, in_base in rows if in_base and row.knowledge_key in changed]

@@ -35,6 +35,7 @@ from kb_reindex.steps.replay import load_replay_gate, replay
 from kb_reindex.services.layouts import version_profile
 from kb_reindex.services.runtime import Deps
 from kb_reindex.services.screen import screen_for
+from kb_reindex.services.sources import sha256_text
 from kb_reindex.services.state.clock import utcnow
 from kb_reindex.services.state.manifests import ManifestDocument
 from kb_reindex.services.state.versions import VersionRecord
@@ -91,7 +92,7 @@ def embed_probes(deps: Deps, version: VersionRecord, golden: GoldenSet) -> list[
     """The probes' query vectors under the version's model: those a validation of its profile embedded before
     from the state DB, the others embedded (the model loaded only then) and kept."""
     queries = [p.query for p in golden.probes]
-    digests = [hashlib.sha256(q.encode("utf-8")).hexdigest() for q in queries]
+    digests = [sha256_text(q) for q in queries]
     profile = version_profile(version)
     kept = {d: v for d, v in deps.state.recall_query_vectors(profile, sorted(set(digests))).items()
             if len(v) == version.embed_dim}
