@@ -160,9 +160,9 @@ def cost(docs: int) -> dict[str, Any]:
                 result = run_reindex(deps)
                 total = time.perf_counter() - started
                 seconds, warnings = spent[-1]
-                out[name] = {"outcome": str(result["outcome"]), "run_s": round(total, 2),
+                out[name] = {"outcome": str(result.outcome), "run_s": round(total, 2),
                              "duplicate_check_s": round(seconds, 3), "share": round(seconds / total, 4),
-                             "chunks": result["chunks"]["total"], "embedded": result["chunks"]["embedded"],
+                             "chunks": result.chunks.total, "embedded": result.chunks.embedded,
                              "duplicate_warnings": warnings}
                 print(f"[cost] {name}: {out[name]}", file=sys.stderr, flush=True)
     validate_module.duplicate_warnings = check  # type: ignore[assignment]

@@ -44,7 +44,11 @@ sys.path.insert(0, str(HERE))
 CLI = Path(sys.executable).with_name("kb-reindex")
 DAG = "knowledge_reindex"
 PAGES = ("shipping-policy", "coupon-rules", "payment-guide", "member-rules", "return-policy", "after-sales-guide")
-PHASES = ("detect", "queue", "plan", "build", "validate", "promote", "visible")
+#: prepare: has_changes, create_version and path; work: small_run (build, validate, promote, cleanup in one task)
+#: or the mapped path's build slices, validate and promote
+PHASES = ("detect", "queue", "plan", "prepare", "work", "visible")
+#: issue #41's target on LocalExecutor with e5
+TARGET_MEDIAN_S = 15
 
 
 def start(args: list[str]) -> tuple[subprocess.Popen[str], str]:
@@ -110,8 +114,11 @@ class Airflow:
         fired = max((_ts(e["timestamp"]) for e in events.json().get("asset_events") or []),
                     default=_ts(run["queued_at"]))
         plan_start = _ts(by["plan"][0]["start_date"])
-        marks = [edited, fired, plan_start, end("plan"), end("build"), end("validate"), end("promote"), found]
-        return {name: round(b - a, 2) for name, a, b in zip(PHASES, marks[:-1], marks[1:], strict=True)}
+        small = any(t["state"] == "success" for t in by.get("small_run", []))
+        marks = [edited, fired, plan_start, end("plan"), end("path"), end("small_run" if small else "promote"), found]
+        phases: dict[str, Any] = {name: round(b - a, 2)
+                                  for name, a, b in zip(PHASES, marks[:-1], marks[1:], strict=True)}
+        return {**phases, "path": "small_run" if small else "mapped"}
 
 
 def part_airflow(work: Path, edits: int, embedder: str) -> dict[str, Any]:
@@ -165,8 +172,8 @@ def part_airflow(work: Path, edits: int, embedder: str) -> dict[str, Any]:
     median = statistics.median(airflow_s)
     return {"embedder": embedder, "fresh_install_s": round(fresh_install_s, 1), "edits": rows,
             "median_s": median, "max_s": max(airflow_s), "cli_s": cli_rows, "cli_median_s": statistics.median(cli_rows),
-            "ratio_to_cli": round(median / statistics.median(cli_rows), 2), "target_median_s": 60,
-            "met": median <= 60}
+            "ratio_to_cli": round(median / statistics.median(cli_rows), 2), "target_median_s": TARGET_MEDIAN_S,
+            "met": median <= TARGET_MEDIAN_S}
 
 
 def _free_port() -> int:
@@ -220,12 +227,12 @@ def markdown(result: dict[str, Any]) -> str:
     a = result["airflow"]
     lines = [f"{result['at']} · {result['machine']} · load {result['load_at_start']:.1f} at start · embedder "
              f"{a['embedder']} · fresh install built in {a['fresh_install_s']} s with no click", "",
-             "| P10: edit -> searchable | runs | total s | " + " | ".join(PHASES) + " |",
-             "|---|---|---|" + "---|" * len(PHASES)]
+             "| P10: edit -> searchable | runs | path | total s | " + " | ".join(PHASES) + " |",
+             "|---|---|---|---|" + "---|" * len(PHASES)]
     for r in a["edits"]:
-        lines.append(f"| edit {r['edit']} ({r['page']}) | {r['runs']} | {r['searchable_s']} | "
-                     + " | ".join(str(r[p]) for p in PHASES) + " |")
-    lines += ["", f"median **{a['median_s']} s**, max {a['max_s']} s (target median ≤ 60 s: "
+        lines.append(f"| edit {r['edit']} ({r['page']}) | {r['runs']} | {r.get('path', '?')} | {r['searchable_s']} | "
+                     + " | ".join(str(r.get(p, '')) for p in PHASES) + " |")
+    lines += ["", f"median **{a['median_s']} s**, max {a['max_s']} s (target median ≤ {a.get('target_median_s', 60)} s: "
               f"{'met' if a['met'] else 'NOT met'}); the CLI's own edit -> searchable in the same run: median "
               f"{a['cli_median_s']} s ({', '.join(map(str, a['cli_s']))}); ratio Airflow/CLI **{a['ratio_to_cli']}**",
               "", "| chunks | first build s | first build | one edit -> searchable s | copied | embedded |",

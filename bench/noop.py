@@ -89,25 +89,25 @@ def main(argv: list[str] | None = None) -> int:
                                   "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0]}}
         with open_deps(settings) as deps:
             build_s, built = timed(lambda: run_reindex(deps))
-            if built["outcome"] != "promoted":
-                raise RuntimeError(f"the full build failed: {built['error']}")
-            result.update(build_s=round(build_s, 2), chunks=built["chunks"]["total"])
-            print(f"[noop] full build of {args.docs} docs ({built['chunks']['total']} chunks): {build_s:.1f} s",
+            if built.outcome != "promoted":
+                raise RuntimeError(f"the full build failed: {built.error}")
+            result.update(build_s=round(build_s, 2), chunks=built.chunks.total)
+            print(f"[noop] full build of {args.docs} docs ({built.chunks.total} chunks): {build_s:.1f} s",
                   file=sys.stderr, flush=True)
             time.sleep(2.1)  # past the mtime margin of the build's recording, as a scheduled run a day later is
             first_s, first = timed(lambda: run_reindex(deps))
-            assert first["outcome"] == "no_change", first
+            assert first.outcome == "no_change", first
             noops = []
             for _ in range(args.repeat):
                 seconds, quiet = timed(lambda: run_reindex(deps))
-                assert quiet["outcome"] == "no_change", quiet
+                assert quiet.outcome == "no_change", quiet
                 noops.append(seconds)
             unrecorded = []
             for _ in range(args.repeat):
                 with deps.state.engine.begin() as conn:
                     conn.execute(file_hashes.delete())
                 seconds, quiet = timed(lambda: run_reindex(deps))
-                assert quiet["outcome"] == "no_change", quiet
+                assert quiet.outcome == "no_change", quiet
                 unrecorded.append(seconds)
             full_scans = []
             import kb_reindex.steps.plan as plan_module
@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 for _ in range(args.repeat):
                     seconds, quiet = timed(lambda: run_reindex(deps))
-                    assert quiet["outcome"] == "no_change", quiet
+                    assert quiet.outcome == "no_change", quiet
                     full_scans.append(seconds)
             finally:
                 plan_module.quick_fingerprint = recognise

@@ -64,9 +64,9 @@ def build_once(root: Path, env: dict[str, str]) -> dict[str, Any]:
     finally:
         state.dispose()
         client.close()
-    if result["outcome"] != "promoted":
-        raise RuntimeError(f"{root.name}: the build did not promote: {result['outcome']}: {result.get('error')}")
-    return {"wall_s": round(wall, 3), "chunks_embedded": result["chunks"]["embedded"]}
+    if result.outcome != "promoted":
+        raise RuntimeError(f"{root.name}: the build did not promote: {result.outcome}: {result.error}")
+    return {"wall_s": round(wall, 3), "chunks_embedded": result.chunks.embedded}
 
 
 def run(docs: int, ms: float, seed: int, workdir: Path) -> dict[str, Any]:

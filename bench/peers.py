@@ -32,13 +32,16 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import corpus as corpus_mod
 from measure import BenchDeps, CountingStore, Meter, MeterRef, PeakRss, phase_timers, ru_maxrss_mb
 from sidecar import qdrant_store, server_requests
+
+if TYPE_CHECKING:
+    from kb_reindex.run.pipeline import RunResult
 
 OLLAMA_MODEL = "bge-m3"
 DIM = 1024
@@ -235,8 +238,8 @@ def engine_scenario(name: str, deps: BenchDeps, job: dict[str, Any]) -> Callable
     def reindex(**options: Any) -> Callable[[Meter], dict[str, Any]]:
         def go(meter: Meter) -> dict[str, Any]:
             result = run_reindex(deps, **options)
-            if result["outcome"] not in ("promoted", "no_change"):
-                raise RuntimeError(f"run_reindex {options}: {result['outcome']}: {result['error']}")
+            if result.outcome not in ("promoted", "no_change"):
+                raise RuntimeError(f"run_reindex {options}: {result.outcome}: {result.error}")
             return summarize_run(result, meter)
         return go
 
@@ -363,29 +366,29 @@ def warmup(env: dict[str, str], workdir: Path, client: Any, *, alias: str, local
         result = run_reindex(Deps(settings=settings, state=state, store=KnowledgeStore(client, local=local)))
     finally:
         state.dispose()
-    if result["outcome"] != "promoted":
-        raise RuntimeError(f"warm-up run failed: {result['error']}")
+    if result.outcome != "promoted":
+        raise RuntimeError(f"warm-up run failed: {result.error}")
     for collection in client.get_collections().collections:
         if collection.name.startswith(f"{alias}__"):
             client.delete_collection(collection.name)
     return {"first_run_s": round(time.perf_counter() - started, 3)}
 
 
-def summarize_run(result: dict[str, Any], meter: Meter) -> dict[str, Any]:
-    built = result.get("build") or {}
-    copied = int(built.get("copied", 0))
+def summarize_run(result: RunResult, meter: Meter) -> dict[str, Any]:
+    built = result.build
+    copied = built.copied if built else 0
     build_s = meter.phases.get("build", 0.0)
     outside_embed_s = max(build_s - meter.embed_s, 1e-9)
     # the engine's own timing of its copy loop (read live vectors + write the new points), when it reports one
-    copy_loop_s = built.get("copy_s")
+    copy_loop_s = built.copy_s if built else None
     loop_rate = round(copied / copy_loop_s, 1) if copied and copy_loop_s else None
     return {
-        "outcome": result["outcome"],
-        "version": result["version"],
-        "docs": result["docs"],
-        "chunks_total": result["chunks"]["total"],
-        "chunks_embedded": result["chunks"]["embedded"],
-        "chunks_reused": result["chunks"]["copied"],
+        "outcome": result.outcome,
+        "version": result.version,
+        "docs": result.docs.to_dict(),
+        "chunks_total": result.chunks.total,
+        "chunks_embedded": result.chunks.embedded,
+        "chunks_reused": result.chunks.copied,
         "points_copied": copied,
         # over the whole build step outside the embedder: loading and chunking the corpus, the manifest,
         # listing existing IDs, the copy loop, the embed loop's writes, the final count and state updates
@@ -393,7 +396,8 @@ def summarize_run(result: dict[str, Any], meter: Meter) -> dict[str, Any]:
         # the copy loop alone (retrieve live vectors + upsert the new points), as the engine times it
         "copy_loop_s": round(copy_loop_s, 4) if copy_loop_s is not None else None,
         "copy_loop_points_per_s": loop_rate,
-        "validation": {k: (result.get("validation") or {}).get(k) for k in ("passed", "hit_rate", "mrr")},
+        "validation": {k: (result.validation.to_dict() if result.validation else {}).get(k)
+                       for k in ("passed", "hit_rate", "mrr")},
         "swap_s": round(max(meter.swap_s, default=0.0), 6),
         "alias_update_s": round(max(meter.alias_update_s, default=0.0), 6),
     }

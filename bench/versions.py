@@ -4,6 +4,7 @@ release before it (a full copy per version, `0a70e71`, its package taken from gi
 
     .venv/bin/python bench/versions.py                           # 1k, 10k, 50k chunks; ~30-40 min on 2 cores
     .venv/bin/python bench/versions.py --sizes 1000 --edits 4    # a quick look
+    .venv/bin/python bench/versions.py --releases slots          # this release alone
 
 For each release and size: a synthetic corpus (bench/corpus.py, about five chunks a document) built once by the
 CLI (`kb-reindex run`, hashing embedder: what is measured is the version model, not the model), then `--edits`
@@ -69,7 +70,7 @@ def measure(work: Path, chunks: int, edits: int, release: str, package: Path | N
     url = proc.stdout.readline().split(" at ", 1)[1].split()[0]
     env = {k: v for k, v in os.environ.items() if not k.startswith("KB_") and k != "PYTHONPATH"}
     env.update(KB_PROJECT_ROOT=str(folder), KB_QDRANT_URL=url, KB_EMBEDDER="hashing", KB_REGISTRY="",
-               KB_KEEP_VERSIONS="2")
+               KB_KEEP_VERSIONS="2", KB_QDRANT_TIMEOUT="600")
     admin = httpx.Client(base_url=url, timeout=600)
     try:
         t0 = time.perf_counter()
@@ -132,6 +133,8 @@ def main() -> None:
     parser.add_argument("--sizes", default="1000,10000,50000")
     parser.add_argument("--edits", type=int, default=4)
     parser.add_argument("--before-edits", type=int, default=2, help="edits of the release before (each a full copy)")
+    parser.add_argument("--releases", default="slots,before",
+                        help="which to measure: this release (slots), the release before (before), or both")
     parser.add_argument("--out", type=Path, default=HERE / "results")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",") if s]
@@ -141,11 +144,14 @@ def main() -> None:
                               "rows": []}
     with tempfile.TemporaryDirectory(prefix="kb-p15-") as tmp:
         work = Path(tmp)
-        package = old_package(work)
+        releases = {r.strip() for r in args.releases.split(",") if r.strip()}
+        package = old_package(work) if "before" in releases else None
         for chunks in sizes:
-            result["rows"].append(measure(work, chunks, args.edits, "slots", None))
-            result["rows"].append(measure(work, chunks, args.before_edits, "before", package))
-            print(json.dumps(result["rows"][-2:], ensure_ascii=False), flush=True)
+            if "slots" in releases:
+                result["rows"].append(measure(work, chunks, args.edits, "slots", None))
+            if package is not None:
+                result["rows"].append(measure(work, chunks, args.before_edits, "before", package))
+            print(json.dumps(result["rows"][-len(releases):], ensure_ascii=False), flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "versions.json").write_text(json.dumps(result, ensure_ascii=False, indent=2), encoding="utf-8")
     (args.out / "versions.md").write_text(markdown(result), encoding="utf-8")

@@ -3,7 +3,10 @@
 
 1. **plan**: SHA-256 per document and chunk against live's manifest; nothing changed → `no_change`. Otherwise
    the plan is snapshotted in the state DB (the only task that reads `knowledge/`).
-2. **create_version** → `<alias>__<model>__v<N>` (an unfinished or ready version of the same plan is taken over).
+2. **create_version**: the version takes a slot (`<alias>__<model>__s<N>`) and is brought to the new manifest by
+   the difference (an unfinished or ready version of the same plan is taken over).
+   **path** then takes one of two ways, the other shown skipped: **small_run** (at most `small_run_points`,
+   `KB_SMALL_RUN_POINTS` 1000, points to write) does steps 3-6 in one task; otherwise the mapped slices:
 3. **build** (mapped over slices): copy unchanged vectors from live, embed the rest; a retry skips what is written.
 4. **validate**: exact count and IDs, dimension, payload, golden set (hit@k, MRR, no regression). Fails → alias stays.
 5. **promote**: compare-and-swap of the alias; the previous version is kept for rollback. A frozen alias
@@ -13,11 +16,12 @@
    > 0) and rolls it back on a regression: this run ends here, so a change made during the watch is built at once.
 
 **When it runs**: on its time schedule (`KB_REINDEX_SCHEDULE`, a registry entry's `schedule`) OR within seconds
-of a change to its source: a watcher in the triggerer lists the source every `KB_SOURCE_POLL_S` (default 15;
-0: not watched) and fires once it was quiet for `KB_SOURCE_QUIET_S` (default 5) and no run is in progress. A
+of a change to its source: a watcher in the triggerer, woken by a folder's file events, lists the source (and
+every `KB_SOURCE_POLL_S`, default 15; 0: not watched) and fires once it was quiet for `KB_SOURCE_QUIET_S`
+(default 1 s for a folder, 5 s for a bucket) and no run is in progress. A
 watched DAG starts unpaused; pausing it stops both.
 
-Params: `force_full_rebuild`, `dry_run`, `build_slice_size`, `watch_minutes`, `payload_layout` (empty: keep live's layout).
+Params: `force_full_rebuild`, `dry_run`, `build_slice_size`, `small_run_points`, `watch_minutes`, `payload_layout` (empty: keep live's layout).
 What on-call sees and does at each step: `docs/runbook.md` (rollback, locks, every status message).
 """
 
@@ -51,6 +55,11 @@ PARAMS = {
                                        "KB_WATCH_MINUTES, 0: no watch.", section="Promotion"),
     "build_slice_size": Param(BUILD_SLICE_SIZE, type="integer", minimum=1, title="Points per build task",
                               description="Size of each mapped build slice.", section="Build"),
+    "small_run_points": Param(None, type=["null", "integer"], minimum=0, title="Points for one task",
+                              description="A run with at most this many points to write (and no more than one "
+                                          "slice) builds, validates, promotes and cleans up in one task "
+                                          "(small_run); empty: KB_SMALL_RUN_POINTS (1000), 0: always the mapped "
+                                          "slices.", section="Build"),
 }
 
 globals().update(for_each_knowledge_base(knowledge_reindex))

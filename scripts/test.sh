@@ -24,4 +24,4 @@ fi
 # file each, so a file's module fixtures stay in one process; files in collection order (tests/conftest.py puts
 # the real-Airflow modules first), not xdist's most-tests-first order, which left the two longest modules to run
 # one after the other at the end
-exec .venv/bin/python -m pytest -n "${KB_TEST_WORKERS:-3}" --dist loadfile --no-loadscope-reorder "$@"
+exec .venv/bin/python -m pytest -n "${KB_TEST_WORKERS:-3}" --dist loadfile --no-loadscope-reorder --durations=25 "$@"

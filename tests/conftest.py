@@ -39,6 +39,9 @@ os.environ["KB_EMBEDDER"] = "hashing"
 # no freshness watcher starts runs of its own in a test (the Airflow stacks' triggerers would otherwise run every
 # DAG whose source differs from its last plan); the tests of the watcher turn it on (test_freshness_*.py)
 os.environ["KB_SOURCE_POLL_S"] = "0"
+# a DAG run takes the mapped slices (build_slices, build, validate, promote, cleanup), whose tasks most DAG tests
+# name; the tests of the one-task path for small plans turn it on (the `small_run_points` Param or the variable)
+os.environ["KB_SMALL_RUN_POINTS"] = "0"
 # the tests that stop a process with Ctrl-C (SIGINT) need it to reach the process: a suite started in the
 # background by a shell without job control inherits SIGINT ignored, and so would every process it starts
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from kb_reindex.services.config import DEFAULT_MODELS, EMBEDDERS, Settings
 from kb_reindex.domain.errors import UNAVAILABLE_EXIT, UNAVAILABLE_KINDS, ConfigError, Failure, KbError, StateEmpty, StateMissing, classify
 from kb_reindex.domain.model import RunOutcome, WatchOutcome
+from kb_reindex.domain.validation_model import NO_GOLDEN_SET
 
 if TYPE_CHECKING:  # the CLI answers --help and usage errors before it imports the stores, the model or Airflow
     from kb_reindex.rules.freeze import FreezeView
@@ -30,8 +31,9 @@ log = logging.getLogger("kb_reindex.cli")
 
 #: commands that never create a state DB or a local Qdrant folder: they only read
 NO_CREATE = frozenset({"status", "plan", "query"})
-#: commands that need only the state DB (never Qdrant, which a stuck process may hold in local mode)
-STATE_ONLY = frozenset({"history", "unlock", "freeze", "unfreeze"})
+#: commands that need only the state DB (never Qdrant, which a stuck process may hold in local mode); `retire`
+#: opens Qdrant itself, and only to drop
+STATE_ONLY = frozenset({"history", "unlock", "freeze", "unfreeze", "retire"})
 #: commands that, with several knowledge bases registered and none named, show all of them
 ALL_BASES = frozenset({"status", "bases"})
 #: on-call's commands: they act on an entry that no longer loads (refused, or removed from the registry) from its
@@ -173,6 +175,18 @@ def _add_operator_commands(sub: Any, common: argparse.ArgumentParser) -> None:
                              help="bring a kept version that resides in no slot back into one (embeds nothing)")
     restore.add_argument("--version", type=int, required=True)
     restore.set_defaults(func=_cmd_restore)
+    retire = sub.add_parser("retire", parents=[common],
+                            help="take this knowledge base out of service: end its reindexing (a build in progress is "
+                                 "fenced), record who, when and why; nothing builds, promotes or rolls it back after")
+    retire.add_argument("--reason", help="why (recorded with who and when); required unless --undo")
+    retire.add_argument("--drop-collections", action="store_true",
+                        help="also delete the alias and drop every collection of it (every version, slot and vault); "
+                             "without it both are kept and the assistant keeps reading what was live")
+    retire.add_argument("--undo", action="store_true",
+                        help="end the retirement: it is built, promoted and rolled back again (dropped collections "
+                             "are not brought back: the next run builds one from scratch)")
+    retire.add_argument("--yes", action="store_true", help="with --drop-collections: do not ask for confirmation")
+    retire.set_defaults(func=_cmd_retire)
     pin = sub.add_parser("pin", parents=[common], help="keep a version (a known-good baseline) from retention and drop")
     pin.add_argument("--version", type=int, required=True)
     pin.add_argument("--reason", required=True, help="why it is kept (recorded with who and when)")
@@ -182,14 +196,21 @@ def _add_operator_commands(sub: Any, common: argparse.ArgumentParser) -> None:
     unpin.set_defaults(func=_cmd_unpin)
 
 
-def _table(rows: list[dict[str, Any]], columns: list[str]) -> str:
-    """Each value as it is (`50`, not the `50.0` pandas makes of an int column holding a None); None as `-`."""
-    import pandas as pd
+#: what a table cell shows of a control character that would break its line (as pandas' to_string does)
+_CELL_ESCAPES = str.maketrans({"\t": "\\t", "\n": "\\n", "\r": "\\r"})
 
+
+def _table(rows: list[dict[str, Any]], columns: list[str]) -> str:
+    """Each value as it is, None as `-`, every column right-aligned to its widest cell and one space apart: the
+    layout of pandas' `DataFrame.to_string(index=False)`, which it replaces here because importing pandas was a
+    sixth of `bases` and `status` (0.24 s of 1.4 s, bench/README.md)."""
     if not rows:
         return "(none)"
-    cells = [["-" if row.get(name) is None else str(row.get(name)) for name in columns] for row in rows]
-    return pd.DataFrame(cells, columns=columns, dtype=object).to_string(index=False)
+    cells = [["-" if row.get(name) is None else str(row.get(name)).translate(_CELL_ESCAPES) for name in columns]
+             for row in rows]
+    widths = [max([len(name), *(len(line[i]) for line in cells)]) for i, name in enumerate(columns)]
+    return "\n".join(" ".join(cell.rjust(width) for cell, width in zip(line, widths, strict=True))
+                     for line in [columns, *cells])
 
 
 def _print(args: argparse.Namespace, data: dict[str, Any], human: str) -> None:
@@ -216,8 +237,10 @@ def _run_human(r: dict[str, Any]) -> str:
     ]
     if r.get("validation"):
         v = r["validation"]
-        lines.append(f"validation: {'passed' if v['passed'] else 'FAILED'}  hit rate {v['hit_rate']}  MRR {v['mrr']}  "
-                     f"regressions {v['regressions']}" + (f"  report {v['report']}" if v.get("report") else ""))
+        scores = "no golden probes scored" if v["hit_rate"] is None else f"hit rate {v['hit_rate']}  MRR {v['mrr']}"
+        lines.append(f"validation: {'passed' if v['passed'] else 'FAILED'}  {scores}  regressions {v['regressions']}"
+                     + (f"  report {v['report']}" if v.get("report") else ""))
+    lines += [f"WARNING: {w['text']}" for w in r.get("warnings") or () if w.get("kind") == NO_GOLDEN_SET]
     if (r.get("validation") or {}).get("replay"):
         rp = r["validation"]["replay"]
         lines.append(f"replay: skipped ({rp['skipped']})" if "skipped" in rp else
@@ -318,14 +341,22 @@ def _dispatch(args: argparse.Namespace) -> int:
         return _print_bases(args, registry, state_url_from_env())  # every entry, a lone broken one too
     if args.command in ALL_BASES and not (args.kb or named_in()) and registry.entries > 1:
         return _all_bases(args, registry)
-    if args.command in ON_CALL:
+    if args.command in ON_CALL or args.command == "retire":
         from kb_reindex.run.bases import on_call_base
         from kb_reindex.services.config import state_url_from_env
 
-        kb = on_call_base(registry, args.kb, state_url_from_env())
+        # a retired knowledge base is refused (who retired it, when, how to undo), except by `retire` itself
+        kb = on_call_base(registry, args.kb, state_url_from_env(), retired=args.command == "retire")
     else:
         kb = registry.select(args.kb)
+        if args.command != "bases" and not (args.command == "query" and args.version is None):
+            from kb_reindex.run.bases import refuse_retired
+
+            # the reader's path (`query` through the alias) needs no state DB, and a retired alias may still serve
+            refuse_retired(registry, kb, kb.settings().state_url)
     args.registry_error = kb.problem
+    # the registry file that still lists this knowledge base's entry (loaded or refused), if any
+    args.listed_in = registry.path if registry.path is not None and kb.alias in registry.order else None
     if kb.problem:
         log.warning("kb_reindex: %s; acting on %s from %s", kb.problem, kb.alias,
                     f"its entry as it last loaded ({kb.recorded_at})" if kb.recorded_at
@@ -541,15 +572,16 @@ def _all_bases(args: argparse.Namespace, registry: Registry) -> int:
     state_url = state_url_from_env()
     if args.command == "bases":
         return _print_bases(args, registry, state_url)
-    from kb_reindex.run.bases import recorded_entry
+    from kb_reindex.run.bases import recorded_entry, retired_refusals, retirements
     from kb_reindex.services.registry import stand_in
     from kb_reindex.services.runtime import open_deps
 
     answers: list[dict[str, Any]] = []
     human, code = [], 0
+    retired = retirements(state_url)  # left out; an entry still listed is refused, naming its retirement
     broken = [stand_in(alias, registry=registry.path, problem=error, recorded=recorded_entry(state_url, alias))
-              for alias, error in registry.broken.items()]
-    for kb in registry.in_order((*registry.bases, *tuple(broken))):
+              for alias, error in registry.broken.items() if alias not in retired]
+    for kb in registry.in_order((*[b for b in registry.bases if b.alias not in retired], *tuple(broken))):
         try:
             with open_deps(kb.settings(), create=False) as deps:
                 s = status_view(deps)
@@ -562,9 +594,11 @@ def _all_bases(args: argparse.Namespace, registry: Registry) -> int:
         human.append(f"== {kb.alias} ==\n{_status_human(s)}\n"
                      + (f"PROBLEM: registry: {kb.problem}\n" if kb.problem else ""))
         code = max(code, 1 if s.problems or s.last_run_problem else 0)
-    human += [f"PROBLEM: registry: {refused}" for refused in registry.errors if refused not in registry.broken.values()]
-    _print(args, {"knowledge_bases": answers, "refused": list(registry.errors)}, "\n".join(human))
-    return _refusals_named(registry.errors) or code
+    refused = (*registry.errors, *retired_refusals(registry, retired))
+    human += [f"PROBLEM: registry: {message}" for message in refused
+              if message not in registry.broken.values() or any(registry.broken.get(a) == message for a in retired)]
+    _print(args, {"knowledge_bases": answers, "refused": list(refused)}, "\n".join(human))
+    return _refusals_named(refused) or code
 
 
 def _refusals_named(refused: Sequence[str]) -> int:
@@ -606,7 +640,8 @@ def _status_human(s: StatusView) -> str:
                       + ([f"\nlocks:\n{_table(data['locks'], ['name', 'owner', 'since', 'expires', 'owner_alive'])}"]
                          if s.locks else [])
                       + [f"NOTE: {n}" for n in s.notes]
-                      + [f"WARNING: live serves {'an' if w.message[0] in 'aeiou' else 'a'} {w.message} (look at it; "
+                      + [f"WARNING: {w.message}" if w.kind == NO_GOLDEN_SET else
+                         f"WARNING: live serves {'an' if w.message[0] in 'aeiou' else 'a'} {w.message} (look at it; "
                          "never acted on)" for w in s.warnings]
                       + [f"PROBLEM: {p}" for p in (*s.problems, *([s.last_run_problem] if s.last_run_problem else []))])
 
@@ -659,9 +694,11 @@ def _cmd_validate(args: argparse.Namespace, deps: Any) -> int:
     result = validate(deps, number, raise_on_failure=False)
     summary = validation_summary(result).to_dict()
     _print(args, {"version": number, **summary, "checks": [c.to_dict() for c in result.checks]},
-           f"v{number}: {'passed' if result.passed else 'FAILED'}  hit rate {result.hit_rate}  "
-           f"MRR {result.mrr}  report {result.report}"
-           + "".join(f"\n  failure: {f}" for f in result.failures))
+           f"v{number}: {'passed' if result.passed else 'FAILED'}  "
+           + (f"hit rate {result.hit_rate}  MRR {result.mrr}" if result.hit_rate is not None else "no golden probes scored")
+           + f"  report {result.report}"
+           + "".join(f"\n  failure: {f}" for f in result.failures)
+           + "".join(f"\n  WARNING: {w.text}" for w in result.warnings if w.kind == NO_GOLDEN_SET))
     return 0 if result.passed else 1
 
 
@@ -734,6 +771,45 @@ def _cmd_unfreeze(args: argparse.Namespace, deps: Any) -> int:
     _print(args, {"alias": alias, "frozen": False, "was_frozen": lifted is not None,
                   "lifted": lifted.view() if lifted else None, "unpromoted": ready},
            (f"{alias} unfrozen (was: {lifted.describe()}){hint}" if lifted else f"{alias} was not frozen{hint}"))
+    return 0
+
+
+def _cmd_retire(args: argparse.Namespace, deps: Any) -> int:
+    """`retire`: the state DB's part always, Qdrant only with --drop-collections (a build holding a local-mode store
+    never keeps on-call from retiring); `--undo` ends it. A second retire says it was already retired (exit 0)."""
+    from kb_reindex.rules.freeze import operator
+    from kb_reindex.rules.retirement import undo_hint
+    from kb_reindex.services.registry import registry_path
+    from kb_reindex.steps.retire import retire, unretire
+
+    alias = deps.settings.alias
+    if args.undo:
+        if args.drop_collections or args.reason:
+            raise ConfigError("retire --undo takes no --reason or --drop-collections: it only ends the retirement")
+        ended = unretire(deps, by=operator())
+        _print(args, {"alias": alias, "retired": False, "was_retired": ended is not None,
+                      "undone": ended.view() if ended else None},
+               f"{alias}: retirement undone (was: {ended.describe()}); it is built, promoted and rolled back again"
+               + ("" if ended.dropped_at is None else "; its collections were dropped: the next run builds one from "
+                  "scratch") if ended else f"{alias} was not retired")
+        return 0
+    if not args.reason or not args.reason.strip():
+        raise ConfigError("retire needs --reason (it is recorded with who retired it and when)")
+    if args.drop_collections and not args.yes:
+        if not sys.stdin.isatty():
+            raise ConfigError("retire --drop-collections needs confirmation: pass --yes when not running in a terminal")
+        print(f"{alias}: delete the alias and drop every collection of it (every version; readers find nothing "
+              "under that name afterwards)", file=sys.stderr if args.json else sys.stdout)
+        if input("Retire and drop? Type 'yes': ").strip().lower() != "yes":
+            _print(args, {"outcome": RunOutcome.CANCELLED, "changed": False, "message": "nothing changed"},
+                   "nothing changed")
+            return 0
+    result = retire(deps, reason=args.reason, by=operator(), drop_collections=args.drop_collections)
+    listed = getattr(args, "listed_in", None)
+    entry = (f"\nits entry is still in {listed}: remove it; until then its DAGs stay and every run or alias move "
+             "of them is refused, as is the entry on every command") if listed else ""
+    _print(args, {**result.to_dict(), "registry_entry": str(listed) if listed else None},
+           result.message + entry + f"\nundo: {undo_hint(alias, registered=registry_path() is not None)}")
     return 0
 
 

@@ -277,7 +277,7 @@ def test_the_lock_of_a_dag_run_airflow_reports_failed_is_taken_over_at_once(
         conn.execute(sa.text("UPDATE dag_run SET state = 'failed'"))
     assert next(row for row in status_view(deps).to_dict()["locks"])["owner_alive"] == "no"
     result = run_reindex(deps)
-    assert result["outcome"] in ("promoted", "no_change"), result
+    assert result.outcome in ("promoted", "no_change"), result
     assert deps.state.get_run(run_id).outcome == "failed"
     takeover = [e for e in history(deps) if e.action == "lock-takeover"]
     assert len(takeover) == 1 and "its DAG run is failed in Airflow, no longer running" in takeover[0].reason

@@ -59,15 +59,18 @@ def test_reindex_dag_shape(dagbag) -> None:
     dag = dagbag.get_dag("knowledge_reindex")
     assert dag.schedule == "@daily" and dag.timetable.expression == "0 0 * * *"
     assert set(dag.params) >= {"force_full_rebuild", "dry_run"}
-    order = ["plan", "has_changes", "create_version", "build_slices", "build", "validate", "promote", "cleanup"]
+    order = ["plan", "has_changes", "create_version", "path", "small_run", "build_slices", "build", "validate",
+             "promote", "cleanup"]
     assert set(order) == set(dag.task_ids)
-    for task_id in ("create_version", "build", "promote", "cleanup"):
+    for task_id in ("create_version", "small_run", "build", "promote", "cleanup"):
         assert dag.get_task(task_id).pool == "kb_qdrant_writes"
     # transient steps retry; validation failures raise AirflowFailException, which never retries
     assert dag.get_task("build").retries >= 1 and dag.get_task("validate").retries >= 1
     assert [o.uri for o in dag.get_task("promote").outlets] == ["qdrant://mall_knowledge/"]
     assert dag.get_task("validate").upstream_task_ids >= {"build", "create_version"}
-    assert dag.get_task("cleanup").upstream_task_ids == {"promote"}, "the run ends at its promotion's retention"
+    assert [o.uri for o in dag.get_task("small_run").outlets] == ["qdrant://mall_knowledge/"]
+    assert dag.get_task("path").downstream_task_ids == {"small_run", "build_slices", "cleanup"}
+    assert dag.get_task("cleanup").upstream_task_ids == {"promote", "path"}, "the run ends at its promotion's retention"
 
 
 def test_the_watch_is_a_dag_of_its_own_started_by_each_promotion(dagbag) -> None:
@@ -204,10 +207,41 @@ def test_reindex_dag_end_to_end_then_no_change(dagbag, dag_env: Path) -> None:
             (first.chunks_total, 0)
         assert last.outcome == "no_change" and last.chunks_total > 0
         assert (last.chunks_embedded, last.chunks_reused) == (0, 0)
-        assert run_reindex(deps)["outcome"] == "no_change"
+        assert run_reindex(deps).outcome == "no_change"
         cli = deps.state.list_runs(deps.settings.alias, limit=1)[0]
         assert {k: getattr(cli, k) for k in ("chunks_total", "chunks_embedded", "chunks_reused", "docs_unchanged")} == \
             {k: getattr(last, k) for k in ("chunks_total", "chunks_embedded", "chunks_reused", "docs_unchanged")}
+
+
+def test_a_small_plan_runs_in_one_task_and_a_larger_one_in_the_mapped_slices(dagbag, dag_env: Path) -> None:
+    """Issue #41: a plan with at most `small_run_points` points to write builds, validates, promotes and cleans
+    up in `small_run` (the same records, the Asset event, the lock let go); one point more takes the slices."""
+    ok, states = run_dag(dagbag, "knowledge_reindex", {"small_run_points": 100_000})
+    assert ok, states
+    assert (states["path"], states["small_run"]) == ("success", "success"), states
+    assert {t: states[t] for t in ("build_slices", "build", "validate", "promote", "cleanup")} == dict.fromkeys(
+        ("build_slices", "build", "validate", "promote", "cleanup"), "skipped"), states
+    status = kb(dag_env, "status")
+    assert status["live"]["version"] == 1 and status["locks"] == [], status["locks"]
+    assert asset_events_of_last_run() == [{"uri": "qdrant://mall_knowledge/", "task": "small_run",
+                                           "extra": alias_extra(dag_env, "promote", 1, None, watched=True)}]
+    assert kb(dag_env, "history")["events"][0]["run_id"].startswith("airflow:knowledge_reindex:")
+
+    # one page edited, more points to write than the run allows for one task
+    page = dag_env / "knowledge" / "docs" / "return-policy.md"
+    page.write_text(page.read_text(encoding="utf-8") + "\n\n## 补充\n\n会员退货可延长至三十天。\n", encoding="utf-8")
+    ok, states = run_dag(dagbag, "knowledge_reindex", {"small_run_points": 1})
+    assert ok, states
+    assert states["small_run"] == "skipped" and states["promote"] == "success" and states["cleanup"] == "success"
+    assert kb(dag_env, "status")["live"]["version"] == 2
+
+    page.write_text(page.read_text(encoding="utf-8") + "\n会员积分退货时一并退回。\n", encoding="utf-8")
+    ok, states = run_dag(dagbag, "knowledge_reindex")  # KB_SMALL_RUN_POINTS=0 here (tests/conftest.py): mapped
+    assert ok and states["small_run"] == "skipped" and states["promote"] == "success", states
+    ok, states = run_dag(dagbag, "knowledge_reindex", {"small_run_points": 100_000})  # nothing changed
+    assert ok and states["create_version"] == "skipped" and states["small_run"] == "skipped", states
+    assert states["cleanup"] == "success", "a run with nothing to build still applies retention and lets its lock go"
+    assert kb(dag_env, "status")["locks"] == []
 
 
 def test_reindex_dag_failed_validation_keeps_the_alias(dagbag, dag_env: Path) -> None:
@@ -276,7 +310,7 @@ def cli_versions(project: Path, count: int) -> None:
             path = project / "knowledge" / "docs" / "coupon-rules.md"
             path.write_text(path.read_text(encoding="utf-8") + f"\n\n补充条款{n}：仅限线上使用。\n", encoding="utf-8")
         with open_deps(Settings.from_env()) as deps:
-            assert run_reindex(deps)["outcome"] == "promoted"
+            assert run_reindex(deps).outcome == "promoted"
 
 
 def test_rollback_dag_to_previous_and_to_chosen_version(dagbag, dag_env: Path) -> None:

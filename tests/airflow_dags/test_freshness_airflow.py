@@ -1,8 +1,8 @@
 """Fresh within a minute, under `make airflow` (scripts/airflow.sh: LocalExecutor, the triggerer running): the
 source watcher of knowledge_reindex (an AssetWatcher whose trigger lists the knowledge folder) starts every run
 here; no test triggers one, clicks or calls the API to start a build. One Airflow for the module, in order: a
-fresh install builds its first version; a burst of edits becomes searchable in at most two runs; edits made
-while the triggerer is down are caught when it starts again; a paused DAG starts nothing and catches up when
+fresh install builds its first version; a burst of edits becomes searchable in at most two runs; edits saved
+while a small run builds give one follow-up; edits made while the triggerer is down are caught when it starts again; a paused DAG starts nothing and catches up when
 unpaused; a triggered run's plan and validate wait for a lock and for Qdrant's index rescheduled; and the watch
 after a promotion (knowledge_watch) waits rescheduled, holding no slot and no later run back, then rolls back the
 version it watches when that regresses."""
@@ -63,7 +63,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         env.update(AIRFLOW_HOME=str(home), KB_PROJECT_ROOT=str(project), KB_AIRFLOW_PORT=str(free_port()),
                    PATH=f"{BIN}:{env.get('PATH', '')}", KB_QDRANT_URL=qdrant.url, KB_REGISTRY="",
                    KB_REINDEX_SCHEDULE="", KB_SOURCE_POLL_S="1", KB_SOURCE_QUIET_S="2", KB_WATCH_INTERVAL_S="8",
-                   KB_RETRY_DELAY_S="2", AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL="10")
+                   KB_RETRY_DELAY_S="2", AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL="10",
+                   # the product's default: an edit's run is one task (small_run), as a user's is
+                   KB_SMALL_RUN_POINTS="1000")
         try:
             started = subprocess.run(["bash", str(REPO / "scripts" / "airflow.sh")], env=env, capture_output=True,
                                      text=True, timeout=240)
@@ -99,6 +101,32 @@ def test_a_burst_of_edits_becomes_searchable_in_at_most_two_runs(stack: Stack) -
     print(f"burst of 3 edits -> searchable in {took[0]:.1f} s, {len(runs)} run(s)")
 
 
+def test_edits_saved_while_a_small_run_builds_give_exactly_one_follow_up_run(stack: Stack) -> None:
+    """Issue #41's acceptance: an edit's run takes the one-task path (small_run); two more edits saved while it
+    is held at Qdrant's first write give exactly one follow-up run, which serves both."""
+    from test_local_airflow import UpsertHold
+
+    airflow = stack.airflow
+    before = len(stack.runs())
+    with UpsertHold(stack.qdrant) as hold:
+        stack.edit("member-rules", "银卡会员每月可领取两张免运费券。")
+        assert hold.held.wait(120), f"no run wrote\n{airflow.logs()}"
+        stack.edit("return-policy", "定制商品不支持七天无理由退货。")
+        time.sleep(0.5)
+        stack.edit("shipping-policy", "大件家具送货上门并免费安装。")
+        time.sleep(4)  # the watcher sees both and is quiet again, while the run still holds the lock
+    stack.wait_searchable("定制商品能退吗", "定制商品不支持七天无理由退货。")
+    stack.wait_searchable("家具送货安装吗", "大件家具送货上门并免费安装。")
+    airflow.wait("the runs finished", lambda: airflow.idle(DAG), 90)
+    runs = stack.runs()[before:]
+    assert len(runs) == 2 and {r["state"] for r in runs} == {"success"}, runs
+    for run in runs:
+        url = f"/dags/{DAG}/dagRuns/{quote(run['dag_run_id'], safe='')}/taskInstances"
+        states = {t["task_id"]: t["state"] for t in airflow.http.get(url).json()["task_instances"]}
+        assert (states["small_run"], states["build_slices"]) == ("success", "skipped"), states
+    assert stack.searchable("银卡会员有什么福利", "银卡会员每月可领取两张免运费券。")
+
+
 def test_edits_made_while_the_triggerer_is_down_are_caught_when_it_starts(stack: Stack) -> None:
     run_dir = stack.airflow.home / "run"
     pid = int((run_dir / "triggerer.pid").read_text())
@@ -117,14 +145,13 @@ def test_edits_made_while_the_triggerer_is_down_are_caught_when_it_starts(stack:
 
 
 def test_a_paused_dag_starts_no_run_and_catches_up_when_unpaused(stack: Stack) -> None:
-    http = stack.airflow.http
-    assert http.patch(f"/dags/{DAG}", json={"is_paused": True}).status_code == 200
+    stack.airflow.set_paused(DAG, True)
     before = len(stack.runs())
     sentence = "售后工单将在四小时内首次响应。"
     stack.edit("after-sales-guide", sentence)
     time.sleep(10)  # poll, quiet time and scheduler loops: a paused DAG queues no run from an asset event
     assert len(stack.runs()) == before and not stack.searchable("售后多久响应", sentence)
-    assert http.patch(f"/dags/{DAG}", json={"is_paused": False}).status_code == 200
+    stack.airflow.set_paused(DAG, False)
     stack.wait_searchable("售后多久响应", sentence)  # the watcher, back with the next parse, finds the edit
     assert len(stack.runs()) == before + 1
     stack.airflow.wait("the run finished", lambda: stack.airflow.idle(DAG), 60)
@@ -146,7 +173,8 @@ def test_plan_and_validate_wait_off_their_slots_under_the_scheduler(stack: Stack
     try:
         owner = default_lock_owner()
         state.acquire_lock(lock, owner=owner, ttl_s=600)
-        run_id = airflow.trigger(DAG, {"force_full_rebuild": True})
+        # the mapped path, whose validate gives its slot back (a small plan's one task waits in it)
+        run_id = airflow.trigger(DAG, {"force_full_rebuild": True, "small_run_points": 0})
         url = f"/dags/{DAG}/dagRuns/{quote(run_id, safe='')}"
 
         def task_state(task_id: str) -> str | None:

@@ -70,7 +70,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalAirfl
         env = {name: value for name, value in os.environ.items() if not name.startswith("AIRFLOW")}
         env.update(AIRFLOW_HOME=str(root / "airflow-home"), KB_PROJECT_ROOT=str(project), KB_AIRFLOW_PORT=str(port),
                    PATH=f"{BIN}:{env.get('PATH', '')}", KB_QDRANT_URL=qdrant.url, KB_REGISTRY="knowledge/registry.yaml",
-                   KB_RETRY_DELAY_S="2", AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL="10")
+                   KB_RETRY_DELAY_S="2", AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL="10",
+                   KB_SMALL_RUN_POINTS="1000")  # the product's default: small plans run as one task
         try:
             started = subprocess.run(["bash", str(REPO / "scripts" / "airflow.sh")], env=env, capture_output=True,
                                      text=True, timeout=240)
@@ -85,7 +86,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalAirfl
 def scheduled_run(airflow: LocalAirflow, dag_id: str) -> str:
     """Unpause `dag_id`; its schedule starts the latest interval's run (catchup off), which is returned."""
     airflow.wait(f"{dag_id} parsed", lambda: airflow.http.get(f"/dags/{dag_id}").status_code == 200, 120)
-    assert airflow.http.patch(f"/dags/{dag_id}", json={"is_paused": False}).status_code == 200
+    airflow.set_paused(dag_id, False)
     runs: list[dict] = []
 
     def started() -> bool:

@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -47,10 +48,12 @@ def test_each_knowledge_base_gets_its_own_dags(airflow_db: None, registry_projec
             if kind == "knowledge_watch":  # started by its own alias's promotions
                 assert [a.uri for a in dag.timetable.asset_condition.objects] == [f"qdrant://{kb}/"]
                 assert [o for t in dag.tasks for o in t.outlets] == []
-            else:
-                assert [o.uri for t in dag.tasks for o in t.outlets] == [f"qdrant://{kb}/"]
+            else:  # the tasks that move the alias: a reindex's or a migration's promote and small_run (two paths)
+                movers = 2 if kind in ("knowledge_reindex", "knowledge_model_migration") else 1
+                assert [o.uri for t in dag.tasks for o in t.outlets] == [f"qdrant://{kb}/"] * movers, kind
         reindex = dags["knowledge_reindex"]
-        assert {t.pool for t in reindex.tasks if t.task_id in ("create_version", "build", "promote", "cleanup")} == {
+        assert {t.pool for t in reindex.tasks
+                if t.task_id in ("create_version", "small_run", "build", "promote", "cleanup")} == {
             f"kb_qdrant_writes__{kb}"}
         rollback = dags["knowledge_rollback"]
         assert rollback.get_task("rollback").pool == "default_pool" and rollback.is_paused_upon_creation is False
@@ -97,6 +100,31 @@ def test_a_refused_entry_keeps_the_others_and_is_named_in_the_import_errors(airf
     rollback = bag.dags["knowledge_rollback__wiki"]
     assert "kb:wiki" in rollback.tags and rollback.is_paused_upon_creation is False
     assert rollback.doc_md.startswith("**Its registry entry is refused") and "shedule: unknown key" in rollback.doc_md
+
+
+def test_a_retired_entrys_tasks_refuse_without_retry_and_removed_its_dags_are_gone(airflow_db: None,
+                                                                                   registry_project: Path) -> None:
+    """A DAG file reads no state DB, so a retired entry still listed keeps its DAGs until it is removed (what the
+    refusal says to do); their tasks refuse it, e.g. on-call's rollback, without a retry. Removed, its DAGs go and
+    none stands in for it."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from kb_reindex.airflow.tasks import rollback_task
+    from kb_reindex.services.registry import load_registry
+    from kb_reindex.services.state.store import StateStore
+
+    state = StateStore(load_registry().get(SELLER).settings().state_url)
+    try:
+        state.retire(SELLER, reason="sellers moved to the new portal", by="oncall")
+    finally:
+        state.dispose()
+    with pytest.raises(AirflowFailException, match="knowledge base 'seller_rules' was retired by oncall at .*retire --undo"):
+        rollback_task(kb=SELLER, run_id="airflow:knowledge_rollback__seller_rules:manual_1", live_version=1,
+                      to_version=None, reason="bad page", confirm=True, revalidate=False)
+    registry = registry_project / "knowledge" / "registry.yaml"
+    registry.write_text(registry.read_text(encoding="utf-8").split("  seller_rules:")[0], encoding="utf-8")
+    bag = dagbag()
+    assert bag.import_errors == {} and sorted(bag.dag_ids) == sorted(f"{kind}__{SHOP}" for kind in KINDS)
 
 
 def test_parsing_the_registrys_dags_imports_nothing_heavy(registry_project: Path) -> None:
@@ -179,7 +207,7 @@ def test_each_watched_source_schedules_its_reindex_on_its_time_schedule_or_a_cha
     assert asset.uri == (registry_project / "knowledge" / "docs").resolve().as_uri()
     (watcher,) = asset.watchers
     assert watcher.trigger.serialize() == ("kb_reindex.airflow.triggers.SourceChangeTrigger",
-                                           {"kb": SHOP, "alias": SHOP, "poll_s": 7.0, "quiet_s": 5.0})
+                                           {"kb": SHOP, "alias": SHOP, "poll_s": 7.0, "quiet_s": 1.0})
     seller = bag.dags[f"knowledge_reindex__{SELLER}"]  # `schedule: null`: its source's changes alone
     assert not isinstance(seller.timetable, AssetOrTimeSchedule)
     assert [a.name for a in seller.timetable.asset_condition.objects] == [f"kb_source_{SELLER}"]
@@ -193,4 +221,14 @@ def test_each_watched_source_schedules_its_reindex_on_its_time_schedule_or_a_cha
             in readme)
     for kind in ("knowledge_reindex", "knowledge_rollback", "knowledge_promote_shadow", "knowledge_watch"):
         assert bag.dags[f"{kind}__{SHOP}"].is_paused_upon_creation is False, kind
+    # a fresh install: the scheduler's first run of each, as its serialized DAG computes it (issue #39: a watched
+    # reindex with a time schedule also ran the latest tick at once, a second run that found nothing to change)
+    from airflow.serialization.serialized_objects import DagSerialization
+
+    now = datetime.now(UTC)
+    first = {name: DagSerialization.from_dict(DagSerialization.to_dict(bag.dags[name]))
+             .next_dagrun_info(last_automated_run_info=None).run_after
+             for name in (f"knowledge_reindex__{SHOP}", "knowledge_reindex__unwatched")}
+    assert first[f"knowledge_reindex__{SHOP}"] > now, "the watcher builds the first version; the schedule waits"
+    assert first["knowledge_reindex__unwatched"] <= now, "no watcher: the latest tick builds the first version"
     assert bag.dags[f"knowledge_model_migration__{SHOP}"].is_paused_upon_creation is None  # Airflow's default: paused

@@ -43,7 +43,7 @@ def test_the_dag_reads_a_bucket_through_its_aws_connection(tmp_path: Path) -> No
         env.update(AIRFLOW_HOME=str(tmp_path / "airflow-home"), KB_PROJECT_ROOT=str(project),
                    KB_AIRFLOW_PORT=str(port), PATH=f"{BIN}:{env.get('PATH', '')}", KB_EMBEDDER="hashing",
                    KB_KNOWLEDGE_DIR="s3://kb-airflow/docs", AIRFLOW_CONN_AWS_DEFAULT=json.dumps(connection),
-                   **TEST_STACK_ENV)
+                   **TEST_STACK_ENV, KB_SMALL_RUN_POINTS="1000")  # the product's default: one task for a small plan
         try:
             started = subprocess.run(["bash", str(REPO / "scripts" / "airflow.sh")], env=env, capture_output=True,
                                      text=True, timeout=240)

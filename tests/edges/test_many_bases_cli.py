@@ -203,3 +203,63 @@ def test_an_entrys_default_tenant_is_what_its_documents_without_one_serve(tmp_pa
     moved = cli_json(project, "--kb", SELLER, "run")
     assert moved["outcome"] == "promoted" and moved["docs"]["changed"] == 3, moved["docs"]
     assert hits("merchants")[:1] == ["settlement"] and hits("sellers") == []
+
+
+def test_retire_ends_a_knowledge_base_says_what_it_kept_and_refuses_it_everywhere_after(tmp_path: Path) -> None:
+    """`kb-reindex retire` (issue 39 item 4) as on-call types it: recorded and said (exit 0, again on a rerun),
+    the alias kept serving without --drop-collections; then every command on it is refused naming who retired it
+    and how to undo (exit 2), its entry is refused in `bases`, and removed from the registry it has no stand-in;
+    --drop-collections asks first, drops its collections and alias; --undo brings its stand-in back."""
+    project = tmp_path / "project"
+    shutil.copytree(REPO / "knowledge", project / "knowledge")
+    registry = project / "knowledge" / "registry.yaml"
+    assert cli_json(project, "--kb", SELLER, "run")["outcome"] == "promoted"
+    collection = cli_json(project, "--kb", SELLER, "status")["live"]["collection"]
+
+    retired = cli_json(project, "--kb", SELLER, "retire", "--reason", "sellers moved to the new portal")
+    assert (retired["alias"], retired["already_retired"], retired["collections_kept"]) == (SELLER, False, True)
+    assert retired["retirement"]["reason"] == "sellers moved to the new portal" and retired["retirement"]["retired_by"]
+    assert retired["dropped"] is None and retired["registry_entry"] == str(registry)
+    again = cli(project, "--kb", SELLER, "retire", "--reason", "again", "-q")
+    assert again.returncode == 0, again.stderr
+    assert f"{SELLER} was already retired by {retired['retirement']['retired_by']}" in again.stdout
+    assert "kept: the alias seller_rules and its collections; the assistant keeps reading" in again.stdout
+    assert f"its entry is still in {registry}: remove it" in again.stdout
+
+    # refused on every command but the reader's, naming the entry, who, and how to undo
+    for argv in (["status"], ["run"], ["rollback", "--reason", "x", "--yes"], ["freeze", "--reason", "x"]):
+        done = cli(project, "--kb", SELLER, *argv, "-q")
+        assert done.returncode == 2, (argv, done.stdout, done.stderr)
+        assert f"{registry}: knowledge base 'seller_rules' was retired by" in done.stderr, (argv, done.stderr)
+        assert "`kb-reindex --kb seller_rules retire --undo`" in done.stderr, argv
+    answer = cli_json(project, "--kb", SELLER, "query", "货款什么时候到账", "-k", "1")
+    assert answer["results"][0]["knowledge_key"] == "settlement", "the alias still serves what was live"
+    listed = cli_json(project, "bases", code=2)
+    assert [b["alias"] for b in listed["knowledge_bases"]] == [SHOP]
+    assert [r for r in listed["refused"] if "seller_rules' was retired by" in r] == listed["refused"] != []
+
+    # removed from the registry: no stand-in from its recorded entry any more
+    (project / "knowledge" / "shop-only.yaml").write_text(registry.read_text(encoding="utf-8").split("  seller_rules:")[0],
+                                                          encoding="utf-8")
+    shop_only = {"KB_REGISTRY": "knowledge/shop-only.yaml"}
+    gone = cli(project, "--kb", SELLER, "status", "--json", **shop_only)
+    assert gone.returncode == 2 and "was retired by" in json.loads(gone.stdout)["error"], gone.stdout
+    unknown = cli(project, "--kb", "nope", "retire", "--reason", "x", **shop_only)
+    assert unknown.returncode == 2 and "knowledge base 'nope' is not in the registry" in unknown.stderr
+    assert cli(project, "--kb", SELLER, "retire", **shop_only).returncode == 2  # no --reason
+
+    # dropping asks first; with --yes the alias and every collection of it go, the records stay
+    asked = cli(project, "--kb", SELLER, "retire", "--reason", "x", "--drop-collections", **shop_only)
+    assert asked.returncode == 2 and "pass --yes" in asked.stderr
+    dropped = cli_json(project, "--kb", SELLER, "retire", "--reason", "x", "--drop-collections", "--yes", **shop_only)
+    assert dropped["already_retired"] and dropped["dropped"]["collections"] == [collection]
+    assert dropped["dropped"]["alias_was"] == collection and dropped["retirement"]["collections_dropped"] is True
+    assert dropped["registry_entry"] is None
+
+    # undone: its stand-in is back (the entry is still removed), seeing the alias gone
+    undone = cli_json(project, "--kb", SELLER, "retire", "--undo", **shop_only)
+    assert undone["was_retired"] and undone["undone"]["reason"] == "sellers moved to the new portal"
+    back = cli(project, "--kb", SELLER, "history", "--json", "-q", **shop_only)
+    assert back.returncode == 0, back.stderr
+    assert [e["action"] for e in json.loads(back.stdout)["events"]] == [
+        "promote", "retire", "drop-collections", "unretire"]

@@ -84,7 +84,7 @@ def registry_site(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[t
                 path = settings.knowledge_dir / "coupon-rules.md"
                 path.write_text(path.read_text(encoding="utf-8") + "\n\n补充：限时活动。\n", encoding="utf-8")
             with open_deps(settings) as deps:
-                assert run_reindex(deps)["outcome"] == "promoted"
+                assert run_reindex(deps).outcome == "promoted"
     airflow = RecordingAirflow()
     yield project, airflow
     airflow.server.shutdown()

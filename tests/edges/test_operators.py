@@ -388,7 +388,7 @@ def test_status_header_names_what_the_alias_serves_during_a_drift(project: Path,
     from kb_reindex.run.pipeline import plan_and_snapshot
 
     deps = engine_deps(project)
-    assert run_reindex(deps)["outcome"] == "promoted"
+    assert run_reindex(deps).outcome == "promoted"
     (project / "knowledge" / "docs" / "shipping-fee.md").write_text("# 运费\n\n满99元包邮。\n", encoding="utf-8")
     planned = plan_and_snapshot(deps, run_id="by-hand")
     created = create_version(deps, planned, run_id="by-hand")
@@ -437,11 +437,11 @@ def test_status_names_a_version_whose_collection_is_gone_instead_of_none_points(
     deps = engine_deps(project)
     first = run_reindex(deps)
     (project / "knowledge" / "docs" / "gift-wrap.md").write_text("# 礼品包装\n\n礼品包装免费。\n", encoding="utf-8")
-    assert run_reindex(deps)["outcome"] == "promoted"
-    deps.store.client.delete_collection(first["collection"])
+    assert run_reindex(deps).outcome == "promoted"
+    deps.store.client.delete_collection(first.collection)
     problems = status_view(deps).to_dict()["problems"]
     assert not any("None" in p for p in problems), problems
-    assert any(p.startswith(f"v1 ({first['collection']}) is retired in the state DB, but Qdrant has no such collection")
+    assert any(p.startswith(f"v1 ({first.collection}) is retired in the state DB, but Qdrant has no such collection")
                and "kb-reindex drop --version 1" in p for p in problems), problems
 
 
@@ -536,7 +536,7 @@ def test_rebuild_state_keeps_each_versions_creation_time_hit_rate_and_mrr(projec
     deps = engine_deps(project)
     run_reindex(deps)
     (project / "knowledge" / "docs" / "gift-wrap.md").write_text("# 礼品包装\n\n礼品包装免费。\n", encoding="utf-8")
-    assert run_reindex(deps)["outcome"] == "promoted"
+    assert run_reindex(deps).outcome == "promoted"
 
     def seen() -> list[tuple[Any, ...]]:
         return [(v["version"], v["status"], v["created_at"], v["hit_rate"], v["mrr"])
@@ -586,7 +586,7 @@ def test_a_deletion_hidden_by_an_extra_point_is_caught_by_the_samples_within_a_f
     from qdrant_client import models
 
     deps = engine_deps(project)
-    assert run_reindex(deps)["outcome"] == "promoted"  # its plan had nothing to audit yet
+    assert run_reindex(deps).outcome == "promoted"  # its plan had nothing to audit yet
     live = deps.state.live_version(ALIAS)
     first = audit_live(deps, live, run_id="audit-1")
     # validation's exact check of the build is on record as its full audit: live is sampled from then on
@@ -621,7 +621,7 @@ def test_a_run_left_running_without_its_lock_is_recorded_failed_by_the_next_run(
     deps.state.update_run("cli__reindex__lost", version=1)
     deps.state.start_run(run_id="cli__reindex__waiting", alias=ALIAS, kind="reindex", trigger="cli")  # no version
     result = run_reindex(deps, run_id="cli__reindex__next")
-    assert result["outcome"] == "promoted"
+    assert result.outcome == "promoted"
     lost = deps.state.get_run("cli__reindex__lost")
     assert lost.outcome == "failed" and "found by run cli__reindex__next" in lost.error
     assert deps.state.get_run("cli__reindex__waiting").outcome == "running", "a run waiting for the lock is left"

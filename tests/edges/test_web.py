@@ -59,6 +59,8 @@ class FakeAirflowApi:
 
     def __init__(self, settings: Settings, tokens: dict[str, str]) -> None:
         self.settings, self.triggers, self.sabotage = settings, [], False
+        #: how long a trigger takes to be accepted (Airflow's API server under load)
+        self.trigger_delay_s = 0.0
         self.users = {token: f"kb-{role}" for role, token in tokens.items()}
         #: (dag_id, run_id) -> a task instance waiting for its next try
         self.retries: dict[tuple[str, str], dict] = {}
@@ -156,6 +158,7 @@ class FakeAirflowApi:
                 return 200, {"dag_runs": runs, "total_entries": len(runs)}
             if dag_id not in ("knowledge_rollback", "knowledge_promote_shadow"):
                 return 404, {"detail": "no such DAG"}
+            time.sleep(self.trigger_delay_s)
             self.triggers.append(body["conf"])
             run = self.seed(dag_id, f"manual__2026-11-30T09:00:{len(self.triggers):02d}+00:00", "queued",
                             conf=body["conf"])
@@ -223,7 +226,7 @@ def site(project: Path, tokens: dict[str, str],
             path = settings.knowledge_dir / "coupon-rules.md"
             path.write_text(path.read_text(encoding="utf-8") + f"\n\n补充{n}：限时活动。\n", encoding="utf-8")
         with open_deps(settings) as deps:
-            assert run_reindex(deps)["outcome"] == "promoted"
+            assert run_reindex(deps).outcome == "promoted"
     airflow = FakeAirflowApi(settings, tokens)
     yield settings, airflow
     airflow.server.shutdown()
@@ -247,7 +250,7 @@ def busy_site(site: tuple[Settings, FakeAirflowApi]) -> tuple[Settings, FakeAirf
     with open_deps(settings) as deps:
         shadow = run_reindex(deps, kind="migration", embedder="hashing", model="hashing-ngram-v4", dim=512,
                                     promote_version=False)
-        assert shadow["outcome"] == "shadow" and shadow["version"] == 4
+        assert shadow.outcome == "shadow" and shadow.version == 4
         # the last document's end: the slot v5 takes keeps the rest, and its first 20 rows hold none of the edit
         path = settings.knowledge_dir / "shipping-policy.md"
         path.write_text(path.read_text(encoding="utf-8") + "\n\n补充：节假日不适用。\n", encoding="utf-8")
@@ -489,7 +492,7 @@ def test_page_in_headless_chromium_on_call(busy_site: tuple[Settings, FakeAirflo
     the next run; the chart, a build's progress, metrics, locks and notes, Airflow's runs and the paused flag;
     rollback and shadow promotion followed to their end, recorded under the signed-in user, the dialog naming
     what a rollback brings back; the pause toggle and the freeze. Screenshots in test-output/."""
-    from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.common.exceptions import StaleElementReferenceException, TimeoutException
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support import expected_conditions
     from selenium.webdriver.support.ui import WebDriverWait
@@ -532,7 +535,10 @@ def test_page_in_headless_chromium_on_call(busy_site: tuple[Settings, FakeAirflo
                 return False
 
         def run_message(expected: str) -> str:
-            wait.until(lambda b: expected in text("#message"))
+            try:
+                wait.until(lambda b: expected in text("#message"))
+            except TimeoutException:
+                raise AssertionError(f"the page said {text('#message')!r}, not {expected!r}") from None
             run_link = browser.find_element(By.ID, "run-link")
             assert run_link.get_attribute("target") == "_top"  # Airflow's UI, out of the iframe it shows this page in
             return run_link.get_attribute("href")
@@ -648,8 +654,12 @@ def test_page_in_headless_chromium_on_call(busy_site: tuple[Settings, FakeAirflo
         airflow.dag_paused["knowledge_watch"] = True
         wait.until(lambda b: "knowledge_watch is PAUSED in Airflow: no promotion is watched" in text("#dags-paused"))
         airflow.dag_paused["knowledge_watch"] = False
+        airflow.trigger_delay_s = 3.0  # Airflow slow to accept: the click is said at once, before its answer
         click("#rollback-top")
         question = answer("wrong coupon rule")
+        wait.until(lambda b: "asked, Airflow is starting the run" in text("#message"))
+        assert not airflow.triggers and browser.execute_script("return asking") == 1
+        airflow.trigger_delay_s = 0.0
         assert "v3 -> v2" in question and "knowledge_rollback is PAUSED in Airflow: it will be unpaused" in question
         assert "is then frozen: no run, migration or shadow promotion moves it forward" in question
         assert "WARNING" not in question  # v2 brings back nothing v3 does not serve
@@ -886,8 +896,8 @@ def test_a_failed_version_and_a_failed_run_say_why(site: tuple[Settings, FakeAir
         path = settings.knowledge_dir / "coupon-rules.md"
         path.write_text(path.read_text(encoding="utf-8") + "\n\n补充：会员日双倍积分。\n", encoding="utf-8")
         failed = run_reindex(deps, min_hit_rate=1.0, min_mrr=1.0)
-    assert failed["outcome"] == "failed"
-    row = next(v for v in viewer.get("/api/status").json()["versions"] if v["version"] == failed["version"])
+    assert failed.outcome == "failed"
+    row = next(v for v in viewer.get("/api/status").json()["versions"] if v["version"] == failed.version)
     assert row["status"] == "failed" and "MRR" in row["error"] and "< 1.0" in row["error"]
 
     airflow.sabotage = True
@@ -931,7 +941,9 @@ def test_rollback_is_offered_only_to_whole_versions(site: tuple[Settings, FakeAi
         f"{v2.collection} holds {v2.points_expected - 1} points, its manifest lists {v2.points_expected}"]
     assert not any("None" in p for p in s["problems"])
     assert any(f"({v1.collection}) is retired in the state DB, but Qdrant has no such collection" in p for p in s["problems"])
-    for version, missing in ((1, f"{v1.collection} is missing"), (2, "point count")):
+    # refused in the row's own words (the page's status read once; the task's full check has its own)
+    for version, missing in ((1, f"{v1.collection} is missing"),
+                             (2, f"holds {v2.points_expected - 1} points, its manifest lists {v2.points_expected}")):
         refused = user.post("/api/rollback", json={"to_version": version, "reason": "x", "live_version": 3})
         assert refused.status_code == 409 and missing in refused.json()["detail"], refused.json()
     assert airflow.triggers == []
@@ -994,8 +1006,8 @@ def test_a_promotion_with_lowered_thresholds_says_later_reindexes_will_fail(
     settings.golden_set.write_text(yaml.safe_dump(golden, allow_unicode=True), encoding="utf-8")
     with open_deps(settings) as deps, caplog.at_level("WARNING", logger="kb_reindex.steps.promote"):
         result = run_reindex(deps, min_hit_rate=0.5, min_mrr=0.5)
-    assert result["outcome"] == "promoted"
-    said = result["lowered_thresholds"]
+    assert result.outcome == "promoted"
+    said = result.lowered_thresholds
     assert said.startswith("v1 was promoted with lowered thresholds: hit rate ") and "< the golden set's 1.0" in said
     assert "(validated against a lowered 0.5)" in said
     assert "Every later reindex" in said and str(settings.golden_set) in said and said in caplog.text
@@ -1022,7 +1034,7 @@ def test_freeze_from_the_page_shows_who_when_why_and_holds_promotions(
     with open_deps(settings) as deps:
         path = settings.knowledge_dir / "coupon-rules.md"
         path.write_text(path.read_text(encoding="utf-8") + "\n\n补充：冻结期间。\n", encoding="utf-8")
-        assert run_reindex(deps)["outcome"] == "frozen"
+        assert run_reindex(deps).outcome == "frozen"
     assert viewer.get("/api/status").json()["live"]["version"] == 3
     assert viewer.post("/api/unfreeze", json={}).status_code == 403
     lifted = user.post("/api/unfreeze", json={}).json()
@@ -1050,9 +1062,9 @@ def test_a_rollback_names_what_it_brings_back_and_is_recorded_under_the_signed_i
     # a person)
     with open_deps(replace(settings, instruction_policy="warn")) as deps:
         page.write_text(original + "\n" + injected + "\n", encoding="utf-8")
-        assert run_reindex(deps)["outcome"] == "promoted"
+        assert run_reindex(deps).outcome == "promoted"
         page.write_text(original, encoding="utf-8")
-        assert run_reindex(deps)["outcome"] == "promoted"
+        assert run_reindex(deps).outcome == "promoted"
     line = (original + "\n" + injected).splitlines().index(injected) + 1
     rows = {v["version"]: v for v in viewer.get("/api/status").json()["versions"]}
     assert rows[4]["rollback_target"] and rows[4]["rollback_warnings"] == [
@@ -1095,13 +1107,13 @@ def test_the_page_says_whether_the_source_is_watched_and_when_it_last_changed(
 
     settings, airflow = site
     viewer, _user = _clients(replace(settings, source_poll_s=0.0), airflow, tokens)
-    assert viewer.get("/api/airflow").json()["source"] == {"watched": False, "poll_s": 0.0, "quiet_s": 5.0,
+    assert viewer.get("/api/airflow").json()["source"] == {"watched": False, "poll_s": 0.0, "quiet_s": 1.0,
                                                            "last_change": None, "error": None}
     watched, _ = _clients(replace(settings, source_poll_s=15.0), airflow, tokens)
     assert watched.get("/api/airflow").json()["source"]["last_change"] is None  # no change seen yet
     airflow.source_events += ["2026-12-01T09:00:00Z", "2026-12-01T10:30:00Z"]
     source = watched.get("/api/airflow").json()["source"]
-    assert source == {"watched": True, "poll_s": 15.0, "quiet_s": 5.0, "last_change": "2026-12-01T10:30:00Z",
+    assert source == {"watched": True, "poll_s": 15.0, "quiet_s": 1.0, "last_change": "2026-12-01T10:30:00Z",
                       "error": None}
 
 
@@ -1148,3 +1160,35 @@ def test_the_page_tries_a_chosen_version_before_it_serves(busy_site: tuple[Setti
     assert refused.status_code == 422 and "no version 99" in refused.json()["detail"]
     anonymous = TestClient(create_app(settings_factory=lambda: settings, airflow_api_url=airflow.url))
     assert anonymous.post("/api/try", json={"version": 4, "question": "优惠券"}).status_code == 401
+
+
+def test_a_rollback_click_is_taken_when_the_page_is_left_at_once(site: tuple[Settings, FakeAirflowApi],
+                                                                  tokens: dict[str, str]) -> None:
+    """A durable click: the page's rollback request, its caller gone 0.3 s after sending it (the page left,
+    the connection closed) while Airflow takes 2 s to accept the trigger, still triggers the run, and the
+    rollback it starts moves the alias. The request checks what the status shows and leaves the full
+    structural check (IDs) to the rollback task, which refuses a broken target itself (test_operations)."""
+    import httpx
+
+    from kb_reindex.web.guard import SESSION_COOKIE, TOKEN_HEADER, page_token
+
+    settings, airflow = site
+    airflow.trigger_delay_s = 2.0
+    app = create_app(settings_factory=lambda: settings, airflow_api_url=airflow.url)
+    with served(app) as base:
+        session = tokens["user"]
+        headers = {"Origin": base, TOKEN_HEADER: page_token(session), "Content-Type": "application/json"}
+        with httpx.Client(base_url=base, cookies={SESSION_COOKIE: session}, timeout=0.3) as left:
+            with pytest.raises(httpx.ReadTimeout):
+                left.post("/api/rollback", headers=headers,
+                          content=json.dumps({"to_version": 2, "reason": "bad answers", "live_version": 3}))
+        for _ in range(200):
+            if airflow.triggers:
+                break
+            time.sleep(0.05)
+        assert airflow.triggers == [{"to_version": 2, "reason": "bad answers", "confirm": True, "live_version": 3}]
+        for worker in airflow.workers:
+            worker.join(60)
+    with open_deps(settings) as deps:
+        live = deps.state.live_version(settings.alias)
+        assert live is not None and live.version == 2

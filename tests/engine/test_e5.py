@@ -25,7 +25,7 @@ from qdrant_client import QdrantClient
 
 from kb_reindex.steps import querylog
 
-from kb_reindex.run.pipeline import run_reindex
+from kb_reindex.run.pipeline import RunResult, run_reindex
 from kb_reindex.services.config import Settings
 from kb_reindex.services.e5 import E5Embedder
 from kb_reindex.services.embedding import OllamaEmbedder, check_model_served, make_embedder
@@ -125,7 +125,7 @@ def test_ollama_server_with_e5_gives_the_vectors_of_the_in_process_embedder(e5_s
 
 
 @pytest.fixture(scope="module")
-def e5_live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Deps, dict]]:
+def e5_live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Deps, RunResult]]:
     """The shipped corpus live with hashing (v1), then migrated to e5 (v2): (deps, the migration's result)."""
     root = tmp_path_factory.mktemp("e5") / "project"
     shutil.copytree(REPO / "knowledge", root / "knowledge")
@@ -133,7 +133,7 @@ def e5_live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Deps, di
     client = QdrantClient(":memory:")
     state = StateStore(settings.state_url)
     deps = Deps(settings=settings, state=state, store=KnowledgeStore(client))
-    assert run_reindex(deps)["outcome"] == "promoted"
+    assert run_reindex(deps).outcome == "promoted"
     migrated = run_reindex(deps, kind="migration", embedder="e5")
     yield deps, migrated
     state.dispose()
@@ -141,10 +141,10 @@ def e5_live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Deps, di
 
 
 @pytest.fixture
-def e5_deps(e5_live: tuple[Deps, dict]) -> Iterator[Deps]:
+def e5_deps(e5_live: tuple[Deps, RunResult]) -> Iterator[Deps]:
     """e5 live, the query log on; the knowledge folder and golden set put back as they were afterwards."""
     deps, migrated = e5_live
-    assert migrated["outcome"] == "promoted"
+    assert migrated.outcome == "promoted"
     knowledge = deps.settings.root / "knowledge"
     saved = {path: path.read_bytes() for path in knowledge.rglob("*") if path.is_file()}
     querylog.reset_cache()
@@ -169,14 +169,14 @@ def live_version(deps: Deps) -> int:
     return deps.state.live_version(ALIAS).version
 
 
-def recorded(deps: Deps, result: dict) -> dict:
+def recorded(deps: Deps, result: RunResult) -> dict:
     """The candidate's whole validation record (a run's result carries its summary)."""
-    return deps.state.get_version(ALIAS, result["version"]).validation
+    return deps.state.get_version(ALIAS, result.version).validation
 
 
-def test_a_hashing_to_e5_migration_is_validated_promoted_and_reported_side_by_side(e5_live: tuple[Deps, dict]) -> None:
+def test_a_hashing_to_e5_migration_is_validated_promoted_and_reported_side_by_side(e5_live: tuple[Deps, RunResult]) -> None:
     deps, migrated = e5_live
-    assert migrated["outcome"] == "promoted" and migrated["version"] == 2
+    assert migrated.outcome == "promoted" and migrated.version == 2
     live = deps.state.live_version(ALIAS)
     assert (live.embedder, live.embed_model, live.embed_dim) == ("e5", "multilingual-e5-small", 384)
     assert deps.store.collection_metadata(live.collection)["embed_recipe"] == E5_RECIPE.name
@@ -208,7 +208,7 @@ def test_an_edit_that_removes_the_answer_a_probe_needs_fails_the_golden_gate(e5_
     path.write_text(re.sub(r"## 需要准备的材料.*?(?=## 审核时效)", "", text, flags=re.DOTALL), encoding="utf-8")
     before = live_version(e5_deps)
     result = run_reindex(e5_deps)
-    assert result["outcome"] == "failed" and live_version(e5_deps) == before
+    assert result.outcome == "failed" and live_version(e5_deps) == before
     validation = recorded(e5_deps, result)
     assert validation["hit_rate"] >= 0.9 and validation["mrr"] >= 0.8  # the absolute thresholds would pass
     assert [p["probe"] for p in validation["probes"] if p["regression"]] == ["aftersales-missing-parts"]
@@ -221,10 +221,10 @@ def test_a_category_that_loses_its_answers_is_caught_by_the_category_gate(e5_dep
     write_doc(e5_deps.settings.root, "member-rules",
               "---\ntitle: 会员规则\ncategory: 会员\ntenant: default\n---\n\n# 会员规则\n\n本页正在整理中。\n")
     result = run_reindex(e5_deps)
-    assert result["outcome"] == "failed"
-    validation = result["validation"]
-    assert len(validation["failures"]) == 1 and validation["failures"][0].startswith("category 会员:")
-    rows = {c["category"]: c for c in validation["by_category"]}
+    assert result.outcome == "failed"
+    validation = result.validation
+    assert len(validation.failures) == 1 and validation.failures[0].startswith("category 会员:")
+    rows = {c["category"]: c for c in validation.by_category}
     assert rows["会员"]["dropped"] and not any(r["dropped"] for name, r in rows.items() if name != "会员")
 
 
@@ -235,10 +235,10 @@ def test_a_new_page_that_crowds_out_unchanged_answers_is_caught_by_replay(e5_dep
     write_doc(e5_deps.settings.root, "faq-extra",
               f"---\ntitle: 常见问题\ncategory: 其他\ntenant: default\n---\n\n# 常见问题\n\n{sections}")
     result = run_reindex(e5_deps)
-    assert result["outcome"] == "failed"
-    validation = result["validation"]
-    assert validation["regressions"] == 0 and [f for f in validation["failures"] if not f.startswith("replay:")] == []
-    assert validation["replay"]["lost_top_hits"] == 4 and "replay.max_lost_top_hits" in result["error"]
+    assert result.outcome == "failed"
+    validation = result.validation
+    assert validation.regressions == 0 and [f for f in validation.failures if not f.startswith("replay:")] == []
+    assert validation.replay.lost_top_hits == 4 and "replay.max_lost_top_hits" in result.error
 
 
 def test_a_harmless_edit_passes_every_gate_and_is_promoted(e5_deps: Deps) -> None:
@@ -248,14 +248,14 @@ def test_a_harmless_edit_passes_every_gate_and_is_promoted(e5_deps: Deps) -> Non
                     encoding="utf-8")
     before = live_version(e5_deps)
     result = run_reindex(e5_deps)
-    assert result["outcome"] == "promoted", result.get("error")
-    assert result["validation"]["failures"] == [] and result["validation"]["regressions"] == 0
+    assert result.outcome == "promoted", result.error
+    assert result.validation.failures == () and result.validation.regressions == 0
     # the edited page's chunks searched against the shipped pages: none is a near-duplicate at KB_DUPLICATE_COSINE
-    assert result["warnings"] == []
+    assert result.warnings == ()
     # only the edited page's chunks were embedded again; the others' e5 vectors were copied from live, or kept
     # where the build's slot held them already (the version model's difference)
-    build = result["build"]
-    assert 0 < result["chunks"]["embedded"] < build["copied"] + build.get("kept", 0) and live_version(e5_deps) > before
+    build = result.build
+    assert 0 < result.chunks.embedded < build.copied + build.kept and live_version(e5_deps) > before
 
 
 def test_near_copies_of_a_page_are_named_as_duplicates_with_the_threshold_calibrated_on_e5(e5_deps: Deps) -> None:
@@ -266,8 +266,8 @@ def test_near_copies_of_a_page_are_named_as_duplicates_with_the_threshold_calibr
     write_doc(e5_deps.settings.root, "return-policy-faq", text.replace("退换货政策", "退货常见问题").replace(
         "制定以下退换货政策。", "制定以下退换货政策。如有疑问，请联系在线客服。"))
     result = run_reindex(e5_deps)
-    duplicates = [w for w in result["warnings"] if w["kind"] == "duplicate"]
-    assert {(w["knowledge_key"], w["other_key"]) for w in duplicates if w["other_key"] == "return-policy"} == {
+    duplicates = [w for w in result.warnings if w.kind == "duplicate"]
+    assert {(w.knowledge_key, w.other_key) for w in duplicates if w.other_key == "return-policy"} == {
         ("return-policy-2026", "return-policy"), ("return-policy-faq", "return-policy")}
-    assert all(w["score"] >= e5_deps.settings.duplicate_cosine == 0.975 for w in duplicates if "score" in w)
-    assert all("return-policy-" in w["knowledge_key"] + w["other_key"] for w in duplicates), duplicates
+    assert all(w.score >= e5_deps.settings.duplicate_cosine == 0.975 for w in duplicates if w.score is not None)
+    assert all("return-policy-" in w.knowledge_key + w.other_key for w in duplicates), duplicates

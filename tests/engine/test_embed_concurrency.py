@@ -326,7 +326,7 @@ def test_a_build_over_two_servers_with_concurrency_equals_the_serial_build(proje
         client = QdrantClient(":memory:")
         deps = Deps(settings=settings, state=StateStore(settings.state_url), store=KnowledgeStore(client))
         try:
-            assert run_reindex(deps)["outcome"] == "promoted"
+            assert run_reindex(deps).outcome == "promoted"
             target = deps.store.alias_target(alias)
             records, _ = client.scroll(target, limit=10_000, with_vectors=True)
             return {str(r.id): r.vector for r in records}  # type: ignore[misc]

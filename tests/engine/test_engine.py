@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 from conftest import write_doc
-from kb_reindex.run.pipeline import run_reindex
+from kb_reindex.run.pipeline import RunChunks, run_reindex
 from kb_reindex.run.runs import run_rollback
 from kb_reindex.services.embedding import HashingEmbedder
 from kb_reindex.domain.errors import AliasMovedError, StateDriftError
-from kb_reindex.domain.planning import Plan
+from kb_reindex.domain.planning import ChunkCounts, DocCounts, Plan
 from kb_reindex.services.runtime import Deps
 from kb_reindex.services.state.versions import VersionRecord
 from kb_reindex.run.status import status_view
@@ -75,22 +75,22 @@ def payloads(deps: Deps, collection: str) -> dict[str, dict]:
 
 def test_first_run_builds_validates_and_promotes(deps: Deps, counting: CountingEmbedder) -> None:
     result = run_reindex(deps)
-    assert result["outcome"] == "promoted", result["error"]
-    assert result["version"] == 1
-    assert result["collection"] == "mall_knowledge__hashing-ngram-v1__s1"
-    assert result["docs"] == {"added": 6, "changed": 0, "unchanged": 0, "removed": 0}
-    total = result["chunks"]["total"]
-    assert result["chunks"] == {"total": total, "embedded": total, "copied": 0, "skipped": 0,
-                                "planned_embed": total, "planned_reuse": 0}
+    assert result.outcome == "promoted", result.error
+    assert result.version == 1
+    assert result.collection == "mall_knowledge__hashing-ngram-v1__s1"
+    assert result.docs == DocCounts(added=6, changed=0, unchanged=0, removed=0)
+    total = result.chunks.total
+    assert result.chunks == RunChunks(total=total, embedded=total, copied=0, skipped=0,
+                                      planned_embed=total, planned_reuse=0)
     assert counting.texts == total
-    assert deps.store.alias_target("mall_knowledge") == result["collection"]
-    assert deps.store.count(result["collection"]) == total
-    assert result["validation"]["passed"] and result["validation"]["hit_rate"] >= 0.9
-    sample = next(iter(payloads(deps, result["collection"]).values()))
+    assert deps.store.alias_target("mall_knowledge") == result.collection
+    assert deps.store.count(result.collection) == total
+    assert result.validation.passed and result.validation.hit_rate >= 0.9
+    sample = next(iter(payloads(deps, result.collection).values()))
     assert set(sample) >= {"text", "knowledge_key", "source", "title", "category", "section", "tenant", "chunk_index",
                            "chunk_hash", "content_hash", "embed_model", "chunking_version", "version"}
-    assert Path(result["validation"]["report"]).is_file()
-    assert Path(result["validation"]["report"]).with_suffix(".csv").is_file()
+    assert Path(result.validation.report).is_file()
+    assert Path(result.validation.report).with_suffix(".csv").is_file()
     [event] = deps.state.alias_events("mall_knowledge")
     assert (event.action, event.from_version, event.to_version) == ("promote", None, 1)
 
@@ -106,9 +106,9 @@ def test_second_run_without_changes_writes_nothing(deps: Deps, counting: Countin
 
     monkeypatch.setattr(deps.state, "manifest_reuse_map", no_chunk_rows)
     result = run_reindex(deps)
-    assert result["outcome"] == "no_change" and result["version"] == 1
-    total = first["chunks"]["total"]
-    assert result["plan"]["chunks"] == {"total": total, "embedded": 0, "reused": total}
+    assert result.outcome == "no_change" and result.version == 1
+    total = first.chunks.total
+    assert result.plan.chunks == ChunkCounts(total=total, embedded=0, reused=total)
     assert counting.texts == 0
     assert {c.name for c in deps.store.client.get_collections().collections} == collections_before
     assert [v.version for v in deps.state.list_versions("mall_knowledge")] == [1]
@@ -116,7 +116,7 @@ def test_second_run_without_changes_writes_nothing(deps: Deps, counting: Countin
 
 def test_edit_add_delete_embeds_exactly_the_new_chunks(deps: Deps, counting: CountingEmbedder) -> None:
     first = run_reindex(deps)
-    old_points = payloads(deps, first["collection"])
+    old_points = payloads(deps, first.collection)
     path = docs(deps) / "coupon-rules.md"
     path.write_text(path.read_text(encoding="utf-8") + "\n\n## 新增规则\n\n节日期间发放的专属优惠券仅限当月使用。\n", encoding="utf-8")
     write_doc(deps.settings.root, "gift-card", "---\ntitle: 礼品卡说明\ncategory: 支付\n---\n# 礼品卡说明\n\n## 使用\n\n礼品卡可以在结算时抵扣全部金额，不找零。\n")
@@ -125,27 +125,27 @@ def test_edit_add_delete_embeds_exactly_the_new_chunks(deps: Deps, counting: Cou
     counting.texts = 0
 
     result = run_reindex(deps)
-    assert result["outcome"] == "promoted", result["error"]
-    assert result["docs"] == {"added": 1, "changed": 1, "unchanged": 4, "removed": 1}
-    new_points = payloads(deps, result["collection"])
+    assert result.outcome == "promoted", result.error
+    assert result.docs == DocCounts(added=1, changed=1, unchanged=4, removed=1)
+    new_points = payloads(deps, result.collection)
     old_hashes = {p["chunk_hash"] for p in old_points.values()}
     fresh = [p for p in new_points.values() if p["chunk_hash"] not in old_hashes]
-    assert result["chunks"]["embedded"] == len(fresh) == counting.texts
-    assert result["chunks"]["copied"] == len(new_points) - len(fresh)
-    assert result["chunks"]["copied"] > 0
+    assert result.chunks.embedded == len(fresh) == counting.texts
+    assert result.chunks.copied == len(new_points) - len(fresh)
+    assert result.chunks.copied > 0
     # unchanged chunks keep their point IDs and their exact vectors
     kept = set(old_points) & set(new_points)
-    assert len(kept) == result["chunks"]["copied"]
+    assert len(kept) == result.chunks.copied
     some_id = sorted(kept)[0]
-    old_vec = deps.store.retrieve(first["collection"], [some_id], vectors=True)[0].vector
-    new_vec = deps.store.retrieve(result["collection"], [some_id], vectors=True)[0].vector
+    old_vec = deps.store.retrieve(first.collection, [some_id], vectors=True)[0].vector
+    new_vec = deps.store.retrieve(result.collection, [some_id], vectors=True)[0].vector
     assert old_vec == new_vec
     # the deleted document is absent from the new version, still present in the old one (rollback)
     assert not any(p["knowledge_key"] == "member-rules" for p in new_points.values())
     assert any(p["knowledge_key"] == "member-rules" for p in old_points.values())
     assert {p["version"] for p in new_points.values()} == {2}
     assert deps.state.get_version("mall_knowledge", 1).status == "retired"
-    assert deps.store.exists(first["collection"])
+    assert deps.store.exists(first.collection)
 
 
 def test_failed_golden_set_leaves_the_alias_and_marks_the_version(deps: Deps, counting: CountingEmbedder) -> None:
@@ -153,10 +153,10 @@ def test_failed_golden_set_leaves_the_alias_and_marks_the_version(deps: Deps, co
     # replace the return policy with unrelated text: its probes can no longer hit
     (docs(deps) / "return-policy.md").write_text("# 退换货政策\n\n本页面正在维护中。\n", encoding="utf-8")
     result = run_reindex(deps)
-    assert result["outcome"] == "failed"
-    assert "failed validation" in result["error"]
-    assert result["validation"]["regressions"] > 0
-    assert deps.store.alias_target("mall_knowledge") == first["collection"]
+    assert result.outcome == "failed"
+    assert "failed validation" in result.error
+    assert result.validation.regressions > 0
+    assert deps.store.alias_target("mall_knowledge") == first.collection
     failed = deps.state.get_version("mall_knowledge", 2)
     assert failed.status == "failed" and failed.failed_step == "validate" and "regression" in failed.error
     assert deps.state.live_version("mall_knowledge").version == 1
@@ -169,8 +169,8 @@ def test_probe_naming_a_missing_document_fails_with_its_id(deps: Deps, counting:
     run_reindex(deps)
     (docs(deps) / "payment-guide.md").unlink()
     result = run_reindex(deps)
-    assert result["outcome"] == "failed"
-    assert "payment-guide" in result["error"] and "not in the corpus" in result["error"]
+    assert result.outcome == "failed"
+    assert "payment-guide" in result.error and "not in the corpus" in result.error
     assert deps.state.live_version("mall_knowledge").version == 1
 
 
@@ -205,7 +205,7 @@ def test_rerun_after_embedder_crash_resumes_without_duplicates_or_repeated_embed
     deps.settings = deps.settings.__class__(**{**deps.settings.__dict__, "embed_batch_size": 8})
     counting.fail_after_batches = 3
     crashed = run_reindex(deps)
-    assert crashed["outcome"] == "failed" and "embedder crashed" in crashed["error"]
+    assert crashed.outcome == "failed" and "embedder crashed" in crashed.error
     assert deps.store.alias_target("mall_knowledge") is None
     version = deps.state.get_version("mall_knowledge", 1)
     assert version.status == "failed" and version.failed_step == "build"
@@ -215,19 +215,19 @@ def test_rerun_after_embedder_crash_resumes_without_duplicates_or_repeated_embed
     counting.fail_after_batches = None
     counting.texts = 0
     result = run_reindex(deps)
-    assert result["outcome"] == "promoted", result["error"]
-    assert result["version"] == 1, "the unfinished version is resumed, not replaced"
-    assert counting.texts == result["chunks"]["total"] - written
-    assert deps.store.count(result["collection"]) == result["chunks"]["total"]
+    assert result.outcome == "promoted", result.error
+    assert result.version == 1, "the unfinished version is resumed, not replaced"
+    assert counting.texts == result.chunks.total - written
+    assert deps.store.count(result.collection) == result.chunks.total
 
 
 def test_a_run_failing_on_its_first_embed_batch_reports_nothing_embedded(deps: Deps, counting: CountingEmbedder) -> None:
     counting.fail_after_batches = 0
     failed = run_reindex(deps)
-    assert failed["outcome"] == "failed" and "embedder crashed" in failed["error"]
-    total = failed["chunks"]["total"]
-    assert failed["chunks"] == {"total": total, "embedded": 0, "copied": 0, "skipped": 0,
-                                "planned_embed": total, "planned_reuse": 0}
+    assert failed.outcome == "failed" and "embedder crashed" in failed.error
+    total = failed.chunks.total
+    assert failed.chunks == RunChunks(total=total, embedded=0, copied=0, skipped=0,
+                                      planned_embed=total, planned_reuse=0)
     row = deps.state.list_runs("mall_knowledge")[0]
     assert (row.outcome, row.chunks_embedded, row.chunks_reused) == ("failed", 0, 0)
 
@@ -236,15 +236,15 @@ def test_a_resumed_run_reports_what_it_did_not_what_was_planned(deps: Deps, coun
     deps.settings = deps.settings.__class__(**{**deps.settings.__dict__, "embed_batch_size": 8})
     counting.fail_after_batches = 3
     failed = run_reindex(deps)
-    assert failed["outcome"] == "failed" and failed["chunks"]["embedded"] == 24
+    assert failed.outcome == "failed" and failed.chunks.embedded == 24
     assert deps.state.list_runs("mall_knowledge")[0].chunks_embedded == 24
 
     counting.fail_after_batches = None
     resumed = run_reindex(deps)
-    total = resumed["chunks"]["total"]
-    assert resumed["outcome"] == "promoted" and resumed["version"] == 1
-    assert resumed["chunks"] == {"total": total, "embedded": total - 24, "copied": 0, "skipped": 24,
-                                 "planned_embed": total, "planned_reuse": 0}
+    total = resumed.chunks.total
+    assert resumed.outcome == "promoted" and resumed.version == 1
+    assert resumed.chunks == RunChunks(total=total, embedded=total - 24, copied=0, skipped=24,
+                                       planned_embed=total, planned_reuse=0)
     row = deps.state.list_runs("mall_knowledge")[0]
     assert (row.outcome, row.chunks_embedded, row.chunks_reused) == ("promoted", total - 24, 0)
 
@@ -281,20 +281,20 @@ def test_rerun_result_equals_a_clean_run(deps: Deps, counting: CountingEmbedder,
     clean_settings = settings.__class__(**{**settings.__dict__, "state_url": f"sqlite:///{tmp_path}/clean.db"})
     clean = Deps(settings=clean_settings, state=StateStore(clean_settings.state_url), store=KnowledgeStore(QdrantClient(":memory:")))
     fresh = run_reindex(clean)
-    assert payloads(deps, resumed["collection"]) == payloads(clean, fresh["collection"])
+    assert payloads(deps, resumed.collection) == payloads(clean, fresh.collection)
 
 
 def test_force_full_reuses_nothing(deps: Deps, counting: CountingEmbedder) -> None:
     first = run_reindex(deps)
     counting.texts = 0
     result = run_reindex(deps, force_full=True)
-    assert result["outcome"] == "promoted"
-    assert result["chunks"]["copied"] == 0 and counting.texts == first["chunks"]["total"]
+    assert result.outcome == "promoted"
+    assert result.chunks.copied == 0 and counting.texts == first.chunks.total
 
 
 def test_dry_run_writes_no_version_or_collection(deps: Deps, counting: CountingEmbedder) -> None:
     result = run_reindex(deps, dry_run=True)
-    assert result["outcome"] == "dry_run" and result["docs"]["added"] == 6
+    assert result.outcome == "dry_run" and result.docs.added == 6
     assert deps.state.list_versions("mall_knowledge") == []
     assert deps.store.client.get_collections().collections == []
 
@@ -303,17 +303,17 @@ def test_bad_document_fails_the_run_and_live_keeps_serving(deps: Deps, counting:
     first = run_reindex(deps)
     (docs(deps) / "broken.md").write_bytes(b"\xff\xfe\x00bad")
     result = run_reindex(deps)
-    assert result["outcome"] == "failed" and "broken.md" in result["error"]
-    assert deps.store.alias_target("mall_knowledge") == first["collection"]
+    assert result.outcome == "failed" and "broken.md" in result.error
+    assert deps.store.alias_target("mall_knowledge") == first.collection
     assert len(deps.state.list_versions("mall_knowledge")) == 1
 
 
 def test_drifted_live_collection_blocks_the_plan(deps: Deps, counting: CountingEmbedder) -> None:
     first = run_reindex(deps)
-    some_id = next(iter(payloads(deps, first["collection"])))
-    deps.store.client.delete(first["collection"], points_selector=[some_id])
+    some_id = next(iter(payloads(deps, first.collection)))
+    deps.store.client.delete(first.collection, points_selector=[some_id])
     result = run_reindex(deps, force_full=True)
-    assert result["outcome"] == "failed" and "manifest lists" in result["error"]
+    assert result.outcome == "failed" and "manifest lists" in result.error
     assert status_view(deps).to_dict()["problems"]
 
 
@@ -326,7 +326,7 @@ def test_alias_moved_back_by_hand_is_recorded_as_a_rollback_never_by_reconcile(d
         (docs(deps) / "coupon-rules.md").read_text(encoding="utf-8") + "\n\n补充条款。\n", encoding="utf-8")
     second = run_reindex(deps)
     # the alias moved back by hand (or by a rollback that crashed before its state write)
-    deps.store.swap_alias("mall_knowledge", to="mall_knowledge__hashing-ngram-v1__s1", expected_from=second["collection"])
+    deps.store.swap_alias("mall_knowledge", to="mall_knowledge__hashing-ngram-v1__s1", expected_from=second.collection)
     with pytest.raises(StateDriftError, match="rollback --to-version 1"):
         from kb_reindex.steps.plan import plan
 
@@ -349,7 +349,7 @@ def test_alias_moved_forward_before_the_state_write_is_reconciled(deps: Deps, co
     (docs(deps) / "coupon-rules.md").write_text(
         (docs(deps) / "coupon-rules.md").read_text(encoding="utf-8") + "\n\n补充条款。\n", encoding="utf-8")
     monkeypatch.setattr(deps.state, "record_switch", lambda **_: (_ for _ in ()).throw(RuntimeError("crash")))
-    assert run_reindex(deps)["outcome"] == "failed"
+    assert run_reindex(deps).outcome == "failed"
     monkeypatch.undo()
     assert deps.store.alias_target("mall_knowledge").endswith("__s2")
     with pytest.raises(StateDriftError, match="kb-reindex reconcile"):
@@ -384,15 +384,15 @@ def test_two_runs_never_take_the_same_version_number(deps: Deps, counting: Count
     assert c.resumed and c.version == a.version
 
 
-def test_reports_written_as_markdown_csv_and_html_with_a_plot(deps: Deps, counting: CountingEmbedder) -> None:
+def test_reports_written_as_markdown_csv_and_html_with_a_chart(deps: Deps, counting: CountingEmbedder) -> None:
     run_reindex(deps)
     (docs(deps) / "coupon-rules.md").write_text(
         (docs(deps) / "coupon-rules.md").read_text(encoding="utf-8") + "\n\n补充：券不退现。\n", encoding="utf-8")
     result = run_reindex(deps)
-    folder = Path(result["validation"]["report"]).parent
+    folder = Path(result.validation.report).parent
     assert folder.name == "v2"
     html = (folder / "validation.html").read_text(encoding="utf-8")
-    assert "data:image/png;base64," in html and "return-window" in html
+    assert '<svg id="scores"' in html and "<polyline" in html and "return-window" in html
     markdown = (folder / "validation.md").read_text(encoding="utf-8")
     assert "| probe | query | expected | rank_live | rank_candidate | hit | regression |" in markdown
     import pandas as pd
@@ -432,9 +432,9 @@ def test_status_reports_metrics(deps: Deps, counting: CountingEmbedder) -> None:
     second = run_reindex(deps)
     metrics = status_view(deps).to_dict()["metrics"]
     assert metrics["runs"] == 2 and metrics["run_success_rate"] == 1.0
-    assert metrics["last_changed_chunks"] == second["chunks"]["embedded"]
-    total = second["chunks"]["embedded"] + second["chunks"]["copied"]
-    assert metrics["last_embedding_reuse_rate"] == round(second["chunks"]["copied"] / total, 4)
+    assert metrics["last_changed_chunks"] == second.chunks.embedded
+    total = second.chunks.embedded + second.chunks.copied
+    assert metrics["last_embedding_reuse_rate"] == round(second.chunks.copied / total, 4)
     assert metrics["last_source_to_searchable_s"] is not None and metrics["last_source_to_searchable_s"] >= 0
 
 
@@ -629,7 +629,7 @@ def test_an_unchanged_corpus_is_recognised_without_reading_a_file(deps: Deps, co
     past = time.time() - 60
     for path in docs(deps).rglob("*.md"):
         os.utime(path, (past, past))
-    assert run_reindex(deps)["outcome"] == "promoted"
+    assert run_reindex(deps).outcome == "promoted"
     reads: list[str] = []
     real_read = corpus.read_bytes
 
@@ -640,13 +640,13 @@ def test_an_unchanged_corpus_is_recognised_without_reading_a_file(deps: Deps, co
     monkeypatch.setattr(corpus, "read_bytes", read_bytes)
     monkeypatch.setattr("kb_reindex.services.sources.read_bytes", read_bytes)
     quiet = run_reindex(deps)
-    assert quiet["outcome"] == "no_change" and reads == []
-    assert quiet["chunks"]["total"] == deps.state.live_version("mall_knowledge").points_expected
+    assert quiet.outcome == "no_change" and reads == []
+    assert quiet.chunks.total == deps.state.live_version("mall_knowledge").points_expected
 
     path = docs(deps) / "shipping-policy.md"
     path.write_text(path.read_text(encoding="utf-8") + "\n\n补充：偏远地区另行通知。\n", encoding="utf-8")
     changed = run_reindex(deps)
-    assert changed["outcome"] == "promoted" and changed["docs"]["changed"] == 1
+    assert changed.outcome == "promoted" and changed.docs.changed == 1
 
 
 def test_a_file_modified_within_the_recording_tick_is_hashed_again(tmp_path: Path) -> None:
@@ -690,22 +690,27 @@ def test_live_is_searched_again_only_when_the_golden_set_changed(deps: Deps, cou
     from kb_reindex.steps.golden import load_golden_set
 
     first = run_reindex(deps)
-    searched: list[str] = []
-    real_search = type(deps.store).search
+    searched: list[str] = []  # a collection's name once per probe searched in it, one by one or in a batch
+    real_search, real_many = type(deps.store).search, type(deps.store).search_many
 
     def search(self, name: str, vector, **kwargs):
         searched.append(name)
         return real_search(self, name, vector, **kwargs)
 
+    def search_many(self, name: str, queries, **kwargs):
+        searched.extend([name] * len(queries))
+        return real_many(self, name, queries, **kwargs)
+
     monkeypatch.setattr(type(deps.store), "search", search)
+    monkeypatch.setattr(type(deps.store), "search_many", search_many)
     (docs(deps) / "shipping-policy.md").write_text(
         (docs(deps) / "shipping-policy.md").read_text(encoding="utf-8") + "\n\n补充：偏远地区另行通知。\n", encoding="utf-8")
     second = run_reindex(deps)
-    assert second["outcome"] == "promoted"
-    assert searched.count(first["collection"]) == 1, "one spot check of the recorded ranks, not every probe"
-    assert second["collection"] in searched
+    assert second.outcome == "promoted"
+    assert searched.count(first.collection) == 1, "one spot check of the recorded ranks, not every probe"
+    assert second.collection in searched
     recorded = deps.state.get_version("mall_knowledge", 1).validation
-    assert second["validation"]["live_hit_rate"] == recorded["hit_rate"]
+    assert second.validation.live_hit_rate == recorded["hit_rate"]
 
     golden = deps.settings.golden_set
     golden.write_text(golden.read_text(encoding="utf-8").replace("k: 4", "k: 5"), encoding="utf-8")
@@ -713,9 +718,9 @@ def test_live_is_searched_again_only_when_the_golden_set_changed(deps: Deps, cou
         (docs(deps) / "shipping-policy.md").read_text(encoding="utf-8") + "\n\n补充：港澳台另计。\n", encoding="utf-8")
     searched.clear()
     third = run_reindex(deps)
-    assert third["outcome"] == "promoted"
+    assert third.outcome == "promoted"
     probes = len(load_golden_set(golden).probes)
-    assert searched.count(second["collection"]) == probes, "another k: live is scored again, every probe"
+    assert searched.count(second.collection) == probes, "another k: live is scored again, every probe"
 
 
 def test_a_build_slice_adds_only_what_it_wrote_and_validation_records_the_count(deps: Deps, counting: CountingEmbedder) -> None:
@@ -765,7 +770,7 @@ def test_rollback_and_retention_need_no_chunk_text(deps: Deps, counting: Countin
     run_reindex(deps)
     path = docs(deps) / "coupon-rules.md"
     path.write_text(path.read_text(encoding="utf-8") + "\n\n补充：券不可转让。\n", encoding="utf-8")
-    assert run_reindex(deps)["outcome"] == "promoted"
+    assert run_reindex(deps).outcome == "promoted"
     with deps.state.engine.begin() as conn:
         conn.execute(chunk_texts.delete())
     rolled = run_rollback(deps, reason="texts are gone")

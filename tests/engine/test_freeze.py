@@ -110,22 +110,22 @@ def test_a_freeze_waits_for_an_alias_move_in_progress(tmp_path: Path) -> None:
 
 
 def test_a_frozen_alias_builds_but_promotes_nothing_until_unfrozen(deps: Deps) -> None:
-    assert run_reindex(deps)["outcome"] == "promoted"
+    assert run_reindex(deps).outcome == "promoted"
     deps.state.freeze(ALIAS, reason="refund period incident", by="oncall@host")
     edit(deps.settings.root)
 
     result = run_reindex(deps)
-    assert (result["outcome"], result["version"], result["error"]) == ("frozen", 2, None)
-    message = result["frozen"]["message"]
+    assert (result.outcome, result.version, result.error) == ("frozen", 2, None)
+    message = result.frozen.message
     assert message.startswith(f"{ALIAS} is frozen since ") and "by oncall@host: refund period incident" in message
     assert "v2 built and kept unpromoted; `kb-reindex unfreeze` then `kb-reindex promote --version 2`" in message
-    assert result["validation"]["passed"]
+    assert result.validation.passed
     assert statuses(deps) == {1: "live", 2: "ready"} and deps.store.alias_target(ALIAS).endswith("__s1")
     assert deps.state.list_runs(ALIAS, limit=1)[0].outcome == "frozen"
 
     # a migration and an explicit shadow promotion are held the same way
     migrated = run_reindex(deps, kind="migration", embedder="hashing", model="hashing-freeze-v2")
-    assert migrated["outcome"] == "frozen" and statuses(deps)[migrated["version"]] == "ready"
+    assert migrated.outcome == "frozen" and statuses(deps)[migrated.version] == "ready"
     with pytest.raises(AliasFrozen, match="promote --version 2"):
         promote_shadow(deps, 2, expected_live=1)
     assert deps.store.alias_target(ALIAS).endswith("__s1")
@@ -265,26 +265,26 @@ def local_deps(settings: Any) -> Iterator[Deps]:
 
 def test_a_reindex_keeps_the_layout_a_migration_set(local_deps: Deps) -> None:
     deps = local_deps
-    assert run_reindex(deps)["outcome"] == "promoted"
+    assert run_reindex(deps).outcome == "promoted"
     migrated = run_reindex(deps, kind="migration", embedder="hashing", model="hashing-layout-v2",
                                   layout="llamaindex")
-    assert migrated["outcome"] == "promoted", migrated["error"]
+    assert migrated.outcome == "promoted", migrated.error
     assert deps.state.live_version(ALIAS).payload_layout == "llamaindex"
 
     # KB_PAYLOAD_LAYOUT says native (the default): reported, not obeyed
     assert deps.settings.payload_layout == "native"
     edit(deps.settings.root)
     kept = run_reindex(deps)
-    assert kept["outcome"] == "promoted", kept["error"]
-    assert deps.state.get_version(ALIAS, kept["version"]).payload_layout == "llamaindex"
-    assert kept["chunks"]["embedded"] < kept["chunks"]["total"], "live's vectors are copied"
+    assert kept.outcome == "promoted", kept.error
+    assert deps.state.get_version(ALIAS, kept.version).payload_layout == "llamaindex"
+    assert kept.chunks.embedded < kept.chunks.total, "live's vectors are copied"
     assert any("KB_PAYLOAD_LAYOUT=native differs from the layout live v2 serves (llamaindex); kept llamaindex" in n
-               for n in kept["notes"]), kept["notes"]
-    assert run_reindex(deps)["outcome"] == "no_change", "an unchanged folder is no change"
+               for n in kept.plan.notes), kept.plan.notes
+    assert run_reindex(deps).outcome == "no_change", "an unchanged folder is no change"
 
     # changing it is explicit
     changed = run_reindex(deps, layout="native")
-    assert changed["outcome"] == "promoted" and changed["chunks"]["embedded"] == 0
+    assert changed.outcome == "promoted" and changed.chunks.embedded == 0
     assert deps.state.live_version(ALIAS).payload_layout == "native"
 
 
@@ -310,15 +310,15 @@ def test_cli_run_layout_changes_it_and_a_differing_setting_is_reported(project: 
 
 def test_a_migration_asking_a_dimension_the_server_does_not_answer_is_refused_at_plan(local_deps: Deps) -> None:
     deps = local_deps
-    assert run_reindex(deps)["outcome"] == "promoted"
+    assert run_reindex(deps).outcome == "promoted"
     with FakeOllamaServer([FakeModel(name="bge-m3", dim=1024)]) as ollama:
         settings = replace(deps.settings, ollama_host=ollama.url)
         result = run_reindex(replace(deps, settings=settings), kind="migration", embedder="ollama",
                                     model="bge-m3", dim=768)
         requests = ollama.embed_requests
-    assert (result["outcome"], result["error_kind"], result["version"]) == ("failed", "config", None)
-    assert "model 'bge-m3' answers 1024-d vectors, but the migration's dimension" in result["error"]
-    assert "asks for 768" in result["error"]
+    assert (result.outcome, result.error_kind, result.version) == ("failed", "config", None)
+    assert "model 'bge-m3' answers 1024-d vectors, but the migration's dimension" in result.error
+    assert "asks for 768" in result.error
     assert requests == 1, "one probe, nothing embedded"
     assert statuses(deps) == {1: "live"}, "no version was created"
 
@@ -383,19 +383,19 @@ def test_a_version_qdrant_refused_to_serve_is_promoted_by_the_next_run_embedding
 
 def test_a_ready_version_whose_base_is_no_longer_live_is_not_picked_up(local_deps: Deps) -> None:
     deps = local_deps
-    assert run_reindex(deps)["outcome"] == "promoted"
+    assert run_reindex(deps).outcome == "promoted"
     edit(deps.settings.root, "coupon-rules", "\n\n补充：仅限线上。\n")
-    assert run_reindex(deps)["version"] == 2
+    assert run_reindex(deps).version == 2
     edit(deps.settings.root)
     shadow = run_reindex(deps, promote_version=False)
-    assert (shadow["outcome"], shadow["version"]) == ("shadow", 3)
+    assert (shadow.outcome, shadow.version) == ("shadow", 3)
     # the same plan: picked up, nothing embedded, no new version
     picked = run_reindex(deps)
-    assert (picked["outcome"], picked["version"], picked["chunks"]["embedded"]) == ("promoted", 3, 0)
+    assert (picked.outcome, picked.version, picked.chunks.embedded) == ("promoted", 3, 0)
     # v4 planned on v3 and kept ready; then v3 is rolled back: v4's base is not live, v4 is not taken
     edit(deps.settings.root, "coupon-rules", "\n\n补充：不可转让。\n")
-    assert run_reindex(deps, promote_version=False)["version"] == 4
+    assert run_reindex(deps, promote_version=False).version == 4
     run_rollback(deps, reason="v3 is wrong")
     after = run_reindex(deps)
-    assert after["outcome"] == "promoted" and after["version"] == 5
+    assert after.outcome == "promoted" and after.version == 5
     assert deps.state.get_version(ALIAS, 4).status == "ready"

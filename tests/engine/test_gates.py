@@ -40,8 +40,8 @@ def set_golden(deps: Deps, **fields: object) -> None:
 
 def test_a_category_that_loses_its_probes_fails_the_gate_while_the_totals_pass(deps: Deps) -> None:
     first = run_reindex(deps)
-    assert first["outcome"] == "promoted"
-    member = next(c for c in first["validation"]["by_category"] if c["category"] == "会员")
+    assert first.outcome == "promoted"
+    member = next(c for c in first.validation.by_category if c["category"] == "会员")
     assert member["probes"] == 7 and member["hit_rate"] == 1.0
     # totals and the regression count leave room for 7 lost probes; the paired test is set aside here
     set_golden(deps, min_hit_rate=0.5, min_mrr=0.3, max_regressions=10, max_category_drop=0.2, paired_alpha=1e-9)
@@ -50,23 +50,23 @@ def test_a_category_that_loses_its_probes_fails_the_gate_while_the_totals_pass(d
               "---\ntitle: 会员规则\ncategory: 会员\ntenant: default\n---\n\n# 会员规则\n\n本页正在整理中。\n")
     second = run_reindex(deps)
 
-    assert second["outcome"] == "failed"
-    v = second["validation"]
-    assert v["hit_rate"] >= 0.5 and v["mrr"] >= 0.3 and 0 < v["regressions"] <= 10  # the totals pass
-    assert len(v["failures"]) == 1 and v["failures"][0].startswith("category 会员:")
-    rows = {c["category"]: c for c in v["by_category"]}
+    assert second.outcome == "failed"
+    v = second.validation
+    assert v.hit_rate >= 0.5 and v.mrr >= 0.3 and 0 < v.regressions <= 10  # the totals pass
+    assert len(v.failures) == 1 and v.failures[0].startswith("category 会员:")
+    rows = {c["category"]: c for c in v.by_category}
     assert rows["会员"]["dropped"] and rows["会员"]["hit_rate_drop"] > 0.2 and rows["会员"]["lost"]
     assert not any(r["dropped"] for name, r in rows.items() if name != "会员")
     assert deps.state.live_version(ALIAS).version == 1  # the alias did not move
-    html = (Path(v["report"]).with_suffix(".html")).read_text(encoding="utf-8")
+    html = (Path(v.report).with_suffix(".html")).read_text(encoding="utf-8")
     assert "Categories" in html and "会员" in html and "Paired comparison with live" in html
-    md = Path(v["report"]).read_text(encoding="utf-8")
+    md = Path(v.report).read_text(encoding="utf-8")
     assert "## Categories" in md and "sign test" in md
 
     # the same edit with the margin wide open passes: the category gate alone refused it (the emptied page's
     # content loss, held for a person otherwise, is approved here as the paired test is set aside)
     set_golden(deps, max_category_drop=1.0, max_shrink=1.0)
-    assert run_reindex(deps)["outcome"] == "promoted"
+    assert run_reindex(deps).outcome == "promoted"
 
 
 def test_probe_category_can_be_named_in_the_golden_set(deps: Deps) -> None:
@@ -74,7 +74,7 @@ def test_probe_category_can_be_named_in_the_golden_set(deps: Deps) -> None:
     data["probes"][0]["category"] = "退货时效"
     deps.settings.golden_set.write_text(yaml.safe_dump(data, allow_unicode=True), encoding="utf-8")
     result = run_reindex(deps)
-    rows = {c["category"]: c for c in result["validation"]["by_category"]}
+    rows = {c["category"]: c for c in result.validation.by_category}
     assert rows["退货时效"]["probes"] == 1
     assert rows["售后"]["probes"] == 14  # the other return and after-sales probes keep their documents' category
 
@@ -128,17 +128,17 @@ def test_paired_comparison_separates_a_pattern_from_one_probe() -> None:
 
 
 def test_candidate_worse_than_live_by_the_sign_test_fails_even_within_the_thresholds(deps: Deps) -> None:
-    assert run_reindex(deps)["outcome"] == "promoted"
+    assert run_reindex(deps).outcome == "promoted"
     # thresholds, regressions and categories all leave room; only the paired test remains to decide
     set_golden(deps, min_hit_rate=0.0, min_mrr=0.0, max_regressions=45, max_category_drop=1.0, paired_alpha=0.05)
     for key in ("member-rules", "coupon-rules", "payment-guide"):
         write_doc(deps.settings.root, key, f"---\ntitle: {key}\ncategory: 其他\ntenant: default\n---\n\n"
                                                    f"# {key}\n\n本页正在整理中。\n")
     result = run_reindex(deps)
-    paired = result["validation"]["paired"]
-    assert result["outcome"] == "failed" and paired["significant_worse"] and paired["worse"] > paired["better"]
-    assert [f for f in result["validation"]["failures"] if f.startswith("paired sign test:")]
-    assert len(result["validation"]["failures"]) == 1
+    paired = result.validation.paired
+    assert result.outcome == "failed" and paired["significant_worse"] and paired["worse"] > paired["better"]
+    assert [f for f in result.validation.failures if f.startswith("paired sign test:")]
+    assert len(result.validation.failures) == 1
 
 
 # --- pins ------------------------------------------------------------------------------------------
@@ -146,12 +146,12 @@ def test_candidate_worse_than_live_by_the_sign_test_fails_even_within_the_thresh
 
 def test_a_pinned_version_survives_retention_and_drop_until_unpinned(deps: Deps) -> None:
     deps.settings = deps.settings.__class__(**{**deps.settings.__dict__, "keep_versions": 0})
-    assert run_reindex(deps)["outcome"] == "promoted"
+    assert run_reindex(deps).outcome == "promoted"
     pinned = pin_version(deps, 1, reason="known-good baseline before the spring sale", by="alice@test")
     assert pinned.pinned_by == "alice@test" and not pinned.already_pinned
     for number, text in enumerate(("补充一：优惠券不可兑换现金。", "补充二：大件商品送货上门。", "补充三：支持数字人民币。"), 2):
         edit(deps, "coupon-rules", text)
-        assert run_reindex(deps)["version"] == number  # each run's cleanup ran with keep=0
+        assert run_reindex(deps).version == number  # each run's cleanup ran with keep=0
     statuses = {v.version: v.status for v in deps.state.list_versions(ALIAS)}
     # without the pin v1 goes first (it did in the plain retention test); v2 is the oldest unpinned
     assert statuses == {4: "live", 3: "retired", 2: "deleted", 1: "retired"}
@@ -194,10 +194,10 @@ def _a_point(deps: Deps, collection: str) -> str:
 @pytest.mark.parametrize("damage", ["delete", "orphan", "swap"])
 def test_every_run_audits_live_and_status_reports_it(deps: Deps, damage: str) -> None:
     first = run_reindex(deps)
-    assert "audit" not in first  # nothing was live to audit
-    collection, total = first["collection"], first["chunks"]["total"]
+    assert first.plan.audit is None  # nothing was live to audit
+    collection, total = first.collection, first.chunks.total
     again = run_reindex(deps)
-    assert again["outcome"] == "no_change" and again["audit"]["missing"] == again["audit"]["orphans"] == 0
+    assert again.outcome == "no_change" and again.plan.audit.missing == again.plan.audit.orphans == 0
     assert status_view(deps).to_dict()["audit"]["expected"] == total
 
     if damage in ("delete", "swap"):
@@ -209,10 +209,10 @@ def test_every_run_audits_live_and_status_reports_it(deps: Deps, damage: str) ->
     result = run_reindex(deps)
     # a plan on a live version that lacks points is refused, as before; a count that still matches
     # (one deleted, one added) no longer hides it
-    assert result["outcome"] == "failed" and "nothing was changed" not in result["error"]
-    assert result["error"].startswith(f"live collection {collection} ")
+    assert result.outcome == "failed" and "nothing was changed" not in result.error
+    assert result.error.startswith(f"live collection {collection} ")
     if damage == "swap":
-        assert "lacks 1 of the points its manifest lists" in result["error"]
+        assert "lacks 1 of the points its manifest lists" in result.error
     missing, orphans = {"delete": (1, 0), "orphan": (0, 1), "swap": (1, 1)}[damage]
     audit = status_view(deps).to_dict()["audit"]
     assert (audit["missing"], audit["orphans"], audit["expected"]) == (missing, orphans, total)
@@ -348,7 +348,7 @@ def test_migrate_dry_run_times_one_real_batch_of_the_new_model(project: Path, mo
 def test_a_stored_validation_reads_back_as_the_same_record_and_an_older_one_still_loads(deps: Deps) -> None:
     """The `validation` column holds ValidationResult.to_dict(); from_dict gives back the same JSON, key for
     key. A record with keys missing (scores restored from collection metadata) loads, its unknown keys kept."""
-    assert run_reindex(deps)["outcome"] == "promoted"
+    assert run_reindex(deps).outcome == "promoted"
     stored = deps.state.live_version(ALIAS).validation
     result = ValidationResult.from_dict(stored)
     assert json.dumps(result.to_dict(), ensure_ascii=False) == json.dumps(stored, ensure_ascii=False)
@@ -376,13 +376,13 @@ def test_a_probe_naming_a_tenant_is_scored_with_its_filter_and_fails_when_its_pa
     data.update(max_regressions=45, min_hit_rate=0.5, min_mrr=0.3, max_category_drop=1.0, paired_alpha=1e-9)
     deps.settings.golden_set.write_text(yaml.safe_dump(data, allow_unicode=True), encoding="utf-8")
     shipping = [p["id"] for p in data["probes"] if p.get("tenant")]
-    assert run_reindex(deps)["outcome"] == "promoted"
+    assert run_reindex(deps).outcome == "promoted"
     path = deps.settings.knowledge_dir / "shipping-policy.md"
     path.write_text(path.read_text(encoding="utf-8").replace("tenant: default", "tenant: vip"), encoding="utf-8")
 
     result = run_reindex(deps)
-    assert result["outcome"] == "failed" and deps.state.live_version(ALIAS).version == 1
-    tenant_failures = [f for f in result["validation"]["failures"] if "(a tenant gate" in f]
+    assert result.outcome == "failed" and deps.state.live_version(ALIAS).version == 1
+    tenant_failures = [f for f in result.validation.failures if "(a tenant gate" in f]
     assert [f.split(" ")[1] for f in tenant_failures] == shipping
     assert all("its document shipping-policy is under tenant vip in v2 (tenant default in live v1)" in f
                for f in tenant_failures)
@@ -391,7 +391,7 @@ def test_a_probe_naming_a_tenant_is_scored_with_its_filter_and_fails_when_its_pa
     assert [w.to_dict() for w in record.warnings] == [{
         "kind": "tenant_changed", "knowledge_key": "shipping-policy", "line": None,
         "text": "tenant default in v1 -> vip here; a reader passing tenant default no longer finds it"}]
-    assert [w["kind"] for w in result["warnings"]] == ["tenant_changed"]
+    assert [w.kind for w in result.warnings] == ["tenant_changed"]
 
 
 def test_identical_and_near_identical_copies_are_named_as_duplicates_of_their_page(deps: Deps) -> None:
@@ -400,27 +400,27 @@ def test_identical_and_near_identical_copies_are_named_as_duplicates_of_their_pa
     shipped pages alone have none, and a later run that leaves the copies alone keeps the warnings."""
     set_golden(deps, max_regressions=45, min_hit_rate=0.3, min_mrr=0.2, max_category_drop=1.0, paired_alpha=1e-9)
     first = run_reindex(deps)
-    assert first["outcome"] == "promoted" and first["warnings"] == []
+    assert first.outcome == "promoted" and first.warnings == ()
     docs = deps.settings.knowledge_dir
     (docs / "coupon-copy.md").write_text((docs / "coupon-rules.md").read_text(encoding="utf-8"), encoding="utf-8")
     retitled = (docs / "return-policy.md").read_text(encoding="utf-8").replace("退换货政策", "退换货政策（新版）")
     (docs / "return-policy-copy.md").write_text(retitled, encoding="utf-8")
 
     result = run_reindex(deps)
-    assert result["outcome"] == "promoted", result["error"]
-    named = {(w["knowledge_key"], w["other_key"], "score" in w) for w in result["warnings"]}
+    assert result.outcome == "promoted", result.error
+    named = {(w.knowledge_key, w.other_key, w.score is not None) for w in result.warnings}
     assert named == {("coupon-copy", "coupon-rules", False), ("return-policy-copy", "return-policy", True)}
-    assert result["validation"]["warnings"] == result["warnings"]
-    assert "## Tenant changes and duplicates (2)" in Path(result["validation"]["report"]).read_text(encoding="utf-8")
-    near = next(w for w in result["warnings"] if "score" in w)
-    assert near["score"] >= deps.settings.duplicate_cosine and "nearly identical" in near["text"]
+    assert result.validation.warnings == result.warnings
+    assert "## Tenant changes and duplicates (2)" in Path(result.validation.report).read_text(encoding="utf-8")
+    near = next(w for w in result.warnings if w.score is not None)
+    assert near.score >= deps.settings.duplicate_cosine and "nearly identical" in near.text
     assert {(w.knowledge_key, w.other_key) for w in status_view(deps).warnings} == {
         ("coupon-copy", "coupon-rules"), ("return-policy-copy", "return-policy")}
 
     edit(deps, "payment-guide", "补充：支持数字人民币。")
     again = run_reindex(deps)
-    assert again["outcome"] == "promoted" and again["chunks"]["embedded"] < 10
-    assert {(w["knowledge_key"], w["other_key"]) for w in again["warnings"]} == {
+    assert again.outcome == "promoted" and again.chunks.embedded < 10
+    assert {(w.knowledge_key, w.other_key) for w in again.warnings} == {
         ("coupon-copy", "coupon-rules"), ("return-policy-copy", "return-policy")}
     from kb_reindex.steps.plan import plan
 

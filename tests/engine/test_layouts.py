@@ -87,7 +87,7 @@ def test_langchain_reads_text_and_sources_through_the_alias(deps: Deps) -> None:
             return EMBEDDER.embed([text])[0]
 
     deps = with_layout(deps, "langchain")
-    assert run_reindex(deps)["outcome"] == "promoted"
+    assert run_reindex(deps).outcome == "promoted"
     # LangChain's defaults: `page_content` and a nested `metadata`, the alias as the collection name
     store = QdrantVectorStore(client=deps.store.client, collection_name=ALIAS, embedding=HashingEmbeddings())
     found = store.similarity_search(QUESTION, k=3)
@@ -118,7 +118,7 @@ def test_llamaindex_reads_text_and_sources_through_the_alias(deps: Deps) -> None
             return self._get_query_embedding(query)
 
     deps = with_layout(deps, "llamaindex")
-    assert run_reindex(deps)["outcome"] == "promoted"
+    assert run_reindex(deps).outcome == "promoted"
     store = QdrantVectorStore(client=deps.store.client, collection_name=ALIAS)
     # the retriever an assistant uses, over the alias as an existing vector store
     index = VectorStoreIndex.from_vector_store(store, embed_model=HashingEmbedding())
@@ -140,7 +140,7 @@ def test_langchain4j_payload_contract_with_a_custom_text_key(deps: Deps) -> None
     contentHash and chunkIndex."""
     deps = with_layout(deps, "langchain4j", text_key="content")
     assert deps.settings.payload_layout == "langchain4j:content"
-    assert run_reindex(deps)["outcome"] == "promoted"
+    assert run_reindex(deps).outcome == "promoted"
     hits = deps.store.client.query_points(ALIAS, query=EMBEDDER.embed([QUESTION])[0], limit=4,
                                           with_payload=True).points
     documents, hashes = manifest_of(deps), chunk_hashes(deps)
@@ -164,7 +164,7 @@ def test_langchain4j_payload_contract_with_a_custom_text_key(deps: Deps) -> None
 def test_our_reader_and_validation_read_every_layout(local_deps: Deps, layout: str) -> None:
     deps = with_layout(local_deps, layout)
     result = run_reindex(deps)
-    assert result["outcome"] == "promoted", result["error"]
+    assert result.outcome == "promoted", result.error
     payload_check = next(c for c in deps.state.live_version(ALIAS).validation["checks"] if c["check"] == "payload sample")
     assert payload_check["passed"], payload_check
     found = search_knowledge(deps, QUESTION, k=2)
@@ -177,7 +177,7 @@ def test_validation_fails_a_layout_its_consumer_could_not_read(local_deps: Deps)
     from kb_reindex.steps.validate import validate
 
     deps = with_layout(deps, "langchain")
-    assert run_reindex(deps)["outcome"] == "promoted"
+    assert run_reindex(deps).outcome == "promoted"
     live = deps.state.live_version(ALIAS)
     from qdrant_client import models
 
@@ -195,20 +195,20 @@ def test_validation_fails_a_layout_its_consumer_could_not_read(local_deps: Deps)
 
 def test_layout_change_is_a_new_gated_version_and_rollback_returns_native(deps: Deps) -> None:
     first = run_reindex(deps)
-    assert first["outcome"] == "promoted"
+    assert first.outcome == "promoted"
     # a layout change on a live alias is explicit (KB_PAYLOAD_LAYOUT is not obeyed once a version serves)
     second = run_reindex(deps, layout="langchain")
-    assert (second["outcome"], second["version"]) == ("promoted", 2), second["error"]
-    assert second["validation"]["passed"]
+    assert (second.outcome, second.version) == ("promoted", 2), second.error
+    assert second.validation.passed
     # the text and the embedding do not change: every vector is copied from v1, none embedded
-    assert second["chunks"]["copied"] == second["chunks"]["total"] and second["chunks"]["embedded"] == 0
+    assert second.chunks.copied == second.chunks.total and second.chunks.embedded == 0
     v1, v2 = deps.state.get_version(ALIAS, 1), deps.state.get_version(ALIAS, 2)
     assert (v1.payload_layout, v2.payload_layout) == ("native", "langchain")
     assert v1.embed_profile == v2.embed_profile, "the layout is not part of the embedding profile"
     assert deps.store.collection_metadata(v2.collection)["payload_layout"] == "langchain"
     status = {v["version"]: v for v in status_view(deps).to_dict()["versions"]}
     assert (status[1]["payload_layout"], status[2]["payload_layout"]) == ("native", "langchain")
-    assert run_reindex(deps)["outcome"] == "no_change", "the next reindex keeps live's layout"
+    assert run_reindex(deps).outcome == "no_change", "the next reindex keeps live's layout"
     text = search_knowledge(deps, QUESTION, k=1).results[0].text
     assert search_knowledge(deps, QUESTION, k=1).payload_layout == "langchain"
 
@@ -226,9 +226,9 @@ def test_a_layout_change_away_from_a_non_native_live_copies_texts_from_lives_lay
                                                                                      route: tuple[str, str]) -> None:
     """A copied point takes its text from live's payload, where live's layout keeps it (not `text`)."""
     source, target = route
-    assert run_reindex(with_layout(deps, source))["outcome"] == "promoted"
+    assert run_reindex(with_layout(deps, source)).outcome == "promoted"
     moved = run_reindex(deps, layout=target)
-    assert (moved["outcome"], moved["chunks"]["embedded"]) == ("promoted", 0), moved["error"]
+    assert (moved.outcome, moved.chunks.embedded) == ("promoted", 0), moved.error
     v1, v2 = deps.state.get_version(ALIAS, 1), deps.state.get_version(ALIAS, 2)
     before = {str(p.id): p.payload for p in deps.store.client.scroll(v1.collection, limit=1000, with_payload=True)[0]}
     after = {str(p.id): p.payload for p in deps.store.client.scroll(v2.collection, limit=1000, with_payload=True)[0]}
@@ -262,13 +262,13 @@ def test_cli_status_and_plan_show_the_layout(project: Path, monkeypatch: pytest.
 
 def test_migration_records_the_layout_it_was_given(local_deps: Deps) -> None:
     deps = local_deps
-    assert run_reindex(deps)["outcome"] == "promoted"
+    assert run_reindex(deps).outcome == "promoted"
     result = run_reindex(deps, kind="migration", embedder="hashing", model="hashing-layout-v2",
                                 layout="langchain4j")
-    assert result["outcome"] == "promoted", result["error"]
-    migrated = deps.state.get_version(ALIAS, result["version"])
+    assert result.outcome == "promoted", result.error
+    migrated = deps.state.get_version(ALIAS, result.version)
     assert migrated.payload_layout == "langchain4j"
-    assert result["chunks"]["copied"] == 0, "no vector crosses profiles"
+    assert result.chunks.copied == 0, "no vector crosses profiles"
     assert migrated.embed_profile != deps.state.get_version(ALIAS, 1).embed_profile
 
 
@@ -277,12 +277,12 @@ def test_migration_records_the_layout_it_was_given(local_deps: Deps) -> None:
 
 def test_migration_to_the_live_profile_is_refused_as_a_no_op(local_deps: Deps) -> None:
     deps = local_deps
-    assert run_reindex(deps)["outcome"] == "promoted"
+    assert run_reindex(deps).outcome == "promoted"
     live = deps.state.live_version(ALIAS)
     result = run_reindex(deps, kind="migration", embedder="hashing", model=None)
-    assert result["outcome"] == "failed" and result["error_kind"] == "config"
-    assert f"already serves embedding profile {version_profile(live)}" in result["error"]
-    assert "kb-reindex run --layout" in result["error"]
+    assert result.outcome == "failed" and result.error_kind == "config"
+    assert f"already serves embedding profile {version_profile(live)}" in result.error
+    assert "kb-reindex run --layout" in result.error
     assert [v.version for v in deps.state.list_versions(ALIAS)] == [1], "nothing was built"
 
 
@@ -292,7 +292,7 @@ def test_no_vector_is_copied_across_profiles(local_deps: Deps) -> None:
     next reindex embeds everything instead of copying live's vectors."""
     from kb_reindex.steps.plan import prepare
 
-    assert run_reindex(deps)["outcome"] == "promoted"
+    assert run_reindex(deps).outcome == "promoted"
     live = deps.state.live_version(ALIAS)
     path = deps.settings.knowledge_dir / "coupon-rules.md"
     path.write_text(path.read_text(encoding="utf-8") + "\n\n补充：优惠券不可兑换现金。\n", encoding="utf-8")
@@ -306,7 +306,7 @@ def test_no_vector_is_copied_across_profiles(local_deps: Deps) -> None:
 
 def test_reader_refuses_a_profile_mismatch(local_deps: Deps) -> None:
     deps = local_deps
-    assert run_reindex(deps)["outcome"] == "promoted"
+    assert run_reindex(deps).outcome == "promoted"
     live = deps.state.live_version(ALIAS)
     served = serving_model(deps.store, ALIAS)
     assert served.embed_profile == live.embed_profile == version_profile(live)
@@ -324,8 +324,8 @@ def test_rebuilt_state_keeps_each_versions_layout_and_profile(local_deps: Deps) 
     deps = local_deps
     from kb_reindex.steps.reconcile import rebuild_state
 
-    assert run_reindex(deps)["outcome"] == "promoted"
-    assert run_reindex(deps, layout="llamaindex")["outcome"] == "promoted"
+    assert run_reindex(deps).outcome == "promoted"
+    assert run_reindex(deps, layout="llamaindex").outcome == "promoted"
     before = {v.version: (v.payload_layout, v.embed_profile) for v in deps.state.list_versions(ALIAS)}
     rebuild_state(deps, replace=True)
     after = {v.version: (v.payload_layout, v.embed_profile) for v in deps.state.list_versions(ALIAS)}

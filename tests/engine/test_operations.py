@@ -29,11 +29,11 @@ def edit(deps: Deps, key: str, extra: str) -> None:
 
 
 def three_versions(deps: Deps) -> None:
-    assert run_reindex(deps)["outcome"] == "promoted"
+    assert run_reindex(deps).outcome == "promoted"
     edit(deps, "coupon-rules", "补充一：优惠券不可兑换现金。")
-    assert run_reindex(deps)["outcome"] == "promoted"
+    assert run_reindex(deps).outcome == "promoted"
     edit(deps, "shipping-policy", "补充二：大件商品送货上门。")
-    assert run_reindex(deps)["outcome"] == "promoted"
+    assert run_reindex(deps).outcome == "promoted"
 
 
 def test_rollback_to_previous_then_to_a_chosen_version(deps: Deps) -> None:
@@ -91,20 +91,20 @@ def test_reindex_after_rollback_plans_against_the_rolled_back_version(deps: Deps
     run_rollback(deps, reason="revert shipping")
     result = run_reindex(deps)
     # the files still hold the change of v3: it is rebuilt on top of v2, visibly, not silently re-promoted as v3
-    assert result["outcome"] == "promoted" and result["version"] == 4
-    assert result["plan"]["base_version"] == 2
-    assert result["docs"]["changed"] == 1
+    assert result.outcome == "promoted" and result.version == 4
+    assert result.plan.base_version == 2
+    assert result.docs.changed == 1
 
 
 def test_migration_to_another_dimension_with_promote(deps: Deps) -> None:
     first = run_reindex(deps)
     result = run_reindex(deps, kind="migration", embedder="hashing", model="hashing-ngram-v2", dim=384, min_hit_rate=0.85)
-    assert result["outcome"] == "promoted", result["error"]
-    assert result["chunks"]["copied"] == 0 and result["chunks"]["embedded"] == first["chunks"]["total"]
-    assert result["collection"] == f"{ALIAS}__hashing-ngram-v2__s2"
+    assert result.outcome == "promoted", result.error
+    assert result.chunks.copied == 0 and result.chunks.embedded == first.chunks.total
+    assert result.collection == f"{ALIAS}__hashing-ngram-v2__s2"
     live = deps.state.live_version(ALIAS)
     assert (live.embed_model, live.embed_dim, live.kind) == ("hashing-ngram-v2", 384, "migration")
-    assert deps.store.shape(result["collection"]).dim == 384
+    assert deps.store.shape(result.collection).dim == 384
     assert history(deps)[-1].action == "migrate"
     validation = deps.state.get_version(ALIAS, 2).validation
     assert validation["compared_as"] == "side_by_side" and validation["regressions"] == 0
@@ -113,9 +113,9 @@ def test_migration_to_another_dimension_with_promote(deps: Deps) -> None:
     # later reindexes keep the live model, whatever the configured default says
     edit(deps, "coupon-rules", "补充：新人券仅限首单。")
     again = run_reindex(deps)
-    assert again["outcome"] == "promoted"
+    assert again.outcome == "promoted"
     assert deps.state.get_version(ALIAS, 3).embed_model == "hashing-ngram-v2"
-    assert again["chunks"]["copied"] > 0
+    assert again.chunks.copied > 0
 
     # the reader embeds with the live model and refuses a caller on another one
     found = search_knowledge(deps, "优惠券可以叠加使用吗", k=2)
@@ -130,18 +130,18 @@ def test_shadow_migration_is_built_validated_and_kept(deps: Deps) -> None:
     first = run_reindex(deps)
     shadow = run_reindex(deps, kind="migration", embedder="hashing", model="hashing-ngram-v3", dim=512,
                                 promote_version=False)
-    assert shadow["outcome"] == "shadow"
-    assert deps.store.alias_target(ALIAS) == first["collection"]
+    assert shadow.outcome == "shadow"
+    assert deps.store.alias_target(ALIAS) == first.collection
     assert deps.state.get_version(ALIAS, 2).status == "ready"
     cleanup(deps)
-    assert deps.state.get_version(ALIAS, 2).status == "ready" and deps.store.exists(shadow["collection"])
+    assert deps.state.get_version(ALIAS, 2).status == "ready" and deps.store.exists(shadow.collection)
 
 
 def test_retention_keeps_live_newest_retired_and_rollback_target(deps: Deps) -> None:
     deps.settings = deps.settings.__class__(**{**deps.settings.__dict__, "keep_versions": 0})
     three_versions(deps)
     edit(deps, "payment-guide", "补充三：支持数字人民币。")
-    assert run_reindex(deps)["version"] == 4  # its cleanup already ran with keep=0
+    assert run_reindex(deps).version == 4  # its cleanup already ran with keep=0
     statuses = {v.version: v.status for v in deps.state.list_versions(ALIAS)}
     assert statuses == {4: "live", 3: "retired", 2: "deleted", 1: "deleted"}
     # roll back to v3, then v4 is the newest retired and v3 live: nothing else may go
@@ -177,7 +177,7 @@ def test_full_run_with_state_on_mysql(settings, mysql_url: str) -> None:
     deps = Deps(settings=mysql_settings, state=state, store=KnowledgeStore(QdrantClient(":memory:")))
     try:
         three_versions(deps)
-        assert run_reindex(deps)["outcome"] == "no_change"
+        assert run_reindex(deps).outcome == "no_change"
         run_rollback(deps, reason="mysql")
         assert state.live_version(ALIAS).version == 2
         assert [e.action for e in state.alias_events(ALIAS)][-1] == "rollback"
@@ -193,7 +193,7 @@ def test_failed_build_versions_are_dropped_by_gc(deps: Deps, monkeypatch: pytest
         raise RuntimeError("embedder down")
 
     monkeypatch.setattr(Deps, "embedder_for", broken)
-    assert run_reindex(deps)["outcome"] == "failed"
+    assert run_reindex(deps).outcome == "failed"
     failed = deps.state.get_version(ALIAS, 2)
     assert failed.status == "failed" and deps.store.exists(failed.collection)
     monkeypatch.undo()
@@ -215,9 +215,9 @@ def test_shadow_version_is_dropped_only_explicitly_and_live_or_target_never(deps
         drop_version(deps, 3)
     with pytest.raises(KbError, match="rollback target"):
         drop_version(deps, 2)
-    dropped = drop_version(deps, shadow["version"])
-    assert dropped.collection_dropped and not deps.store.exists(shadow["collection"])
-    assert deps.state.get_version(ALIAS, shadow["version"]).status == "deleted"
+    dropped = drop_version(deps, shadow.version)
+    assert dropped.collection_dropped and not deps.store.exists(shadow.collection)
+    assert deps.state.get_version(ALIAS, shadow.version).status == "deleted"
 
 
 def test_rollback_is_not_blocked_by_a_golden_set_naming_newer_documents(deps: Deps) -> None:
@@ -228,7 +228,7 @@ def test_rollback_is_not_blocked_by_a_golden_set_naming_newer_documents(deps: De
     golden = deps.settings.golden_set
     golden.write_text(golden.read_text(encoding="utf-8")
                       + "  - id: gift-card-use\n    query: 礼品卡怎么用\n    expected: [gift-card]\n", encoding="utf-8")
-    assert run_reindex(deps)["outcome"] == "promoted"
+    assert run_reindex(deps).outcome == "promoted"
     result = run_rollback(deps, reason="gift card text is wrong")
     assert result.to_version == 1 and deps.state.live_version(ALIAS).version == 1
     assert result.to_dict()["validation"]["passed"] is None and "gift-card" in result.to_dict()["validation"]["error"]
@@ -255,7 +255,7 @@ def test_fixing_the_golden_set_after_a_failed_validation_resumes_without_embeddi
     data["min_mrr"] = 1.0  # an impossible bar
     golden.write_text(yaml.safe_dump(data, allow_unicode=True), encoding="utf-8")
     failed = run_reindex(deps)
-    assert failed["outcome"] == "failed" and deps.state.get_version(ALIAS, 2).failed_step == "validate"
+    assert failed.outcome == "failed" and deps.state.get_version(ALIAS, 2).failed_step == "validate"
     golden.write_text(good, encoding="utf-8")
 
     calls = {"texts": 0}
@@ -274,7 +274,7 @@ def test_fixing_the_golden_set_after_a_failed_validation_resumes_without_embeddi
 
     monkeypatch.setattr(Deps, "embedder_for", counting)
     again = run_reindex(deps)
-    assert again["outcome"] == "promoted" and again["version"] == 2
+    assert again.outcome == "promoted" and again.version == 2
     assert calls["texts"] == 0, "the changed chunk was not embedded a second time"
 
 
@@ -308,11 +308,11 @@ def test_a_rollback_moves_nothing_when_another_version_goes_live_between_its_che
     from kb_reindex.domain.errors import AliasMovedError
     from kb_reindex.run.pipeline import promote_shadow
 
-    assert run_reindex(deps)["outcome"] == "promoted"
+    assert run_reindex(deps).outcome == "promoted"
     edit(deps, "coupon-rules", "补充一：优惠券不可兑换现金。")
-    assert run_reindex(deps)["outcome"] == "promoted"
+    assert run_reindex(deps).outcome == "promoted"
     edit(deps, "shipping-policy", "补充二：大件商品送货上门。")
-    assert run_reindex(deps, promote_version=False)["outcome"] == "shadow"
+    assert run_reindex(deps, promote_version=False).outcome == "shadow"
     scores = rollback_module.validate
     promoted: list[int] = []
 

@@ -161,14 +161,14 @@ def test_new_versions_carry_configured_or_inherited_settings_and_three_payload_i
                   "replication_factor": 2, "write_consistency_factor": 1}
     with open_deps(on_server(project, server, KB_QDRANT_COLLECTION_CONFIG=json.dumps(configured))) as deps:
         first = run_reindex(deps)
-        assert first["outcome"] == "promoted", first["error"]
-    body = created(server, first["collection"])
+        assert first.outcome == "promoted", first.error
+    body = created(server, first.collection)
     assert body["hnsw_config"] == {"m": 0, "ef_construct": 256}, "HNSW deferred for the bulk load"
     assert body["vectors"]["on_disk"] is True and body["on_disk_payload"] is True
     assert (body["shard_number"], body["replication_factor"], body["write_consistency_factor"]) == (2, 2, 1)
     assert body["quantization_config"] == {"scalar": "{quantile,type}"}  # the log cuts depth: keys only
     indexed = sorted(r.body["field_name"] for r in server.requests()
-                     if r.op == "create_index" and r.collection == first["collection"])
+                     if r.op == "create_index" and r.collection == first.collection)
     assert indexed == ["category", "knowledge_key", "tenant"]
     assert {r.body["field_schema"] for r in server.requests() if r.op == "create_index"} == {"keyword"}
 
@@ -177,9 +177,9 @@ def test_new_versions_carry_configured_or_inherited_settings_and_three_payload_i
     server.clear_requests()
     with open_deps(on_server(project, server, KB_QDRANT_COLLECTION_CONFIG='{"hnsw_config": {"m": 48}}')) as deps:
         second = run_reindex(deps)
-        assert second["outcome"] == "promoted", second["error"]
+        assert second.outcome == "promoted", second.error
         versions = {v["version"]: v for v in status_view(deps).to_dict()["versions"]}
-    body = created(server, second["collection"])
+    body = created(server, second.collection)
     assert body["hnsw_config"]["m"] == 0 and body["hnsw_config"]["ef_construct"] == 256
     assert body["shard_number"] == 2 and body["vectors"]["on_disk"] is True and "quantization_config" in body
     recorded = versions[2]["collection_config"]
@@ -193,7 +193,7 @@ def test_local_mode_records_only_what_was_configured(settings: Settings, project
     with open_deps(local) as deps:
         assert deps.store.is_local
         result = run_reindex(deps)
-        assert result["outcome"] == "promoted", result["error"]
+        assert result.outcome == "promoted", result.error
         [version] = status_view(deps).to_dict()["versions"]
     assert version["collection_config"] == {"on_disk": True}
 
@@ -206,15 +206,16 @@ def test_indexing_is_restored_after_the_last_upsert_and_before_the_first_query(
 ) -> None:
     with open_deps(on_server(project, server)) as deps:
         result = run_reindex(deps)
-        assert result["outcome"] == "promoted", result["error"]
-    collection = result["collection"]
+        assert result.outcome == "promoted", result.error
+    collection = result.collection
     mine = [r for r in server.requests() if r.collection == collection]
     ops = [r.op for r in mine]
     assert created(server, collection)["hnsw_config"] == {"m": 0}
     patch = ops.index("update_collection")
     assert mine[patch].body == {"hnsw_config": {"m": 16}}, "Qdrant's default m when nothing is configured"
-    assert max(i for i, op in enumerate(ops) if op == "upsert") < patch < ops.index("query")
-    assert ops.index("get_collection", patch) < ops.index("query"), "the index is checked before validation queries"
+    first_query = min(i for i, op in enumerate(ops) if op in ("query", "query_batch"))  # the golden set is one batch
+    assert max(i for i, op in enumerate(ops) if op == "upsert") < patch < first_query
+    assert ops.index("get_collection", patch) < first_query, "the index is checked before validation queries"
     assert ops.count("update_collection") == 3, "one PATCH restores m; the others note 'validated' and 'served'"
     assert QdrantClient(url=server.url, api_key=API_KEY).get_collection(collection).config.hnsw_config.m == 16
 
@@ -227,25 +228,25 @@ def test_validation_waits_for_green_and_times_out_naming_collection_and_wait(
     with open_deps(settings) as deps:
         server.hold_indexing(3)
         waited = run_reindex(deps)
-        assert waited["outcome"] == "promoted", waited["error"]
+        assert waited.outcome == "promoted", waited.error
         assert [r.status for r in server.requests() if r.op == "get_collection"].count(200) >= 3
 
         append_to(project, "member-rules", "补充：生日当月双倍积分。")
         server.hold_indexing(10_000, status="yellow")
         stuck = run_reindex(deps)
-        assert stuck["outcome"] == "failed"
-        assert stuck["error"].startswith(f"collection {stuck['collection']} is not ready for queries after 1 s "
+        assert stuck.outcome == "failed"
+        assert stuck.error.startswith(f"collection {stuck.collection} is not ready for queries after 1 s "
                                          "(KB_INDEX_WAIT_S): status yellow, optimizer ok, 0 of ")
-        assert deps.store.alias_target(settings.alias) == waited["collection"], "the alias did not move"
-        assert not [r for r in server.requests() if r.op == "query" and r.collection == stuck["collection"]]
-        version = deps.state.get_version(settings.alias, stuck["version"])
+        assert deps.store.alias_target(settings.alias) == waited.collection, "the alias did not move"
+        assert not [r for r in server.requests() if r.op == "query" and r.collection == stuck.collection]
+        version = deps.state.get_version(settings.alias, stuck.version)
         assert (version.status, version.failed_step) == ("failed", "validate")
 
         server.hold_indexing(0)
         server.clear_requests()
         resumed = run_reindex(deps)
-        assert resumed["outcome"] == "promoted" and resumed["version"] == stuck["version"], resumed["error"]
-        assert resumed["chunks"]["skipped"] > 0 and resumed["chunks"]["embedded"] == 0
+        assert resumed.outcome == "promoted" and resumed.version == stuck.version, resumed.error
+        assert resumed.chunks.skipped > 0 and resumed.chunks.embedded == 0
         # m was restored by the failed attempt already: nothing to PATCH again, only the notes
         notes = [r.body for r in server.requests() if r.op == "update_collection"]
         assert [list(body) for body in notes] == [["metadata"], ["metadata"]]
@@ -256,11 +257,11 @@ def test_a_build_resumed_after_a_crash_still_restores_indexing(project: Path, se
     server.faults.add("upsert", status=503, after=2, count=1)
     with open_deps(settings) as deps:
         failed = run_reindex(deps)
-        assert failed["outcome"] == "failed" and "503" in failed["error"]
+        assert failed.outcome == "failed" and "503" in failed.error
         assert not [r for r in server.requests() if r.op == "update_collection"], "not restored mid-build"
         server.clear_requests()
         again = run_reindex(deps)
-        assert again["outcome"] == "promoted" and again["version"] == failed["version"], again["error"]
+        assert again.outcome == "promoted" and again.version == failed.version, again.error
     assert "create_collection" not in [r.op for r in server.requests()]
     patches = [r.body for r in server.requests() if r.op == "update_collection" and "hnsw_config" in r.body]
     assert patches == [{"hnsw_config": {"m": 16}}]
@@ -310,24 +311,24 @@ def test_retention_snapshots_each_collection_before_dropping_it(project: Path, s
             if n:
                 append_to(project, "payment-guide", f"补充 {n}：支持先用后付。")
             result = run_reindex(deps)
-            assert result["outcome"] == "promoted", result["error"]
-        [dropped] = result["cleanup"]["deleted"]
+            assert result.outcome == "promoted", result.error
+        [dropped] = result.cleanup.deleted
         # v1 leaves its slot, which stays for the next build's difference: snapshotted, not deleted
-        assert dropped["version"] == 1 and not dropped["collection_dropped"]
-        assert dropped["snapshot"].endswith(".snapshot") and dropped["snapshot"].startswith(dropped["collection"])
+        assert dropped.version == 1 and not dropped.collection_dropped
+        assert dropped.snapshot.endswith(".snapshot") and dropped.snapshot.startswith(dropped.collection)
         ops = [(r.op, r.collection) for r in server.requests() if r.op in ("create_snapshot", "delete_collection")]
-        assert ops == [("create_snapshot", dropped["collection"])]
-        assert deps.store.exists(dropped["collection"])
+        assert ops == [("create_snapshot", dropped.collection)]
+        assert deps.store.exists(dropped.collection)
         v1 = next(v for v in status_view(deps).to_dict()["versions"] if v["version"] == 1)
-        assert v1["status"] == "deleted" and v1["snapshot"]["name"] == dropped["snapshot"]
-        assert v1["snapshot"]["collection"] == dropped["collection"]
+        assert v1["status"] == "deleted" and v1["snapshot"]["name"] == dropped.snapshot
+        assert v1["snapshot"]["collection"] == dropped.collection
 
         # a snapshot that fails keeps the collection
         append_to(project, "payment-guide", "补充：再次修改。")
         server.faults.add("create_snapshot", status=500, count=1)
         failed_cleanup = run_reindex(deps)
-        assert failed_cleanup["outcome"] == "failed"
-        assert "snapshot of mall_knowledge__" in failed_cleanup["error"] and "not dropped" in failed_cleanup["error"]
+        assert failed_cleanup.outcome == "failed"
+        assert "snapshot of mall_knowledge__" in failed_cleanup.error and "not dropped" in failed_cleanup.error
         assert deps.store.exists(next(v["collection"] for v in status_view(deps).to_dict()["versions"] if v["version"] == 2))
 
 
@@ -336,12 +337,12 @@ def test_drop_takes_a_snapshot_too(project: Path, server: FakeQdrantServer) -> N
 
     settings = on_server(project, server, KB_SNAPSHOT_BEFORE_DROP="1")
     with open_deps(settings) as deps:
-        assert run_reindex(deps)["outcome"] == "promoted"
+        assert run_reindex(deps).outcome == "promoted"
         shadow = run_reindex(deps, force_full=True, promote_version=False)
-        assert shadow["outcome"] == "shadow", shadow["error"]
-        dropped = drop_version(deps, shadow["version"])
+        assert shadow.outcome == "shadow", shadow.error
+        dropped = drop_version(deps, shadow.version)
     # the shadow leaves its slot (kept for the next build): snapshotted first, the slot not deleted
     assert not dropped.collection_dropped
-    assert dropped.snapshot is not None and dropped.snapshot.startswith(shadow["collection"])
+    assert dropped.snapshot is not None and dropped.snapshot.startswith(shadow.collection)
     creates = [r.collection for r in server.requests() if r.op == "create_snapshot"]
-    assert creates == [shadow["collection"]]
+    assert creates == [shadow.collection]

@@ -126,23 +126,23 @@ def test_reindex_cycle_through_the_server(project: Path, qdrant_server: QdrantSe
     settings = server_settings(project, qdrant_server)
     with open_deps(settings) as deps:
         first = run_reindex(deps)
-        assert first["outcome"] == "promoted" and first["version"] == 1, first["error"]
-        assert run_reindex(deps)["outcome"] == "no_change"
+        assert first.outcome == "promoted" and first.version == 1, first.error
+        assert run_reindex(deps).outcome == "no_change"
 
         append_to(project, "payment-guide", "补充：支持先用后付，账单日后 30 天内还款。")
         qdrant_server.clear_requests()
         second = run_reindex(deps)
-        assert second["outcome"] == "promoted" and second["version"] == 2, second["error"]
-        assert second["docs"]["changed"] == 1 and second["docs"]["added"] == 0
-        new_ids = deps.store.existing_ids(second["collection"]) - deps.store.existing_ids(first["collection"])
-        assert second["build"]["embedded"] == second["chunks"]["embedded"] == len(new_ids) > 0
-        assert {r.payload["knowledge_key"] for r in deps.store.retrieve(second["collection"], sorted(new_ids))} == {
+        assert second.outcome == "promoted" and second.version == 2, second.error
+        assert second.docs.changed == 1 and second.docs.added == 0
+        new_ids = deps.store.existing_ids(second.collection) - deps.store.existing_ids(first.collection)
+        assert second.build.embedded == second.chunks.embedded == len(new_ids) > 0
+        assert {r.payload["knowledge_key"] for r in deps.store.retrieve(second.collection, sorted(new_ids))} == {
             "payment-guide"}, "only the edited doc's chunks are embedded"
-        assert second["build"]["copied"] == deps.store.count(second["collection"]) - len(new_ids)
+        assert second.build.copied == deps.store.count(second.collection) - len(new_ids)
         seen = ops(qdrant_server)
         assert {"upsert", "retrieve", "query", "count", "update_aliases", "create_collection", "create_index"} <= set(seen)
 
-        assert deps.store.alias_target(ALIAS) == second["collection"]
+        assert deps.store.alias_target(ALIAS) == second.collection
         assert status_view(deps).to_dict()["problems"] == []
         answer = search_knowledge(deps, "怎么先用后付", k=3)
         assert answer.version == 2 and answer.results
@@ -150,7 +150,7 @@ def test_reindex_cycle_through_the_server(project: Path, qdrant_server: QdrantSe
 
         rolled = run_rollback(deps, reason="x")
         assert rolled.to_version == 1
-        assert deps.store.alias_target(ALIAS) == first["collection"]
+        assert deps.store.alias_target(ALIAS) == first.collection
         assert status_view(deps).to_dict()["problems"] == []
 
 
@@ -250,7 +250,7 @@ def test_server_killed_mid_build_leaves_the_alias_and_a_rerun_resumes(
     settings = server_settings(project, qdrant_server, KB_EMBED_BATCH_SIZE="2", KB_COPY_BATCH_SIZE="4")
     with open_deps(settings) as deps:
         first = run_reindex(deps)
-        assert first["outcome"] == "promoted", first["error"]
+        assert first.outcome == "promoted", first.error
     for key in ("payment-guide", "member-rules"):
         append_to(project, key, "补充：周末双倍积分，先用后付可用。")
 
@@ -277,11 +277,11 @@ def test_server_killed_mid_build_leaves_the_alias_and_a_rerun_resumes(
 
     qdrant_server.start()  # same port, same folder
     with open_deps(settings) as deps:
-        assert deps.store.alias_target(ALIAS) == first["collection"], "the alias is untouched"
+        assert deps.store.alias_target(ALIAS) == first.collection, "the alias is untouched"
         assert deps.state.live_version(ALIAS).version == 1
         again = run_reindex(deps)
-        assert again["outcome"] == "promoted" and again["version"] == 2, again["error"]
-        assert again["build"]["skipped"] >= 2 * 2, "points written before the crash are not written again"
+        assert again.outcome == "promoted" and again.version == 2, again.error
+        assert again.build.skipped >= 2 * 2, "points written before the crash are not written again"
         assert status_view(deps).to_dict()["problems"] == []
 
 
@@ -291,19 +291,19 @@ def test_a_503_on_one_upsert_fails_the_run_cleanly_and_a_rerun_completes(
     settings = server_settings(project, qdrant_server, KB_EMBED_BATCH_SIZE="2", KB_COPY_BATCH_SIZE="4")
     with open_deps(settings) as deps:
         first = run_reindex(deps)
-        assert first["outcome"] == "promoted", first["error"]
+        assert first.outcome == "promoted", first.error
         append_to(project, "member-rules", "补充：生日当月双倍积分。")
         qdrant_server.clear_requests()
         qdrant_server.add_fault("upsert", status=503, after=1, count=1)
         failed = run_reindex(deps)
-        assert failed["outcome"] == "failed"
-        assert "503" in failed["error"] and "\n" not in failed["error"], failed["error"]
-        assert deps.store.alias_target(ALIAS) == first["collection"]
+        assert failed.outcome == "failed"
+        assert "503" in failed.error and "\n" not in failed.error, failed.error
+        assert deps.store.alias_target(ALIAS) == first.collection
         assert [(r["op"], r["status"]) for r in qdrant_server.requests() if r["op"] == "upsert"][1] == ("upsert", 503)
 
         again = run_reindex(deps)
-        assert again["outcome"] == "promoted" and again["version"] == 2, again["error"]
-        assert deps.store.alias_target(ALIAS) == again["collection"]
+        assert again.outcome == "promoted" and again.version == 2, again.error
+        assert deps.store.alias_target(ALIAS) == again.collection
         assert status_view(deps).to_dict()["problems"] == []
 
 
@@ -315,3 +315,27 @@ def test_the_cli_prints_no_http_request_lines_unless_verbose(qdrant_server: Qdra
     assert "HTTP Request" not in quiet.stderr, quiet.stderr
     verbose = subprocess.run([str(CLI), "status", "-v"], env=env, capture_output=True, text=True, timeout=120)
     assert "HTTP Request: GET http://" in verbose.stderr
+
+
+def test_the_servers_cosine_search_ranks_as_local_mode(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The server process's search skips local mode's per-query renormalization of stored unit vectors: the same
+    ranks and scores (to float rounding) as local mode's own cosine, for single and batched queries."""
+    import numpy as np
+    from qdrant_client import models as qm
+    from qdrant_client.local import distances, local_collection
+
+    from kb_reindex.testing.qdrant_server import search_as_qdrant_does
+
+    monkeypatch.setattr(local_collection, "calculate_distance", local_collection.calculate_distance)
+    search_as_qdrant_does()
+    rng = np.random.default_rng(7)
+    stored = rng.normal(size=(2000, 64)).astype(np.float32)
+    stored /= np.linalg.norm(stored, axis=-1)[:, np.newaxis]  # as upsert leaves them
+    for query in (rng.normal(size=64).astype(np.float32), rng.normal(size=(5, 64)).astype(np.float32)):
+        fast = local_collection.calculate_distance(query, stored.copy(), qm.Distance.COSINE)
+        slow = distances.calculate_distance(query, stored.copy(), qm.Distance.COSINE)
+        assert np.allclose(fast, slow, atol=1e-6)
+        assert (np.argsort(-fast, axis=-1)[..., :10] == np.argsort(-slow, axis=-1)[..., :10]).all()
+    dot = rng.normal(size=64).astype(np.float32)
+    assert np.array_equal(local_collection.calculate_distance(dot, stored, qm.Distance.DOT),
+                          distances.calculate_distance(dot, stored, qm.Distance.DOT))

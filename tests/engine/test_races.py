@@ -123,25 +123,36 @@ def test_status_reconcile_and_a_second_run_during_a_run(project: Path, server: Q
     env = env_for(project, server, slow_ollama)
     assert cli(env, "run")[1]["outcome"] == "promoted"
     edit_every_doc(project)
-    # a build of about 10 s: the second run and the reconcile (fresh processes, slow to start under load) arrive mid-build
-    slow_ollama.faults = FaultPlan(delay_per_text_s=0.2)
+    # the build held at its first embedding request (no timing): the second run arrives mid-build whatever the load;
+    # the reconcile, started while the build is held, waits for the run
+    slow_ollama.hold()
 
     stop = tmp_path / "stop-status"
     watcher = subprocess.Popen([sys.executable, "-c", STATUS_LOOP, str(stop)], env=env, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True)
     runner = subprocess.Popen([str(CLI), "run", "--json", "-q"], env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True)
+    reconcile = None
     try:
-        wait_for(lambda: any(r["op"] == "create_collection" and str(r.get("collection")).endswith("__s2")
-                             for r in server.requests()), 60, "the build of v2 to start")
+        assert slow_ollama.wait_until_held(120), "the build of v2 never asked for an embedding"
         second_code, second = cli({**env, "KB_LOCK_WAIT": "0"}, "run")
         assert second_code == 1 and f"another run is working on {ALIAS}: cli__reindex__" in second["error"]
-        reconcile_code, reconciled = cli({**env, "KB_LOCK_WAIT": "120"}, "reconcile")  # waits for the run
+        assert runner.poll() is None, "the build finished while it was held"
+        reconcile = subprocess.Popen([str(CLI), "reconcile", "--json", "-q"], env={**env, "KB_LOCK_WAIT": "120"},
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        time.sleep(1)  # the reconcile on its way to the lock while the build still holds it (its wait is proven below)
+        slow_ollama.release()
+        reconcile_out, reconcile_err = reconcile.communicate(timeout=180)
+        assert reconcile_out.strip(), reconcile_err[-2000:]
+        reconcile_code, reconciled = reconcile.returncode, json.loads(reconcile_out)
         assert runner.wait(timeout=180) == 0, runner.stderr.read()[-2000:] if runner.stderr else ""
     finally:
+        slow_ollama.release()
         stop.touch()
         out, err = watcher.communicate(timeout=60)
         runner.kill()
+        if reconcile is not None:
+            reconcile.kill()
     run = json.loads(runner.stdout.read()) if runner.stdout else {}
     assert run["outcome"] == "promoted" and run["version"] == 2
     assert reconcile_code == 0 and reconciled["changed"] is False

@@ -144,7 +144,7 @@ def test_a_run_whose_lock_was_broken_does_not_promote(deps: Deps, monkeypatch: p
 
     monkeypatch.setattr(engine_module, "validate", validate_then_on_call_breaks_the_lock)
     result = run_reindex(deps)
-    assert result["outcome"] == "failed" and "no longer holds the lock" in result["error"]
+    assert result.outcome == "failed" and "no longer holds the lock" in result.error
     assert deps.store.alias_target(ALIAS) is None
 
 
@@ -179,7 +179,7 @@ def test_status_and_reconcile_during_a_promotion_see_no_drift(deps: Deps, monkey
     release.set()
     runner.join(60)
     reconciler.join(60)
-    assert results["run"]["outcome"] == "promoted"
+    assert results["run"].outcome == "promoted"
     assert results["reconcile"].changed is False
     assert deps.state.live_version(ALIAS).version == 2
     assert [e.action for e in deps.state.alias_events(ALIAS)] == ["promote", "promote"]

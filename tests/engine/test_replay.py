@@ -58,7 +58,7 @@ def crowding_page(root: Path, queries: list[str]) -> None:
 
 
 def test_query_log_is_off_by_default_and_records_text_tenant_version_and_keys_when_on(deps: Deps, logged: Deps) -> None:
-    assert run_reindex(deps)["outcome"] == "promoted"
+    assert run_reindex(deps).outcome == "promoted"
     assert status_view(deps).to_dict()["query_log"] == {"enabled": False, "queries": 0, "keep": 5000}
     ask(deps, REAL_QUERIES[:1])  # off: nothing recorded
     assert querylog.recent(deps.state, deps.settings.alias, limit=10) == []
@@ -100,7 +100,7 @@ def test_query_log_keeps_only_the_newest_rows_on_sqlite_and_mysql(tmp_path: Path
 def test_a_query_log_failure_never_fails_the_query(deps: Deps, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     from kb_reindex.services.runtime import ReaderDeps
 
-    assert run_reindex(deps)["outcome"] == "promoted"
+    assert run_reindex(deps).outcome == "promoted"
     querylog.reset_cache()
     # the reader has no state DB of its own; this URL names none, so the log cannot be written
     reader = ReaderDeps(settings=replace(deps.settings, query_log=True,
@@ -117,7 +117,7 @@ def test_a_query_log_failure_never_fails_the_query(deps: Deps, tmp_path: Path, c
 
 def test_a_corpus_edit_that_breaks_real_queries_but_not_the_golden_set_is_blocked_by_replay(logged: Deps) -> None:
     deps = logged
-    assert run_reindex(deps)["outcome"] == "promoted"
+    assert run_reindex(deps).outcome == "promoted"
     assert ask(deps, REAL_QUERIES) == [["member-rules"]] * 4
     crowding_page(deps.settings.root, REAL_QUERIES)
     # the new page also nudges 5 golden probes down a rank (none lost): the paired sign test's p=0.031 would
@@ -127,56 +127,57 @@ def test_a_corpus_edit_that_breaks_real_queries_but_not_the_golden_set_is_blocke
     path.write_text(yaml.safe_dump({**golden, "paired_alpha": 0.01}, allow_unicode=True), encoding="utf-8")
 
     result = run_reindex(deps)
-    assert result["outcome"] == "failed" and result["version"] == 2
-    validation = result["validation"]
+    assert result.outcome == "failed" and result.version == 2
+    validation = result.validation
     # the golden set alone would have passed: no regression, hit rate above the threshold
-    assert validation["regressions"] == 0 and validation["hit_rate"] >= 0.9
-    assert [f for f in validation["failures"] if not f.startswith("replay:")] == []
-    replayed = validation["replay"]
-    assert {k: replayed[k] for k in ("queries", "mean_overlap", "empty_live", "empty_candidate", "lost_top_hits")} == \
-        {"queries": 4, "mean_overlap": 0.0, "empty_live": 0.0, "empty_candidate": 0.0, "lost_top_hits": 4}
-    assert "per_query" not in replayed  # the rows are in the report and the version's record
-    assert "member-rules" in result["error"] and "replay.max_lost_top_hits" in result["error"]
+    assert validation.regressions == 0 and validation.hit_rate >= 0.9
+    assert [f for f in validation.failures if not f.startswith("replay:")] == []
+    replayed = validation.replay
+    assert (replayed.queries, replayed.mean_overlap, replayed.empty_live, replayed.empty_candidate,
+            replayed.lost_top_hits) == (4, 0.0, 0.0, 0.0, 4)
+    # the run's JSON carries the totals; the rows are in the report and the version's record
+    assert "per_query" not in validation.to_dict()["replay"]
+    assert "member-rules" in result.error and "replay.max_lost_top_hits" in result.error
     assert deps.store.alias_target(deps.settings.alias).endswith("__s1")
     record = deps.state.get_version(deps.settings.alias, 2)
     rows = record.validation["replay"]["per_query"]
     assert {(r["live_top"], r["rank_change"], r["lost_top_hit"], r["top_changed"]) for r in rows} == \
         {("member-rules", None, True, False)}
-    page = (Path(result["validation"]["report"]).parent / "validation.html").read_text(encoding="utf-8")
+    page = (Path(result.validation.report).parent / "validation.html").read_text(encoding="utf-8")
     assert "Replay of logged queries: FAILED" in page and REAL_QUERIES[0] in page
-    markdown = Path(result["validation"]["report"]).read_text(encoding="utf-8")  # the Markdown report says the same
+    markdown = Path(result.validation.report).read_text(encoding="utf-8")  # the Markdown report says the same
     replay_section = markdown[markdown.index("## Replay of logged queries: FAILED"):]
     assert "lost from the top k: 4 of 4 queries" in replay_section
     assert all(f"| {q} |" in replay_section for q in REAL_QUERIES)
 
     # the share the team allows decides: 4 of 4 within a share of 1.0 passes
     set_replay(deps, max_lost_top_hits=1.0)
-    assert run_reindex(deps)["outcome"] == "promoted"
+    assert run_reindex(deps).outcome == "promoted"
 
 
 def test_replay_blocks_a_candidate_whose_empty_result_rate_rises(logged: Deps) -> None:
     deps = logged
     write_doc(deps.settings.root, "vip-perks", "---\ntitle: VIP专享\ncategory: 会员\ntenant: vip\n---\n\n# VIP专享\n\n"
               "VIP客户享受专属客服和极速退款。")
-    assert run_reindex(deps)["outcome"] == "promoted"
+    assert run_reindex(deps).outcome == "promoted"
     ask(deps, ["VIP有专属客服吗"], tenant="vip")
     ask(deps, REAL_QUERIES[:3])
     (deps.settings.knowledge_dir / "vip-perks.md").unlink()
 
     result = run_reindex(deps)
-    assert result["outcome"] == "failed"
-    replayed = result["validation"]["replay"]
-    assert (replayed["empty_live"], replayed["empty_candidate"]) == (0.0, 0.25)
-    assert "replay: empty-result rate 0.250 on the candidate > 0.000 on live v1" in result["error"]
+    assert result.outcome == "failed"
+    replayed = result.validation.replay
+    assert (replayed.empty_live, replayed.empty_candidate) == (0.0, 0.25)
+    assert "replay: empty-result rate 0.250 on the candidate > 0.000 on live v1" in result.error
 
 
 def test_replay_is_skipped_and_says_why_without_a_log_or_without_live(deps: Deps) -> None:
     first = run_reindex(deps)
-    assert first["validation"]["replay"]["skipped"].startswith("no live version to replay against")
+    assert first.validation.replay.skipped.startswith("no live version to replay against")
     write_doc(deps.settings.root, "faq-extra", "# 常见问题\n\n发票可以在订单详情页申请。")
     second = run_reindex(deps)
-    assert second["outcome"] == "promoted"
-    assert second["validation"]["replay"]["skipped"].startswith("no logged queries")
+    assert second.outcome == "promoted"
+    assert second.validation.replay.skipped.startswith("no logged queries")
 
 
 @pytest.mark.parametrize(("section", "field"), [
@@ -197,8 +198,8 @@ def test_replay_thresholds_are_checked_with_the_field_named(tmp_path: Path, sect
 def test_a_bad_replay_threshold_stops_the_plan_before_anything_is_built(deps: Deps) -> None:
     set_replay(deps, max_lost_top_hits=2)
     result = run_reindex(deps)
-    assert result["outcome"] == "failed" and result["version"] is None
-    assert "'replay.max_lost_top_hits' must be a number from 0 to 1, got 2" in result["error"]
+    assert result.outcome == "failed" and result.version is None
+    assert "'replay.max_lost_top_hits' must be a number from 0 to 1, got 2" in result.error
     assert deps.state.list_versions(deps.settings.alias) == []
 
 
@@ -237,9 +238,9 @@ def test_a_move_that_does_not_take_fails_loudly_and_records_nothing(deps: Deps, 
 
     # a promotion
     result = run_reindex(deps)
-    assert result["outcome"] == "failed" and result["error_kind"] == "AliasReadBackError"
+    assert result.outcome == "failed" and result.error_kind == "AliasReadBackError"
     assert "moved to mall_knowledge__hashing-ngram-v1__s3 (Qdrant answered success) but reads back as " \
-           "mall_knowledge__hashing-ngram-v1__s2" in result["error"] and "the move did not take" in result["error"]
+           "mall_knowledge__hashing-ngram-v1__s2" in result.error and "the move did not take" in result.error
     assert deps.state.live_version(deps.settings.alias).version == 2
     assert deps.state.get_version(deps.settings.alias, 3).status == "failed"
     # a rollback
@@ -271,9 +272,9 @@ class FakeClock:
 
 
 def two_versions(deps: Deps) -> None:
-    assert run_reindex(deps)["outcome"] == "promoted"
+    assert run_reindex(deps).outcome == "promoted"
     write_doc(deps.settings.root, "faq-extra", "# 常见问题\n\n发票可以在订单详情页申请。")
-    assert run_reindex(deps)["outcome"] == "promoted"
+    assert run_reindex(deps).outcome == "promoted"
 
 
 def damage(deps: Deps, version: int, keys: list[str]) -> None:
@@ -343,7 +344,7 @@ def test_an_auto_rollback_is_passed_over_by_the_next_rollback_target(deps: Deps)
 
     two_versions(deps)
     write_doc(deps.settings.root, "faq-more", "# 更多问题\n\n开具发票后可以修改抬头吗？可以在七天内修改。")
-    assert run_reindex(deps)["outcome"] == "promoted"
+    assert run_reindex(deps).outcome == "promoted"
     damage(deps, 3, ["return-policy", "member-rules"])
     clock = FakeClock()
     assert watch(deps, 3, minutes=1, interval_s=60, clock=clock, sleep=clock.sleep).outcome == "rolled_back"

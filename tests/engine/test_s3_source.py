@@ -19,7 +19,8 @@ from qdrant_client import QdrantClient
 
 from conftest import REPO, settings_for
 from kb_reindex.domain.errors import ConfigError, SourceError, classify
-from kb_reindex.run.pipeline import run_reindex
+from kb_reindex.domain.planning import DocCounts
+from kb_reindex.run.pipeline import RunResult, run_reindex
 from kb_reindex.services.object_store import BucketAccess
 from kb_reindex.services.runtime import Deps, open_source
 from kb_reindex.services.sources import listing, load_corpus
@@ -80,7 +81,7 @@ def test_a_bucket_reindexes_like_a_folder_and_a_no_op_fetches_no_object(bucket_d
     bucket, client = bucket_of(deps), s3.client()
     assert deps.settings.knowledge_source == f"s3://{bucket}/docs"
     first = run_reindex(deps)
-    assert first["outcome"] == "promoted", first["error"]
+    assert first.outcome == "promoted", first.error
     live = deps.state.live_version("mall_knowledge")
     keys = set(deps.state.manifest_document_hashes(live.id))
     assert CJK_KEY in keys and "coupon-rules" in keys and len(keys) == 7, keys  # no hidden key, no .txt
@@ -90,7 +91,7 @@ def test_a_bucket_reindexes_like_a_folder_and_a_no_op_fetches_no_object(bucket_d
     s3.clear_requests()
     before = listing(deps.knowledge)
     quiet = run_reindex(deps)
-    assert quiet["outcome"] == "no_change", quiet
+    assert quiet.outcome == "no_change", quiet
     assert s3.object_gets() == [], s3.object_gets()
     listings = [r for r in s3.requests() if r.bucket == bucket]
     assert len(listings) == 2 and all(r.method == "GET" and "list-type=2" in r.query for r in listings), listings
@@ -104,18 +105,18 @@ def test_a_bucket_reindexes_like_a_folder_and_a_no_op_fetches_no_object(bucket_d
     assert listing(deps.knowledge).digest != before.digest
     s3.clear_requests()
     changed = run_reindex(deps)
-    assert changed["outcome"] == "promoted", changed["error"]
-    assert changed["docs"] == {"added": 0, "changed": 1, "unchanged": 6, "removed": 0}
+    assert changed.outcome == "promoted", changed.error
+    assert changed.docs == DocCounts(added=0, changed=1, unchanged=6, removed=0)
     gets = [r.key for r in s3.object_gets()]
     assert "docs/coupon-rules.md" in gets and not any(".drafts" in key or key.endswith(".txt") for key in gets)
 
     client.put_object(Bucket=bucket, Key="docs/faq/积分 兑换.md", Body="# 积分兑换\n\n积分可兑换优惠券。\n".encode())
     added = run_reindex(deps)
-    assert added["outcome"] == "promoted" and added["docs"]["added"] == 1, added
+    assert added.outcome == "promoted" and added.docs.added == 1, added
 
     client.delete_object(Bucket=bucket, Key=f"docs/{CJK_KEY}.md")
     removed = run_reindex(deps)
-    assert removed["outcome"] == "promoted" and removed["docs"]["removed"] == 1, removed
+    assert removed.outcome == "promoted" and removed.docs.removed == 1, removed
     collection = deps.state.live_version("mall_knowledge").collection
     served = {p.payload["knowledge_key"] for p in deps.store.client.scroll(collection, limit=10_000)[0]}
     assert CJK_KEY not in served and "faq/积分 兑换" in served
@@ -149,38 +150,38 @@ def test_every_failure_of_the_bucket_is_one_line_and_the_alias_stays(bucket_deps
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     deps = bucket_deps
     bucket, client = bucket_of(deps), s3.client()
-    assert run_reindex(deps)["outcome"] == "promoted"
+    assert run_reindex(deps).outcome == "promoted"
     live = deps.store.alias_target("mall_knowledge")
 
-    def failed(**changes: object) -> dict:
+    def failed(**changes: object) -> RunResult:
         again = Deps(settings=replace(deps.settings, **changes), state=deps.state, store=deps.store)  # type: ignore[arg-type]
         result = run_reindex(again)
-        assert result["outcome"] == "failed", result
+        assert result.outcome == "failed", result
         assert deps.store.alias_target("mall_knowledge") == live, "the alias stays"
         assert SECRET not in json.dumps(result.to_dict(), ensure_ascii=False, default=str)
         return result
 
     gone = failed(knowledge_source="s3://kb-no-such-bucket/docs")
-    assert gone["error_kind"] == "config" and "\n" not in gone["error"], gone
-    assert "bucket kb-no-such-bucket does not exist at " + s3.url in gone["error"]
+    assert gone.error_kind == "config" and "\n" not in gone.error, gone
+    assert "bucket kb-no-such-bucket does not exist at " + s3.url in gone.error
 
     client.create_bucket(Bucket=f"{bucket}-empty")
     empty = failed(knowledge_source=f"s3://{bucket}-empty/docs")
-    assert f"knowledge source s3://{bucket}-empty/docs holds no .md documents" in empty["error"], empty
+    assert f"knowledge source s3://{bucket}-empty/docs holds no .md documents" in empty.error, empty
 
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "kb-wrong-key")
     refused = failed()
-    assert refused["error_kind"] == "config" and "\n" not in refused["error"], refused
-    assert f"bucket {bucket} refused the credentials of the AWS environment" in refused["error"]
-    assert "(InvalidAccessKeyId)" in refused["error"] and "kb-wrong-key" not in refused["error"]
+    assert refused.error_kind == "config" and "\n" not in refused.error, refused
+    assert f"bucket {bucket} refused the credentials of the AWS environment" in refused.error
+    assert "(InvalidAccessKeyId)" in refused.error and "kb-wrong-key" not in refused.error
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", aws_env["AWS_ACCESS_KEY_ID"])
 
     dead = free_port()
     monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{dead}")
     unreachable = failed()
-    assert unreachable["error_kind"] == "source_unreachable" and "\n" not in unreachable["error"], unreachable
+    assert unreachable.error_kind == "source_unreachable" and "\n" not in unreachable.error, unreachable
     assert (f"the S3 endpoint http://127.0.0.1:{dead} does not answer (connection refused); bucket {bucket} was not "
-            "read") in unreachable["error"]
+            "read") in unreachable.error
     monkeypatch.setenv("AWS_ENDPOINT_URL", s3.url)
 
     # an object that is not UTF-8, one over the size limit: the very lines a file gets
@@ -192,9 +193,9 @@ def test_every_failure_of_the_bucket_is_one_line_and_the_alias_stays(bucket_deps
     bad = failed(knowledge_source=f"s3://{bucket}/bad", max_doc_bytes=300)
     with pytest.raises(SourceError) as as_files:
         load_corpus(folder, max_bytes=300)
-    assert bad["error"] == str(as_files.value), (bad["error"], str(as_files.value))
-    assert "latin1.md: not valid UTF-8 at byte" in bad["error"] and "big.md: file is 407 bytes, over the limit" \
-        in bad["error"]
+    assert bad.error == str(as_files.value), (bad.error, str(as_files.value))
+    assert "latin1.md: not valid UTF-8 at byte" in bad.error and "big.md: file is 407 bytes, over the limit" \
+        in bad.error
 
 
 def test_source_uris_are_checked_and_a_registry_entry_names_its_aws_connection(tmp_path: Path) -> None:

@@ -66,25 +66,25 @@ def points_of(deps: Deps, version: int) -> int:
 
 def test_an_edit_moves_what_changed_not_the_collection(wire: Any) -> None:
     deps, server = wire
-    assert run_reindex(deps)["outcome"] == "promoted"
+    assert run_reindex(deps).outcome == "promoted"
     total = points_of(deps, 1)
     for n, key in enumerate(["coupon-rules", "shipping-policy", "payment-guide"]):  # three slots in use
         edit(deps, key, f"补充{n}：本条为测试新增。")
-        assert run_reindex(deps)["outcome"] == "promoted"
+        assert run_reindex(deps).outcome == "promoted"
     collections = {deps.state.get_version(ALIAS, v).collection for v in (2, 3, 4)}
     assert len(collections) == 3 and deps.state.get_version(ALIAS, 1).collection not in collections
     edit(deps, "coupon-rules", "补充四：再加一句。")
     server.vector_counts(reset=True)
     result = run_reindex(deps)
-    assert result["outcome"] == "promoted", result["error"]
+    assert result.outcome == "promoted", result.error
     counts = server.vector_counts()
     v5 = deps.state.get_version(ALIAS, 5)
     # v5 went into v2's slot: its difference from v2 is the three edits since, not the collection
     assert v5.slot_base == 2
-    build = result["build"]
-    assert build["kept"] > total // 2 and build["embedded"] + build["copied"] < total // 4
+    build = result.build
+    assert build.kept > total // 2 and build.embedded + build.copied < total // 4
     moved = counts["written"] + counts["read"]
-    written = build["embedded"] + build["copied"]
+    written = build.embedded + build.copied
     assert moved <= 3 * written + 2 * 64 + 10, counts  # the payload sample reads back 64 vectors at most
     assert moved < total, f"{counts} for a collection of {total}"
     assert not structural_problems(deps, v5)
@@ -92,10 +92,10 @@ def test_an_edit_moves_what_changed_not_the_collection(wire: Any) -> None:
 
 def test_the_slot_a_build_takes_is_never_live_nor_the_rollback_target(wire: Any) -> None:
     deps, _server = wire
-    assert run_reindex(deps)["outcome"] == "promoted"
+    assert run_reindex(deps).outcome == "promoted"
     for n in range(4):
         edit(deps, "coupon-rules", f"补充{n}。")
-        assert run_reindex(deps)["outcome"] == "promoted"
+        assert run_reindex(deps).outcome == "promoted"
         live = deps.state.live_version(ALIAS)
         previous = deps.state.get_version(ALIAS, live.version - 1)
         assert live.collection != previous.collection
@@ -108,10 +108,10 @@ def test_the_slot_a_build_takes_is_never_live_nor_the_rollback_target(wire: Any)
 def test_a_killed_build_resumes_from_its_base_and_a_new_plan_empties_the_half_applied_slot(
         wire: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     deps, _server = wire
-    assert run_reindex(deps)["outcome"] == "promoted"
+    assert run_reindex(deps).outcome == "promoted"
     for n in range(3):
         edit(deps, "shipping-policy", f"补充{n}。")
-        assert run_reindex(deps)["outcome"] == "promoted"
+        assert run_reindex(deps).outcome == "promoted"
     edit(deps, "coupon-rules", "补充：中途失败的这一版。")
     original = Deps.embedder_for
 
@@ -126,25 +126,25 @@ def test_a_killed_build_resumes_from_its_base_and_a_new_plan_empties_the_half_ap
 
     monkeypatch.setattr(Deps, "embedder_for", dying)
     failed = run_reindex(deps)
-    assert failed["outcome"] == "failed"
+    assert failed.outcome == "failed"
     v5 = deps.state.get_version(ALIAS, 5)
     assert v5.slot_base == 2 and deps.state.slot(v5.collection).holds_exact is None
     monkeypatch.undo()
     resumed = run_reindex(deps)  # the same plan: resumed in its slot, from its base
-    assert resumed["outcome"] == "promoted" and resumed["version"] == 5, resumed["error"]
+    assert resumed.outcome == "promoted" and resumed.version == 5, resumed.error
     assert deps.state.slot(v5.collection).holds_exact is not None
 
     # a build that dies half-way, then another plan: the slot is emptied, never taken for complete
     edit(deps, "payment-guide", "补充：又一版，中途失败。")
     monkeypatch.setattr(Deps, "embedder_for", dying)
-    assert run_reindex(deps)["outcome"] == "failed"
+    assert run_reindex(deps).outcome == "failed"
     half = deps.state.get_version(ALIAS, 6)
     monkeypatch.undo()
     edit(deps, "payment-guide", "补充：计划变了。")
     monkeypatch.setattr(
         "kb_reindex.steps.retention.cleanup", lambda deps: None, raising=False)  # keep v6 where it is
     result = run_reindex(deps)
-    assert result["outcome"] == "promoted", result["error"]
+    assert result.outcome == "promoted", result.error
     v7 = deps.state.get_version(ALIAS, 7)
     assert v7.collection == half.collection and v7.slot_base is None, "the half-applied slot was emptied"
     assert not structural_problems(deps, v7)
@@ -153,11 +153,11 @@ def test_a_killed_build_resumes_from_its_base_and_a_new_plan_empties_the_half_ap
 def test_an_older_kept_version_is_restored_without_embedding_then_one_move_away(wire: Any) -> None:
     deps, server = wire
     deps.settings = replace(deps.settings, keep_versions=3)
-    assert run_reindex(deps)["outcome"] == "promoted"
+    assert run_reindex(deps).outcome == "promoted"
     texts = ["补充一：退货需保留原包装。", "补充二：周末不发货。", "补充三：支持分期付款。", "补充四：积分可抵运费。"]
     for key, text in zip(["return-policy", "shipping-policy", "payment-guide", "member-rules"], texts, strict=True):
         edit(deps, key, text)
-        assert run_reindex(deps)["outcome"] == "promoted"
+        assert run_reindex(deps).outcome == "promoted"
     v2 = deps.state.get_version(ALIAS, 2)
     assert v2.status == "retired" and not deps.store.exists(v2.collection), "v2 gave its slot to a newer build"
     view = status_view(deps).to_dict()
@@ -200,13 +200,13 @@ def test_a_rollback_checked_before_a_build_took_its_slot_moves_nothing(wire: Any
     from kb_reindex.rules.alias import switch_alias
 
     deps, _server = wire
-    assert run_reindex(deps)["outcome"] == "promoted"
+    assert run_reindex(deps).outcome == "promoted"
     for n in range(3):
         edit(deps, "coupon-rules", f"补充{n}。")
-        assert run_reindex(deps)["outcome"] == "promoted"
+        assert run_reindex(deps).outcome == "promoted"
     stale = deps.state.get_version(ALIAS, 2)  # resident now, checked by a rollback
     edit(deps, "coupon-rules", "补充：再一版。")
-    assert run_reindex(deps)["outcome"] == "promoted"  # v5 takes v2's slot
+    assert run_reindex(deps).outcome == "promoted"  # v5 takes v2's slot
     live = deps.state.live_version(ALIAS)
     with pytest.raises(Exception, match="no longer resides"):
         switch_alias(deps, stale, expected_from=live.collection, action="rollback", run_id=None, reason="test")
@@ -216,11 +216,11 @@ def test_a_rollback_checked_before_a_build_took_its_slot_moves_nothing(wire: Any
 def test_disk_stays_three_slots_and_a_vault_however_many_versions_are_kept(wire: Any) -> None:
     deps, _server = wire
     deps.settings = replace(deps.settings, keep_versions=8)
-    assert run_reindex(deps)["outcome"] == "promoted"
+    assert run_reindex(deps).outcome == "promoted"
     total = points_of(deps, 1)
     for n in range(8):
         edit(deps, "coupon-rules", f"补充{n}：测试。")
-        assert run_reindex(deps)["outcome"] == "promoted"
+        assert run_reindex(deps).outcome == "promoted"
     names = deps.store.collection_names()
     stored = sum(deps.store.count(name) for name in names)
     assert len([r for r in deps.state.slots(ALIAS)]) == 3
@@ -236,12 +236,12 @@ def test_local_mode_runs_the_same_model(settings: Any, tmp_path: Path) -> None:
     state = StateStore(local.state_url)
     deps = Deps(settings=local, state=state, store=KnowledgeStore(client))
     try:
-        assert run_reindex(deps)["outcome"] == "promoted"
+        assert run_reindex(deps).outcome == "promoted"
         for n in range(4):
             edit(deps, "coupon-rules", f"补充{n}。")
             result = run_reindex(deps)
-            assert result["outcome"] == "promoted", result["error"]
-        assert result["build"]["kept"] > 0 and len(deps.state.slots(ALIAS)) == 3
+            assert result.outcome == "promoted", result.error
+        assert result.build.kept > 0 and len(deps.state.slots(ALIAS)) == 3
     finally:
         state.dispose()
         client.close()

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from kb_reindex.domain.errors import LockHeldError
+from kb_reindex.domain.errors import ConfigError, LockHeldError
 from kb_reindex.services.state.manifests import ManifestChunk, ManifestDocument
 from kb_reindex.services.state.versions import QdrantSnapshotRef
 from kb_reindex.services.state.store import StateStore
@@ -291,6 +291,25 @@ def test_schema_lock_that_cannot_be_opened_does_not_stop_the_state_db(tmp_path: 
     StateStore(f"sqlite:///{tmp_path}/state.db").dispose()  # schema complete: no lock needed at all
 
 
+def test_a_reader_meeting_a_schema_being_created_waits_for_it_and_a_half_schema_that_stays_is_named(
+        state: StateStore) -> None:
+    """Seen in the P9 bench: two first runs on one new SQLite file; one process's read-only open met
+    kb_versions made and kb_alias_events not yet, and its run failed 'tables kb_alias_events missing'."""
+    from kb_reindex.services.state.schema import alias_events
+
+    alias_events.drop(state.engine)  # what a reader sees between the writer's two CREATE TABLEs
+    again = threading.Timer(1.0, lambda: alias_events.create(state.engine))
+    again.start()
+    try:
+        StateStore(state.url, create=False).dispose()  # waits for the table instead of failing
+    finally:
+        again.join()
+    alias_events.drop(state.engine)  # and now nobody creates it
+    with pytest.raises(ConfigError, match="tables kb_alias_events missing"):
+        StateStore(state.url, create=False)
+    alias_events.create(state.engine)
+
+
 def test_processes_creating_one_sqlite_state_db_at_once_all_succeed(tmp_path: Path) -> None:
     """A race: without the schema lock about one round in five ends in 'database is locked'."""
     import subprocess
@@ -485,3 +504,29 @@ def test_kept_query_vectors_and_screen_scores_round_trip_exactly_and_a_race_keep
     state.remember_scores("clf", {"d" * 64: 0.25})
     state.remember_scores("clf", {"d" * 64: 0.9, "e" * 64: 0.5})
     assert state.recall_scores("clf", ["d" * 64, "e" * 64]) == {"d" * 64: 0.25, "e" * 64: 0.5}
+
+
+def test_a_retirement_is_recorded_once_dropped_undone_and_kept_as_history(state: StateStore) -> None:
+    """`kb-reindex retire`'s record: one in force per alias (a second keeps the first), its drop stamped once,
+    its undo kept; a state DB made before the table gains it when a state-only command retires."""
+    from kb_reindex.services.state.schema import retirements
+
+    with state.engine.begin() as conn:  # as a state DB made before retirements
+        retirements.drop(conn, checkfirst=True)
+    old = StateStore(state.url, create=False)
+    try:
+        assert old.retirement("wiki") is None and old.retired_aliases() == {} and old.undo_retirement("wiki", by="x") is None
+        first, recorded = old.retire("wiki", reason=" merged ", by="alice@host")
+    finally:
+        old.dispose()
+    assert recorded and (first.reason, first.retired_by, first.dropped_at) == ("merged", "alice@host", None)
+    again, recorded = state.retire("wiki", reason="other", by="bob@host")
+    assert not recorded and again == first
+    assert list(state.retired_aliases()) == ["wiki"] and state.retirement("shop") is None
+    dropped = state.mark_retirement_dropped("wiki", by="bob@host")
+    assert dropped is not None and dropped.dropped_by == "bob@host" and dropped.dropped_at is not None
+    assert state.mark_retirement_dropped("wiki", by="carol@host") == dropped, "the first drop is kept"
+    assert state.undo_retirement("wiki", by="alice@host") == dropped and state.retirement("wiki") is None
+    assert [e.action for e in state.retirement_events("wiki")] == ["retire", "drop-collections", "unretire"]
+    with pytest.raises(ConfigError, match="a retirement needs a reason"):
+        state.retire("wiki", reason=" ", by="alice@host")

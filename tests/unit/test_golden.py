@@ -95,8 +95,8 @@ def test_run_with_a_bad_golden_set_stops_before_any_version_exists(deps) -> None
 
     _edit_golden(deps.settings.golden_set, k=0)
     result = run_reindex(deps)
-    assert result["outcome"] == "failed" and "'k' must be a whole number" in result["error"]
-    assert result["version"] is None and deps.state.list_versions(deps.settings.alias) == []
+    assert result.outcome == "failed" and "'k' must be a whole number" in result.error
+    assert result.version is None and deps.state.list_versions(deps.settings.alias) == []
     assert not deps.store.collection_names()
     assert deps.state.list_runs(deps.settings.alias)[0].outcome == "failed"
 

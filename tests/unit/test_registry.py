@@ -221,3 +221,34 @@ def test_an_entry_with_several_wrong_keys_names_every_one(tmp_path: Path) -> Non
     [error] = load_registry(env).errors
     assert error.endswith("knowledge base 'shop': source: missing; chunk_size: Input should be greater than or "
                           "equal to 50; schedul: unknown key (known: " + ", ".join(RegistryEntry.model_fields) + ")"), error
+
+
+def test_an_entry_without_golden_set_has_its_folders_golden_yaml_or_explicitly_none(tmp_path: Path) -> None:
+    """Never the environment's golden set (the shop's probes, about pages the entry does not have): its source
+    folder's golden.yaml, else `NoGoldenSet` naming where to add one, kept in the entry the state DB records.
+    The single form keeps KB_GOLDEN_SET or knowledge/golden.yaml."""
+    from kb_reindex.domain.validation_model import NoGoldenSet
+    from kb_reindex.services.registry import stand_in
+
+    env = {**write_registry(tmp_path, "knowledge_bases:\n  own:\n    source: own-docs\n  bare:\n    source: bare-docs\n"
+                                      "  bucket:\n    source: s3://wiki-bucket/pages\n"),
+           "KB_GOLDEN_SET": str(tmp_path / "kb" / "golden.yaml")}  # the environment's: taken by none of them
+    (tmp_path / "kb" / "own-docs").mkdir()
+    (tmp_path / "kb" / "own-docs" / "golden.yaml").write_text("probes: []\n", encoding="utf-8")
+    registry = load_registry(env)
+    assert registry.errors == ()
+    own, bare, bucket = (registry.get(alias) for alias in ("own", "bare", "bucket"))
+    assert own.settings(env).golden_set == tmp_path / "kb" / "own-docs" / "golden.yaml"
+    where = f"{tmp_path / 'kb' / 'registry.yaml'}'s entry"
+    assert bare.settings(env).golden_set == NoGoldenSet(entry=f"{where} bare")
+    assert bucket.settings(env).golden_set == NoGoldenSet(entry=f"{where} bucket")  # a bucket: no folder to look in
+    assert NoGoldenSet(entry=f"{where} bare").text == (
+        f"no golden set: answers were not probed; add golden_set to {where} bare")
+    # as the state DB records it: on-call's stand-in still knows it has none
+    recorded = bare.recorded()
+    assert stand_in("bare", registry=None, problem="removed", recorded=recorded).settings(env).golden_set == (
+        NoGoldenSet(entry=f"{where} bare"))
+    # the single form, as it was
+    single = load_registry({"KB_PROJECT_ROOT": str(tmp_path)}).bases[0].settings({"KB_PROJECT_ROOT": str(tmp_path)})
+    assert single.golden_set == tmp_path / "knowledge" / "golden.yaml"
+    assert load_registry(env | {"KB_REGISTRY": ""}).bases[0].settings(env).golden_set == tmp_path / "kb" / "golden.yaml"

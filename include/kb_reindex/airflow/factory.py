@@ -104,7 +104,18 @@ def reindex_schedule(kb: KnowledgeBase) -> Any:
         return cron
     if cron is None:
         return [watched]
-    return AssetOrTimeSchedule(timetable=CronTriggerTimetable(cron, timezone="UTC"), assets=[watched])
+    # the watcher's first event builds a fresh install's first version; the time schedule then waits for its next
+    # tick (run_immediately=0, and no start_date: see start_date_of), or every fresh install started a second run
+    # for the latest tick, which found nothing to change
+    return AssetOrTimeSchedule(timetable=CronTriggerTimetable(cron, timezone="UTC", run_immediately=timedelta(0)),
+                               assets=[watched])
+
+
+def start_date_of(schedule: Any) -> datetime | None:
+    """None for a watched time schedule: with a start date Airflow runs the latest tick at once whatever
+    `run_immediately` says (catchup=False takes the later of the two); START for the rest (a time schedule
+    alone runs its latest tick at once: a fresh install's first build with no watcher)."""
+    return None if isinstance(schedule, AssetOrTimeSchedule) else START
 
 
 def watch_sensor(kb: KnowledgeBase) -> Any:
@@ -159,7 +170,7 @@ def knowledge_dag(kb: KnowledgeBase, base_id: str, *, kind: RunKind, doc_md: str
     @dag(
         dag_id=kb.dag_id(base_id),
         schedule=schedule,
-        start_date=START,
+        start_date=start_date_of(schedule),
         catchup=False,
         max_active_runs=1, is_paused_upon_creation=False if unpaused else None,
         # a run failed as a whole (marked failed, timed out) lets its lock go too; liveness asks Airflow as well
@@ -233,15 +244,50 @@ def knowledge_dag(kb: KnowledgeBase, base_id: str, *, kind: RunKind, doc_md: str
 
             return tasks.cleanup_task(kb=name, dry_run=(params or {}).get("dry_run", False), run_id=current_run_id())
 
+        path, small_run = small_run_tasks(kb, pool)
         planned = plan()
         version = create_version(planned)
         has_changes(planned) >> version
-        built = build.expand(work=build_slices(version))
+        chosen = path(version)
+        chosen >> small_run(planned, version)
+        slices = build_slices(version)
+        chosen >> slices
+        built = build.expand(work=slices)
         checked = validate(version)
         built >> checked
-        checked >> promote(planned, version) >> cleanup()
+        finished = cleanup()
+        checked >> promote(planned, version) >> finished
+        chosen >> finished  # the mapped path names it; the small path skips it (small_run cleans up itself)
 
     return knowledge_run()
+
+
+def small_run_tasks(kb: KnowledgeBase, pool: str) -> tuple[Any, Any]:
+    """The branch after create_version and the one task of a small plan (kb_reindex.rules.run_path), as task
+    decorators the DAG calls."""
+    name = task_kb(kb)
+
+    # one task for a small plan, the mapped slices for the rest (kb_reindex.rules.run_path); the graph shows
+    # which: the path not taken is skipped
+    @task.branch
+    def path(version: Any, params: dict | None = None) -> list[str]:
+        from kb_reindex.airflow import tasks
+
+        p = params or {}
+        return tasks.path_task(kb=name, version=version, slice_size=p.get("build_slice_size", BUILD_SLICE_SIZE),
+                               small_run_points=p.get("small_run_points"))
+
+    # build, validate, promote and cleanup of a small plan; its event on the alias Asset as promote's
+    @task(pool=pool, outlets=[alias_asset(kb.alias)])
+    def small_run(plan: Any, version: Any, params: dict | None = None) -> dict:
+        from kb_reindex.airflow import tasks
+
+        p = params or {}
+        return tasks.small_run_task(kb=name, plan=plan, version=version, run_id=current_run_id(),
+                                    promote=p.get("promote", True), watch_minutes=p.get("watch_minutes"),
+                                    min_hit_rate=p.get("min_hit_rate"), min_mrr=p.get("min_mrr"))
+
+    return path, small_run
 
 
 def watch_dag(kb: KnowledgeBase, *, doc_md: str | None) -> DAG:

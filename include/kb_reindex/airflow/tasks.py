@@ -24,6 +24,7 @@ from kb_reindex.airflow.waiting import rescheduling
 from kb_reindex.domain.errors import PERMANENT, UNAVAILABLE, KbError, StateUnreachable, StoreError, classify
 from kb_reindex.rules.fence import Fence
 from kb_reindex.rules.freeze import freeze_for_rollback
+from kb_reindex.rules.run_path import RunPath, run_path
 from kb_reindex.services.layouts import version_profile
 from kb_reindex.rules.locking import reindex_lock_name
 from kb_reindex.domain.model import RunKind, RunOutcome, WatchOutcome
@@ -36,19 +37,20 @@ from kb_reindex.run.pipeline import (
     create_version_step,
     finish_unbuilt,
     plan_step,
+    Promotion,
     promote_shadow,
     promote_step,
     recorded_version,
     validate_step,
 )
-from kb_reindex.domain.planning import Plan
+from kb_reindex.domain.planning import CreatedVersion, Plan
 from kb_reindex.run.runs import Recorder, exclusive, run_rollback
 from kb_reindex.services.runtime import Deps
 from kb_reindex.services.state.store import StateStore
 from kb_reindex.services.state.versions import VersionRecord
 
-__all__ = ["PERMANENT", "build_slices_task", "build_task", "cleanup_task", "create_version_task", "plan_task",
-           "promote_shadow_task", "promote_task", "rollback_task", "should_build_task", "step", "task_deps",
+__all__ = ["PERMANENT", "build_slices_task", "build_task", "cleanup_task", "create_version_task", "path_task", "plan_task",
+           "promote_shadow_task", "promote_task", "rollback_task", "should_build_task", "small_run_task", "step", "task_deps",
            "validate_task", "watch_task"]
 
 log = logging.getLogger(__name__)
@@ -87,6 +89,16 @@ def task_step(run_id: str, kb: str | None = None, *, reschedules: bool = False) 
     """`task_deps` inside `step`, under the run's reindex lock (renewed now and all along the step): an error
     while opening the stores (Qdrant down, a bad Connection) is decided like one in the step's body.
     `reschedules`: the step's waits give the worker slot back between looks (a task safe to start again)."""
+    with opened_deps(run_id, kb) as deps:
+        if reschedules:
+            deps.waiter = rescheduling(lock_ttl_s=deps.settings.lock_ttl_s)
+        with step(deps, run_id), dag_lock.held(deps, run_id):
+            yield deps
+
+
+@contextmanager
+def opened_deps(run_id: str, kb: str | None = None) -> Iterator[Deps]:
+    """`task_deps`, an error while opening them recorded as the run's (`_opening_failed`)."""
     stack = ExitStack()
     try:
         deps = stack.enter_context(task_deps(kb))
@@ -94,9 +106,7 @@ def task_step(run_id: str, kb: str | None = None, *, reschedules: bool = False) 
         stack.close()
         _opening_failed(run_id, exc)
         raise
-    if reschedules:
-        deps.waiter = rescheduling(lock_ttl_s=deps.settings.lock_ttl_s)
-    with stack, step(deps, run_id), dag_lock.held(deps, run_id):
+    with stack:
         yield deps
 
 
@@ -193,15 +203,28 @@ def promote_task(*, kb: str | None = None, plan: dict[str, Any], version: dict[s
     skipped (no Asset event, no watch; `cleanup` still runs) when nothing moved: the version was already live
     (unless this very run moved it in an attempt that died before reporting), the alias is frozen (the run ends
     `frozen`), or `promote` is off (a migration's shadow: the run ends `shadow`)."""
-    number = version["version"]
     with task_step(run_id, kb) as deps:
-        promotion = promote_step(deps, Recorder.of(deps, run_id), Plan.from_dict(plan), number, run_fence(deps, run_id),
-                                 request=RunRequest(promote=promote))
-        if promotion.moved:
-            record = recorded_version(deps, number)
-            announce_alias_move(deps, action=_move_action(record), version=record,
-                                previous_version=promotion.previous_version,
-                                watch={"minutes": watch_minutes, "run_id": run_id})
+        promotion = _promote(deps, plan=plan, number=version["version"], run_id=run_id, promote=promote,
+                             watch_minutes=watch_minutes)
+    return _promotion_end(promotion)
+
+
+def _promote(deps: Deps, *, plan: dict[str, Any], number: int, run_id: str, promote: bool,
+             watch_minutes: float | None) -> Promotion:
+    promotion = promote_step(deps, Recorder.of(deps, run_id), Plan.from_dict(plan), number, run_fence(deps, run_id),
+                             request=RunRequest(promote=promote))
+    if promotion.moved:
+        record = recorded_version(deps, number)
+        announce_alias_move(deps, action=_move_action(record), version=record,
+                            previous_version=promotion.previous_version,
+                            watch={"minutes": watch_minutes, "run_id": run_id})
+    return promotion
+
+
+def _promotion_end(promotion: Promotion) -> dict[str, Any]:
+    """The task's end for how the promotion went: skipped (no Asset event) when nothing moved, failed (no
+    retry) when held for a person, its summary when the alias moved."""
+    number = promotion.version
     if promotion.outcome == RunOutcome.FROZEN and promotion.frozen is not None:  # outside `step`: not a failure
         raise AirflowSkipException(promotion.frozen.message)
     if promotion.outcome == RunOutcome.HELD and promotion.held is not None:
@@ -213,6 +236,41 @@ def promote_task(*, kb: str | None = None, plan: dict[str, Any], version: dict[s
     if not promotion.moved:
         raise AirflowSkipException(f"v{number} is already live: the alias did not move")
     return promotion.to_dict()
+
+
+def path_task(*, kb: str | None = None, version: dict[str, Any], slice_size: int,
+              small_run_points: int | None = None) -> list[str]:
+    """The branch after create_version (kb_reindex.rules.run_path): `small_run` alone, or the mapped slices
+    with `cleanup` after their promotion. `small_run_points`: the run's Param (None: KB_SMALL_RUN_POINTS).
+    Reads only the settings: no store is opened, no model loaded."""
+    created = CreatedVersion.from_dict(version)
+    limit = task_base(kb).settings().small_run_points if small_run_points is None else small_run_points
+    chosen = run_path(points_to_write=created.points_to_write, small_run_points=limit, slice_size=slice_size)
+    log.info("kb_reindex: v%d has %d point(s) to write: %s", created.version, created.points_to_write,
+             "one task (small_run)" if chosen is RunPath.SMALL else "mapped build slices")
+    return [str(chosen)] if chosen is RunPath.SMALL else [str(chosen), "cleanup"]
+
+
+def small_run_task(*, kb: str | None = None, plan: dict[str, Any], version: dict[str, Any], run_id: str,
+                   promote: bool = True, watch_minutes: float | None = None, min_hit_rate: float | None = None,
+                   min_mrr: float | None = None) -> dict[str, Any]:
+    """A small plan's build, validate, promote and cleanup in one task: the mapped path's steps in its order,
+    under the same lock and fence, with the same records and Asset event. Its waits (Qdrant's index) stay in
+    the slot: a small build's index is quick, and giving the slot back would start the build again. A retry
+    resumes (written points are skipped, a promotion this run made is recognised)."""
+    number = version["version"]
+    with opened_deps(run_id, kb) as deps, step(deps, run_id):
+        with dag_lock.held(deps, run_id):
+            build_step(deps, Recorder.of(deps, run_id), number, run_fence(deps, run_id))
+            validate_step(deps, number, RunRequest(min_hit_rate=min_hit_rate, min_mrr=min_mrr))
+            promotion = _promote(deps, plan=plan, number=number, run_id=run_id, promote=promote,
+                                 watch_minutes=watch_minutes)
+            held = promotion.outcome == RunOutcome.HELD  # the task fails; the failure callback lets the lock go
+            if not held:
+                cleanup_step(deps)  # retention under the run's lock, as the mapped path's cleanup task
+        if not held:
+            dag_lock.release(deps, run_id)
+    return _promotion_end(promotion)
 
 
 def _move_action(record: VersionRecord) -> str:
@@ -343,7 +401,10 @@ def rollback_task(*, kb: str | None = None, run_id: str, live_version: int | Non
     if live_version is None:
         raise AirflowFailException("name the version you saw serving (the 'live_version' param, from the Knowledge "
                                    "index page or `kb-reindex status`); nothing changed")
-    base = task_base(kb, on_call=True)
+    try:
+        base = task_base(kb, on_call=True)
+    except PERMANENT as exc:  # an alias never registered, or one retired: a retry would answer the same
+        raise AirflowFailException(f"{type(exc).__name__}: {exc}") from None
     if base.problem is not None:  # its golden set may be what its entry got wrong: not scored
         log.warning("kb_reindex: %s; rolling back from %s, the target not scored on a golden set", base.problem,
                     f"its entry as it last loaded ({base.recorded_at})" if base.recorded_at else "its alias alone")

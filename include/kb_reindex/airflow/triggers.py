@@ -4,7 +4,8 @@ time schedule. It runs in the triggerer, lists the source every KB_SOURCE_POLL_S
 modification times; no file is read), and fires one asset event per change once the source was quiet for
 KB_SOURCE_QUIET_S and no run of the knowledge base is in progress (`kb_reindex.domain.freshness`). At its
 start (a triggerer start, a DAG unpaused, a fresh install) it fires once if the source differs from what the
-last plan read.
+last plan read. A local folder's file events (`kb_reindex.services.file_events`) make the next look come at once,
+so an edit is seen within milliseconds and fires after the quiet time; the poll stays as the fallback.
 
 Blocking looks (the listing, the state DB) run in a worker thread, never on the triggerer's event loop.
 """
@@ -15,6 +16,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 from airflow.triggers.base import BaseEventTrigger, TriggerEvent
@@ -41,6 +43,7 @@ class SourceChangeTrigger(BaseEventTrigger):
         from kb_reindex.run.follow import differs_from_last_plan, look, run_in_progress
         from kb_reindex.airflow.connections import object_storage
         from kb_reindex.services.registry import select_knowledge_base
+        from kb_reindex.services.file_events import FileEvents
         from kb_reindex.services.runtime import open_source
         from kb_reindex.services.state.store import StateStore
 
@@ -51,6 +54,9 @@ class SourceChangeTrigger(BaseEventTrigger):
         source = await asyncio.to_thread(open_source, settings, access)
         state = await asyncio.to_thread(StateStore, await self._state_url(settings.state_url))
         watch = SourceWatch(quiet_s=self.quiet_s)
+        # a local folder's file events wake the next look at once (the poll stays the fallback); a bucket is polled
+        events = FileEvents(Path(source.root)) if source.local else None
+        woken = events is not None and events.start()
         try:
             listing = await asyncio.to_thread(look, source)
             try:
@@ -59,9 +65,13 @@ class SourceChangeTrigger(BaseEventTrigger):
                 self.log.error("kb_reindex: %s: cannot tell what the last plan read (%s): firing once", self.alias, exc)
                 differs = True
             watch.start(listing, differs_from_plan=differs, now=time.monotonic() - self.quiet_s)
-            self.log.info("kb_reindex: watching %s for %s every %gs (quiet %gs); %s", source.uri,
-                          self.alias, self.poll_s, self.quiet_s,
+            self.log.info("kb_reindex: watching %s for %s %s every %gs (quiet %gs); %s", source.uri,
+                          self.alias, "by file events, and a listing" if woken else "by a listing", self.poll_s,
+                          self.quiet_s,
                           "it differs from what the last plan read" if differs else "unchanged since the last plan")
+            if events is not None and not woken:
+                self.log.warning("kb_reindex: %s: no file events (%s); listing every %gs", self.alias,
+                                 events.failure, self.poll_s)
             while True:
                 if watch.quiet(now=time.monotonic()):
                     try:
@@ -74,12 +84,15 @@ class SourceChangeTrigger(BaseEventTrigger):
                         files = len(listing.files)
                         self.log.info("kb_reindex: %s changed (%d files): asset event", self.alias, files)
                         yield TriggerEvent({"alias": self.alias, "files": files, "listing": watch.seen})
-                await asyncio.sleep(watch.next_look_s(self.poll_s))
+                wait_s = watch.next_look_s(self.poll_s)
+                await (events.wait(wait_s) if events is not None else asyncio.sleep(wait_s))
                 listing = await asyncio.to_thread(look, source)
                 if watch.observe(listing, now=time.monotonic()):
                     self.log.info("kb_reindex: %s: the source changed; waiting %gs of quiet", self.alias,
                                   self.quiet_s)
         finally:
+            if events is not None:
+                await events.close()
             state.dispose()
 
     @staticmethod

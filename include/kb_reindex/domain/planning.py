@@ -228,15 +228,18 @@ class CreatedVersion:
     resumed: bool
     embed_model: str
     embed_dim: int
+    #: the points its slot still lacks (what a build writes: embedded or copied); a DAG run's path follows it
+    points_to_write: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return {"version": self.version, "collection": self.collection, "resumed": self.resumed,
-                "embed_model": self.embed_model, "embed_dim": self.embed_dim}
+                "embed_model": self.embed_model, "embed_dim": self.embed_dim, "points_to_write": self.points_to_write}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> CreatedVersion:
         return cls(version=int(data["version"]), collection=data["collection"], resumed=bool(data["resumed"]),
-                   embed_model=data["embed_model"], embed_dim=int(data["embed_dim"]))
+                   embed_model=data["embed_model"], embed_dim=int(data["embed_dim"]),
+                   points_to_write=int(data.get("points_to_write", 0)))
 
 
 @dataclass(frozen=True)

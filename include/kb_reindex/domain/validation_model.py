@@ -27,8 +27,8 @@ class FlaggedLine(TypedDict):
     why: NotRequired[str]
 
 
-#: the kinds of `ContentWarning`
-INSTRUCTION, TENANT_CHANGED, DUPLICATE = "instruction", "tenant_changed", "duplicate"
+#: the kinds of `ContentWarning`; NO_GOLDEN_SET is version-wide (`knowledge_key` "", `line` 0)
+INSTRUCTION, TENANT_CHANGED, DUPLICATE, NO_GOLDEN_SET = "instruction", "tenant_changed", "duplicate", "no_golden_set"
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,8 @@ class ContentWarning:
     - `tenant_changed`: the document serves another tenant than in the version compared with (`text` says
       which), so a reader passing the old tenant no longer finds it;
     - `duplicate`: a chunk that repeats one of document `other_key`, identically (same chunk hash) or nearly
-      (`score`: the cosine of their vectors, at or above the calibrated threshold); `line` is None."""
+      (`score`: the cosine of their vectors, at or above the calibrated threshold); `line` is None;
+    - `no_golden_set`: the knowledge base has no golden set (`NoGoldenSet`), so no answer was probed; version-wide."""
 
     kind: str
     knowledge_key: str
@@ -69,7 +70,30 @@ class ContentWarning:
             return f"tenant change of {self.knowledge_key}: {self.text}"
         if self.kind == DUPLICATE:
             return f"duplicate of {self.other_key} in {self.knowledge_key}: {self.text}"
+        if self.kind == NO_GOLDEN_SET:
+            return self.text
         return f"{self.kind}-like line in {self.knowledge_key} line {self.line}: {self.text}"
+
+
+@dataclass(frozen=True)
+class NoGoldenSet:
+    """A knowledge base scored on no golden set: a registry entry without `golden_set` whose source folder holds
+    no `golden.yaml` (the single form always has one, `KB_GOLDEN_SET`). Validation runs every structural and
+    exact check and scores no probe; the content-loss and replay thresholds are the defaults. `entry` names
+    where one is added (`<registry file>'s entry <alias>`)."""
+
+    entry: str
+
+    @property
+    def text(self) -> str:
+        return f"no golden set: answers were not probed; add golden_set to {self.entry}"
+
+    def warning(self) -> ContentWarning:
+        """What every validation of it says, in its result, status and on the page."""
+        return ContentWarning(kind=NO_GOLDEN_SET, knowledge_key="", line=0, text=self.text)
+
+    def __str__(self) -> str:  # where a golden set's path is named (an error, a report)
+        return f"(no golden set: {self.entry})"
 
 
 @dataclass(frozen=True)
@@ -326,8 +350,9 @@ class ValidationResult:
     checks: tuple[Check, ...]
     k: int
     thresholds: Thresholds
-    hit_rate: float
-    mrr: float
+    #: over the golden probes; None: no golden set, nothing probed (a `no_golden_set` warning says so)
+    hit_rate: float | None
+    mrr: float | None
     regressions: int
     live_version: int | None = None
     live_embed_model: str | None = None

@@ -9,6 +9,7 @@ import logging
 from kb_reindex.domain.errors import AliasMovedError, KbError
 from kb_reindex.rules.fence import Fence
 from kb_reindex.rules.freeze import ensure_not_frozen
+from kb_reindex.rules.retirement import ensure_not_retired
 from kb_reindex.domain.lifecycle import DELETED, FAILED, LIVE, SWITCHABLE
 from kb_reindex.rules.locking import alias_lock_name
 from kb_reindex.services.runtime import Deps
@@ -104,13 +105,15 @@ def switch_alias(
 
     If a previous attempt moved the alias and died before the state write, the alias already points at
     the target: the state side is completed instead of failing. Under the same lock: `fence` (a run's
-    lock, which it must still hold) and the target's record (dropped or failed meanwhile: nothing moves).
+    lock, which it must still hold), the target's record (dropped or failed meanwhile: nothing moves) and that
+    the knowledge base was not retired (`kb-reindex retire`).
     `by`: who moves it (the signed-in Airflow user who triggered the run, the CLI's login user), recorded.
     """
     alias = deps.settings.alias
     with deps.state.lock(alias_lock_name(alias), ttl_s=300, wait_s=deps.settings.lock_wait_s):
         if fence is not None:
             fence.check(deps.state, before=f"moving {alias} to v{target.version}; nothing was promoted")
+        ensure_not_retired(deps)  # a retired knowledge base's alias moves no more, forward or back
         fresh = deps.state.get_version(alias, target.version)
         if fresh is None or fresh.status not in (*SWITCHABLE, LIVE):
             raise KbError(f"v{target.version} is {fresh.status if fresh else 'gone'} now; {alias} was not moved")

@@ -23,7 +23,11 @@ CHANGED_CHECKED = 1024
 KEPT_LOOKED_UP = 1024
 
 
-def by_difference(deps: Deps, version: VersionRecord) -> tuple[VersionRecord, list[str], list[str], list[str]] | None:
+#: (base, IDs added, IDs dropped, IDs kept) of a version built by difference (`by_difference`)
+Difference = tuple[VersionRecord, list[str], list[str], list[str]]
+
+
+def by_difference(deps: Deps, version: VersionRecord) -> Difference | None:
     """(base, IDs added, IDs dropped, IDs kept) of a version being built in a slot that held `base` exactly;
     None when it was built whole (or its base is gone)."""
     if version.slot_base is None or version.status not in (VersionStatus.BUILDING, VersionStatus.FAILED):
@@ -38,9 +42,11 @@ def by_difference(deps: Deps, version: VersionRecord) -> tuple[VersionRecord, li
     return base, added, dropped, kept
 
 
-def shape_checks(deps: Deps, version: VersionRecord, manifest: list[ManifestRef]) -> tuple[list[Check], int | None]:
+def shape_checks(deps: Deps, version: VersionRecord, manifest: list[ManifestRef],
+                 diff: Difference | None = None) -> tuple[list[Check], int | None]:
     """Exact count and IDs against the manifest, dimension and distance against the record: the one
     structural check, shared by validation and by rollback/reconcile (`structural_problems`).
+    `diff`: the version's `by_difference`, when the caller has it (else found here).
 
     Returns the checks and the collection's point count (None when the collection is missing)."""
     checks: list[Check] = []
@@ -54,7 +60,8 @@ def shape_checks(deps: Deps, version: VersionRecord, manifest: list[ManifestRef]
         return checks, None
     shape = store.shape(version.collection)
     check("point count", shape.points == len(manifest), f"{shape.points} points, manifest lists {len(manifest)}")
-    missing, extra, how = _id_differences(deps, version, manifest, points=shape.points)
+    missing, extra, how = _id_differences(deps, version, manifest, points=shape.points,
+                                          diff=diff if diff is not None else by_difference(deps, version))
     check("point ids", not missing and not extra,
           f"{len(missing)} missing, {len(extra)} unexpected" + (f" (e.g. {sorted(missing or extra)[0]})" if missing or extra else "")
           + how)
@@ -63,8 +70,8 @@ def shape_checks(deps: Deps, version: VersionRecord, manifest: list[ManifestRef]
     return checks, shape.points
 
 
-def _id_differences(deps: Deps, version: VersionRecord, manifest: list[ManifestRef], *, points: int
-                    ) -> tuple[set[str], set[str], str]:
+def _id_differences(deps: Deps, version: VersionRecord, manifest: list[ManifestRef], *, points: int,
+                    diff: Difference | None) -> tuple[set[str], set[str], str]:
     """IDs the collection lacks and holds beyond the manifest, and how that was found.
 
     A version built by difference in a slot that held its base exactly (checked when the base was validated):
@@ -73,7 +80,6 @@ def _id_differences(deps: Deps, version: VersionRecord, manifest: list[ManifestR
     lost what was dropped and gained what was added; with as many points as the manifest, nothing else is
     there. Any doubt, or any other version: every ID is looked up (`id_differences`)."""
     store = deps.store
-    diff = by_difference(deps, version)
     if diff is not None and points == len(manifest):
         _base, added, dropped, kept = diff
         looked = added + random.Random(version.version).sample(kept, min(KEPT_LOOKED_UP, len(kept)))
@@ -98,7 +104,8 @@ def structural_problems(deps: Deps, version: VersionRecord) -> list[str]:
 
 
 def structural_checks(deps: Deps, version: VersionRecord, manifest: list[ManifestRef]) -> list[Check]:
-    checks, points = shape_checks(deps, version, manifest)
+    diff = by_difference(deps, version)  # read once: the IDs' check and the sample's
+    checks, points = shape_checks(deps, version, manifest, diff)
     if points is None:
         return checks
     if version.status in (VersionStatus.BUILDING, VersionStatus.READY, VersionStatus.FAILED) and version.points_written != points:
@@ -107,7 +114,6 @@ def structural_checks(deps: Deps, version: VersionRecord, manifest: list[Manifes
 
     store = deps.store
     picked = [row.point_id for row in random.Random(version.version).sample(manifest, min(SAMPLE_SIZE, len(manifest)))]
-    diff = by_difference(deps, version)
     written: set[str] = set()
     if diff is not None:  # what this build wrote: read back in full (a sample beyond CHANGED_CHECKED)
         added = diff[1]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 
-from kb_reindex.domain.validation_model import INSTRUCTION, TENANT_CHANGED, ContentWarning
+from kb_reindex.domain.validation_model import INSTRUCTION, NO_GOLDEN_SET, TENANT_CHANGED, ContentWarning
 from kb_reindex.services.state.manifests import ManifestDocument
 
 log = logging.getLogger(__name__)
@@ -18,6 +18,10 @@ def warn(alias: str, warnings: tuple[ContentWarning, ...]) -> tuple[ContentWarni
     the version for a person (KB_INSTRUCTION_POLICY=hold, the default), or refuses it (block); a tenant change or
     a duplicate is shown, never gated by itself."""
     for w in warnings:
+        if w.kind == NO_GOLDEN_SET:
+            log.warning("kb_reindex: %s: WARNING %s (every structural and exact check ran; an answer made worse is "
+                        "not caught)", alias, w.message)
+            continue
         why = ("a line live does not serve holds the version for a person under KB_INSTRUCTION_POLICY=hold, "
                "block refuses it" if w.kind == INSTRUCTION else
                "a probe naming its tenant fails the gate if it lost its document" if w.kind == TENANT_CHANGED else

@@ -4,16 +4,19 @@ build may hold in local mode): what serves, the model, the freeze, the last run 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from kb_reindex.domain.errors import ConfigError, StateEmpty, StateMissing
 from kb_reindex.domain.model import VersionStatus
 from kb_reindex.rules.alias import has_served
+from kb_reindex.rules.retirement import retired_message
 from kb_reindex.run.status import last_run_problem
 from kb_reindex.services.registry import KnowledgeBase, Registry, named_in, stand_in, valid_alias
 from kb_reindex.services.state.clock import utc_stamp
 from kb_reindex.services.state.entries import RecordedEntry
+from kb_reindex.services.state.retirements import Retirement
 from kb_reindex.services.state.store import StateStore
 
 
@@ -103,18 +106,50 @@ def _in_progress(state: StateStore | None, version: Any) -> bool:
 
 def bases_view(registry: Registry, state_url: str) -> BasesView:
     """Every knowledge base of `registry` from the state DB at `state_url` (one the first run has not created
-    yet: nothing serves anywhere)."""
+    yet: nothing serves anywhere). A retired one is left out, and its entry, while the registry still lists it,
+    is refused (`retired_refusal`)."""
     try:
         state: StateStore | None = StateStore(state_url, create=False)
     except (StateEmpty, StateMissing):  # a fresh install: nothing built anywhere yet
         state = None
     try:
+        retired = state.retired_aliases() if state is not None else {}
         broken = tuple(_stand_in(state, registry, alias, error) for alias, error in registry.broken.items())
-        return BasesView(bases=tuple(summary(state, kb) for kb in registry.in_order((*registry.bases, *broken))),
-                         refused=registry.errors)
+        shown = [kb for kb in registry.in_order((*registry.bases, *broken)) if kb.alias not in retired]
+        return BasesView(bases=tuple(summary(state, kb) for kb in shown),
+                         refused=(*registry.errors, *retired_refusals(registry, retired)))
     finally:
         if state is not None:
             state.dispose()
+
+
+def retired_refusal(registry: Registry, retirement: Retirement) -> str:
+    """What a retired knowledge base is refused with: its entry named while the registry still lists it."""
+    return retired_message(retirement, registry=registry.path, listed=retirement.alias in registry.order)
+
+
+def retired_refusals(registry: Registry, retired: Mapping[str, Retirement]) -> tuple[str, ...]:
+    """The refusal of each entry the registry still lists whose knowledge base was retired, in its order."""
+    return tuple(retired_refusal(registry, retired[alias]) for alias in registry.order if alias in retired)
+
+
+def retirements(state_url: str) -> dict[str, Retirement]:
+    """Every retirement in force, by alias (none without a state DB yet)."""
+    try:
+        state = StateStore(state_url, create=False)
+    except (StateEmpty, StateMissing):
+        return {}
+    try:
+        return state.retired_aliases()
+    finally:
+        state.dispose()
+
+
+def refuse_retired(registry: Registry, kb: KnowledgeBase, state_url: str) -> None:
+    """Raise a ConfigError naming the retirement (who, when, why, how to undo) when `kb` was retired."""
+    retirement = retirements(state_url).get(kb.alias)
+    if retirement is not None:
+        raise ConfigError(retired_refusal(registry, retirement))
 
 
 def _stand_in(state: StateStore | None, registry: Registry, alias: str, problem: str) -> KnowledgeBase:
@@ -134,11 +169,19 @@ def recorded_entry(state_url: str, alias: str) -> RecordedEntry | None:
         state.dispose()
 
 
-def on_call_base(registry: Registry, name: str | None, state_url: str) -> KnowledgeBase:
+def on_call_base(registry: Registry, name: str | None, state_url: str, *, retired: bool = False) -> KnowledgeBase:
     """The knowledge base on-call names (`--kb`, KB_NAME, the only one): its entry; when that does not load
     (refused, or removed from the registry) a stand-in (`KnowledgeBase.problem` says why) made from the entry the
     state DB recorded when it last loaded, or from the alias alone. A name the registry never held, or one
-    removed and never recorded, is refused as before."""
+    removed and never recorded, is refused as before; so is a retired one (`refuse_retired`), unless `retired`
+    (`kb-reindex retire` itself: said again, or undone)."""
+    kb = _on_call_base(registry, name, state_url)
+    if not retired:
+        refuse_retired(registry, kb, state_url)
+    return kb
+
+
+def _on_call_base(registry: Registry, name: str | None, state_url: str) -> KnowledgeBase:
     try:
         return registry.select(name)
     except ConfigError:
@@ -151,5 +194,6 @@ def on_call_base(registry: Registry, name: str | None, state_url: str) -> Knowle
             if recorded is None:
                 raise
             problem = (f"knowledge base {name!r} is no longer in the registry {registry.path} (its entry last "
-                       f"loaded {recorded.since}); what it serves is kept: retire it when done")
+                       f"loaded {recorded.since}); what it serves is kept: retire it when done "
+                       f"(`kb-reindex --kb {name} retire --reason ...`)")
         return stand_in(name, registry=registry.path, problem=problem, recorded=recorded)

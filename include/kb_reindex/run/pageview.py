@@ -12,7 +12,6 @@ from dataclasses import asdict, dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
-from kb_reindex.rules.checks import structural_problems
 from kb_reindex.services.config import Settings
 from kb_reindex.domain.errors import KbError, StateEmpty, StateMissing, classify
 from kb_reindex.domain.validation_model import ContentWarning
@@ -189,18 +188,3 @@ def _rollback_warnings(state: StateStore, alias: str, status: StatusView) -> dic
     records = {r.version: r for r in state.list_versions(alias)}
     return {row.version: rollback_warnings(live, records[row.version]) for row in status.versions
             if row.rollback_allowed and row.version in records}
-
-
-def check_rollback_target(settings: Settings, version: int) -> list[str]:
-    """The full structural check (count, IDs, dimension, distance) of a rollback target, before triggering."""
-    state = StateStore(settings.state_url, create=False)
-    client = None
-    try:
-        client = make_client(settings, wait_s=0, create=False)
-        with open_deps(settings, client=client, state=state, create=False) as deps:
-            record = deps.state.get_version(settings.alias, version)
-            return structural_problems(deps, record) if record else [f"no version {version}"]
-    finally:
-        if client is not None:
-            client.close()
-        state.dispose()

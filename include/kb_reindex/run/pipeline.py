@@ -20,6 +20,7 @@ from kb_reindex.domain.errors import AliasFrozen, ConfigError
 from kb_reindex.rules.content_loss import ContentLoss, content_loss
 from kb_reindex.rules.instruction_hold import Hold, InstructionHold, instruction_hold
 from kb_reindex.rules.fence import Fence
+from kb_reindex.rules.retirement import ensure_not_retired
 from kb_reindex.rules.freeze import FreezeView, frozen_view
 from kb_reindex.rules.locking import reindex_lock_name
 from kb_reindex.domain.model import RunKind, RunOutcome
@@ -67,8 +68,8 @@ class ValidationSummary:
     paired and replay figures as the stored record has them (the replay without its per-query rows)."""
 
     passed: bool
-    hit_rate: float
-    mrr: float
+    hit_rate: float | None  # None: no golden set, nothing probed
+    mrr: float | None
     regressions: int
     failures: tuple[str, ...] = ()
     live_hit_rate: float | None = None
@@ -108,6 +109,11 @@ class RunResult:
     held: Hold | None = None
     cleanup: CleanupResult | None = None
 
+    @property
+    def warnings(self) -> tuple[ContentWarning, ...]:
+        """What the plan's files hold that no check judges, then what the validation found (the JSON's `warnings`)."""
+        return (*(self.plan.warnings if self.plan else ()), *(self.validation.warnings if self.validation else ()))
+
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"outcome": self.outcome, "version": self.version, "collection": self.collection,
                                "docs": self.docs.to_dict(), "chunks": self.chunks.to_dict(),
@@ -115,8 +121,7 @@ class RunResult:
                                "error": self.error, "error_kind": self.error_kind}
         if self.plan is not None:
             out.update(plan=self.plan.to_dict(), notes=list(self.plan.notes), doc_keys=self.plan.doc_keys.to_dict(),
-                       warnings=[w.to_dict() for w in (*self.plan.warnings,
-                                                        *(self.validation.warnings if self.validation else ()))])
+                       warnings=[w.to_dict() for w in self.warnings])
         optional = {"audit": self.plan.audit.to_dict() if self.plan and self.plan.audit else None,
                     "build": self.build.to_dict() if self.build else None,
                     "lowered_thresholds": self.lowered_thresholds,
@@ -125,17 +130,6 @@ class RunResult:
                     "cleanup": self.cleanup.to_dict() if self.cleanup else None}
         out.update({k: v for k, v in optional.items() if v})
         return out
-
-    # the run's JSON view, read by key (result["outcome"] is result.to_dict()["outcome"]): what the tests and the
-    # benchmarks read a run by; code reads the attributes
-    def __getitem__(self, key: str) -> Any:
-        return self.to_dict()[key]
-
-    def get(self, key: str, default: Any = None) -> Any:
-        return self.to_dict().get(key, default)
-
-    def __contains__(self, key: object) -> bool:
-        return key in self.to_dict()
 
 
 def empty_result(outcome: str = RunOutcome.FAILED) -> RunResult:
@@ -178,7 +172,9 @@ class RunRequest:
 def plan_step(deps: Deps, recorder: Recorder, request: RunRequest) -> Plan:
     """The only step that reads the knowledge folder. Under the run's lock: runs that died are recorded as
     failed, then the plan; one that builds is snapshotted in the state DB (version, manifest, texts to embed),
-    and the plan names its version (`version`). The scan itself (tens of MB at 100k chunks) is not kept."""
+    and the plan names its version (`version`). The scan itself (tens of MB at 100k chunks) is not kept. A retired
+    knowledge base is refused here, under the lock `retire` takes from a run in progress."""
+    ensure_not_retired(deps)
     deps.state.fail_orphaned_runs(deps.settings.alias, current=recorder.run_id)
     prepared = prepare_logged(deps, force_full=request.force_full or request.kind == RunKind.MIGRATION,
                               kind=request.kind, embedder=request.embedder, model=request.model, dim=request.dim,

@@ -525,8 +525,8 @@ def metrics(deps: Deps | StateDeps) -> Metrics:
 
 
 def history(deps: Deps | StateDeps) -> list[HistoryEvent]:
-    """Every alias move, every lock broken by on-call or taken over from a dead process, and every freeze
-    and unfreeze, in time order."""
+    """Every alias move, every lock broken by on-call or taken over from a dead process, every freeze and
+    unfreeze, and every retirement (its collections dropped, its undo), in time order."""
     alias = deps.settings.alias
     events = [(e.at, HistoryEvent.move(e)) for e in deps.state.alias_events(alias)]
     events += [(e.at, HistoryEvent.note(e.at, "unlock" if e.action == "unlock" else "lock-takeover",
@@ -534,4 +534,6 @@ def history(deps: Deps | StateDeps) -> list[HistoryEvent]:
                for e in deps.state.lock_events(names=[reindex_lock_name(alias), alias_lock_name(alias)])]
     events += [(e.at, HistoryEvent.note(e.at, e.action, f"by {e.by}: {e.reason}", by=e.by))
                for e in deps.state.freeze_events(alias)]
+    events += [(e.at, HistoryEvent.note(e.at, e.action, f"by {e.by}: {e.reason}", by=e.by))
+               for e in deps.state.retirement_events(alias)]
     return [event for _, event in sorted(events, key=lambda pair: pair[0])]

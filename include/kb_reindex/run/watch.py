@@ -37,8 +37,8 @@ log = logging.getLogger(__name__)
 class WatchCheck:
     """One look of the watch: the golden probes through the alias, the query log since the promotion."""
 
-    hit_rate: float
-    mrr: float
+    hit_rate: float | None  # None: no golden set, no probe to look with
+    mrr: float | None
     lost_probes: tuple[str, ...]
     logged_queries: int
     empty_rate: float | None
@@ -128,9 +128,9 @@ def check_once(deps: Deps, version: VersionRecord, *, probe_vectors: list[list[f
             lost.append(probe.id)
     hit_rate, mrr = score(ranks)
     signals: list[str] = []
-    if hit_rate < need_hit:
+    if golden.probes and hit_rate < need_hit:  # no golden set: only the query log is looked at
         signals.append(f"golden probes through the alias: hit rate {hit_rate:.3f} < {need_hit}")
-    if mrr < need_mrr:
+    if golden.probes and mrr < need_mrr:
         signals.append(f"golden probes through the alias: MRR {mrr:.3f} < {need_mrr}")
     if len(lost) > golden.max_regressions:
         signals.append(f"golden probes through the alias: {len(lost)} probe(s) that hit at validation miss now "
@@ -144,7 +144,8 @@ def check_once(deps: Deps, version: VersionRecord, *, probe_vectors: list[list[f
             and empty > baseline_empty + gate.max_empty_increase + 1e-9):
         signals.append(f"query log: empty-result rate {empty:.3f} over {len(rows)} queries since the promotion > "
                        f"{baseline_empty:.3f} ({baseline_from}; +{gate.max_empty_increase} allowed)")
-    return WatchCheck(hit_rate=round(hit_rate, 4), mrr=round(mrr, 4), lost_probes=tuple(lost),
+    return WatchCheck(hit_rate=round(hit_rate, 4) if golden.probes else None,
+                      mrr=round(mrr, 4) if golden.probes else None, lost_probes=tuple(lost),
                       logged_queries=len(rows), empty_rate=None if empty is None else round(empty, 4),
                       signals=tuple(signals))
 

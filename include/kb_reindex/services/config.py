@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kb_reindex.domain.errors import ConfigError
+from kb_reindex.domain.validation_model import NoGoldenSet
 from kb_reindex.services.object_store import is_uri, parse_bucket_uri
 
 if TYPE_CHECKING:
@@ -79,6 +80,20 @@ def _resolve(root: Path, value: str) -> Path:
     return path if path.is_absolute() else (root / path).resolve()
 
 
+#: what a registry entry without a golden set puts in its settings (`services.registry`) in place of
+#: KB_GOLDEN_SET: where one is added, `<registry file>'s entry <alias>`; not a setting of its own
+NO_GOLDEN_SET_ENV = "KB_NO_GOLDEN_SET"
+
+
+def golden_set_of(root: Path, env: Mapping[str, str]) -> Path | NoGoldenSet:
+    """The golden set file (KB_GOLDEN_SET, default `knowledge/golden.yaml`), or, for a registry entry that has
+    none, explicitly none (`NoGoldenSet`, from NO_GOLDEN_SET_ENV, which wins over the environment's file)."""
+    entry = env.get(NO_GOLDEN_SET_ENV, "").strip()
+    if entry:
+        return NoGoldenSet(entry=entry)
+    return _resolve(root, env.get("KB_GOLDEN_SET", "knowledge/golden.yaml"))
+
+
 def knowledge_source(root: Path, value: str, *, setting: str = "KB_KNOWLEDGE_DIR") -> str:
     """A source as the settings keep it: a bucket URI checked and normalised (`s3://bucket/prefix`), or a
     local path resolved against `root`."""
@@ -115,6 +130,10 @@ def _number(env: Mapping[str, str], name: str, default: float, *, low: float, hi
         span = f"above {low:g} and at most {high:g}" if above_low else f"from {low:g}{meaning} to {high:g}"
         raise ConfigError(f"{name}={raw} must be {span}{f' {unit}' if unit else ''}")
     return value
+
+
+#: KB_SOURCE_QUIET_S's defaults: a local folder (its file events) and a bucket (listed every poll)
+FOLDER_QUIET_S, BUCKET_QUIET_S = 1.0, 5.0
 
 
 def _seconds(env: Mapping[str, str], name: str, default: float, *, most: float = 3600.0) -> float:
@@ -264,7 +283,8 @@ class Settings:
     root: Path
     #: the knowledge: a local folder's resolved path, or a bucket URI (`s3://bucket/prefix`)
     knowledge_source: str
-    golden_set: Path
+    #: its probes and thresholds, or explicitly none (a registry entry without one: `NoGoldenSet`)
+    golden_set: Path | NoGoldenSet
     alias: str
     state_url: str = field(repr=False)
     qdrant_url: str | None
@@ -314,6 +334,9 @@ class Settings:
     watch_interval_s: float = 60.0
     # slots of the Airflow pool kb_qdrant_writes: build slices writing at once (scripts and compose init set it)
     build_parallelism: int = 1
+    # a DAG run with at most this many points to write (and no more than one build slice) runs build, validate,
+    # promote and cleanup in one task (kb_reindex.rules.run_path); 0: always the mapped slices
+    small_run_points: int = 1000
     # the tenant of a document whose front matter names none
     default_tenant: str = "default"
     # the freshness watcher (kb_reindex.domain.freshness): list the source every poll (0: not watched); fire
@@ -355,10 +378,11 @@ class Settings:
             raise ConfigError(f"KB_OLLAMA_TIMEOUT={timeout_raw!r} is not a number of seconds") from None
         ollama_host = env.get("OLLAMA_HOST", "").strip() or "http://127.0.0.1:11434"
         split_ollama_hosts(ollama_host)  # a mistake in the list fails here, not at the first embedding
+        source = knowledge_source(root, env.get("KB_KNOWLEDGE_DIR", "") or "knowledge/docs")
         settings = cls(
             root=root,
-            knowledge_source=knowledge_source(root, env.get("KB_KNOWLEDGE_DIR", "") or "knowledge/docs"),
-            golden_set=_resolve(root, env.get("KB_GOLDEN_SET", "knowledge/golden.yaml")),
+            knowledge_source=source,
+            golden_set=golden_set_of(root, env),
             alias=alias,
             state_url=state_url,
             qdrant_url=qdrant_url,
@@ -396,9 +420,11 @@ class Settings:
             watch_minutes=_minutes(env, "KB_WATCH_MINUTES"),
             watch_interval_s=float(env_int(env, "KB_WATCH_INTERVAL_S", 60, minimum=1)),
             build_parallelism=env_int(env, "KB_BUILD_PARALLELISM", 1, minimum=1),
+            small_run_points=env_int(env, "KB_SMALL_RUN_POINTS", 1000, minimum=0),
             default_tenant=_tenant(env),
             source_poll_s=_seconds(env, "KB_SOURCE_POLL_S", 15.0),
-            source_quiet_s=_seconds(env, "KB_SOURCE_QUIET_S", 5.0),
+            # a folder's file events are seen at once, so a burst of saves is over within its second of quiet
+            source_quiet_s=_seconds(env, "KB_SOURCE_QUIET_S", BUCKET_QUIET_S if is_uri(source) else FOLDER_QUIET_S),
             duplicate_cosine=_cosine(env, "KB_DUPLICATE_COSINE", DEFAULT_DUPLICATE_COSINE),
         )
         settings = replace(settings, **overrides) if overrides else settings

@@ -82,6 +82,8 @@ class CorpusScan:
     chunking_version: str
     #: source -> its mtime (ns) as the listing showed it before it was read
     mtimes: dict[str, int] = field(default_factory=dict)
+    #: how many documents were read (the others were known unchanged: `KnownFiles`)
+    read: int = 0
 
     @property
     def infos(self) -> list[DocumentInfo]:
@@ -112,17 +114,44 @@ def carried_flags(doc: Document, carried: Carried | None) -> tuple[Flag, ...] | 
 JUDGE_BATCH = 4096
 
 
+@dataclass(frozen=True)
+class KnownFiles:
+    """Documents a scan need not read: live's, each as its manifest holds it (chunks, point IDs) with the lines
+    live's plan flagged, by source, and the file hashes recorded when live's files were read. A file is taken
+    as known when its listing is trusted against its recorded hash (`trusted`) and that hash is the content
+    hash live's manifest holds for it: its bytes are those live was built from, so it chunks (same chunking)
+    and flags (same screen) as it did then."""
+
+    documents: Mapping[str, ScannedDocument]
+    recorded: Mapping[str, FileHash]
+
+    def holds(self, file: ListedFile, max_bytes: int) -> ScannedDocument | None:
+        entry, known = self.recorded.get(file.source), self.documents.get(file.source)
+        if entry is None or known is None or file.size > max_bytes or not trusted(entry, file):
+            return None
+        return known if known.info.content_hash == entry.content_hash else None
+
+
 def scan_corpus(docs: KnowledgeSource | Path, *, max_bytes: int, chunk_size: int, overlap: int,
                 hashes: dict[str, FileHash] | None = None, default_tenant: str = DEFAULT_TENANT,
                 screen: Screen | None = None, carried: Carried | None = None,
-                memory: ScoreMemory | None = None) -> CorpusScan:
+                memory: ScoreMemory | None = None, known: KnownFiles | None = None) -> CorpusScan:
     """Every document's facts and chunk references, sorted by key; each body is dropped once scanned.
     Errors as `sources.load_corpus` reports them. `hashes` receives what a plan records of every file.
     `screen` judges the instruction-like lines (default: the patterns alone) of each document `carried` does
     not already hold unchanged, the passages of many documents at once (`JUDGE_BATCH`); `memory`: the
-    classifier's scores kept by earlier plans (a line judged before is looked up, not embedded)."""
+    classifier's scores kept by earlier plans (a line judged before is looked up, not embedded).
+    `known`: live's documents whose files did not change since they were read (`KnownFiles`): listed, not
+    read, taken as live holds them; a routine edit reads the files it touched, not the folder."""
     started_ns = time.time_ns()
     listed: dict[str, ListedFile] = {}
+    held: list[ScannedDocument] = []
+
+    def is_known(file: ListedFile) -> bool:
+        document = known.holds(file, max_bytes) if known is not None else None
+        if document is not None:
+            held.append(document)
+        return document is not None
     screen = screen or patterns_screen()
     scanned: list[ScannedDocument] = []
     waiting: list[tuple[DocumentInfo, tuple[ChunkRef, ...], list[Passage]]] = []
@@ -134,7 +163,8 @@ def scan_corpus(docs: KnowledgeSource | Path, *, max_bytes: int, chunk_size: int
         waiting.clear()
 
     pending = 0
-    for doc in iter_corpus(docs, max_bytes=max_bytes, listed=listed, default_tenant=default_tenant):
+    for doc in iter_corpus(docs, max_bytes=max_bytes, listed=listed, default_tenant=default_tenant,
+                           known=is_known if known is not None else None):
         chunks = tuple(ChunkRef(c.knowledge_key, c.chunk_index, c.chunk_hash, c.point_id)
                        for c in chunk_document(doc, chunk_size=chunk_size, overlap=overlap))
         flagged = carried_flags(doc, carried)
@@ -148,14 +178,18 @@ def scan_corpus(docs: KnowledgeSource | Path, *, max_bytes: int, chunk_size: int
             judge_waiting()
             pending = 0
     judge_waiting()
-    scanned.sort(key=lambda d: d.info.knowledge_key)
     if hashes is not None:
         for d in scanned:
             f = listed[d.info.source]
             hashes[d.info.source] = FileHash(f.size, f.mtime_ns, d.info.content_hash, started_ns, f.etag)
+        if known is not None:  # recorded as they were when read (the trust margin counts from that reading)
+            hashes.update((d.info.source, known.recorded[d.info.source]) for d in held)
+    read = len(scanned)
+    scanned.extend(held)
+    scanned.sort(key=lambda d: d.info.knowledge_key)
     return CorpusScan(documents=scanned, fingerprint=corpus_fingerprint([d.info for d in scanned]),
                       chunking_version=chunking_version(chunk_size, overlap),
-                      mtimes={source: f.mtime_ns for source, f in listed.items()})
+                      mtimes={source: f.mtime_ns for source, f in listed.items()}, read=read)
 
 
 def cache_root(docs: KnowledgeSource | Path, default_tenant: str = DEFAULT_TENANT) -> str:

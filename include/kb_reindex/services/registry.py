@@ -23,7 +23,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from kb_reindex.domain.errors import ConfigError
 from kb_reindex.domain.names import escaped
-from kb_reindex.services.config import ALIAS_PATTERN, EMBEDDERS, Settings, knowledge_source, project_root
+from kb_reindex.services.config import (ALIAS_PATTERN, EMBEDDERS, NO_GOLDEN_SET_ENV, Settings, knowledge_source,
+                                        project_root)
+from kb_reindex.services.object_store import is_uri
 from kb_reindex.services.yaml_input import load_yaml
 
 if TYPE_CHECKING:  # the state DB is never imported while a DAG file parses
@@ -66,6 +68,8 @@ class RegistryEntry(BaseModel):
     #: the freshness watcher: seconds between listings of `source` (0: not watched), and of quiet before a run
     source_poll_s: float | None = Field(default=None, ge=0, le=3600)
     source_quiet_s: float | None = Field(default=None, ge=0, le=3600)
+    #: a DAG run with at most this many points to write runs as one task (KB_SMALL_RUN_POINTS; 0: never)
+    small_run_points: int | None = Field(default=None, ge=0)
     #: the Airflow Connection (type aws) a DAG task reads an s3:// source with; default aws_default
     aws_conn_id: str | None = Field(default=None, min_length=1)
     #: warn, hold or block: what an instruction-like line live does not serve does (KB_INSTRUCTION_POLICY)
@@ -77,6 +81,7 @@ ENV_OF_KEY = {"source": "KB_KNOWLEDGE_DIR", "golden_set": "KB_GOLDEN_SET", "embe
               "model": "KB_EMBED_MODEL", "dimension": "KB_EMBED_DIM", "payload_layout": "KB_PAYLOAD_LAYOUT",
               "keep_versions": "KB_KEEP_VERSIONS", "chunk_size": "KB_CHUNK_SIZE", "chunk_overlap": "KB_CHUNK_OVERLAP",
               "tenant": "KB_DEFAULT_TENANT", "source_poll_s": "KB_SOURCE_POLL_S", "source_quiet_s": "KB_SOURCE_QUIET_S",
+              "small_run_points": "KB_SMALL_RUN_POINTS",
               "instruction_policy": "KB_INSTRUCTION_POLICY"}
 
 
@@ -331,10 +336,11 @@ def _entry(path: Path, alias: str, raw: Any, env: Mapping[str, str]) -> Knowledg
         elif key == "golden_set":
             value = str(_resolve(folder, str(value)))
         values[name] = str(value)
-    golden = Path(values.get("KB_GOLDEN_SET") or _resolve(project_root(env), env.get("KB_GOLDEN_SET", "")
-                                                         or "knowledge/golden.yaml"))
-    if not golden.is_file():
-        raise ConfigError(f"{where}: golden_set: {golden} does not exist")
+    if "KB_GOLDEN_SET" in values:
+        if not Path(values["KB_GOLDEN_SET"]).is_file():
+            raise ConfigError(f"{where}: golden_set: {values['KB_GOLDEN_SET']} does not exist")
+    else:
+        values.update(own_golden_set(path, alias, values["KB_KNOWLEDGE_DIR"]))
     qdrant_base = _resolve(project_root(env), env.get("KB_QDRANT_PATH", "").strip() or ".kb/qdrant")
     values["KB_QDRANT_PATH"] = str(qdrant_base / alias)
     schedule = entry.schedule if "schedule" in entry.model_fields_set else \
@@ -345,6 +351,15 @@ def _entry(path: Path, alias: str, raw: Any, env: Mapping[str, str]) -> Knowledg
                        aws_conn_id=entry.aws_conn_id or AWS_CONN_ID, env=values)
     kb.settings(env)  # every value checked now, as a run would check it
     return kb
+
+
+def own_golden_set(path: Path, alias: str, source: str) -> dict[str, str]:
+    """The golden set of an entry without `golden_set`: `golden.yaml` in its source folder when there is one (a
+    local folder only), else explicitly none (NO_GOLDEN_SET_ENV): validated without probes, said as a warning. Never
+    the environment's KB_GOLDEN_SET, another knowledge base's probes (the shop's, by default)."""
+    if not is_uri(source) and (Path(source) / "golden.yaml").is_file():
+        return {"KB_GOLDEN_SET": str(Path(source) / "golden.yaml")}
+    return {NO_GOLDEN_SET_ENV: f"{path}'s entry {alias}"}
 
 
 def stand_in(alias: str, *, registry: Path | None, problem: str, recorded: RecordedEntry | None = None,

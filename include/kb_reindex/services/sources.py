@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import os
 import unicodedata
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path, PurePath, PurePosixPath
@@ -368,16 +368,25 @@ def listing(knowledge: KnowledgeSource | Path) -> Listing:
 
 def iter_corpus(docs: KnowledgeSource | Path, *, max_bytes: int = 2_000_000,
                 listed: dict[str, ListedFile] | None = None,
-                default_tenant: str = DEFAULT_TENANT) -> Iterator[Document]:
+                default_tenant: str = DEFAULT_TENANT,
+                known: Callable[[ListedFile], bool] | None = None) -> Iterator[Document]:
     """Every document, one at a time in name order, so a caller keeps only what it needs of each.
     Errors from all files are reported together, once every file was read (a bucket that refuses or does not
     answer stops at once: no other document can be read either). `listed` collects each document's listing
-    entry, taken before it is read (a later edit then shows as a newer mtime or another ETag)."""
+    entry, taken before it is read (a later edit then shows as a newer mtime or another ETag).
+    `known`: the files the caller already holds as they are (listed, counted and checked for colliding keys,
+    neither read nor yielded: `listed` names them)."""
     knowledge = as_source(docs)
     files, errors = list_source(knowledge)
     by_key: dict[str, list[str]] = {}
     count = 0
     for file in files:
+        if known is not None and known(file):
+            if listed is not None:
+                listed[file.source] = file
+            by_key.setdefault(knowledge_key_for(file.source).casefold(), []).append(file.source)
+            count += 1
+            continue
         try:
             data = read_bytes(knowledge, file.source, max_bytes=max_bytes, size=file.size)
             document = parse_document(PurePosixPath(file.source), file.source, data, default_tenant=default_tenant)

@@ -112,6 +112,11 @@ def make_client(settings: Settings, *, wait_s: float = 10.0, create: bool = True
                              "process writes it without kb-reindex's lock; stop it, or use a Qdrant server")
 
 
+def has_store(settings: Settings) -> bool:
+    """A store to open without creating one: a server always; local mode once something made its folder."""
+    return settings.qdrant_remote or (settings.qdrant_path is not None and (settings.qdrant_path / "meta.json").is_file())
+
+
 def folder_fingerprint(path: Path) -> dict[str, tuple[int, int]]:
     """(size, mtime) of every file of a local-mode store but its lock file: what changes with any write."""
     found: dict[str, tuple[int, int]] = {}
@@ -325,14 +330,18 @@ class KnowledgeStore:
     def search(
         self, name: str, vector: Sequence[float], *, k: int, tenant: str | None = None
     ) -> list[models.ScoredPoint]:
-        query_filter = None
-        if tenant is not None:
-            query_filter = models.Filter(
-                must=[models.FieldCondition(key="tenant", match=models.MatchValue(value=tenant))]
-            )
         return self.client.query_points(
-            name, query=list(vector), limit=k, with_payload=True, query_filter=query_filter
+            name, query=list(vector), limit=k, with_payload=True, query_filter=_tenant_filter(tenant)
         ).points
+
+    def search_many(self, name: str, queries: Sequence[tuple[Sequence[float], str | None]], *, k: int
+                    ) -> list[list[models.ScoredPoint]]:
+        """`search` for each (vector, tenant), in one batch request: one round trip for a golden set."""
+        if not queries:
+            return []
+        requests = [models.QueryRequest(query=list(vector), limit=k, with_payload=True, filter=_tenant_filter(tenant))
+                    for vector, tenant in queries]
+        return [answer.points for answer in self.client.query_batch_points(name, requests=requests)]
 
     def nearest(self, name: str, vectors: Sequence[Sequence[float]], *, limit: int,
                 score_threshold: float) -> list[list[models.ScoredPoint]]:
@@ -375,6 +384,17 @@ class KnowledgeStore:
         self.client.update_collection_aliases(change_aliases_operations=operations)
         self.check_alias(alias, to=to, was=current)
         log.info("kb_reindex: alias %s -> %s (was %s)", alias, to, current or "nothing")
+
+    def delete_alias(self, alias: str) -> str | None:
+        """Remove the alias (readers then find nothing under that name); the collection it pointed to, None
+        when there was no such alias."""
+        current = self.alias_target(alias)
+        if current is None:
+            return None
+        self.client.update_collection_aliases(change_aliases_operations=[
+            models.DeleteAliasOperation(delete_alias=models.DeleteAlias(alias_name=alias))])
+        log.info("kb_reindex: alias %s deleted (was %s)", alias, current)
+        return current
 
     def check_alias(self, alias: str, *, to: str, was: str | None, reads: int = 3, pause_s: float = 0.2) -> None:
         """Read the alias back after a move: an answer of success is not proof that readers follow the new
@@ -526,3 +546,10 @@ def _single_vector_params(name: str, params: models.VectorParams | dict[str, mod
     if params is None:
         raise StoreError(f"collection {name} has no vector parameters; kb-reindex writes one unnamed vector")
     return params
+
+
+def _tenant_filter(tenant: str | None) -> models.Filter | None:
+    """Exactly as the reader filters: the tenant's points only (None: all)."""
+    if tenant is None:
+        return None
+    return models.Filter(must=[models.FieldCondition(key="tenant", match=models.MatchValue(value=tenant))])

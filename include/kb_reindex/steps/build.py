@@ -88,7 +88,8 @@ def create_version(deps: Deps, plan: Plan, *, run_id: str | None = None) -> Crea
         version.version, version.collection, version.embed_dim, version.distance, version.points_expected,
     )
     return CreatedVersion(version=version.version, collection=version.collection, resumed=plan.resumed,
-                          embed_model=version.embed_model, embed_dim=version.embed_dim)
+                          embed_model=version.embed_model, embed_dim=version.embed_dim,
+                          points_to_write=max(version.points_expected - version.points_written, 0))
 
 
 def payload_for(chunk: Chunk, doc: DocumentInfo | Document, version: VersionRecord) -> models.Payload:

@@ -13,7 +13,7 @@ import yaml
 from kb_reindex.rules.content_loss import DEFAULT_MAX_DOCS_REMOVED, DEFAULT_MAX_SHRINK
 from kb_reindex.domain.errors import GoldenSetError, GoldenSetMissing
 from kb_reindex.services.yaml_input import load_yaml
-from kb_reindex.domain.validation_model import CategoryScore, PairedComparison, ProbeResult
+from kb_reindex.domain.validation_model import CategoryScore, NoGoldenSet, PairedComparison, ProbeResult
 
 
 @dataclass(frozen=True)
@@ -79,9 +79,17 @@ def _short(value: Any, limit: int = 80) -> str:
     return shown if len(shown) <= limit else f"{shown[:limit - 12]}... ({len(shown):,} characters)"
 
 
-def load_golden_set(path: Path, *, text: str | None = None) -> GoldenSet:
+def no_probes() -> GoldenSet:
+    """The golden set of a knowledge base that has none (`NoGoldenSet`): no probe, every threshold its default
+    (content loss is still held for a person by `max_docs_removed` and `max_shrink`)."""
+    return GoldenSet(k=4, min_hit_rate=0.9, min_mrr=0.7, max_regressions=0, probes=())
+
+
+def load_golden_set(path: Path | NoGoldenSet, *, text: str | None = None) -> GoldenSet:
     """`text`: the file's content as a plan recorded it (validation then needs no file); `path` names it.
-    Every problem of the file is named in one error."""
+    Every problem of the file is named in one error. `NoGoldenSet`: `no_probes()`."""
+    if isinstance(path, NoGoldenSet):
+        return no_probes()
     where = str(path)
     if text is None and not path.is_file():
         raise GoldenSetMissing(f"golden set {where} does not exist (KB_GOLDEN_SET): set KB_GOLDEN_SET to the golden "
@@ -191,7 +199,7 @@ def invisible_to_tenant(golden: GoldenSet, tenants: dict[str, str], *, was: dict
     return failures
 
 
-def check_golden_set(path: Path, keys: set[str]) -> GoldenSet:
+def check_golden_set(path: Path | NoGoldenSet, keys: set[str]) -> GoldenSet:
     """The golden set as the plan sees it: well-formed, and every expected key among the documents being
     planned. Checked before a version exists, so a threshold of 1.5 is not found after a full build."""
     golden = load_golden_set(path)
@@ -214,7 +222,7 @@ def below_golden(validation: dict[str, Any] | None, golden: GoldenSet) -> list[s
 
 
 def lowered_threshold_advice(version: int, validation: dict[str, Any] | None, golden: GoldenSet,
-                             golden_path: Path) -> str | None:
+                             golden_path: Path | NoGoldenSet) -> str | None:
     """What on-call reads when the version going (or gone) live scores under the golden set's own thresholds."""
     found = below_golden(validation, golden)
     if not found:

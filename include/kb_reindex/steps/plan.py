@@ -19,7 +19,8 @@ from kb_reindex.rules.audit import audit_live
 from kb_reindex.rules.content_warnings import warn
 from kb_reindex.services.chunking import chunking_version
 from kb_reindex.services.config import DEFAULT_DIMS, model_or_default
-from kb_reindex.services.corpus import Carried, CorpusScan, cache_root, quick_fingerprint, scan_corpus
+from kb_reindex.services.corpus import (Carried, ChunkRef, CorpusScan, DocumentInfo, KnownFiles, ScannedDocument,
+                                        cache_root, quick_fingerprint, scan_corpus)
 from kb_reindex.services.screen import Flag, ScoreMemory, Screen, screen_for
 from kb_reindex.services.embedding import check_model_served
 from kb_reindex.domain.errors import ConfigError, DimensionMismatch, StateDriftError
@@ -122,7 +123,9 @@ def prepare(
         if unchanged is not None:
             return unchanged
     screen = screen_for(settings.instruction_screen, target.embedder)
-    scan = _scan(deps, record=record, screen=screen, carried=carried_flags(deps, live, screen))
+    carried = carried_flags(deps, live, screen)
+    known = known_files(deps, live, recipe, carried) if kind is RunKind.REINDEX and not force_full else None
+    scan = _scan(deps, record=record, screen=screen, carried=carried, known=known)
     return _plan_scan(deps, scan, live, recipe, kind=kind, force_full=force_full, notes=notes, audit=audit)
 
 
@@ -195,6 +198,28 @@ def carried_flags(deps: Deps, live: VersionRecord | None, screen: Screen) -> Car
             for key, content_hash in deps.state.manifest_document_hashes(live.id).items()}
 
 
+def known_files(deps: Deps, live: VersionRecord | None, recipe: Recipe, carried: Carried | None) -> KnownFiles | None:
+    """Live's documents as its manifest holds them, for a scan that reads only the files changed since
+    (`corpus.KnownFiles`); None (every file read): nothing live, live cut another way, or its flagged lines
+    not carried (another screen judged it, or its plan's snapshot is gone)."""
+    if live is None or carried is None or live.chunking_version != recipe.chunking_version:
+        return None
+    chunks: dict[str, list[ChunkRef]] = {}
+    for row in deps.state.manifest_chunks(live.id):
+        chunks.setdefault(row.knowledge_key, []).append(
+            ChunkRef(row.knowledge_key, row.chunk_index, row.chunk_hash, row.point_id))
+    documents = {}
+    for d in deps.state.manifest_documents(live.id):
+        if d.knowledge_key not in carried or len(chunks.get(d.knowledge_key, ())) != d.chunk_count:
+            continue  # not as live's plan judged it, or rows missing: read it
+        info = DocumentInfo(knowledge_key=d.knowledge_key, source=d.source, title=d.title, category=d.category,
+                            tenant=d.tenant, content_hash=d.content_hash)
+        documents[d.source] = ScannedDocument(info=info, chunks=tuple(chunks[d.knowledge_key]),
+                                              flagged=carried[d.knowledge_key][1])
+    root = cache_root(deps.knowledge, deps.settings.default_tenant)
+    return KnownFiles(documents=documents, recorded=deps.state.file_hashes(root))
+
+
 class _Recall:
     """The state DB's kept screen scores, read and never written (a plan that records nothing: a preview)."""
 
@@ -208,9 +233,11 @@ class _Recall:
         return None
 
 
-def _scan(deps: Deps, *, record: bool, screen: Screen | None = None, carried: Carried | None = None) -> CorpusScan:
+def _scan(deps: Deps, *, record: bool, screen: Screen | None = None, carried: Carried | None = None,
+          known: KnownFiles | None = None) -> CorpusScan:
     """Every document and chunk of the knowledge folder (the file hashes recorded when asked), with the
-    golden set and its replay gate checked against them; `screen` judges the documents `carried` lacks."""
+    golden set and its replay gate checked against them; `screen` judges the documents `carried` lacks;
+    `known` the documents not read again (unchanged since live's plan read them)."""
     settings = deps.settings
     recorded: dict[str, Any] | None = {} if record else None
     started = time.perf_counter()
@@ -218,12 +245,14 @@ def _scan(deps: Deps, *, record: bool, screen: Screen | None = None, carried: Ca
     embedded_before = screen.classifier.embedded if screen and screen.classifier else 0
     scan = scan_corpus(deps.knowledge, max_bytes=settings.max_doc_bytes, chunk_size=settings.chunk_size,
                        overlap=settings.chunk_overlap, hashes=recorded, default_tenant=settings.default_tenant,
-                       screen=screen, carried=carried, memory=deps.state if record else _Recall(deps.state))
+                       screen=screen, carried=carried, memory=deps.state if record else _Recall(deps.state),
+                       known=known)
     if screen is not None:
         embedded = screen.classifier.embedded - embedded_before if screen.classifier else 0
-        log.info("kb_reindex: scanned %d documents in %.2fs; the instruction screen (%s) judged %d of them (the "
-                 "others are live's unchanged), embedding %d line(s) no plan had judged before",
-                 len(scan.documents), time.perf_counter() - started, screen.version,
+        log.info("kb_reindex: scanned %d documents in %.2fs, %d of them read (the others unchanged since live's "
+                 "plan read them); the instruction screen (%s) judged %d of them (the others are live's unchanged), "
+                 "embedding %d line(s) no plan had judged before",
+                 len(scan.documents), time.perf_counter() - started, scan.read, screen.version,
                  screen.judged_documents - judged_before, embedded)
     if recorded:
         deps.state.record_file_hashes(cache_root(deps.knowledge, settings.default_tenant), recorded,

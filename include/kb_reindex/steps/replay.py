@@ -27,7 +27,7 @@ from kb_reindex.domain.errors import GoldenSetError
 from kb_reindex.steps.golden import first_hit_rank
 from kb_reindex.services.runtime import Deps
 from kb_reindex.services.state.versions import VersionRecord
-from kb_reindex.domain.validation_model import ReplayQuery, ReplayReport
+from kb_reindex.domain.validation_model import NoGoldenSet, ReplayQuery, ReplayReport
 from kb_reindex.services.yaml_input import load_yaml
 
 log = logging.getLogger(__name__)
@@ -45,9 +45,11 @@ class ReplayGate:
     watch_min_queries: int = 20  # queries answered since promotion before the watch judges their empty rate
 
 
-def load_replay_gate(path: Path, *, text: str | None = None) -> ReplayGate:
+def load_replay_gate(path: Path | NoGoldenSet, *, text: str | None = None) -> ReplayGate:
     """The `replay:` thresholds, each checked with an error naming the file and the field. `text`: the
-    file's content as a plan recorded it (a build's validation reads no file)."""
+    file's content as a plan recorded it (a build's validation reads no file). No golden set: the defaults."""
+    if isinstance(path, NoGoldenSet):
+        return ReplayGate()
     where = str(path)
     try:
         data = load_yaml(path.read_text(encoding="utf-8") if text is None else text, where=where,

@@ -3,7 +3,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,7 @@ import pandas as pd
 
 from kb_reindex.services.state.versions import VersionRecord
 from kb_reindex.steps.templating import templates
-from kb_reindex.domain.validation_model import ReplayReport, ValidationResult
+from kb_reindex.domain.validation_model import NO_GOLDEN_SET, ReplayReport, ValidationResult
 
 #: the files a validation writes into its report folder (and the only ones the page serves)
 REPORT_FILES = ("validation.html", "validation.md", "validation.csv")
@@ -91,6 +92,23 @@ def _table(frame: pd.DataFrame, **options: Any) -> Any:
     return Markup(frame.to_html(index=False, **options))
 
 
+def _score_lines(result: ValidationResult, compared: str) -> list[str]:
+    """The report's score lines; a knowledge base without a golden set: that no answer was probed."""
+    thresholds = result.thresholds
+    if result.hit_rate is None or result.mrr is None:
+        said = next((w.text for w in result.warnings if w.kind == NO_GOLDEN_SET), "no probes")
+        return [f"- golden probes: none scored ({said})"]
+    return [
+        f"- hit@{result.k}: {result.hit_rate:.3f} (min {thresholds.min_hit_rate})"
+        + (f", {compared} ({result.live_embed_model}): {result.live_hit_rate:.3f}"
+           if result.live_version and result.live_hit_rate is not None else ""),
+        f"- MRR: {result.mrr:.3f} (min {thresholds.min_mrr})"
+        + (f", v{result.live_version}: {result.live_mrr:.3f}" if result.live_version and result.live_mrr is not None
+           else ""),
+        f"- regressions: {result.regressions} (max {thresholds.max_regressions})",
+    ]
+
+
 def write_validation_report(reports_dir: Path, version: VersionRecord, result: ValidationResult,
                             kind: ReportKind = ReportKind()) -> Path:
     """Write `<reports>/<alias>/v<N>/<kind.name>.{csv,md}` and return the Markdown path."""
@@ -100,7 +118,6 @@ def write_validation_report(reports_dir: Path, version: VersionRecord, result: V
                                    "top"])
     probes.to_csv(folder / f"{kind.name}.csv", index=False)
     checks = _check_frame(result)
-    thresholds = result.thresholds
     compared = kind.compared(result)
     lines = [
         f"# Validation of {version.alias} v{version.version}" + ("" if kind.promotion else " (on demand)"),
@@ -109,11 +126,7 @@ def write_validation_report(reports_dir: Path, version: VersionRecord, result: V
         f"- collection: `{version.collection}`",
         f"- model: `{version.embed_model}` ({version.embed_dim}-d, {version.distance})",
         f"- result: **{'PASSED' if result.passed else 'FAILED'}**",
-        f"- hit@{result.k}: {result.hit_rate:.3f} (min {thresholds.min_hit_rate})"
-        + (f", {compared} ({result.live_embed_model}): {result.live_hit_rate:.3f}" if result.live_version else ""),
-        f"- MRR: {result.mrr:.3f} (min {thresholds.min_mrr})"
-        + (f", v{result.live_version}: {result.live_mrr:.3f}" if result.live_version else ""),
-        f"- regressions: {result.regressions} (max {thresholds.max_regressions})",
+        *_score_lines(result, compared),
         "",
     ]
     if result.failures:
@@ -143,28 +156,19 @@ def write_validation_report(reports_dir: Path, version: VersionRecord, result: V
 
 def write_html_report(reports_dir: Path, version: VersionRecord, result: ValidationResult,
                       history: list[dict[str, Any]], kind: ReportKind = ReportKind()) -> Path:
-    """`<kind.name>.html`: the same tables, plus hit rate and MRR across versions as an embedded plot."""
-    import base64
-    import io
-
+    """`<kind.name>.html`: the same tables, plus hit rate and MRR across versions as an inline chart."""
     from markupsafe import Markup
 
     folder = report_dir(reports_dir, version.alias, version.version)
     folder.mkdir(parents=True, exist_ok=True)
-    figure = score_figure(version.alias, history, k=result.k, min_hit_rate=result.thresholds.min_hit_rate)
-    buffer = io.BytesIO()
-    figure.savefig(buffer, format="png")
-    import matplotlib.pyplot as plt
-
-    plt.close(figure)
-    plot = base64.b64encode(buffer.getvalue()).decode("ascii")
+    chart = score_chart(version.alias, history, k=result.k, min_hit_rate=result.thresholds.min_hit_rate)
     probes = _probe_frame(result, ["probe", "query", "expected", "rank_live", "rank_candidate", "hit", "regression"])
     checks = _check_frame(result)
     flagged = pd.DataFrame(list(result.flagged_instructions), columns=["source", "line", "text"])
     models = models_frame(version, result, kind)
     body = templates().get_template("validation.html.j2").render(
         models=None if models is None else _table(models), models_note=MODELS_NOTE,
-        version=version, result=result, verdict="PASSED" if result.passed else "FAILED", plot=plot,
+        version=version, result=result, verdict="PASSED" if result.passed else "FAILED", chart=chart,
         on_demand=kind.header(version), gates=gates_html(result, kind), checks=_table(checks),
         probes=_table(probes, na_rep="-"),
         flagged_count=len(flagged), flagged=_table(flagged) if len(flagged) else None,
@@ -212,34 +216,56 @@ def gates_html(result: ValidationResult, kind: ReportKind = ReportKind()) -> str
         categories=_table(frame, na_rep="-") if len(frame) else None, paired=_paired_line(result, kind)))
 
 
-def score_figure(alias: str, history: list[dict[str, Any]], *, k: int, min_hit_rate: float) -> Any:
-    """Hit rate and MRR by version. The x axis shows whole versions only: matplotlib's integer locator falls
-    back to fractional ticks (v0.950, v0.975, ...) when fewer than two integers lie in view, as with one version."""
-    import matplotlib
+@dataclass(frozen=True)
+class ScoreChart:
+    """Hit rate and MRR by version as an inline SVG's coordinates (`validation.html.j2` draws it): a run writes
+    its report without loading a plotting library. The x axis names whole versions only (every one when they
+    are 12 or fewer, else about 10 evenly spaced)."""
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import matplotlib.ticker
+    title: str
+    k: int
+    width: int
+    height: int
+    #: (x, y) of each version's hit rate and MRR
+    hit: tuple[tuple[float, float], ...]
+    mrr: tuple[tuple[float, float], ...]
+    threshold_y: float
+    #: (x, label) along the version axis; (y, label) along the score axis
+    x_ticks: tuple[tuple[float, str], ...]
+    y_ticks: tuple[tuple[float, str], ...]
+    left: int = 48
+    right: int = 628
+    top: int = 30
+    bottom: int = 282
 
+    @staticmethod
+    def polyline(points: tuple[tuple[float, float], ...]) -> str:
+        return " ".join(f"{x:.1f},{y:.1f}" for x, y in points)
+
+
+def score_chart(alias: str, history: list[dict[str, Any]], *, k: int, min_hit_rate: float) -> ScoreChart:
+    """The chart of the versions in `history` that were scored."""
     points = sorted((h for h in history if h.get("hit_rate") is not None), key=lambda h: h["version"])
-    versions = [p["version"] for p in points]
-    figure, axis = plt.subplots(figsize=(6.4, 3.2), dpi=100)
-    axis.plot(versions, [p["hit_rate"] for p in points], marker="o", label=f"hit@{k}")
-    axis.plot(versions, [p["mrr"] for p in points], marker="s", label="MRR")
-    axis.axhline(min_hit_rate, linestyle=":", color="grey")
-    axis.set_xlabel("version")
-    if versions:
-        axis.set_xlim(min(versions) - 0.5, max(versions) + 0.5)
+    versions = [int(p["version"]) for p in points]
+    chart = ScoreChart(title=f"{alias}: golden-set scores by version", k=k, width=640, height=320, hit=(), mrr=(),
+                       threshold_y=0.0, x_ticks=(), y_ticks=())
+    low, high = (min(versions) - 0.5, max(versions) + 0.5) if versions else (0.5, 1.5)
+
+    def x(version: float) -> float:
+        return chart.left + (version - low) / (high - low) * (chart.right - chart.left)
+
+    def y(score: float) -> float:
+        return chart.bottom - score / 1.05 * (chart.bottom - chart.top)
+
     if len(versions) <= 12:
-        axis.xaxis.set_major_locator(matplotlib.ticker.FixedLocator(versions))
+        ticks = versions
     else:
-        axis.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True, min_n_ticks=1))
-    axis.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda value, _pos: f"v{value:.0f}"))
-    axis.set_ylim(0, 1.05)
-    axis.set_title(f"{alias}: golden-set scores by version")
-    axis.legend(loc="lower right")
-    figure.tight_layout()
-    return figure
+        step = math.ceil((versions[-1] - versions[0]) / 10)
+        ticks = list(range(versions[0], versions[-1] + 1, step))
+    return replace(chart, hit=tuple((x(v), y(p["hit_rate"])) for v, p in zip(versions, points, strict=True)),
+                   mrr=tuple((x(v), y(p["mrr"])) for v, p in zip(versions, points, strict=True)),
+                   threshold_y=y(min_hit_rate), x_ticks=tuple((x(t), f"v{t}") for t in ticks),
+                   y_ticks=tuple((y(s / 4), f"{s / 4:g}") for s in range(5)))
 
 
 def _probe_frame(result: ValidationResult, columns: list[str]) -> pd.DataFrame:

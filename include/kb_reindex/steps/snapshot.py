@@ -23,6 +23,7 @@ from kb_reindex.domain.lifecycle import BUILDING, FAILED, READY
 from kb_reindex.rules.manifest import Prepared, resumable, write_manifest
 from kb_reindex.domain.model import VersionStatus
 from kb_reindex.domain.planning import DocChanges, Plan
+from kb_reindex.domain.validation_model import NoGoldenSet
 from kb_reindex.services.runtime import Deps
 from kb_reindex.services.state.versions import VersionRecord
 from kb_reindex.services.store import DISTANCE, collection_name
@@ -55,8 +56,10 @@ def snapshot_plan(deps: Deps, prepared: Prepared, *, run_id: str | None = None) 
         # what it changes against its base, for the page's versions table (the plan's own counts and keys)
         changes = DocChanges(docs=plan.docs, doc_keys=plan.doc_keys)
         deps.state.update_version(version.id, doc_changes=json.dumps(changes.to_dict(), ensure_ascii=False))
-        # the golden set as the plan checked it (moments ago): the build's validation reads no file
-        golden = deps.settings.golden_set.read_text(encoding="utf-8")
+        # the golden set as the plan checked it (moments ago): the build's validation reads no file; none for a
+        # knowledge base that has no golden set (its settings say so again at validation)
+        source = deps.settings.golden_set
+        golden = None if isinstance(source, NoGoldenSet) else source.read_text(encoding="utf-8")
         deps.state.finish_snapshot(version.id, run_id=run_id, chunks_to_embed=to_embed, flagged=scan.flagged_lines(),
                                    golden=golden)
     except Exception as exc:

@@ -1,6 +1,6 @@
 """The package's Jinja2 templates (`templates/*.html.j2`): the validation report and the Knowledge index page.
 
-A module of its own so the page's server does not import pandas and matplotlib to render one template."""
+A module of its own so the page's server does not import pandas to render one template."""
 
 from __future__ import annotations
 

@@ -44,6 +44,7 @@ from kb_reindex.domain.validation_model import (
     Check,
     ContentWarning,
     FlaggedLine,
+    NoGoldenSet,
     PairedComparison,
     ProbeResult,
     ProbeRun,
@@ -61,9 +62,11 @@ def run_probes(deps: Deps, version: VersionRecord, golden: GoldenSet, *, collect
     if vectors is None:
         vectors = embed_probes(deps, version, golden)
     results = []
-    for probe, vector in zip(golden.probes, vectors, strict=True):
-        # with the probe's tenant, filtered exactly as the reader filters (KnowledgeStore.search)
-        hits = deps.store.search(collection or version.collection, vector, k=golden.k, tenant=probe.tenant)
+    # with each probe's tenant, filtered exactly as the reader filters (KnowledgeStore.search), in one request
+    answers = deps.store.search_many(collection or version.collection,
+                                     [(vector, probe.tenant) for probe, vector in zip(golden.probes, vectors, strict=True)],
+                                     k=golden.k)
+    for probe, hits in zip(golden.probes, answers, strict=True):
         keys = tuple(str((h.payload or {}).get("knowledge_key")) for h in hits)
         results.append(ProbeRun(probe=probe.id, rank=first_hit_rank(keys, probe.expected), top=keys))
     return results
@@ -144,11 +147,15 @@ def validate(
         raise ValidationFailed(f"v{version.version} not validated: {exc}") from None
     if record:
         _record(deps, version, result)
-    log.info("kb_reindex: validate v%d: %s (hit rate %.3f, MRR %.3f, regressions %d)", version.version,
-             "passed" if result.passed else "FAILED", result.hit_rate, result.mrr, result.regressions)
+    log.info("kb_reindex: validate v%d: %s (hit rate %s, MRR %s, regressions %d)", version.version,
+             "passed" if result.passed else "FAILED", _score(result.hit_rate), _score(result.mrr), result.regressions)
     if not result.passed and raise_on_failure:
         raise ValidationFailed(f"v{version.version} failed validation; the alias was not moved: " + "; ".join(result.failures))
     return result
+
+
+def _score(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
 
 
 def _record(deps: Deps, version: VersionRecord, result: ValidationResult) -> None:
@@ -189,8 +196,11 @@ def _validate(deps: Deps, version: VersionRecord, *, min_hit_rate: float | None,
                              fingerprint=probes_fingerprint) if baseline and structural_ok else {})
     probes = _probe_rows(candidate, golden, live_rank, categories, compared=baseline is not None,
                          same_model=same_model)
+    # no golden set (NoGoldenSet): every structural and exact check, no probe scored, and said so
+    unprobed = deps.settings.golden_set if not golden.probes and isinstance(deps.settings.golden_set, NoGoldenSet) \
+        else None
     hit_rate, mrr = score([p.rank_candidate for p in probes])
-    live_hit_rate, live_mrr = score(list(live_rank.values())) if baseline else (None, None)
+    live_hit_rate, live_mrr = score(list(live_rank.values())) if baseline and golden.probes else (None, None)
     regressions = sum(1 for p in probes if p.regression)
     thresholds = Thresholds(min_hit_rate=golden.min_hit_rate if min_hit_rate is None else min_hit_rate,
                             min_mrr=golden.min_mrr if min_mrr is None else min_mrr,
@@ -203,7 +213,8 @@ def _validate(deps: Deps, version: VersionRecord, *, min_hit_rate: float | None,
     base_documents = deps.state.manifest_documents(baseline.id) if baseline else []
     replayed = None
     if structural_ok:
-        failures += _score_failures(probes, hit_rate, mrr, thresholds, baseline)
+        if unprobed is None:
+            failures += _score_failures(probes, hit_rate, mrr, thresholds, baseline)
         failures += gate_failures
         # a probe's document its tenant no longer sees fails whatever max_regressions allows
         failures += invisible_to_tenant(golden, {d.knowledge_key: d.tenant for d in documents},
@@ -222,7 +233,8 @@ def _validate(deps: Deps, version: VersionRecord, *, min_hit_rate: float | None,
                         f"{named}{'; ...' if len(flagged) > 5 else ''}")
     result = ValidationResult(
         version=version.version, collection=version.collection, passed=not failures, failures=tuple(failures),
-        checks=tuple(checks), k=golden.k, thresholds=thresholds, hit_rate=round(hit_rate, 4), mrr=round(mrr, 4),
+        checks=tuple(checks), k=golden.k, thresholds=thresholds,
+        hit_rate=None if unprobed else round(hit_rate, 4), mrr=None if unprobed else round(mrr, 4),
         regressions=regressions,
         live_version=baseline.version if baseline else None,
         live_embed_model=baseline.embed_model if baseline else None,
@@ -234,8 +246,8 @@ def _validate(deps: Deps, version: VersionRecord, *, min_hit_rate: float | None,
         probes=probes, by_category=tuple(by_category), paired=paired, probes_fingerprint=probes_fingerprint,
         flagged_instructions=tuple(flagged), replay=replayed,
         screen=screen_for(deps.settings.instruction_screen, version.embedder).to_dict(),
-        warnings=warn(deps.settings.alias, content_checks(deps, version, documents, baseline, base_documents)
-                      if structural_ok else ()),
+        warnings=warn(deps.settings.alias, (content_checks(deps, version, documents, baseline, base_documents)
+                                            if structural_ok else ()) + ((unprobed.warning(),) if unprobed else ())),
     )
     return _with_reports(deps, version, result)
 
@@ -322,7 +334,7 @@ def _score_failures(probes: Sequence[ProbeResult], hit_rate: float, mrr: float, 
 
 def _with_reports(deps: Deps, version: VersionRecord, result: ValidationResult) -> ValidationResult:
     """The reports written (Markdown and CSV, then HTML with the scores of every version) and named in the result."""
-    # pandas and matplotlib: loaded only by a command that writes reports
+    # pandas: loaded only by a command that writes reports
     from kb_reindex.steps.reports import ReportKind, write_html_report, write_validation_report
 
     kind = ReportKind()

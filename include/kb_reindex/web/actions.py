@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from collections.abc import Mapping
+from collections.abc import Coroutine, Mapping
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, HTTPException, Request
@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse
 
 from kb_reindex.services.config import Settings
 from kb_reindex.domain.errors import LockHeldError
-from kb_reindex.run.pageview import check_rollback_target
+from kb_reindex.run.pageview import QdrantAccess
 from kb_reindex.services.state.freezes import Freeze
 from kb_reindex.services.state.store import StateStore
 from kb_reindex.web.airflow_api import Triggered
@@ -23,6 +23,9 @@ from kb_reindex.web.guard import page_json
 
 #: a state-changing request's body, once it showed it comes from the page (web.guard)
 PageBody = Annotated[Mapping[str, Any], Depends(page_json)]
+
+#: a rollback request finding Qdrant busy (local mode: one client at a time) reads again this often, this long
+BUSY_RETRIES, BUSY_RETRY_S = 4, 0.5
 
 #: how long a freeze from the page waits for a promotion in progress (the alias lock) before saying so
 FREEZE_WAIT_S = 10.0
@@ -42,47 +45,64 @@ class FreezeChange:
         return {"frozen": False, "lifted": self.lifted.view() if self.lifted else None}
 
 
+#: triggers under way: a request whose caller went away (the page left, the connection closed) still finishes
+#: its trigger, so a click the page sent is never half-taken (the tasks are kept here until they end)
+_UNDER_WAY: set[asyncio.Task[Triggered]] = set()
+
+
+async def durable(trigger: Coroutine[Any, Any, Triggered]) -> Triggered:
+    """Run `trigger` to its end even when the request awaiting it is cancelled (the client disconnected)."""
+    task = asyncio.ensure_future(trigger)
+    _UNDER_WAY.add(task)
+    task.add_done_callback(_UNDER_WAY.discard)
+    return await asyncio.shield(task)
+
+
 async def rollback(ctx: PageContext, request: Request, body: Mapping[str, Any]) -> Triggered:
-    """Trigger the rollback DAG to a version that served and is whole, from the live version on-call saw."""
+    """Trigger the rollback DAG to a version that served and is whole, from the live version on-call saw. The
+    request reads the status once and checks what it shows (kept, in a slot, every point there); the full
+    structural check, IDs included, is the rollback task's own (`steps.rollback`), so the click reaches Airflow
+    in the time of one status read, not of a scroll through the target's IDs."""
     reason = reason_of(body)
     to_version = positive_int(body, "to_version", " (the version to roll back to)")
-    live = await ctx.confirmed_live(body)
+    page = await ctx.status_now()
+    for _ in range(BUSY_RETRIES):  # local mode: the page's own poll may hold the folder for a moment
+        if page.qdrant is QdrantAccess.READ:
+            break
+        await asyncio.sleep(BUSY_RETRY_S)
+        page = await ctx.status_now()
+    live = ctx.confirmed_live(page, body)
     if live is None:
         raise HTTPException(409, "nothing is live: there is nothing to roll back from")
-    row = await ctx.version_row(to_version)
+    row = ctx.version_row(page, to_version)
     if not row.rollback_allowed:
         raise HTTPException(409, f"v{to_version} never served or is not kept: a rollback returns only to a "
                                  "version that served (a shadow goes live by promotion)")
-    settings = ctx.settings_factory()
-    try:
-        problems = await asyncio.to_thread(check_rollback_target, settings, to_version)
-    except Exception as exc:
-        raise HTTPException(409, f"the structural check of v{to_version} cannot run now "
-                                 f"({refusal(exc, settings).detail}); "
-                                 "nothing was triggered") from None
+    if page.qdrant is not QdrantAccess.READ:
+        raise HTTPException(409, f"the structural check of v{to_version} cannot run now ({page.qdrant_detail}); "
+                                 "nothing was triggered")
+    problems = page.rollback_problems.get(to_version, ())
     if problems:
         raise HTTPException(409, f"v{to_version} ({row.collection}) is not whole, a rollback to it would be "
                                  f"refused: {'; '.join(problems)}. Nothing was triggered")
-    run = await ctx.airflow.trigger(request, ctx.dags.rollback,
-                                    {"to_version": to_version, "reason": reason, "confirm": True, "live_version": live},
-                                    fallback="On-call can run `kb-reindex rollback` instead",
-                                    unpause=body.get("unpause") is True)
-    return run
+    return await durable(ctx.airflow.trigger(
+        request, ctx.dags.rollback, {"to_version": to_version, "reason": reason, "confirm": True, "live_version": live},
+        fallback="On-call can run `kb-reindex rollback` instead", unpause=body.get("unpause") is True))
 
 
 async def promote_shadow(ctx: PageContext, request: Request, body: Mapping[str, Any]) -> Triggered:
     """Trigger the shadow promotion DAG for a ready version that never served."""
     reason = reason_of(body)
     version = positive_int(body, "version")
-    live = await ctx.confirmed_live(body)
-    if not (await ctx.version_row(version)).shadow:
+    page = await ctx.status_now()
+    live = ctx.confirmed_live(page, body)
+    if not ctx.version_row(page, version).shadow:
         raise HTTPException(409, f"v{version} is not a shadow (ready, never served); a version that served "
                                  "goes back through a rollback")
-    run = await ctx.airflow.trigger(request, ctx.dags.promote_shadow,
-                                    {"version": version, "reason": reason, "confirm": True, "live_version": live},
-                                    fallback=f"On-call can run `kb-reindex promote --version {version}` instead",
-                                    unpause=body.get("unpause") is True)
-    return run
+    return await durable(ctx.airflow.trigger(
+        request, ctx.dags.promote_shadow, {"version": version, "reason": reason, "confirm": True, "live_version": live},
+        fallback=f"On-call can run `kb-reindex promote --version {version}` instead",
+        unpause=body.get("unpause") is True))
 
 
 def set_freeze(settings: Settings, by: str, reason: str | None) -> FreezeChange:

@@ -80,18 +80,20 @@ class PageContext:
     async def page_now(self) -> PageStatus | FreshInstall:
         return await asyncio.to_thread(page_or_fresh, self.settings_factory())
 
-    async def version_row(self, number: int) -> VersionRow:
-        row = (await self.status_now()).status.version(number)
+    @staticmethod
+    def version_row(page: PageStatus, number: int) -> VersionRow:
+        row = page.status.version(number)
         if row is None:
             raise HTTPException(404, f"no version {number}")
         return row
 
-    async def confirmed_live(self, body: Mapping[str, Any]) -> int | None:
-        """The live version on-call saw and confirmed ("vX -> vY"): refused when the alias has moved since."""
+    def confirmed_live(self, page: PageStatus, body: Mapping[str, Any]) -> int | None:
+        """The live version on-call saw and confirmed ("vX -> vY"), as `page` (read once per request) shows
+        it: refused when the alias has moved since."""
         confirmed = body.get("live_version")
         if confirmed is not None and (isinstance(confirmed, bool) or not isinstance(confirmed, int)):
             raise HTTPException(422, "live_version must be the version number the page showed live")
-        live = (await self.status_now()).status.live
+        live = page.status.live
         now = live.version if live else None
         if confirmed != now:
             raise HTTPException(409, f"{self.settings_factory().alias} serves {f'v{now}' if now else 'nothing'} now, "

@@ -325,8 +325,8 @@ class ManifestsMixin:
                 ).scalars())
             stored = conn.execute(sa.select(chunk_texts.c.chunk_hash)).scalars().all()
         unneeded = [h for h in stored if h not in needed]
-        for start in range(0, len(unneeded), 500):
-            with self.engine.begin() as conn:
+        with self.engine.begin() as conn:  # one transaction (a first build's 50k texts: 100 batches, one commit)
+            for start in range(0, len(unneeded), 500):
                 conn.execute(chunk_texts.delete().where(chunk_texts.c.chunk_hash.in_(unneeded[start:start + 500])))
         if unneeded:
             log.info("kb_reindex: %d chunk text(s) no kept version needs were dropped", len(unneeded))

@@ -106,21 +106,22 @@ class RunsMixin:
             metrics.run_finished(alias=alias, outcome=outcome, duration_s=duration,
                                  embedded=counters.get("chunks_embedded", 0), reused=counters.get("chunks_reused", 0))
 
-    def fail_orphaned_runs(self, alias: str, *, current: str) -> list[str]:
+    def fail_orphaned_runs(self, alias: str, *, current: str, error: str | None = None) -> list[str]:
         """Runs of `alias` still `running` with a version, other than `current`: called under the alias's reindex
         lock, which a run holds from before it creates a version to its end, so none of them is working any more
         (its process died, or lost the state DB and could not record its end). Recorded as failed; their
-        building versions are resumed by the next run whose plan matches."""
+        building versions are resumed by the next run whose plan matches. `error`: why, when not that (a
+        retirement ends them)."""
         now = self.clock.now()
+        error = error or (f"did not finish: its process ended without recording an outcome (stopped, or it lost the "
+                          f"state DB); found by run {current}, which resumes its version if it plans the same")
         with self.engine.begin() as conn:
             orphaned = [row.run_id for row in conn.execute(sa.select(runs.c.run_id, runs.c.version).where(
                 runs.c.alias == alias, runs.c.outcome == "running", runs.c.version.is_not(None),
                 runs.c.run_id != current))]
             for run_id in orphaned:
                 conn.execute(runs.update().where(runs.c.run_id == run_id, runs.c.outcome == "running").values(
-                    outcome="failed", finished_at=now,
-                    error=f"did not finish: its process ended without recording an outcome (stopped, or it lost the "
-                          f"state DB); found by run {current}, which resumes its version if it plans the same"))
+                    outcome="failed", finished_at=now, error=error[:4000]))
         return orphaned
 
     def get_run(self, run_id: str) -> RunRecord | None:

@@ -316,6 +316,29 @@ freezes = sa.Table(
 )
 
 
+# --- a knowledge base taken out of service (`kb-reindex retire`) ---------------------------------------
+
+# One row per retirement: who retired the alias, when and why; when its collections were dropped (retire
+# --drop-collections, NULL: kept, the alias still serves them); and, once undone (`retire --undo`), by whom and
+# when. The rows are its history. A state DB made before retirements gains the table at its next writing open
+# (`create_all`); readers of an older DB see no retirement (`RetirementsMixin.retirement`).
+retirements = sa.Table(
+    "kb_retirements",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("alias", sa.String(64), nullable=False),
+    sa.Column("reason", sa.Text, nullable=False),
+    sa.Column("retired_by", sa.String(255), nullable=False),
+    sa.Column("retired_at", Timestamp, nullable=False),
+    sa.Column("dropped_by", sa.String(255)),
+    sa.Column("dropped_at", Timestamp),
+    sa.Column("undone_by", sa.String(255)),
+    sa.Column("undone_at", Timestamp),
+    sa.Index("ix_kb_retirements_alias", "alias", "id"),
+    **MYSQL_TABLE,
+)
+
+
 def code_point_order(tables: Iterable[sa.Table]) -> None:
     """Keys compare and sort by code point on every backend, as Python sorts them (a build slice's documents
     are a range of keys): SQLite's BINARY and MySQL's utf8mb4_bin (MYSQL_TABLE) do; on PostgreSQL each string
@@ -403,10 +426,11 @@ def ensure_table(engine: sa.Engine, table: sa.Table) -> None:
 
 
 def _table_missing(exc: sa.exc.DBAPIError, table: str) -> bool:
-    """SQLite: "no such table: t"; MySQL/MariaDB 1146: "Table 'db.t' doesn't exist". The schema gains a
-    table at the next writing command (create_all); read-only commands never create one."""
+    """SQLite: "no such table: t"; MySQL/MariaDB 1146: "Table 'db.t' doesn't exist"; PostgreSQL: 'relation "t"
+    does not exist'. The schema gains a table at the next writing command (create_all); read-only commands never
+    create one."""
     text = str(exc.orig)
-    return table in text and ("no such table" in text or "doesn't exist" in text)
+    return table in text and ("no such table" in text or "doesn't exist" in text or "does not exist" in text)
 
 
 

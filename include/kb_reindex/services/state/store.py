@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ from kb_reindex.services.state.locks import LocksMixin
 from kb_reindex.services.state.manifests import ManifestsMixin
 from kb_reindex.services.state.runs import RunsMixin
 from kb_reindex.services.state.query_vectors import QueryVectorsMixin
+from kb_reindex.services.state.retirements import RetirementsMixin
 from kb_reindex.services.state.screen_scores import ScreenScoresMixin
 from kb_reindex.services.state.schema import (
     _first_line,
@@ -31,8 +33,11 @@ from kb_reindex.services.state.slots import SlotsMixin
 from kb_reindex.services.state.versions import VersionsMixin
 
 
+_PARTIAL_SCHEMA_LOOKS = 10  # half a second apart: a schema's creation takes milliseconds
+
+
 class StateStore(VersionsMixin, ManifestsMixin, RunsMixin, HistoryMixin, LocksMixin, FreezesMixin, SlotsMixin,
-                 ScreenScoresMixin, QueryVectorsMixin, EntriesMixin):
+                 ScreenScoresMixin, QueryVectorsMixin, EntriesMixin, RetirementsMixin):
     """All reads and writes of the state DB. Short transactions; nothing held across embedding calls."""
 
     def __init__(self, url: str, *, engine: sa.Engine | None = None, create: bool = True,
@@ -82,8 +87,15 @@ class StateStore(VersionsMixin, ManifestsMixin, RunsMixin, HistoryMixin, LocksMi
             ) from None
 
     def _require_schema(self) -> None:
-        present = set(sa.inspect(self.engine).get_table_names())
-        missing = sorted({versions.name, alias_events.name} - present)
+        missing = self._missing_tables()
+        # one of the two: a writer may be creating the schema this moment (two first runs at once; MySQL's DDL
+        # is not transactional and a SQLite reader does not take the writer's schema lock), so look again
+        # before calling the DB broken
+        for _ in range(_PARTIAL_SCHEMA_LOOKS):
+            if len(missing) != 1:
+                break
+            time.sleep(0.5)
+            missing = self._missing_tables()
         if len(missing) == 2:
             self.engine.dispose()
             raise StateEmpty(
@@ -99,6 +111,10 @@ class StateStore(VersionsMixin, ManifestsMixin, RunsMixin, HistoryMixin, LocksMi
                 "`kb-reindex reconcile --rebuild-state`"
             )
         _upgrade_schema(self.engine, tables=(versions, alias_events))  # an older kb-reindex's DB: readable after the upgrade
+
+    def _missing_tables(self) -> list[str]:
+        present = set(sa.inspect(self.engine).get_table_names())
+        return sorted({versions.name, alias_events.name} - present)
 
     @staticmethod
     def _make_engine(url: str, *, create: bool = True) -> sa.Engine:
