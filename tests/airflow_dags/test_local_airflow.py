@@ -44,6 +44,21 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+class RetryingClient(httpx.Client):
+    """An httpx client that asks an idempotent request (GET, PATCH, PUT, DELETE) again after a 5xx: on a loaded
+    2-core machine the api-server's SQLite write or read can meet the scheduler's lock and answer 500 (seen in CI on
+    `GET /assets/events` and `PATCH /dags/{id}`). A POST is never repeated (a trigger would start two runs)."""
+
+    def send(self, request: httpx.Request, **kwargs: Any) -> httpx.Response:
+        for _ in range(4):
+            answer = super().send(request, **kwargs)
+            if answer.status_code < 500 or request.method == "POST":
+                return answer
+            answer.close()
+            time.sleep(1)
+        return super().send(request, **kwargs)
+
+
 class LocalAirflow:
     """The REST API of the Airflow the script started, signed in as the admin it printed."""
 
@@ -51,7 +66,7 @@ class LocalAirflow:
         self.base, self.home, self.env = base, home, env
         user, password = next(iter(json.loads((home / "simple_auth_manager_passwords.json.generated")
                                               .read_text(encoding="utf-8")).items()))
-        self.http = httpx.Client(base_url=f"{base}/api/v2", timeout=30)
+        self.http = RetryingClient(base_url=f"{base}/api/v2", timeout=30)
         token = httpx.post(f"{base}/auth/token", json={"username": user, "password": password}, timeout=30)
         self.http.headers["Authorization"] = f"Bearer {token.json()['access_token']}"
 
@@ -67,13 +82,8 @@ class LocalAirflow:
             time.sleep(POLL_S)
 
     def set_paused(self, dag_id: str, paused: bool) -> None:
-        """Pause or unpause `dag_id`, asked again after a 5xx: on a loaded machine the api-server's SQLite write
-        can meet the scheduler's lock and answer 500 (seen once in a suite run); the change itself is idempotent."""
-        for _ in range(5):
-            answer = self.http.patch(f"/dags/{dag_id}", json={"is_paused": paused})
-            if answer.status_code < 500:
-                break
-            time.sleep(1)
+        """Pause or unpause `dag_id` (a 5xx is asked again by the client: the change is idempotent)."""
+        answer = self.http.patch(f"/dags/{dag_id}", json={"is_paused": paused})
         assert answer.status_code == 200, f"{answer.status_code} {answer.text}\n{self.logs()}"
 
     def trigger(self, dag_id: str, conf: dict | None = None) -> str:
