@@ -334,3 +334,18 @@ def test_a_rollback_moves_nothing_when_another_version_goes_live_between_its_che
     with pytest.raises(AliasMovedError, match="serves v3 now, not v2 .which you confirmed.: nothing was rolled back"):
         run_rollback(deps, reason="v2 is bad", expected_live=2)
 
+
+
+def test_a_lock_left_by_a_gone_process_is_named_with_or_without_qdrant(deps: Deps) -> None:
+    """The note that a lock's holder is gone (the next command takes it over) comes from the state DB alone: the
+    page's state-only view (Qdrant busy or unavailable, when on-call most needs it) names it as `status` does."""
+    from kb_reindex.services.state.locks import default_lock_owner
+    from kb_reindex.rules.locking import reindex_lock_name
+    from kb_reindex.run.status import state_only_view, status_view
+    from kb_reindex.services.runtime import StateDeps
+
+    run_reindex(deps)
+    deps.state.acquire_lock(reindex_lock_name(ALIAS), owner=default_lock_owner(pid=999999), ttl_s=3600)
+    state_only = state_only_view(StateDeps(settings=deps.settings, state=deps.state))
+    for view in (status_view(deps), state_only):
+        assert any(":999999:" in note and "whose process is gone" in note for note in view.notes), view.notes

@@ -316,8 +316,7 @@ def status_view(deps: Deps) -> StatusView:
                         f"({audit.missing_ratio:.2%}) and {audit.orphans} orphan point(s) ({audit.orphan_ratio:.2%}) "
                         "against its manifest")
     locks = lock_rows(deps)
-    notes += [f"lock {held.name} is held by {held.owner}, whose process is gone: the next command takes it over"
-              for held in locks if held.owner_gone]
+    notes += _lock_notes(locks)
     return StatusView(
         alias=alias, serving_collection=serving, live=_live(versions, live),
         rollback_target=target.version if target else None, freeze=freeze_view(deps), pinned=tuple(sorted(pins)),
@@ -333,12 +332,19 @@ def state_only_view(deps: StateDeps) -> StatusView:
     pins = deps.state.active_pins(alias)
     versions = [version_row(v, target=target, pins=pins, serving=None, points=None, collection_config=None,
                             kept=kept_as(deps.state, v)) for v in deps.state.list_versions(alias)]
+    locks = lock_rows(deps)
     return StatusView(
         alias=alias, serving_collection=None, live=_live(versions, live),
         rollback_target=target.version if target else None, freeze=freeze_view(deps), pinned=tuple(sorted(pins)),
-        audit=None, versions=tuple(versions), locks=lock_rows(deps),
-        problems=(), notes=(), metrics=metrics(deps), last_run_problem=last_run_problem(deps.state, alias),
+        audit=None, versions=tuple(versions), locks=locks,
+        problems=(), notes=tuple(_lock_notes(locks)), metrics=metrics(deps), last_run_problem=last_run_problem(deps.state, alias),
         query_log=querylog.summary(deps))
+
+
+def _lock_notes(locks: tuple[LockRow, ...]) -> list[str]:
+    """A lock whose holder is gone, named from the state DB alone: on-call needs it most while Qdrant is busy."""
+    return [f"lock {held.name} is held by {held.owner}, whose process is gone: the next command takes it over"
+            for held in locks if held.owner_gone]
 
 
 def _live(versions: list[VersionRow], live: VersionRecord | None) -> LiveVersion | None:
