@@ -27,4 +27,4 @@ airflow-stop:
 	bash scripts/airflow-stop.sh
 
 clean:
-	rm -rf .kb .airflow .kb-demo.log .airflow-migrate.log
+	rm -rf .kb .airflow .kb-demo.log .airflow-migrate.log .airflow-pools.json

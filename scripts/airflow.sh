@@ -109,10 +109,9 @@ if [ "${#missing[@]}" -gt 0 ]; then
   # KB_BUILD_PARALLELISM (build slices writing at once), checked by the settings: local mode admits one client,
   # so a larger value there, or a bad registry, stops here with the reason
   # and on-call's pool with default_pool sized beside it (kb_reindex.airflow.lanes)
-  pools="$(python -m kb_reindex.airflow.lanes)"
-  while read -r pool slots description; do
-    airflow pools set "$pool" "$slots" "$description" >> "$run/pool.log" 2>&1 || { cat "$run/pool.log"; exit 1; }
-  done <<< "$pools"
+  # (all in one `airflow pools import`: one Airflow process, not one per pool)
+  python -m kb_reindex.airflow.lanes --json > "$run/pools.json"
+  airflow pools import "$run/pools.json" >> "$run/pool.log" 2>&1 || { cat "$run/pool.log"; exit 1; }
 fi
 
 # each component leads a session of its own (setsid), so airflow-stop.sh finds its children too (executor

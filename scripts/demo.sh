@@ -10,10 +10,8 @@ export KB_REGISTRY="${KB_REGISTRY-knowledge/registry.yaml}"
 export PATH="$PWD/.venv/bin:$PATH"
 airflow db migrate > .airflow-migrate.log 2>&1 || { cat .airflow-migrate.log; exit 1; }
 # a write pool per knowledge base, KB_BUILD_PARALLELISM slots each (more than 1 is refused in local mode)
-pools="$(python -m kb_reindex.airflow.lanes)"
-while read -r pool slots description; do
-  airflow pools set "$pool" "$slots" "$description" > /dev/null
-done <<< "$pools"
+python -m kb_reindex.airflow.lanes --json > .airflow-pools.json
+airflow pools import .airflow-pools.json > /dev/null
 dags="$(kb-reindex bases --json | python -c 'import json, sys; print(*(b["dag_id"] for b in json.load(sys.stdin)["knowledge_bases"]))')"
 : > .kb-demo.log
 for dag in $dags; do

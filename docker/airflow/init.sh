@@ -34,11 +34,10 @@ PY
 # slots each (build slices writing to Qdrant at once), as the settings accept it; on-call's pool (KB_ONCALL_POOL,
 # KB_ONCALL_SLOTS) and default_pool sized so that those slots of AIRFLOW__CORE__PARALLELISM stay free for
 # rollbacks (kb_reindex.airflow.lanes)
-pools="$(python -m kb_reindex.airflow.lanes)"
-while read -r pool slots description; do
-  echo "airflow-init: pool ${pool}, ${slots} slot(s)"
-  airflow pools set "$pool" "$slots" "$description"
-done <<< "$pools"
+# (all in one `airflow pools import`: one Airflow process, not one per pool)
+python -m kb_reindex.airflow.lanes --json > /tmp/kb-pools.json
+echo "airflow-init: pools $(python -c 'import json, sys; print(json.load(open(sys.argv[1])))' /tmp/kb-pools.json)"
+airflow pools import /tmp/kb-pools.json
 
 # `connections add` refuses an existing id: delete first, so values changed in .env are applied.
 # --conn-json rather than --conn-type: for a type no installed provider registers, --conn-type silently

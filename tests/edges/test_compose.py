@@ -7,6 +7,7 @@ compose tool is installed.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -605,15 +606,13 @@ def test_init_connections_are_idempotent(init_commands: list[list[str]]) -> None
 
 def test_init_migrates_and_creates_a_pool_per_knowledge_base(init_commands: list[list[str]], tmp_path: Path) -> None:
     assert ["airflow", "db", "migrate"] in init_commands
-    pools = [cmd for cmd in init_commands if cmd[:3] == ["airflow", "pools", "set"]]
-    # one per line `python -m kb_reindex.airflow.lanes` prints: each knowledge base's pool and its slots,
-    # KB_BUILD_PARALLELISM as the settings accept it (local mode refuses more than 1), then on-call's and default_pool
-    assert ["pools=$(python -m kb_reindex.airflow.lanes)"] in init_commands
-    assert ["while", "read", "-r", "pool", "slots", "description;", "do"] in init_commands
-    assert ["done", "<<<", "$pools"] in init_commands
-    assert any(cmd[3:6] == ["$pool", "$slots", "$description"] for cmd in pools), pools
+    # every pool `python -m kb_reindex.airflow.lanes --json` writes (each knowledge base's pool and its slots,
+    # KB_BUILD_PARALLELISM as the settings accept it, then on-call's and default_pool) set by one import
+    assert ["python", "-m", "kb_reindex.airflow.lanes", "--json", ">", "/tmp/kb-pools.json"] in init_commands
+    imports = [cmd for cmd in init_commands if cmd[:3] == ["airflow", "pools", "import"]]
+    assert imports == [["airflow", "pools", "import", "/tmp/kb-pools.json"]], imports
     migrate = init_commands.index(["airflow", "db", "migrate"])
-    assert all(init_commands.index(cmd) > migrate for cmd in pools)
+    assert init_commands.index(imports[0]) > migrate
     printed = {}
     for registry in ("", "knowledge/registry.yaml"):
         done = subprocess.run([sys.executable, "-m", "kb_reindex.services.registry"], capture_output=True, text=True,
@@ -630,6 +629,14 @@ def test_init_migrates_and_creates_a_pool_per_knowledge_base(init_commands: list
     assert [line.split()[:2] for line in done.stdout.splitlines()] == [
         ["kb_qdrant_writes__mall_knowledge", "1"], ["kb_qdrant_writes__seller_rules", "1"], ["kb_oncall", "2"],
         ["default_pool", "28"]]
+    as_json = subprocess.run([sys.executable, "-m", "kb_reindex.airflow.lanes", "--json"], capture_output=True,
+                             text=True, timeout=60, env={**os.environ, "KB_PROJECT_ROOT": str(REPO),
+                                                         "KB_REGISTRY": "knowledge/registry.yaml",
+                                                         "KB_ONCALL_POOL": "kb_oncall", "KB_ONCALL_SLOTS": "2",
+                                                         "AIRFLOW__CORE__PARALLELISM": "32"})
+    assert as_json.returncode == 0, as_json.stderr
+    assert {name: pool["slots"] for name, pool in json.loads(as_json.stdout).items()} == {
+        "kb_qdrant_writes__mall_knowledge": 1, "kb_qdrant_writes__seller_rules": 1, "kb_oncall": 2, "default_pool": 28}
 
 
 def test_init_needs_the_secrets_it_uses(airflow_services: dict[str, dict[str, Any]]) -> None:

@@ -17,6 +17,7 @@ This module imports no Airflow: the scripts size the pools with it (`python -m k
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from collections.abc import Iterable, Mapping
@@ -113,11 +114,23 @@ def deployment_pools(env: Mapping[str, str] | None = None) -> list[PoolSize]:
                       oncall_slots=env_int(env, ONCALL_SLOTS_ENV, DEFAULT_ONCALL_SLOTS, minimum=1))
 
 
-def main() -> None:
-    """`python -m kb_reindex.airflow.lanes`: one line `<pool> <slots> <description>` per pool to set, for the
-    scripts (`make airflow`, `make demo`, the compose init); a refusal names the mistake (exit 2)."""
+def pools_import_json(pools: Iterable[PoolSize]) -> str:
+    """The pools as `airflow pools import <file>` reads them: every pool set by one Airflow process, not one
+    `airflow pools set` process (~3 s of start each) per pool."""
+    return json.dumps({p.name: {"slots": p.slots, "description": p.description, "include_deferred": False}
+                       for p in pools}, ensure_ascii=False, indent=1)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m kb_reindex.airflow.lanes`: one line `<pool> <slots> <description>` per pool to set; with
+    `--json` the file `airflow pools import` reads, for the scripts (`make airflow`, `make demo`, the compose
+    init); a refusal names the mistake (exit 2)."""
+    as_json = (sys.argv[1:] if argv is None else argv) == ["--json"]
     try:
-        for pool in deployment_pools():
+        pools = deployment_pools()
+        if as_json:
+            print(pools_import_json(pools))
+        for pool in () if as_json else pools:
             print(pool.name, pool.slots, pool.description)
     except ConfigError as exc:
         print(f"kb-reindex: configuration error: {exc}", file=sys.stderr)
