@@ -12,7 +12,7 @@ import sqlalchemy as sa
 
 from kb_reindex.domain.errors import ConfigError
 from kb_reindex.services.state.clock import utc_stamp
-from kb_reindex.services.state.schema import _table_missing, ensure_table, freezes
+from kb_reindex.services.state.schema import _table_missing, ensure_table, freezes, rows_unless_missing
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -121,15 +121,9 @@ class FreezesMixin:
 
     def freeze_events(self, alias: str) -> Iterator[FreezeEvent]:
         """Every freeze and unfreeze of `alias`, as history events (at, action, by, reason)."""
-        try:
-            with self.engine.connect() as conn:
-                rows = conn.execute(sa.select(freezes).where(freezes.c.alias == alias)
-                                    .order_by(freezes.c.id)).mappings().all()
-        except sa.exc.DBAPIError as exc:
-            if _table_missing(exc, freezes.name):
-                return
-            raise
-        for row in rows:
+        rows = rows_unless_missing(self.engine, sa.select(freezes).where(freezes.c.alias == alias)
+                                   .order_by(freezes.c.id), freezes)
+        for row in rows or ():
             yield FreezeEvent(at=row["set_at"], action="freeze", by=row["set_by"], reason=row["reason"])
             if row["lifted_at"] is not None:
                 yield FreezeEvent(at=row["lifted_at"], action="unfreeze", by=row["lifted_by"],

@@ -14,7 +14,7 @@ import sqlalchemy as sa
 
 from kb_reindex.domain.errors import ConfigError
 from kb_reindex.services.state.clock import utc_stamp
-from kb_reindex.services.state.schema import _table_missing, ensure_table, retirements
+from kb_reindex.services.state.schema import _table_missing, ensure_table, retirements, rows_unless_missing
 
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager
@@ -137,30 +137,18 @@ class RetirementsMixin:
 
     def retired_aliases(self) -> dict[str, Retirement]:
         """Every retirement in force, by alias (none on a state DB older than the table)."""
-        try:
-            with self.engine.connect() as conn:
-                rows = conn.execute(sa.select(retirements).where(retirements.c.undone_at.is_(None))
-                                    .order_by(retirements.c.id)).mappings().all()
-        except sa.exc.DBAPIError as exc:
-            if _table_missing(exc, retirements.name):
-                return {}
-            raise
+        rows = rows_unless_missing(self.engine, sa.select(retirements).where(retirements.c.undone_at.is_(None))
+                                   .order_by(retirements.c.id), retirements)
         found: dict[str, Retirement] = {}
-        for row in rows:
+        for row in rows or ():
             found.setdefault(row["alias"], _record(row))
         return found
 
     def retirement_events(self, alias: str) -> Iterator[RetirementEvent]:
         """Every retirement of `alias`, its collections dropped and its undo, as history events."""
-        try:
-            with self.engine.connect() as conn:
-                rows = conn.execute(sa.select(retirements).where(retirements.c.alias == alias)
-                                    .order_by(retirements.c.id)).mappings().all()
-        except sa.exc.DBAPIError as exc:
-            if _table_missing(exc, retirements.name):
-                return
-            raise
-        for row in rows:
+        rows = rows_unless_missing(self.engine, sa.select(retirements).where(retirements.c.alias == alias)
+                                   .order_by(retirements.c.id), retirements)
+        for row in rows or ():
             yield RetirementEvent(at=row["retired_at"], action="retire", by=row["retired_by"], reason=row["reason"])
             if row["dropped_at"] is not None:
                 yield RetirementEvent(at=row["dropped_at"], action="drop-collections", by=row["dropped_by"],

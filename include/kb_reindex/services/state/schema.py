@@ -425,6 +425,18 @@ def ensure_table(engine: sa.Engine, table: sa.Table) -> None:
             raise
 
 
+def rows_unless_missing(engine: sa.Engine, query: sa.Select, table: sa.Table) -> list[sa.RowMapping] | None:
+    """The rows of `query`, or None when `table` is not in the state DB yet (a read-only command on a state DB
+    older than it: `_table_missing`)."""
+    try:
+        with engine.connect() as conn:
+            return list(conn.execute(query).mappings().all())
+    except sa.exc.DBAPIError as exc:
+        if _table_missing(exc, table.name):
+            return None
+        raise
+
+
 def _table_missing(exc: sa.exc.DBAPIError, table: str) -> bool:
     """SQLite: "no such table: t"; MySQL/MariaDB 1146: "Table 'db.t' doesn't exist"; PostgreSQL: 'relation "t"
     does not exist'. The schema gains a table at the next writing command (create_all); read-only commands never
