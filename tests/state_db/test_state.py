@@ -91,7 +91,7 @@ def test_keys_compare_and_order_by_code_point_whatever_the_databases_collation(s
     state.write_manifest(version.id, docs, rows)
     assert [d.knowledge_key for d in state.manifest_documents(version.id)] == sorted(keys)
     assert [r.knowledge_key for r in state.manifest_refs(version.id)] == sorted(keys)
-    assert sorted(d.knowledge_key for d in state.slice_documents(version.id, "Zeta", "alpha")) == ["Zeta", "alpha"]
+    assert [d.knowledge_key for d in state.manifest_documents(version.id, ["alpha", "Zeta", "Zeta"])] == ["Zeta", "alpha"]
 
 
 def test_manifest_refs_stream_in_manifest_order_and_give_the_connection_back(state: StateStore) -> None:
@@ -357,6 +357,24 @@ def test_chunk_texts_are_kept_while_a_version_embeds_them_and_dropped_with_the_l
     assert state.texts([h1, h2, h3]) == {}
 
 
+def test_a_routine_cleanup_drops_only_the_texts_the_versions_it_deleted_embedded(state: StateStore) -> None:
+    """Retention names the versions it deleted: their embedded texts no kept version embeds go, one still
+    embedded by a kept version stays, and a text neither of them embeds is not even looked at (a full sweep,
+    as a drop or forget does, finds it)."""
+    h1, h2, h3, h4 = "1" * 64, "2" * 64, "3" * 64, "4" * 64
+    v1, v2 = new_version(state), new_version(state)
+    _manifest(state, v1.id, [(h1, None), (h2, None)])
+    _manifest(state, v2.id, [(h2, None), (h3, None)])
+    state.add_texts([{"chunk_hash": h, "section": "", "text": h[:1]} for h in (h1, h2, h3, h4)])
+    state.transition_version(v1.id, from_=["building"], to="failed")
+    state.transition_version(v1.id, from_=["failed"], to="deleted")
+    assert state.drop_unneeded_texts(versions_gone=[v1.id]) == 1
+    assert set(state.texts([h1, h2, h3, h4])) == {h2, h3, h4}
+    assert state.drop_unneeded_texts(versions_gone=[]) == 0
+    assert state.drop_unneeded_texts() == 1  # h4: no version embeds it
+    assert set(state.texts([h1, h2, h3, h4])) == {h2, h3}
+
+
 def test_a_build_slice_reads_its_manifest_rows_by_position(state: StateStore) -> None:
     version = new_version(state)
     _manifest(state, version.id, [(f"{i:064d}", None) for i in range(10)])
@@ -364,7 +382,50 @@ def test_a_build_slice_reads_its_manifest_rows_by_position(state: StateStore) ->
     assert [r.chunk_index for r in rows] == [3, 4, 5, 6]
     assert [r.chunk_index for r in state.slice_rows(version.id)] == list(range(10))
     assert state.slice_rows(version.id, (8, 5))[-1].chunk_index == 9
-    assert [d.knowledge_key for d in state.slice_documents(version.id, "k", "k")] == ["k"]
+    assert [d.knowledge_key for d in state.manifest_documents(version.id, ["k", "absent"])] == ["k"]
+
+
+def test_a_slice_against_its_base_reads_the_rows_that_differ_and_the_ids_kept(state: StateStore) -> None:
+    """A: unchanged; B: edited (a new point); C: the same point, its title changed (its payload rewritten);
+    D: new; E: gone. The difference names the added rows, the kept IDs and, of those, the rows to rewrite;
+    a window limits all three to its positions."""
+    base, version = new_version(state), new_version(state)
+
+    def doc(key: str, title: str = "t", chunks: int = 1) -> ManifestDocument:
+        return ManifestDocument(knowledge_key=key, source=f"{key}.md", title=title, category="c", tenant="default",
+                                content_hash="a" * 64, chunk_count=chunks)
+
+    def row(key: str, index: int, point: str) -> ManifestChunk:
+        return ManifestChunk(point_id=point, knowledge_key=key, source_point_id=None, chunk_index=index,
+                             chunk_hash=f"{point:0>64}")
+
+    state.write_manifest(base.id, [doc("A", chunks=2), doc("B"), doc("C"), doc("E")],
+                         [row("A", 0, "a0"), row("A", 1, "a1"), row("B", 0, "b0"), row("C", 0, "c0"), row("E", 0, "e0")])
+    state.write_manifest(version.id, [doc("A", chunks=2), doc("B"), doc("C", title="new"), doc("D")],
+                         [row("A", 0, "a0"), row("A", 1, "a1"), row("B", 0, "b1"), row("C", 0, "c0"), row("D", 0, "d0")])
+    diff = state.slice_difference(version.id, base.id)
+    assert [r.point_id for r in diff.added] == ["b1", "d0"]
+    assert diff.kept == ["a0", "a1", "c0"]
+    assert [r.point_id for r in diff.rewrite] == ["c0"]
+    assert diff.total == 5
+    window = state.slice_difference(version.id, base.id, (2, 2))  # positions 2, 3: B's and C's rows
+    assert ([r.point_id for r in window.added], window.kept, [r.point_id for r in window.rewrite]) == (["b1"], ["c0"], ["c0"])
+    assert [r.point_id for r in state.dropped_chunks(version.id, base.id)] == ["b0", "e0"]
+
+
+def test_a_sample_of_a_manifest_is_read_by_position_and_without_positions_too(state: StateStore) -> None:
+    """`manifest_at` reads the rows at these positions; a manifest written before positions (NULL) gives the
+    same rows by manifest order; `manifest_size` counts them."""
+    from kb_reindex.services.state.schema import manifest_chunks
+
+    version = new_version(state)
+    _manifest(state, version.id, [(f"{i:064d}", None) for i in range(10)])
+    assert state.manifest_size(version.id) == 10
+    assert [r.chunk_index for r in state.manifest_at(version.id, [7, 2, 2])] == [2, 7]
+    with state.engine.begin() as conn:
+        conn.execute(manifest_chunks.update().where(manifest_chunks.c.version_id == version.id).values(position=None))
+    assert [r.chunk_index for r in state.manifest_at(version.id, [7, 2])] == [2, 7]
+    assert state.manifest_at(version.id, []) == []
 
 
 def test_an_existing_state_db_gets_the_new_columns_at_open(state: StateStore) -> None:

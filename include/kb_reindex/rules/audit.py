@@ -97,8 +97,8 @@ def audit_version(deps: Deps, version: VersionRecord) -> AuditResult:
 
 def sample_missing(deps: Deps, live: VersionRecord, *, size: int, rng: random.Random) -> tuple[int, int]:
     """(IDs looked up, IDs not found) for `size` random IDs of live's manifest."""
-    expected = [ref.point_id for ref in deps.state.iter_manifest_refs(live.id)]
-    picked = rng.sample(expected, min(size, len(expected)))
+    total = deps.state.manifest_size(live.id)
+    picked = [row.point_id for row in deps.state.manifest_at(live.id, rng.sample(range(total), min(size, total)))]
     found = len(deps.store.retrieve(live.collection, picked, payload=False)) if picked else 0
     return len(picked), len(picked) - found
 

@@ -10,7 +10,6 @@ from typing import Any
 from kb_reindex.services.layouts import describe_layout, payload_problems, payload_text
 from kb_reindex.domain.model import VersionStatus
 from kb_reindex.services.runtime import Deps
-from kb_reindex.services.state.manifests import ManifestRef
 from kb_reindex.services.state.versions import VersionRecord
 from kb_reindex.services.store import DISTANCE
 from kb_reindex.domain.validation_model import Check
@@ -35,17 +34,16 @@ def by_difference(deps: Deps, version: VersionRecord) -> Difference | None:
     base = deps.state.get_version(version.alias, version.slot_base)
     if base is None:
         return None
-    rows = deps.state.slice_against(version.id, base.id)
-    added = [row.point_id for row, in_base in rows if not in_base]
-    kept = [row.point_id for row, in_base in rows if in_base]
+    diff = deps.state.slice_difference(version.id, base.id)
+    added, kept = [row.point_id for row in diff.added], diff.kept
     dropped = [row.point_id for row in deps.state.dropped_chunks(version.id, base.id)]
     return base, added, dropped, kept
 
 
-def shape_checks(deps: Deps, version: VersionRecord, manifest: list[ManifestRef],
-                 diff: Difference | None = None) -> tuple[list[Check], int | None]:
-    """Exact count and IDs against the manifest, dimension and distance against the record: the one
-    structural check, shared by validation and by rollback/reconcile (`structural_problems`).
+def shape_checks(deps: Deps, version: VersionRecord, size: int, diff: Difference | None = None
+                 ) -> tuple[list[Check], int | None]:
+    """Exact count and IDs against the manifest (of `size` chunks), dimension and distance against the
+    record: the one structural check, shared by validation and by rollback/reconcile (`structural_problems`).
     `diff`: the version's `by_difference`, when the caller has it (else found here).
 
     Returns the checks and the collection's point count (None when the collection is missing)."""
@@ -59,8 +57,8 @@ def shape_checks(deps: Deps, version: VersionRecord, manifest: list[ManifestRef]
         check("collection exists", False, f"{version.collection} is missing")
         return checks, None
     shape = store.shape(version.collection)
-    check("point count", shape.points == len(manifest), f"{shape.points} points, manifest lists {len(manifest)}")
-    missing, extra, how = _id_differences(deps, version, manifest, points=shape.points,
+    check("point count", shape.points == size, f"{shape.points} points, manifest lists {size}")
+    missing, extra, how = _id_differences(deps, version, size, points=shape.points,
                                           diff=diff if diff is not None else by_difference(deps, version))
     check("point ids", not missing and not extra,
           f"{len(missing)} missing, {len(extra)} unexpected" + (f" (e.g. {sorted(missing or extra)[0]})" if missing or extra else "")
@@ -70,7 +68,7 @@ def shape_checks(deps: Deps, version: VersionRecord, manifest: list[ManifestRef]
     return checks, shape.points
 
 
-def _id_differences(deps: Deps, version: VersionRecord, manifest: list[ManifestRef], *, points: int,
+def _id_differences(deps: Deps, version: VersionRecord, size: int, *, points: int,
                     diff: Difference | None) -> tuple[set[str], set[str], str]:
     """IDs the collection lacks and holds beyond the manifest, and how that was found.
 
@@ -80,7 +78,7 @@ def _id_differences(deps: Deps, version: VersionRecord, manifest: list[ManifestR
     lost what was dropped and gained what was added; with as many points as the manifest, nothing else is
     there. Any doubt, or any other version: every ID is looked up (`id_differences`)."""
     store = deps.store
-    if diff is not None and points == len(manifest):
+    if diff is not None and points == size:
         _base, added, dropped, kept = diff
         looked = added + random.Random(version.version).sample(kept, min(KEPT_LOOKED_UP, len(kept)))
         found: set[str] = set()
@@ -92,20 +90,24 @@ def _id_differences(deps: Deps, version: VersionRecord, manifest: list[ManifestR
         if found == set(looked) and not gone:
             return set(), set(), (f"; by difference from v{version.slot_base}: {len(added)} added and "
                                   f"{min(KEPT_LOOKED_UP, len(kept))} of {len(kept)} kept found, {len(dropped)} dropped gone")
-    missing, extra = store.id_differences(version.collection, [row.point_id for row in manifest], points=points)
+    expected = [ref.point_id for ref in deps.state.iter_manifest_refs(version.id)]
+    missing, extra = store.id_differences(version.collection, expected, points=points)
     return missing, extra, ""
 
 
 def structural_problems(deps: Deps, version: VersionRecord) -> list[str]:
     """What makes a kept collection unfit to serve (empty when whole): the shape checks, without the
     golden set, for a rollback target or a live version the alias is pointed back at."""
-    checks, _points = shape_checks(deps, version, deps.state.manifest_refs(version.id))
+    checks, _points = shape_checks(deps, version, deps.state.manifest_size(version.id))
     return [c.line for c in checks if not c.passed]
 
 
-def structural_checks(deps: Deps, version: VersionRecord, manifest: list[ManifestRef]) -> list[Check]:
+def structural_checks(deps: Deps, version: VersionRecord) -> list[Check]:
+    """The shape checks, then a sample of points read back whole (payload, text against its hash, vector):
+    chosen by manifest position, and every point this build wrote up to CHANGED_CHECKED."""
+    size = deps.state.manifest_size(version.id)
     diff = by_difference(deps, version)  # read once: the IDs' check and the sample's
-    checks, points = shape_checks(deps, version, manifest, diff)
+    checks, points = shape_checks(deps, version, size, diff)
     if points is None:
         return checks
     if version.status in (VersionStatus.BUILDING, VersionStatus.READY, VersionStatus.FAILED) and version.points_written != points:
@@ -113,15 +115,15 @@ def structural_checks(deps: Deps, version: VersionRecord, manifest: list[Manifes
         deps.state.update_version(version.id, points_written=points)
 
     store = deps.store
-    picked = [row.point_id for row in random.Random(version.version).sample(manifest, min(SAMPLE_SIZE, len(manifest)))]
+    sample = deps.state.manifest_at(version.id, random.Random(version.version).sample(range(size), min(SAMPLE_SIZE, size)))
     written: set[str] = set()
     if diff is not None:  # what this build wrote: read back in full (a sample beyond CHANGED_CHECKED)
         added = diff[1]
         written = set(random.Random(version.version).sample(added, min(CHANGED_CHECKED, len(added))))
-        picked = sorted(set(picked) | written)
-    sample = []
-    for start in range(0, len(picked), 1024):
-        sample += deps.state.manifest_chunks(version.id, point_ids=picked[start:start + 1024])
+        have = {row.point_id for row in sample}
+        missing_rows = sorted(written - have)
+        for start in range(0, len(missing_rows), 1024):
+            sample += deps.state.manifest_chunks(version.id, point_ids=missing_rows[start:start + 1024])
     records: dict[str, Any] = {}
     for start in range(0, len(sample), 1024):
         records.update({str(r.id): r for r in store.retrieve(version.collection,
@@ -159,6 +161,6 @@ def structural_checks(deps: Deps, version: VersionRecord, manifest: list[Manifes
         if version.status == VersionStatus.BUILDING:
             # as a full audit: once promoted, the next run's audit of live samples instead of looking up every ID
             deps.state.record_audit(alias=version.alias, version=version.version, collection=version.collection,
-                                    run_id=version.run_id, expected=len(manifest), points=points, missing=0,
+                                    run_id=version.run_id, expected=size, points=points, missing=0,
                                     orphans=0)
     return checks

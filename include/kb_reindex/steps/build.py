@@ -237,15 +237,15 @@ def _live_chunk(row: ManifestChunk, record: models.Record, live: str, layout: st
                  chunk_hash=row.chunk_hash, point_id=row.point_id)
 
 
-def _slice_documents(deps: Deps, version: VersionRecord, manifest: list[ManifestChunk]) -> dict[str, DocumentInfo]:
-    """The payload fields of the documents of a slice's rows, from the plan's manifest (a range of keys)."""
-    if not manifest:
+def _slice_documents(deps: Deps, version: VersionRecord, rows: list[ManifestChunk]) -> dict[str, DocumentInfo]:
+    """The payload fields of the documents of the rows a slice writes, from the plan's manifest."""
+    if not rows:
         return {}
-    rows = deps.state.slice_documents(version.id, manifest[0].knowledge_key, manifest[-1].knowledge_key)
+    keys = {row.knowledge_key for row in rows}
     by_key = {r.knowledge_key: DocumentInfo(knowledge_key=r.knowledge_key, source=r.source, title=r.title,
                                             category=r.category, tenant=r.tenant, content_hash=r.content_hash)
-              for r in rows}
-    lost = next((row.knowledge_key for row in manifest if row.knowledge_key not in by_key), None)
+              for r in deps.state.manifest_documents(version.id, keys)}
+    lost = next((key for key in sorted(keys) if key not in by_key), None)
     if lost is not None:
         raise KbError(f"v{version.version}'s manifest lists chunks of {lost} but not the document; start a new run")
     return by_key
@@ -260,21 +260,18 @@ def _fill(deps: Deps, version: VersionRecord, window: tuple[int, int] | None, ru
                       "plan did not finish); start a new run")
     base = deps.state.get_version(version.alias, version.slot_base) if version.slot_base is not None else None
     if base is None:  # a slot new or emptied: every point is written, but those a rerun finds there
-        manifest = deps.state.slice_rows(version.id, window)
+        fresh = deps.state.slice_rows(version.id, window)
         held: set[str] = set()
         rewrite: list[ManifestChunk] = []
-    else:  # the slot held `base` exactly: only what differs from it is written
-        against = deps.state.slice_against(version.id, base.id, window)
-        manifest = [row for row, _in_base in against]
-        held = {row.point_id for row, in_base in against if in_base}
-        changed_docs = deps.state.changed_documents(version.id, base.id) if held else set()
-        rewrite = [row for row, in_base in against if in_base and row.knowledge_key in changed_docs]
-    documents = _slice_documents(deps, version, manifest)
-    existing = held | _already_written(deps, version.collection, [row.point_id for row in manifest
-                                                                   if row.point_id not in held])
-    to_copy = [row for row in manifest if row.source_point_id and row.point_id not in existing]
-    to_embed = [row for row in manifest if not row.source_point_id and row.point_id not in existing]
-    skipped = len(manifest) - len(to_copy) - len(to_embed) - len(held)
+    else:  # the slot held `base` exactly: only what differs from it is written (and read here)
+        diff = deps.state.slice_difference(version.id, base.id, window)
+        fresh, held, rewrite = diff.added, set(diff.kept), diff.rewrite
+    total = len(fresh) + len(held)
+    documents = _slice_documents(deps, version, [*fresh, *rewrite])
+    existing = _already_written(deps, version.collection, [row.point_id for row in fresh])
+    to_copy = [row for row in fresh if row.source_point_id and row.point_id not in existing]
+    to_embed = [row for row in fresh if not row.source_point_id and row.point_id not in existing]
+    skipped = len(fresh) - len(to_copy) - len(to_embed)
     counts.skipped += skipped
     counts.kept += len(held)
     if skipped:
@@ -283,7 +280,7 @@ def _fill(deps: Deps, version: VersionRecord, window: tuple[int, int] | None, ru
         log.info("kb_reindex: v%d from v%d's points in %s: %d kept (%d payload(s) rewritten), %d copied, %d to "
                  "embed", version.version, base.version, version.collection, len(held), len(rewrite), len(to_copy),
                  len(to_embed))
-    progress = Progress(f"build v{version.version}", len(manifest))
+    progress = Progress(f"build v{version.version}", total)
     progress.done = skipped + len(held) - len(rewrite)
     writer = _SliceWriter(deps, version, documents=documents,
                           texts=SnapshotTexts(deps, to_embed, version_label=f"v{version.version}"),

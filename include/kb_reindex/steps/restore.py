@@ -65,14 +65,13 @@ def restore_version(deps: Deps, number: int) -> RestoreResult:
     version = prepare_slot(deps, version)
     base = deps.state.get_version(alias, version.slot_base) if version.slot_base is not None else None
     if base is None:
-        rows = [(row, False) for row in deps.state.slice_rows(version.id)]
+        wanted, rewrite, kept = deps.state.slice_rows(version.id), [], 0
     else:
-        rows = deps.state.slice_against(version.id, base.id)
-    changed = deps.state.changed_documents(version.id, base.id) if base is not None else set()
+        diff = deps.state.slice_difference(version.id, base.id)
+        wanted, rewrite, kept = diff.added, diff.rewrite, len(diff.kept)
     documents = {d.knowledge_key: DocumentInfo(knowledge_key=d.knowledge_key, source=d.source, title=d.title,
                                                category=d.category, tenant=d.tenant, content_hash=d.content_hash)
-                 for d in deps.state.manifest_documents(version.id)}
-    wanted = [row for row, in_base in rows if not in_base]
+                 for d in deps.state.manifest_documents(version.id, {r.knowledge_key for r in [*wanted, *rewrite]})}
     present: set[str] = set()
     for batch in batched([r.point_id for r in wanted], deps.settings.copy_batch_size):
         present.update(str(r.id) for r in deps.store.retrieve(version.collection, batch, payload=False))
@@ -90,7 +89,6 @@ def restore_version(deps: Deps, number: int) -> RestoreResult:
         progress.advance(len(batch))
     if wanted:
         progress.report()
-    rewrite = [row for row, in_base in rows if in_base and row.knowledge_key in changed]
     spec = base.payload_layout if base is not None else version.payload_layout
     for batch in batched(rewrite, deps.settings.copy_batch_size):
         records = {str(r.id): r for r in deps.store.retrieve(version.collection, [r.point_id for r in batch],
@@ -111,9 +109,8 @@ def restore_version(deps: Deps, number: int) -> RestoreResult:
     deps.state.mark_slot_exact(version_id=version.id, collection=version.collection)
     log.info("kb_reindex: v%d restored into %s: %d point(s) written, %d kept (%d payloads rewritten); nothing "
              "embedded. A rollback to it is one alias move now", number, version.collection, len(wanted),
-             len(rows) - len([r for r, i in rows if not i]), len(rewrite))
-    return RestoreResult(number, version.collection, written=len(wanted),
-                         kept=sum(1 for _r, in_base in rows if in_base), rewritten=len(rewrite))
+             kept, len(rewrite))
+    return RestoreResult(number, version.collection, written=len(wanted), kept=kept, rewritten=len(rewrite))
 
 
 class _Sources:

@@ -130,7 +130,8 @@ def cleanup(deps: Deps) -> CleanupResult:
                                    collection_dropped=dropped, snapshot=snapshot))
             log.info("kb_reindex: retention deleted v%d (%s, was %s)", victim.version, victim.collection, victim.status)
         if deleted:  # the chunk texts of the plans only these versions needed go with them
-            deps.state.drop_unneeded_texts()
+            victims_ids = {v.version: v.id for v in versions}
+            deps.state.drop_unneeded_texts(versions_gone=[victims_ids[d.version] for d in deleted])
         drop_surplus_slots(deps, protected | pinned | {v.id for v in versions if v.status == READY})
     return CleanupResult(deleted=tuple(deleted), rollback_target=target.version if target else None,
                          pinned=tuple(sorted(v.version for v in versions if v.id in pinned)))

@@ -265,11 +265,10 @@ def _inspect(deps: Deps, version: VersionRecord, golden: GoldenSet
              ) -> tuple[dict[str, str], list[Check], list[ManifestDocument]]:
     """(each probe's category, the structural checks, the version's documents): the golden set checked against
     the version's manifest first, so a probe naming a missing document fails by name rather than as a miss."""
-    manifest = deps.state.manifest_refs(version.id)
     documents = deps.state.manifest_documents(version.id)
     check_probe_keys(golden, {d.knowledge_key for d in documents})
     categories = probe_categories(golden, {d.knowledge_key: d.category for d in documents})
-    return categories, structural_checks(deps, version, manifest), documents
+    return categories, structural_checks(deps, version), documents
 
 
 def _baseline(deps: Deps, version: VersionRecord) -> VersionRecord | None:

@@ -70,6 +70,21 @@ _CHUNK_COLUMNS = tuple(manifest_chunks.c[name] for name in ManifestChunk._fields
 _DOCUMENT_COLUMNS = tuple(manifest_documents.c[name] for name in ManifestDocument._fields)
 
 
+@dataclass(frozen=True)
+class SliceDifference:
+    """A slice of a version's manifest against the base version its slot holds exactly
+    (`ManifestsMixin.slice_difference`): `added` the rows the base lacks, in manifest order; `kept` the point
+    IDs of the rows the base has; `rewrite` those kept rows whose document's payload fields changed."""
+
+    added: list[ManifestChunk]
+    kept: list[str]
+    rewrite: list[ManifestChunk]
+
+    @property
+    def total(self) -> int:
+        return len(self.added) + len(self.kept)
+
+
 class FileHash(NamedTuple):
     size: int
     mtime_ns: int
@@ -114,12 +129,40 @@ class ManifestsMixin:
             for row in conn.execution_options(yield_per=5000).execute(query):
                 yield ManifestRef(*row)
 
-    def manifest_documents(self, version_id: int) -> list[ManifestDocument]:
-        """The version's documents, by knowledge key."""
+    def manifest_size(self, version_id: int) -> int:
+        """How many chunks (points) the version's manifest lists, counted in SQL."""
         with self.engine.connect() as conn:
-            rows = conn.execute(sa.select(*_DOCUMENT_COLUMNS).where(manifest_documents.c.version_id == version_id)
-                                .order_by(manifest_documents.c.knowledge_key))
-            return [ManifestDocument(*row) for row in rows]
+            return int(conn.execute(sa.select(sa.func.count()).select_from(manifest_chunks)
+                                    .where(manifest_chunks.c.version_id == version_id)).scalar_one())
+
+    def manifest_at(self, version_id: int, positions: Iterable[int]) -> list[ManifestChunk]:
+        """The manifest rows at these positions (0 .. size - 1, in manifest order), by the position index: a
+        random sample costs its size. A manifest written before positions were (NULL): by manifest order,
+        every row read."""
+        wanted = sorted(set(positions))
+        c = manifest_chunks.c
+        out: list[ManifestChunk] = []
+        with self.engine.connect() as conn:
+            for start in range(0, len(wanted), 500):
+                out += [ManifestChunk(*row) for row in conn.execute(
+                    sa.select(*_CHUNK_COLUMNS).where(c.version_id == version_id,
+                                                     c.position.in_(wanted[start:start + 500])).order_by(c.position))]
+        if len(out) < len(wanted):
+            rows = self.manifest_chunks(version_id)
+            out = [rows[n] for n in wanted if n < len(rows)]
+        return out
+
+    def manifest_documents(self, version_id: int, keys: Iterable[str] | None = None) -> list[ManifestDocument]:
+        """The version's documents (only those of `keys`, when given), by knowledge key."""
+        d = manifest_documents.c
+        query = sa.select(*_DOCUMENT_COLUMNS).where(d.version_id == version_id)
+        with self.engine.connect() as conn:
+            if keys is None:
+                return [ManifestDocument(*row) for row in conn.execute(query.order_by(d.knowledge_key))]
+            wanted = sorted(set(keys))
+            out = [ManifestDocument(*row) for start in range(0, len(wanted), 500)
+                   for row in conn.execute(query.where(d.knowledge_key.in_(wanted[start:start + 500])))]
+            return sorted(out, key=lambda doc: doc.knowledge_key)
 
     def manifest_document_hashes(self, version_id: int) -> dict[str, str]:
         """knowledge_key -> content_hash of the version's documents."""
@@ -231,22 +274,38 @@ class ManifestsMixin:
             rows = conn.execute(query.order_by(manifest_chunks.c.position))
             return [ManifestChunk(*row) for row in rows]
 
-    def slice_against(self, version_id: int, base_id: int, window: tuple[int, int] | None = None
-                      ) -> list[tuple[ManifestChunk, bool]]:
-        """A build slice's rows (as `slice_rows`), each with whether the base version's manifest has the same
-        point (same key, chunk index and hash): one outer join on the primary key, nothing read twice."""
+    def slice_difference(self, version_id: int, base_id: int, window: tuple[int, int] | None = None
+                         ) -> SliceDifference:
+        """A slice's rows (as `slice_rows`) against the base version's manifest: the rows the base lacks, the
+        IDs of those it has (same key, chunk index and hash: the same point ID), and of those the rows whose
+        document's payload fields changed. Joined on the primary key in SQL, so an edit reads the rows that
+        differ and one ID per kept row, not every row whole."""
         c = manifest_chunks.c
         base = manifest_chunks.alias("base")
-        query = (sa.select(*_CHUNK_COLUMNS, base.c.point_id.is_not(None).label("in_base"))
-                 .select_from(manifest_chunks.outerjoin(base, sa.and_(base.c.version_id == base_id,
-                                                                      base.c.point_id == c.point_id)))
-                 .where(c.version_id == version_id))
-        if window is not None:
+        on_base = sa.and_(base.c.version_id == base_id, base.c.point_id == c.point_id)
+
+        def within(query: sa.Select) -> sa.Select:
+            if window is None:
+                return query
             offset, limit = window
-            query = query.where(c.position >= offset, c.position < offset + limit)
+            return query.where(c.position >= offset, c.position < offset + limit)
+
+        added_q = within(sa.select(*_CHUNK_COLUMNS).select_from(manifest_chunks.outerjoin(base, on_base))
+                         .where(c.version_id == version_id, base.c.point_id.is_(None)))
+        kept_q = within(sa.select(c.point_id).select_from(manifest_chunks.join(base, on_base))
+                        .where(c.version_id == version_id))
         with self.engine.connect() as conn:
-            rows = conn.execute(query.order_by(c.position))
-            return [(ManifestChunk(*row[:-1]), bool(row[-1])) for row in rows]
+            added = [ManifestChunk(*row) for row in conn.execute(added_q.order_by(c.position))]
+            kept = list(conn.execute(kept_q.order_by(c.position)).scalars())
+        changed = sorted(self.changed_documents(version_id, base_id)) if kept else []
+        rewrite: list[ManifestChunk] = []
+        with self.engine.connect() as conn:
+            for start in range(0, len(changed), 500):
+                query = within(sa.select(*_CHUNK_COLUMNS).select_from(manifest_chunks.join(base, on_base))
+                               .where(c.version_id == version_id, c.knowledge_key.in_(changed[start:start + 500])))
+                rewrite += [ManifestChunk(*row) for row in conn.execute(query.order_by(c.position))]
+        rewrite.sort(key=lambda row: (row.knowledge_key, row.chunk_index))
+        return SliceDifference(added=added, kept=kept, rewrite=rewrite)
 
     def dropped_chunks(self, version_id: int, base_id: int) -> list[ManifestChunk]:
         """The base version's rows whose point the version's manifest lacks: what a slot gives up moving from
@@ -293,14 +352,6 @@ class ManifestsMixin:
         """Those of `hashes` that a manifest of these versions holds."""
         return set(self.chunks_by_hash(version_ids, hashes))
 
-    def slice_documents(self, version_id: int, first_key: str, last_key: str) -> list[ManifestDocument]:
-        """The manifest documents whose keys lie in [first_key, last_key]: those a slice's rows belong to."""
-        with self.engine.connect() as conn:
-            rows = conn.execute(sa.select(*_DOCUMENT_COLUMNS).where(manifest_documents.c.version_id == version_id,
-                                                                    manifest_documents.c.knowledge_key >= first_key,
-                                                                    manifest_documents.c.knowledge_key <= last_key))
-            return [ManifestDocument(*row) for row in rows]
-
     def texts(self, hashes: Iterable[str]) -> dict[str, tuple[str, str]]:
         """chunk_hash -> (section, text) for those of these hashes that are stored."""
         ordered = sorted(set(hashes))
@@ -312,25 +363,37 @@ class ManifestsMixin:
                 out.update((h, (section, text)) for h, section, text in rows)
         return out
 
-    def drop_unneeded_texts(self) -> int:
+    def drop_unneeded_texts(self, versions_gone: Iterable[int] | None = None) -> int:
         """Delete the texts no kept version embeds any more (after retention, drop or forget): a version
-        needs its texts until it is deleted. Reads the needed hashes version by version (by index)."""
+        needs its texts until it is deleted. `versions_gone`: the versions just deleted, whose embedded texts
+        are the only ones that can have become unneeded (a routine cleanup: what it reads grows with those
+        versions' embedded chunks, not with the knowledge base); None looks at every stored text (a drop, a
+        forget, a retirement)."""
         with self.engine.connect() as conn:
             kept = conn.execute(sa.select(versions.c.id).where(versions.c.status != "deleted")).scalars().all()
-            needed: set[str] = set()
-            for version_id in kept:
-                needed.update(conn.execute(
-                    sa.select(manifest_chunks.c.chunk_hash).where(manifest_chunks.c.version_id == version_id,
+            if versions_gone is None:
+                candidates = list(conn.execute(sa.select(chunk_texts.c.chunk_hash)).scalars())
+            else:
+                gone = list(versions_gone)
+                candidates = sorted(set(conn.execute(
+                    sa.select(manifest_chunks.c.chunk_hash).where(manifest_chunks.c.version_id.in_(gone),
                                                                   manifest_chunks.c.source_point_id.is_(None))
-                ).scalars())
-            stored = conn.execute(sa.select(chunk_texts.c.chunk_hash)).scalars().all()
-        unneeded = [h for h in stored if h not in needed]
+                ).scalars())) if gone else []
+            needed: set[str] = set()
+            c = manifest_chunks.c
+            for start in range(0, len(candidates), 500):  # by the (version_id, chunk_hash) index
+                needed.update(conn.execute(
+                    sa.select(c.chunk_hash).where(c.version_id.in_(kept), c.source_point_id.is_(None),
+                                                  c.chunk_hash.in_(candidates[start:start + 500]))).scalars())
+        unneeded = [h for h in candidates if h not in needed]
+        deleted = 0
         with self.engine.begin() as conn:  # one transaction (a first build's 50k texts: 100 batches, one commit)
             for start in range(0, len(unneeded), 500):
-                conn.execute(chunk_texts.delete().where(chunk_texts.c.chunk_hash.in_(unneeded[start:start + 500])))
-        if unneeded:
-            log.info("kb_reindex: %d chunk text(s) no kept version needs were dropped", len(unneeded))
-        return len(unneeded)
+                deleted += conn.execute(chunk_texts.delete().where(
+                    chunk_texts.c.chunk_hash.in_(unneeded[start:start + 500]))).rowcount or 0
+        if deleted:
+            log.info("kb_reindex: %d chunk text(s) no kept version needs were dropped", deleted)
+        return deleted
 
     # --- the file hash cache ------------------------------------------------------------------
 

@@ -165,7 +165,7 @@ class VersionsMixin:
 
     engine: sa.Engine
     clock: Clock
-    drop_unneeded_texts: Callable[[], int]  # annotation only: the method is the manifests mixin's
+    drop_unneeded_texts: Callable[..., int]  # annotation only: the method is the manifests mixin's
 
     def allocate_version(self, *, alias: str, collection_for: Any, **columns: Any) -> VersionRecord:
         """Take the next N for this alias. The unique (alias, version) key makes a race lose, then retry."""
