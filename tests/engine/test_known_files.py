@@ -28,7 +28,7 @@ def plan_both_ways(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> tuple
     with open_deps(settings) as deps:
         known = prepare(deps)
     with monkeypatch.context() as patched, open_deps(settings) as deps:
-        patched.setattr(plan_step, "known_files", lambda *_args: None)
+        patched.setattr(plan_step, "known_files", lambda *_args, **_kwargs: None)
         every = prepare(deps)
     return known, every
 
@@ -76,3 +76,35 @@ def test_a_file_rewritten_to_other_bytes_or_a_changed_screen_is_read_again(proje
             pytest.skip("the default screen is already the patterns")
         other = prepare(deps)
     assert other.scan is not None and other.scan.read == len(files)
+
+
+def test_an_edit_plan_records_the_hash_of_the_file_it_read_and_forgets_a_file_gone(project: Path) -> None:
+    """The file hash cache is written by difference: an edit's plan adds the edited file's row and drops a
+    deleted file's, and every other recorded row is left as it was (a full read writes them all)."""
+    from kb_reindex.services.corpus import cache_root
+
+    extra = settings_for(project).knowledge_dir / "extra-note.md"
+    extra.write_text("# 附注\n\n本页只为本测试而设。\n", encoding="utf-8")
+    settings, files = built_with_aged_files(project)
+    edited, removed = files[1], extra
+    edited.write_text(edited.read_text(encoding="utf-8") + "\n\n补充：本条今日更新。\n", encoding="utf-8")
+    removed.unlink()
+    with open_deps(settings) as deps:
+        root = cache_root(deps.knowledge, settings.default_tenant)
+        before = deps.state.file_hashes(root)
+        calls: list[tuple[set[str], bool, set[str]]] = []
+        real = deps.state.record_file_hashes
+
+        def record(root: str, entries: dict, *, replace_all: bool, forget: object = ()) -> None:
+            calls.append((set(entries), replace_all, set(forget)))  # type: ignore[call-overload]
+            real(root, entries, replace_all=replace_all, forget=forget)  # type: ignore[arg-type]
+
+        deps.state.record_file_hashes = record  # type: ignore[method-assign]
+        prepare(deps, record=True)
+        after = deps.state.file_hashes(root)
+    edited_source = edited.relative_to(settings.knowledge_dir).as_posix()
+    removed_source = removed.relative_to(settings.knowledge_dir).as_posix()
+    assert calls == [({edited_source}, False, {removed_source})]
+    assert set(after) == set(before) - {removed_source}
+    assert after[edited_source] != before[edited_source]
+    assert all(after[s] == before[s] for s in after if s != edited_source)

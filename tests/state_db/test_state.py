@@ -428,6 +428,27 @@ def test_a_sample_of_a_manifest_is_read_by_position_and_without_positions_too(st
     assert state.manifest_at(version.id, []) == []
 
 
+def test_cleanup_prunes_the_manifests_of_deleted_versions_no_slot_needs(state: StateStore) -> None:
+    """v1 deleted and nowhere: its manifest goes (the version row stays). v2 deleted but its slot still holds
+    its points, v3 deleted but the base v4's slot difference is taken from, v4 building: all kept. Another
+    alias's deleted version is not touched."""
+    v1, v2, v3, v4 = (new_version(state) for _ in range(4))
+    other = new_version(state, alias="other")
+    for v in (v1, v2, v3, v4, other):
+        _manifest(state, v.id, [(f"{v.id:064d}", None)])
+    state.add_slot(alias="kb", collection="kb__s1", profile="p")
+    state.take_slot(version_id=v2.id, collection="kb__s1", base_version=None, evicted_name=None)
+    state.add_slot(alias="kb", collection="kb__s2", profile="p")
+    state.take_slot(version_id=v4.id, collection="kb__s2", base_version=v3.version, evicted_name=None)
+    for v in (v1, v2, v3, other):
+        state.transition_version(v.id, from_=["building"], to="failed")
+        state.transition_version(v.id, from_=["failed"], to="deleted")
+    assert state.prune_manifests("kb") == 1
+    assert [state.manifest_size(v.id) for v in (v1, v2, v3, v4, other)] == [0, 1, 1, 1, 1]
+    assert state.manifest_documents(v1.id) == [] and state.version_by_id(v1.id).status == "deleted"
+    assert state.prune_manifests("kb") == 0
+
+
 def test_an_existing_state_db_gets_the_new_columns_at_open(state: StateStore) -> None:
     """A state DB from before manifest positions: opening it adds the column and its index (idempotent)."""
     url = state.url

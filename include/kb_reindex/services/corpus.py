@@ -27,6 +27,7 @@ from kb_reindex.services.sources import (
     Document,
     KnowledgeSource,
     ListedFile,
+    SourceListing,
     as_source,
     corpus_fingerprint,
     iter_corpus,
@@ -135,14 +136,16 @@ class KnownFiles:
 def scan_corpus(docs: KnowledgeSource | Path, *, max_bytes: int, chunk_size: int, overlap: int,
                 hashes: dict[str, FileHash] | None = None, default_tenant: str = DEFAULT_TENANT,
                 screen: Screen | None = None, carried: Carried | None = None,
-                memory: ScoreMemory | None = None, known: KnownFiles | None = None) -> CorpusScan:
+                memory: ScoreMemory | None = None, known: KnownFiles | None = None,
+                files: SourceListing | None = None) -> CorpusScan:
     """Every document's facts and chunk references, sorted by key; each body is dropped once scanned.
     Errors as `sources.load_corpus` reports them. `hashes` receives what a plan records of every file.
     `screen` judges the instruction-like lines (default: the patterns alone) of each document `carried` does
     not already hold unchanged, the passages of many documents at once (`JUDGE_BATCH`); `memory`: the
     classifier's scores kept by earlier plans (a line judged before is looked up, not embedded).
     `known`: live's documents whose files did not change since they were read (`KnownFiles`): listed, not
-    read, taken as live holds them; a routine edit reads the files it touched, not the folder."""
+    read, taken as live holds them; a routine edit reads the files it touched, not the folder.
+    `files`: the source's listing as the caller took it (`sources.list_source`)."""
     started_ns = time.time_ns()
     listed: dict[str, ListedFile] = {}
     held: list[ScannedDocument] = []
@@ -164,7 +167,7 @@ def scan_corpus(docs: KnowledgeSource | Path, *, max_bytes: int, chunk_size: int
 
     pending = 0
     for doc in iter_corpus(docs, max_bytes=max_bytes, listed=listed, default_tenant=default_tenant,
-                           known=is_known if known is not None else None):
+                           known=is_known if known is not None else None, files=files):
         chunks = tuple(ChunkRef(c.knowledge_key, c.chunk_index, c.chunk_hash, c.point_id)
                        for c in chunk_document(doc, chunk_size=chunk_size, overlap=overlap))
         flagged = carried_flags(doc, carried)
@@ -220,14 +223,15 @@ class _KeyHash(NamedTuple):
     content_hash: str
 
 
-def quick_fingerprint(docs: KnowledgeSource | Path, recorded: dict[str, FileHash], *, max_bytes: int,
-                      default_tenant: str = DEFAULT_TENANT) -> QuickScan | None:
+def quick_fingerprint(docs: KnowledgeSource | Path, recorded: Mapping[str, FileHash], *, max_bytes: int,
+                      default_tenant: str = DEFAULT_TENANT,
+                      listed: SourceListing | None = None) -> QuickScan | None:
     """The corpus fingerprint from the recorded hashes of documents whose listing (size, mtime, ETag) did not
     change since, reading only the others; None when anything is off (a bad or colliding file): the full
-    scan says what."""
+    scan says what. `listed`: the source's `list_source`, when the caller took it."""
     started_ns = time.time_ns()
     knowledge = as_source(docs)
-    files, problems = list_source(knowledge)
+    files, problems = listed if listed is not None else list_source(knowledge)
     if problems or not files:
         return None
     pairs: list[_KeyHash] = []

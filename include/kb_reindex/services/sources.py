@@ -226,36 +226,44 @@ def parse_document(path: PurePath, source: str, data: bytes, *, default_tenant: 
     return document
 
 
-def discover(docs_dir: Path) -> tuple[list[Path], list[str]]:
-    """Markdown files under docs_dir (sorted), and a problem line for every link that cannot be followed.
+#: what `list_source` answers: the listed documents and a problem line for each that cannot be listed
+SourceListing = tuple[list[ListedFile], list[str]]
+
+
+def discover(docs_dir: Path) -> tuple[list[ListedFile], list[str]]:
+    """Markdown files under docs_dir, sorted by path, each with its size and mtime (links followed), and a
+    problem line for every link that cannot be followed and every file that cannot be read.
 
     A link that stays inside the folder is read as what it points to, under its own name, like any file
     (a folder link's documents are then indexed twice, once under each path). A link leading outside the
     folder, a link to nothing, and a folder link that loops back are refused by name: serving knowledge
     with documents silently missing is worse than not serving the new version at all.
+
+    Each folder is read once with `os.scandir`, whose entries know their type: a plain file costs one stat.
     """
     if not docs_dir.is_dir():
         raise KnowledgeFolderMissing(f"knowledge folder {docs_dir} does not exist or is not a folder (KB_KNOWLEDGE_DIR)")
     root = docs_dir.resolve()
-    found: list[Path] = []
+    found: list[ListedFile] = []
     problems: list[str] = []
 
-    def walk(folder: Path, walking: tuple[Path, ...]) -> None:
+    def walk(folder: Path, prefix: str, walking: tuple[Path, ...]) -> None:
         """`walking`: the real folders being walked, outermost first; a link back into one would loop."""
-        with os.scandir(folder) as entries:
-            names = sorted(entry.name for entry in entries if not entry.name.startswith("."))
-        for name in names:
-            path = folder / name
-            is_markdown = path.suffix.lower() == ".md"
-            if path.is_symlink():
-                source = path.relative_to(docs_dir).as_posix()
+        with os.scandir(folder) as scanned:
+            entries = sorted((entry for entry in scanned if not entry.name.startswith(".")), key=lambda e: e.name)
+        for entry in entries:
+            name = entry.name
+            source = prefix + name
+            is_markdown = name.lower().endswith(".md") and len(name) > 3
+            if entry.is_symlink():
+                path = folder / name
                 loop = link_loop(path)
                 if loop is not None:
                     problems.append(f"{source}: is a link that never reaches a file ({loop}); refused")
                     continue
                 target = path.resolve()
                 if not target.exists():
-                    if is_markdown or not path.suffix:  # a document, or most likely a folder of them
+                    if is_markdown or not Path(name).suffix:  # a document, or most likely a folder of them
                         problems.append(f"{source}: is a link to {target}, which does not exist; refused")
                     continue
                 if not (target.is_dir() or is_markdown):
@@ -267,13 +275,18 @@ def discover(docs_dir: Path) -> tuple[list[Path], list[str]]:
                     problems.append(f"{source}: is a link to {target}, a folder that contains it; refused "
                                     "(following it would never end)")
                     continue
-            if path.is_dir():
-                walk(path, (*walking, path.resolve()))
-            elif is_markdown and path.is_file():
-                found.append(path)
+            try:
+                if entry.is_dir():
+                    path = folder / name
+                    walk(path, source + "/", (*walking, path.resolve()))
+                elif is_markdown and entry.is_file():
+                    st = entry.stat()
+                    found.append(ListedFile(source, st.st_size, st.st_mtime_ns))
+            except OSError as exc:  # vanished between listing and stat
+                problems.append(f"{source}: cannot be read ({exc.strerror or type(exc).__name__})")
 
-    walk(docs_dir, (root,))
-    return sorted(found), problems
+    walk(docs_dir, "", (root,))
+    return sorted(found, key=lambda f: f.source.split("/")), problems
 
 
 def link_loop(path: Path, *, limit: int = 40) -> str | None:
@@ -305,16 +318,7 @@ def list_source(knowledge: KnowledgeSource) -> tuple[list[ListedFile], list[str]
     the prefix (keys, sizes, ETags, last-modified), no object read; keys under a `.name` are skipped as
     hidden files are. A missing bucket, refused credentials or an endpoint that does not answer: one line."""
     if knowledge.local:
-        paths, problems = discover(Path(knowledge.root))
-        files = []
-        for path in paths:
-            source = path.relative_to(knowledge.root).as_posix()
-            try:
-                st = path.stat()
-            except OSError as exc:  # vanished between listing and stat
-                problems.append(f"{source}: cannot be read ({exc.strerror or type(exc).__name__})")
-                continue
-            files.append(ListedFile(source, st.st_size, st.st_mtime_ns))
+        files, problems = discover(Path(knowledge.root))
     else:
         files, problems = _list_bucket(knowledge), []
     # a name with a newline or a control character would forge log lines and errors: refused, shown escaped;
@@ -369,18 +373,20 @@ def listing(knowledge: KnowledgeSource | Path) -> Listing:
 def iter_corpus(docs: KnowledgeSource | Path, *, max_bytes: int = 2_000_000,
                 listed: dict[str, ListedFile] | None = None,
                 default_tenant: str = DEFAULT_TENANT,
-                known: Callable[[ListedFile], bool] | None = None) -> Iterator[Document]:
+                known: Callable[[ListedFile], bool] | None = None,
+                files: SourceListing | None = None) -> Iterator[Document]:
     """Every document, one at a time in name order, so a caller keeps only what it needs of each.
     Errors from all files are reported together, once every file was read (a bucket that refuses or does not
     answer stops at once: no other document can be read either). `listed` collects each document's listing
     entry, taken before it is read (a later edit then shows as a newer mtime or another ETag).
     `known`: the files the caller already holds as they are (listed, counted and checked for colliding keys,
-    neither read nor yielded: `listed` names them)."""
+    neither read nor yielded: `listed` names them). `files`: the source's `list_source` as the caller took it
+    (a plan lists once), else listed here."""
     knowledge = as_source(docs)
-    files, errors = list_source(knowledge)
+    entries, errors = (files[0], list(files[1])) if files is not None else list_source(knowledge)
     by_key: dict[str, list[str]] = {}
     count = 0
-    for file in files:
+    for file in entries:
         if known is not None and known(file):
             if listed is not None:
                 listed[file.source] = file

@@ -30,7 +30,8 @@ from kb_reindex.rules.manifest import Prepared
 from kb_reindex.domain.model import RunKind
 from kb_reindex.domain.planning import AuditResult, ChunkCounts, DocCounts, DocKeys, Plan
 from kb_reindex.domain.validation_model import ContentWarning, FlaggedLine, ValidationResult
-from kb_reindex.services.sources import knowledge_key_for
+from kb_reindex.services.sources import SourceListing, as_source, knowledge_key_for, list_source
+from kb_reindex.services.state.manifests import FileHash
 from kb_reindex.steps.replay import load_replay_gate
 from kb_reindex.services.runtime import Deps
 from kb_reindex.services.state.versions import VersionRecord
@@ -117,15 +118,21 @@ def prepare(
     target = choose_model(deps, kind, live, embedder=embedder, model=model, dim=dim)
     recipe = Recipe(target=target, chunking_version=chunking_version(settings.chunk_size, settings.chunk_overlap),
                     payload_layout=layout)
+    files = None  # the source listed once per plan: the quick look and the scan read the same listing
+    recorded = None  # the file hashes the last plan recorded, read once
     if (kind is RunKind.REINDEX and not force_full and live is not None
             and live.chunking_version == recipe.chunking_version and live.payload_layout == layout):
-        unchanged = _unchanged_from_hashes(deps, live, recipe, notes=notes, audit=audit, record=record)
+        files = list_source(as_source(deps.knowledge))
+        recorded = deps.state.file_hashes(cache_root(deps.knowledge, settings.default_tenant))
+        unchanged = _unchanged_from_hashes(deps, live, recipe, notes=notes, audit=audit, record=record,
+                                           files=files, recorded=recorded)
         if unchanged is not None:
             return unchanged
     screen = screen_for(settings.instruction_screen, target.embedder)
     carried = carried_flags(deps, live, screen)
-    known = known_files(deps, live, recipe, carried) if kind is RunKind.REINDEX and not force_full else None
-    scan = _scan(deps, record=record, screen=screen, carried=carried, known=known)
+    known = (known_files(deps, live, recipe, carried, recorded=recorded)
+             if kind is RunKind.REINDEX and not force_full else None)
+    scan = _scan(deps, record=record, screen=screen, carried=carried, known=known, files=files)
     return _plan_scan(deps, scan, live, recipe, kind=kind, force_full=force_full, notes=notes, audit=audit)
 
 
@@ -162,13 +169,14 @@ def choose_model(deps: Deps, kind: RunKind, live: VersionRecord | None, *, embed
 
 
 def _unchanged_from_hashes(deps: Deps, live: VersionRecord, recipe: Recipe, *, notes: list[str],
-                           audit: AuditResult | None, record: bool) -> Prepared | None:
+                           audit: AuditResult | None, record: bool, files: SourceListing,
+                           recorded: dict[str, FileHash]) -> Prepared | None:
     """The no-change plan when the recorded file hashes (reading only files touched since) give live's
     fingerprint; None: the corpus is scanned."""
     settings = deps.settings
     root = cache_root(deps.knowledge, settings.default_tenant)
-    quick = quick_fingerprint(deps.knowledge, deps.state.file_hashes(root), max_bytes=settings.max_doc_bytes,
-                              default_tenant=settings.default_tenant)
+    quick = quick_fingerprint(deps.knowledge, recorded, max_bytes=settings.max_doc_bytes,
+                              default_tenant=settings.default_tenant, listed=files)
     if quick is None or quick.fingerprint != live.corpus_fingerprint:
         return None
     check_golden_set(settings.golden_set, set(quick.keys))
@@ -198,7 +206,8 @@ def carried_flags(deps: Deps, live: VersionRecord | None, screen: Screen) -> Car
             for key, content_hash in deps.state.manifest_document_hashes(live.id).items()}
 
 
-def known_files(deps: Deps, live: VersionRecord | None, recipe: Recipe, carried: Carried | None) -> KnownFiles | None:
+def known_files(deps: Deps, live: VersionRecord | None, recipe: Recipe, carried: Carried | None, *,
+                recorded: dict[str, FileHash] | None = None) -> KnownFiles | None:
     """Live's documents as its manifest holds them, for a scan that reads only the files changed since
     (`corpus.KnownFiles`); None (every file read): nothing live, live cut another way, or its flagged lines
     not carried (another screen judged it, or its plan's snapshot is gone)."""
@@ -216,8 +225,9 @@ def known_files(deps: Deps, live: VersionRecord | None, recipe: Recipe, carried:
                             tenant=d.tenant, content_hash=d.content_hash)
         documents[d.source] = ScannedDocument(info=info, chunks=tuple(chunks[d.knowledge_key]),
                                               flagged=carried[d.knowledge_key][1])
-    root = cache_root(deps.knowledge, deps.settings.default_tenant)
-    return KnownFiles(documents=documents, recorded=deps.state.file_hashes(root))
+    if recorded is None:
+        recorded = deps.state.file_hashes(cache_root(deps.knowledge, deps.settings.default_tenant))
+    return KnownFiles(documents=documents, recorded=recorded)
 
 
 class _Recall:
@@ -234,7 +244,7 @@ class _Recall:
 
 
 def _scan(deps: Deps, *, record: bool, screen: Screen | None = None, carried: Carried | None = None,
-          known: KnownFiles | None = None) -> CorpusScan:
+          known: KnownFiles | None = None, files: SourceListing | None = None) -> CorpusScan:
     """Every document and chunk of the knowledge folder (the file hashes recorded when asked), with the
     golden set and its replay gate checked against them; `screen` judges the documents `carried` lacks;
     `known` the documents not read again (unchanged since live's plan read them)."""
@@ -246,7 +256,7 @@ def _scan(deps: Deps, *, record: bool, screen: Screen | None = None, carried: Ca
     scan = scan_corpus(deps.knowledge, max_bytes=settings.max_doc_bytes, chunk_size=settings.chunk_size,
                        overlap=settings.chunk_overlap, hashes=recorded, default_tenant=settings.default_tenant,
                        screen=screen, carried=carried, memory=deps.state if record else _Recall(deps.state),
-                       known=known)
+                       known=known, files=files)
     if screen is not None:
         embedded = screen.classifier.embedded - embedded_before if screen.classifier else 0
         log.info("kb_reindex: scanned %d documents in %.2fs, %d of them read (the others unchanged since live's "
@@ -255,8 +265,13 @@ def _scan(deps: Deps, *, record: bool, screen: Screen | None = None, carried: Ca
                  len(scan.documents), time.perf_counter() - started, scan.read, screen.version,
                  screen.judged_documents - judged_before, embedded)
     if recorded:
-        deps.state.record_file_hashes(cache_root(deps.knowledge, settings.default_tenant), recorded,
-                                      replace_all=True)
+        root = cache_root(deps.knowledge, settings.default_tenant)
+        if known is None:
+            deps.state.record_file_hashes(root, recorded, replace_all=True)
+        else:  # what differs from the hashes read before this plan, and the files gone since: an edit's rows
+            changed = {source: e for source, e in recorded.items() if known.recorded.get(source) != e}
+            deps.state.record_file_hashes(root, changed, replace_all=False,
+                                          forget=set(known.recorded) - set(recorded))
     # only the plan checks the golden set against today's files: a rollback to an older version must
     # not be blocked by probes that name documents added since
     check_golden_set(settings.golden_set, {d.knowledge_key for d in scan.infos})

@@ -133,6 +133,7 @@ def cleanup(deps: Deps) -> CleanupResult:
             victims_ids = {v.version: v.id for v in versions}
             deps.state.drop_unneeded_texts(versions_gone=[victims_ids[d.version] for d in deleted])
         drop_surplus_slots(deps, protected | pinned | {v.id for v in versions if v.status == READY})
+        deps.state.prune_manifests(alias)
     return CleanupResult(deleted=tuple(deleted), rollback_target=target.version if target else None,
                          pinned=tuple(sorted(v.version for v in versions if v.id in pinned)))
 

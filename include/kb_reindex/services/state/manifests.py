@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import sqlalchemy as sa
 
-from kb_reindex.services.state.schema import chunk_texts, file_hashes, manifest_chunks, manifest_documents, snapshots, versions
+from kb_reindex.services.state.schema import (chunk_texts, file_hashes, manifest_chunks, manifest_documents, slots,
+                                              snapshots, versions)
 from kb_reindex.domain.validation_model import FlaggedLine
 
 if TYPE_CHECKING:
@@ -208,6 +209,32 @@ class ManifestsMixin:
             rows = conn.execute(query.order_by(c.knowledge_key, c.chunk_index))
             return [chunk for chunk in (ManifestChunk(*row) for row in rows)
                     if wanted is None or chunk.knowledge_key in wanted]
+
+    def prune_manifests(self, alias: str) -> int:
+        """Drop the manifests no step can read any more: of the alias's deleted versions that no slot holds
+        and no kept version's slot was taken from (the difference of a build needs its base's manifest). The
+        version rows stay (history, status). Without this the state DB gains a whole manifest per edit. The
+        number of chunk rows dropped."""
+        v = versions.c
+        with self.engine.begin() as conn:
+            held = {row for row in conn.execute(sa.select(slots.c.holds).where(slots.c.holds.is_not(None))).scalars()}
+            bases = set(conn.execute(sa.select(v.slot_base).where(v.alias == alias, v.status != "deleted",
+                                                                   v.slot_base.is_not(None))).scalars())
+            gone = [vid for vid, number in conn.execute(sa.select(v.id, v.version).where(v.alias == alias,
+                                                                                         v.status == "deleted"))
+                    if vid not in held and number not in bases]
+            if not gone:
+                return 0
+            dropped = 0
+            for start in range(0, len(gone), 500):
+                part = gone[start:start + 500]
+                conn.execute(snapshots.delete().where(snapshots.c.version_id.in_(part)))
+                dropped += conn.execute(manifest_chunks.delete().where(manifest_chunks.c.version_id.in_(part))).rowcount or 0
+                conn.execute(manifest_documents.delete().where(manifest_documents.c.version_id.in_(part)))
+        if dropped:
+            log.info("kb_reindex: the manifests of %d deleted version(s) no slot needs were dropped (%d rows)",
+                     len(gone), dropped)
+        return dropped
 
     # --- the plan's snapshot -------------------------------------------------------------------
 
@@ -411,9 +438,10 @@ class ManifestsMixin:
                 return {}
             raise
 
-    def record_file_hashes(self, root: str, entries: dict[str, FileHash], *, replace_all: bool) -> None:
+    def record_file_hashes(self, root: str, entries: dict[str, FileHash], *, replace_all: bool,
+                           forget: Iterable[str] = ()) -> None:
         """Record files as hashed by a plan: all of them (`replace_all`, after reading every file) or only
-        these (after hashing a few again)."""
+        these (after hashing a few again), the sources in `forget` (gone since) dropped."""
         rows = [{"root": root, "source": source, "size": e.size, "mtime_ns": e.mtime_ns,
                  "content_hash": e.content_hash, "recorded_ns": e.recorded_ns, "etag": e.etag}
                 for source, e in entries.items()]
@@ -421,7 +449,7 @@ class ManifestsMixin:
             if replace_all:
                 conn.execute(file_hashes.delete().where(file_hashes.c.root == root))
             else:
-                sources = list(entries)
+                sources = sorted({*entries, *forget})
                 for start in range(0, len(sources), 500):
                     conn.execute(file_hashes.delete().where(file_hashes.c.root == root,
                                                             file_hashes.c.source.in_(sources[start:start + 500])))
