@@ -53,6 +53,24 @@ def test_rollback_to_previous_then_to_a_chosen_version(deps: Deps) -> None:
     assert events[-1].reason == "back to the first" and events[-1].from_version == 2
 
 
+def test_a_rollback_keeps_the_targets_first_promotion_and_stamps_when_it_is_live_again(deps: Deps) -> None:
+    """v2 was promoted once; a rollback from v3 puts it live again: `promoted_at` stays the first promotion
+    (the page and status show it), `live_since` is the rollback's time (the watch window counts from it)."""
+    from kb_reindex.run.status import status_view
+    from kb_reindex.services.state.clock import utc_stamp
+
+    three_versions(deps)
+    before = deps.state.get_version(ALIAS, 2)
+    assert before.promoted_at is not None and before.live_since == before.promoted_at
+    run_rollback(deps, reason="bad shipping text")
+    after = deps.state.get_version(ALIAS, 2)
+    assert after.status == "live" and after.promoted_at == before.promoted_at
+    assert after.live_since is not None and after.live_since > before.promoted_at
+    assert after.serving_since == after.live_since
+    row = next(v for v in status_view(deps).versions if v.version == 2)
+    assert (row.promoted_at, row.live_since) == (utc_stamp(before.promoted_at), utc_stamp(after.live_since))
+
+
 @pytest.mark.parametrize("damage", ["missing", "failed", "deleted", "short"])
 def test_rollback_refuses_a_broken_target_and_nothing_moves(deps: Deps, damage: str) -> None:
     three_versions(deps)

@@ -354,7 +354,7 @@ def watch_task(*, kb: str | None = None, promoted: dict[str, Any], run_id: str,
     try:
         with task_deps(kb) as deps:
             setup = prepare_watch(deps, promoted["version"])
-            since, now = setup.version.promoted_at, deps.state.clock.now()
+            since, now = setup.version.serving_since, deps.state.clock.now()
             late = late_by(now, since, minutes=minutes, interval_s=deps.settings.watch_interval_s)
             if late > 0:
                 raise AirflowSkipException(f"the {minutes:g}-minute window of v{promoted['version']} (promoted {since}) "

@@ -108,6 +108,7 @@ class StatusStamps(TypedDict, total=False):
     failed_step: str | None
     ready_at: datetime | None
     promoted_at: datetime | None
+    live_since: datetime | None
     retired_at: datetime | None
     deleted_at: datetime | None
 
@@ -119,8 +120,8 @@ def stamps(to: VersionStatus | str, now: datetime) -> StatusStamps:
         return {"error": None, "failed_step": None}
     if target == READY:
         return {"error": None, "failed_step": None, "ready_at": now}
-    if target == LIVE:
-        return {"promoted_at": now, "error": None, "failed_step": None}
+    if target == LIVE:  # promoted_at: the first time only (the state store keeps one already set)
+        return {"promoted_at": now, "live_since": now, "error": None, "failed_step": None}
     if target == RETIRED:
         return {"retired_at": now}
     if target == DELETED:

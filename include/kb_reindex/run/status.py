@@ -68,7 +68,9 @@ class VersionRow:
     hit_rate: float | None
     mrr: float | None
     created_at: str
+    #: first put behind the alias (a rollback to it keeps this); `live_since` the latest move to live
     promoted_at: str | None
+    live_since: str | None
     rollback_target: bool
     #: where a rollback may go (served before, kept)
     rollback_allowed: bool
@@ -439,6 +441,7 @@ def version_row(v: VersionRecord, *, target: VersionRecord | None, pins: dict[in
         payload_layout=v.payload_layout, embed_profile=version_profile(v),
         hit_rate=validation.get("hit_rate"), mrr=validation.get("mrr"),
         created_at=utc_stamp(v.created_at), promoted_at=utc_stamp(v.promoted_at) if v.promoted_at else None,
+        live_since=utc_stamp(v.serving_since) if v.serving_since else None,
         rollback_target=bool(target and target.id == v.id),
         rollback_allowed=v.status in (VersionStatus.RETIRED, VersionStatus.READY) and served,
         shadow=v.status == VersionStatus.READY and not served, kept=kept,

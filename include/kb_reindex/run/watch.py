@@ -136,7 +136,7 @@ def check_once(deps: Deps, version: VersionRecord, *, probe_vectors: list[list[f
         signals.append(f"golden probes through the alias: {len(lost)} probe(s) that hit at validation miss now "
                        f"(max {golden.max_regressions}): {', '.join(lost)}")
 
-    since = version.promoted_at
+    since = version.serving_since
     rows = [r for r in querylog.recent(deps.state, alias, limit=deps.settings.query_log_keep, version=version.version)
             if since is None or r.at >= since]
     empty = querylog.empty_rate(rows)

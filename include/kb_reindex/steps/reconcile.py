@@ -323,6 +323,7 @@ def rebuild_state(deps: Deps, *, replace: bool = False, run_id: str | None = Non
                 points_expected=len(facts.chunks), points_written=len(facts.chunks),
                 error=note, failed_step="rebuild" if status == FAILED else None,
                 promoted_at=now if status == LIVE else facts.served_at,
+                live_since=now if status == LIVE else facts.served_at,
                 retired_at=(facts.served_at or now) if status == RETIRED else None,
                 payload_layout=facts.payload_layout, embed_profile=facts.embed_profile,
                 validation=json.dumps(facts.validation.to_dict()) if facts.validation else None,

@@ -55,7 +55,9 @@ versions = sa.Table(
     sa.Column("created_at", Timestamp, nullable=False),
     sa.Column("updated_at", Timestamp, nullable=False),
     sa.Column("ready_at", Timestamp),
+    # first put behind the alias; `live_since`: the latest move to live (a rollback or a roll forward too)
     sa.Column("promoted_at", Timestamp),
+    sa.Column("live_since", Timestamp),
     sa.Column("retired_at", Timestamp),
     sa.Column("deleted_at", Timestamp),
     # how its payloads look (kb_reindex.services.layouts) and what made its vectors (the embedding profile)
@@ -384,7 +386,7 @@ def _schema_guard(engine: sa.Engine) -> Iterator[None]:
 ADDED_COLUMNS = ((versions, "payload_layout"), (versions, "embed_profile"), (manifest_chunks, "position"),
                  (versions, "qdrant_snapshot"), (versions, "qdrant_snapshot_at"), (file_hashes, "etag"),
                  (versions, "doc_changes"), (alias_events, "moved_by"),
-                 (versions, "slot_base"), (versions, "synced_at"))
+                 (versions, "slot_base"), (versions, "synced_at"), (versions, "live_since"))
 
 
 def _upgrade_schema(engine: sa.Engine, *, tables: tuple[sa.Table, ...] | None = None) -> None:

@@ -126,6 +126,14 @@ class VersionRecord:
     slot_base: int | None = None
     #: when its points were checked to be exactly its manifest (validation's structural check)
     synced_at: datetime | None = None
+    #: the latest move to live (`promoted_at` is the first, kept by a rollback to it); None: never live, or
+    #: last live before the column existed (`promoted_at` then says when)
+    live_since: datetime | None = None
+
+    @property
+    def serving_since(self) -> datetime | None:
+        """When it last became live: what a watch window and "live since" count from."""
+        return self.live_since or self.promoted_at
 
     @classmethod
     def from_row(cls, row: sa.RowMapping) -> VersionRecord:
@@ -266,8 +274,11 @@ class VersionsMixin:
         now = self.clock.now()
         values: VersionColumns = {**lifecycle.stamps(to, now), **_encoded(columns, validation),
                                   "status": VersionStatus(to), "updated_at": now}
+        first: dict[str, Any] = {}
+        if "promoted_at" in values and "promoted_at" not in columns:  # the first promotion stays (a rollback to it)
+            first["promoted_at"] = sa.func.coalesce(versions.c.promoted_at, values.pop("promoted_at"))
         query = (versions.update().where(versions.c.id == version_id, versions.c.status.in_(expected))
-                 .values(**values))
+                 .values(**values, **first))
         if conn is not None:
             self._moved_or_done(conn, conn.execute(query).rowcount, version_id, expected, to)
             return
