@@ -123,15 +123,16 @@ def cleanup(deps: Deps) -> CleanupResult:
         versions = deps.state.list_versions(alias)
         pinned = pinned_ids(deps, versions)
         deleted: list[Dropped] = []
+        gone: list[int] = []
         for victim in retention_victims(versions, keep=deps.settings.keep_versions, protected=protected,
                                         pinned=pinned):
             dropped, snapshot = _drop_collection(deps, victim)
+            gone.append(victim.id)
             deleted.append(Dropped(version=victim.version, collection=victim.collection, was=victim.status,
                                    collection_dropped=dropped, snapshot=snapshot))
             log.info("kb_reindex: retention deleted v%d (%s, was %s)", victim.version, victim.collection, victim.status)
-        if deleted:  # the chunk texts of the plans only these versions needed go with them
-            victims_ids = {v.version: v.id for v in versions}
-            deps.state.drop_unneeded_texts(versions_gone=[victims_ids[d.version] for d in deleted])
+        if gone:  # the chunk texts of the plans only these versions needed go with them
+            deps.state.drop_unneeded_texts(versions_gone=gone)
         drop_surplus_slots(deps, protected | pinned | {v.id for v in versions if v.status == READY})
         deps.state.prune_manifests(alias)
     return CleanupResult(deleted=tuple(deleted), rollback_target=target.version if target else None,
