@@ -24,7 +24,7 @@ from kb_reindex.domain.validation_model import NO_GOLDEN_SET
 if TYPE_CHECKING:  # the CLI answers --help and usage errors before it imports the stores, the model or Airflow
     from kb_reindex.rules.freeze import FreezeView
     from kb_reindex.run.status import StatusView
-    from kb_reindex.services.registry import Registry
+    from kb_reindex.services.registry import KnowledgeBase, Registry
 
 log = logging.getLogger("kb_reindex.cli")
 
@@ -339,8 +339,14 @@ def _dispatch(args: argparse.Namespace) -> int:
         from kb_reindex.services.config import state_url_from_env
 
         return _print_bases(args, registry, state_url_from_env())  # every entry, a lone broken one too
-    if args.command in ALL_BASES and not (args.kb or named_in()) and registry.entries > 1:
-        return _all_bases(args, registry)
+    if args.command in ALL_BASES and not (args.kb or named_in()) and registry.path is not None:
+        from kb_reindex.run.bases import removed_entries
+        from kb_reindex.services.config import state_url_from_env
+
+        # a knowledge base removed from the registry but never retired still serves: it is listed too
+        removed = removed_entries(registry, state_url_from_env()) if registry.entries <= 1 else None
+        if registry.entries > 1 or removed:
+            return _all_bases(args, registry, removed)
     if args.command in ON_CALL or args.command == "retire":
         from kb_reindex.run.bases import on_call_base
         from kb_reindex.services.config import state_url_from_env
@@ -563,16 +569,17 @@ def _cmd_plan(args: argparse.Namespace, deps: Any) -> int:
     return 0
 
 
-def _all_bases(args: argparse.Namespace, registry: Registry) -> int:
-    """`status` or `bases` with several registry entries and none named: every one of them, an entry that does not
-    load among them with its refusal beside what it serves (exit 2, each refusal named on stderr)."""
+def _all_bases(args: argparse.Namespace, registry: Registry, removed: Sequence[KnowledgeBase] | None = None) -> int:
+    """`status` or `bases` with several knowledge bases and none named: every one of them, an entry that does not
+    load among them with its refusal beside what it serves (exit 2, each refusal named on stderr), and one the
+    registry no longer lists, never retired, with what it serves (`removed`: read already, else read here)."""
     from kb_reindex.run.status import status_view
     from kb_reindex.services.config import state_url_from_env
 
     state_url = state_url_from_env()
     if args.command == "bases":
         return _print_bases(args, registry, state_url)
-    from kb_reindex.run.bases import recorded_entry, retired_refusals, retirements
+    from kb_reindex.run.bases import recorded_entry, removed_entries, retired_refusals, retirements
     from kb_reindex.services.registry import stand_in
     from kb_reindex.services.runtime import open_deps
 
@@ -581,7 +588,8 @@ def _all_bases(args: argparse.Namespace, registry: Registry) -> int:
     retired = retirements(state_url)  # left out; an entry still listed is refused, naming its retirement
     broken = [stand_in(alias, registry=registry.path, problem=error, recorded=recorded_entry(state_url, alias))
               for alias, error in registry.broken.items() if alias not in retired]
-    for kb in registry.in_order((*[b for b in registry.bases if b.alias not in retired], *tuple(broken))):
+    removed = removed_entries(registry, state_url) if removed is None else removed
+    for kb in registry.in_order((*[b for b in registry.bases if b.alias not in retired], *broken, *removed)):
         try:
             with open_deps(kb.settings(), create=False) as deps:
                 s = status_view(deps)
@@ -598,7 +606,8 @@ def _all_bases(args: argparse.Namespace, registry: Registry) -> int:
     human += [f"PROBLEM: registry: {message}" for message in refused
               if message not in registry.broken.values() or any(registry.broken.get(a) == message for a in retired)]
     _print(args, {"knowledge_bases": answers, "refused": list(refused)}, "\n".join(human))
-    return _refusals_named(refused) or code
+    # a knowledge base removed from the registry and never retired is named too, as `--kb <it> status` does
+    return _refusals_named((*refused, *(kb.problem for kb in removed if kb.problem))) or code
 
 
 def _refusals_named(refused: Sequence[str]) -> int:
@@ -622,7 +631,9 @@ def _print_bases(args: argparse.Namespace, registry: Registry, state_url: str) -
     named = {b.registry_error for b in view.bases}
     human += "".join(f"\nPROBLEM: registry: {refused}" for refused in view.refused if refused not in named)
     _print(args, view.to_dict(), human)
-    return _refusals_named(view.refused)
+    # a knowledge base removed from the registry and never retired is named as a refusal is (exit 2)
+    removed = [b.registry_error for b in view.bases if b.registry_error and b.registry_error not in view.refused]
+    return _refusals_named((*view.refused, *removed))
 
 
 def _status_human(s: StatusView) -> str:

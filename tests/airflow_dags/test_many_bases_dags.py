@@ -127,6 +127,46 @@ def test_a_retired_entrys_tasks_refuse_without_retry_and_removed_its_dags_are_go
     assert bag.import_errors == {} and sorted(bag.dag_ids) == sorted(f"{kind}__{SHOP}" for kind in KINDS)
 
 
+def test_an_entry_removed_before_it_was_retired_keeps_its_rollback_dag_until_it_is(airflow_db: None,
+                                                                                   registry_project: Path) -> None:
+    """The sellers' entry served (recorded in the state DB), then was deleted from the registry without a
+    `retire`: what it serves still needs on-call's way back, so the rollback DAG's file reads the recorded entries
+    and keeps `knowledge_rollback__seller_rules` (its doc says why), the sellers' other DAGs gone. Retired, it goes;
+    the retirement undone, it is back."""
+    from kb_reindex.services.registry import load_registry
+    from kb_reindex.services.state.store import StateStore
+
+    shipped = load_registry()
+    state = StateStore(shipped.get(SELLER).settings().state_url)
+    try:
+        state.record_entry(shipped.get(SELLER).recorded())
+        registry = registry_project / "knowledge" / "registry.yaml"
+        registry.write_text(registry.read_text(encoding="utf-8").split("  seller_rules:")[0], encoding="utf-8")
+        bag = dagbag()
+        assert bag.import_errors == {}
+        assert sorted(bag.dag_ids) == sorted([*(f"{kind}__{SHOP}" for kind in KINDS), f"knowledge_rollback__{SELLER}"])
+        rollback = bag.dags[f"knowledge_rollback__{SELLER}"]
+        assert rollback.doc_md.startswith("**Its registry entry is no longer in the registry, so this is its only DAG "
+                                          "until it is retired:** knowledge base 'seller_rules' is no longer in")
+        assert f"kb:{SELLER}" in rollback.tags and rollback.is_paused_upon_creation is False
+        state.retire(SELLER, reason="sellers moved to the new portal", by="oncall")
+        assert sorted(dagbag().dag_ids) == sorted(f"{kind}__{SHOP}" for kind in KINDS)
+        state.undo_retirement(SELLER, by="oncall")  # undone: on-call's way back is there again
+        assert f"knowledge_rollback__{SELLER}" in dagbag().dag_ids
+    finally:
+        state.dispose()
+
+
+def test_a_state_db_that_cannot_be_read_costs_a_parse_only_the_removed_entries_stand_ins(
+        airflow_db: None, registry_project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A state DB server that is down (nothing listens on its port) is waited on for at most the bounded connect,
+    and the registry's DAGs all stay."""
+    monkeypatch.setenv("KB_STATE_URL", "postgresql+psycopg://postgres@127.0.0.1:9/kb_state")
+    bag = dagbag()
+    assert bag.import_errors == {}
+    assert sorted(bag.dag_ids) == sorted(f"{kind}__{kb}" for kind in KINDS for kb in (SHOP, SELLER))
+
+
 def test_parsing_the_registrys_dags_imports_nothing_heavy(registry_project: Path) -> None:
     code = (
         "import sys, importlib.util\n"

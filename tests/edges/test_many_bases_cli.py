@@ -135,8 +135,8 @@ def test_a_typo_in_a_served_entry_keeps_its_on_call_commands_and_shows_its_error
     """`schedule` typed `schedul` in the sellers' entry (which served and so was recorded in the state DB): its
     status still shows what serves, beside the error (exit 2); freeze and rollback act on it; status and bases over
     all list both knowledge bases (the one good entry never makes them refuse with "name one") and name the error.
-    Removed from the registry, it keeps the same commands from its recorded entry. In process (`main`): the same
-    commands, without a Python start each."""
+    Removed from the registry, it keeps the same commands from its recorded entry and stays in the lists over all,
+    named, until it is retired. In process (`main`): the same commands, without a Python start each."""
     from kb_reindex.cli import main
 
     for name in [k for k in os.environ if k.startswith("KB_") and not k.startswith("KB_TEST_")]:
@@ -181,6 +181,20 @@ def test_a_typo_in_a_served_entry_keeps_its_on_call_commands_and_shows_its_error
     monkeypatch.setenv("KB_REGISTRY", "knowledge/shop-only.yaml")
     gone, _ = kb("--kb", SELLER, "status", code=2)
     assert gone["live"]["version"] == seen["rollback_target"] and "no longer in the registry" in gone["registry_error"]
+    # and in the lists over all (a lone listed entry beside it too): what it serves, its error, exit 2 naming it
+    both, err = kb("status", code=2)
+    answers = {a["alias"]: a for a in both["knowledge_bases"]}
+    assert list(answers) == [SHOP, SELLER] and answers[SELLER]["live"]["version"] == seen["rollback_target"]
+    assert "no longer in the registry" in answers[SELLER]["registry_error"] and answers[SHOP]["registry_error"] is None
+    assert "kb-reindex: error: registry: knowledge base 'seller_rules' is no longer in the registry" in err
+    listed, err = kb("bases", code=2)
+    assert [b["alias"] for b in listed["knowledge_bases"]] == [SHOP, SELLER] and "seller_rules" in err
+    assert listed["knowledge_bases"][1]["live_version"] == seen["rollback_target"]
+    # retired at last: it leaves the lists, which answer as for the shop alone
+    kb("--kb", SELLER, "retire", "--reason", "sellers moved to the new portal")
+    listed, err = kb("bases")
+    assert [b["alias"] for b in listed["knowledge_bases"]] == [SHOP] and "seller_rules" not in err
+    assert kb("status")[0]["alias"] == SHOP
 
 
 def test_an_entrys_default_tenant_is_what_its_documents_without_one_serve(tmp_path: Path) -> None:

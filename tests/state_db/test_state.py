@@ -553,6 +553,25 @@ def test_the_last_registry_entry_that_loaded_is_kept_once_per_alias(state: State
     assert [(e.alias, e.schedule) for e in state.recorded_entries()] == [("wiki", "@hourly")]
 
 
+def test_a_parse_reads_the_unretired_entries_over_a_bounded_connection_and_never_makes_a_db(
+        state: StateStore, tmp_path: Path) -> None:
+    """What the rollback DAG's file reads at parse (`unretired_entries`): every recorded entry but a retired
+    one's, the retirement undone bringing it back; a SQLite state DB not made yet is none, and is not made."""
+    from kb_reindex.services.state.entries import RecordedEntry, unretired_entries
+
+    for alias in ("wiki", "seller_rules"):
+        state.record_entry(RecordedEntry(alias=alias, registry="/srv/registry.yaml", schedule=None,
+                                         qdrant_conn_id="qdrant_default", ollama_conn_id="ollama_default",
+                                         aws_conn_id="aws_default", env={"KB_ALIAS": alias}))
+    assert [e.alias for e in unretired_entries(state.url)] == ["seller_rules", "wiki"]
+    state.retire("seller_rules", reason="moved", by="oncall")
+    assert [e.alias for e in unretired_entries(state.url)] == ["wiki"]
+    state.undo_retirement("seller_rules", by="oncall")
+    assert [e.alias for e in unretired_entries(state.url)] == ["seller_rules", "wiki"]
+    missing = tmp_path / "nowhere" / "state.db"
+    assert unretired_entries(f"sqlite:///{missing}") == [] and not missing.parent.exists()
+
+
 def test_bases_shows_a_candidate_whose_run_is_in_progress_as_no_shadow(state: StateStore, tmp_path: Path) -> None:
     """A ready version that never served is a shadow in `kb-reindex bases` only once its run has ended (a migration
     kept it): while its run validates or promotes, it is that run's candidate; and a first run in progress says so."""

@@ -8,7 +8,8 @@ plan -> has_changes -> create_version -> build_slices -> build (mapped) -> valid
 promotion's event on the alias Asset starts `knowledge_watch`, so a run ends at its promotion and the next change
 is built while the version it promoted is watched. Each task is a thin call of kb_reindex.airflow.tasks, imported
 inside the task and told which knowledge base it acts on: parsing a DAG file reads the registry and imports
-the Airflow SDK and this module only, never Qdrant, pandas or the state DB.
+the Airflow SDK and this module only, never Qdrant or pandas; the state DB only for on-call's rollback DAGs of
+entries removed from the registry but never retired (`removed_bases`: a short bounded read, never the store).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from kb_reindex.airflow.constants import BUILD_SLICE_SIZE, alias_asset, current_
 from kb_reindex.airflow.lanes import oncall_lane
 from kb_reindex.domain.errors import ConfigError
 from kb_reindex.domain.model import RunKind
-from kb_reindex.services.registry import KnowledgeBase, load_registry
+from kb_reindex.services.registry import KnowledgeBase, Registry, load_registry
 
 log = logging.getLogger(__name__)
 START = datetime(2026, 1, 1)
@@ -46,14 +47,33 @@ def knowledge_bases() -> tuple[KnowledgeBase, ...]:
 
 
 def on_call_bases() -> tuple[KnowledgeBase, ...]:
-    """`knowledge_bases` and every entry refused whose alias is one Airflow takes, as a stand-in made from its
-    alias alone (a DAG file never reads the state DB): on-call's rollback DAG is never taken away by a typo."""
+    """`knowledge_bases`, every entry refused whose alias is one Airflow takes, as a stand-in made from its alias
+    alone, and every knowledge base the state DB recorded that the registry no longer lists and nobody retired,
+    from its recorded entry (`removed_bases`): on-call's rollback DAG is never taken away by a typo or by an entry
+    deleted before its knowledge base was retired."""
     try:
         registry = load_registry()
     except ConfigError as exc:
         log.error("kb_reindex: no knowledge base DAGs: %s", exc)
         return ()
-    return registry.in_order((*registry.bases, *registry.stand_ins()))
+    return registry.in_order((*registry.bases, *registry.stand_ins(), *removed_bases(registry)))
+
+
+def removed_bases(registry: Registry) -> tuple[KnowledgeBase, ...]:
+    """The only state DB read of a parse (on-call's DAG file alone): the recorded entries of knowledge bases not
+    retired, over one connection of its own with its waits bounded (`unretired_entries`). A state DB that cannot
+    be read costs only these stand-ins, said in the parse's log; every other DAG stays."""
+    if registry.path is None:
+        return ()
+    from kb_reindex.services.config import state_url_from_env
+    from kb_reindex.services.state.entries import unretired_entries
+
+    try:
+        return registry.removed(unretired_entries(state_url_from_env()))
+    except Exception as exc:  # noqa: BLE001 - a parse never fails for it: the listed entries' DAGs stay
+        log.error("kb_reindex: the state DB could not be read for knowledge bases removed from the registry "
+                  "(their rollback DAGs are missing until it can): %s: %s", type(exc).__name__, exc)
+        return ()
 
 
 def check_registry() -> None:
@@ -317,8 +337,11 @@ def rollback_dag(kb: KnowledgeBase, *, doc_md: str | None) -> DAG:
     """On-call's rollback of `kb`'s alias: unpaused from the start, on on-call's lane (its own queue and pool,
     the highest weight: kb_reindex.airflow.lanes), never waiting for a build."""
     name = task_kb(kb)
-    if kb.problem is not None:  # a refused entry keeps its way back: said at the top of its DAG's doc
-        doc_md = (f"**Its registry entry is refused, so this is its only DAG until it is fixed:** {kb.problem}\n\n"
+    if kb.problem is not None:  # a refused or removed entry keeps its way back: said at the top of its DAG's doc
+        # a parse makes a refused entry's stand-in from its alias alone, a removed one's from its recorded entry
+        why = ("is no longer in the registry, so this is its only DAG until it is retired" if kb.recorded_at
+               else "is refused, so this is its only DAG until it is fixed")
+        doc_md = (f"**Its registry entry {why}:** {kb.problem}\n\n"
                   "The rollback acts from the entry as it last loaded (recorded in the state DB) or the alias alone, "
                   "and does not score the target on a golden set.\n\n" + (doc_md or ""))
 

@@ -13,7 +13,7 @@ from kb_reindex.domain.model import VersionStatus
 from kb_reindex.rules.alias import has_served
 from kb_reindex.rules.retirement import retired_message
 from kb_reindex.run.status import last_run_problem
-from kb_reindex.services.registry import KnowledgeBase, Registry, named_in, stand_in, valid_alias
+from kb_reindex.services.registry import KnowledgeBase, Registry, named_in, removed_problem, stand_in, valid_alias
 from kb_reindex.services.state.clock import utc_stamp
 from kb_reindex.services.state.entries import RecordedEntry
 from kb_reindex.services.state.retirements import Retirement
@@ -106,7 +106,8 @@ def _in_progress(state: StateStore | None, version: Any) -> bool:
 
 def bases_view(registry: Registry, state_url: str) -> BasesView:
     """Every knowledge base of `registry` from the state DB at `state_url` (one the first run has not created
-    yet: nothing serves anywhere). A retired one is left out, and its entry, while the registry still lists it,
+    yet: nothing serves anywhere), and every one the state DB recorded that the registry no longer lists (its
+    recorded entry, saying so). A retired one is left out, and its entry, while the registry still lists it,
     is refused (`retired_refusal`)."""
     try:
         state: StateStore | None = StateStore(state_url, create=False)
@@ -115,7 +116,8 @@ def bases_view(registry: Registry, state_url: str) -> BasesView:
     try:
         retired = state.retired_aliases() if state is not None else {}
         broken = tuple(_stand_in(state, registry, alias, error) for alias, error in registry.broken.items())
-        shown = [kb for kb in registry.in_order((*registry.bases, *broken)) if kb.alias not in retired]
+        removed = registry.removed(e for e in state.recorded_entries() if e.alias not in retired) if state else ()
+        shown = [kb for kb in registry.in_order((*registry.bases, *broken, *removed)) if kb.alias not in retired]
         return BasesView(bases=tuple(summary(state, kb) for kb in shown),
                          refused=(*registry.errors, *retired_refusals(registry, retired)))
     finally:
@@ -157,6 +159,20 @@ def _stand_in(state: StateStore | None, registry: Registry, alias: str, problem:
     return stand_in(alias, registry=registry.path, problem=problem, recorded=recorded)
 
 
+def removed_entries(registry: Registry, state_url: str) -> tuple[KnowledgeBase, ...]:
+    """Stand-ins for the knowledge bases the state DB recorded, not retired, that the registry no longer lists
+    (none without a state DB yet)."""
+    try:
+        state = StateStore(state_url, create=False)
+    except (StateEmpty, StateMissing):
+        return ()
+    try:
+        retired = state.retired_aliases()
+        return registry.removed(e for e in state.recorded_entries() if e.alias not in retired)
+    finally:
+        state.dispose()
+
+
 def recorded_entry(state_url: str, alias: str) -> RecordedEntry | None:
     """`alias`'s last entry that loaded, as the state DB keeps it (None: none, or no state DB yet)."""
     try:
@@ -193,7 +209,5 @@ def _on_call_base(registry: Registry, name: str | None, state_url: str) -> Knowl
         if problem is None:
             if recorded is None:
                 raise
-            problem = (f"knowledge base {name!r} is no longer in the registry {registry.path} (its entry last "
-                       f"loaded {recorded.since}); what it serves is kept: retire it when done "
-                       f"(`kb-reindex --kb {name} retire --reason ...`)")
+            problem = removed_problem(name, registry.path, recorded)
         return stand_in(name, registry=registry.path, problem=problem, recorded=recorded)

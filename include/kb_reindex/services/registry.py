@@ -13,7 +13,7 @@ Qdrant nor the state DB. Every mistake is one `ConfigError` naming the file, the
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -174,6 +174,14 @@ class Registry:
     def stand_ins(self, env: Mapping[str, str] | None = None) -> tuple[KnowledgeBase, ...]:
         """The broken entries as stand-ins made from their alias alone (what a DAG file can know at parse time)."""
         return tuple(stand_in(alias, registry=self.path, problem=error, env=env) for alias, error in self.broken.items())
+
+    def removed(self, recorded: Iterable[RecordedEntry]) -> tuple[KnowledgeBase, ...]:
+        """Stand-ins for the recorded entries (`recorded`, the state DB's, of knowledge bases not retired) that
+        this registry no longer lists at all: what they serve keeps on-call's surface until they are retired."""
+        if self.path is None:
+            return ()
+        return tuple(stand_in(e.alias, registry=self.path, problem=removed_problem(e.alias, self.path, e), recorded=e)
+                     for e in recorded if e.alias not in self.order and valid_alias(e.alias))
 
     def check(self) -> None:
         """Refuse the registry if any entry is refused."""
@@ -360,6 +368,13 @@ def own_golden_set(path: Path, alias: str, source: str) -> dict[str, str]:
     if not is_uri(source) and (Path(source) / "golden.yaml").is_file():
         return {"KB_GOLDEN_SET": str(Path(source) / "golden.yaml")}
     return {NO_GOLDEN_SET_ENV: f"{path}'s entry {alias}"}
+
+
+def removed_problem(alias: str, registry: Path, recorded: RecordedEntry) -> str:
+    """Why an entry the state DB recorded, and the registry no longer lists, acts from its recorded entry."""
+    return (f"knowledge base {alias!r} is no longer in the registry {registry} (its entry last loaded "
+            f"{recorded.since}); what it serves is kept: retire it when done (`kb-reindex --kb {alias} retire "
+            f"--reason ...`)")
 
 
 def stand_in(alias: str, *, registry: Path | None, problem: str, recorded: RecordedEntry | None = None,

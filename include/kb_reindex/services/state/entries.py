@@ -8,12 +8,14 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
 from kb_reindex.services.state.clock import utc_stamp
-from kb_reindex.services.state.schema import MYSQL_TABLE, Timestamp, _table_missing, ensure_table, metadata
+from kb_reindex.services.state.schema import (MYSQL_TABLE, Timestamp, _table_missing, ensure_table, metadata,
+                                              retirements)
 
 if TYPE_CHECKING:
     from kb_reindex.services.state.clock import Clock
@@ -77,17 +79,62 @@ class EntriesMixin:
 
     def recorded_entries(self) -> list[RecordedEntry]:
         """Every recorded entry, by alias (none on a state DB older than the table)."""
-        try:
-            with self.engine.connect() as conn:
-                rows = conn.execute(sa.select(registry_entries).order_by(registry_entries.c.alias)).mappings().all()
-        except sa.exc.DBAPIError as exc:
-            if _table_missing(exc, registry_entries.name):
-                return []
-            raise
-        return [RecordedEntry(alias=r["alias"], registry=r["registry"], schedule=r["schedule"],
-                              qdrant_conn_id=r["qdrant_conn_id"], ollama_conn_id=r["ollama_conn_id"],
-                              aws_conn_id=r["aws_conn_id"], env=json.loads(r["env"]), recorded_at=r["recorded_at"])
-                for r in rows]
+        return _read_entries(self.engine)
 
     def recorded_entry(self, alias: str) -> RecordedEntry | None:
         return next((e for e in self.recorded_entries() if e.alias == alias), None)
+
+
+def _read_entries(engine: sa.Engine, *, unretired: bool = False) -> list[RecordedEntry]:
+    """Every recorded entry, by alias (none on a state DB older than the table); `unretired`: only those of a
+    knowledge base no retirement in force took out of service."""
+    query = sa.select(registry_entries).order_by(registry_entries.c.alias)
+    try:
+        with engine.connect() as conn:
+            rows = conn.execute(query).mappings().all()
+            retired: set[str] = set()
+            if unretired and rows:
+                try:
+                    retired = set(conn.execute(sa.select(retirements.c.alias)
+                                               .where(retirements.c.undone_at.is_(None))).scalars())
+                except sa.exc.DBAPIError as exc:
+                    if not _table_missing(exc, retirements.name):
+                        raise
+                    conn.rollback()  # PostgreSQL: the failed statement ended the transaction
+    except sa.exc.DBAPIError as exc:
+        if _table_missing(exc, registry_entries.name):
+            return []
+        raise
+    return [RecordedEntry(alias=r["alias"], registry=r["registry"], schedule=r["schedule"],
+                          qdrant_conn_id=r["qdrant_conn_id"], ollama_conn_id=r["ollama_conn_id"],
+                          aws_conn_id=r["aws_conn_id"], env=json.loads(r["env"]), recorded_at=r["recorded_at"])
+            for r in rows if r["alias"] not in retired]
+
+
+#: how long a DAG file's parse may wait for the state DB before it goes on without the removed entries
+PARSE_CONNECT_TIMEOUT_S = 5
+
+
+def unretired_entries(url: str, *, timeout_s: int = PARSE_CONNECT_TIMEOUT_S) -> list[RecordedEntry]:
+    """The recorded entries of the state DB at `url` whose knowledge base is not retired, read over one short
+    connection of its own (connect and lock waits bounded by `timeout_s`), never creating a database: what a
+    DAG file's parse may read (`kb_reindex.airflow.factory.on_call_bases`), so an entry removed from the registry
+    but never retired keeps on-call's rollback DAG. A state DB not made yet: none."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.pool import NullPool
+
+    parsed = make_url(url)
+    backend = parsed.get_backend_name()
+    if backend == "sqlite":
+        if not parsed.database or parsed.database == ":memory:" or not Path(parsed.database).is_file():
+            return []
+        args: dict[str, Any] = {"timeout": timeout_s}
+    elif backend in ("mysql", "mariadb"):
+        args = {"connect_timeout": timeout_s, "read_timeout": timeout_s, "charset": "utf8mb4"}
+    else:
+        args = {"connect_timeout": timeout_s}
+    engine = sa.create_engine(parsed, poolclass=NullPool, connect_args=args)
+    try:
+        return _read_entries(engine, unretired=True)
+    finally:
+        engine.dispose()
