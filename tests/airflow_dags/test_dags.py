@@ -213,6 +213,49 @@ def test_reindex_dag_end_to_end_then_no_change(dagbag, dag_env: Path) -> None:
             {k: getattr(last, k) for k in ("chunks_total", "chunks_embedded", "chunks_reused", "docs_unchanged")}
 
 
+def test_status_and_the_page_name_a_task_waiting_in_a_pool_airflow_does_not_have(dagbag, dag_env: Path) -> None:
+    """A DAG run holding the alias's lock whose next task waits in a pool that does not exist (a deployment without
+    our plugin's listener, which creates kb-reindex's pools): Airflow leaves it `scheduled` for ever and says so
+    only in the scheduler's log. `status` (the CLI beside the Airflow install, as on-call runs it) and the page's
+    status name the task and the pool; with the pool there, nothing is said."""
+    from airflow.models.pool import Pool
+    from airflow.models.taskinstance import TaskInstance
+    from airflow.utils.session import create_session
+    from sqlalchemy import update
+
+    from kb_reindex.rules.locking import reindex_lock_name
+    from kb_reindex.services.config import Settings
+    from kb_reindex.services.state.locks import DAG_RUN_OWNER
+    from kb_reindex.services.state.store import StateStore
+
+    ok, states = run_dag(dagbag, "knowledge_reindex")
+    assert ok, states
+    dag_id, run_id = LAST_RUN["dag_id"], LAST_RUN["run_id"]
+    where = (TaskInstance.dag_id == dag_id, TaskInstance.run_id == run_id, TaskInstance.task_id == "create_version")
+    state = StateStore(Settings.from_env({"KB_PROJECT_ROOT": str(dag_env)}).state_url)
+    lock = reindex_lock_name("mall_knowledge")
+    owner = f"airflow:{dag_id}:{run_id}@{DAG_RUN_OWNER}"
+    try:
+        with create_session() as session:
+            session.execute(update(TaskInstance).where(*where).values(state="scheduled", pool="kb_qdrant_writes__gone"))
+        state.acquire_lock(lock, owner=owner, ttl_s=600)
+        problems = kb(dag_env, "status")["problems"]
+        assert [p for p in problems if "pool" in p] == [
+            f"task create_version of {dag_id} run {run_id} waits in pool kb_qdrant_writes__gone, which Airflow does not "
+            "have: it never runs until the pool exists. Create it (`airflow pools set kb_qdrant_writes__gone <slots> "
+            "kb-reindex`; `make airflow` and the compose init set kb-reindex's pools at start, and the scheduler's "
+            "kb-reindex listener when a run starts: is the plugin loaded?)"]
+        with create_session() as session:
+            session.add(Pool(pool="kb_qdrant_writes__gone", slots=1, description="test", include_deferred=False))
+        assert [p for p in kb(dag_env, "status")["problems"] if "pool" in p] == []
+    finally:
+        state.release_lock(lock, owner=owner)
+        state.dispose()
+        with create_session() as session:
+            session.execute(update(TaskInstance).where(*where).values(state="success", pool="kb_qdrant_writes"))
+            session.query(Pool).filter(Pool.pool == "kb_qdrant_writes__gone").delete()
+
+
 def test_a_small_plan_runs_in_one_task_and_a_larger_one_in_the_mapped_slices(dagbag, dag_env: Path) -> None:
     """Issue #41: a plan with at most `small_run_points` points to write builds, validates, promotes and cleans
     up in `small_run` (the same records, the Asset event, the lock let go); one point more takes the slices."""

@@ -28,6 +28,7 @@ from kb_reindex.domain.model import SUCCEEDED, RunKind, RunOutcome, VersionStatu
 from kb_reindex.services.runtime import Deps, StateDeps
 from kb_reindex.services.state.history import AliasEvent, PinRecord
 from kb_reindex.services.state.locks import LockRecord, is_dag_run_owner
+from kb_reindex.services.state.dag_runs import dag_run_of, missing_pool_waits
 from kb_reindex.services.state.runs import RunRecord
 from kb_reindex.services.state.store import StateStore
 from kb_reindex.services.state.versions import QdrantSnapshotRef, VersionRecord
@@ -319,6 +320,7 @@ def status_view(deps: Deps) -> StatusView:
                         "against its manifest")
     locks = lock_rows(deps)
     notes += _lock_notes(locks)
+    problems += pool_problems(deps, locks)
     return StatusView(
         alias=alias, serving_collection=serving, live=_live(versions, live),
         rollback_target=target.version if target else None, freeze=freeze_view(deps), pinned=tuple(sorted(pins)),
@@ -339,8 +341,24 @@ def state_only_view(deps: StateDeps) -> StatusView:
         alias=alias, serving_collection=None, live=_live(versions, live),
         rollback_target=target.version if target else None, freeze=freeze_view(deps), pinned=tuple(sorted(pins)),
         audit=None, versions=tuple(versions), locks=locks,
-        problems=(), notes=tuple(_lock_notes(locks)), metrics=metrics(deps), last_run_problem=last_run_problem(deps.state, alias),
+        problems=tuple(pool_problems(deps, locks)), notes=tuple(_lock_notes(locks)), metrics=metrics(deps),
+        last_run_problem=last_run_problem(deps.state, alias),
         query_log=querylog.summary(deps))
+
+
+def pool_problems(deps: Deps | StateDeps, locks: tuple[LockRow, ...]) -> list[str]:
+    """A DAG run of this alias (one holding its lock, or one its run records say is still going) with a task
+    waiting in a pool Airflow does not have: it would wait for ever, holding the lock, and Airflow says so only in
+    the scheduler's log. Asked of Airflow's metadata DB where this process can reach it (beside an Airflow
+    install, the page's api-server); elsewhere nothing is said."""
+    owners = [held.owner.rpartition("@")[0] for held in locks if is_dag_run_owner(held.owner)]
+    going = [r.run_id for r in deps.state.list_runs(deps.settings.alias, limit=10) if r.finished_at is None]
+    refs = list(dict.fromkeys(ref for ref in map(dag_run_of, [*owners, *going]) if ref is not None))
+    return [f"task {w.task_id} of {w.dag_id} run {w.run_id} waits in pool {w.pool}, which Airflow does not have: "
+            f"it never runs until the pool exists. Create it (`airflow pools set {w.pool} <slots> kb-reindex`; "
+            "`make airflow` and the compose init set kb-reindex's pools at start, and the scheduler's kb-reindex "
+            "listener when a run starts: is the plugin loaded?)"
+            for w in missing_pool_waits(refs) or ()]
 
 
 def _lock_notes(locks: tuple[LockRow, ...]) -> list[str]:

@@ -98,6 +98,44 @@ def _query(engine: sa.Engine, ref: DagRunRef) -> str | None:
     return str(state) if state is not None else None
 
 
+@dataclass(frozen=True)
+class PoolWait:
+    """A task of a DAG run that waits in a pool Airflow does not have: the scheduler leaves it `scheduled` for
+    ever and says so only in its own log, while the run holds the alias's lock."""
+
+    dag_id: str
+    run_id: str
+    task_id: str
+    pool: str
+
+
+def missing_pool_waits(refs: list[DagRunRef]) -> list[PoolWait] | None:
+    """The task instances of these DAG runs that wait in a pool the metadata DB has no row for (`slot_pool`);
+    None where this process cannot ask (no metadata DB here, or it did not answer): the CLI beside an Airflow
+    install and the page's api-server can. Never imports Airflow."""
+    if not refs:
+        return []
+    try:
+        url = metadata_db_url()
+        settings = sys.modules.get("airflow.settings")
+        engine = _engine(url) if url else getattr(settings, "engine", None) if settings is not None else None
+        if engine is None:
+            return None
+        waits: list[PoolWait] = []
+        query = sa.text("SELECT ti.task_id, ti.pool FROM task_instance ti WHERE ti.dag_id = :dag_id AND "
+                        "ti.run_id = :run_id AND ti.state IN ('scheduled', 'queued') AND NOT EXISTS "
+                        "(SELECT 1 FROM slot_pool p WHERE p.pool = ti.pool) ORDER BY ti.task_id")
+        with engine.connect() as conn:
+            for ref in refs:
+                rows = conn.execute(query, {"dag_id": ref.dag_id, "run_id": ref.run_id}).all()
+                waits += [PoolWait(ref.dag_id, ref.run_id, str(task_id), str(pool)) for task_id, pool in rows]
+        return waits
+    except Exception as exc:  # unknown: said in the log; status then names nothing it could not see
+        log.info("kb_reindex: could not ask Airflow about the pools of %d DAG run(s): %s", len(refs),
+                 str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__)
+        return None
+
+
 def dag_run_alive(kb_run_id: str) -> tuple[bool | None, str | None]:
     """(alive, Airflow's state): False only for a run Airflow reports finished."""
     ref = dag_run_of(kb_run_id)
