@@ -2,7 +2,9 @@
 port, LocalExecutor, our Qdrant-protocol server): both run on their own schedules; a rollback of one completes
 while the other's build is held at Qdrant, and moves only its own alias; a migration of one to another model
 runs while the other serves; an entry added to the registry gets its DAGs at the dag-processor's next parse,
-with no `airflow dags reserialize`, and its first version with no command typed (its pool made when it starts)."""
+with no `airflow dags reserialize`, and its first version with no command typed (its watcher starts the run, its
+pool made when it starts); an entry with a typo, and then one deleted before it was retired, keep their rollback
+DAG."""
 
 from __future__ import annotations
 
@@ -147,19 +149,26 @@ def test_two_knowledge_bases_under_the_real_scheduler(stack: tuple[LocalAirflow,
         "k: 3\nmin_hit_rate: 0.5\nmin_mrr: 0.5\nmax_regressions: 0\nprobes:\n  - id: about\n    query: 内部说明\n"
         "    expected: [about]\n", encoding="utf-8")
     registry = project / "knowledge" / "registry.yaml"
-    registry.write_text(REGISTRY + "  wiki:\n    source: wiki\n    golden_set: wiki-golden.yaml\n    schedule: null\n",
-                        encoding="utf-8")
+    assert airflow.http.get("/pools/kb_qdrant_writes__wiki").status_code == 404  # `make airflow` never set it
+    # watched (the suite's stacks watch no source but this entry, tests/conftest.py): nobody triggers anything
+    registry.write_text(REGISTRY + "  wiki:\n    source: wiki\n    golden_set: wiki-golden.yaml\n    schedule: null\n"
+                        "    source_poll_s: 1\n", encoding="utf-8")
     for kind in ("knowledge_reindex", "knowledge_rollback"):
         airflow.wait(f"{kind}__wiki parsed", lambda k=kind: airflow.http.get(f"/dags/{k}__wiki").status_code == 200,
                      120)
     assert not airflow.http.get("/dags/knowledge_rollback__wiki").json()["is_paused"], "on-call's DAG starts unpaused"
-    # ... and its first run builds its first version: its build pool, which `make airflow` never set, is created by
-    # the scheduler's listener when the run starts, before create_version needs it (without it, the run would wait
-    # at create_version for ever, holding the lock). Triggered here: the suite's stacks watch no source
-    # (tests/conftest.py); a watched source's own first run is tests/airflow_dags/test_freshness_airflow.py's
-    assert airflow.http.get("/pools/kb_qdrant_writes__wiki").status_code == 404
-    first = airflow.trigger("knowledge_reindex__wiki")
-    airflow.wait_for_success("knowledge_reindex__wiki", first, 240)
+    # ... and its source's watcher starts its first run, which builds its first version with no command typed: its
+    # build pool is created by the scheduler's listener when the run starts, before create_version needs it
+    # (without it, the run would wait at create_version for ever, holding the lock)
+    first: list[dict] = []
+
+    def started() -> bool:
+        first[:] = airflow.http.get("/dags/knowledge_reindex__wiki/dagRuns").json()["dag_runs"]
+        return bool(first)
+
+    airflow.wait("the wiki's first run, started by its watcher", started, 180)
+    assert first[0]["run_type"] == "asset_triggered", first
+    airflow.wait_for_success("knowledge_reindex__wiki", first[0]["dag_run_id"], 240)
     assert cli(env, "--kb", "wiki", "status")["live"]["version"] == 1
     assert airflow.http.get("/pools/kb_qdrant_writes__wiki").json()["slots"] == 1
 
@@ -175,6 +184,21 @@ def test_two_knowledge_bases_under_the_real_scheduler(stack: tuple[LocalAirflow,
     rolled = airflow.trigger(rollback_id, {"reason": "typo drill", "confirm": True, "live_version": 2, "freeze": False})
     airflow.wait_for_success(rollback_id, rolled, 180)
     assert cli(env, "--kb", SELLER, "status")["live"]["version"] == 1
+    assert kb_status(env, SHOP)["live"]["version"] == shop["live"]["version"]
+
+    # the sellers' entry deleted before anyone retired it: what it serves keeps its rollback DAG (the DAG file
+    # reads the recorded entries), which moves it forward again under the real scheduler; the others untouched
+    registry.write_text(registry.read_text(encoding="utf-8").split(f"  {SELLER}:")[0]
+                        + "  wiki:" + registry.read_text(encoding="utf-8").split("  wiki:")[1], encoding="utf-8")
+    airflow.wait("the sellers' rollback DAG parsed from the recorded entry", lambda: (airflow.http.get(
+        f"/dags/{rollback_id}/details").json().get("doc_md") or "").startswith(
+        "**Its registry entry is no longer in the registry"), 120)
+    airflow.wait("the sellers' build DAG gone", lambda: airflow.http.get(
+        f"/dags/knowledge_reindex__{SELLER}").json().get("is_stale", True) is not False, 120)
+    forward = airflow.trigger(rollback_id, {"reason": "entry removed by mistake", "confirm": True, "live_version": 1,
+                                            "to_version": 2, "freeze": False})
+    airflow.wait_for_success(rollback_id, forward, 180)
+    assert cli(env, "--kb", SELLER, "status")["live"]["version"] == 2
     assert kb_status(env, SHOP)["live"]["version"] == shop["live"]["version"]
 
 
