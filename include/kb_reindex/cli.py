@@ -9,24 +9,31 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
-import logging
 import os
 import sys
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, NoReturn
 
-from kb_reindex.services.config import DEFAULT_MODELS, EMBEDDERS, Settings
-from kb_reindex.domain.errors import UNAVAILABLE_EXIT, UNAVAILABLE_KINDS, ConfigError, Failure, KbError, StateEmpty, StateMissing, classify
-from kb_reindex.domain.model import RunOutcome, WatchOutcome
-from kb_reindex.domain.validation_model import NO_GOLDEN_SET
+from kb_reindex.domain.embedders import DEFAULT_MODELS, EMBEDDERS
 
-if TYPE_CHECKING:  # the CLI answers --help and usage errors before it imports the stores, the model or Airflow
+#: `typing.TYPE_CHECKING` without importing typing (which brings contextlib, collections.abc and more): the CLI
+#: answers --help and usage errors before it imports anything but argparse; the rest (the stores, the model,
+#: Airflow, and even the package's errors, settings, logging and json) where a command needs it
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import logging
+    from collections.abc import Sequence
+    from typing import Any, NoReturn
+
+    from kb_reindex.domain.errors import Failure
     from kb_reindex.rules.freeze import FreezeView
     from kb_reindex.run.status import StatusView
+    from kb_reindex.services.config import Settings
     from kb_reindex.services.registry import KnowledgeBase, Registry
 
-log = logging.getLogger("kb_reindex.cli")
+
+def _log() -> logging.Logger:
+    import logging
+
+    return logging.getLogger("kb_reindex.cli")
 
 
 #: commands that never create a state DB or a local Qdrant folder: they only read
@@ -55,6 +62,8 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         if self.json_answer:
+            import json
+
             print(json.dumps({"outcome": "failed", "error": f"{self.prog}: {message}", "error_kind": "usage"},
                              ensure_ascii=False))
         super().error(message)
@@ -214,6 +223,8 @@ def _table(rows: list[dict[str, Any]], columns: list[str]) -> str:
 
 
 def _print(args: argparse.Namespace, data: dict[str, Any], human: str) -> None:
+    import json
+
     if args.json:
         print(json.dumps(data, ensure_ascii=False, default=str, indent=2))
     else:
@@ -227,6 +238,8 @@ def _doc_keys(r: dict[str, Any]) -> dict[str, list[str]]:
 
 
 def _run_human(r: dict[str, Any]) -> str:
+    from kb_reindex.domain.validation_model import NO_GOLDEN_SET
+
     d, c = r["docs"], r["chunks"]
     lines = [
         f"outcome: {r['outcome']}" + (f"  version: v{r['version']}  collection: {r['collection']}" if r.get("version") else ""),
@@ -285,6 +298,8 @@ def _main(argv: list[str]) -> int:
         args = _parser(json_answer="--json" in argv).parse_args(argv)
     except SystemExit as stop:  # a usage error (2) or --help (0), already answered by argparse
         return stop.code if isinstance(stop.code, int) else 2
+    import logging
+
     level, fmt = logging.WARNING if args.quiet else logging.INFO, "%(asctime)s %(levelname)s %(message)s"
     from kb_reindex.run.terminal import use_terminal_log
 
@@ -301,13 +316,14 @@ def _main(argv: list[str]) -> int:
     except Exception as exc:  # the CLI answers in its own format; a traceback only for a bug
         failure = _failure(exc, args)
         if not failure.expected:
-            log.exception("kb_reindex: unexpected error")
+            _log().exception("kb_reindex: unexpected error")
         _fail(args, failure.message, failure.kind)
         return failure.exit_code
 
 
 def _failure(exc: BaseException, args: argparse.Namespace) -> Failure:
     """errors.classify, naming the state DB and Qdrant of the chosen knowledge base's settings (when they parse)."""
+    from kb_reindex.domain.errors import KbError, classify
     from kb_reindex.services.registry import select_knowledge_base
     from kb_reindex.services.store import describe_qdrant_failure
 
@@ -321,6 +337,8 @@ def _failure(exc: BaseException, args: argparse.Namespace) -> Failure:
 
 
 def _fail(args: argparse.Namespace, message: str, kind: str) -> None:
+    import json
+
     if getattr(args, "json", False):
         print(json.dumps({"outcome": "failed", "error": message, "error_kind": kind}, ensure_ascii=False))
     print(f"kb-reindex: error: {message}", file=sys.stderr)
@@ -334,7 +352,7 @@ def _dispatch(args: argparse.Namespace) -> int:
 
     registry = load_registry()
     for warning in registry.warnings:
-        log.warning("kb_reindex: %s", warning)
+        _log().warning("kb_reindex: %s", warning)
     if args.command == "bases" and not (args.kb or named_in()) and registry.path is not None:
         from kb_reindex.services.config import state_url_from_env
 
@@ -364,12 +382,12 @@ def _dispatch(args: argparse.Namespace) -> int:
     # the registry file that still lists this knowledge base's entry (loaded or refused), if any
     args.listed_in = registry.path if registry.path is not None and kb.alias in registry.order else None
     if kb.problem:
-        log.warning("kb_reindex: %s; acting on %s from %s", kb.problem, kb.alias,
-                    f"its entry as it last loaded ({kb.recorded_at})" if kb.recorded_at
-                    else "its alias alone (no entry of it was recorded)")
+        _log().warning("kb_reindex: %s; acting on %s from %s", kb.problem, kb.alias,
+                       f"its entry as it last loaded ({kb.recorded_at})" if kb.recorded_at
+                       else "its alias alone (no entry of it was recorded)")
     for refused in registry.errors:  # another entry's mistake never stops on-call acting on this one
         if refused != kb.problem:
-            log.warning("kb_reindex: %s (that knowledge base has only on-call's DAG until it is fixed)", refused)
+            _log().warning("kb_reindex: %s (that knowledge base has only on-call's DAG until it is fixed)", refused)
     settings = kb.settings()
     if args.command == "bases":
         return _print_bases(args, registry, settings.state_url)
@@ -408,6 +426,8 @@ def _dispatch(args: argparse.Namespace) -> int:
 def _cmd_query(args: argparse.Namespace, settings_or_deps: Any) -> int:
     """Through the alias it takes the settings, not deps, and opens Qdrant alone; `--version N` (deps: the state
     DB names the version) searches that version's collection (`steps.tryout.search_version`)."""
+    from kb_reindex.domain.errors import ConfigError
+
     if args.version is not None:
         from kb_reindex.services.layouts import version_profile
         from kb_reindex.steps.tryout import search_version
@@ -444,6 +464,8 @@ def _cmd_history(args: argparse.Namespace, deps: Any) -> int:
 
 
 def _cmd_run(args: argparse.Namespace, deps: Any) -> int:
+    from kb_reindex.domain.errors import ConfigError
+    from kb_reindex.domain.model import RunOutcome, WatchOutcome
     from kb_reindex.run.pipeline import run_reindex
 
     settings = deps.settings
@@ -468,6 +490,7 @@ def _follow(args: argparse.Namespace, settings: Settings) -> int:
     time) only while a run builds. Each run prints its answer as `run` does; a failed run is said and the
     following goes on, waiting for the next change. Ctrl-C ends it (exit 130); a run it interrupts releases its
     lock as it unwinds, and its unfinished version is taken over by the next run."""
+    from kb_reindex.domain.errors import ConfigError
     from kb_reindex.run.follow import follow
     from kb_reindex.services.runtime import open_deps
     from kb_reindex.services.state.store import StateStore
@@ -477,6 +500,8 @@ def _follow(args: argparse.Namespace, settings: Settings) -> int:
     state = StateStore(settings.state_url)
 
     def run_once() -> None:
+        from kb_reindex.domain.errors import KbError
+
         try:
             with open_deps(settings, state=state) as deps:
                 code = _cmd_run(args, deps)
@@ -486,7 +511,7 @@ def _follow(args: argparse.Namespace, settings: Settings) -> int:
             code = failure.exit_code
         sys.stdout.flush()
         if code:
-            log.warning("kb_reindex: that run ended with exit code %d; following on", code)
+            _log().warning("kb_reindex: that run ended with exit code %d; following on", code)
 
     try:
         follow(settings, state, run_once)
@@ -525,6 +550,7 @@ def _cmd_migrate(args: argparse.Namespace, deps: Any) -> int:
 def _plan_with_state(args: argparse.Namespace, settings: Settings) -> int:
     """`plan` on the state DB; on one that holds no kb-reindex state yet (a new MariaDB database), the
     preview of a first run, planned against an empty state in memory: nothing is created or written."""
+    from kb_reindex.domain.errors import StateEmpty, StateMissing
     from kb_reindex.services.runtime import open_deps
     from kb_reindex.services.state.store import StateStore
 
@@ -533,7 +559,7 @@ def _plan_with_state(args: argparse.Namespace, settings: Settings) -> int:
     try:
         state = StateStore(settings.state_url, create=False)
     except StateEmpty as empty:
-        log.warning("kb_reindex: %s. Previewing a first run", empty)
+        _log().warning("kb_reindex: %s. Previewing a first run", empty)
         state = StateStore("sqlite:///:memory:")
     except StateMissing as exc:  # a knowledge base never built: what its first run would do, warnings included
         missing = exc
@@ -548,8 +574,8 @@ def _plan_with_state(args: argparse.Namespace, settings: Settings) -> int:
                 if deps.store.alias_target(settings.alias) is not None:
                     # the alias serves: its state DB is elsewhere (a typo in KB_STATE_URL?) or lost, never new
                     raise missing
-                log.warning("kb_reindex: no state DB yet and %s serves nothing: previewing a first run; nothing "
-                            "is created", settings.alias)
+                _log().warning("kb_reindex: no state DB yet and %s serves nothing: previewing a first run; nothing "
+                               "is created", settings.alias)
             return int(args.func(args, deps))
     finally:
         state.dispose()
@@ -573,6 +599,7 @@ def _all_bases(args: argparse.Namespace, registry: Registry, removed: Sequence[K
     """`status` or `bases` with several knowledge bases and none named: every one of them, an entry that does not
     load among them with its refusal beside what it serves (exit 2, each refusal named on stderr), and one the
     registry no longer lists, never retired, with what it serves (`removed`: read already, else read here)."""
+    from kb_reindex.domain.errors import ConfigError
     from kb_reindex.run.status import status_view
     from kb_reindex.services.config import state_url_from_env
 
@@ -637,6 +664,7 @@ def _print_bases(args: argparse.Namespace, registry: Registry, state_url: str) -
 
 
 def _status_human(s: StatusView) -> str:
+    from kb_reindex.domain.validation_model import NO_GOLDEN_SET
     from kb_reindex.run.status import KEPT_NOTES
     data = s.to_dict()
     rows = [{**row, "status": v.status + (" *rollback target" if v.rollback_target else "")
@@ -692,6 +720,8 @@ def _cmd_status(args: argparse.Namespace, deps: Any) -> int:
 
 
 def _cmd_validate(args: argparse.Namespace, deps: Any) -> int:
+    from kb_reindex.domain.errors import ConfigError
+    from kb_reindex.domain.validation_model import NO_GOLDEN_SET
     from kb_reindex.run.pipeline import validation_summary
     from kb_reindex.steps.validate import validate
 
@@ -788,6 +818,8 @@ def _cmd_unfreeze(args: argparse.Namespace, deps: Any) -> int:
 def _cmd_retire(args: argparse.Namespace, deps: Any) -> int:
     """`retire`: the state DB's part always, Qdrant only with --drop-collections (a build holding a local-mode store
     never keeps on-call from retiring); `--undo` ends it. A second retire says it was already retired (exit 0)."""
+    from kb_reindex.domain.errors import ConfigError
+    from kb_reindex.domain.model import RunOutcome
     from kb_reindex.rules.freeze import operator
     from kb_reindex.rules.retirement import undo_hint
     from kb_reindex.services.registry import registry_path
@@ -843,6 +875,7 @@ def _cmd_unpin(args: argparse.Namespace, deps: Any) -> int:
 
 
 def _cmd_reconcile(args: argparse.Namespace, deps: Any) -> int:
+    from kb_reindex.domain.errors import ConfigError
     from kb_reindex.steps.reconcile import RebuildResult, ReconcileResult, reconcile
 
     if args.rebuild_state:
@@ -890,6 +923,8 @@ def _confirm_promotion(args: argparse.Namespace, deps: Any) -> bool:
     """Asked before the alias's lock is taken: a prompt left open must not block every rollback. Sets
     `args.live_version` to the version the prompt showed serving (or read now, with --yes): the promotion
     moves the alias only from it."""
+    from kb_reindex.domain.errors import ConfigError
+
     shadow = deps.state.get_version(deps.settings.alias, args.version)
     if args.live_version is None:
         live = deps.state.live_version(deps.settings.alias)
@@ -908,6 +943,7 @@ def _confirm_promotion(args: argparse.Namespace, deps: Any) -> bool:
 
 
 def _unlock(args: argparse.Namespace, deps: Any) -> int:
+    from kb_reindex.domain.errors import ConfigError
     from kb_reindex.rules.locking import alias_lock_name, reindex_lock_name
     from kb_reindex.services.state.locks import default_lock_owner, is_dag_run_owner
     from kb_reindex.services.state.clock import utc_stamp
@@ -932,10 +968,10 @@ def _unlock(args: argparse.Namespace, deps: Any) -> int:
             broken.append({"name": name, "owner": holder.owner,
                            "since": utc_stamp(holder.acquired_at)})
             if any(row.name == name and row.owner_alive for row in held):
-                log.warning("kb_reindex: %s was held by %s, whose process is still alive: it will stop before it "
-                            "promotes anything", name, holder.owner)
+                _log().warning("kb_reindex: %s was held by %s, whose process is still alive: it will stop before it "
+                               "promotes anything", name, holder.owner)
             elif is_dag_run_owner(holder.owner):
-                log.warning("kb_reindex: %s was held by the DAG run %s: its next task finds the lock gone and fails, "
+                _log().warning("kb_reindex: %s was held by the DAG run %s: its next task finds the lock gone and fails, "
                             "before it promotes anything", name, holder.owner)
     _print(args, {"alias": alias, "broken": broken},
            "\n".join(f"broke {b['name']} (held by {b['owner']} since {b['since']})" for b in broken))
@@ -944,6 +980,9 @@ def _unlock(args: argparse.Namespace, deps: Any) -> int:
 
 def _run_exit_code(result: dict[str, Any]) -> int:
     """A run stopped by a setting (e.g. no knowledge folder) is a configuration error, not a failed run."""
+    from kb_reindex.domain.errors import UNAVAILABLE_EXIT, UNAVAILABLE_KINDS
+    from kb_reindex.domain.model import RunOutcome
+
     if result["outcome"] in ("auto_rolled_back", "regressed"):  # the watch undid (or could not undo) it
         return 1
     if result["outcome"] == RunOutcome.HELD:  # built and validated, waiting for a person: a script must notice
@@ -957,12 +996,16 @@ def _run_exit_code(result: dict[str, Any]) -> int:
 
 def _existing_version(deps: Any, number: int, flag: str) -> None:
     """A version number that names nothing is a usage error (exit 2), said before anything is touched."""
+    from kb_reindex.domain.errors import ConfigError
+
     if deps.state.get_version(deps.settings.alias, number) is None:
         raise ConfigError(f"{flag} {number}: {deps.settings.alias} has no version {number}; "
                           "`kb-reindex status` lists the versions")
 
 
 def _rollback(args: argparse.Namespace, deps: Any) -> int:
+    from kb_reindex.domain.errors import ConfigError
+    from kb_reindex.domain.model import RunOutcome
     from kb_reindex.rules.alias import rollback_target
     from kb_reindex.rules.freeze import operator
     from kb_reindex.run.runs import rollback_warnings, run_rollback, warning_line
@@ -995,7 +1038,7 @@ def _rollback(args: argparse.Namespace, deps: Any) -> int:
             return 0
     revalidate = not args.no_revalidate
     if revalidate and getattr(args, "registry_error", None):  # its golden set may be what its entry got wrong
-        log.warning("kb_reindex: its registry entry does not load: the target is not scored on a golden set")
+        _log().warning("kb_reindex: its registry entry does not load: the target is not scored on a golden set")
         revalidate = False
     held = _rollback_freeze(args, deps)
     result = run_rollback(deps, reason=args.reason, to_version=target.version if target else None,

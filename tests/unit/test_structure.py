@@ -239,10 +239,17 @@ def test_help_and_usage_errors_import_no_store_model_or_airflow() -> None:
             "    except SystemExit:\n"
             "        pass\n"
             "heavy = ('qdrant_client', 'airflow', 'sqlalchemy', 'ollama', 'torch', 'onnxruntime', 'pandas', 'pydantic')\n"
-            "print(sorted({m.split('.')[0] for m in sys.modules} & set(heavy)))\n")
+            "print(sorted({m.split('.')[0] for m in sys.modules} & set(heavy)))\n"
+            "print(sorted(m for m in sys.modules if m.startswith('kb_reindex')))\n"
+            "print(sorted(set(sys.modules) & {'logging', 'json', 'typing', 'dataclasses', 'ssl', 'socket'}))\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.strip().splitlines()[-1] == "[]", done.stdout[-500:]
+    heavy, ours, light = done.stdout.strip().splitlines()[-3:]
+    assert heavy == "[]", done.stdout[-500:]
+    # not even the package's settings and errors, nor the standard library's modules they bring (#41: --help
+    # within 5x a bare `python -c pass`)
+    assert ours == str(["kb_reindex", "kb_reindex.cli", "kb_reindex.domain", "kb_reindex.domain.embedders"]), ours
+    assert light == "[]", light
 
 
 def test_the_cli_lays_out_tables_as_pandas_did_without_importing_it(tmp_path: Path) -> None:

