@@ -347,8 +347,6 @@ def _fail(args: argparse.Namespace, message: str, kind: str) -> None:
 def _dispatch(args: argparse.Namespace) -> int:
     """Open what the command needs (see NO_CREATE, STATE_ONLY, LOCKED), then call its `func`."""
     from kb_reindex.services.registry import load_registry, named_in
-    from kb_reindex.run.runs import exclusive
-    from kb_reindex.services.runtime import open_deps
 
     registry = load_registry()
     for warning in registry.warnings:
@@ -409,6 +407,9 @@ def _dispatch(args: argparse.Namespace) -> int:
         return _plan_with_state(args, settings)
     if args.command == "run" and args.follow:
         return _follow(args, settings)
+    from kb_reindex.run.runs import exclusive
+    from kb_reindex.services.runtime import open_deps
+
     with open_deps(settings, create=args.command not in NO_CREATE and not dry_migration) as deps:
         if args.command in RECORDS_ENTRY and kb.registered and kb.problem is None and not dry_migration:
             deps.state.record_entry(kb.recorded())

@@ -252,6 +252,25 @@ def test_help_and_usage_errors_import_no_store_model_or_airflow() -> None:
     assert light == "[]", light
 
 
+def test_bases_reads_the_state_db_without_importing_qdrants_client(tmp_path: Path) -> None:
+    """`kb-reindex bases` reads the state DB alone (never Qdrant), so it never imports qdrant-client, whose import
+    alone took most of its time (#41: bases within 1.2x a bare `import qdrant_client`)."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    shutil.copytree(PACKAGE.parents[1] / "knowledge", tmp_path / "knowledge")
+    code = ("import sys\n"
+            "from kb_reindex.cli import main\n"
+            "code = main(['bases', '--json', '-q'])\n"
+            "print(code, sorted({m.split('.')[0] for m in sys.modules} & {'qdrant_client', 'numpy', 'rich', 'pandas'}))\n")
+    env = {**os.environ, "KB_PROJECT_ROOT": str(tmp_path), "KB_REGISTRY": "knowledge/registry.yaml"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "0 []", done.stdout[-800:]
+
+
 def test_the_cli_lays_out_tables_as_pandas_did_without_importing_it(tmp_path: Path) -> None:
     """`bases` and `status` print their tables without pandas (a sixth of their time was its import), laid out
     exactly as `DataFrame.to_string(index=False)` laid them out: right-aligned, one space apart, control

@@ -5,6 +5,7 @@ an alias that points elsewhere than the state DB says (drift)."""
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 from kb_reindex.domain.errors import AliasMovedError, KbError
 from kb_reindex.rules.fence import Fence
@@ -12,9 +13,11 @@ from kb_reindex.rules.freeze import ensure_not_frozen
 from kb_reindex.rules.retirement import ensure_not_retired
 from kb_reindex.domain.lifecycle import DELETED, FAILED, LIVE, SWITCHABLE
 from kb_reindex.rules.locking import alias_lock_name
-from kb_reindex.services.runtime import Deps
 from kb_reindex.services.state.versions import VersionRecord
 from kb_reindex.services.state.clock import utc_stamp, utcnow
+
+if TYPE_CHECKING:  # the types alone: importing a rule never imports Qdrant's client
+    from kb_reindex.services.runtime import Deps
 
 log = logging.getLogger(__name__)
 

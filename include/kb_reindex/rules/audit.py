@@ -20,12 +20,15 @@ import logging
 import random
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
 
 from kb_reindex.domain.planning import AuditMode, AuditResult
-from kb_reindex.services.runtime import Deps
 from kb_reindex.services.state.history import AuditRecord
 from kb_reindex.services.state.versions import VersionRecord
 from kb_reindex.services.state.clock import utc_stamp
+
+if TYPE_CHECKING:  # the types alone: importing a rule never imports Qdrant's client
+    from kb_reindex.services.runtime import Deps
 
 log = logging.getLogger(__name__)
 

@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import hashlib
 import random
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kb_reindex.services.layouts import describe_layout, payload_problems, payload_text
 from kb_reindex.domain.model import VersionStatus
-from kb_reindex.services.runtime import Deps
 from kb_reindex.services.state.versions import VersionRecord
 from kb_reindex.services.store import DISTANCE
 from kb_reindex.domain.validation_model import Check
+
+if TYPE_CHECKING:  # the types alone: importing a rule never imports Qdrant's client
+    from kb_reindex.services.runtime import Deps
 
 #: points whose payload and vector the structural check reads back (the count and IDs are checked in full)
 SAMPLE_SIZE = 64

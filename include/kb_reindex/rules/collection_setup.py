@@ -3,12 +3,16 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from kb_reindex.services.collection_config import CollectionConfig, effective, from_collection
 from kb_reindex.services.layouts import embed_recipe, version_profile
-from kb_reindex.services.runtime import Deps
 from kb_reindex.services.state.versions import VersionRecord
 from kb_reindex.services.state.clock import utc_stamp
 from kb_reindex.services.store import CollectionMetadata
+
+if TYPE_CHECKING:  # the types alone: importing a rule never imports Qdrant's client
+    from kb_reindex.services.runtime import Deps
 
 
 def collection_metadata(version: VersionRecord, config: CollectionConfig | None = None) -> CollectionMetadata:

@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kb_reindex.domain.errors import AliasFrozen, RollbackRefused
 from kb_reindex.domain.lifecycle import LIVE
 from kb_reindex.rules.locking import pin_by
-from kb_reindex.services.runtime import Deps
 from kb_reindex.services.state.freezes import Freeze
 from kb_reindex.services.state.versions import VersionRecord
+
+if TYPE_CHECKING:  # the types alone: importing a rule never imports Qdrant's client
+    from kb_reindex.services.runtime import Deps
 
 log = logging.getLogger(__name__)
 

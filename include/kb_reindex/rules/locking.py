@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import getpass
 import socket
+from typing import TYPE_CHECKING
 
-from kb_reindex.services.runtime import Deps
 from kb_reindex.services.state.locks import lock_owner_alive
+
+if TYPE_CHECKING:  # the types alone: importing a rule never imports Qdrant's client
+    from kb_reindex.services.runtime import Deps
 
 
 def reindex_lock_name(alias: str) -> str:

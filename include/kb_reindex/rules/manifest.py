@@ -5,15 +5,18 @@ over instead of starting again."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from kb_reindex.services.corpus import CorpusScan
 from kb_reindex.services.layouts import version_profile
 from kb_reindex.domain.lifecycle import BUILDING, FAILED, READY, may_resume
 from kb_reindex.rules.locking import run_is_active
 from kb_reindex.domain.planning import Plan
-from kb_reindex.services.runtime import Deps
 from kb_reindex.services.state.manifests import ManifestChunk, ManifestDocument
 from kb_reindex.services.state.versions import VersionRecord
+
+if TYPE_CHECKING:  # the types alone: importing a rule never imports Qdrant's client
+    from kb_reindex.services.runtime import Deps
 
 
 @dataclass(frozen=True)

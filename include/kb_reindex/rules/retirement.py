@@ -10,11 +10,14 @@ registry entry (refused while it is still there) is `kb_reindex.run.bases`'s.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kb_reindex.domain.errors import ConfigError
 from kb_reindex.services.registry import load_registry, registry_path
-from kb_reindex.services.runtime import Deps, StateDeps
 from kb_reindex.services.state.retirements import Retirement
+
+if TYPE_CHECKING:  # the types alone: importing a rule never imports Qdrant's client
+    from kb_reindex.services.runtime import Deps, StateDeps
 
 
 def undo_hint(alias: str, *, registered: bool) -> str:

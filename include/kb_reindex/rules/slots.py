@@ -22,15 +22,18 @@ Every decision of the model is made here; the Qdrant mechanics are `services/sto
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from kb_reindex.domain.lifecycle import BUILDING, FAILED, LIVE, READY
 from kb_reindex.rules.alias import moved_from, rollback_target
 from kb_reindex.rules.locking import run_is_active
 from kb_reindex.services.layouts import version_profile
-from kb_reindex.services.runtime import Deps
 from kb_reindex.services.state.slots import SlotRow
 from kb_reindex.services.state.versions import VersionRecord
 from kb_reindex.services.store import collection_name, model_slug
+
+if TYPE_CHECKING:  # the types alone: importing a rule never imports Qdrant's client
+    from kb_reindex.services.runtime import Deps
 
 #: slots a profile keeps when nothing else is protected: live, the rollback target and the next candidate
 SLOTS_KEPT = 3

@@ -12,7 +12,7 @@ from kb_reindex.domain.errors import ConfigError, StateEmpty, StateMissing
 from kb_reindex.domain.model import VersionStatus
 from kb_reindex.rules.alias import has_served
 from kb_reindex.rules.retirement import retired_message
-from kb_reindex.run.status import last_run_problem
+from kb_reindex.rules.run_problems import last_run_problem
 from kb_reindex.services.registry import KnowledgeBase, Registry, named_in, removed_problem, stand_in, valid_alias
 from kb_reindex.services.state.clock import utc_stamp
 from kb_reindex.services.state.entries import RecordedEntry
