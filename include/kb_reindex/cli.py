@@ -407,7 +407,6 @@ def _dispatch(args: argparse.Namespace) -> int:
         return _plan_with_state(args, settings)
     if args.command == "run" and args.follow:
         return _follow(args, settings)
-    from kb_reindex.run.runs import exclusive
     from kb_reindex.services.runtime import open_deps
 
     with open_deps(settings, create=args.command not in NO_CREATE and not dry_migration) as deps:
@@ -416,6 +415,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         if args.command == "promote" and not _confirm_promotion(args, deps):
             return 0
         if args.command in LOCKED:
+            from kb_reindex.run.runs import exclusive
+
             with exclusive(deps):
                 return args.func(args, deps)
         return args.func(args, deps)
