@@ -24,9 +24,9 @@ ALIAS = "mall_knowledge"
 pytestmark = pytest.mark.airflow
 
 
-def reschedules(task_id: str) -> list[tuple[float, float]]:
+def reschedules(task_id: str, dag_id: str = "knowledge_reindex") -> list[tuple[float, float]]:
     """(seconds the try ran, seconds until its next look) of each return of `task_id` to the scheduler, newest
-    DAG run of knowledge_reindex."""
+    DAG run of `dag_id`."""
     from airflow.models.dagrun import DagRun
     from airflow.models.taskinstance import TaskInstance
     from airflow.models.taskreschedule import TaskReschedule
@@ -34,12 +34,12 @@ def reschedules(task_id: str) -> list[tuple[float, float]]:
     from sqlalchemy import select
 
     with create_session() as session:
-        run_id = session.scalar(select(DagRun.run_id).where(DagRun.dag_id == "knowledge_reindex")
+        run_id = session.scalar(select(DagRun.run_id).where(DagRun.dag_id == dag_id)
                                 .order_by(DagRun.id.desc()).limit(1))
         rows = session.execute(
             select(TaskReschedule.start_date, TaskReschedule.end_date, TaskReschedule.reschedule_date)
             .join(TaskInstance, TaskInstance.id == TaskReschedule.ti_id)
-            .where(TaskInstance.dag_id == "knowledge_reindex", TaskInstance.run_id == run_id,
+            .where(TaskInstance.dag_id == dag_id, TaskInstance.run_id == run_id,
                    TaskInstance.task_id == task_id)
             .order_by(TaskReschedule.id)).all()
     return [((end - start).total_seconds(), (again - end).total_seconds()) for start, end, again in rows]
@@ -108,3 +108,34 @@ def test_validate_waits_for_qdrant_to_index_off_its_slot_then_promotes(project: 
             assert live is not None and live.version == 1
     waits = reschedules("validate")
     assert waits and 8 <= waits[0][1] <= 11, waits
+
+
+def test_a_shadow_promotion_waits_for_a_reindexs_lock_off_on_calls_slot_then_promotes(
+        project: Path, monkeypatch: pytest.MonkeyPatch, airflow_db: None) -> None:
+    """The shadow promotion validates and moves under the reindex lock, so it waits for a build that holds it; on
+    on-call's lane (a couple of slots, shared with rollbacks) that wait returns the slot between looks, as plan's
+    does, and once the lock is let go it promotes."""
+    from kb_reindex.cli import main
+
+    monkeypatch.setenv("KB_PROJECT_ROOT", str(project))
+    monkeypatch.setenv("KB_LOCK_WAIT", "120")
+    assert main(["run", "-q"]) == 0  # v1 live
+    assert main(["migrate", "--embedder", "hashing", "--model", "hashing-ngram-v4", "--dim", "512", "--no-promote",
+                 "-q"]) == 0  # v2: a shadow of another model
+    state = StateStore(settings_for(project).state_url)
+    try:
+        state.acquire_lock(reindex_lock_name(ALIAS), owner=default_lock_owner(), ttl_s=600)
+        owner = state.lock_held_by(reindex_lock_name(ALIAS))
+        releaser = when(lambda: bool(reschedules("promote_shadow", "knowledge_promote_shadow")),
+                        lambda: state.release_lock(reindex_lock_name(ALIAS), owner=owner or ""))
+        ok, states = run_dag("knowledge_promote_shadow", {"version": 2, "reason": "bge trial", "confirm": True,
+                                                          "live_version": 1})
+        releaser.join(5)
+        assert ok, states
+        live = state.live_version(ALIAS)
+        assert live is not None and live.version == 2
+    finally:
+        state.dispose()
+    waits = reschedules("promote_shadow", "knowledge_promote_shadow")
+    assert waits, "the shadow promotion never gave its slot back"
+    assert 8 <= waits[0][1] <= 11, waits

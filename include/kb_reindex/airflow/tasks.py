@@ -439,6 +439,9 @@ def promote_shadow_task(*, kb: str | None = None, run_id: str, version: int | No
     if not reason or not reason.strip():
         raise AirflowFailException("a promotion needs a reason (it is recorded in the alias history)")
     with task_deps(kb) as deps:
+        # a reindex holding the lock: wait for it off on-call's slot (started again at each look, as `plan` is;
+        # everything before the lock is idempotent), never asleep in the lane's few slots
+        deps.waiter = rescheduling(lock_ttl_s=deps.settings.lock_ttl_s)
         recorder = Recorder.of(deps, run_id)
         recorder.start(RunKind.PROMOTE, "airflow")
         with step(deps, run_id), exclusive(deps, run_id=run_id):

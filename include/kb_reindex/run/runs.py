@@ -35,10 +35,11 @@ log = logging.getLogger(__name__)
 def exclusive(deps: Deps, *, run_id: str | None = None) -> Iterator[str]:
     """The alias's reindex lock, taken by every command that builds or changes state (run, migrate, reconcile,
     drop, gc, validate): waited for up to KB_LOCK_WAIT seconds, then refused by name. Not by a rollback: it
-    needs only the short alias lock of the move, so a build of hours never delays it."""
+    needs only the short alias lock of the move, so a build of hours never delays it. The wait passes as
+    `deps.waiter` passes it: asleep in the CLI, off its worker slot in a DAG task that asked for that."""
     settings = deps.settings
     with deps.state.lock(reindex_lock_name(settings.alias), owner=default_lock_owner(run_id),
-                         ttl_s=settings.lock_ttl_s, wait_s=settings.lock_wait_s) as owner:
+                         ttl_s=settings.lock_ttl_s, wait_s=settings.lock_wait_s, waiter=deps.waiter) as owner:
         yield owner
 
 

@@ -247,11 +247,13 @@ class LocksMixin:
             beat.join()
 
     @contextmanager
-    def lock(self, name: str, *, owner: str | None = None, ttl_s: float = 3600, wait_s: float = 0.0) -> Iterator[str]:
+    def lock(self, name: str, *, owner: str | None = None, ttl_s: float = 3600, wait_s: float = 0.0,
+             waiter: Waiter | None = None) -> Iterator[str]:
         """Held for the whole block, however long: a heartbeat renews it every third of the TTL, so only a
-        holder that died (and stopped renewing) loses it to the next run."""
+        holder that died (and stopped renewing) loses it to the next run. `waiter`: how the wait for it passes
+        (`acquire_lock`)."""
         owner = owner or default_lock_owner()
-        self.acquire_lock(name, owner=owner, ttl_s=ttl_s, wait_s=wait_s)
+        self.acquire_lock(name, owner=owner, ttl_s=ttl_s, wait_s=wait_s, waiter=waiter)
         try:
             with self.renewing(name, owner=owner, ttl_s=ttl_s):
                 yield owner
