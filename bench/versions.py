@@ -58,7 +58,8 @@ def kb(env: dict[str, str], *argv: str, package: Path | None) -> dict[str, Any]:
     return json.loads(done.stdout) if done.stdout.strip() else {"error": done.stderr[-800:]}
 
 
-def measure(work: Path, chunks: int, edits: int, release: str, package: Path | None) -> dict[str, Any]:
+def measure(work: Path, chunks: int, edits: int, release: str, package: Path | None, *,
+            keep_versions: int = 2) -> dict[str, Any]:
     import corpus as corpus_mod
 
     folder = work / f"{release}-{chunks}"
@@ -70,7 +71,7 @@ def measure(work: Path, chunks: int, edits: int, release: str, package: Path | N
     url = proc.stdout.readline().split(" at ", 1)[1].split()[0]
     env = {k: v for k, v in os.environ.items() if not k.startswith("KB_") and k != "PYTHONPATH"}
     env.update(KB_PROJECT_ROOT=str(folder), KB_QDRANT_URL=url, KB_EMBEDDER="hashing", KB_REGISTRY="",
-               KB_KEEP_VERSIONS="2", KB_QDRANT_TIMEOUT="600")
+               KB_KEEP_VERSIONS=str(keep_versions), KB_QDRANT_TIMEOUT="600")
     admin = httpx.Client(base_url=url, timeout=600)
     try:
         t0 = time.perf_counter()
@@ -135,6 +136,8 @@ def main() -> None:
     parser.add_argument("--before-edits", type=int, default=2, help="edits of the release before (each a full copy)")
     parser.add_argument("--releases", default="slots,before",
                         help="which to measure: this release (slots), the release before (before), or both")
+    parser.add_argument("--keep-versions", type=int, default=2,
+                        help="KB_KEEP_VERSIONS: what the points stored after the edits depend on (or not)")
     parser.add_argument("--out", type=Path, default=HERE / "results")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",") if s]
@@ -148,9 +151,11 @@ def main() -> None:
         package = old_package(work) if "before" in releases else None
         for chunks in sizes:
             if "slots" in releases:
-                result["rows"].append(measure(work, chunks, args.edits, "slots", None))
+                result["rows"].append(measure(work, chunks, args.edits, "slots", None,
+                                              keep_versions=args.keep_versions))
             if package is not None:
-                result["rows"].append(measure(work, chunks, args.before_edits, "before", package))
+                result["rows"].append(measure(work, chunks, args.before_edits, "before", package,
+                                              keep_versions=args.keep_versions))
             print(json.dumps(result["rows"][-len(releases):], ensure_ascii=False), flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "versions.json").write_text(json.dumps(result, ensure_ascii=False, indent=2), encoding="utf-8")
