@@ -40,7 +40,7 @@ def _log() -> logging.Logger:
 NO_CREATE = frozenset({"status", "plan", "query"})
 #: commands that need only the state DB (never Qdrant, which a stuck process may hold in local mode); `retire`
 #: opens Qdrant itself, and only to drop
-STATE_ONLY = frozenset({"history", "unlock", "freeze", "unfreeze", "retire"})
+STATE_ONLY = frozenset({"history", "unlock", "freeze", "unfreeze", "retire", "keep-live"})
 #: commands that, with several knowledge bases registered and none named, show all of them
 ALL_BASES = frozenset({"status", "bases"})
 #: on-call's commands: they act on an entry that no longer loads (refused, or removed from the registry) from its
@@ -155,6 +155,11 @@ def _parser(*, json_answer: bool = False) -> argparse.ArgumentParser:
                       help="the version you saw serving (scripts): refused, nothing moved, if another serves "
                            "(default: the one serving when the command starts, shown in the prompt)")
     prom.set_defaults(func=_cmd_promote)
+    keep = sub.add_parser("keep-live", parents=[common],
+                          help="the other answer to a held version: do not promote it (recorded on it, with why)")
+    keep.add_argument("--version", type=int, required=True)
+    keep.add_argument("--reason", required=True, help="why it does not go live (kept on the version)")
+    keep.set_defaults(func=_cmd_keep_live)
     _add_operator_commands(sub, common)
     return parser
 
@@ -680,11 +685,27 @@ def _status_human(s: StatusView) -> str:
                       + _metrics_human(s)
                       + ([f"\nlocks:\n{_table(data['locks'], ['name', 'owner', 'since', 'expires', 'owner_alive'])}"]
                          if s.locks else [])
+                      + _review_human(s)
                       + [f"NOTE: {n}" for n in s.notes]
                       + [f"WARNING: {w.message}" if w.kind == NO_GOLDEN_SET else
                          f"WARNING: live serves {'an' if w.message[0] in 'aeiou' else 'a'} {w.message} (look at it; "
                          "never acted on)" for w in s.warnings]
                       + [f"PROBLEM: {p}" for p in (*s.problems, *([s.last_run_problem] if s.last_run_problem else []))])
+
+
+def _review_human(s: StatusView) -> list[str]:
+    """Each held version's new instruction-like lines, in the lines around them, and the two answers."""
+    out = []
+    for v in s.versions:
+        if not v.review:
+            continue
+        out.append(f"\nHELD v{v.version}: {len(v.review)} instruction-like line(s) live does not serve:")
+        for f in v.review:
+            out.append(f"  {f.source}:{f.line}" + (f" ({f.why})" if f.why else ""))
+            out += [f"      {line}" for line in f.before] + [f"    > {f.text}"] + [f"      {line}" for line in f.after]
+        out.append(f"  promote it: `kb-reindex promote --version {v.version} --reason ...`; or not: "
+                   f"`kb-reindex keep-live --version {v.version} --reason ...`")
+    return out
 
 
 def _share(value: float | None) -> str:
@@ -787,6 +808,18 @@ def _cmd_promote(args: argparse.Namespace, deps: Any) -> int:
                             by=operator(), **({"reason": args.reason} if args.reason else {}))
     _print(args, result.to_dict(), f"promoted v{result.version} ({result.collection}, {result.embed_model} "
                                    f"{result.dim}-d); v{result.previous_version or '-'} kept for rollback")
+    return 0
+
+
+def _cmd_keep_live(args: argparse.Namespace, deps: Any) -> int:
+    """A held (or any never-served ready) version declined by a person: the state DB alone, like a freeze."""
+    from kb_reindex.rules.freeze import operator
+    from kb_reindex.steps.review import decline
+
+    _existing_version(deps, args.version, "--version")
+    declined = decline(deps.state, deps.settings.alias, args.version, by=operator(), reason=args.reason)
+    _print(args, {"version": declined.version, "status": declined.status, "error": declined.error},
+           f"v{declined.version} is not promoted: {declined.error}")
     return 0
 
 

@@ -116,6 +116,10 @@ class RollbackRefused(KbError):
     """The rollback target is missing, broken or not confirmed."""
 
 
+class ReviewRefused(KbError):
+    """A person's answer to a held version that no longer applies: the version is not ready, or served."""
+
+
 class StateUnreachable(KbError):
     """The state DB stopped answering (its server or the network to it went away): nothing can be recorded
     until it is back; the next run then records the interrupted one as failed and resumes its version."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from kb_reindex.domain.model import RunOutcome
+from kb_reindex.domain.model import RunOutcome, VersionStatus
 from kb_reindex.services.state.clock import utc_stamp
 
 if TYPE_CHECKING:
@@ -24,7 +24,10 @@ def last_run_problem(state: StateStore, alias: str) -> str | None:
     if not ended:
         return None
     run = max(ended, key=lambda r: r.finished_at or r.started_at)
-    if run.outcome == RunOutcome.HELD:  # its reason names what went and what to do
+    if run.outcome == RunOutcome.HELD:  # its reason names what went and what to do, until someone answered it
+        held = state.get_version(alias, run.version) if run.version is not None else None
+        if held is not None and held.status != VersionStatus.READY:  # promoted anyway, or kept off (keep-live)
+            return None
         return f"the last {run.kind} run ({run.run_id}) held: {run.error}"
     if run.outcome != RunOutcome.FAILED:
         return None

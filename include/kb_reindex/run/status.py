@@ -22,6 +22,7 @@ from kb_reindex.services.layouts import version_profile
 from kb_reindex.rules.locking import alias_lock_name, reindex_lock_name
 from kb_reindex.steps.querylog import QueryLogView
 from kb_reindex.steps.plan import content_warnings
+from kb_reindex.steps.review import FlaggedInContext, review_lines
 from kb_reindex.domain.planning import DocChanges
 from kb_reindex.domain.validation_model import ContentWarning
 from kb_reindex.domain.model import SUCCEEDED, RunKind, RunOutcome, VersionStatus
@@ -97,6 +98,8 @@ class VersionRow:
     #: kept, but residing in no slot (a newer build took it): a rollback to it restores it first, writing up to
     #: `points_expected` points and embedding none (kb_reindex.rules.slots)
     evicted: bool = False
+    #: held for a person: the new instruction-like lines that hold it, each in the lines around it
+    review: tuple[FlaggedInContext, ...] = ()
 
     @property
     def one_move_away(self) -> bool:
@@ -261,11 +264,13 @@ def status_view(deps: Deps) -> StatusView:
     versions = []
     for record in deps.state.list_versions(alias):
         exists = record.collection in collections and record.status != VersionStatus.DELETED
+        kept = kept_as(deps.state, record)
         versions.append(replace(version_row(
             record, target=target, pins=pins, serving=serving,
             points=store.count(record.collection) if exists else None,
             collection_config=store.collection_metadata(record.collection).get("collection_config") if exists else None,
-            kept=kept_as(deps.state, record)), evicted=not exists and record.collection == own_name(record)))
+            kept=kept), evicted=not exists and record.collection == own_name(record),
+            review=review_lines(deps.state, record, live) if kept == "held" else ()))
     problems, notes = [], []
     if serving != (live.collection if live else None):
         if promotion_in_progress:
@@ -307,8 +312,12 @@ def state_only_view(deps: StateDeps) -> StatusView:
     live = deps.state.live_version(alias)
     target = rollback_target(deps) if live else None  # type: ignore[arg-type]  # reads only the state DB
     pins = deps.state.active_pins(alias)
-    versions = [version_row(v, target=target, pins=pins, serving=None, points=None, collection_config=None,
-                            kept=kept_as(deps.state, v)) for v in deps.state.list_versions(alias)]
+    versions = []
+    for v in deps.state.list_versions(alias):
+        kept = kept_as(deps.state, v)
+        versions.append(replace(version_row(v, target=target, pins=pins, serving=None, points=None,
+                                            collection_config=None, kept=kept),
+                                review=review_lines(deps.state, v, live) if kept == "held" else ()))
     locks = lock_rows(deps)
     return StatusView(
         alias=alias, serving_collection=None, live=_live(versions, live),

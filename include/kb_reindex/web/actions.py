@@ -105,6 +105,24 @@ async def promote_shadow(ctx: PageContext, request: Request, body: Mapping[str, 
         unpause=body.get("unpause") is True))
 
 
+def keep_live(settings: Settings, by: str, version: int, reason: str) -> dict[str, Any]:
+    """The other answer to a held version (`steps.review.decline`), in the state DB, which must exist: the
+    version as it now stands."""
+    from kb_reindex.steps.review import decline
+
+    try:
+        state = StateStore(settings.state_url, create=False)
+    except Exception as exc:
+        raise refusal(exc, settings, status=503) from None
+    try:
+        declined = decline(state, settings.alias, version, by=by, reason=reason)
+    except Exception as exc:
+        raise refusal(exc, settings) from None
+    finally:
+        state.dispose()
+    return {"version": declined.version, "status": declined.status, "error": declined.error}
+
+
 def set_freeze(settings: Settings, by: str, reason: str | None) -> FreezeChange:
     """Freeze (a reason) or unfreeze (None) the alias in the state DB, which must exist (never created); the
     freeze as the page shows it."""
@@ -146,6 +164,13 @@ def add_actions(app: FastAPI, ctx: PageContext) -> None:
             raise HTTPException(422, "paused must be true or false")
         now = await ctx.airflow.set_paused(request, dags.reindex, paused)
         return JSONResponse({"dag_id": dags.reindex, "reindex_paused": now})
+
+    @app.post("/api/keep-live", dependencies=auth.may_trigger(dags.promote_shadow))
+    async def keep_live_route(body: PageBody, user: Any = Depends(auth.get_user)) -> JSONResponse:  # noqa: B008
+        """A held version not promoted, as the signed-in user, with why: allowed to whoever may promote it."""
+        version, reason = positive_int(body, "version"), reason_of(body)
+        return JSONResponse(await asyncio.to_thread(keep_live, ctx.settings_factory(), user.get_name(), version,
+                                                    reason))
 
     may_freeze = auth.may_edit(dags.reindex)
 

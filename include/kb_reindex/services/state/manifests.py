@@ -190,6 +190,16 @@ class ManifestsMixin:
             # a tuple per row: a third of the time of a RowMapping per row
             return [ManifestChunk(*row) for row in rows]
 
+    def document_chunks(self, version_id: int, keys: Iterable[str]) -> list[ManifestChunk]:
+        """The chunk rows of the version's documents `keys`, in manifest order."""
+        wanted = sorted(set(keys))
+        if not wanted:
+            return []
+        c = manifest_chunks.c
+        query = sa.select(*_CHUNK_COLUMNS).where(c.version_id == version_id, c.knowledge_key.in_(wanted))
+        with self.engine.connect() as conn:
+            return [ManifestChunk(*row) for row in conn.execute(query.order_by(c.knowledge_key, c.chunk_index))]
+
     def shared_chunks(self, version_id: int) -> list[ManifestChunk]:
         """The version's chunks whose hash (text) appears in more than one of its documents: identical chunks
         across documents, found in SQL by the (version_id, chunk_hash) index, in manifest order."""

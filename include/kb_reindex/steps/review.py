@@ -1,0 +1,95 @@
+"""A person's review of a version held for them (kb_reindex.rules.instruction_hold): the new instruction-like
+lines it would serve, each in the lines around it, read from the state DB alone (the plan's snapshot and the
+chunk texts it stored: the knowledge folder may have changed since, and the page's server may not reach it);
+and the other answer to "Promote anyway": keep live, which declines the version (failed at `review`, naming who
+and why), so nothing protects its slot any more. Its lines still hold the next run until the page is fixed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+from kb_reindex.domain.errors import ConfigError, ReviewRefused
+from kb_reindex.domain.lifecycle import READY
+from kb_reindex.domain.screen_text import normalize
+from kb_reindex.rules.alias import has_served
+from kb_reindex.rules.instruction_hold import instruction_hold
+from kb_reindex.services.state.versions import VersionRecord
+
+if TYPE_CHECKING:
+    from kb_reindex.services.state.store import StateStore
+
+#: lines shown before and after a flagged line
+AROUND = 2
+#: the step a declined version failed at (not resumable: the next run builds anew and holds again)
+REVIEW_STEP = "review"
+
+
+@dataclass(frozen=True)
+class FlaggedInContext:
+    """A new instruction-like line of a held version (file, line, text, why), with the lines around it in the
+    chunk that serves it (empty when its text was not stored: a version planned before texts were kept)."""
+
+    knowledge_key: str
+    source: str
+    line: int
+    text: str
+    why: str | None
+    before: tuple[str, ...]
+    after: tuple[str, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def review_lines(state: StateStore, version: VersionRecord, live: VersionRecord | None) -> tuple[FlaggedInContext, ...]:
+    """The flagged lines `version`'s plan recorded that `live`'s did not (what holds it), in their context."""
+    snapshot = state.snapshot(version.id)
+    if snapshot is None or not snapshot.flagged:
+        return ()
+    served = state.snapshot(live.id) if live is not None else None
+    new = instruction_hold(snapshot.flagged, served.flagged if served is not None else []).new
+    if not new:
+        return ()
+    chunks = state.document_chunks(version.id, {f.get("knowledge_key") or "" for f in new} - {""})
+    texts = state.texts({c.chunk_hash for c in chunks})
+    by_key: dict[str, list[list[str]]] = {}
+    for c in chunks:
+        if c.chunk_hash in texts:
+            by_key.setdefault(c.knowledge_key, []).append(texts[c.chunk_hash][1].splitlines())
+    return tuple(_in_context(f, by_key.get(f.get("knowledge_key") or "", [])) for f in new)
+
+
+def _in_context(flagged: Any, chunks: list[list[str]]) -> FlaggedInContext:
+    wanted = normalize(flagged["text"]).strip()
+    before: tuple[str, ...] = ()
+    after: tuple[str, ...] = ()
+    for lines in chunks:
+        at = next((n for n, line in enumerate(lines) if wanted and wanted in normalize(line)), None)
+        if at is not None:
+            before = tuple(line for line in lines[max(0, at - AROUND):at])
+            after = tuple(line for line in lines[at + 1:at + 1 + AROUND])
+            break
+    return FlaggedInContext(knowledge_key=flagged.get("knowledge_key") or "", source=flagged["source"],
+                            line=flagged["line"], text=flagged["text"], why=flagged.get("why"), before=before,
+                            after=after)
+
+
+def decline(state: StateStore, alias: str, number: int, *, by: str, reason: str) -> VersionRecord:
+    """Keep live: the ready version `number`, never served (held, kept while frozen, a shadow), is not promoted;
+    it fails at `review` with who and why, and nothing protects its slot any more. Refused, changing nothing,
+    for a version that served or is not ready (a promotion that won the race, say)."""
+    if not reason.strip():
+        raise ConfigError("keeping live needs a reason (it is recorded on the version)")
+    version = state.get_version(alias, number)
+    if version is None:
+        raise ReviewRefused(f"{alias} has no version {number}; `kb-reindex status` lists the versions")
+    if version.status != READY or has_served(version):
+        raise ReviewRefused(f"v{number} is {version.status}{' and served before' if has_served(version) else ''}: "
+                          "only a ready version that never served waits for this answer")
+    state.mark_failed(version.id, step=REVIEW_STEP, error=f"not promoted: {by} kept live ({reason.strip()})",
+                      from_=[READY])
+    declined = state.get_version(alias, number)
+    assert declined is not None
+    return declined
