@@ -659,9 +659,11 @@ def _print_bases(args: argparse.Namespace, registry: Registry, state_url: str) -
              "model": f"{b.embed_model} {b.dim}-d" if b.embed_model else "-", "frozen": "FROZEN" if b.frozen else "",
              "last run": f"{b.last_run.kind} {b.last_run.outcome} {b.last_run.started_at}" if b.last_run else "-",
              "shadow": ", ".join(f"v{n} (never served)" for n in b.shadows),
-             "schedule": when_it_runs(b.schedule, b.source_poll_s), "problem": "; ".join(b.problems)}
+             "schedule": when_it_runs(b.schedule, b.source_poll_s), "problem": "; ".join(b.problems),
+             "flagged": (f"{b.served_instructions} ({b.instructions_accepted_by or 'a run'})"
+                         if b.served_instructions else "-")}
             for b in view.bases]
-    human = _table(rows, ["alias", "live", "model", "frozen", "shadow", "last run", "schedule", "problem"])
+    human = _table(rows, ["alias", "live", "model", "frozen", "shadow", "flagged", "last run", "schedule", "problem"])
     named = {b.registry_error for b in view.bases}
     human += "".join(f"\nPROBLEM: registry: {refused}" for refused in view.refused if refused not in named)
     _print(args, view.to_dict(), human)
@@ -690,6 +692,7 @@ def _status_human(s: StatusView) -> str:
                       + [f"WARNING: {w.message}" if w.kind == NO_GOLDEN_SET else
                          f"WARNING: live serves {'an' if w.message[0] in 'aeiou' else 'a'} {w.message} (look at it; "
                          "never acted on)" for w in s.warnings]
+                      + ([f"NOTE: {s.served_instructions.message}"] if s.served_instructions else [])
                       + [f"PROBLEM: {p}" for p in (*s.problems, *([s.last_run_problem] if s.last_run_problem else []))])
 
 

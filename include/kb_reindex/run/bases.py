@@ -18,6 +18,7 @@ from kb_reindex.services.state.clock import utc_stamp
 from kb_reindex.services.state.entries import RecordedEntry
 from kb_reindex.services.state.retirements import Retirement
 from kb_reindex.services.state.store import StateStore
+from kb_reindex.steps.review import served_lines
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,9 @@ class BaseSummary:
     #: its registry entry does not load (refused, or no longer in the registry): why. What serves is still
     #: shown, and on-call's surface kept (its rollback DAG, status/rollback/freeze, its page)
     registry_error: str | None = None
+    #: the instruction-like lines live serves, and who let them through (None: a run, no person named)
+    served_instructions: int = 0
+    instructions_accepted_by: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -89,12 +93,15 @@ def summary(state: StateStore | None, kb: KnowledgeBase) -> BaseSummary:
         problems.append(f"no version serves yet: its first run ({runs[0].run_id}) is in progress")
     elif live is None:
         problems.append(f"no version serves yet: trigger {kb.dag_id('knowledge_reindex')}")
+    served = served_lines(state, kb.alias, live) if state is not None else None
     return BaseSummary(alias=kb.alias, dag_id=kb.dag_id("knowledge_reindex"), schedule=kb.schedule,
                        source_poll_s=kb.settings().source_poll_s,
                        live_version=live.version if live else None, collection=live.collection if live else None,
                        embed_model=live.embed_model if live else None, dim=live.embed_dim if live else None,
                        frozen=freeze is not None, freeze_reason=freeze.reason if freeze is not None else None,
                        last_run=last, problems=tuple(problems), registry_error=kb.problem,
+                       served_instructions=served.lines if served else 0,
+                       instructions_accepted_by=served.accepted_by if served else None,
                        shadows=tuple(sorted(v.version for v in ready if not has_served(v) and not _in_progress(state, v))))
 
 

@@ -22,7 +22,7 @@ from kb_reindex.services.layouts import version_profile
 from kb_reindex.rules.locking import alias_lock_name, reindex_lock_name
 from kb_reindex.steps.querylog import QueryLogView
 from kb_reindex.steps.plan import content_warnings
-from kb_reindex.steps.review import FlaggedInContext, review_lines
+from kb_reindex.steps.review import FlaggedInContext, ServedLines, review_lines, served_lines
 from kb_reindex.domain.planning import DocChanges
 from kb_reindex.domain.validation_model import ContentWarning
 from kb_reindex.domain.model import SUCCEEDED, RunKind, RunOutcome, VersionStatus
@@ -182,6 +182,8 @@ class StatusView:
     query_log: QueryLogView
     #: the newest run failed or was held: the alias still serves what it did, and the knowledge is not fresh
     last_run_problem: str | None = None
+    #: the instruction-like lines live serves, and who let them through (None: none)
+    served_instructions: ServedLines | None = None
 
     @property
     def warnings(self) -> tuple[ContentWarning, ...]:
@@ -213,6 +215,7 @@ class StatusView:
             "query_log": asdict(self.query_log),
             "warnings": [w.to_dict() for w in self.warnings],
             "last_run_problem": self.last_run_problem,
+            "served_instructions": self.served_instructions.to_dict() if self.served_instructions else None,
             "residence": [{"version": v.version, "one_move_away": v.one_move_away,
                            "restore_points": v.points_expected if v.evicted else 0}
                           for v in self.versions if v.rollback_allowed],
@@ -303,7 +306,8 @@ def status_view(deps: Deps) -> StatusView:
         alias=alias, serving_collection=serving, live=_live(versions, live),
         rollback_target=target.version if target else None, freeze=freeze_view(deps), pinned=tuple(sorted(pins)),
         audit=audit, versions=tuple(versions), locks=locks, problems=tuple(problems), notes=tuple(notes),
-        metrics=metrics(deps), query_log=querylog.summary(deps), last_run_problem=last_run_problem(deps.state, alias))
+        metrics=metrics(deps), query_log=querylog.summary(deps), last_run_problem=last_run_problem(deps.state, alias),
+        served_instructions=served_lines(deps.state, alias, live))
 
 
 def state_only_view(deps: StateDeps) -> StatusView:
@@ -325,7 +329,7 @@ def state_only_view(deps: StateDeps) -> StatusView:
         audit=None, versions=tuple(versions), locks=locks,
         problems=tuple(pool_problems(deps, locks)), notes=tuple(_lock_notes(locks)), metrics=metrics(deps),
         last_run_problem=last_run_problem(deps.state, alias),
-        query_log=querylog.summary(deps))
+        query_log=querylog.summary(deps), served_instructions=served_lines(deps.state, alias, live))
 
 
 def pool_problems(deps: Deps | StateDeps, locks: tuple[LockRow, ...]) -> list[str]:

@@ -93,3 +93,37 @@ def decline(state: StateStore, alias: str, number: int, *, by: str, reason: str)
     declined = state.get_version(alias, number)
     assert declined is not None
     return declined
+
+
+@dataclass(frozen=True)
+class ServedLines:
+    """The instruction-like lines live serves (its validation recorded them) and who let them through: whoever
+    put live behind the alias (`accepted_by`, the Airflow user or the CLI's login; None: a run under `warn`, or
+    one from before moves named who), with the reason and when."""
+
+    lines: int
+    accepted_by: str | None
+    reason: str | None
+    at: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "message": self.message}
+
+    @property
+    def message(self) -> str:
+        who = f"let through by {self.accepted_by}" if self.accepted_by else "let through by a run, no person named"
+        return (f"live serves {self.lines} instruction-like line(s), {who}"
+                + (f" at {self.at}" if self.at else "") + (f" ({self.reason})" if self.reason else ""))
+
+
+def served_lines(state: StateStore, alias: str, live: VersionRecord | None) -> ServedLines | None:
+    """None when nothing serves or live serves no flagged line."""
+    from kb_reindex.services.state.clock import utc_stamp
+
+    flagged = (live.validation or {}).get("flagged_instructions") or [] if live is not None else []
+    if live is None or not flagged:
+        return None
+    moved = [e for e in state.alias_events(alias) if e.to_version == live.version]
+    first = moved[0] if moved else None  # the move that first put it live let its lines through
+    return ServedLines(lines=len(flagged), accepted_by=first.moved_by if first else None,
+                       reason=first.reason if first else None, at=utc_stamp(first.at) if first else None)

@@ -17,6 +17,7 @@ from kb_reindex.domain.errors import LockHeldError
 from kb_reindex.run.pageview import QdrantAccess
 from kb_reindex.services.state.freezes import Freeze
 from kb_reindex.services.state.store import StateStore
+from kb_reindex.services.state.versions import VersionRecord
 from kb_reindex.web.airflow_api import Triggered
 from kb_reindex.web.context import PageContext, positive_int, reason_of, refusal
 from kb_reindex.web.guard import page_json
@@ -105,7 +106,7 @@ async def promote_shadow(ctx: PageContext, request: Request, body: Mapping[str, 
         unpause=body.get("unpause") is True))
 
 
-def keep_live(settings: Settings, by: str, version: int, reason: str) -> dict[str, Any]:
+def keep_live(settings: Settings, by: str, version: int, reason: str) -> VersionRecord:
     """The other answer to a held version (`steps.review.decline`), in the state DB, which must exist: the
     version as it now stands."""
     from kb_reindex.steps.review import decline
@@ -120,7 +121,7 @@ def keep_live(settings: Settings, by: str, version: int, reason: str) -> dict[st
         raise refusal(exc, settings) from None
     finally:
         state.dispose()
-    return {"version": declined.version, "status": declined.status, "error": declined.error}
+    return declined
 
 
 def set_freeze(settings: Settings, by: str, reason: str | None) -> FreezeChange:
@@ -169,8 +170,8 @@ def add_actions(app: FastAPI, ctx: PageContext) -> None:
     async def keep_live_route(body: PageBody, user: Any = Depends(auth.get_user)) -> JSONResponse:  # noqa: B008
         """A held version not promoted, as the signed-in user, with why: allowed to whoever may promote it."""
         version, reason = positive_int(body, "version"), reason_of(body)
-        return JSONResponse(await asyncio.to_thread(keep_live, ctx.settings_factory(), user.get_name(), version,
-                                                    reason))
+        declined = await asyncio.to_thread(keep_live, ctx.settings_factory(), user.get_name(), version, reason)
+        return JSONResponse({"version": declined.version, "status": declined.status, "error": declined.error})
 
     may_freeze = auth.may_edit(dags.reindex)
 
