@@ -24,7 +24,6 @@ import json
 import math
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -42,13 +41,13 @@ sys.path.insert(0, str(REPO / "include"))
 sys.path.insert(0, str(REPO / "bench"))
 
 import corpus as synthetic  # noqa: E402
+from stack import PG, free_port, psql, signed_in, write_results  # noqa: E402
 
 from kb_reindex.services.state.store import StateStore  # noqa: E402
 from kb_reindex.testing.ollama_server import FakeModel, FakeOllamaServer, FaultPlan  # noqa: E402
 from kb_reindex.testing.qdrant_server import FakeQdrantServer  # noqa: E402
 
 BIN = Path(sys.executable).parent
-PG = os.environ.get("KB_BENCH_POSTGRES", "postgres@127.0.0.1:5432")
 
 
 @dataclass(frozen=True)
@@ -63,18 +62,6 @@ class Measured:
     hostnames: list[str]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def psql(sql: str) -> None:
-    user, host = PG.split("@")
-    subprocess.run(["psql", "-h", host.split(":")[0], "-p", host.split(":")[1], "-U", user, "-d", "postgres", "-qc", sql],
-                   check=True, capture_output=True, text=True)
-
-
 def parse(ts: str) -> float:
     return datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp()
 
@@ -84,12 +71,6 @@ def project_for(root: Path, docs: int) -> Path:
     synthetic.write(corpus, root / "knowledge" / "docs")
     (root / "knowledge" / "golden.yaml").write_text(synthetic.golden_yaml(corpus, None), encoding="utf-8")
     return root
-
-
-def api(base: str, home: Path) -> httpx.Client:
-    user, password = next(iter(json.loads((home / "simple_auth_manager_passwords.json.generated").read_text()).items()))
-    token = httpx.post(f"{base}/auth/token", json={"username": user, "password": password}, timeout=30).json()
-    return httpx.Client(base_url=f"{base}/api/v2", timeout=30, headers={"Authorization": f"Bearer {token['access_token']}"})
 
 
 def run_once(http: httpx.Client, slice_size: int, timeout_s: float) -> tuple[dict, list[dict]]:
@@ -144,7 +125,7 @@ def measure(mode: str, args: argparse.Namespace, qdrant: FakeQdrantServer, ollam
             raise SystemExit(f"{mode}: kb-reindex plan failed: {plan}")
         points = plan["chunks"]["total"]
         ollama.reset_counters()
-        run, tasks = run_once(api(f"http://127.0.0.1:{port}", home), math.ceil(points / args.slices), args.timeout)
+        run, tasks = run_once(signed_in(f"http://127.0.0.1:{port}", home)[0], math.ceil(points / args.slices), args.timeout)
     finally:
         subprocess.run(["bash", str(REPO / "scripts" / "airflow-stop.sh")], env=env, capture_output=True, text=True)
         if redis is not None:
@@ -195,9 +176,7 @@ def main() -> int:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     data, text = report(results, args)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "celery.json").write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
-    (args.out / "celery.md").write_text(text, encoding="utf-8")
+    write_results(args.out, "celery", data, text)
     print(text)
     return 0
 

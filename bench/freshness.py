@@ -43,6 +43,8 @@ import httpx
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(HERE))
+
+from stack import PG, free_port, psql  # noqa: E402
 CLI = Path(sys.executable).with_name("kb-reindex")
 DAG = "knowledge_reindex"
 PAGES = ("shipping-policy", "coupon-rules", "payment-guide", "member-rules", "return-policy", "after-sales-guide")
@@ -53,7 +55,6 @@ PHASES = ("detect", "queue", "plan", "prepare", "work", "visible")
 TARGET_MEDIAN_S = 15
 #: issue #41's target on Celery (two workers)
 TARGET_CELERY_MEDIAN_S = 25
-PG = os.environ.get("KB_BENCH_POSTGRES", "postgres@127.0.0.1:5432")
 
 
 def start(args: list[str]) -> tuple[subprocess.Popen[str], str]:
@@ -126,12 +127,6 @@ class Airflow:
         return {**phases, "path": "small_run" if small else "mapped"}
 
 
-def _psql(sql: str) -> None:
-    user, host = PG.split("@")
-    subprocess.run(["psql", "-h", host.split(":")[0], "-p", host.split(":")[1], "-U", user, "-d", "postgres", "-qc", sql],
-                   check=True, capture_output=True, text=True)
-
-
 def part_airflow(work: Path, edits: int, embedder: str, executor: str = "local") -> dict[str, Any]:
     project = work / "p10"
     shutil.copytree(REPO / "knowledge", project / "knowledge")
@@ -139,20 +134,20 @@ def part_airflow(work: Path, edits: int, embedder: str, executor: str = "local")
     home = work / "airflow-home"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("KB_", "AIRFLOW"))}
     env.update(AIRFLOW_HOME=str(home), KB_PROJECT_ROOT=str(project), KB_REGISTRY="", KB_QDRANT_URL=qdrant_url,
-               KB_EMBEDDER=embedder, KB_AIRFLOW_PORT=str(_free_port()), PATH=f"{CLI.parent}:{env.get('PATH', '')}")
+               KB_EMBEDDER=embedder, KB_AIRFLOW_PORT=str(free_port()), PATH=f"{CLI.parent}:{env.get('PATH', '')}")
     redis, databases = None, []
     if executor == "celery":  # as `KB_AIRFLOW_EXECUTOR=CeleryExecutor make airflow`: PostgreSQL, Redis, two workers
         suffix = os.urandom(4).hex()
         databases = [f"airflow_p10_{suffix}", f"kb_p10_state_{suffix}"]
         for name in databases:
-            _psql(f"CREATE DATABASE {name}")
-        redis_port = _free_port()
+            psql(f"CREATE DATABASE {name}")
+        redis_port = free_port()
         redis = subprocess.Popen(["redis-server", "--port", str(redis_port), "--save", "", "--appendonly", "no"],
                                  stdout=subprocess.DEVNULL)
         env.update(KB_AIRFLOW_EXECUTOR="CeleryExecutor", KB_AIRFLOW_DB_URL=f"postgresql+psycopg2://{PG}/{databases[0]}",
                    KB_STATE_URL=f"postgresql+psycopg://{PG}/{databases[1]}",
                    KB_CELERY_BROKER_URL=f"redis://127.0.0.1:{redis_port}/0", KB_CELERY_WORKERS="2",
-                   KB_CELERY_LOG_PORT=str(_free_port()))
+                   KB_CELERY_LOG_PORT=str(free_port()))
     try:
         started = subprocess.run(["bash", str(REPO / "scripts" / "airflow.sh")], env=env, capture_output=True,
                                  text=True, timeout=300)
@@ -195,7 +190,7 @@ def part_airflow(work: Path, edits: int, embedder: str, executor: str = "local")
         if redis is not None:
             redis.kill()
         for name in databases:
-            _psql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+            psql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
     airflow_s = [r["searchable_s"] for r in rows]
     median = statistics.median(airflow_s)
     target = TARGET_MEDIAN_S if executor == "local" else TARGET_CELERY_MEDIAN_S
@@ -203,14 +198,6 @@ def part_airflow(work: Path, edits: int, embedder: str, executor: str = "local")
             "median_s": median, "max_s": max(airflow_s), "cli_s": cli_rows, "cli_median_s": statistics.median(cli_rows),
             "ratio_to_cli": round(median / statistics.median(cli_rows), 2), "target_median_s": target,
             "met": median <= target}
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def part_curve(work: Path, sizes: list[int]) -> list[dict[str, Any]]:

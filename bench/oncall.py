@@ -28,7 +28,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -48,6 +47,7 @@ sys.path.insert(0, str(REPO / "include"))
 sys.path.insert(0, str(REPO / "bench"))
 
 import corpus as synthetic  # noqa: E402
+from stack import PG, free_port, psql, signed_in, write_results  # noqa: E402
 
 from kb_reindex.services.embedding import HashingEmbedder  # noqa: E402
 from kb_reindex.services.state.store import StateStore  # noqa: E402
@@ -55,7 +55,6 @@ from kb_reindex.testing.ollama_server import FakeModel, FakeOllamaServer  # noqa
 from kb_reindex.testing.qdrant_server import FakeQdrantServer  # noqa: E402
 
 BIN = Path(sys.executable).parent
-PG = os.environ.get("KB_BENCH_POSTGRES", "postgres@127.0.0.1:5432")
 SHOP, SELLER, WIKI = "shop", "seller", "wiki"
 HELD_MODEL = "bge-m3-held"
 TARGET_S = 15.0
@@ -105,18 +104,6 @@ class Hold:
         return self.embedder.embed_one(text)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def psql(sql: str) -> None:
-    user, host = PG.split("@")
-    subprocess.run(["psql", "-h", host.split(":")[0], "-p", host.split(":")[1], "-U", user, "-d", "postgres", "-qc", sql],
-                   check=True, capture_output=True, text=True)
-
-
 def project_for(root: Path, wiki_docs: int) -> Path:
     shutil.copytree(REPO / "knowledge", root / "knowledge")
     wiki = synthetic.generate(wiki_docs)
@@ -139,14 +126,6 @@ def cli(env: dict[str, str], *argv: str) -> dict[str, Any]:
         return json.loads(done.stdout)
     except json.JSONDecodeError:
         raise SystemExit(f"kb-reindex {' '.join(argv)} failed: {done.stdout}{done.stderr}") from None
-
-
-def signed_in(base: str, home: Path) -> tuple[httpx.Client, str]:
-    """Airflow's REST API as its user, and the session token the page's cookie carries."""
-    user, password = next(iter(json.loads((home / "simple_auth_manager_passwords.json.generated").read_text()).items()))
-    token = httpx.post(f"{base}/auth/token", json={"username": user, "password": password}, timeout=30).json()
-    access = token["access_token"]
-    return httpx.Client(base_url=f"{base}/api/v2", timeout=30, headers={"Authorization": f"Bearer {access}"}), access
 
 
 def wait(what: str, check: Any, timeout_s: float) -> None:
@@ -311,9 +290,7 @@ def main() -> int:
         hold.released.set()
         shutil.rmtree(work, ignore_errors=True)
     data, text = report(results, args)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "oncall.json").write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
-    (args.out / "oncall.md").write_text(text, encoding="utf-8")
+    write_results(args.out, "oncall", data, text)
     print(text)
     return 0
 

@@ -1,0 +1,46 @@
+"""What the benchmarks that start `make airflow`'s stack share: a free port, the PostgreSQL server their
+databases go on (KB_BENCH_POSTGRES, `user@host:port`), Airflow's REST API signed in as its generated user, and
+the results written as JSON and Markdown."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+PG = os.environ.get("KB_BENCH_POSTGRES", "postgres@127.0.0.1:5432")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def psql(sql: str) -> None:
+    """One statement on the `postgres` database of the benchmark's PostgreSQL server (CREATE/DROP DATABASE)."""
+    user, host = PG.split("@")
+    subprocess.run(["psql", "-h", host.split(":")[0], "-p", host.split(":")[1], "-U", user, "-d", "postgres", "-qc", sql],
+                   check=True, capture_output=True, text=True)
+
+
+def signed_in(base: str, home: Path) -> tuple[httpx.Client, str]:
+    """Airflow's REST API (`<base>/api/v2`) as the user `make airflow` generated, and its access token (what the
+    page's session cookie carries)."""
+    user, password = next(iter(json.loads((home / "simple_auth_manager_passwords.json.generated")
+                                          .read_text(encoding="utf-8")).items()))
+    token = httpx.post(f"{base}/auth/token", json={"username": user, "password": password}, timeout=30).json()
+    access = str(token["access_token"])
+    return httpx.Client(base_url=f"{base}/api/v2", timeout=30, headers={"Authorization": f"Bearer {access}"}), access
+
+
+def write_results(out: Path, name: str, data: Any, text: str) -> None:
+    """`<out>/<name>.json` and `<out>/<name>.md`."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.json").write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    (out / f"{name}.md").write_text(text, encoding="utf-8")
