@@ -41,7 +41,7 @@ sys.path.insert(0, str(REPO / "include"))
 sys.path.insert(0, str(REPO / "bench"))
 
 import corpus as synthetic  # noqa: E402
-from stack import PG, free_port, psql, signed_in, write_results  # noqa: E402
+from stack import PG, celery_backends, free_port, psql, signed_in, write_results  # noqa: E402
 
 from kb_reindex.services.state.store import StateStore  # noqa: E402
 from kb_reindex.testing.ollama_server import FakeModel, FakeOllamaServer, FaultPlan  # noqa: E402
@@ -108,13 +108,8 @@ def measure(mode: str, args: argparse.Namespace, qdrant: FakeQdrantServer, ollam
     psql(f"CREATE DATABASE {state_db}")
     StateStore(env["KB_STATE_URL"]).dispose()  # the schema, so `kb-reindex plan` reads it before the first run
     if mode == "celery":
-        psql(f"CREATE DATABASE {airflow_db}")
-        redis_port = free_port()
-        redis = subprocess.Popen(["redis-server", "--port", str(redis_port), "--save", "", "--appendonly", "no"],
-                                 stdout=subprocess.DEVNULL)
-        env.update(KB_AIRFLOW_EXECUTOR="CeleryExecutor", KB_AIRFLOW_DB_URL=f"postgresql+psycopg2://{PG}/{airflow_db}",
-                   KB_CELERY_BROKER_URL=f"redis://127.0.0.1:{redis_port}/0", KB_CELERY_WORKERS="2",
-                   KB_CELERY_LOG_PORT=str(free_port()))
+        backends, redis = celery_backends(airflow_db)
+        env.update(backends)
     try:
         started = subprocess.run(["bash", str(REPO / "scripts" / "airflow.sh")], env=env, capture_output=True, text=True)
         if started.returncode != 0:

@@ -44,7 +44,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 
-from stack import PG, free_port, psql  # noqa: E402
+from stack import PG, celery_backends, free_port, psql  # noqa: E402
 CLI = Path(sys.executable).with_name("kb-reindex")
 DAG = "knowledge_reindex"
 PAGES = ("shipping-policy", "coupon-rules", "payment-guide", "member-rules", "return-policy", "after-sales-guide")
@@ -139,15 +139,9 @@ def part_airflow(work: Path, edits: int, embedder: str, executor: str = "local")
     if executor == "celery":  # as `KB_AIRFLOW_EXECUTOR=CeleryExecutor make airflow`: PostgreSQL, Redis, two workers
         suffix = os.urandom(4).hex()
         databases = [f"airflow_p10_{suffix}", f"kb_p10_state_{suffix}"]
-        for name in databases:
-            psql(f"CREATE DATABASE {name}")
-        redis_port = free_port()
-        redis = subprocess.Popen(["redis-server", "--port", str(redis_port), "--save", "", "--appendonly", "no"],
-                                 stdout=subprocess.DEVNULL)
-        env.update(KB_AIRFLOW_EXECUTOR="CeleryExecutor", KB_AIRFLOW_DB_URL=f"postgresql+psycopg2://{PG}/{databases[0]}",
-                   KB_STATE_URL=f"postgresql+psycopg://{PG}/{databases[1]}",
-                   KB_CELERY_BROKER_URL=f"redis://127.0.0.1:{redis_port}/0", KB_CELERY_WORKERS="2",
-                   KB_CELERY_LOG_PORT=str(free_port()))
+        backends, redis = celery_backends(databases[0])
+        psql(f"CREATE DATABASE {databases[1]}")
+        env.update(backends, KB_STATE_URL=f"postgresql+psycopg://{PG}/{databases[1]}")
     try:
         started = subprocess.run(["bash", str(REPO / "scripts" / "airflow.sh")], env=env, capture_output=True,
                                  text=True, timeout=300)

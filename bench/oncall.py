@@ -47,7 +47,7 @@ sys.path.insert(0, str(REPO / "include"))
 sys.path.insert(0, str(REPO / "bench"))
 
 import corpus as synthetic  # noqa: E402
-from stack import PG, free_port, psql, signed_in, write_results  # noqa: E402
+from stack import PG, celery_backends, free_port, psql, signed_in, write_results  # noqa: E402
 
 from kb_reindex.services.embedding import HashingEmbedder  # noqa: E402
 from kb_reindex.services.state.store import StateStore  # noqa: E402
@@ -201,13 +201,8 @@ def measure_on(executor: str, args: argparse.Namespace, qdrant: FakeQdrantServer
     psql(f"CREATE DATABASE {state_db}")
     StateStore(env["KB_STATE_URL"]).dispose()
     if executor == "celery":
-        psql(f"CREATE DATABASE {airflow_db}")
-        redis_port = free_port()
-        redis = subprocess.Popen(["redis-server", "--port", str(redis_port), "--save", "", "--appendonly", "no"],
-                                 stdout=subprocess.DEVNULL)
-        env.update(KB_AIRFLOW_EXECUTOR="CeleryExecutor", KB_AIRFLOW_DB_URL=f"postgresql+psycopg2://{PG}/{airflow_db}",
-                   KB_CELERY_BROKER_URL=f"redis://127.0.0.1:{redis_port}/0", KB_CELERY_WORKERS="2",
-                   KB_CELERY_LOG_PORT=str(free_port()))
+        backends, redis = celery_backends(airflow_db)
+        env.update(backends)
     else:
         env.update(AIRFLOW__CORE__PARALLELISM="7")
     hold.released.set()  # the first builds (CLI) embed at once

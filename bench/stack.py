@@ -44,3 +44,16 @@ def write_results(out: Path, name: str, data: Any, text: str) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{name}.json").write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
     (out / f"{name}.md").write_text(text, encoding="utf-8")
+
+
+def celery_backends(airflow_db: str) -> tuple[dict[str, str], subprocess.Popen[bytes]]:
+    """What `KB_AIRFLOW_EXECUTOR=CeleryExecutor make airflow` needs besides: the metadata database `airflow_db`
+    created on the PostgreSQL server and a Redis broker of its own (no persistence); the settings that point the
+    stack at them (two workers), and the Redis process (the caller kills it and drops the database)."""
+    psql(f"CREATE DATABASE {airflow_db}")
+    port = free_port()
+    redis = subprocess.Popen(["redis-server", "--port", str(port), "--save", "", "--appendonly", "no"],
+                             stdout=subprocess.DEVNULL)
+    return {"KB_AIRFLOW_EXECUTOR": "CeleryExecutor", "KB_AIRFLOW_DB_URL": f"postgresql+psycopg2://{PG}/{airflow_db}",
+            "KB_CELERY_BROKER_URL": f"redis://127.0.0.1:{port}/0", "KB_CELERY_WORKERS": "2",
+            "KB_CELERY_LOG_PORT": str(free_port())}, redis
