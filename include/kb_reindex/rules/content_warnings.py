@@ -7,10 +7,17 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 
-from kb_reindex.domain.validation_model import INSTRUCTION, NO_GOLDEN_SET, TENANT_CHANGED, ContentWarning
+from kb_reindex.domain.validation_model import INSTRUCTION, NO_GOLDEN_SET, TENANT_CHANGED, ContentWarning, FlaggedLine
+from kb_reindex.services.sources import knowledge_key_for
 from kb_reindex.services.state.manifests import ManifestDocument
 
 log = logging.getLogger(__name__)
+
+
+def content_warnings(flagged: Iterable[FlaggedLine]) -> tuple[ContentWarning, ...]:
+    """The flagged lines of a scan or a snapshot as the plan's warnings."""
+    return tuple(ContentWarning(kind=INSTRUCTION, knowledge_key=f.get("knowledge_key") or knowledge_key_for(f["source"]),
+                                line=f["line"], text=f["text"]) for f in flagged)
 
 
 def warn(alias: str, warnings: tuple[ContentWarning, ...]) -> tuple[ContentWarning, ...]:

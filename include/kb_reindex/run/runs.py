@@ -18,7 +18,7 @@ from kb_reindex.rules.locking import reindex_lock_name
 from kb_reindex.domain.model import RunKind, RunOutcome
 from kb_reindex.domain.planning import Plan
 from kb_reindex.domain.validation_model import ContentWarning
-from kb_reindex.steps.plan import content_warnings
+from kb_reindex.rules.content_warnings import content_warnings
 from kb_reindex.steps.rollback import Rescore, RollbackResult, check_rollback, rollback
 from kb_reindex.services.runtime import Deps, StateDeps, new_run_id
 from kb_reindex.services.state.runs import RunCounterColumns

@@ -21,7 +21,7 @@ from kb_reindex.rules.slots import own_name
 from kb_reindex.services.layouts import version_profile
 from kb_reindex.rules.locking import alias_lock_name, reindex_lock_name
 from kb_reindex.steps.querylog import QueryLogView
-from kb_reindex.steps.plan import content_warnings
+from kb_reindex.rules.content_warnings import content_warnings
 from kb_reindex.steps.review import FlaggedInContext, ServedLines, review_lines, served_lines
 from kb_reindex.domain.planning import DocChanges
 from kb_reindex.domain.validation_model import ContentWarning

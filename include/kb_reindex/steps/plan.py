@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 from kb_reindex.rules.alias import drift_advice
 from kb_reindex.rules.audit import audit_live
-from kb_reindex.rules.content_warnings import warn
+from kb_reindex.rules.content_warnings import content_warnings, warn
 from kb_reindex.services.chunking import chunking_version
 from kb_reindex.services.config import DEFAULT_DIMS, model_or_default
 from kb_reindex.services.corpus import (Carried, ChunkRef, CorpusScan, DocumentInfo, KnownFiles, ScannedDocument,
@@ -29,7 +29,7 @@ from kb_reindex.services.layouts import embedding_profile, layout_spec, version_
 from kb_reindex.rules.manifest import Prepared
 from kb_reindex.domain.model import RunKind
 from kb_reindex.domain.planning import AuditResult, ChunkCounts, DocCounts, DocKeys, Plan
-from kb_reindex.domain.validation_model import ContentWarning, FlaggedLine, ValidationResult
+from kb_reindex.domain.validation_model import ValidationResult
 from kb_reindex.services.sources import SourceListing, as_source, knowledge_key_for, list_source
 from kb_reindex.services.state.manifests import FileHash
 from kb_reindex.steps.replay import load_replay_gate
@@ -387,12 +387,6 @@ def choose_layout(configured: str, live: VersionRecord | None, explicit: str | N
         )
         log.warning("kb_reindex: %s", notes[0])
     return live.payload_layout, notes
-
-
-def content_warnings(flagged: Iterable[FlaggedLine]) -> tuple[ContentWarning, ...]:
-    """The flagged lines of a scan or a snapshot as the plan's warnings."""
-    return tuple(ContentWarning(kind="instruction", knowledge_key=f.get("knowledge_key") or knowledge_key_for(f["source"]),
-                                line=f["line"], text=f["text"]) for f in flagged)
 
 
 def _no_change_plan(alias: str, live: VersionRecord, docs: int, target: Target, *, notes: list[str],
