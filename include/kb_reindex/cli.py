@@ -940,6 +940,9 @@ def _status_head(s: StatusView) -> str:
     if (s.live.collection if s.live else None) != s.serving_collection:
         recorded = f"v{s.live.version}" if s.live else "nothing"
         head += f"; the state DB says live is {recorded} (see PROBLEM below)"
+    if s.rolled_back_from is not None:
+        head += (f"\nrolled back from v{s.rolled_back_from}; undo: `kb-reindex rollback --to-version "
+                 f"{s.rolled_back_from} --reason ...` (one alias move)")
     return head
 
 

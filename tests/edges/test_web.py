@@ -382,6 +382,7 @@ def test_status_reports_and_rollback_authorisation(site: tuple[Settings, FakeAir
     client = TestClient(app, **as_page(tokens["viewer"]))
     status = client.get("/api/status").json()
     assert status["live"]["version"] == 3 and status["rollback_target"] == 2
+    assert status["rolled_back_from"] is None  # a promotion put v3 live
     assert [e["action"] for e in status["history"]] == ["promote"] * 3
     assert "Knowledge index" in client.get("/ui").text
     assert client.get("/reports/v3/validation.html").status_code == 200
@@ -753,9 +754,12 @@ def test_page_in_headless_chromium_on_call(busy_site: tuple[Settings, FakeAirflo
         wait.until(lambda b: "FROZEN since" in text("#freeze-text"))
         assert "by kb-user (knowledge_rollback airflow:knowledge_rollback:manual__" in text("#freeze-text")
         assert "kb-user" in text("#history tbody tr:first-child")
-        # v3, rolled away from, is one move away: going there again is a roll forward, and says so
+        # v3, rolled away from, is one move away: going there again is a roll forward, and says so, on its row
+        # and at the top beside the rollback target (undoing the rollback is one click, never the default)
         wait.until(lambda b: [e.text for e in b.find_elements(By.CSS_SELECTOR, "#version-3 button")]
                    == ["Roll forward to v3"])
+        wait.until(lambda b: text("#rollforward-top") == "Undo: roll forward to v3")
+        assert text("#rollback-target").startswith("rollback target: v1")
 
         # unfreeze, then promote the shadow: the confirmation names its model and dimension
         click("#freeze-toggle")

@@ -77,16 +77,17 @@ def rollback_target(deps: Deps, live: VersionRecord | None = None) -> VersionRec
     return None
 
 
-def moved_from(deps: Deps, live: VersionRecord | None = None) -> VersionRecord | None:
+def moved_from(deps: Deps, live: VersionRecord | None = None, *, by_rollback: bool = False) -> VersionRecord | None:
     """The version the alias served just before `live` (default: the current one), whatever moved it: after
-    rolling v2 back to v1 it is v2, so going forward again stays one alias move away."""
+    rolling v2 back to v1 it is v2, so going forward again stays one alias move away. `by_rollback`: only when a
+    rollback put `live` live (what on-call may want to undo)."""
     alias = deps.settings.alias
     live = live or deps.state.live_version(alias)
     if live is None:
         return None
     for event in reversed(deps.state.alias_events(alias)):
         if event.to_version == live.version:
-            if event.from_version is None:
+            if event.from_version is None or (by_rollback and event.action != "rollback"):
                 return None
             candidate = deps.state.get_version(alias, event.from_version)
             return candidate if candidate is not None and candidate.status not in (FAILED, DELETED) else None

@@ -14,7 +14,7 @@ from datetime import datetime
 from typing import Any
 
 from kb_reindex.steps import querylog
-from kb_reindex.rules.alias import drift_advice, has_served, rollback_target
+from kb_reindex.rules.alias import drift_advice, has_served, moved_from, rollback_target
 from kb_reindex.rules.audit import AuditView, audit_view
 from kb_reindex.rules.freeze import FreezeView, freeze_view
 from kb_reindex.rules.slots import own_name
@@ -184,6 +184,8 @@ class StatusView:
     last_run_problem: str | None = None
     #: the instruction-like lines live serves, and who let them through (None: none)
     served_instructions: ServedLines | None = None
+    #: a rollback put live live: the version it moved away from, kept (going there again undoes it)
+    rolled_back_from: int | None = None
 
     @property
     def warnings(self) -> tuple[ContentWarning, ...]:
@@ -216,6 +218,7 @@ class StatusView:
             "warnings": [w.to_dict() for w in self.warnings],
             "last_run_problem": self.last_run_problem,
             "served_instructions": self.served_instructions.to_dict() if self.served_instructions else None,
+            "rolled_back_from": self.rolled_back_from,
             "residence": [{"version": v.version, "one_move_away": v.one_move_away,
                            "restore_points": v.points_expected if v.evicted else 0}
                           for v in self.versions if v.rollback_allowed],
@@ -307,7 +310,7 @@ def status_view(deps: Deps) -> StatusView:
         rollback_target=target.version if target else None, freeze=freeze_view(deps), pinned=tuple(sorted(pins)),
         audit=audit, versions=tuple(versions), locks=locks, problems=tuple(problems), notes=tuple(notes),
         metrics=metrics(deps), query_log=querylog.summary(deps), last_run_problem=last_run_problem(deps.state, alias),
-        served_instructions=served_lines(deps.state, alias, live))
+        served_instructions=served_lines(deps.state, alias, live), rolled_back_from=_rolled_back_from(deps, live))
 
 
 def state_only_view(deps: StateDeps) -> StatusView:
@@ -329,7 +332,13 @@ def state_only_view(deps: StateDeps) -> StatusView:
         audit=None, versions=tuple(versions), locks=locks,
         problems=tuple(pool_problems(deps, locks)), notes=tuple(_lock_notes(locks)), metrics=metrics(deps),
         last_run_problem=last_run_problem(deps.state, alias),
-        query_log=querylog.summary(deps), served_instructions=served_lines(deps.state, alias, live))
+        query_log=querylog.summary(deps), served_instructions=served_lines(deps.state, alias, live),
+        rolled_back_from=_rolled_back_from(deps, live))
+
+
+def _rolled_back_from(deps: Deps | StateDeps, live: VersionRecord | None) -> int | None:
+    left = moved_from(deps, live, by_rollback=True) if live else None  # type: ignore[arg-type]  # the state DB only
+    return left.version if left is not None else None
 
 
 def pool_problems(deps: Deps | StateDeps, locks: tuple[LockRow, ...]) -> list[str]:
