@@ -172,9 +172,11 @@ def part_airflow(work: Path, edits: int, embedder: str, executor: str = "local")
         cli_rows = []
         for i in range(edits):
             page = PAGES[i % len(PAGES)]
-            sentence = f"第{i + 1}号命令行规则：节假日提交的{page}申请顺延处理，编号C{i + 1}Y。"
+            sentence = f"第{i + 1}号补充说明：节假日提交的{page}申请顺延处理，编号C{i + 1}Y。"
             edited = append(project, page, sentence)
-            kb(env, "run")
+            ran = kb(env, "run")
+            if ran.get("outcome") != "promoted":  # held or failed: what is timed would never become searchable
+                raise SystemExit(f"the CLI's run of edit {i + 1} ended {ran.get('outcome')}: {ran.get('error') or ran}")
             found = wait_searchable(env, sentence, sentence)
             cli_rows.append(round(found - edited, 2))
     finally:
