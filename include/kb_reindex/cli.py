@@ -365,7 +365,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         from kb_reindex.services.config import state_url_from_env
 
         # a knowledge base removed from the registry but never retired still serves: it is listed too
-        removed = removed_entries(registry, state_url_from_env()) if registry.entries <= 1 else None
+        removed = removed_entries(registry, state_url_from_env())
         if registry.entries > 1 or removed:
             return _all_bases(args, registry, removed)
     if args.command in ON_CALL or args.command == "retire":
@@ -602,10 +602,10 @@ def _cmd_plan(args: argparse.Namespace, deps: Any) -> int:
     return 0
 
 
-def _all_bases(args: argparse.Namespace, registry: Registry, removed: Sequence[KnowledgeBase] | None = None) -> int:
+def _all_bases(args: argparse.Namespace, registry: Registry, removed: Sequence[KnowledgeBase]) -> int:
     """`status` or `bases` with several knowledge bases and none named: every one of them, an entry that does not
     load among them with its refusal beside what it serves (exit 2, each refusal named on stderr), and one the
-    registry no longer lists, never retired, with what it serves (`removed`: read already, else read here)."""
+    registry no longer lists, never retired, with what it serves (`removed`)."""
     from kb_reindex.domain.errors import ConfigError
     from kb_reindex.run.status import status_view
     from kb_reindex.services.config import state_url_from_env
@@ -613,7 +613,7 @@ def _all_bases(args: argparse.Namespace, registry: Registry, removed: Sequence[K
     state_url = state_url_from_env()
     if args.command == "bases":
         return _print_bases(args, registry, state_url)
-    from kb_reindex.run.bases import recorded_entry, removed_entries, retired_refusals, retirements
+    from kb_reindex.run.bases import recorded_entry, retired_refusals, retirements
     from kb_reindex.services.registry import stand_in
     from kb_reindex.services.runtime import open_deps
 
@@ -622,7 +622,6 @@ def _all_bases(args: argparse.Namespace, registry: Registry, removed: Sequence[K
     retired = retirements(state_url)  # left out; an entry still listed is refused, naming its retirement
     broken = [stand_in(alias, registry=registry.path, problem=error, recorded=recorded_entry(state_url, alias))
               for alias, error in registry.broken.items() if alias not in retired]
-    removed = removed_entries(registry, state_url) if removed is None else removed
     for kb in registry.in_order((*[b for b in registry.bases if b.alias not in retired], *broken, *removed)):
         try:
             with open_deps(kb.settings(), create=False) as deps:

@@ -123,7 +123,7 @@ def bases_view(registry: Registry, state_url: str) -> BasesView:
     try:
         retired = state.retired_aliases() if state is not None else {}
         broken = tuple(_stand_in(state, registry, alias, error) for alias, error in registry.broken.items())
-        removed = registry.removed(e for e in state.recorded_entries() if e.alias not in retired) if state else ()
+        removed = registry.removed(state.recorded_unretired()) if state else ()
         shown = [kb for kb in registry.in_order((*registry.bases, *broken, *removed)) if kb.alias not in retired]
         return BasesView(bases=tuple(summary(state, kb) for kb in shown),
                          refused=(*registry.errors, *retired_refusals(registry, retired)))
@@ -174,8 +174,7 @@ def removed_entries(registry: Registry, state_url: str) -> tuple[KnowledgeBase, 
     except (StateEmpty, StateMissing):
         return ()
     try:
-        retired = state.retired_aliases()
-        return registry.removed(e for e in state.recorded_entries() if e.alias not in retired)
+        return registry.removed(state.recorded_unretired())
     finally:
         state.dispose()
 

@@ -15,6 +15,7 @@ from kb_reindex.domain.lifecycle import READY
 from kb_reindex.domain.screen_text import normalize
 from kb_reindex.rules.alias import has_served
 from kb_reindex.rules.instruction_hold import instruction_hold
+from kb_reindex.services.state.clock import utc_stamp
 from kb_reindex.services.state.versions import VersionRecord
 
 if TYPE_CHECKING:
@@ -118,8 +119,6 @@ class ServedLines:
 
 def served_lines(state: StateStore, alias: str, live: VersionRecord | None) -> ServedLines | None:
     """None when nothing serves or live serves no flagged line."""
-    from kb_reindex.services.state.clock import utc_stamp
-
     flagged = (live.validation or {}).get("flagged_instructions") or [] if live is not None else []
     if live is None or not flagged:
         return None

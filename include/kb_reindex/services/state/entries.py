@@ -84,6 +84,11 @@ class EntriesMixin:
     def recorded_entry(self, alias: str) -> RecordedEntry | None:
         return next((e for e in self.recorded_entries() if e.alias == alias), None)
 
+    def recorded_unretired(self) -> list[RecordedEntry]:
+        """The recorded entries whose knowledge base no retirement in force took out of service (what a removed
+        entry's stand-in is made from)."""
+        return _read_entries(self.engine, unretired=True)
+
 
 def _read_entries(engine: sa.Engine, *, unretired: bool = False) -> list[RecordedEntry]:
     """Every recorded entry, by alias (none on a state DB older than the table); `unretired`: only those of a
