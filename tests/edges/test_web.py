@@ -557,6 +557,11 @@ def test_a_held_version_is_read_in_context_and_kept_off_in_chromium(site: tuple[
         assert "coupon-rules.md:" in review.find_element(By.CSS_SELECTOR, ".review-where").text
         buttons = [b.text for b in browser.find_elements(By.CSS_SELECTOR, "#version-4 td.action button")]
         assert buttons == ["Promote anyway: v4", "Keep v3 live"], buttons
+        browser.execute_script("arguments[0].scrollIntoView()", review)
+        browser.switch_to.default_content()
+        (REPO / "test-output").mkdir(exist_ok=True)
+        browser.save_screenshot(str(REPO / "test-output" / "knowledge-index-held-review.png"))
+        browser.switch_to.frame(browser.find_element(By.ID, "plugin"))
         def asked(b: Any) -> bool:
             """The dialog open; else the button clicked (again: a redraw at the click's moment loses it) and
             looked at once more after a moment."""
