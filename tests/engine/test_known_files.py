@@ -13,6 +13,7 @@ from conftest import settings_for
 from kb_reindex.run.pipeline import run_reindex
 from kb_reindex.services.config import Settings
 from kb_reindex.services.runtime import open_deps
+from kb_reindex.services.state.store import StateStore
 from kb_reindex.steps import plan as plan_step
 from kb_reindex.steps.plan import prepare
 
@@ -52,11 +53,30 @@ def test_an_edit_plan_reads_only_the_edited_file_and_plans_as_a_full_read(projec
     assert (known.scan.read, every.scan.read) == (1, len(files))
     assert known.scan.documents == every.scan.documents and known.scan.fingerprint == every.scan.fingerprint
     assert known.plan == every.plan and known.plan.docs.changed == 1
+    copied: list[bool] = []
+    write_from = StateStore.write_manifest_from
+    monkeypatch.setattr(StateStore, "write_manifest_from",
+                        lambda self, *a, **k: copied.append(write_from(self, *a, **k)) or copied[-1])
     with open_deps(settings) as deps:
+        live = deps.state.live_version(settings.alias)
         result = run_reindex(deps)
         assert result.outcome == "promoted"
         # the version built from the known documents holds what a full read gives: every chunk of every file
         assert result.chunks.total == every.plan.chunks.total
+        # its manifest: the unchanged documents' rows copied from live's inside the database, the edited one's
+        # written; in manifest order at positions 0..N-1, each reused chunk's vector source a point of live's
+        assert copied == [True]
+        version = deps.state.get_version(settings.alias, result.version)
+        rows = deps.state.manifest_chunks(version.id)
+        assert deps.state.slice_rows(version.id) == rows
+        assert [r.point_id for r in rows] == [c.point_id for c in every.scan.chunk_refs()]
+        live_points = {r.point_id: r for r in deps.state.manifest_chunks(live.id)}
+        edited_key = next(d.info.knowledge_key for d in every.scan.documents if d.info.source.endswith(edited.name))
+        for r in rows:
+            if r.knowledge_key != edited_key:
+                assert r.source_point_id == r.point_id and r.point_id in live_points, r
+            elif r.source_point_id is not None:
+                assert live_points[r.source_point_id].chunk_hash == r.chunk_hash, r
 
 
 def test_a_file_rewritten_to_other_bytes_or_a_changed_screen_is_read_again(project: Path,

@@ -413,6 +413,47 @@ def test_a_slice_against_its_base_reads_the_rows_that_differ_and_the_ids_kept(st
     assert [r.point_id for r in state.dropped_chunks(version.id, base.id)] == ["b0", "e0"]
 
 
+def test_an_edits_manifest_copies_its_unchanged_documents_rows_from_its_base_inside_the_database(
+        state: StateStore) -> None:
+    """`write_manifest_from`: the base's rows of A and B (one run) and of D are copied in SQL, C's new row and
+    E's are given; the result is the manifest a whole write gives (positions in manifest order, a copied row's
+    point its vector's source). A run whose rows are not where its documents said (a base without positions)
+    writes nothing and answers False."""
+    from kb_reindex.services.state.manifests import CopiedRows
+    from kb_reindex.services.state.schema import manifest_chunks
+
+    base, version, whole = new_version(state), new_version(state), new_version(state)
+
+    def doc(key: str, chunks: int = 1) -> ManifestDocument:
+        return ManifestDocument(knowledge_key=key, source=f"{key}.md", title="t", category="c", tenant="default",
+                                content_hash="a" * 64, chunk_count=chunks)
+
+    def row(key: str, index: int, point: str, source: str | None = None) -> ManifestChunk:
+        return ManifestChunk(point_id=point, knowledge_key=key, source_point_id=source, chunk_index=index,
+                             chunk_hash=f"{point:0>64}")
+
+    state.write_manifest(base.id, [doc("A", 2), doc("B"), doc("C"), doc("D", 2)],
+                         [row("A", 0, "a0"), row("A", 1, "a1"), row("B", 0, "b0"), row("C", 0, "c0"),
+                          row("D", 0, "d0"), row("D", 1, "d1")])
+    documents = [doc("A", 2), doc("B"), doc("C"), doc("D", 2), doc("E")]
+    edited = [row("C", 0, "c1"), row("E", 0, "e0", "a0")]
+    assert state.write_manifest_from(version.id, base.id, documents, [
+        CopiedRows(start=0, size=3, first_key="A", last_key="B"), edited[:1],
+        CopiedRows(start=4, size=2, first_key="D", last_key="D"), edited[1:]])
+    state.write_manifest(whole.id, documents, [row("A", 0, "a0", "a0"), row("A", 1, "a1", "a1"), row("B", 0, "b0", "b0"),
+                                               *edited[:1], row("D", 0, "d0", "d0"), row("D", 1, "d1", "d1"), *edited[1:]])
+    assert state.manifest_chunks(version.id) == state.manifest_chunks(whole.id)
+    assert state.slice_rows(version.id) == state.slice_rows(whole.id)  # by position
+    assert [r.point_id for r in state.slice_rows(version.id, (3, 2))] == ["c1", "d0"]
+    assert state.manifest_documents(version.id) == documents
+
+    with state.engine.begin() as conn:  # a base written before positions
+        conn.execute(manifest_chunks.update().where(manifest_chunks.c.version_id == base.id).values(position=None))
+    assert not state.write_manifest_from(version.id, base.id, documents, [
+        CopiedRows(start=0, size=3, first_key="A", last_key="B"), edited])
+    assert state.manifest_chunks(version.id) == state.manifest_chunks(whole.id), "nothing written"
+
+
 def test_a_sample_of_a_manifest_is_read_by_position_and_without_positions_too(state: StateStore) -> None:
     """`manifest_at` reads the rows at these positions; a manifest written before positions (NULL) gives the
     same rows by manifest order; `manifest_size` counts them."""

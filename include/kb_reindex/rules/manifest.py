@@ -12,7 +12,8 @@ from kb_reindex.services.layouts import version_profile
 from kb_reindex.domain.lifecycle import BUILDING, FAILED, READY, may_resume
 from kb_reindex.rules.locking import run_is_active
 from kb_reindex.domain.planning import Plan
-from kb_reindex.services.state.manifests import ManifestChunk, ManifestDocument
+from kb_reindex.services.corpus import ChunkRef
+from kb_reindex.services.state.manifests import CopiedRows, ManifestChunk, ManifestDocument, ManifestPart
 from kb_reindex.services.state.versions import VersionRecord
 
 if TYPE_CHECKING:  # the types alone: importing a rule never imports Qdrant's client
@@ -72,25 +73,59 @@ def resumable(deps: Deps, plan: Plan, run_id: str | None) -> VersionRecord | Non
     return None
 
 
-def write_manifest(deps: Deps, version: VersionRecord, scan: CorpusScan, reuse: dict[str, str]) -> None:
+def write_manifest(deps: Deps, version: VersionRecord, scan: CorpusScan, reuse: dict[str, str],
+                   base: VersionRecord | None = None) -> None:
     """The plan's documents and chunks (with the live point each reused chunk is copied from) as the version's
-    manifest, and its counts on the version row."""
+    manifest, and its counts on the version row. `base`: live, whose manifest the scan's known documents
+    (`CorpusScan.known`, taken unread from it) were read from: their rows are copied inside the database
+    (`manifest_parts`), so an edit writes its changed documents' rows, not the knowledge base's."""
     documents = [
         ManifestDocument(knowledge_key=d.info.knowledge_key, source=d.info.source, title=d.info.title,
                          category=d.info.category, tenant=d.info.tenant, content_hash=d.info.content_hash,
                          chunk_count=len(d.chunks))
         for d in scan.documents
     ]
-    # rows are made as they are inserted, a batch at a time, never all at once
-    chunks = (
-        ManifestChunk(point_id=c.point_id, knowledge_key=c.knowledge_key, source_point_id=reuse.get(c.chunk_hash),
-                      chunk_index=c.chunk_index, chunk_hash=c.chunk_hash)
-        for d in scan.documents for c in d.chunks
-    )
-    deps.state.write_manifest(version.id, documents, chunks)
+    copying = base is not None and bool(scan.known) and bool(reuse)  # vectors reused from live: the same profile
+    if not (copying and base is not None and deps.state.write_manifest_from(
+            version.id, base.id, documents, manifest_parts(scan, reuse, deps.state.manifest_documents(base.id)))):
+        # rows are made as they are inserted, a batch at a time, never all at once
+        deps.state.write_manifest(version.id, documents, (_row(c, reuse) for d in scan.documents for c in d.chunks))
     total = sum(len(d.chunks) for d in scan.documents)
     reused = sum(1 for d in scan.documents for c in d.chunks if c.chunk_hash in reuse)
     deps.state.update_version(
         version.id, docs_count=len(documents), points_expected=total,
         chunks_reused=reused, chunks_embedded=total - reused,
     )
+
+
+def _row(c: ChunkRef, reuse: dict[str, str]) -> ManifestChunk:
+    return ManifestChunk(point_id=c.point_id, knowledge_key=c.knowledge_key, source_point_id=reuse.get(c.chunk_hash),
+                         chunk_index=c.chunk_index, chunk_hash=c.chunk_hash)
+
+
+def manifest_parts(scan: CorpusScan, reuse: dict[str, str], base_documents: list[ManifestDocument]
+                   ) -> list[ManifestPart]:
+    """The scan's manifest as rows to write and runs of the base's rows to copy: a known document (its chunks
+    the base's rows) whose base rows sit next to the previous known document's joins its run. The base's
+    positions are its documents' chunk counts summed in key order, as its manifest was written. A known
+    document is copied only when every chunk of it reuses a vector of the base (what its rows would say)."""
+    starts: dict[str, tuple[int, int]] = {}
+    position = 0
+    for doc in base_documents:  # by knowledge key: manifest order
+        starts[doc.knowledge_key] = (position, doc.chunk_count)
+        position += doc.chunk_count
+    parts: list[ManifestPart] = []
+    for d in scan.documents:
+        key = d.info.knowledge_key
+        start, count = starts.get(key, (-1, -1))
+        last = parts[-1] if parts else None
+        if key in scan.known and count == len(d.chunks) and all(c.chunk_hash in reuse for c in d.chunks):
+            if isinstance(last, CopiedRows) and last.start + last.size == start:
+                parts[-1] = last._replace(size=last.size + count, last_key=key)
+            else:
+                parts.append(CopiedRows(start=start, size=count, first_key=key, last_key=key))
+        elif isinstance(last, list):
+            last.extend(_row(c, reuse) for c in d.chunks)
+        else:
+            parts.append([_row(c, reuse) for c in d.chunks])
+    return parts

@@ -85,6 +85,8 @@ class CorpusScan:
     mtimes: dict[str, int] = field(default_factory=dict)
     #: how many documents were read (the others were known unchanged: `KnownFiles`)
     read: int = 0
+    #: the keys of the documents taken unread from `KnownFiles`: their chunks are live's manifest rows as they are
+    known: frozenset[str] = frozenset()
 
     @property
     def infos(self) -> list[DocumentInfo]:
@@ -192,7 +194,8 @@ def scan_corpus(docs: KnowledgeSource | Path, *, max_bytes: int, chunk_size: int
     scanned.sort(key=lambda d: d.info.knowledge_key)
     return CorpusScan(documents=scanned, fingerprint=corpus_fingerprint([d.info for d in scanned]),
                       chunking_version=chunking_version(chunk_size, overlap),
-                      mtimes={source: f.mtime_ns for source, f in listed.items()}, read=read)
+                      mtimes={source: f.mtime_ns for source, f in listed.items()}, read=read,
+                      known=frozenset(d.info.knowledge_key for d in held))
 
 
 def cache_root(docs: KnowledgeSource | Path, default_tenant: str = DEFAULT_TENANT) -> str:

@@ -86,6 +86,25 @@ class SliceDifference:
         return len(self.added) + len(self.kept)
 
 
+class CopiedRows(NamedTuple):
+    """A run of documents whose chunk rows are the base manifest's as they are (documents unchanged since the
+    base was planned, consecutive in both manifests): the base's rows at positions [start, start + size), all
+    of keys first_key..last_key. `ManifestsMixin.write_manifest_from` copies them inside the database."""
+
+    start: int
+    size: int
+    first_key: str
+    last_key: str
+
+
+#: a manifest in order, as `write_manifest_from` writes it: rows given, and runs of the base's rows copied
+ManifestPart = list[ManifestChunk] | CopiedRows
+
+
+class _NotWhereSaid(Exception):
+    """A copied run's rows in the base are not all at the positions its documents put them."""
+
+
 class FileHash(NamedTuple):
     size: int
     mtime_ns: int
@@ -115,6 +134,52 @@ class ManifestsMixin:
                 conn.execute(manifest_documents.insert(), [{"version_id": version_id, **d._asdict()} for d in documents])
             while batch := [{"version_id": version_id, "position": n, **c._asdict()} for n, c in islice(rows, 5000)]:
                 conn.execute(manifest_chunks.insert(), batch)
+
+    def write_manifest_from(self, version_id: int, base_id: int, documents: list[ManifestDocument],
+                            parts: Iterable[ManifestPart]) -> bool:
+        """`write_manifest` of a manifest most of whose rows are its base's: the rows given are inserted, each
+        `CopiedRows` run is copied from the base inside the database (INSERT .. SELECT by the position index,
+        its point as the source of its vector), positions counted through the parts in order. An edit of a
+        large knowledge base sends the database its changed documents' rows, not every row. False, and
+        nothing written, when a run's rows are not where its documents said (a base written before positions,
+        or in another order): the caller writes the manifest whole."""
+        c = manifest_chunks.c
+        try:
+            with self.engine.begin() as conn:
+                conn.execute(snapshots.delete().where(snapshots.c.version_id == version_id))
+                conn.execute(manifest_chunks.delete().where(manifest_chunks.c.version_id == version_id))
+                conn.execute(manifest_documents.delete().where(manifest_documents.c.version_id == version_id))
+                if documents:
+                    conn.execute(manifest_documents.insert(),
+                                 [{"version_id": version_id, **d._asdict()} for d in documents])
+                position = 0
+                for part in parts:
+                    if isinstance(part, CopiedRows):
+                        where = (c.version_id == base_id, c.position >= part.start,
+                                 c.position < part.start + part.size, c.knowledge_key >= part.first_key,
+                                 c.knowledge_key <= part.last_key)
+                        # counted first: a driver need not report an INSERT .. SELECT's rows (psycopg: -1)
+                        found = conn.execute(sa.select(sa.func.count()).select_from(manifest_chunks)
+                                             .where(*where)).scalar_one()
+                        if found != part.size:
+                            raise _NotWhereSaid(f"{found} of {part.size} rows of {part.first_key}..{part.last_key}")
+                        conn.execute(manifest_chunks.insert().from_select(
+                            ["version_id", "point_id", "knowledge_key", "chunk_index", "chunk_hash",
+                             "source_point_id", "position"],
+                            sa.select(sa.literal(version_id), c.point_id, c.knowledge_key, c.chunk_index,
+                                      c.chunk_hash, c.point_id, c.position + (position - part.start)).where(*where)))
+                        position += part.size
+                        continue
+                    for start in range(0, len(part), 5000):
+                        conn.execute(manifest_chunks.insert(), [
+                            {"version_id": version_id, "position": position + start + n, **row._asdict()}
+                            for n, row in enumerate(part[start:start + 5000])])
+                    position += len(part)
+        except _NotWhereSaid as exc:
+            log.info("kb_reindex: the manifest of version id %d is written whole: its base's rows are not where its "
+                     "documents put them (%s)", version_id, exc)
+            return False
+        return True
 
     def manifest_refs(self, version_id: int) -> list[ManifestRef]:
         """(point_id, knowledge_key, source_point_id) of every chunk, in manifest order: what a build needs."""
