@@ -104,7 +104,8 @@ def test_second_run_without_changes_writes_nothing(deps: Deps, counting: Countin
     def no_chunk_rows(*_args: object) -> None:
         raise AssertionError("a run with nothing to build read live's chunk rows")
 
-    monkeypatch.setattr(deps.state, "manifest_reuse_map", no_chunk_rows)
+    monkeypatch.setattr(deps.state, "chunks_by_hash", no_chunk_rows)
+    monkeypatch.setattr(deps.state, "manifest_chunks", no_chunk_rows)
     result = run_reindex(deps)
     assert result.outcome == "no_change" and result.version == 1
     total = first.chunks.total
@@ -596,7 +597,7 @@ def test_a_build_slice_reads_only_its_rows(deps: Deps, counting: CountingEmbedde
 
     monkeypatch.setattr(StateStore, "slice_rows", slice_rows)
     monkeypatch.setattr(StateStore, "manifest_documents", documents_of)
-    for name in ("manifest_refs", "iter_manifest_refs", "manifest_reuse_map"):
+    for name in ("manifest_refs", "iter_manifest_refs"):
         monkeypatch.setattr(StateStore, name, whole_manifest)
     statements: list[str] = []
     sa.event.listen(deps.state.engine, "before_cursor_execute",

@@ -299,6 +299,17 @@ def _vector_profile(deps: Deps, live: VersionRecord | None, recipe: Recipe, kind
     return profile
 
 
+def reuse_map(deps: Deps, live: VersionRecord, scan: CorpusScan) -> dict[str, str]:
+    """chunk_hash -> a point of live holding it, for the scan's chunks: the known documents' chunks are live's
+    own rows (each its own source), the others are looked up by hash (the `(version_id, chunk_hash)` index),
+    so an edit reads its changed documents' rows, not live's whole manifest."""
+    reuse = {c.chunk_hash: c.point_id for d in scan.documents if d.info.knowledge_key in scan.known for c in d.chunks}
+    wanted = {c.chunk_hash for d in scan.documents if d.info.knowledge_key not in scan.known for c in d.chunks}
+    for chunk_hash, (_version, point_id) in deps.state.chunks_by_hash([live.id], wanted - set(reuse)).items():
+        reuse[chunk_hash] = point_id
+    return reuse
+
+
 @dataclass(frozen=True)
 class _Diff:
     """The documents of a scan against live's manifest (knowledge key -> content hash)."""
@@ -345,7 +356,7 @@ def _plan_scan(deps: Deps, scan: CorpusScan, live: VersionRecord | None, recipe:
         same_vectors = profile is not None and profile == version_profile(live)
         # nothing will be built when nothing changed: the routine no-op never reads live's chunk rows
         if same_vectors and not force_full and kind is RunKind.REINDEX and not no_change:
-            reuse = deps.state.manifest_reuse_map(live.id)
+            reuse = reuse_map(deps, live, scan)
 
     diff = _Diff.of({d.knowledge_key: d.content_hash for d in documents}, live_docs)
     # no change: the same files cut the same way, so every chunk is one of live's

@@ -237,14 +237,6 @@ class ManifestsMixin:
                                 .where(manifest_documents.c.version_id == version_id))
             return {key: value for key, value in rows}
 
-    def manifest_reuse_map(self, version_id: int) -> dict[str, str]:
-        """chunk_hash -> point_id of the version's chunks: which vectors a new version can copy."""
-        with self.engine.connect() as conn:
-            rows = conn.execute(sa.select(manifest_chunks.c.chunk_hash, manifest_chunks.c.point_id)
-                                .where(manifest_chunks.c.version_id == version_id)
-                                .order_by(manifest_chunks.c.knowledge_key, manifest_chunks.c.chunk_index))
-            return {key: value for key, value in rows}
-
     def manifest_chunks(self, version_id: int, *, point_ids: list[str] | None = None) -> list[ManifestChunk]:
         """Every chunk row of the version, or only those of `point_ids`, in manifest order."""
         query = sa.select(*_CHUNK_COLUMNS).where(manifest_chunks.c.version_id == version_id)
