@@ -85,9 +85,9 @@ def write_manifest(deps: Deps, version: VersionRecord, scan: CorpusScan, reuse: 
                          chunk_count=len(d.chunks))
         for d in scan.documents
     ]
-    copying = base is not None and bool(scan.known) and bool(reuse)  # vectors reused from live: the same profile
-    if not (copying and base is not None and deps.state.write_manifest_from(
-            version.id, base.id, documents, manifest_parts(scan, reuse, deps.state.manifest_documents(base.id)))):
+    # copied only when vectors are reused from live (the same profile) and the scan took documents from it
+    if base is None or not scan.known or not reuse or not deps.state.write_manifest_from(
+            version.id, base.id, documents, manifest_parts(scan, reuse, deps.state.manifest_documents(base.id))):
         # rows are made as they are inserted, a batch at a time, never all at once
         deps.state.write_manifest(version.id, documents, (_row(c, reuse) for d in scan.documents for c in d.chunks))
     total = sum(len(d.chunks) for d in scan.documents)

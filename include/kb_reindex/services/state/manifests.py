@@ -105,6 +105,15 @@ class _NotWhereSaid(Exception):
     """A copied run's rows in the base are not all at the positions its documents put them."""
 
 
+def _replace_documents(conn: sa.Connection, version_id: int, documents: list[ManifestDocument]) -> None:
+    """A manifest write's start: the version's snapshot and manifest rows gone, its documents written."""
+    conn.execute(snapshots.delete().where(snapshots.c.version_id == version_id))
+    conn.execute(manifest_chunks.delete().where(manifest_chunks.c.version_id == version_id))
+    conn.execute(manifest_documents.delete().where(manifest_documents.c.version_id == version_id))
+    if documents:
+        conn.execute(manifest_documents.insert(), [{"version_id": version_id, **d._asdict()} for d in documents])
+
+
 class FileHash(NamedTuple):
     size: int
     mtime_ns: int
@@ -127,11 +136,7 @@ class ManifestsMixin:
         """Replace the version's manifest in one transaction, so a retried step never doubles it."""
         rows = enumerate(chunks)  # in manifest order: (knowledge_key, chunk_index)
         with self.engine.begin() as conn:
-            conn.execute(snapshots.delete().where(snapshots.c.version_id == version_id))
-            conn.execute(manifest_chunks.delete().where(manifest_chunks.c.version_id == version_id))
-            conn.execute(manifest_documents.delete().where(manifest_documents.c.version_id == version_id))
-            if documents:
-                conn.execute(manifest_documents.insert(), [{"version_id": version_id, **d._asdict()} for d in documents])
+            _replace_documents(conn, version_id, documents)
             while batch := [{"version_id": version_id, "position": n, **c._asdict()} for n, c in islice(rows, 5000)]:
                 conn.execute(manifest_chunks.insert(), batch)
 
@@ -146,12 +151,7 @@ class ManifestsMixin:
         c = manifest_chunks.c
         try:
             with self.engine.begin() as conn:
-                conn.execute(snapshots.delete().where(snapshots.c.version_id == version_id))
-                conn.execute(manifest_chunks.delete().where(manifest_chunks.c.version_id == version_id))
-                conn.execute(manifest_documents.delete().where(manifest_documents.c.version_id == version_id))
-                if documents:
-                    conn.execute(manifest_documents.insert(),
-                                 [{"version_id": version_id, **d._asdict()} for d in documents])
+                _replace_documents(conn, version_id, documents)
                 position = 0
                 for part in parts:
                     if isinstance(part, CopiedRows):
