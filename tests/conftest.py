@@ -244,7 +244,7 @@ def drop_postgres_database(base: str, name: str) -> None:
 #: worker takes the next file when it is free (--dist loadfile), so the long ones overlap each other and the short
 #: ones fill the end, instead of a long module starting last and running alone
 SLOW_FIRST = ("test_celery_airflow.py", "test_local_airflow.py", "test_many_bases_airflow.py", "test_freshness_airflow.py",
-              "test_bench_smoke.py", "test_races.py", "test_s3_airflow.py",
+              "test_bench_smoke.py", "test_races.py",
               "test_operations.py", "test_engine.py", "test_dags.py", "test_operators.py", "test_web.py",
               "test_freeze.py", "test_qdrant_server.py")
 

@@ -3,11 +3,13 @@ port, LocalExecutor, our Qdrant-protocol server): both run on their own schedule
 while the other's build is held at Qdrant, and moves only its own alias; a migration of one to another model
 runs while the other serves; an entry added to the registry gets its DAGs at the dag-processor's next parse,
 with no `airflow dags reserialize`, and its first version with no command typed (its watcher starts the run, its
-pool made when it starts); an entry with a typo, and then one deleted before it was retired, keep their rollback
-DAG."""
+pool made when it starts) from a bucket (moto's S3 server) read through the Airflow Connection `aws_default` alone
+(the stack's environment holds no AWS variable, and the server refuses every other key); an entry with a typo, and
+then one deleted before it was retired, keep their rollback DAG."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -22,9 +24,11 @@ import pytest
 from conftest import REPO
 from test_local_airflow import BIN, LocalAirflow, finished_state, free_port
 from test_local_airflow import kb as cli
+from kb_reindex.testing.s3_server import REGION, MotoS3Server
 
 pytestmark = pytest.mark.airflow
 SHOP, SELLER = "shop", "seller"
+CONNECTION_KEY, BUCKET = "kb-airflow-connection", "kb-airflow"
 REGISTRY = f"""knowledge_bases:
   {SHOP}:
     source: docs
@@ -60,25 +64,29 @@ class CollectionHold:
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalAirflow, Path, Any]]:
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalAirflow, Path, Any, MotoS3Server]]:
     from kb_reindex.testing.qdrant_server import FakeQdrantServer
 
     root = tmp_path_factory.mktemp("many-bases-airflow")
     project = root / "project"
     shutil.copytree(REPO / "knowledge", project / "knowledge")
     (project / "knowledge" / "registry.yaml").write_text(REGISTRY, encoding="utf-8")
-    with FakeQdrantServer(root / "qdrant-server") as qdrant:
+    with FakeQdrantServer(root / "qdrant-server") as qdrant, MotoS3Server(access_keys={CONNECTION_KEY}) as s3:
         port = free_port()
-        env = {name: value for name, value in os.environ.items() if not name.startswith("AIRFLOW")}
+        # the bucket's credentials and endpoint are the Airflow Connection's alone (no AWS_* variable anywhere)
+        connection = {"conn_type": "aws", "login": CONNECTION_KEY, "password": "kb-airflow-secret",
+                      "extra": {"endpoint_url": s3.url, "region_name": REGION}}
+        env = {name: value for name, value in os.environ.items() if not name.startswith(("AIRFLOW", "AWS_"))}
         env.update(AIRFLOW_HOME=str(root / "airflow-home"), KB_PROJECT_ROOT=str(project), KB_AIRFLOW_PORT=str(port),
                    PATH=f"{BIN}:{env.get('PATH', '')}", KB_QDRANT_URL=qdrant.url, KB_REGISTRY="knowledge/registry.yaml",
                    KB_RETRY_DELAY_S="2", AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL="10",
+                   AIRFLOW_CONN_AWS_DEFAULT=json.dumps(connection),
                    KB_SMALL_RUN_POINTS="1000")  # the product's default: small plans run as one task
         try:
             started = subprocess.run(["bash", str(REPO / "scripts" / "airflow.sh")], env=env, capture_output=True,
                                      text=True, timeout=240)
             assert started.returncode == 0, started.stdout + started.stderr
-            yield LocalAirflow(f"http://127.0.0.1:{port}", root / "airflow-home", env), project, qdrant
+            yield LocalAirflow(f"http://127.0.0.1:{port}", root / "airflow-home", env), project, qdrant, s3
         finally:
             stopped = subprocess.run(["bash", str(REPO / "scripts" / "airflow-stop.sh")], env=env,
                                      capture_output=True, text=True, timeout=120)
@@ -100,8 +108,8 @@ def scheduled_run(airflow: LocalAirflow, dag_id: str) -> str:
     return runs[0]["dag_run_id"]
 
 
-def test_two_knowledge_bases_under_the_real_scheduler(stack: tuple[LocalAirflow, Path, Any]) -> None:
-    airflow, project, qdrant = stack
+def test_two_knowledge_bases_under_the_real_scheduler(stack: tuple[LocalAirflow, Path, Any, MotoS3Server]) -> None:
+    airflow, project, qdrant, s3 = stack
     env = {**airflow.env, "KB_LOCK_WAIT": "0"}
     pools = {p["name"]: p["slots"] for p in airflow.http.get("/pools").json()["pools"]}
     assert pools[f"kb_qdrant_writes__{SHOP}"] == 1 and pools[f"kb_qdrant_writes__{SELLER}"] == 1
@@ -142,17 +150,23 @@ def test_two_knowledge_bases_under_the_real_scheduler(stack: tuple[LocalAirflow,
     assert (shop["live"]["embed_model"], shop["live"]["dim"]) == ("hashing-ngram-v4", 512)
     assert seller["live"]["embed_model"] == "hashing-ngram-v1" and seller["live"]["version"] == 2
 
-    # a third entry: its DAGs appear at the dag-processor's next parse of the DAG files, no reserialize
-    (project / "knowledge" / "wiki").mkdir()
-    (project / "knowledge" / "wiki" / "about.md").write_text("# 关于\n\n内部说明。\n", encoding="utf-8")
+    # a third entry, in a bucket: its DAGs appear at the dag-processor's next parse of the DAG files, no reserialize
+    import boto3
+
+    client = boto3.client("s3", endpoint_url=s3.url, aws_access_key_id=CONNECTION_KEY,
+                          aws_secret_access_key="kb-airflow-secret", region_name=REGION)
+    client.create_bucket(Bucket=BUCKET)
+    client.put_object(Bucket=BUCKET, Key="wiki/about.md", Body="# 关于\n\n内部说明。\n".encode())
+    client.put_object(Bucket=BUCKET, Key="wiki/售后 指南/退货 规则.md", Body="# 退货规则\n\n签收后七天内可申请无理由退货。\n".encode())
+    s3.clear_requests()
     (project / "knowledge" / "wiki-golden.yaml").write_text(
         "k: 3\nmin_hit_rate: 0.5\nmin_mrr: 0.5\nmax_regressions: 0\nprobes:\n  - id: about\n    query: 内部说明\n"
         "    expected: [about]\n", encoding="utf-8")
     registry = project / "knowledge" / "registry.yaml"
     assert airflow.http.get("/pools/kb_qdrant_writes__wiki").status_code == 404  # `make airflow` never set it
     # watched (the suite's stacks watch no source but this entry, tests/conftest.py): nobody triggers anything
-    registry.write_text(REGISTRY + "  wiki:\n    source: wiki\n    golden_set: wiki-golden.yaml\n    schedule: null\n"
-                        "    source_poll_s: 1\n", encoding="utf-8")
+    registry.write_text(REGISTRY + f"  wiki:\n    source: s3://{BUCKET}/wiki\n    golden_set: wiki-golden.yaml\n"
+                        "    schedule: null\n    source_poll_s: 1\n", encoding="utf-8")
     for kind in ("knowledge_reindex", "knowledge_rollback"):
         airflow.wait(f"{kind}__wiki parsed", lambda k=kind: airflow.http.get(f"/dags/{k}__wiki").status_code == 200,
                      120)
@@ -169,8 +183,17 @@ def test_two_knowledge_bases_under_the_real_scheduler(stack: tuple[LocalAirflow,
     airflow.wait("the wiki's first run, started by its watcher", started, 180)
     assert first[0]["run_type"] == "asset_triggered", first
     airflow.wait_for_success("knowledge_reindex__wiki", first[0]["dag_run_id"], 240)
-    assert cli(env, "--kb", "wiki", "status")["live"]["version"] == 1
+    wiki = cli(env, "--kb", "wiki", "status")
+    assert wiki["live"]["version"] == 1 and wiki["live"]["points"] == 2 and wiki["problems"] == [], wiki
     assert airflow.http.get("/pools/kb_qdrant_writes__wiki").json()["slots"] == 1
+    # the watcher's listing and the tasks' reads went through the Connection: every request signed with its key
+    requests = s3.requests()
+    read = {r.key for r in requests if r.object_get}
+    assert {"wiki/about.md", "wiki/售后 指南/退货 规则.md"} <= read, read
+    assert requests and {r.access_key for r in requests} == {CONNECTION_KEY}, "signed with the Connection's key"
+    assert all(r.status == 200 for r in requests), [r for r in requests if r.status != 200]
+    found = cli(env, "--kb", "wiki", "query", "无理由退货", "-k", "1")["results"]
+    assert found[0]["knowledge_key"] == "售后 指南/退货 规则", found
 
     # a typo in the sellers' entry: at the next parse its build DAGs go, its rollback DAG stays (saying why) and
     # rolls its alias back under the real scheduler, from the entry its runs recorded; the others are untouched
