@@ -3,7 +3,7 @@
 
     .venv/bin/python bench/p7.py                       # 500 docs (~2.5k chunks), 20 ms/text: ~2 min
     .venv/bin/python bench/p7.py --docs 2000           # ~10k chunks: ~6 min
-    .venv/bin/python bench/p7.py --smoke --out /tmp/p7 # 8 docs, 2 ms/text, seconds (tests/benchmarks/test_bench_p7.py)
+    .venv/bin/python bench/p7.py --smoke --out /tmp/p7 # 8 docs, 2 ms/text, seconds (the suite runs it inside bench/run.py --smoke)
 
 Each setup builds the same corpus from nothing (`run_reindex`, as `kb-reindex run` does: plan, create,
 build, validate, promote) into a project, state DB and in-memory local-mode Qdrant of its own, through the

@@ -75,8 +75,16 @@ def test_smoke_benchmark_reports_every_scenario_peer_and_target(tmp_path: Path) 
     # P7 and P8 ran in the same run, on the same package snapshot (bench/p7.py, bench/noop.py)
     p7, p8 = data["p7"], data["p8"]
     assert p7["run"]["package_sha256"] == p8["run"]["package_sha256"] == data["meta"]["package_sha256"]
-    assert [row["concurrency"] for row in p7["rows"]] == [1, 4, 4] and p7["rows"][2]["servers"] == [2, 2]
+    # P7's setups (bench/p7.py, run by run.py here; once a test of its own): each embedded every chunk, the
+    # serial one a request at a time, two servers of 2 slots never more than 2 at once each, and all the same texts
+    serial, one_server, two_servers = p7["rows"]
     assert all(row["chunks_embedded"] == p7["chunks"] > 0 for row in p7["rows"])
+    assert (serial["concurrency"], serial["servers"], serial["server_max_in_flight"]) == (1, [4], [1])
+    assert (one_server["concurrency"], one_server["servers"]) == (4, [4])
+    assert two_servers["servers"] == [2, 2] and all(n > 0 for n in two_servers["server_texts"]), two_servers
+    assert all(n <= 2 for n in two_servers["server_max_in_flight"])
+    assert sum(serial["server_texts"]) == sum(one_server["server_texts"]) == sum(two_servers["server_texts"])
+    assert p7["target"]["key"] == "P7" and len(p7["target"]["checks"]) == 2
     assert len(targets["P7"]["checks"]) == 2 and targets["P7"]["passed"] is not None
     assert p8["docs"] == data["meta"]["p8_size"] and p8["noop_s"] > 0 and p8["cli_plan_s"] > 0
     assert targets["P8"]["noop_s"] == p8["noop_s"] and targets["P8"]["passed"] is not None
@@ -85,7 +93,7 @@ def test_smoke_benchmark_reports_every_scenario_peer_and_target(tmp_path: Path) 
     assert "| scenario | peer | wall s |" in markdown and "## Targets" in markdown
     for key in report.TARGET_KEYS:
         assert f"| {key} " in markdown
-    assert "## P7: concurrent embedding" in markdown
+    assert "## P7: concurrent embedding" in markdown and "| setup | wall s | speedup |" in markdown
     excerpt = subprocess.run([sys.executable, str(REPO / "bench" / "run.py"), "--readme", "--out", str(out)],
                              capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert excerpt.returncode == 0, excerpt.stderr[-3000:]
