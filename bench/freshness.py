@@ -127,6 +127,16 @@ class Airflow:
         return {**phases, "path": "small_run" if small else "mapped"}
 
 
+def start_airflow(env: dict[str, str], home: Path) -> tuple[str, Airflow]:
+    """scripts/airflow.sh with `env`: its address and Airflow's API, signed in."""
+    started = subprocess.run(["bash", str(REPO / "scripts" / "airflow.sh")], env=env, capture_output=True, text=True,
+                             timeout=300)
+    if started.returncode:
+        raise SystemExit(started.stdout + started.stderr)
+    base = next(w for w in started.stdout.split() if w.startswith("http://127.0.0.1:"))
+    return base, Airflow(base, home)
+
+
 def part_airflow(work: Path, edits: int, embedder: str, executor: str = "local") -> dict[str, Any]:
     project = work / "p10"
     shutil.copytree(REPO / "knowledge", project / "knowledge")
@@ -143,12 +153,7 @@ def part_airflow(work: Path, edits: int, embedder: str, executor: str = "local")
         psql(f"CREATE DATABASE {databases[1]}")
         env.update(backends, KB_STATE_URL=f"postgresql+psycopg://{PG}/{databases[1]}")
     try:
-        started = subprocess.run(["bash", str(REPO / "scripts" / "airflow.sh")], env=env, capture_output=True,
-                                 text=True, timeout=300)
-        if started.returncode:
-            raise SystemExit(started.stdout + started.stderr)
-        base = next(w for w in started.stdout.split() if w.startswith("http://127.0.0.1:"))
-        airflow = Airflow(base, home)
+        _base, airflow = start_airflow(env, home)
         first = time.time()
         while ((kb(env, "status").get("live") or {}).get("version")) is None:
             time.sleep(1)

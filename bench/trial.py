@@ -37,7 +37,7 @@ REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 
 import corpus as corpus_mod  # noqa: E402
-from freshness import DAG, PHASES, Airflow, append, kb, start, wait_searchable  # noqa: E402
+from freshness import DAG, PHASES, Airflow, append, kb, start, start_airflow, wait_searchable  # noqa: E402
 from stack import free_port  # noqa: E402
 
 ALIAS = "mall_knowledge"
@@ -109,12 +109,7 @@ def trial(work: Path, chunks: int, edits: int, bulk_every: int) -> dict[str, Any
             raise SystemExit(f"the first build ended {built.get('outcome')}: {built.get('error') or built}")
         result["first_build"] = {"by": "kb-reindex run", "s": round(time.perf_counter() - t0, 1),
                                  "chunks": (built.get("chunks") or {}).get("total")}
-        started = subprocess.run(["bash", str(REPO / "scripts" / "airflow.sh")], env=env, capture_output=True,
-                                 text=True, timeout=300)
-        if started.returncode:
-            raise SystemExit(started.stdout + started.stderr)
-        base = next(w for w in started.stdout.split() if w.startswith("http://127.0.0.1:"))
-        airflow = Airflow(base, home)
+        base, airflow = start_airflow(env, home)
         airflow.http.patch(f"/dags/{DAG}", json={"is_paused": False})
         keys = sorted(generated.docs)
         rows = []
