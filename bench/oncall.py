@@ -47,7 +47,7 @@ sys.path.insert(0, str(REPO / "include"))
 sys.path.insert(0, str(REPO / "bench"))
 
 import corpus as synthetic  # noqa: E402
-from stack import PG, celery_backends, free_port, psql, signed_in, write_results  # noqa: E402
+from stack import PG, alias_target, celery_backends, free_port, psql, signed_in, wait, write_results  # noqa: E402
 
 from kb_reindex.services.embedding import HashingEmbedder  # noqa: E402
 from kb_reindex.services.state.store import StateStore  # noqa: E402
@@ -126,19 +126,6 @@ def cli(env: dict[str, str], *argv: str) -> dict[str, Any]:
         return json.loads(done.stdout)
     except json.JSONDecodeError:
         raise SystemExit(f"kb-reindex {' '.join(argv)} failed: {done.stdout}{done.stderr}") from None
-
-
-def wait(what: str, check: Any, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        if time.monotonic() > deadline:
-            raise SystemExit(f"timed out after {timeout_s:.0f} s waiting for {what}")
-        time.sleep(0.5)
-
-
-def alias_target(qdrant_url: str, alias: str) -> str | None:
-    aliases = httpx.get(f"{qdrant_url}/aliases", timeout=10).json()["result"]["aliases"]
-    return next((a["collection_name"] for a in aliases if a["alias_name"] == alias), None)
 
 
 def running_builds(http: httpx.Client, dag_id: str, run_id: str) -> list[dict[str, Any]]:

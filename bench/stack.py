@@ -1,6 +1,6 @@
 """What the benchmarks that start `make airflow`'s stack share: a free port, the PostgreSQL server their
-databases go on (KB_BENCH_POSTGRES, `user@host:port`), Airflow's REST API signed in as its generated user, and
-the results written as JSON and Markdown."""
+databases go on (KB_BENCH_POSTGRES, `user@host:port`), Airflow's REST API signed in as its generated user, a wait
+and the alias's collection asked at Qdrant, and the results written as JSON and Markdown."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import json
 import os
 import socket
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,21 @@ def signed_in(base: str, home: Path) -> tuple[httpx.Client, str]:
     token = httpx.post(f"{base}/auth/token", json={"username": user, "password": password}, timeout=30).json()
     access = str(token["access_token"])
     return httpx.Client(base_url=f"{base}/api/v2", timeout=30, headers={"Authorization": f"Bearer {access}"}), access
+
+
+def wait(what: str, check: Any, timeout_s: float, every_s: float = 0.5) -> None:
+    """Until `check()` is true, every `every_s`; past `timeout_s` the benchmark stops naming what it waited for."""
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        if time.monotonic() > deadline:
+            raise SystemExit(f"timed out after {timeout_s:.0f} s waiting for {what}")
+        time.sleep(every_s)
+
+
+def alias_target(qdrant_url: str, alias: str) -> str | None:
+    """The collection `alias` points at, asked at the Qdrant server."""
+    aliases = httpx.get(f"{qdrant_url}/aliases", timeout=10).json()["result"]["aliases"]
+    return next((a["collection_name"] for a in aliases if a["alias_name"] == alias), None)
 
 
 def write_results(out: Path, name: str, data: Any, text: str) -> None:

@@ -17,7 +17,6 @@ Writes `<out>/trial.json` and `<out>/trial.md`.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import re
@@ -38,40 +37,21 @@ sys.path.insert(0, str(HERE))
 
 import corpus as corpus_mod  # noqa: E402
 from freshness import DAG, PHASES, Airflow, append, kb, start, start_airflow, wait_searchable  # noqa: E402
-from stack import free_port  # noqa: E402
+from stack import alias_target, free_port, wait, write_results  # noqa: E402
 
 ALIAS = "mall_knowledge"
-
-
-def wait(what: str, check: Any, timeout_s: float, every_s: float = 0.5) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        if time.monotonic() > deadline:
-            raise SystemExit(f"timed out after {timeout_s:.0f} s waiting for {what}")
-        time.sleep(every_s)
-
-
-def alias_target(admin: httpx.Client) -> str | None:
-    aliases = admin.get("/aliases").json()["result"]["aliases"]
-    return next((a["collection_name"] for a in aliases if a["alias_name"] == ALIAS), None)
 
 
 def live_version(env: dict[str, str]) -> int | None:
     return (kb(env, "status").get("live") or {}).get("version")
 
 
-def running_tasks(airflow: Airflow, run_id: str) -> list[str]:
+def task_ids(airflow: Airflow, run_id: str, states: set[str] | None = None) -> set[str]:
+    """The run's tasks in one of `states` (None: not yet ended: running, or waiting between two build slices)."""
     tasks = airflow.http.get(f"/dags/{DAG}/dagRuns/{quote(run_id, safe='')}/taskInstances",
                              params={"limit": 1000}).json()["task_instances"]
-    return sorted({t["task_id"] for t in tasks if t["state"] == "running"})
-
-
-def unfinished_tasks(airflow: Airflow, run_id: str) -> list[str]:
-    """The run's tasks not yet ended (running, or waiting for a slot between two build slices)."""
-    tasks = airflow.http.get(f"/dags/{DAG}/dagRuns/{quote(run_id, safe='')}/taskInstances",
-                             params={"limit": 1000}).json()["task_instances"]
-    return sorted({t["task_id"] for t in tasks
-                   if t["state"] not in ("success", "failed", "skipped", "upstream_failed", "removed")})
+    ended = {"success", "failed", "skipped", "upstream_failed", "removed"}
+    return {t["task_id"] for t in tasks if (t["state"] in states if states else t["state"] not in ended)}
 
 
 def page_rollback(base: str, access: str, *, live: int, to: int) -> tuple[float, dict[str, Any]]:
@@ -138,16 +118,17 @@ def trial(work: Path, chunks: int, edits: int, bulk_every: int) -> dict[str, Any
             append(project, key, "本页规则已于本周复核，内容不变。")
         wait("the bulk edit's run", lambda: len(airflow.runs()) > before, 600, 1)
         run_id = airflow.runs()[before]["dag_run_id"]
-        wait("the bulk edit's build to write", lambda: bool({"build", "small_run"} & set(running_tasks(airflow, run_id))),
+        wait("the bulk edit's build to write", lambda: bool({"build", "small_run"} & task_ids(airflow, run_id, {"running"})),
              600)
         status = kb(env, "status")
         live, target = status["live"]["version"], status["rollback_target"]
         collection = next(v["collection"] for v in status["versions"] if v["version"] == target)
         access = airflow.http.headers["Authorization"].split(" ", 1)[1]
         clicked, answer = page_rollback(base, access, live=live, to=target)
-        wait(f"the alias to move to v{target} ({collection})", lambda: alias_target(admin) == collection, 600, 0.1)
+        wait(f"the alias to move to v{target} ({collection})", lambda: alias_target(qdrant_url, ALIAS) == collection,
+             600, 0.1)
         moved_s = time.monotonic() - clicked
-        building = unfinished_tasks(airflow, run_id)
+        building = sorted(task_ids(airflow, run_id))
         if not {"build", "validate", "small_run"} & set(building):
             raise SystemExit(f"the bulk edit's build ended before the alias moved ({building}): try a larger --chunks")
         wait("status to say the rollback's version is live", lambda: live_version(env) == target, 120)
@@ -227,14 +208,12 @@ def main() -> None:
     parser.add_argument("--bulk-every", type=int, default=2, help="the bulk edit touches every N-th document")
     parser.add_argument("--out", type=Path, default=HERE / "results")
     args = parser.parse_args()
-    args.out.mkdir(parents=True, exist_ok=True)
     result: dict[str, Any] = {
         "key": "trial-38", "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
         "at": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"), "load_at_start": os.getloadavg()[0]}
     with tempfile.TemporaryDirectory(prefix="kb-trial-") as work:
         result.update(trial(Path(work), args.chunks, args.edits, args.bulk_every))
-    (args.out / "trial.json").write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    (args.out / "trial.md").write_text(markdown(result), encoding="utf-8")
+    write_results(args.out, "trial", result, markdown(result))
     print(markdown(result))
 
 
