@@ -339,3 +339,49 @@ def test_the_servers_cosine_search_ranks_as_local_mode(monkeypatch: pytest.Monke
     dot = rng.normal(size=64).astype(np.float32)
     assert np.array_equal(local_collection.calculate_distance(dot, stored, qm.Distance.DOT),
                           distances.calculate_distance(dot, stored, qm.Distance.DOT))
+
+
+def test_a_batch_of_queries_is_one_pass_over_the_points_and_answers_as_one_query_each(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The server scores a batch request's dense queries in one product over the points (local mode reads every
+    point once per query); each query's answer (IDs, order, scores, its own filter and limit) is the one it gets
+    alone."""
+    import numpy as np
+    from qdrant_client import models as qm
+    from qdrant_client.local import local_collection
+
+    from kb_reindex.testing.qdrant_server import search_as_qdrant_does
+
+    monkeypatch.setattr(local_collection, "calculate_distance", local_collection.calculate_distance)
+    search_as_qdrant_does()
+    rng = np.random.default_rng(11)
+    with FakeQdrantServer(tmp_path / "q") as server:
+        client = QdrantClient(url=server.url, timeout=30)
+        client.create_collection("c", vectors_config=qm.VectorParams(size=32, distance=qm.Distance.COSINE))
+        client.upsert("c", points=[qm.PointStruct(id=n, vector=rng.normal(size=32).tolist(),
+                                                  payload={"tenant": "a" if n % 3 else "b"}) for n in range(600)])
+        tenant_b = qm.Filter(must=[qm.FieldCondition(key="tenant", match=qm.MatchValue(value="b"))])
+        requests = [qm.QueryRequest(query=rng.normal(size=32).tolist(), limit=limit, with_payload=True, filter=f)
+                    for limit, f in ((5, None), (3, tenant_b), (7, None), (1, tenant_b))]
+        passes: list[tuple[int, ...]] = []
+        real_dot = np.dot
+
+        def counting_dot(a: Any, b: Any, *rest: Any) -> Any:
+            for operand in (a, b):
+                if getattr(operand, "shape", (0,))[0] == 600 or getattr(operand, "shape", (0, 0))[-1] == 600:
+                    passes.append(operand.shape)
+                    break
+            return real_dot(a, b, *rest)
+
+        monkeypatch.setattr(np, "dot", counting_dot)
+        batch = client.query_batch_points("c", requests=requests)
+        assert len(passes) == 1, passes
+        passes.clear()
+        alone = [client.query_points("c", query=r.query, limit=r.limit, query_filter=r.filter, with_payload=True)
+                 for r in requests]
+        assert len(passes) == len(requests)
+        for together, single in zip(batch, alone, strict=True):
+            assert [p.id for p in together.points] == [p.id for p in single.points]
+            assert np.allclose([p.score for p in together.points], [p.score for p in single.points], atol=1e-6)
+        assert all(p.payload == {"tenant": "b"} for p in batch[1].points + batch[3].points)
+        client.close()
