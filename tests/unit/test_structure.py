@@ -297,3 +297,31 @@ def test_the_cli_lays_out_tables_as_pandas_did_without_importing_it(tmp_path: Pa
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
     assert "alias live model" in done.stdout, done.stdout[-800:] + done.stderr[-800:]  # the table was laid out
     assert done.stdout.strip().splitlines()[-1] == "False", done.stdout[-800:] + done.stderr[-800:]
+
+
+#: the version model's steps and the rules they call: each takes the narrow part of the state store it uses
+VERSION_MODEL = ["steps/slots.py", "steps/restore.py", "steps/retention.py", "steps/build.py", "rules/slots.py",
+                 "rules/checks.py:by_difference,shape_checks,_id_differences,structural_problems",
+                 "rules/alias.py:rollback_target,moved_from", "rules/locking.py:run_is_active"]
+
+
+def test_the_version_models_steps_take_a_narrow_part_of_the_state_store() -> None:
+    """No function of the version model's steps (slots, build, restore, retention) or of the rules they call
+    takes the whole `Deps` or `StateStore`: a `StepDeps[<port>]` (or a protocol built on one) names the part
+    of the state store it uses, and mypy holds it to it."""
+    wide: list[str] = []
+    for entry in VERSION_MODEL:
+        relative, _, names = entry.partition(":")
+        path = PACKAGE / relative
+        only = set(names.split(",")) if names else None
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.FunctionDef) or (only is not None and node.name not in only):
+                continue
+            for arg in node.args.args + node.args.kwonlyargs:
+                annotation = ast.unparse(arg.annotation) if arg.annotation is not None else ""
+                if annotation in ("Deps", "StateStore"):
+                    wide.append(f"{relative}:{node.lineno} {node.name}({arg.arg}: {annotation})")
+    assert not wide, wide
+    ports = ast.parse((PACKAGE / "services" / "state" / "ports.py").read_text(encoding="utf-8"))
+    imported = {node.module for node in ast.walk(ports) if isinstance(node, ast.ImportFrom)}
+    assert "kb_reindex.services.state.store" not in imported, "the ports say what a step uses, not the store"

@@ -17,7 +17,8 @@ from kb_reindex.services.state.versions import VersionRecord
 from kb_reindex.services.state.clock import utc_stamp, utcnow
 
 if TYPE_CHECKING:  # the types alone: importing a rule never imports Qdrant's client
-    from kb_reindex.services.runtime import Deps
+    from kb_reindex.services.runtime import Deps, StepDeps
+    from kb_reindex.services.state.ports import AliasHistory
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +56,7 @@ def has_served(version: VersionRecord) -> bool:
     return version.promoted_at is not None
 
 
-def rollback_target(deps: Deps, live: VersionRecord | None = None) -> VersionRecord | None:
+def rollback_target(deps: StepDeps[AliasHistory], live: VersionRecord | None = None) -> VersionRecord | None:
     """The version the alias pointed to before `live` (default: the current one) became live, from the alias
     history.
 
@@ -77,7 +78,7 @@ def rollback_target(deps: Deps, live: VersionRecord | None = None) -> VersionRec
     return None
 
 
-def moved_from(deps: Deps, live: VersionRecord | None = None, *, by_rollback: bool = False) -> VersionRecord | None:
+def moved_from(deps: StepDeps[AliasHistory], live: VersionRecord | None = None, *, by_rollback: bool = False) -> VersionRecord | None:
     """The version the alias served just before `live` (default: the current one), whatever moved it: after
     rolling v2 back to v1 it is v2, so going forward again stays one alias move away. `by_rollback`: only when a
     rollback put `live` live (what on-call may want to undo)."""

@@ -14,7 +14,8 @@ from kb_reindex.services.store import DISTANCE
 from kb_reindex.domain.validation_model import Check
 
 if TYPE_CHECKING:  # the types alone: importing a rule never imports Qdrant's client
-    from kb_reindex.services.runtime import Deps
+    from kb_reindex.services.runtime import Deps, StepDeps
+    from kb_reindex.services.state.ports import ShapeState
 
 #: points whose payload and vector the structural check reads back (the count and IDs are checked in full)
 SAMPLE_SIZE = 64
@@ -28,7 +29,7 @@ KEPT_LOOKED_UP = 1024
 Difference = tuple[VersionRecord, list[str], list[str], list[str]]
 
 
-def by_difference(deps: Deps, version: VersionRecord) -> Difference | None:
+def by_difference(deps: StepDeps[ShapeState], version: VersionRecord) -> Difference | None:
     """(base, IDs added, IDs dropped, IDs kept) of a version being built in a slot that held `base` exactly;
     None when it was built whole (or its base is gone)."""
     if version.slot_base is None or version.status not in (VersionStatus.BUILDING, VersionStatus.FAILED):
@@ -42,7 +43,7 @@ def by_difference(deps: Deps, version: VersionRecord) -> Difference | None:
     return base, added, dropped, kept
 
 
-def shape_checks(deps: Deps, version: VersionRecord, size: int, diff: Difference | None = None
+def shape_checks(deps: StepDeps[ShapeState], version: VersionRecord, size: int, diff: Difference | None = None
                  ) -> tuple[list[Check], int | None]:
     """Exact count and IDs against the manifest (of `size` chunks), dimension and distance against the
     record: the one structural check, shared by validation and by rollback/reconcile (`structural_problems`).
@@ -70,7 +71,7 @@ def shape_checks(deps: Deps, version: VersionRecord, size: int, diff: Difference
     return checks, shape.points
 
 
-def _id_differences(deps: Deps, version: VersionRecord, size: int, *, points: int,
+def _id_differences(deps: StepDeps[ShapeState], version: VersionRecord, size: int, *, points: int,
                     diff: Difference | None) -> tuple[set[str], set[str], str]:
     """IDs the collection lacks and holds beyond the manifest, and how that was found.
 
@@ -97,7 +98,7 @@ def _id_differences(deps: Deps, version: VersionRecord, size: int, *, points: in
     return missing, extra, ""
 
 
-def structural_problems(deps: Deps, version: VersionRecord) -> list[str]:
+def structural_problems(deps: StepDeps[ShapeState], version: VersionRecord) -> list[str]:
     """What makes a kept collection unfit to serve (empty when whole): the shape checks, without the
     golden set, for a rollback target or a live version the alias is pointed back at."""
     checks, _points = shape_checks(deps, version, deps.state.manifest_size(version.id))

@@ -12,7 +12,7 @@ from kb_reindex.services.state.clock import utc_stamp
 from kb_reindex.services.store import CollectionMetadata
 
 if TYPE_CHECKING:  # the types alone: importing a rule never imports Qdrant's client
-    from kb_reindex.services.runtime import Deps
+    from kb_reindex.services.runtime import Deps, StepDeps
 
 
 def collection_metadata(version: VersionRecord, config: CollectionConfig | None = None) -> CollectionMetadata:
@@ -32,7 +32,7 @@ def collection_metadata(version: VersionRecord, config: CollectionConfig | None 
     return metadata
 
 
-def version_collection_config(deps: Deps, base_collection: str | None) -> CollectionConfig:
+def version_collection_config(deps: StepDeps[object], base_collection: str | None) -> CollectionConfig:
     """The settings of a new version: configured keys, the rest inherited from the live collection, and on a
     server always an explicit HNSW `m` to restore after the bulk load (Qdrant's default when nothing says).
     Local mode applies none of them and reports fixed values, so nothing is inherited there."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kb_reindex.domain.errors import FencedError
-from kb_reindex.services.state.store import StateStore
+from kb_reindex.services.state.ports import LockReads
 
 
 @dataclass(frozen=True)
@@ -18,7 +18,7 @@ class Fence:
     lock: str
     owner: str
 
-    def check(self, state: StateStore, *, before: str) -> None:
+    def check(self, state: LockReads, *, before: str) -> None:
         """One indexed SELECT; raises `FencedError` naming what was not done when the lock is not ours."""
         if state.holds_lock(self.lock, owner=self.owner):
             return

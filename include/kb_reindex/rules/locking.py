@@ -10,14 +10,15 @@ from typing import TYPE_CHECKING
 from kb_reindex.services.state.locks import lock_owner_alive
 
 if TYPE_CHECKING:  # the types alone: importing a rule never imports Qdrant's client
-    from kb_reindex.services.runtime import Deps
+    from kb_reindex.services.runtime import StepDeps
+    from kb_reindex.services.state.ports import LockReads
 
 
 def reindex_lock_name(alias: str) -> str:
     return f"reindex:{alias}"
 
 
-def run_is_active(deps: Deps, run_id: str) -> bool:
+def run_is_active(deps: StepDeps[LockReads], run_id: str) -> bool:
     """A run still working (or retrying); its version must not be taken or deleted.
 
     Decided by the alias's reindex lock alone: a CLI run holds it for as long as its process lives, a DAG run

@@ -33,7 +33,8 @@ from kb_reindex.services.state.versions import VersionRecord
 from kb_reindex.services.store import collection_name, model_slug
 
 if TYPE_CHECKING:  # the types alone: importing a rule never imports Qdrant's client
-    from kb_reindex.services.runtime import Deps
+    from kb_reindex.services.runtime import StepDeps
+    from kb_reindex.services.state.ports import SlotProtection
 
 #: slots a profile keeps when nothing else is protected: live, the rollback target and the next candidate
 SLOTS_KEPT = 3
@@ -70,7 +71,7 @@ def next_number(taken: set[str], alias: str) -> int:
     return number
 
 
-def protected_ids(deps: Deps, versions: list[VersionRecord]) -> set[int]:
+def protected_ids(deps: StepDeps[SlotProtection], versions: list[VersionRecord]) -> set[int]:
     """Versions whose slot no build may take: live (by the state DB and by the alias), the rollback target,
     the version served just before live (after a rollback: the one rolled away from), pinned ones, ready ones (built and never served: shadows, held or frozen builds) and builds whose run still
     holds the reindex lock."""

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol, TypeVar
 
 from qdrant_client import QdrantClient
 
@@ -18,6 +19,23 @@ from kb_reindex.services.sources import KnowledgeSource
 from kb_reindex.services.state.store import StateStore
 from kb_reindex.services.state.versions import VersionRecord
 from kb_reindex.services.store import KnowledgeStore, open_store
+
+#: the part of the state store a step uses (a protocol of `services.state.ports`)
+StateT_co = TypeVar("StateT_co", covariant=True)
+
+
+class StepDeps(Protocol[StateT_co]):
+    """What a step of the version model takes: the settings, the Qdrant store and only the part of the state
+    store it uses (`StepDeps[SlotState]`). A `Deps` is one; so is a test's stand-in with a narrower state."""
+
+    @property
+    def settings(self) -> Settings: ...
+
+    @property
+    def state(self) -> StateT_co: ...
+
+    @property
+    def store(self) -> KnowledgeStore: ...
 
 
 @dataclass

@@ -14,22 +14,23 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import cast
+from typing import Protocol, cast
 
 from qdrant_client import models
 
 from kb_reindex.services.chunking import Chunk
 from kb_reindex.services.corpus import DocumentInfo
-from kb_reindex.services.embedding import batched
+from kb_reindex.services.embedding import Embedder, batched
 from kb_reindex.domain.errors import EmbeddingError, FencedError, KbError, StoreError, one_line
 from kb_reindex.rules.fence import Fence
 from kb_reindex.services.layouts import payload_text, shape_payload, text_field
 from kb_reindex.domain.lifecycle import BUILDABLE, BUILDING, FAILED, may_resume
 from kb_reindex.domain.model import VersionStatus
 from kb_reindex.domain.planning import BuildResult, CreatedVersion, Plan
-from kb_reindex.services.runtime import Deps
+from kb_reindex.services.runtime import StepDeps
 from kb_reindex.services.sources import Document, sha256_text
 from kb_reindex.services.state.manifests import ManifestChunk
+from kb_reindex.services.state.ports import BuildState
 from kb_reindex.services.state.versions import VersionRecord
 from kb_reindex.steps.slots import prepare_slot
 from kb_reindex.domain.vectors import check_vectors
@@ -50,7 +51,14 @@ class BuildCounts:
     kept: int = 0  # held by the slot from the version it was taken from
 
 
-def create_version(deps: Deps, plan: Plan, *, run_id: str | None = None) -> CreatedVersion:
+class BuildDeps(StepDeps[BuildState], Protocol):
+    """What a build takes: the slot's part of the state store, the Qdrant store, and the model a version was
+    built with (`Deps.embedder_for`)."""
+
+    def embedder_for(self, version: VersionRecord) -> Embedder: ...
+
+
+def create_version(deps: BuildDeps, plan: Plan, *, run_id: str | None = None) -> CreatedVersion:
     """Create the collection of the version the plan snapshotted (`plan.version`): the plan step
     (`pipeline.plan_step`, `pipeline.plan_and_snapshot`) snapshots a plan that builds, before this."""
     if plan.version is None:  # not snapshotted
@@ -135,7 +143,7 @@ class Progress:
                  extra={"kb_progress": (self.label, self.done, self.total)})
 
 
-def build(deps: Deps, version_number: int, *, run_id: str | None = None,
+def build(deps: BuildDeps, version_number: int, *, run_id: str | None = None,
           window: tuple[int, int] | None = None, counts: BuildCounts | None = None,
           fence: Fence | None = None) -> BuildResult:
     """Fill the version's collection; `window` (offset, limit) into the manifest limits the work to one
@@ -171,7 +179,7 @@ def build(deps: Deps, version_number: int, *, run_id: str | None = None,
         raise
 
 
-def _already_written(deps: Deps, collection: str, point_ids: list[str]) -> set[str]:
+def _already_written(deps: BuildDeps, collection: str, point_ids: list[str]) -> set[str]:
     """Which of these points the collection holds: nothing to look up in a new, empty collection; else
     by ID in batches (a scroll over everything is quadratic in local mode and reads far more on a server)."""
     if not point_ids or deps.store.count(collection) == 0:
@@ -188,7 +196,7 @@ class SnapshotTexts:
 
     BLOCK = 512
 
-    def __init__(self, deps: Deps, rows: list[ManifestChunk], *, version_label: str) -> None:
+    def __init__(self, deps: BuildDeps, rows: list[ManifestChunk], *, version_label: str) -> None:
         self.state, self.rows, self.label = deps.state, rows, version_label
         self.position = {row.point_id: n for n, row in enumerate(rows)}
         self.loaded: dict[int, dict[str, tuple[str, str]]] = {}  # block number -> chunk_hash -> (section, text)
@@ -237,7 +245,7 @@ def _live_chunk(row: ManifestChunk, record: models.Record, live: str, layout: st
                  chunk_hash=row.chunk_hash, point_id=row.point_id)
 
 
-def _slice_documents(deps: Deps, version: VersionRecord, rows: list[ManifestChunk]) -> dict[str, DocumentInfo]:
+def _slice_documents(deps: BuildDeps, version: VersionRecord, rows: list[ManifestChunk]) -> dict[str, DocumentInfo]:
     """The payload fields of the documents of the rows a slice writes, from the plan's manifest."""
     if not rows:
         return {}
@@ -251,7 +259,7 @@ def _slice_documents(deps: Deps, version: VersionRecord, rows: list[ManifestChun
     return by_key
 
 
-def _fill(deps: Deps, version: VersionRecord, window: tuple[int, int] | None, run_id: str | None,
+def _fill(deps: BuildDeps, version: VersionRecord, window: tuple[int, int] | None, run_id: str | None,
           counts: BuildCounts, fence: Fence | None = None) -> BuildResult:
     """Build from the plan's snapshot only: the slice's manifest rows by range, its documents' payload
     fields, the texts of what it embeds; copied chunks take text and section from live's payload."""
@@ -321,7 +329,7 @@ class _SliceWriter:
     progress for the page and the log, at most once a second: absolute for a whole build, added up across
     mapped slices. The run's record adds what this call wrote."""
 
-    def __init__(self, deps: Deps, version: VersionRecord, *, documents: dict[str, DocumentInfo],
+    def __init__(self, deps: BuildDeps, version: VersionRecord, *, documents: dict[str, DocumentInfo],
                  texts: SnapshotTexts, progress: Progress, window: tuple[int, int] | None, run_id: str | None,
                  counts: BuildCounts, fence: Fence | None) -> None:
         self.deps, self.version, self.documents, self.texts = deps, version, documents, texts
@@ -367,7 +375,7 @@ class _SliceWriter:
         self.unrecorded, self.last_recorded = 0, time.monotonic()
 
 
-def _copy_from_live(deps: Deps, version: VersionRecord, to_copy: list[ManifestChunk], writer: _SliceWriter) -> float:
+def _copy_from_live(deps: BuildDeps, version: VersionRecord, to_copy: list[ManifestChunk], writer: _SliceWriter) -> float:
     """Copy the reused chunks' vectors (and texts) from the live collection the version was planned against;
     the seconds it took."""
     base_collection = version.base_collection
@@ -403,7 +411,7 @@ def _copy_from_live(deps: Deps, version: VersionRecord, to_copy: list[ManifestCh
     return time.perf_counter() - started
 
 
-def _rewrite_payloads(deps: Deps, version: VersionRecord, rows: list[ManifestChunk], writer: _SliceWriter) -> None:
+def _rewrite_payloads(deps: BuildDeps, version: VersionRecord, rows: list[ManifestChunk], writer: _SliceWriter) -> None:
     """The points the slot keeps of documents whose payload fields changed: their payloads written anew from
     the manifest (the text and section read back from the slot's own payload), vectors untouched."""
     base = deps.state.get_version(version.alias, version.slot_base) if version.slot_base is not None else None
@@ -445,7 +453,7 @@ def _copied_vectors(live: str, batch: Sequence[ManifestChunk], found: dict[str, 
     return {key: cast(list[float], record.vector) for key, record in found.items()}
 
 
-def _embed(deps: Deps, version: VersionRecord, to_embed: list[ManifestChunk], writer: _SliceWriter) -> None:
+def _embed(deps: BuildDeps, version: VersionRecord, to_embed: list[ManifestChunk], writer: _SliceWriter) -> None:
     """Embed the new chunks (texts from the plan's snapshot), up to KB_EMBED_CONCURRENCY requests in
     flight; answers come back in the batches' order."""
     embedder = deps.embedder_for(version)

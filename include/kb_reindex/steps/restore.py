@@ -22,8 +22,9 @@ from kb_reindex.services.chunking import Chunk
 from kb_reindex.services.corpus import DocumentInfo
 from kb_reindex.services.embedding import batched
 from kb_reindex.services.layouts import payload_text, text_field, version_profile
-from kb_reindex.services.runtime import Deps
+from kb_reindex.services.runtime import StepDeps
 from kb_reindex.services.state.manifests import ManifestChunk
+from kb_reindex.services.state.ports import SlotState
 from kb_reindex.services.state.versions import VersionRecord
 from kb_reindex.steps.build import Progress, payload_for
 from kb_reindex.steps.slots import prepare_slot, vault_of, vaulted
@@ -45,12 +46,12 @@ class RestoreResult:
                 "rewritten": self.rewritten, "already_resident": self.already}
 
 
-def restore_points(deps: Deps, version: VersionRecord) -> int:
+def restore_points(deps: StepDeps[SlotState], version: VersionRecord) -> int:
     """How many points a restore of `version` writes at most (its manifest; the slot it takes may hold some)."""
     return 0 if deps.store.exists(version.collection) else version.points_expected
 
 
-def restore_version(deps: Deps, number: int) -> RestoreResult:
+def restore_version(deps: StepDeps[SlotState], number: int) -> RestoreResult:
     alias = deps.settings.alias
     version = deps.state.get_version(alias, number)
     if version is None:
@@ -117,7 +118,7 @@ class _Sources:
     """Where a restored chunk's vector, text and section come from: a version residing in a slot of the same
     profile whose manifest holds its hash, else the profile's vault."""
 
-    def __init__(self, deps: Deps, version: VersionRecord) -> None:
+    def __init__(self, deps: StepDeps[SlotState], version: VersionRecord) -> None:
         self.deps, self.version = deps, version
         profile = version_profile(version)
         self.residents = {v.id: v for v in deps.state.list_versions(version.alias)

@@ -14,7 +14,8 @@ from kb_reindex.rules.alias import rollback_target
 from kb_reindex.domain.errors import ConfigError, KbError, StoreError
 from kb_reindex.domain.lifecycle import BUILDING, DELETED, FAILED, LIVE, READY, RETIRED
 from kb_reindex.rules.locking import alias_lock_name, pin_by, run_is_active
-from kb_reindex.services.runtime import Deps
+from kb_reindex.services.runtime import StepDeps
+from kb_reindex.services.state.ports import Pins, RetentionState
 from kb_reindex.services.state.versions import VersionRecord
 from kb_reindex.services.state.clock import utc_stamp, utcnow
 from kb_reindex.rules.slots import own_name, protected_ids, surplus_slots
@@ -104,7 +105,7 @@ def retention_victims(
     return sorted(victims, key=lambda v: v.version)
 
 
-def cleanup(deps: Deps) -> CleanupResult:
+def cleanup(deps: StepDeps[RetentionState]) -> CleanupResult:
     alias = deps.settings.alias
     with deps.state.lock(alias_lock_name(alias), ttl_s=300, wait_s=deps.settings.lock_wait_s):
         target = rollback_target(deps)
@@ -139,7 +140,7 @@ def cleanup(deps: Deps) -> CleanupResult:
                          pinned=tuple(sorted(v.version for v in versions if v.id in pinned)))
 
 
-def drop_version(deps: Deps, version_number: int) -> Dropped:
+def drop_version(deps: StepDeps[RetentionState], version_number: int) -> Dropped:
     """Explicitly drop a kept version (e.g. a shadow migration): never the live one or the rollback target."""
     alias = deps.settings.alias
     with deps.state.lock(alias_lock_name(alias), ttl_s=300, wait_s=deps.settings.lock_wait_s):
@@ -170,13 +171,13 @@ def drop_version(deps: Deps, version_number: int) -> Dropped:
 # --- pins ----------------------------------------------------------------------------------------
 
 
-def pinned_ids(deps: Deps, versions: list[VersionRecord]) -> set[int]:
+def pinned_ids(deps: StepDeps[Pins], versions: list[VersionRecord]) -> set[int]:
     """Ids of the versions pinned now (a known-good baseline retention never drops)."""
     numbers = set(deps.state.active_pins(deps.settings.alias))
     return {v.id for v in versions if v.version in numbers}
 
 
-def pin_version(deps: Deps, version_number: int, *, reason: str, by: str | None = None) -> PinResult:
+def pin_version(deps: StepDeps[RetentionState], version_number: int, *, reason: str, by: str | None = None) -> PinResult:
     """Keep a version whatever retention decides, until unpinned. Only a whole version can be kept:
     a failed, building or deleted one is refused by name."""
     alias = deps.settings.alias
@@ -195,7 +196,7 @@ def pin_version(deps: Deps, version_number: int, *, reason: str, by: str | None 
                      pinned_at=utc_stamp(pin.pinned_at))
 
 
-def unpin_version(deps: Deps, version_number: int, *, by: str | None = None) -> UnpinResult:
+def unpin_version(deps: StepDeps[RetentionState], version_number: int, *, by: str | None = None) -> UnpinResult:
     alias = deps.settings.alias
     if deps.state.get_version(alias, version_number) is None:
         raise ConfigError(f"--version {version_number}: {alias} has no version {version_number}")
@@ -205,7 +206,7 @@ def unpin_version(deps: Deps, version_number: int, *, by: str | None = None) -> 
     return UnpinResult(version=version_number, was_pinned=ended is not None, reason=ended.reason if ended else None)
 
 
-def _drop_collection(deps: Deps, version: VersionRecord) -> tuple[bool, str | None]:
+def _drop_collection(deps: StepDeps[RetentionState], version: VersionRecord) -> tuple[bool, str | None]:
     """Delete a version's collection and mark it deleted; with KB_SNAPSHOT_BEFORE_DROP, snapshot it first.
 
     The snapshot's name and time are kept on the version (`qdrant_snapshot`, `qdrant_snapshot_at`), shown by
@@ -236,7 +237,7 @@ def _drop_collection(deps: Deps, version: VersionRecord) -> tuple[bool, str | No
     return dropped, snapshot
 
 
-def drop_surplus_slots(deps: Deps, protected: set[int]) -> list[str]:
+def drop_surplus_slots(deps: StepDeps[RetentionState], protected: set[int]) -> list[str]:
     """Slots beyond what the version model keeps (`rules.slots.surplus_slots`) that no kept version resides
     in, and vaults of profiles with no slot and no kept version left: dropped. Their names."""
     alias = deps.settings.alias

@@ -21,8 +21,9 @@ from kb_reindex.rules.locking import alias_lock_name
 from kb_reindex.rules.slots import Occupancy, choose_slot, next_number, own_name, protected_ids, slot_name, vault_name
 from kb_reindex.services.embedding import batched
 from kb_reindex.services.layouts import payload_text, text_field, version_profile
-from kb_reindex.services.runtime import Deps
+from kb_reindex.services.runtime import StepDeps
 from kb_reindex.services.state.manifests import ManifestChunk
+from kb_reindex.services.state.ports import SlotRecords, SlotState, SlotView
 from kb_reindex.services.state.slots import VAULT
 from kb_reindex.services.state.versions import VersionRecord
 
@@ -38,18 +39,18 @@ def vault_point_id(chunk_hash: str) -> str:
     return str(uuid.uuid5(VAULT_NAMESPACE, chunk_hash))
 
 
-def occupancies(deps: Deps, alias: str) -> list[Occupancy]:
+def occupancies(deps: StepDeps[SlotView], alias: str) -> list[Occupancy]:
     holders = {v.id: v for v in deps.state.list_versions(alias)}
     return [Occupancy(slot=row, holder=holders.get(row.holds) if row.holds is not None else None)
             for row in deps.state.slots(alias)]
 
 
-def in_a_slot(deps: Deps, version: VersionRecord) -> bool:
+def in_a_slot(deps: StepDeps[SlotRecords], version: VersionRecord) -> bool:
     row = deps.state.slot(version.collection)
     return row is not None and row.role != VAULT
 
 
-def prepare_slot(deps: Deps, version: VersionRecord) -> VersionRecord:
+def prepare_slot(deps: StepDeps[SlotState], version: VersionRecord) -> VersionRecord:
     """The version, residing in a slot brought to the point where only its additions are missing: a slot of
     its own already (resumed), a free one taken from its resident (the difference from the exact version it
     holds, or emptied), or a new one. A version made before slots whose own collection exists (a build begun
@@ -111,7 +112,7 @@ def prepare_slot(deps: Deps, version: VersionRecord) -> VersionRecord:
     return deps.state.version_by_id(fresh.id)
 
 
-def vault_of(deps: Deps, version: VersionRecord, *, create: bool) -> str | None:
+def vault_of(deps: StepDeps[SlotRecords], version: VersionRecord, *, create: bool) -> str | None:
     """The collection that keeps the vectors of version's profile a slot gave up (by chunk hash)."""
     profile = version_profile(version)
     found = deps.state.slots(version.alias, profile=profile, role=VAULT)
@@ -126,7 +127,7 @@ def vault_of(deps: Deps, version: VersionRecord, *, create: bool) -> str | None:
     return name
 
 
-def give_up(deps: Deps, version: VersionRecord, base: VersionRecord) -> int:
+def give_up(deps: StepDeps[SlotState], version: VersionRecord, base: VersionRecord) -> int:
     """Delete from the version's slot the base's points its manifest lacks, each batch's vectors (with text and
     section) saved to the vault first unless it has their chunk already. The number of points given up."""
     dropped = deps.state.dropped_chunks(version.id, base.id)
@@ -160,7 +161,7 @@ def _vault_point(row: ManifestChunk, record: models.Record, layout: str) -> mode
                                        "section": payload.get("section")})
 
 
-def vaulted(deps: Deps, vault: str | None, hashes: Sequence[str]) -> dict[str, models.Record]:
+def vaulted(deps: StepDeps[object], vault: str | None, hashes: Sequence[str]) -> dict[str, models.Record]:
     """The vault's records (vector, text, section) of these chunk hashes, by hash."""
     if vault is None or not hashes:
         return {}
