@@ -387,8 +387,8 @@ def test_a_build_slice_reads_its_manifest_rows_by_position(state: StateStore) ->
 
 def test_a_slice_against_its_base_reads_the_rows_that_differ_and_the_ids_kept(state: StateStore) -> None:
     """A: unchanged; B: edited (a new point); C: the same point, its title changed (its payload rewritten);
-    D: new; E: gone. The difference names the added rows, the kept IDs and, of those, the rows to rewrite;
-    a window limits all three to its positions."""
+    D: new; E: gone. The difference names the added rows, counts the kept ones and names, of those, the rows to
+    rewrite; a window limits all three to its positions. A sample of the kept IDs is looked up by position."""
     base, version = new_version(state), new_version(state)
 
     def doc(key: str, title: str = "t", chunks: int = 1) -> ManifestDocument:
@@ -405,11 +405,13 @@ def test_a_slice_against_its_base_reads_the_rows_that_differ_and_the_ids_kept(st
                          [row("A", 0, "a0"), row("A", 1, "a1"), row("B", 0, "b1"), row("C", 0, "c0"), row("D", 0, "d0")])
     diff = state.slice_difference(version.id, base.id)
     assert [r.point_id for r in diff.added] == ["b1", "d0"]
-    assert diff.kept == ["a0", "a1", "c0"]
+    assert diff.kept == 3
     assert [r.point_id for r in diff.rewrite] == ["c0"]
     assert diff.total == 5
     window = state.slice_difference(version.id, base.id, (2, 2))  # positions 2, 3: B's and C's rows
-    assert ([r.point_id for r in window.added], window.kept, [r.point_id for r in window.rewrite]) == (["b1"], ["c0"], ["c0"])
+    assert ([r.point_id for r in window.added], window.kept, [r.point_id for r in window.rewrite]) == (["b1"], 1, ["c0"])
+    assert state.kept_sample(version.id, base.id, range(5)) == ["a0", "a1", "c0"]  # positions 2 (b1), 4 (d0) added
+    assert state.kept_sample(version.id, base.id, [4, 1, 2]) == ["a1"]
     assert [r.point_id for r in state.dropped_chunks(version.id, base.id)] == ["b0", "e0"]
 
 

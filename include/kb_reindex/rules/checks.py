@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import random
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from kb_reindex.services.layouts import describe_layout, payload_problems, payload_text
 from kb_reindex.domain.model import VersionStatus
@@ -25,22 +25,31 @@ CHANGED_CHECKED = 1024
 KEPT_LOOKED_UP = 1024
 
 
-#: (base, IDs added, IDs dropped, IDs kept) of a version built by difference (`by_difference`)
-Difference = tuple[VersionRecord, list[str], list[str], list[str]]
+class Difference(NamedTuple):
+    """A version built by difference (`by_difference`): the base its slot held exactly, the IDs it added and
+    dropped, how many points it kept, and a sample of the kept IDs (by manifest position) to look up."""
+
+    base: VersionRecord
+    added: list[str]
+    dropped: list[str]
+    kept: int
+    kept_sample: list[str]
 
 
-def by_difference(deps: StepDeps[ShapeState], version: VersionRecord) -> Difference | None:
-    """(base, IDs added, IDs dropped, IDs kept) of a version being built in a slot that held `base` exactly;
-    None when it was built whole (or its base is gone)."""
+def by_difference(deps: StepDeps[ShapeState], version: VersionRecord, size: int | None = None) -> Difference | None:
+    """The `Difference` of a version being built in a slot that held its base exactly; None when it was built
+    whole (or its base is gone). `size`: the version's manifest size, when the caller has it."""
     if version.slot_base is None or version.status not in (VersionStatus.BUILDING, VersionStatus.FAILED):
         return None
     base = deps.state.get_version(version.alias, version.slot_base)
     if base is None:
         return None
     diff = deps.state.slice_difference(version.id, base.id)
-    added, kept = [row.point_id for row in diff.added], diff.kept
     dropped = [row.point_id for row in deps.state.dropped_chunks(version.id, base.id)]
-    return base, added, dropped, kept
+    size = deps.state.manifest_size(version.id) if size is None else size
+    positions = random.Random(version.version).sample(range(size), min(KEPT_LOOKED_UP, size))
+    return Difference(base, [row.point_id for row in diff.added], dropped, diff.kept,
+                      deps.state.kept_sample(version.id, base.id, positions))
 
 
 def shape_checks(deps: StepDeps[ShapeState], version: VersionRecord, size: int, diff: Difference | None = None
@@ -62,7 +71,7 @@ def shape_checks(deps: StepDeps[ShapeState], version: VersionRecord, size: int, 
     shape = store.shape(version.collection)
     check("point count", shape.points == size, f"{shape.points} points, manifest lists {size}")
     missing, extra, how = _id_differences(deps, version, size, points=shape.points,
-                                          diff=diff if diff is not None else by_difference(deps, version))
+                                          diff=diff if diff is not None else by_difference(deps, version, size))
     check("point ids", not missing and not extra,
           f"{len(missing)} missing, {len(extra)} unexpected" + (f" (e.g. {sorted(missing or extra)[0]})" if missing or extra else "")
           + how)
@@ -82,8 +91,8 @@ def _id_differences(deps: StepDeps[ShapeState], version: VersionRecord, size: in
     there. Any doubt, or any other version: every ID is looked up (`id_differences`)."""
     store = deps.store
     if diff is not None and points == size:
-        _base, added, dropped, kept = diff
-        looked = added + random.Random(version.version).sample(kept, min(KEPT_LOOKED_UP, len(kept)))
+        added, dropped = diff.added, diff.dropped
+        looked = added + diff.kept_sample
         found: set[str] = set()
         for start in range(0, len(looked), 1024):
             found.update(str(r.id) for r in store.retrieve(version.collection, looked[start:start + 1024], payload=False))
@@ -92,7 +101,7 @@ def _id_differences(deps: StepDeps[ShapeState], version: VersionRecord, size: in
             gone.update(str(r.id) for r in store.retrieve(version.collection, dropped[start:start + 1024], payload=False))
         if found == set(looked) and not gone:
             return set(), set(), (f"; by difference from v{version.slot_base}: {len(added)} added and "
-                                  f"{min(KEPT_LOOKED_UP, len(kept))} of {len(kept)} kept found, {len(dropped)} dropped gone")
+                                  f"{len(diff.kept_sample)} of {diff.kept} kept found, {len(dropped)} dropped gone")
     expected = [ref.point_id for ref in deps.state.iter_manifest_refs(version.id)]
     missing, extra = store.id_differences(version.collection, expected, points=points)
     return missing, extra, ""
@@ -109,7 +118,7 @@ def structural_checks(deps: Deps, version: VersionRecord) -> list[Check]:
     """The shape checks, then a sample of points read back whole (payload, text against its hash, vector):
     chosen by manifest position, and every point this build wrote up to CHANGED_CHECKED."""
     size = deps.state.manifest_size(version.id)
-    diff = by_difference(deps, version)  # read once: the IDs' check and the sample's
+    diff = by_difference(deps, version, size)  # read once: the IDs' check and the sample's
     checks, points = shape_checks(deps, version, size, diff)
     if points is None:
         return checks
@@ -121,7 +130,7 @@ def structural_checks(deps: Deps, version: VersionRecord) -> list[Check]:
     sample = deps.state.manifest_at(version.id, random.Random(version.version).sample(range(size), min(SAMPLE_SIZE, size)))
     written: set[str] = set()
     if diff is not None:  # what this build wrote: read back in full (a sample beyond CHANGED_CHECKED)
-        added = diff[1]
+        added = diff.added
         written = set(random.Random(version.version).sample(added, min(CHANGED_CHECKED, len(added))))
         have = {row.point_id for row in sample}
         missing_rows = sorted(written - have)

@@ -269,27 +269,27 @@ def _fill(deps: BuildDeps, version: VersionRecord, window: tuple[int, int] | Non
     base = deps.state.get_version(version.alias, version.slot_base) if version.slot_base is not None else None
     if base is None:  # a slot new or emptied: every point is written, but those a rerun finds there
         fresh = deps.state.slice_rows(version.id, window)
-        held: set[str] = set()
+        held = 0
         rewrite: list[ManifestChunk] = []
     else:  # the slot held `base` exactly: only what differs from it is written (and read here)
         diff = deps.state.slice_difference(version.id, base.id, window)
-        fresh, held, rewrite = diff.added, set(diff.kept), diff.rewrite
-    total = len(fresh) + len(held)
+        fresh, held, rewrite = diff.added, diff.kept, diff.rewrite
+    total = len(fresh) + held
     documents = _slice_documents(deps, version, [*fresh, *rewrite])
     existing = _already_written(deps, version.collection, [row.point_id for row in fresh])
     to_copy = [row for row in fresh if row.source_point_id and row.point_id not in existing]
     to_embed = [row for row in fresh if not row.source_point_id and row.point_id not in existing]
     skipped = len(fresh) - len(to_copy) - len(to_embed)
     counts.skipped += skipped
-    counts.kept += len(held)
+    counts.kept += held
     if skipped:
         log.info("kb_reindex: v%d resumes: %d points already written are skipped", version.version, skipped)
     if base is not None:
         log.info("kb_reindex: v%d from v%d's points in %s: %d kept (%d payload(s) rewritten), %d copied, %d to "
-                 "embed", version.version, base.version, version.collection, len(held), len(rewrite), len(to_copy),
+                 "embed", version.version, base.version, version.collection, held, len(rewrite), len(to_copy),
                  len(to_embed))
     progress = Progress(f"build v{version.version}", total)
-    progress.done = skipped + len(held) - len(rewrite)
+    progress.done = skipped + held - len(rewrite)
     writer = _SliceWriter(deps, version, documents=documents,
                           texts=SnapshotTexts(deps, to_embed, version_label=f"v{version.version}"),
                           progress=progress, window=window, run_id=run_id, counts=counts, fence=fence)
@@ -321,7 +321,7 @@ def _fill(deps: BuildDeps, version: VersionRecord, window: tuple[int, int] | Non
     # A slice adds only what it wrote: the collection's count also holds the writes of slices still running,
     # which they add themselves (set here, they were counted twice). Validation records the final count.
     return BuildResult(version=version.version, embedded=len(to_embed), copied=len(to_copy), skipped=skipped,
-                       points=written, copy_s=round(copy_s, 4), kept=len(held), rewritten=len(rewrite))
+                       points=written, copy_s=round(copy_s, 4), kept=held, rewritten=len(rewrite))
 
 
 class _SliceWriter:

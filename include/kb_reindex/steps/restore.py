@@ -69,7 +69,7 @@ def restore_version(deps: StepDeps[SlotState], number: int) -> RestoreResult:
         wanted, rewrite, kept = deps.state.slice_rows(version.id), [], 0
     else:
         diff = deps.state.slice_difference(version.id, base.id)
-        wanted, rewrite, kept = diff.added, diff.rewrite, len(diff.kept)
+        wanted, rewrite, kept = diff.added, diff.rewrite, diff.kept
     documents = {d.knowledge_key: DocumentInfo(knowledge_key=d.knowledge_key, source=d.source, title=d.title,
                                                category=d.category, tenant=d.tenant, content_hash=d.content_hash)
                  for d in deps.state.manifest_documents(version.id, {r.knowledge_key for r in [*wanted, *rewrite]})}

@@ -74,16 +74,17 @@ _DOCUMENT_COLUMNS = tuple(manifest_documents.c[name] for name in ManifestDocumen
 @dataclass(frozen=True)
 class SliceDifference:
     """A slice of a version's manifest against the base version its slot holds exactly
-    (`ManifestsMixin.slice_difference`): `added` the rows the base lacks, in manifest order; `kept` the point
-    IDs of the rows the base has; `rewrite` those kept rows whose document's payload fields changed."""
+    (`ManifestsMixin.slice_difference`): `added` the rows the base lacks, in manifest order; `kept` how many
+    rows the base has (counted in SQL: an edit never reads the kept IDs, `kept_sample` looks some up);
+    `rewrite` those kept rows whose document's payload fields changed."""
 
     added: list[ManifestChunk]
-    kept: list[str]
+    kept: int
     rewrite: list[ManifestChunk]
 
     @property
     def total(self) -> int:
-        return len(self.added) + len(self.kept)
+        return len(self.added) + self.kept
 
 
 class CopiedRows(NamedTuple):
@@ -370,10 +371,10 @@ class ManifestsMixin:
 
     def slice_difference(self, version_id: int, base_id: int, window: tuple[int, int] | None = None
                          ) -> SliceDifference:
-        """A slice's rows (as `slice_rows`) against the base version's manifest: the rows the base lacks, the
-        IDs of those it has (same key, chunk index and hash: the same point ID), and of those the rows whose
-        document's payload fields changed. Joined on the primary key in SQL, so an edit reads the rows that
-        differ and one ID per kept row, not every row whole."""
+        """A slice's rows (as `slice_rows`) against the base version's manifest: the rows the base lacks, how
+        many it has (same key, chunk index and hash: the same point ID), and of those the rows whose document's
+        payload fields changed. Joined on the primary key in SQL, so an edit reads the rows that differ and a
+        count of the rest, not one row (or ID) per kept point."""
         c = manifest_chunks.c
         base = manifest_chunks.alias("base")
         on_base = sa.and_(base.c.version_id == base_id, base.c.point_id == c.point_id)
@@ -386,11 +387,11 @@ class ManifestsMixin:
 
         added_q = within(sa.select(*_CHUNK_COLUMNS).select_from(manifest_chunks.outerjoin(base, on_base))
                          .where(c.version_id == version_id, base.c.point_id.is_(None)))
-        kept_q = within(sa.select(c.point_id).select_from(manifest_chunks.join(base, on_base))
+        kept_q = within(sa.select(sa.func.count()).select_from(manifest_chunks.join(base, on_base))
                         .where(c.version_id == version_id))
         with self.engine.connect() as conn:
             added = [ManifestChunk(*row) for row in conn.execute(added_q.order_by(c.position))]
-            kept = list(conn.execute(kept_q.order_by(c.position)).scalars())
+            kept = int(conn.execute(kept_q).scalar_one())
         changed = sorted(self.changed_documents(version_id, base_id)) if kept else []
         rewrite: list[ManifestChunk] = []
         with self.engine.connect() as conn:
@@ -400,6 +401,19 @@ class ManifestsMixin:
                 rewrite += [ManifestChunk(*row) for row in conn.execute(query.order_by(c.position))]
         rewrite.sort(key=lambda row: (row.knowledge_key, row.chunk_index))
         return SliceDifference(added=added, kept=kept, rewrite=rewrite)
+
+    def kept_sample(self, version_id: int, base_id: int, positions: Iterable[int]) -> list[str]:
+        """The point IDs, among the version's rows at these manifest positions, that the base version also
+        has (kept from it), in manifest order: a sample of the kept points costs its size, not the manifest."""
+        rows = self.manifest_at(version_id, positions)
+        ids = [row.point_id for row in rows]
+        c = manifest_chunks.c
+        found: set[str] = set()
+        with self.engine.connect() as conn:
+            for start in range(0, len(ids), 500):
+                found.update(conn.execute(sa.select(c.point_id).where(
+                    c.version_id == base_id, c.point_id.in_(ids[start:start + 500]))).scalars())
+        return [point for point in ids if point in found]
 
     def dropped_chunks(self, version_id: int, base_id: int) -> list[ManifestChunk]:
         """The base version's rows whose point the version's manifest lacks: what a slot gives up moving from
