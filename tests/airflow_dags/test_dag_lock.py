@@ -282,3 +282,26 @@ def test_the_lock_of_a_dag_run_airflow_reports_failed_is_taken_over_at_once(
     takeover = [e for e in history(deps) if e.action == "lock-takeover"]
     assert len(takeover) == 1 and "its DAG run is failed in Airflow, no longer running" in takeover[0].reason
     assert run_id in takeover[0].reason
+
+
+def test_inside_a_task_a_dag_run_the_task_sdk_reports_failed_is_dead(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A plan task asks through the Task SDK (no metadata DB in a task), which answers its own
+    `DagRunState(str, Enum)`: its str() is "DagRunState.FAILED", not "failed". A run on-call marked failed is dead
+    (its lock taken over at once, as from the CLI), a running one alive; found by the real scheduler, where a
+    plan after a run marked failed waited out the lock's TTL."""
+    import types
+
+    from airflow.sdk.api.datamodels._generated import DagRunState
+
+    from kb_reindex.services.state.dag_runs import dag_run_alive
+
+    answers = {"manual__a": DagRunState.FAILED, "manual__b": DagRunState.RUNNING, "manual__c": DagRunState.SUCCESS}
+    runner = types.ModuleType("airflow.sdk.execution_time.task_runner")
+    runner.SUPERVISOR_COMMS = object()  # type: ignore[attr-defined]
+    runner.RuntimeTaskInstance = types.SimpleNamespace(  # type: ignore[attr-defined]
+        get_dagrun_state=lambda dag_id, run_id: answers[run_id])
+    monkeypatch.setitem(sys.modules, "airflow.sdk.execution_time.task_runner", runner)
+    monkeypatch.delenv("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", raising=False)
+    assert dag_run_alive("airflow:knowledge_reindex:manual__a") == (False, "failed")
+    assert dag_run_alive("airflow:knowledge_reindex:manual__b") == (True, "running")
+    assert dag_run_alive("airflow:knowledge_reindex:manual__c") == (False, "success")

@@ -61,7 +61,9 @@ def dag_run_state(ref: DagRunRef) -> str | None:
     try:
         runner = sys.modules.get("airflow.sdk.execution_time.task_runner")
         if runner is not None and getattr(runner, "SUPERVISOR_COMMS", None) is not None:
-            return str(runner.RuntimeTaskInstance.get_dagrun_state(ref.dag_id, ref.run_id))
+            state = runner.RuntimeTaskInstance.get_dagrun_state(ref.dag_id, ref.run_id)
+            # the Task SDK answers its `DagRunState(str, Enum)`, whose str() is "DagRunState.FAILED": its value
+            return None if state is None else str(getattr(state, "value", state))
         url = metadata_db_url()
         settings = sys.modules.get("airflow.settings")
         engine = _engine(url) if url else getattr(settings, "engine", None) if settings is not None else None
