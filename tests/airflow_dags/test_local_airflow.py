@@ -275,15 +275,18 @@ def finished_state(airflow: LocalAirflow, dag_id: str, run_id: str, timeout_s: f
 
 
 class UpsertHold:
-    """Every upsert waits at our Qdrant server until released: a build held mid-way under the real scheduler."""
+    """Every upsert waits at our Qdrant server until released: a build held mid-way under the real scheduler.
+    `slots_only`: upserts into a vault (a slot giving up points, in create_version) go through."""
 
-    def __init__(self, qdrant: Any) -> None:
+    def __init__(self, qdrant: Any, *, slots_only: bool = False) -> None:
         self.qdrant, self.real = qdrant, qdrant._backend_call
         self.held, self.open = threading.Event(), threading.Event()
+        self.slots_only = slots_only
 
     def __enter__(self) -> UpsertHold:
         def held_call(op: str, params: dict, query: dict, body: Any, record: Any = None) -> Any:
-            if op == "upsert" and not self.open.is_set():
+            vault = "__vault" in params.get("name", "")
+            if op == "upsert" and not self.open.is_set() and not (self.slots_only and vault):
                 self.held.set()
                 self.open.wait(300)
             return self.real(op, params, query, body, record)
@@ -378,6 +381,51 @@ def test_an_edit_within_the_small_run_points_is_built_validated_and_promoted_by_
 
     status = kb(airflow.env, "status")
     assert status["live"]["version"] == before + 1 and status["locks"] == [], status
+    found = kb(airflow.env, "query", sentence, "-k", "3")["results"]
+    assert any(sentence in (r["text"] or "") for r in found), found
+
+
+@pytest.mark.airflow
+def test_a_plan_at_exactly_the_small_run_points_takes_the_one_task_path(
+        local_airflow: LocalAirflow, project: Path, qdrant: Any) -> None:
+    """Issue #41's threshold under the real scheduler: `path` sends a version whose points to write equal
+    `small_run_points` to `small_run` (at most the threshold is small). The number is found by a first run on
+    the mapped path (`small_run_points` 0), held at its first write into the slot and marked failed; the next
+    run resumes the same version, nothing of it written, with the threshold set to exactly that number."""
+    airflow = local_airflow
+    airflow.wait("every knowledge_reindex run finished", lambda: airflow.idle("knowledge_reindex"), 180)
+    doc = project / "knowledge" / "docs" / "payment-guide.md"
+    sentence = "分期付款的手续费以银行公布的费率为准。"
+    doc.write_text(doc.read_text(encoding="utf-8") + f"\n\n## 分期手续费\n\n{sentence}\n", encoding="utf-8")
+
+    def run_url(run_id: str) -> str:
+        return f"/dags/knowledge_reindex/dagRuns/{quote(run_id, safe='')}"
+
+    def created(run_id: str) -> dict:
+        return airflow.http.get(f"{run_url(run_id)}/taskInstances/create_version/xcomEntries/return_value"
+                                ).json()["value"]
+
+    def task_state(run_id: str, task_id: str) -> str | None:
+        return airflow.http.get(f"{run_url(run_id)}/taskInstances/{task_id}").json().get("state")
+
+    with UpsertHold(qdrant, slots_only=True) as hold:
+        first = airflow.trigger("knowledge_reindex", {"small_run_points": 0})
+        assert hold.held.wait(240), f"the build never wrote\n{airflow.logs()}"
+        assert task_state(first, "path") == "success" and task_state(first, "small_run") == "skipped"
+        planned = created(first)
+        assert planned["points_to_write"] > 0, planned
+        assert airflow.http.patch(run_url(first), json={"state": "failed"}).status_code == 200
+        second = airflow.trigger("knowledge_reindex", {"small_run_points": planned["points_to_write"]})
+        airflow.wait("the second run's version created", lambda: task_state(second, "create_version") == "success",
+                     240)
+    airflow.wait_for_success("knowledge_reindex", second, 300)
+    resumed = created(second)
+    assert (resumed["version"], resumed["points_to_write"]) == (planned["version"], planned["points_to_write"]), (
+        planned, resumed)
+    states = {t["task_id"]: t["state"] for t in
+              airflow.http.get(f"{run_url(second)}/taskInstances").json()["task_instances"]}
+    assert (states["path"], states["small_run"], states["build_slices"]) == ("success", "success", "skipped"), states
+    assert kb(airflow.env, "status")["live"]["version"] == planned["version"]
     found = kb(airflow.env, "query", sentence, "-k", "3")["results"]
     assert any(sentence in (r["text"] or "") for r in found), found
 
