@@ -47,7 +47,8 @@ def by_difference(deps: StepDeps[ShapeState], version: VersionRecord, size: int 
     diff = deps.state.slice_difference(version.id, base.id)
     dropped = [row.point_id for row in deps.state.dropped_chunks(version.id, base.id)]
     size = deps.state.manifest_size(version.id) if size is None else size
-    positions = random.Random(version.version).sample(range(size), min(KEPT_LOOKED_UP, size))
+    # seeded apart from the payload sample's positions (`structural_checks`), so the two look at other points
+    positions = random.Random(f"kept:{version.version}").sample(range(size), min(KEPT_LOOKED_UP, size))
     return Difference(base, [row.point_id for row in diff.added], dropped, diff.kept,
                       deps.state.kept_sample(version.id, base.id, positions))
 
