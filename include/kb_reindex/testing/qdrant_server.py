@@ -1067,9 +1067,7 @@ def search_as_qdrant_does() -> None:
             rows = [np.array(q) for q in pending if len(q) == vectors.shape[1]]
             if not rows:
                 return None
-            stacked = np.stack(rows)
-            norms = np.linalg.norm(stacked, axis=-1)[:, np.newaxis]
-            product = np.dot(stacked / np.where(norms != 0.0, norms, distances.EPSILON), vectors.T)
+            product = calculate_distance(np.stack(rows), vectors, models.Distance.COSINE)  # the 2-d query's product
             scores = _BATCH.scores[key] = {row.tobytes(): product[n] for n, row in enumerate(rows)}
         return scores.get(query.tobytes())
 
