@@ -474,31 +474,25 @@ class ManifestsMixin:
     def drop_unneeded_texts(self, versions_gone: Iterable[int] | None = None) -> int:
         """Delete the texts no kept version embeds any more (after retention, drop or forget): a version
         needs its texts until it is deleted. `versions_gone`: the versions just deleted, whose embedded texts
-        are the only ones that can have become unneeded (a routine cleanup: what it reads grows with those
+        are the only ones that can have become unneeded (a routine cleanup: what it looks at grows with those
         versions' embedded chunks, not with the knowledge base); None looks at every stored text (a drop, a
-        forget, a retirement)."""
-        with self.engine.connect() as conn:
-            kept = conn.execute(sa.select(versions.c.id).where(versions.c.status != "deleted")).scalars().all()
-            if versions_gone is None:
-                candidates = list(conn.execute(sa.select(chunk_texts.c.chunk_hash)).scalars())
-            else:
-                gone = list(versions_gone)
-                candidates = sorted(set(conn.execute(
-                    sa.select(manifest_chunks.c.chunk_hash).where(manifest_chunks.c.version_id.in_(gone),
-                                                                  manifest_chunks.c.source_point_id.is_(None))
-                ).scalars())) if gone else []
-            needed: set[str] = set()
-            c = manifest_chunks.c
-            for start in range(0, len(candidates), 500):  # by the (version_id, chunk_hash) index
-                needed.update(conn.execute(
-                    sa.select(c.chunk_hash).where(c.version_id.in_(kept), c.source_point_id.is_(None),
-                                                  c.chunk_hash.in_(candidates[start:start + 500]))).scalars())
-        unneeded = [h for h in candidates if h not in needed]
-        deleted = 0
-        with self.engine.begin() as conn:  # one transaction (a first build's 50k texts: 100 batches, one commit)
-            for start in range(0, len(unneeded), 500):
-                deleted += conn.execute(chunk_texts.delete().where(
-                    chunk_texts.c.chunk_hash.in_(unneeded[start:start + 500]))).rowcount or 0
+        forget, a retirement). One DELETE decided inside the database, each text looked up by the
+        (version_id, chunk_hash) index of the kept versions' rows: when the first build's version goes (every
+        chunk embedded), its texts are not read into Python and asked about 500 at a time (at 51k chunks 208
+        round trips and 1.9 s of one edit's cleanup)."""
+        c, t = manifest_chunks.c, chunk_texts.c
+        kept = sa.select(versions.c.id).where(versions.c.status != "deleted")
+        still_embedded = sa.exists(sa.select(sa.literal(1)).select_from(manifest_chunks).where(
+            c.version_id.in_(kept), c.source_point_id.is_(None), c.chunk_hash == t.chunk_hash))
+        where = [~still_embedded]
+        if versions_gone is not None:
+            gone = sorted(set(versions_gone))
+            if not gone:
+                return 0
+            where.append(t.chunk_hash.in_(sa.select(c.chunk_hash).where(c.version_id.in_(gone),
+                                                                         c.source_point_id.is_(None))))
+        with self.engine.begin() as conn:
+            deleted = conn.execute(chunk_texts.delete().where(*where)).rowcount or 0
         if deleted:
             log.info("kb_reindex: %d chunk text(s) no kept version needs were dropped", deleted)
         return deleted
