@@ -245,3 +245,53 @@ def test_local_mode_runs_the_same_model(settings: Any, tmp_path: Path) -> None:
     finally:
         state.dispose()
         client.close()
+
+
+def test_a_restore_with_every_slot_protected_opens_a_fourth_that_goes_with_the_version_it_holds(wire: Any) -> None:
+    """Live, the version rolled away from, its rollback target and a frozen build kept ready protect every
+    slot: a restore then writes into one more. That slot is never taken for a build while its version is
+    kept; once retention deletes that version it is free again. The build kept ready holds its slot until a person
+    promotes or drops it (retention never deletes a ready version); dropped, the alias is back to three slots
+    and the vault, at most three times the live collection."""
+    from kb_reindex.steps.retention import cleanup, drop_version
+
+    deps, _server = wire
+    assert run_reindex(deps).outcome == "promoted"
+    for n in range(3):
+        edit(deps, "coupon-rules", f"补充{n}：以最新公告为准。")
+        assert run_reindex(deps).outcome == "promoted"  # v2..v4; v1 gave its slot away
+    assert deps.state.get_version(ALIAS, 1).status == "retired"
+    run_rollback(deps, reason="v4 answers wrong", to_version=3)
+    deps.state.freeze(ALIAS, reason="rollback drill", by="on-call")
+    edit(deps, "shipping-policy", "补充：周末不发货。")
+    assert run_reindex(deps).outcome != "promoted" and deps.state.live_version(ALIAS).version == 3
+    assert deps.state.get_version(ALIAS, 5).status == "ready"
+
+    def slots() -> list[str]:
+        return sorted(c for c in deps.store.collection_names() if "__s" in c)
+
+    protected = slots()  # live v3, v4 rolled away from, v2 its rollback target, v5 kept ready
+    restored = restore_version(deps, 1)
+    assert restored.written > 0 and len(slots()) == len(protected) + 1, (protected, slots())
+    v1 = deps.state.get_version(ALIAS, 1)
+    assert deps.store.exists(v1.collection) and not structural_problems(deps, v1)
+
+    deps.state.unfreeze(ALIAS, by="on-call")
+    holder = v1.collection
+    for n in range(6):
+        edit(deps, "payment-guide", f"补充{n}：支持分期付款。")
+        assert run_reindex(deps).outcome == "promoted"
+        v1 = deps.state.get_version(ALIAS, 1)
+        if v1.status != "deleted":
+            assert deps.store.exists(holder), f"edit {n}: v1 is kept ({v1.status}), its slot was taken"
+    assert v1.status == "deleted"
+    v5 = deps.state.get_version(ALIAS, 5)
+    assert v5.status == "ready" and deps.store.exists(v5.collection) and len(slots()) == 4, slots()
+
+    drop_version(deps, 5)
+    cleanup(deps)
+    assert len(slots()) == 3, slots()
+    live = deps.state.live_version(ALIAS)
+    stored = sum(deps.store.count(c) for c in deps.store.collection_names())
+    vault = sum(deps.store.count(c) for c in deps.store.collection_names() if "__vault" in c)
+    assert stored - vault <= 3 * live.points_expected, (stored, vault, live.points_expected)
