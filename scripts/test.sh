@@ -20,7 +20,8 @@ if ! command -v chromium > /dev/null || ! command -v chromedriver > /dev/null; t
   fi
 fi
 # three workers on two cores: the real-Airflow modules mostly wait (on the scheduler, the triggerer, a poll), so a
-# third worker filled the idle share (measured on this 2-core machine: 19.4 min against 24.8 min on two); a test
+# third worker filled the idle share (measured on this 2-core machine: 19.4 min against 24.8 min on two; a fourth
+# made it slower, 25.6 min against 20.4 min on three, 2026-12-04: the suite is CPU-bound, 29-34 CPU-minutes); a test
 # file each, so a file's module fixtures stay in one process; files in collection order (tests/conftest.py puts
 # the real-Airflow modules first), not xdist's most-tests-first order, which left the two longest modules to run
 # one after the other at the end
