@@ -154,10 +154,8 @@ def markdown(result: dict[str, Any]) -> str:
                      + ", ".join(f"{e['written']} / {e['read']}" for e in r["edits"])
                      + f" | {r['points_stored']} | {r['collections']} |")
     sizes = sorted({r["chunks"] for r in result["rows"] if r["chunks"]})
-    for field, said in (("searchable_s", "searchable"), ("s", "exit")):
+    for field, said in (("searchable_s", "searchable"), ("s", "exit")) if len(sizes) > 1 else ():
         steady = {(r["release"], r["chunks"]): r["edits"][-1].get(field) for r in result["rows"] if r["edits"]}
-        if len(sizes) < 2:
-            break
         lines.append("")
         for release in ("slots", "before"):
             base = steady.get((release, sizes[0]))

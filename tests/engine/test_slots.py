@@ -247,7 +247,7 @@ def test_local_mode_runs_the_same_model(settings: Any, tmp_path: Path) -> None:
         client.close()
 
 
-def test_a_restore_with_every_slot_protected_opens_a_fourth_that_goes_with_the_version_it_holds(wire: Any) -> None:
+def test_a_restore_with_every_slot_protected_writes_one_more_slot_that_no_build_takes_while_its_version_is_kept(wire: Any) -> None:
     """Live, the version rolled away from, its rollback target and a frozen build kept ready protect every
     slot: a restore then writes into one more. That slot is never taken for a build while its version is
     kept; once retention deletes that version it is free again. The build kept ready holds its slot until a person
