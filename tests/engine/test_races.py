@@ -23,9 +23,10 @@ from kb_reindex.testing.qdrant_server import QdrantServerProcess, start_process
 ALIAS = "mall_knowledge"
 CLI = Path(sys.executable).with_name("kb-reindex")
 
-#: a process that reads status in a loop until the stop file appears, one JSON line per read
+#: a process that reads status in a loop until the stop file appears, one JSON line per read (20 ms apart: reading
+#: back to back, the loops took the two cores the run they watch needs, and the suite's time with them)
 STATUS_LOOP = """
-import json, pathlib, sys
+import json, pathlib, sys, time
 from kb_reindex.run.status import status_view
 from kb_reindex.services.config import Settings
 from kb_reindex.services.runtime import open_deps
@@ -35,12 +36,13 @@ with open_deps(Settings.from_env(), create=False) as deps:
         s = status_view(deps).to_dict()
         print(json.dumps({"problems": s["problems"], "notes": s["notes"], "live": (s["live"] or {}).get("version")}),
               flush=True)
+        time.sleep(0.02)
 """
 
 #: a process that queries through the alias in a loop (saying `reading` after its first read) until three reads
 #: after the stop file appears
 READER_LOOP = """
-import json, pathlib, sys
+import json, pathlib, sys, time
 from kb_reindex.services.config import Settings
 from kb_reindex.reader import search_knowledge
 from kb_reindex.services.runtime import open_reader
@@ -62,6 +64,7 @@ with open_reader(Settings.from_env()) as reader:
         reads += 1
         if reads == 1:
             print("reading", flush=True)
+        time.sleep(0.02)
 print(json.dumps({"reads": reads, "errors": errors, "empty": empty, "versions": sorted(versions)}), flush=True)
 """
 
