@@ -160,14 +160,16 @@ class FakeAirflowApi:
             if dag_id not in ("knowledge_rollback", "knowledge_promote_shadow"):
                 return 404, {"detail": "no such DAG"}
             time.sleep(self.trigger_delay_s)
-            self.triggers.append(body["conf"])
-            run = self.seed(dag_id, f"manual__2026-11-30T09:00:{len(self.triggers):02d}+00:00", "queued",
+            run = self.seed(dag_id, f"manual__2026-11-30T09:00:{len(self.triggers) + 1:02d}+00:00", "queued",
                             conf=body["conf"])
             run["triggering_user_name"] = user
             if not self.dag_paused[dag_id]:
                 worker = threading.Thread(target=self.run, args=(run,))
-                self.workers.append(worker)
                 worker.start()
+                self.workers.append(worker)
+            # said last: a test that sees the trigger finds its run's worker started and listed (seen in CI: a
+            # join of a worker listed but not yet started)
+            self.triggers.append(body["conf"])
             return 200, dict(run)
         if len(parts) == 4 and parts[0] == "dags" and parts[2] == "dagRuns" and (parts[1], parts[3]) in self.runs:
             return 200, dict(self.runs[parts[1], parts[3]])
