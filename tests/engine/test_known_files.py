@@ -4,6 +4,7 @@ manifest holds them (`corpus.KnownFiles`), and the plan is the one a scan readin
 from __future__ import annotations
 
 import os
+import re
 import time
 from pathlib import Path
 
@@ -12,7 +13,9 @@ import pytest
 from conftest import settings_for
 from kb_reindex.run.pipeline import run_reindex
 from kb_reindex.services.config import Settings
+from kb_reindex.services.corpus import CorpusScan, KnownDocument
 from kb_reindex.services.runtime import open_deps
+from kb_reindex.services.state.schema import manifest_chunks
 from kb_reindex.services.state.store import StateStore
 from kb_reindex.steps import plan as plan_step
 from kb_reindex.steps.plan import prepare
@@ -34,6 +37,10 @@ def plan_both_ways(settings: Settings, monkeypatch: pytest.MonkeyPatch) -> tuple
     return known, every
 
 
+def counted(scan: CorpusScan) -> list[tuple[object, ...]]:
+    return [(d.info, d.chunk_count, d.flagged) for d in scan.documents]
+
+
 def built_with_aged_files(project: Path) -> tuple[Settings, list[Path]]:
     """The project's first version built from files written an hour ago; its settings and files."""
     settings = settings_for(project)
@@ -51,7 +58,9 @@ def test_an_edit_plan_reads_only_the_edited_file_and_plans_as_a_full_read(projec
     known, every = plan_both_ways(settings, monkeypatch)
     assert known.scan is not None and every.scan is not None
     assert (known.scan.read, every.scan.read) == (1, len(files))
-    assert known.scan.documents == every.scan.documents and known.scan.fingerprint == every.scan.fingerprint
+    # the unread documents carry live's facts, chunk counts and flagged lines, not their chunk rows
+    assert counted(known.scan) == counted(every.scan) and known.scan.fingerprint == every.scan.fingerprint
+    assert [type(d) for d in known.scan.documents].count(KnownDocument) == len(files) - 1
     assert known.plan == every.plan and known.plan.docs.changed == 1
     copied: list[bool] = []
     write_from = StateStore.write_manifest_from
@@ -69,7 +78,7 @@ def test_an_edit_plan_reads_only_the_edited_file_and_plans_as_a_full_read(projec
         version = deps.state.get_version(settings.alias, result.version)
         rows = deps.state.manifest_chunks(version.id)
         assert deps.state.slice_rows(version.id) == rows
-        assert [r.point_id for r in rows] == [c.point_id for c in every.scan.chunk_refs()]
+        assert [r.point_id for r in rows] == [c.point_id for c in every.scan.read_chunks()]
         live_points = {r.point_id: r for r in deps.state.manifest_chunks(live.id)}
         edited_key = next(d.info.knowledge_key for d in every.scan.documents if d.info.source.endswith(edited.name))
         for r in rows:
@@ -128,3 +137,49 @@ def test_an_edit_plan_records_the_hash_of_the_file_it_read_and_forgets_a_file_go
     assert set(after) == set(before) - {removed_source}
     assert after[edited_source] != before[edited_source]
     assert all(after[s] == before[s] for s in after if s != edited_source)
+
+
+def test_a_base_whose_rows_are_not_where_its_counts_say_is_read_for_the_known_documents(
+        project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The copy inside the database refused (a base written before positions): the known documents' rows are
+    read from live's manifest by key and the manifest written whole, the same rows the copy would give."""
+    settings, files = built_with_aged_files(project)
+    edited = files[0]
+    edited.write_text(edited.read_text(encoding="utf-8") + "\n\n补充：本条今日更新。\n", encoding="utf-8")
+    _known, every = plan_both_ways(settings, monkeypatch)
+    assert every.scan is not None
+    monkeypatch.setattr(StateStore, "write_manifest_from", lambda *_a, **_k: False)
+    with open_deps(settings) as deps:
+        live = deps.state.live_version(settings.alias)
+        assert live is not None
+        live_rows = {r.point_id for r in deps.state.manifest_chunks(live.id)}
+        result = run_reindex(deps)
+        assert result.outcome == "promoted"
+        rows = deps.state.manifest_chunks(deps.state.get_version(settings.alias, result.version).id)
+    assert [r.point_id for r in rows] == [c.point_id for c in every.scan.read_chunks()]
+    edited_key = next(d.info.knowledge_key for d in every.scan.documents if d.info.source.endswith(edited.name))
+    kept = [r for r in rows if r.knowledge_key != edited_key]
+    assert kept and all(r.source_point_id == r.point_id and r.point_id in live_rows for r in kept)
+
+
+def test_a_known_document_missing_rows_in_live_stops_the_plan_by_name_and_live_serves(
+        project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Live's manifest lacks a row its document counts: the copy finds it short, the whole write finds it short,
+    and the run stops naming the file (no manifest is written on a guess); live still serves."""
+    settings, files = built_with_aged_files(project)
+    edited, damaged = files[0], files[-1]
+    edited.write_text(edited.read_text(encoding="utf-8") + "\n\n补充：本条今日更新。\n", encoding="utf-8")
+    damaged_source = damaged.relative_to(settings.knowledge_dir).as_posix()
+    with open_deps(settings) as deps:
+        live = deps.state.live_version(settings.alias)
+        assert live is not None
+        doc = next(d for d in deps.state.manifest_documents(live.id) if d.source == damaged_source)
+        with deps.state.engine.begin() as conn:
+            conn.execute(manifest_chunks.delete().where(manifest_chunks.c.version_id == live.id,
+                                                        manifest_chunks.c.knowledge_key == doc.knowledge_key,
+                                                        manifest_chunks.c.chunk_index == 0))
+        result = run_reindex(deps)
+        assert result.outcome == "failed" and result.error is not None
+        assert re.search(rf"{doc.chunk_count - 1} chunk rows of {damaged_source}.*--force-full", result.error)
+        assert deps.store.alias_target(settings.alias) == live.collection
+        assert deps.state.live_version(settings.alias).version == live.version  # type: ignore[union-attr]

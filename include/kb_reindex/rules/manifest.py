@@ -7,7 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from kb_reindex.services.corpus import CorpusScan
+from kb_reindex.domain.errors import KbError
+from kb_reindex.services.corpus import CorpusScan, KnownDocument
 from kb_reindex.services.layouts import version_profile
 from kb_reindex.domain.lifecycle import BUILDING, FAILED, READY, may_resume
 from kb_reindex.rules.locking import run_is_active
@@ -77,25 +78,51 @@ def write_manifest(deps: Deps, version: VersionRecord, scan: CorpusScan, reuse: 
                    base: VersionRecord | None = None) -> None:
     """The plan's documents and chunks (with the live point each reused chunk is copied from) as the version's
     manifest, and its counts on the version row. `base`: live, whose manifest the scan's known documents
-    (`CorpusScan.known`, taken unread from it) were read from: their rows are copied inside the database
-    (`manifest_parts`), so an edit writes its changed documents' rows, not the knowledge base's."""
+    (`CorpusScan.known`, taken unread from it, their chunks counted, not read) come from: their rows are copied
+    inside the database (`manifest_parts`), so an edit writes its changed documents' rows, not the knowledge
+    base's. A base whose rows are not where its documents' counts put them is read for those rows and the
+    manifest written whole."""
     documents = [
         ManifestDocument(knowledge_key=d.info.knowledge_key, source=d.info.source, title=d.info.title,
                          category=d.info.category, tenant=d.info.tenant, content_hash=d.info.content_hash,
-                         chunk_count=len(d.chunks))
+                         chunk_count=d.chunk_count)
         for d in scan.documents
     ]
-    # copied only when vectors are reused from live (the same profile) and the scan took documents from it
-    if base is None or not scan.known or not reuse or not deps.state.write_manifest_from(
-            version.id, base.id, documents, manifest_parts(scan, reuse, deps.state.manifest_documents(base.id))):
-        # rows are made as they are inserted, a batch at a time, never all at once
-        deps.state.write_manifest(version.id, documents, (_row(c, reuse) for d in scan.documents for c in d.chunks))
-    total = sum(len(d.chunks) for d in scan.documents)
-    reused = sum(1 for d in scan.documents for c in d.chunks if c.chunk_hash in reuse)
+    if scan.known:
+        if base is None:
+            raise KbError(f"v{version.version}: the plan took documents unread from a live version but names none")
+        if not deps.state.write_manifest_from(version.id, base.id, documents,
+                                              manifest_parts(scan, reuse, deps.state.manifest_documents(base.id))):
+            rows = _known_rows(deps, base, scan)
+            deps.state.write_manifest(version.id, documents, (
+                row for d in scan.documents
+                for row in (rows[d.info.knowledge_key] if isinstance(d, KnownDocument)
+                            else [_row(c, reuse) for c in d.chunks])))
+    else:  # rows are made as they are inserted, a batch at a time, never all at once
+        deps.state.write_manifest(version.id, documents, (_row(c, reuse) for c in scan.read_chunks()))
+    total = scan.chunk_total
+    reused = scan.known_chunks + sum(1 for c in scan.read_chunks() if c.chunk_hash in reuse)
     deps.state.update_version(
         version.id, docs_count=len(documents), points_expected=total,
         chunks_reused=reused, chunks_embedded=total - reused,
     )
+
+
+def _known_rows(deps: Deps, base: VersionRecord, scan: CorpusScan) -> dict[str, list[ManifestChunk]]:
+    """The known documents' rows as the base's manifest holds them, each its own vector's source: for a manifest
+    written whole. A known document the base holds fewer or more rows of than its count stops the plan: the
+    base's manifest is not what its documents say, and no chunk is taken on a guess."""
+    rows: dict[str, list[ManifestChunk]] = {key: [] for key in scan.known}
+    for row in deps.state.manifest_chunks(base.id):
+        if row.knowledge_key in rows:
+            rows[row.knowledge_key].append(row._replace(source_point_id=row.point_id))
+    for d in scan.documents:
+        if isinstance(d, KnownDocument) and len(rows[d.info.knowledge_key]) != d.chunk_count:
+            raise KbError(
+                f"live v{base.version}'s manifest holds {len(rows[d.info.knowledge_key])} chunk rows of "
+                f"{d.info.source} ({d.info.knowledge_key}) but counts {d.chunk_count}: nothing was built. Rebuild "
+                "with `kb-reindex run --force-full`, which reads every file")
+    return rows
 
 
 def _row(c: ChunkRef, reuse: dict[str, str]) -> ManifestChunk:
@@ -106,24 +133,24 @@ def _row(c: ChunkRef, reuse: dict[str, str]) -> ManifestChunk:
 def manifest_parts(scan: CorpusScan, reuse: dict[str, str], base_documents: list[ManifestDocument]
                    ) -> list[ManifestPart]:
     """The scan's manifest as rows to write and runs of the base's rows to copy: a known document (its chunks
-    the base's rows) whose base rows sit next to the previous known document's joins its run. The base's
-    positions are its documents' chunk counts summed in key order, as its manifest was written. A known
-    document is copied only when every chunk of it reuses a vector of the base (what its rows would say)."""
-    starts: dict[str, tuple[int, int]] = {}
+    the base's rows, each reusing its vector) whose base rows sit next to the previous known document's joins
+    its run. The base's positions are its documents' chunk counts summed in key order, as its manifest was
+    written; `write_manifest_from` counts each run's rows before copying it."""
+    starts: dict[str, int] = {}
     position = 0
     for doc in base_documents:  # by knowledge key: manifest order
-        starts[doc.knowledge_key] = (position, doc.chunk_count)
+        starts[doc.knowledge_key] = position
         position += doc.chunk_count
     parts: list[ManifestPart] = []
     for d in scan.documents:
         key = d.info.knowledge_key
-        start, count = starts.get(key, (-1, -1))
         last = parts[-1] if parts else None
-        if key in scan.known and count == len(d.chunks) and all(c.chunk_hash in reuse for c in d.chunks):
+        if isinstance(d, KnownDocument):
+            start = starts.get(key, -1)
             if isinstance(last, CopiedRows) and last.start + last.size == start:
-                parts[-1] = last._replace(size=last.size + count, last_key=key)
+                parts[-1] = last._replace(size=last.size + d.chunk_count, last_key=key)
             else:
-                parts.append(CopiedRows(start=start, size=count, first_key=key, last_key=key))
+                parts.append(CopiedRows(start=start, size=d.chunk_count, first_key=key, last_key=key))
         elif isinstance(last, list):
             last.extend(_row(c, reuse) for c in d.chunks)
         else:

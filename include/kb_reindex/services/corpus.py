@@ -71,29 +71,62 @@ class ChunkRef(NamedTuple):
 
 @dataclass(frozen=True, slots=True)
 class ScannedDocument:
+    """A document the scan read: its chunks' references as chunking them gave."""
+
     info: DocumentInfo
     chunks: tuple[ChunkRef, ...]
     flagged: tuple[Flag, ...]  # (line number, text, why) of instruction-like lines
 
+    @property
+    def chunk_count(self) -> int:
+        return len(self.chunks)
+
+
+@dataclass(frozen=True, slots=True)
+class KnownDocument:
+    """A document the scan took unread from live (`KnownFiles`): its chunks are live's manifest rows for its
+    key, `chunk_count` of them, each reusing live's vector. Their references are not read: an edit's plan reads
+    live's documents, not its whole manifest; the manifest copies those rows inside the database."""
+
+    info: DocumentInfo
+    chunk_count: int
+    flagged: tuple[Flag, ...]
+
 
 @dataclass(frozen=True)
 class CorpusScan:
-    documents: list[ScannedDocument]  # sorted by knowledge_key
+    documents: list[ScannedDocument | KnownDocument]  # sorted by knowledge_key
     fingerprint: str
     chunking_version: str
     #: source -> its mtime (ns) as the listing showed it before it was read
     mtimes: dict[str, int] = field(default_factory=dict)
     #: how many documents were read (the others were known unchanged: `KnownFiles`)
     read: int = 0
-    #: the keys of the documents taken unread from `KnownFiles`: their chunks are live's manifest rows as they are
+    #: the keys of the documents taken unread from `KnownFiles` (`KnownDocument`): their chunks are live's
+    #: manifest rows as they are
     known: frozenset[str] = frozenset()
 
     @property
     def infos(self) -> list[DocumentInfo]:
         return [d.info for d in self.documents]
 
-    def chunk_refs(self) -> list[ChunkRef]:
-        return [c for d in self.documents for c in d.chunks]
+    @property
+    def chunk_total(self) -> int:
+        """Every chunk of the corpus, the known documents' counted, not read."""
+        return sum(d.chunk_count for d in self.documents)
+
+    @property
+    def known_chunks(self) -> int:
+        """The chunks of the known documents: live's rows, each reusing live's vector."""
+        return sum(d.chunk_count for d in self.documents if isinstance(d, KnownDocument))
+
+    def read_documents(self) -> list[ScannedDocument]:
+        """The documents read and chunked (not `known`), in key order."""
+        return [d for d in self.documents if isinstance(d, ScannedDocument)]
+
+    def read_chunks(self) -> list[ChunkRef]:
+        """The chunk references of the documents read, in manifest order."""
+        return [c for d in self.read_documents() for c in d.chunks]
 
     def flagged_lines(self) -> list[FlaggedLine]:
         return [{"knowledge_key": d.info.knowledge_key, "source": d.info.source, "line": f.line, "text": f.text,
@@ -119,16 +152,16 @@ JUDGE_BATCH = 4096
 
 @dataclass(frozen=True)
 class KnownFiles:
-    """Documents a scan need not read: live's, each as its manifest holds it (chunks, point IDs) with the lines
+    """Documents a scan need not read: live's, each as its manifest's documents hold it (facts, chunk count) with the lines
     live's plan flagged, by source, and the file hashes recorded when live's files were read. A file is taken
     as known when its listing is trusted against its recorded hash (`trusted`) and that hash is the content
     hash live's manifest holds for it: its bytes are those live was built from, so it chunks (same chunking)
     and flags (same screen) as it did then."""
 
-    documents: Mapping[str, ScannedDocument]
+    documents: Mapping[str, KnownDocument]
     recorded: Mapping[str, FileHash]
 
-    def holds(self, file: ListedFile, max_bytes: int) -> ScannedDocument | None:
+    def holds(self, file: ListedFile, max_bytes: int) -> KnownDocument | None:
         entry, known = self.recorded.get(file.source), self.documents.get(file.source)
         if entry is None or known is None or file.size > max_bytes or not trusted(entry, file):
             return None
@@ -150,7 +183,7 @@ def scan_corpus(docs: KnowledgeSource | Path, *, max_bytes: int, chunk_size: int
     `files`: the source's listing as the caller took it (`sources.list_source`)."""
     started_ns = time.time_ns()
     listed: dict[str, ListedFile] = {}
-    held: list[ScannedDocument] = []
+    held: list[KnownDocument] = []
 
     def is_known(file: ListedFile) -> bool:
         document = known.holds(file, max_bytes) if known is not None else None
@@ -158,7 +191,7 @@ def scan_corpus(docs: KnowledgeSource | Path, *, max_bytes: int, chunk_size: int
             held.append(document)
         return document is not None
     screen = screen or patterns_screen()
-    scanned: list[ScannedDocument] = []
+    scanned: list[ScannedDocument | KnownDocument] = []
     waiting: list[tuple[DocumentInfo, tuple[ChunkRef, ...], list[Passage]]] = []
 
     def judge_waiting() -> None:

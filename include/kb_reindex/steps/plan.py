@@ -19,8 +19,8 @@ from kb_reindex.rules.audit import audit_live
 from kb_reindex.rules.content_warnings import content_warnings, warn
 from kb_reindex.services.chunking import chunking_version
 from kb_reindex.services.config import DEFAULT_DIMS, model_or_default
-from kb_reindex.services.corpus import (Carried, ChunkRef, CorpusScan, DocumentInfo, KnownFiles, ScannedDocument,
-                                        cache_root, quick_fingerprint, scan_corpus)
+from kb_reindex.services.corpus import (Carried, CorpusScan, DocumentInfo, KnownDocument, KnownFiles, cache_root,
+                                        quick_fingerprint, scan_corpus)
 from kb_reindex.services.screen import Flag, ScoreMemory, Screen, screen_for
 from kb_reindex.services.embedding import check_model_served
 from kb_reindex.domain.errors import ConfigError, DimensionMismatch, StateDriftError
@@ -130,10 +130,17 @@ def prepare(
             return unchanged
     screen = screen_for(settings.instruction_screen, target.embedder)
     carried = carried_flags(deps, live, screen)
+    profile = _vector_profile(deps, live, recipe, kind)
+    # live's unchanged documents are taken unread only where their vectors will be reused as they are
     known = (known_files(deps, live, recipe, carried, recorded=recorded)
-             if kind is RunKind.REINDEX and not force_full else None)
+             if kind is RunKind.REINDEX and not force_full and _same_vectors(live, profile) else None)
     scan = _scan(deps, record=record, screen=screen, carried=carried, known=known, files=files)
-    return _plan_scan(deps, scan, live, recipe, kind=kind, force_full=force_full, notes=notes, audit=audit)
+    return _plan_scan(deps, scan, live, recipe, profile, kind=kind, force_full=force_full, notes=notes, audit=audit)
+
+
+def _same_vectors(live: VersionRecord | None, profile: str | None) -> bool:
+    """The version to build has live's embedding profile: live's vectors can be reused (none crosses profiles)."""
+    return live is not None and profile is not None and profile == version_profile(live)
 
 
 def choose_model(deps: Deps, kind: RunKind, live: VersionRecord | None, *, embedder: str | None,
@@ -208,23 +215,19 @@ def carried_flags(deps: Deps, live: VersionRecord | None, screen: Screen) -> Car
 
 def known_files(deps: Deps, live: VersionRecord | None, recipe: Recipe, carried: Carried | None, *,
                 recorded: dict[str, FileHash] | None = None) -> KnownFiles | None:
-    """Live's documents as its manifest holds them, for a scan that reads only the files changed since
-    (`corpus.KnownFiles`); None (every file read): nothing live, live cut another way, or its flagged lines
-    not carried (another screen judged it, or its plan's snapshot is gone)."""
+    """Live's documents as its manifest's documents hold them (facts, chunk count; not their chunk rows), for a
+    scan that reads only the files changed since (`corpus.KnownFiles`); None (every file read): nothing live,
+    live cut another way, or its flagged lines not carried (another screen judged it, or its plan's snapshot
+    is gone)."""
     if live is None or carried is None or live.chunking_version != recipe.chunking_version:
         return None
-    chunks: dict[str, list[ChunkRef]] = {}
-    for row in deps.state.manifest_chunks(live.id):
-        chunks.setdefault(row.knowledge_key, []).append(
-            ChunkRef(row.knowledge_key, row.chunk_index, row.chunk_hash, row.point_id))
     documents = {}
     for d in deps.state.manifest_documents(live.id):
-        if d.knowledge_key not in carried or len(chunks.get(d.knowledge_key, ())) != d.chunk_count:
-            continue  # not as live's plan judged it, or rows missing: read it
+        if d.knowledge_key not in carried:
+            continue  # not as live's plan judged it: read it
         info = DocumentInfo(knowledge_key=d.knowledge_key, source=d.source, title=d.title, category=d.category,
                             tenant=d.tenant, content_hash=d.content_hash)
-        documents[d.source] = ScannedDocument(info=info, chunks=tuple(chunks[d.knowledge_key]),
-                                              flagged=carried[d.knowledge_key][1])
+        documents[d.source] = KnownDocument(info=info, chunk_count=d.chunk_count, flagged=carried[d.knowledge_key][1])
     if recorded is None:
         recorded = deps.state.file_hashes(cache_root(deps.knowledge, deps.settings.default_tenant))
     return KnownFiles(documents=documents, recorded=recorded)
@@ -300,14 +303,12 @@ def _vector_profile(deps: Deps, live: VersionRecord | None, recipe: Recipe, kind
 
 
 def reuse_map(deps: Deps, live: VersionRecord, scan: CorpusScan) -> dict[str, str]:
-    """chunk_hash -> a point of live holding it, for the scan's chunks: the known documents' chunks are live's
-    own rows (each its own source), the others are looked up by hash (the `(version_id, chunk_hash)` index),
-    so an edit reads its changed documents' rows, not live's whole manifest."""
-    reuse = {c.chunk_hash: c.point_id for d in scan.documents if d.info.knowledge_key in scan.known for c in d.chunks}
-    wanted = {c.chunk_hash for d in scan.documents if d.info.knowledge_key not in scan.known for c in d.chunks}
-    for chunk_hash, (_version, point_id) in deps.state.chunks_by_hash([live.id], wanted - set(reuse)).items():
-        reuse[chunk_hash] = point_id
-    return reuse
+    """chunk_hash -> a point of live holding it, for the chunks of the documents the scan read, looked up by hash
+    (the `(version_id, chunk_hash)` index): an edit reads its changed documents' rows, not live's whole
+    manifest. The known documents' chunks are live's rows themselves (`KnownDocument`): reused, not mapped."""
+    wanted = {c.chunk_hash for c in scan.read_chunks()}
+    return {chunk_hash: point_id
+            for chunk_hash, (_version, point_id) in deps.state.chunks_by_hash([live.id], wanted).items()}
 
 
 @dataclass(frozen=True)
@@ -332,14 +333,14 @@ class _Diff:
                          removed=len(self.removed))
 
 
-def _plan_scan(deps: Deps, scan: CorpusScan, live: VersionRecord | None, recipe: Recipe, *, kind: RunKind,
-               force_full: bool, notes: list[str], audit: AuditResult | None) -> Prepared:
+def _plan_scan(deps: Deps, scan: CorpusScan, live: VersionRecord | None, recipe: Recipe, profile: str | None, *,
+               kind: RunKind, force_full: bool, notes: list[str], audit: AuditResult | None) -> Prepared:
     """The plan of a scanned corpus: what changed against live's manifest, and which of live's vectors the
-    chunks to build can copy (none across embedding profiles, none when forced)."""
+    chunks to build can copy (none across embedding profiles, none when forced). `profile`: the embedding
+    profile of the vectors to build (`_vector_profile`)."""
     settings = deps.settings
     documents = scan.infos
-    chunks = scan.chunk_refs()
-    profile = _vector_profile(deps, live, recipe, kind)
+    total = scan.chunk_total
     no_change = (
         kind is RunKind.REINDEX
         and not force_full
@@ -352,15 +353,14 @@ def _plan_scan(deps: Deps, scan: CorpusScan, live: VersionRecord | None, recipe:
     reuse: dict[str, str] = {}
     if live is not None:
         live_docs = deps.state.manifest_document_hashes(live.id)
-        # no vector crosses profiles
-        same_vectors = profile is not None and profile == version_profile(live)
         # nothing will be built when nothing changed: the routine no-op never reads live's chunk rows
-        if same_vectors and not force_full and kind is RunKind.REINDEX and not no_change:
+        if _same_vectors(live, profile) and not force_full and kind is RunKind.REINDEX and not no_change:
             reuse = reuse_map(deps, live, scan)
 
     diff = _Diff.of({d.knowledge_key: d.content_hash for d in documents}, live_docs)
-    # no change: the same files cut the same way, so every chunk is one of live's
-    reused = len(chunks) if no_change else sum(1 for c in chunks if c.chunk_hash in reuse)
+    # no change: the same files cut the same way, so every chunk is one of live's; the known documents' chunks
+    # are live's rows, each reused (`prepare` takes documents unread only when live's vectors are reusable)
+    reused = total if no_change else scan.known_chunks + sum(1 for c in scan.read_chunks() if c.chunk_hash in reuse)
     touched_keys = set(diff.added) | set(diff.changed)
     # when the newest of them was written, as the listing said (no document is looked at again)
     changed_at = max((scan.mtimes[d.source] / 1e9 for d in documents
@@ -374,7 +374,7 @@ def _plan_scan(deps: Deps, scan: CorpusScan, live: VersionRecord | None, recipe:
         base_version=live.version if live else None, base_collection=live.collection if live else None,
         base_embed_model=live.embed_model if live else None, force_full=force_full, no_change=no_change,
         docs=diff.counts, doc_keys=DocKeys.first(added=diff.added, changed=diff.changed, removed=diff.removed),
-        chunks=ChunkCounts(total=len(chunks), embedded=len(chunks) - reused, reused=reused),
+        chunks=ChunkCounts(total=total, embedded=total - reused, reused=reused),
         source_changed_at=changed_at, notes=tuple(notes), audit=audit,
         warnings=warn(settings.alias, content_warnings(scan.flagged_lines())),
     )

@@ -98,7 +98,9 @@ def _store_texts(deps: Deps, prepared: Prepared, *, label: str) -> int:
     scan = prepared.scan
     assert scan is not None
     reuse = prepared.reuse
-    wanted = {c.chunk_hash for d in scan.documents for c in d.chunks if c.chunk_hash not in reuse}
+    # the known documents' chunks are live's, each reused: only the documents read can have any to embed
+    read = scan.read_documents()
+    wanted = {c.chunk_hash for d in read for c in d.chunks if c.chunk_hash not in reuse}
     missing = deps.state.missing_texts(wanted)
     if missing:
         texts = DocumentTexts(deps.knowledge, {d.info.knowledge_key: d.info for d in scan.documents},
@@ -107,7 +109,7 @@ def _store_texts(deps: Deps, prepared: Prepared, *, label: str) -> int:
                               default_tenant=settings.default_tenant)
 
         def rows() -> Any:
-            for d in scan.documents:
+            for d in read:
                 for c in d.chunks:
                     if c.chunk_hash in missing:
                         chunk = texts.chunk(c.knowledge_key, c.point_id)
@@ -115,4 +117,4 @@ def _store_texts(deps: Deps, prepared: Prepared, *, label: str) -> int:
                         yield {"chunk_hash": chunk.chunk_hash, "section": chunk.section, "text": chunk.text}
 
         deps.state.add_texts(rows())
-    return sum(1 for d in scan.documents for c in d.chunks if c.chunk_hash not in reuse)
+    return sum(1 for d in read for c in d.chunks if c.chunk_hash not in reuse)
