@@ -52,9 +52,11 @@ def old_package(work: Path) -> Path:
     return work / "old" / "include"
 
 
-def kb(env: dict[str, str], *argv: str, package: Path | None) -> dict[str, Any]:
+def kb(env: dict[str, str], *argv: str, package: Path | None, profile: Path | None = None) -> dict[str, Any]:
     command = ([sys.executable, "-c", "import sys; from kb_reindex.cli import main; sys.exit(main(sys.argv[1:]))"]
                if package is not None else [str(CLI)])
+    if profile is not None and package is None:  # where the time goes (cProfile slows the run: not a figure)
+        command = [sys.executable, "-m", "cProfile", "-o", str(profile), *command]
     run_env = {**env, "PYTHONPATH": str(package)} if package is not None else env
     done = subprocess.run([*command, *argv, "--json", "-q"], env=run_env, capture_output=True, text=True,
                           timeout=7200)
@@ -92,7 +94,7 @@ class AliasWatch:
 
 
 def measure(work: Path, chunks: int, edits: int, release: str, package: Path | None, *,
-            keep_versions: int = 2) -> dict[str, Any]:
+            keep_versions: int = 2, profile: Path | None = None) -> dict[str, Any]:
     import corpus as corpus_mod
 
     folder = work / f"{release}-{chunks}"
@@ -120,7 +122,8 @@ def measure(work: Path, chunks: int, edits: int, release: str, package: Path | N
             admin.delete("/__vectors")
             t0 = time.perf_counter()
             watch = AliasWatch(url, t0)
-            answer = kb(env, "run", package=package)
+            answer = kb(env, "run", package=package, profile=(
+                profile / f"{release}-{chunks}.prof" if profile is not None and n == edits - 1 else None))
             took = time.perf_counter() - t0
             moved = watch.stop()
             counts = admin.get("/__vectors").json()
@@ -176,6 +179,9 @@ def main() -> None:
     parser.add_argument("--keep-versions", type=int, default=2,
                         help="KB_KEEP_VERSIONS: what the points stored after the edits depend on (or not)")
     parser.add_argument("--out", type=Path, default=HERE / "results")
+    parser.add_argument("--profile", type=Path, default=None,
+                        help="a folder: this release's last edit of each size runs under cProfile, its profile "
+                             "written there (<release>-<chunks>.prof); that edit's times are then not figures")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",") if s]
     result: dict[str, Any] = {"at": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
@@ -189,7 +195,7 @@ def main() -> None:
         for chunks in sizes:
             if "slots" in releases:
                 result["rows"].append(measure(work, chunks, args.edits, "slots", None,
-                                              keep_versions=args.keep_versions))
+                                              keep_versions=args.keep_versions, profile=args.profile))
             if package is not None:
                 result["rows"].append(measure(work, chunks, args.before_edits, "before", package,
                                               keep_versions=args.keep_versions))

@@ -417,10 +417,10 @@ def test_a_slice_against_its_base_reads_the_rows_that_differ_and_the_ids_kept(st
 
 def test_an_edits_manifest_copies_its_unchanged_documents_rows_from_its_base_inside_the_database(
         state: StateStore) -> None:
-    """`write_manifest_from`: the base's rows of A and B (one run) and of D are copied in SQL, C's new row and
-    E's are given; the result is the manifest a whole write gives (positions in manifest order, a copied row's
-    point its vector's source). A run whose rows are not where its documents said (a base without positions)
-    writes nothing and answers False."""
+    """`write_manifest_from`: the base's rows of A and B (one run) and of D are copied in SQL, with their
+    document rows; C's new rows and E's are given; the result is the manifest a whole write gives (positions in
+    manifest order, a copied row's point its vector's source). A run whose rows are not where its documents
+    said (a base without positions), or a copied document the base lacks, writes nothing and answers False."""
     from kb_reindex.services.state.manifests import CopiedRows
     from kb_reindex.services.state.schema import manifest_chunks
 
@@ -439,9 +439,13 @@ def test_an_edits_manifest_copies_its_unchanged_documents_rows_from_its_base_ins
                           row("D", 0, "d0"), row("D", 1, "d1")])
     documents = [doc("A", 2), doc("B"), doc("C"), doc("D", 2), doc("E")]
     edited = [row("C", 0, "c1"), row("E", 0, "e0", "a0")]
-    assert state.write_manifest_from(version.id, base.id, documents, [
-        CopiedRows(start=0, size=3, first_key="A", last_key="B"), edited[:1],
-        CopiedRows(start=4, size=2, first_key="D", last_key="D"), edited[1:]])
+    parts: list = [CopiedRows(start=0, size=3, first_key="A", last_key="B"), edited[:1],
+                   CopiedRows(start=4, size=2, first_key="D", last_key="D"), edited[1:]]
+    assert not state.write_manifest_from(version.id, base.id, [doc("C"), doc("E")], parts,
+                                         copied_documents={"A", "B", "D", "F"})  # no F in the base
+    assert state.manifest_documents(version.id) == [] and state.manifest_chunks(version.id) == []
+    assert state.write_manifest_from(version.id, base.id, [doc("C"), doc("E")], parts,
+                                     copied_documents={"A", "B", "D"})
     state.write_manifest(whole.id, documents, [row("A", 0, "a0", "a0"), row("A", 1, "a1", "a1"), row("B", 0, "b0", "b0"),
                                                *edited[:1], row("D", 0, "d0", "d0"), row("D", 1, "d1", "d1"), *edited[1:]])
     assert state.manifest_chunks(version.id) == state.manifest_chunks(whole.id)

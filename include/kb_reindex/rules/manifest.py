@@ -30,6 +30,7 @@ class Prepared:
     scan: CorpusScan | None  # None when unchanged files were recognised without reading them (no change)
     reuse: dict[str, str] = field(default_factory=dict)  # chunk_hash -> point id in the live collection
     live: VersionRecord | None = None
+    live_documents: list[ManifestDocument] | None = None  # live's manifest documents, as the plan read them
 
 
 def same_plan(version: VersionRecord, plan: Plan) -> bool:
@@ -75,13 +76,13 @@ def resumable(deps: Deps, plan: Plan, run_id: str | None) -> VersionRecord | Non
 
 
 def write_manifest(deps: Deps, version: VersionRecord, scan: CorpusScan, reuse: dict[str, str],
-                   base: VersionRecord | None = None) -> None:
+                   base: VersionRecord | None = None, base_documents: list[ManifestDocument] | None = None) -> None:
     """The plan's documents and chunks (with the live point each reused chunk is copied from) as the version's
     manifest, and its counts on the version row. `base`: live, whose manifest the scan's known documents
     (`CorpusScan.known`, taken unread from it, their chunks counted, not read) come from: their rows are copied
     inside the database (`manifest_parts`), so an edit writes its changed documents' rows, not the knowledge
     base's. A base whose rows are not where its documents' counts put them is read for those rows and the
-    manifest written whole."""
+    manifest written whole. `base_documents`: the base's documents, when the plan read them already."""
     documents = [
         ManifestDocument(knowledge_key=d.info.knowledge_key, source=d.info.source, title=d.info.title,
                          category=d.info.category, tenant=d.info.tenant, content_hash=d.info.content_hash,
@@ -91,8 +92,11 @@ def write_manifest(deps: Deps, version: VersionRecord, scan: CorpusScan, reuse: 
     if scan.known:
         if base is None:
             raise KbError(f"v{version.version}: the plan took documents unread from a live version but names none")
-        if not deps.state.write_manifest_from(version.id, base.id, documents,
-                                              manifest_parts(scan, reuse, deps.state.manifest_documents(base.id))):
+        # the known documents' rows are the base's as they are (`KnownDocument`): copied in the database too
+        read = [doc for doc in documents if doc.knowledge_key not in scan.known]
+        base_documents = base_documents if base_documents is not None else deps.state.manifest_documents(base.id)
+        if not deps.state.write_manifest_from(version.id, base.id, read, manifest_parts(scan, reuse, base_documents),
+                                              copied_documents=scan.known):
             rows = _known_rows(deps, base, scan)
             deps.state.write_manifest(version.id, documents, (
                 row for d in scan.documents

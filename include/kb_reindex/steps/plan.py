@@ -31,7 +31,7 @@ from kb_reindex.domain.model import RunKind
 from kb_reindex.domain.planning import AuditResult, ChunkCounts, DocCounts, DocKeys, Plan
 from kb_reindex.domain.validation_model import ValidationResult
 from kb_reindex.services.sources import SourceListing, as_source, knowledge_key_for, list_source
-from kb_reindex.services.state.manifests import FileHash
+from kb_reindex.services.state.manifests import FileHash, ManifestDocument
 from kb_reindex.steps.replay import load_replay_gate
 from kb_reindex.services.runtime import Deps
 from kb_reindex.services.state.versions import VersionRecord
@@ -129,13 +129,16 @@ def prepare(
         if unchanged is not None:
             return unchanged
     screen = screen_for(settings.instruction_screen, target.embedder)
-    carried = carried_flags(deps, live, screen)
+    # live's documents, read once: the flags carried, the documents taken unread, the difference, the manifest
+    live_documents = deps.state.manifest_documents(live.id) if live is not None else []
+    carried = carried_flags(deps, live, screen, live_documents)
     profile = _vector_profile(deps, live, recipe, kind)
     # live's unchanged documents are taken unread only where their vectors will be reused as they are
-    known = (known_files(deps, live, recipe, carried, recorded=recorded)
+    known = (known_files(deps, live, recipe, carried, live_documents, recorded=recorded)
              if kind is RunKind.REINDEX and not force_full and _same_vectors(live, profile) else None)
     scan = _scan(deps, record=record, screen=screen, carried=carried, known=known, files=files)
-    return _plan_scan(deps, scan, live, recipe, profile, kind=kind, force_full=force_full, notes=notes, audit=audit)
+    return _plan_scan(deps, scan, live, live_documents, recipe, profile, kind=kind, force_full=force_full,
+                      notes=notes, audit=audit)
 
 
 def _same_vectors(live: VersionRecord | None, profile: str | None) -> bool:
@@ -196,7 +199,8 @@ def _unchanged_from_hashes(deps: Deps, live: VersionRecord, recipe: Recipe, *, n
     return Prepared(plan=plan, scan=None, live=live)
 
 
-def carried_flags(deps: Deps, live: VersionRecord | None, screen: Screen) -> Carried | None:
+def carried_flags(deps: Deps, live: VersionRecord | None, screen: Screen,
+                  live_documents: list[ManifestDocument]) -> Carried | None:
     """Live's documents with the lines its plan flagged, when live was judged by this very screen: the scan
     judges only the documents that changed since. None (judge every document): nothing live, another screen
     (new weights, another mode), or no snapshot of live's plan to read them from."""
@@ -209,11 +213,11 @@ def carried_flags(deps: Deps, live: VersionRecord | None, screen: Screen) -> Car
     for f in snapshot.flagged:
         key = f.get("knowledge_key") or knowledge_key_for(f["source"])
         by_key.setdefault(key, []).append(Flag(f["line"], f["text"], f.get("why", "")))
-    return {key: (content_hash, tuple(by_key.get(key, ())))
-            for key, content_hash in deps.state.manifest_document_hashes(live.id).items()}
+    return {d.knowledge_key: (d.content_hash, tuple(by_key.get(d.knowledge_key, ()))) for d in live_documents}
 
 
-def known_files(deps: Deps, live: VersionRecord | None, recipe: Recipe, carried: Carried | None, *,
+def known_files(deps: Deps, live: VersionRecord | None, recipe: Recipe, carried: Carried | None,
+                live_documents: list[ManifestDocument], *,
                 recorded: dict[str, FileHash] | None = None) -> KnownFiles | None:
     """Live's documents as its manifest's documents hold them (facts, chunk count; not their chunk rows), for a
     scan that reads only the files changed since (`corpus.KnownFiles`); None (every file read): nothing live,
@@ -222,7 +226,7 @@ def known_files(deps: Deps, live: VersionRecord | None, recipe: Recipe, carried:
     if live is None or carried is None or live.chunking_version != recipe.chunking_version:
         return None
     documents = {}
-    for d in deps.state.manifest_documents(live.id):
+    for d in live_documents:
         if d.knowledge_key not in carried:
             continue  # not as live's plan judged it: read it
         info = DocumentInfo(knowledge_key=d.knowledge_key, source=d.source, title=d.title, category=d.category,
@@ -333,11 +337,12 @@ class _Diff:
                          removed=len(self.removed))
 
 
-def _plan_scan(deps: Deps, scan: CorpusScan, live: VersionRecord | None, recipe: Recipe, profile: str | None, *,
-               kind: RunKind, force_full: bool, notes: list[str], audit: AuditResult | None) -> Prepared:
-    """The plan of a scanned corpus: what changed against live's manifest, and which of live's vectors the
-    chunks to build can copy (none across embedding profiles, none when forced). `profile`: the embedding
-    profile of the vectors to build (`_vector_profile`)."""
+def _plan_scan(deps: Deps, scan: CorpusScan, live: VersionRecord | None, live_documents: list[ManifestDocument],
+               recipe: Recipe, profile: str | None, *, kind: RunKind, force_full: bool, notes: list[str],
+               audit: AuditResult | None) -> Prepared:
+    """The plan of a scanned corpus: what changed against live's manifest (`live_documents`), and which of
+    live's vectors the chunks to build can copy (none across embedding profiles, none when forced).
+    `profile`: the embedding profile of the vectors to build (`_vector_profile`)."""
     settings = deps.settings
     documents = scan.infos
     total = scan.chunk_total
@@ -352,7 +357,7 @@ def _plan_scan(deps: Deps, scan: CorpusScan, live: VersionRecord | None, recipe:
     live_docs: dict[str, str] = {}
     reuse: dict[str, str] = {}
     if live is not None:
-        live_docs = deps.state.manifest_document_hashes(live.id)
+        live_docs = {d.knowledge_key: d.content_hash for d in live_documents}
         # nothing will be built when nothing changed: the routine no-op never reads live's chunk rows
         if _same_vectors(live, profile) and not force_full and kind is RunKind.REINDEX and not no_change:
             reuse = reuse_map(deps, live, scan)
@@ -378,7 +383,7 @@ def _plan_scan(deps: Deps, scan: CorpusScan, live: VersionRecord | None, recipe:
         source_changed_at=changed_at, notes=tuple(notes), audit=audit,
         warnings=warn(settings.alias, content_warnings(scan.flagged_lines())),
     )
-    return Prepared(plan=plan, scan=scan, reuse=reuse, live=live)
+    return Prepared(plan=plan, scan=scan, reuse=reuse, live=live, live_documents=live_documents if live else None)
 
 
 def choose_layout(configured: str, live: VersionRecord | None, explicit: str | None) -> tuple[str, list[str]]:

@@ -52,7 +52,7 @@ def snapshot_plan(deps: Deps, prepared: Prepared, *, run_id: str | None = None) 
                  version.version, version.collection, was)
     try:
         to_embed = _store_texts(deps, prepared, label=f"the plan of v{version.version}")
-        write_manifest(deps, version, scan, prepared.reuse, prepared.live)
+        write_manifest(deps, version, scan, prepared.reuse, prepared.live, prepared.live_documents)
         # what it changes against its base, for the page's versions table (the plan's own counts and keys)
         changes = DocChanges(docs=plan.docs, doc_keys=plan.doc_keys)
         deps.state.update_version(version.id, doc_changes=json.dumps(changes.to_dict(), ensure_ascii=False))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from itertools import islice
@@ -142,17 +142,31 @@ class ManifestsMixin:
                 conn.execute(manifest_chunks.insert(), batch)
 
     def write_manifest_from(self, version_id: int, base_id: int, documents: list[ManifestDocument],
-                            parts: Iterable[ManifestPart]) -> bool:
+                            parts: Iterable[ManifestPart], copied_documents: Collection[str] = ()) -> bool:
         """`write_manifest` of a manifest most of whose rows are its base's: the rows given are inserted, each
         `CopiedRows` run is copied from the base inside the database (INSERT .. SELECT by the position index,
-        its point as the source of its vector), positions counted through the parts in order. An edit of a
-        large knowledge base sends the database its changed documents' rows, not every row. False, and
-        nothing written, when a run's rows are not where its documents said (a base written before positions,
-        or in another order): the caller writes the manifest whole."""
+        its point as the source of its vector), positions counted through the parts in order; the documents
+        given are inserted, and those of `copied_documents` (keys whose row is the base's as it is) copied
+        from the base the same way. An edit of a large knowledge base sends the database its changed
+        documents' rows, not every row. False, and nothing written, when a run's rows are not where its
+        documents said (a base written before positions, or in another order) or a copied document is not in
+        the base: the caller writes the manifest whole."""
         c = manifest_chunks.c
+        d = manifest_documents.c
         try:
             with self.engine.begin() as conn:
                 _replace_documents(conn, version_id, documents)
+                keys = sorted(copied_documents)
+                for start in range(0, len(keys), 500):
+                    batch = keys[start:start + 500]
+                    of_base = (d.version_id == base_id, d.knowledge_key.in_(batch))
+                    found = conn.execute(sa.select(sa.func.count()).select_from(manifest_documents)
+                                         .where(*of_base)).scalar_one()
+                    if found != len(batch):
+                        raise _NotWhereSaid(f"{found} of {len(batch)} documents from {batch[0]}")
+                    conn.execute(manifest_documents.insert().from_select(
+                        ["version_id", *ManifestDocument._fields],
+                        sa.select(sa.literal(version_id), *_DOCUMENT_COLUMNS).where(*of_base)))
                 position = 0
                 for part in parts:
                     if isinstance(part, CopiedRows):
