@@ -460,6 +460,21 @@ def test_an_edits_manifest_copies_its_unchanged_documents_rows_from_its_base_ins
     assert state.manifest_chunks(version.id) == state.manifest_chunks(whole.id), "nothing written"
 
 
+def test_the_chunks_a_version_loses_against_its_base_are_counted_by_document_in_sql(state: StateStore) -> None:
+    """`chunks_lost`: the base's chunks, and the chunks its documents that stay lost (A 3 -> 1); a document that
+    grew (B), one added (D) or one removed (C) loses nothing by this count (removal is counted apart)."""
+    base, version = new_version(state), new_version(state)
+
+    def doc(key: str, chunks: int) -> ManifestDocument:
+        return ManifestDocument(knowledge_key=key, source=f"{key}.md", title="t", category="c", tenant="default",
+                                content_hash="a" * 64, chunk_count=chunks)
+
+    state.write_manifest(base.id, [doc("A", 3), doc("B", 2), doc("C", 4)], [])
+    state.write_manifest(version.id, [doc("A", 1), doc("B", 5), doc("D", 7)], [])
+    assert state.chunks_lost(version.id, base.id) == (9, 2)
+    assert state.chunks_lost(base.id, base.id) == (9, 0)
+
+
 def test_a_sample_of_a_manifest_is_read_by_position_and_without_positions_too(state: StateStore) -> None:
     """`manifest_at` reads the rows at these positions; a manifest written before positions (NULL) gives the
     same rows by manifest order; `manifest_size` counts them."""

@@ -49,13 +49,11 @@ class ContentLoss:
                 "reasons": list(self.reasons)}
 
 
-def content_loss(plan: Plan, *, live_counts: dict[str, int], new_counts: dict[str, int], max_docs_removed: int,
-                 max_shrink: float) -> ContentLoss:
-    """What the plan loses against live (chunk counts by document of each manifest), and why it must be held
-    (no reason: it may go live by itself)."""
+def content_loss(plan: Plan, *, live_chunks: int, lost: int, max_docs_removed: int, max_shrink: float) -> ContentLoss:
+    """What the plan loses against live, and why it must be held (no reason: it may go live by itself).
+    `live_chunks`: live's chunks; `lost`: the chunks live's documents that stay lost in the new manifest
+    (each document's count down, summed: `StateStore.chunks_lost`)."""
     removed = plan.doc_keys.removed
-    live_chunks = sum(live_counts.values())
-    lost = sum(max(0, n - new_counts[key]) for key, n in live_counts.items() if key in new_counts)
     shrink = lost / live_chunks if live_chunks else 0.0
     reasons = []
     if plan.docs.removed > max_docs_removed:

@@ -332,8 +332,8 @@ def content_held(deps: Deps, plan: Plan, version_number: int) -> ContentLoss | N
     record = recorded_version(deps, version_number)
     snapshot = deps.state.snapshot(record.id)
     golden = load_golden_set(deps.settings.golden_set, text=snapshot.golden if snapshot else None)
-    counts = [{d.knowledge_key: d.chunk_count for d in deps.state.manifest_documents(v.id)} for v in (live, record)]
-    loss = content_loss(plan, live_counts=counts[0], new_counts=counts[1], max_docs_removed=golden.max_docs_removed,
+    live_chunks, lost = deps.state.chunks_lost(record.id, live.id)
+    loss = content_loss(plan, live_chunks=live_chunks, lost=lost, max_docs_removed=golden.max_docs_removed,
                         max_shrink=golden.max_shrink)
     return loss if loss.held else None
 

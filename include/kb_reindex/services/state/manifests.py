@@ -245,6 +245,19 @@ class ManifestsMixin:
                    for row in conn.execute(query.where(d.knowledge_key.in_(wanted[start:start + 500])))]
             return sorted(out, key=lambda doc: doc.knowledge_key)
 
+    def chunks_lost(self, version_id: int, base_id: int) -> tuple[int, int]:
+        """(the base's chunks, the chunks the base's documents that the version keeps lost in it: each one's
+        count down, summed), counted in SQL by the documents' key: what a content-loss check weighs."""
+        d = manifest_documents.c
+        new = manifest_documents.alias("new")
+        total = sa.select(sa.func.coalesce(sa.func.sum(d.chunk_count), 0)).where(d.version_id == base_id)
+        lost = (sa.select(sa.func.coalesce(sa.func.sum(d.chunk_count - new.c.chunk_count), 0))
+                .select_from(manifest_documents.join(new, sa.and_(new.c.version_id == version_id,
+                                                                  new.c.knowledge_key == d.knowledge_key)))
+                .where(d.version_id == base_id, d.chunk_count > new.c.chunk_count))
+        with self.engine.connect() as conn:
+            return int(conn.execute(total).scalar_one()), int(conn.execute(lost).scalar_one())
+
     def manifest_document_hashes(self, version_id: int) -> dict[str, str]:
         """knowledge_key -> content_hash of the version's documents."""
         with self.engine.connect() as conn:
