@@ -1,5 +1,6 @@
 """Retrain the instruction screen's classifier: logistic regression over multilingual-e5-small's passage vectors
-of the `train` part of bench/instructions.yaml (never `held_out`, never `unseen`), written to
+of the `train` part of bench/instructions.yaml (`--parts`: and a retired held-out part; never the current
+held-out part, never `unseen`), written to
 include/kb_reindex/services/screen_weights.json (what kb_reindex.services.screen ships and loads).
 
 The regularisation and the threshold are chosen by 5-fold cross-validation inside `train`: the threshold is the
@@ -103,8 +104,13 @@ def shipped_max(weights: np.ndarray, bias: float) -> tuple[float, str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--precision", type=float, default=0.97, help="cross-validated precision to keep")
+    parser.add_argument("--parts", default="train",
+                        help="the parts fitted on, comma-separated (a held-out part joins only once it is retired: "
+                             "scored, reported, and replaced by a newer held-out part written before the fit)")
     args = parser.parse_args()
-    data = yaml.safe_load((HERE / "instructions.yaml").read_text(encoding="utf-8"))["train"]
+    every = yaml.safe_load((HERE / "instructions.yaml").read_text(encoding="utf-8"))
+    parts = [p.strip() for p in args.parts.split(",") if p.strip()]
+    data = {kind: [t for p in parts for t in every[p][kind]] for kind in ("instruction", "policy")}
     lines = [read_line(t) for t in data["instruction"]] + [read_line(t) for t in data["policy"]]
     y = np.array([1.0] * len(data["instruction"]) + [0.0] * len(data["policy"]))
     x = e5_arrays(lines, model=MODEL).astype(np.float64)
@@ -136,7 +142,7 @@ def main() -> None:
     record = {
         "model": MODEL, "input": "passage", "threshold": threshold, "bias": round(bias, 6),
         "weights": [round(float(v), 6) for v in weights],
-        "trained_on": {"part": "train", "instruction": len(data["instruction"]), "policy": len(data["policy"]),
+        "trained_on": {"part": ",".join(parts), "instruction": len(data["instruction"]), "policy": len(data["policy"]),
                        "lines_sha256": hashlib.sha256("\n".join(lines).encode("utf-8")).hexdigest()},
         "cross_validated": {"folds": FOLDS, "lambda": lam, "recall": round(recall, 3),
                             "precision": round(precision, 3)},
