@@ -183,3 +183,26 @@ def test_a_known_document_missing_rows_in_live_stops_the_plan_by_name_and_live_s
         assert re.search(rf"{doc.chunk_count - 1} chunk rows of {damaged_source}.*--force-full", result.error)
         assert deps.store.alias_target(settings.alias) == live.collection
         assert deps.state.live_version(settings.alias).version == live.version  # type: ignore[union-attr]
+
+
+def test_an_edit_plan_reads_live_documents_not_its_chunk_rows(project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The plan of a one-file edit asks the state DB for none of live's chunk rows wholesale: the unchanged
+    documents come as live's documents hold them (counts), and only the edited file's chunk hashes are looked up."""
+    settings, files = built_with_aged_files(project)
+    edited = files[len(files) // 2]
+    edited.write_text(edited.read_text(encoding="utf-8") + "\n\n补充：本条今日更新。\n", encoding="utf-8")
+    wholesale: list[str] = []
+    looked_up: list[int] = []
+    for name in ("manifest_chunks", "iter_manifest_refs", "slice_rows", "manifest_refs"):
+        real = getattr(StateStore, name)
+        monkeypatch.setattr(StateStore, name, lambda self, *a, _n=name, _r=real, **k: wholesale.append(_n) or _r(self, *a, **k))
+    by_hash = StateStore.chunks_by_hash
+    monkeypatch.setattr(StateStore, "chunks_by_hash",
+                        lambda self, versions, hashes: looked_up.append(len(set(hashes))) or by_hash(self, versions, hashes))
+    with open_deps(settings) as deps:
+        prepared = prepare(deps)
+    assert prepared.scan is not None and prepared.scan.read == 1 and prepared.plan.docs.changed == 1
+    assert wholesale == []
+    assert looked_up == [len({c.chunk_hash for c in prepared.scan.read_chunks()})]
+    assert [d.info.source for d in prepared.scan.read_documents()] == [
+        edited.relative_to(settings.knowledge_dir).as_posix()]
