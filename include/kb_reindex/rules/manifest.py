@@ -4,6 +4,7 @@ over instead of starting again."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -30,7 +31,7 @@ class Prepared:
     scan: CorpusScan | None  # None when unchanged files were recognised without reading them (no change)
     reuse: dict[str, str] = field(default_factory=dict)  # chunk_hash -> point id in the live collection
     live: VersionRecord | None = None
-    live_documents: list[ManifestDocument] | None = None  # live's manifest documents, as the plan read them
+    live_documents: list[ManifestDocument] = field(default_factory=list)  # live's, as the plan read them
 
 
 def same_plan(version: VersionRecord, plan: Plan) -> bool:
@@ -76,13 +77,13 @@ def resumable(deps: Deps, plan: Plan, run_id: str | None) -> VersionRecord | Non
 
 
 def write_manifest(deps: Deps, version: VersionRecord, scan: CorpusScan, reuse: dict[str, str],
-                   base: VersionRecord | None = None, base_documents: list[ManifestDocument] | None = None) -> None:
+                   base: VersionRecord | None = None, base_documents: Sequence[ManifestDocument] = ()) -> None:
     """The plan's documents and chunks (with the live point each reused chunk is copied from) as the version's
     manifest, and its counts on the version row. `base`: live, whose manifest the scan's known documents
     (`CorpusScan.known`, taken unread from it, their chunks counted, not read) come from: their rows are copied
     inside the database (`manifest_parts`), so an edit writes its changed documents' rows, not the knowledge
     base's. A base whose rows are not where its documents' counts put them is read for those rows and the
-    manifest written whole. `base_documents`: the base's documents, when the plan read them already."""
+    manifest written whole. `base_documents`: the base's documents, as the plan read them."""
     documents = [
         ManifestDocument(knowledge_key=d.info.knowledge_key, source=d.info.source, title=d.info.title,
                          category=d.info.category, tenant=d.info.tenant, content_hash=d.info.content_hash,
@@ -94,7 +95,6 @@ def write_manifest(deps: Deps, version: VersionRecord, scan: CorpusScan, reuse: 
             raise KbError(f"v{version.version}: the plan took documents unread from a live version but names none")
         # the known documents' rows are the base's as they are (`KnownDocument`): copied in the database too
         read = [doc for doc in documents if doc.knowledge_key not in scan.known]
-        base_documents = base_documents if base_documents is not None else deps.state.manifest_documents(base.id)
         if not deps.state.write_manifest_from(version.id, base.id, read, manifest_parts(scan, reuse, base_documents),
                                               copied_documents=scan.known):
             rows = _known_rows(deps, base, scan)
@@ -105,7 +105,7 @@ def write_manifest(deps: Deps, version: VersionRecord, scan: CorpusScan, reuse: 
     else:  # rows are made as they are inserted, a batch at a time, never all at once
         deps.state.write_manifest(version.id, documents, (_row(c, reuse) for c in scan.read_chunks()))
     total = scan.chunk_total
-    reused = scan.known_chunks + sum(1 for c in scan.read_chunks() if c.chunk_hash in reuse)
+    reused = scan.reused_chunks(reuse)
     deps.state.update_version(
         version.id, docs_count=len(documents), points_expected=total,
         chunks_reused=reused, chunks_embedded=total - reused,
@@ -134,7 +134,7 @@ def _row(c: ChunkRef, reuse: dict[str, str]) -> ManifestChunk:
                          chunk_index=c.chunk_index, chunk_hash=c.chunk_hash)
 
 
-def manifest_parts(scan: CorpusScan, reuse: dict[str, str], base_documents: list[ManifestDocument]
+def manifest_parts(scan: CorpusScan, reuse: dict[str, str], base_documents: Sequence[ManifestDocument]
                    ) -> list[ManifestPart]:
     """The scan's manifest as rows to write and runs of the base's rows to copy: a known document (its chunks
     the base's rows, each reusing its vector) whose base rows sit next to the previous known document's joins

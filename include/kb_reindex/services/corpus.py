@@ -120,6 +120,11 @@ class CorpusScan:
         """The chunks of the known documents: live's rows, each reusing live's vector."""
         return sum(d.chunk_count for d in self.documents if isinstance(d, KnownDocument))
 
+    def reused_chunks(self, reuse: Mapping[str, str]) -> int:
+        """The chunks whose vector comes from live: every known document's, and the read ones whose hash `reuse`
+        maps to a point of live."""
+        return self.known_chunks + sum(1 for c in self.read_chunks() if c.chunk_hash in reuse)
+
     def read_documents(self) -> list[ScannedDocument]:
         """The documents read and chunked (not `known`), in key order."""
         return [d for d in self.documents if isinstance(d, ScannedDocument)]

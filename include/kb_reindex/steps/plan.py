@@ -365,7 +365,7 @@ def _plan_scan(deps: Deps, scan: CorpusScan, live: VersionRecord | None, live_do
     diff = _Diff.of({d.knowledge_key: d.content_hash for d in documents}, live_docs)
     # no change: the same files cut the same way, so every chunk is one of live's; the known documents' chunks
     # are live's rows, each reused (`prepare` takes documents unread only when live's vectors are reusable)
-    reused = total if no_change else scan.known_chunks + sum(1 for c in scan.read_chunks() if c.chunk_hash in reuse)
+    reused = total if no_change else scan.reused_chunks(reuse)
     touched_keys = set(diff.added) | set(diff.changed)
     # when the newest of them was written, as the listing said (no document is looked at again)
     changed_at = max((scan.mtimes[d.source] / 1e9 for d in documents
@@ -383,7 +383,7 @@ def _plan_scan(deps: Deps, scan: CorpusScan, live: VersionRecord | None, live_do
         source_changed_at=changed_at, notes=tuple(notes), audit=audit,
         warnings=warn(settings.alias, content_warnings(scan.flagged_lines())),
     )
-    return Prepared(plan=plan, scan=scan, reuse=reuse, live=live, live_documents=live_documents if live else None)
+    return Prepared(plan=plan, scan=scan, reuse=reuse, live=live, live_documents=live_documents)
 
 
 def choose_layout(configured: str, live: VersionRecord | None, explicit: str | None) -> tuple[str, list[str]]:
