@@ -188,6 +188,8 @@ def main() -> None:
                               "machine": f"{platform.machine()} {os.cpu_count()} cores",
                               "load_at_start": os.getloadavg()[0], "command": " ".join(["bench/versions.py", *sys.argv[1:]]),
                               "rows": []}
+    if args.profile is not None:
+        args.profile.mkdir(parents=True, exist_ok=True)  # cProfile writes no file into a folder that is not there
     with tempfile.TemporaryDirectory(prefix="kb-p15-") as tmp:
         work = Path(tmp)
         releases = {r.strip() for r in args.releases.split(",") if r.strip()}

@@ -415,6 +415,23 @@ def test_a_slice_against_its_base_reads_the_rows_that_differ_and_the_ids_kept(st
     assert [r.point_id for r in state.dropped_chunks(version.id, base.id)] == ["b0", "e0"]
 
 
+def test_identical_chunks_are_looked_for_among_the_hashes_of_the_documents_named(state: StateStore) -> None:
+    """A and B share h1, B and C share h2, D is alone: every shared row without keys; with keys, only the
+    groups of those documents' hashes (an edit's changed documents), the other documents' rows of them included."""
+    version = new_version(state)
+    layout = {"A": ["1", "x"], "B": ["1", "2"], "C": ["2"], "D": ["d"]}
+    docs = [ManifestDocument(knowledge_key=k, source=f"{k}.md", title=k, category="c", tenant="default",
+                             content_hash=k * 64, chunk_count=len(hs)) for k, hs in layout.items()]
+    rows = [ManifestChunk(point_id=f"{k}{i}", knowledge_key=k, chunk_index=i, chunk_hash=h * 64, source_point_id=None)
+            for k, hs in layout.items() for i, h in enumerate(hs)]
+    state.write_manifest(version.id, docs, rows)
+    assert [(r.knowledge_key, r.chunk_index) for r in state.shared_chunks(version.id)] == [
+        ("A", 0), ("B", 0), ("B", 1), ("C", 0)]
+    assert [(r.knowledge_key, r.chunk_index) for r in state.shared_chunks(version.id, {"A"})] == [("A", 0), ("B", 0)]
+    assert [r.knowledge_key for r in state.shared_chunks(version.id, {"C", "D"})] == ["B", "C"]
+    assert state.shared_chunks(version.id, set()) == []
+
+
 def test_an_edits_manifest_copies_its_unchanged_documents_rows_from_its_base_inside_the_database(
         state: StateStore) -> None:
     """`write_manifest_from`: the base's rows of A and B (one run) and of D are copied in SQL, with their

@@ -1,7 +1,8 @@
 """What a version holds twice: warnings of kind `duplicate`, naming both documents, for validation to show.
 
 - **Identical**: a chunk whose text (its hash) is also a chunk of another document, found in SQL over the
-  version's manifest (one grouped query on the `(version_id, chunk_hash)` index).
+  version's manifest (one grouped query on the `(version_id, chunk_hash)` index), for the hashes of the
+  documents added or changed against the base version; those between documents unchanged since are carried.
 - **Near-identical**: each chunk embedded for this version, of a document added or changed against the version
   it was built on, searched on the version's own collection (one batch request, the vectors read back from it)
   for chunks of other documents at or above `KB_DUPLICATE_COSINE` (calibrated on e5: bench/duplicates.py). A
@@ -41,7 +42,7 @@ def duplicate_warnings(deps: Deps, version: VersionRecord, documents: Sequence[M
     changed = {d.knowledge_key for d in documents if base_hashes.get(d.knowledge_key) != d.content_hash}
     found: dict[frozenset[str], ContentWarning] = {}
     # what the base version recorded between documents unchanged since stands as it was (the same document named)
-    for w in (*carried(baseline, documents, changed), *identical(deps.state.shared_chunks(version.id), changed),
+    for w in (*carried(baseline, documents, changed), *identical(deps.state.shared_chunks(version.id, changed), changed),
               *near(deps, version, changed)):
         found.setdefault(frozenset((w.knowledge_key, w.other_key or "")), w)
     return tuple(sorted(found.values(), key=lambda w: (w.knowledge_key, w.other_key or "")))

@@ -285,11 +285,17 @@ class ManifestsMixin:
         with self.engine.connect() as conn:
             return [ManifestChunk(*row) for row in conn.execute(query.order_by(c.knowledge_key, c.chunk_index))]
 
-    def shared_chunks(self, version_id: int) -> list[ManifestChunk]:
+    def shared_chunks(self, version_id: int, keys: Collection[str] | None = None) -> list[ManifestChunk]:
         """The version's chunks whose hash (text) appears in more than one of its documents: identical chunks
-        across documents, found in SQL by the (version_id, chunk_hash) index, in manifest order."""
+        across documents, found in SQL by the (version_id, chunk_hash) index, in manifest order. `keys`: only
+        the hashes of these documents' chunks are looked at (an edit's changed documents: the grouping then
+        costs their chunks, not the manifest); None (or more than 500 keys), every hash."""
         c = manifest_chunks.c
-        shared = (sa.select(c.chunk_hash).where(c.version_id == version_id).group_by(c.chunk_hash)
+        of_version = [c.version_id == version_id]
+        if keys is not None and len(keys) <= 500:
+            of_version.append(c.chunk_hash.in_(sa.select(c.chunk_hash).where(
+                c.version_id == version_id, c.knowledge_key.in_(sorted(keys)))))
+        shared = (sa.select(c.chunk_hash).where(*of_version).group_by(c.chunk_hash)
                   .having(sa.func.count(sa.distinct(c.knowledge_key)) > 1))
         query = sa.select(*_CHUNK_COLUMNS).where(c.version_id == version_id, c.chunk_hash.in_(shared))
         with self.engine.connect() as conn:
@@ -414,11 +420,12 @@ class ManifestsMixin:
 
         added_q = within(sa.select(*_CHUNK_COLUMNS).select_from(manifest_chunks.outerjoin(base, on_base))
                          .where(c.version_id == version_id, base.c.point_id.is_(None)))
-        kept_q = within(sa.select(sa.func.count()).select_from(manifest_chunks.join(base, on_base))
-                        .where(c.version_id == version_id))
+        # every row matches at most one base row (the join is on the primary key): what is not added is kept,
+        # so the rest is counted by the position index, not joined a second time
+        rows_q = within(sa.select(sa.func.count()).select_from(manifest_chunks).where(c.version_id == version_id))
         with self.engine.connect() as conn:
             added = [ManifestChunk(*row) for row in conn.execute(added_q.order_by(c.position))]
-            kept = int(conn.execute(kept_q).scalar_one())
+            kept = int(conn.execute(rows_q).scalar_one()) - len(added)
         changed = sorted(self.changed_documents(version_id, base_id)) if kept else []
         rewrite: list[ManifestChunk] = []
         with self.engine.connect() as conn:

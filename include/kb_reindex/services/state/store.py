@@ -139,6 +139,10 @@ class StateStore(VersionsMixin, ManifestsMixin, RunsMixin, HistoryMixin, LocksMi
                 cursor = dbapi_conn.cursor()
                 cursor.execute("PRAGMA journal_mode=WAL")
                 cursor.execute("PRAGMA busy_timeout=30000")
+                # 16 MiB of page cache (SQLite's default is 2 MiB): an edit's manifest copies its base's rows
+                # into three B-trees in random key order, which spilled pages at 2 MiB (50k rows: 0.37 s -> 0.21 s
+                # measured on a kept P15 state DB, bench/README P15)
+                cursor.execute("PRAGMA cache_size=-16384")
                 cursor.close()
 
             return engine
