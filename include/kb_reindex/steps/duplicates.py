@@ -20,8 +20,9 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from kb_reindex.domain.validation_model import DUPLICATE, ContentWarning, ValidationResult
-from kb_reindex.services.runtime import Deps
+from kb_reindex.services.runtime import StepDeps
 from kb_reindex.services.state.manifests import ManifestChunk, ManifestDocument
+from kb_reindex.services.state.ports import DuplicateReads
 from kb_reindex.services.state.versions import VersionRecord
 
 log = logging.getLogger(__name__)
@@ -33,7 +34,7 @@ NEIGHBOURS = 6
 _BATCH = 256
 
 
-def duplicate_warnings(deps: Deps, version: VersionRecord, documents: Sequence[ManifestDocument],
+def duplicate_warnings(deps: StepDeps[DuplicateReads], version: VersionRecord, documents: Sequence[ManifestDocument],
                        baseline: VersionRecord | None, base_documents: Sequence[ManifestDocument]
                        ) -> tuple[ContentWarning, ...]:
     """Identical and near-identical chunks across the version's documents, one warning per pair of documents
@@ -42,8 +43,8 @@ def duplicate_warnings(deps: Deps, version: VersionRecord, documents: Sequence[M
     changed = {d.knowledge_key for d in documents if base_hashes.get(d.knowledge_key) != d.content_hash}
     found: dict[frozenset[str], ContentWarning] = {}
     # what the base version recorded between documents unchanged since stands as it was (the same document named)
-    for w in (*carried(baseline, documents, changed), *identical(deps.state.shared_chunks(version.id, changed), changed),
-              *near(deps, version, changed)):
+    shared = deps.state.shared_chunks(version.id, changed)
+    for w in (*carried(baseline, documents, changed), *identical(shared, changed), *near(deps, version, changed)):
         found.setdefault(frozenset((w.knowledge_key, w.other_key or "")), w)
     return tuple(sorted(found.values(), key=lambda w: (w.knowledge_key, w.other_key or "")))
 
@@ -73,7 +74,7 @@ def identical(chunks: Iterable[ManifestChunk], changed: set[str]) -> list[Conten
     return warnings
 
 
-def near(deps: Deps, version: VersionRecord, changed: set[str]) -> list[ContentWarning]:
+def near(deps: StepDeps[DuplicateReads], version: VersionRecord, changed: set[str]) -> list[ContentWarning]:
     """The chunks embedded for this version of the changed documents, each searched on the version's collection
     for chunks of other documents at or above the threshold: one warning per pair, with its highest cosine."""
     threshold = deps.settings.duplicate_cosine

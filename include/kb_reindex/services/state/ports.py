@@ -1,11 +1,11 @@
-"""The narrow parts of the state store that the version model's steps use (slots, build, restore, retention)
-and the rules they call: each part a `Protocol` that `StateStore` satisfies as it is. A step names the parts
+"""The narrow parts of the state store that the version model's steps use (slots, build, restore, retention,
+the duplicate screen) and the rules they call: each part a `Protocol` that `StateStore` satisfies as it is. A step names the parts
 it reads and writes, not the whole eleven-mixin store, so its signature says what it can touch and mypy
 holds it to that (a step that starts pruning manifests must say so in its signature)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, Protocol, Unpack
 
@@ -117,6 +117,14 @@ class ManifestReads(Protocol):
     def dropped_chunks(self, version_id: int, base_id: int) -> list[ManifestChunk]: ...
 
     def chunks_by_hash(self, version_ids: Iterable[int], hashes: Iterable[str]) -> dict[str, tuple[int, str]]: ...
+
+
+class DuplicateReads(Protocol):
+    """What the duplicate screen reads of a version's manifest (`steps.duplicates`)."""
+
+    def shared_chunks(self, version_id: int, keys: Collection[str] | None = None) -> list[ManifestChunk]: ...
+
+    def embedded_chunks(self, version_id: int, keys: Iterable[str] | None = None) -> list[ManifestChunk]: ...
 
 
 class ManifestUpkeep(Protocol):
