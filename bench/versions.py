@@ -182,6 +182,9 @@ def main() -> None:
     parser.add_argument("--profile", type=Path, default=None,
                         help="a folder: this release's last edit of each size runs under cProfile, its profile "
                              "written there (<release>-<chunks>.prof); that edit's times are then not figures")
+    parser.add_argument("--workdir", type=Path, default=None,
+                        help="keep the projects (and the test server's storage) in this folder instead of a "
+                             "temporary one: a kept project can be edited and profiled by hand afterwards")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",") if s]
     result: dict[str, Any] = {"at": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
@@ -191,7 +194,8 @@ def main() -> None:
     if args.profile is not None:
         args.profile.mkdir(parents=True, exist_ok=True)  # cProfile writes no file into a folder that is not there
     with tempfile.TemporaryDirectory(prefix="kb-p15-") as tmp:
-        work = Path(tmp)
+        work = Path(tmp) if args.workdir is None else args.workdir
+        work.mkdir(parents=True, exist_ok=True)
         releases = {r.strip() for r in args.releases.split(",") if r.strip()}
         package = old_package(work) if "before" in releases else None
         for chunks in sizes:

@@ -24,4 +24,8 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ constraints.txt -nt
   fi
   touch "$stamp"
 fi
+# our own modules' bytecode, written once here: a shell with PYTHONDONTWRITEBYTECODE set (this machine's is) otherwise
+# compiles the package from source in every process, each CLI command and Airflow task (about 0.06 s of a
+# 1 s `status`); compileall rewrites only what changed since, and Python still recompiles a stale file in memory
+.venv/bin/python -m compileall -q include dags plugins > /dev/null
 echo "kb-reindex environment ready: $(pwd)/.venv ($extras)"
