@@ -422,7 +422,7 @@ class ManifestsMixin:
                          ) -> SliceDifference:
         """A slice's rows (as `slice_rows`) against the base version's manifest: the rows the base lacks, how
         many it has (same key, chunk index and hash: the same point ID), and of those the rows whose document's
-        payload fields changed. The IDs that differ are found in SQL (`_ids_missing_from`), so an edit reads the
+        payload fields changed. The rows that differ are found in SQL (`_rows_missing_from`), so an edit reads the
         rows that differ and a count of the rest, not one row (or ID) per kept point."""
         c = manifest_chunks.c
         base = manifest_chunks.alias("base")
@@ -438,9 +438,7 @@ class ManifestsMixin:
         # the position index, not looked up
         rows_q = within(sa.select(sa.func.count()).select_from(manifest_chunks).where(c.version_id == version_id))
         with self.engine.connect() as conn:
-            added = [ManifestChunk(*row[:-1]) for row in sorted(
-                self._rows_of(conn, version_id, self._ids_missing_from(conn, version_id, base_id, window)),
-                key=_in_manifest_order)]
+            added = self._rows_missing_from(conn, version_id, base_id, window)
             kept = int(conn.execute(rows_q).scalar_one()) - len(added)
         changed = sorted(self.changed_documents(version_id, base_id)) if kept else []
         rewrite: list[ManifestChunk] = []
@@ -467,18 +465,19 @@ class ManifestsMixin:
 
     def dropped_chunks(self, version_id: int, base_id: int) -> list[ManifestChunk]:
         """The base version's rows whose point the version's manifest lacks: what a slot gives up moving from
-        the base to the version (their IDs found in SQL, `_ids_missing_from`), in manifest order."""
+        the base to the version (found in SQL, `_rows_missing_from`), in manifest order."""
         with self.engine.connect() as conn:
-            rows = self._rows_of(conn, base_id, self._ids_missing_from(conn, base_id, version_id))
-        return [ManifestChunk(*row[:-1]) for row in sorted(rows, key=_in_manifest_order)]
+            return self._rows_missing_from(conn, base_id, version_id)
 
-    def _ids_missing_from(self, conn: sa.Connection, version_id: int, other_id: int,
-                          window: tuple[int, int] | None = None) -> list[str]:
-        """The point IDs of the version's manifest (its rows at positions within `window`, when given) that the
-        other version's manifest lacks. SQLite and PostgreSQL: `EXCEPT` of the two ID lists, which SQLite
-        merges from two ordered scans of the primary key (205k rows, one chunk changed: 0.04 s, where the
-        anti-join looked each row up in the other manifest: 0.19 s, 0.5 s cold; bench/README P15). MySQL:
-        that anti-join (`EXCEPT` only from MySQL 8.0.31 on)."""
+    @staticmethod
+    def _rows_missing_from(conn: sa.Connection, version_id: int, other_id: int,
+                           window: tuple[int, int] | None = None) -> list[ManifestChunk]:
+        """The rows of the version's manifest (those at positions within `window`, when given) whose point the
+        other version's manifest lacks, in manifest order. Their IDs first: on SQLite and PostgreSQL by `EXCEPT`
+        of the two ID lists, which SQLite merges from two ordered scans of the primary key (205k rows, one chunk
+        changed: 0.04 s, where the anti-join looked each row up in the other manifest: 0.19 s, 0.5 s cold;
+        bench/README P15); on MySQL by that anti-join (`EXCEPT` only from MySQL 8.0.31 on). Then the rows of
+        those IDs, by the primary key."""
         c = manifest_chunks.c
         mine = sa.select(c.point_id).where(c.version_id == version_id)
         if window is not None:
@@ -486,21 +485,17 @@ class ManifestsMixin:
             mine = mine.where(c.position >= offset, c.position < offset + limit)
         if conn.dialect.name in ("sqlite", "postgresql"):
             theirs = sa.select(c.point_id).where(c.version_id == other_id)
-            return list(conn.execute(sa.except_(mine, theirs).order_by(sa.literal_column("point_id"))).scalars())
-        other = manifest_chunks.alias("other")
-        lacking = mine.outerjoin_from(manifest_chunks, other, sa.and_(other.c.version_id == other_id,
-                                                                      other.c.point_id == c.point_id))
-        return list(conn.execute(lacking.where(other.c.point_id.is_(None))).scalars())
-
-    @staticmethod
-    def _rows_of(conn: sa.Connection, version_id: int, point_ids: list[str]) -> list[_PositionedChunk]:
-        """The version's rows of these point IDs (by the primary key), each with its position."""
-        c = manifest_chunks.c
-        out: list[_PositionedChunk] = []
-        for start in range(0, len(point_ids), 500):
-            out += [_PositionedChunk._make(row) for row in conn.execute(sa.select(*_CHUNK_COLUMNS, c.position).where(
-                c.version_id == version_id, c.point_id.in_(point_ids[start:start + 500])))]
-        return out
+            ids = list(conn.execute(sa.except_(mine, theirs).order_by(sa.literal_column("point_id"))).scalars())
+        else:
+            other = manifest_chunks.alias("other")
+            lacking = mine.outerjoin_from(manifest_chunks, other, sa.and_(other.c.version_id == other_id,
+                                                                          other.c.point_id == c.point_id))
+            ids = list(conn.execute(lacking.where(other.c.point_id.is_(None))).scalars())
+        rows: list[_PositionedChunk] = []
+        for start in range(0, len(ids), 500):
+            rows += [_PositionedChunk._make(row) for row in conn.execute(sa.select(*_CHUNK_COLUMNS, c.position).where(
+                c.version_id == version_id, c.point_id.in_(ids[start:start + 500])))]
+        return [ManifestChunk(*row[:-1]) for row in sorted(rows, key=_in_manifest_order)]
 
     def changed_documents(self, version_id: int, base_id: int) -> set[str]:
         """Keys of the version's documents whose payload fields differ from the base's (or that it lacks)."""
