@@ -8,7 +8,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import SimpleNamespace
@@ -606,8 +606,13 @@ def test_page_in_headless_chromium_on_call(busy_site: tuple[Settings, FakeAirflo
         # loaded machine is slow, not wrong: the limit only bounds a failure)
         wait = WebDriverWait(browser, 60, ignored_exceptions=(StaleElementReferenceException,))
 
+        def read(look: Callable[[Any], Any]) -> Any:
+            """What `look` reads off the page, read again if the page re-rendered what it found meanwhile (it
+            redraws on its own polls: an element found, then asked, can be gone in between)."""
+            return wait.until(lambda b: (look(b),))[0]
+
         def text(css: str) -> str:
-            return browser.find_element(By.CSS_SELECTOR, css).text
+            return str(read(lambda b: b.find_element(By.CSS_SELECTOR, css).text))
 
         def click(css: str) -> None:
             """Found and clicked in one step, found again if the data it shows changed meanwhile (the page keeps
@@ -679,18 +684,19 @@ def test_page_in_headless_chromium_on_call(busy_site: tuple[Settings, FakeAirflo
         browser.switch_to.frame(browser.find_element(By.ID, "plugin"))
 
         # each version offers what it may: rollback to served ones, promotion of the shadow, nothing else
-        actions = {n: [b.text for b in browser.find_elements(By.CSS_SELECTOR, f"#version-{n} button")]
-                   for n in range(1, 6)}
+        actions = read(lambda b: {n: [e.text for e in b.find_elements(By.CSS_SELECTOR, f"#version-{n} button")]
+                                  for n in range(1, 6)})
         # v1's slot went to the build v5 (live, the rollback target and the shadow keep theirs): it is one restore
         # away, and its row says so instead of offering a rollback that would be refused
         assert actions == {1: [], 2: ["Roll back to v2"], 3: [],
                            4: ["Promote shadow v4 (hashing-ngram-v4, 512-d)"], 5: []}
         assert "restore it first, `kb-reindex restore --version 1`" in text("#version-1")
         assert "(rollback target)" in text("#version-2") and "shadow, never served" in text("#version-4")
-        bar = browser.find_element(By.CSS_SELECTOR, "#version-5 progress.build-progress")
         expected = {v["version"]: v for v in engine_status(settings)["versions"]}[5]
         assert 0 < expected["points_written"] < expected["points_expected"]
-        assert (int(float(bar.get_attribute("value"))), int(float(bar.get_attribute("max")))) == \
+        bar = read(lambda b: [b.find_element(By.CSS_SELECTOR, "#version-5 progress.build-progress").get_attribute(name)
+                              for name in ("value", "max")])
+        assert (int(float(bar[0])), int(float(bar[1]))) == \
             (expected["points_written"], expected["points_expected"])
         assert f"{expected['points_written']}/{expected['points_expected']} points" in text("#version-5")
 
@@ -734,7 +740,7 @@ def test_page_in_headless_chromium_on_call(busy_site: tuple[Settings, FakeAirflo
         airflow.retries["knowledge_reindex", retried] = {"task_id": "build", "try_number": 1, "max_tries": 2}
         wait.until(lambda b: "retrying (attempt 2 of 3)" in text("#version-5"))
         assert "failed" not in text("#version-5").split("\n")[0]
-        assert "failed" not in browser.find_element(By.ID, "version-5").get_attribute("class")
+        assert "failed" not in read(lambda b: b.find_element(By.ID, "version-5").get_attribute("class"))
         assert "build retrying (attempt 2 of 3)" in text("#runs")
         assert browser.execute_script("return document.documentElement.scrollWidth <= innerWidth")  # no sideways scroll
 
