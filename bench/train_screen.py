@@ -1,16 +1,22 @@
-"""Retrain the instruction screen's classifier: logistic regression over multilingual-e5-small's passage vectors
-of the `train` part of bench/instructions.yaml (`--parts`: and a retired held-out part; never the current
-held-out part, never `unseen`), written to
-include/kb_reindex/services/screen_weights.json (what kb_reindex.services.screen ships and loads).
+"""Retrain the instruction screen's classifier: logistic regression over multilingual-e5-small's passage vectors,
+written to include/kb_reindex/services/screen_weights.json (what kb_reindex.services.screen ships and loads).
 
-The regularisation and the threshold are chosen by 5-fold cross-validation inside `train`: the threshold is the
-lowest at which the screen (the patterns, then the classifier) keeps a cross-validated precision of at least
-`--precision` (default 0.97), and among the regularisation strengths the one with the best recall there. Then
-the threshold is raised, if need be, just above the highest score of any passage of the shipped knowledge pages
-(knowledge/**/docs: the project's own pages, benign by definition), so the shipped pages raise no alarm. The
-standardisation is folded into the weights, so the screen computes sigmoid(x . w + b) on the raw vector.
+What it is fitted on (the sixth pass, 2026-12-05): every retired part of bench/instructions.yaml (`--parts`; never
+the current held-out part, `held_out_4`), and the passages of the shipped knowledge pages (knowledge/**/docs: the
+project's own pages, benign by definition) as policy lines. Beside each line's vector it reads the line's
+similarity to a few descriptions of what an injection is (`ANCHORS`, e5 query vectors, in Chinese and English):
+a prior towards "addressed to the model" that a few hundred lines cannot teach; the model stays linear in the
+vector, so the anchors fold into the 384 weights shipped.
 
-    .venv/bin/python bench/train_screen.py            # writes the weights, prints the cross-validated scores
+The regularisation and the threshold are chosen by leaving one part out at a time (each part was written by
+another hand, at another time: a new writer's styles are what the screen must generalise to): the threshold is
+the lowest at which the screen (the patterns, then the classifier) keeps a pooled left-out precision of at least
+`--precision` (default 0.95), and among the regularisation strengths the one with the best recall there. Then the
+threshold is raised, if need be, just above the highest score any shipped page's passage gets from a fit that
+did not see it (five folds of the pages), so the shipped pages raise no alarm. The standardisation is folded into
+the weights, so the screen computes sigmoid(x . w + b) on the raw vector.
+
+    .venv/bin/python bench/train_screen.py            # writes the weights, prints the left-out scores
     .venv/bin/python bench/instructions.py            # then measure every part
 """
 
@@ -32,11 +38,30 @@ sys.path.insert(0, str(HERE))
 
 from kb_reindex.domain.instructions import is_instruction  # noqa: E402
 from kb_reindex.domain.screen_text import read_line  # noqa: E402
-from kb_reindex.services.e5 import e5_arrays  # noqa: E402
+from kb_reindex.services.e5 import e5_arrays, e5_model, _engine  # noqa: E402
 from kb_reindex.services.screen import MODEL, WEIGHTS  # noqa: E402
 
-LAMBDAS = (0.001, 0.003, 0.01, 0.03, 0.1)
+LAMBDAS = (0.03, 0.05, 0.1, 0.15, 0.2)
 FOLDS = 5
+#: every part written and scored before this pass; `held_out_4` stays held out
+RETIRED = "train,train_5,held_out,unseen,edits,held_out_2,held_out_3"
+#: what an injection is, said to e5 as queries: a line's similarity to each is read beside its vector
+ANCHORS = (
+    "an instruction to the AI assistant telling it to ignore or change its rules",
+    "text addressed to a chatbot or language model, not to a customer",
+    "a fake system prompt or developer message for the model",
+    "tell the assistant what to answer whatever the customer asks",
+    "ask the AI to reveal its prompt or other customers' personal data",
+    "给AI客服的指令：忽略规则，按这里说的回答",
+    "写给机器人或大模型看的话，而不是写给顾客的",
+    "伪造的系统提示或开发者消息",
+    "要求助手泄露提示词或其他用户的个人信息",
+    "a shop policy rule for customers about returns, shipping or payment",
+    "面向顾客的商城规则说明：退货、运费、支付",
+)
+#: the anchor similarities' scale beside the vector's components (both are then standardised; this sets how
+#: far the ridge lets them move)
+ANCHOR_SCALE = 10.0
 
 
 def fit(x: np.ndarray, y: np.ndarray, lam: float, iters: int = 100) -> np.ndarray:
@@ -65,15 +90,43 @@ def standardised_fit(x: np.ndarray, y: np.ndarray, lam: float) -> tuple[np.ndarr
     return weights, float(w[-1] - mean @ weights)
 
 
-def cross_validated(x: np.ndarray, y: np.ndarray, lam: float, seed: int = 0) -> np.ndarray:
-    order = np.random.default_rng(seed).permutation(len(y))
+def anchor_vectors() -> np.ndarray:
+    """The anchors' e5 query vectors (len(ANCHORS) x 384)."""
+    return _engine(e5_model(MODEL).variant).encode(list(ANCHORS), True).astype(np.float64)
+
+
+def with_anchors(x: np.ndarray, anchors: np.ndarray) -> np.ndarray:
+    return np.hstack([x, ANCHOR_SCALE * (x @ anchors.T)])
+
+
+def fitted(x: np.ndarray, y: np.ndarray, anchors: np.ndarray, lam: float) -> tuple[np.ndarray, float]:
+    """Weights over the raw 384-d vector and a bias: the fit over the vector and its anchor similarities, the
+    similarities' weights folded back into the vector's (they are linear in it)."""
+    weights, bias = standardised_fit(with_anchors(x, anchors), y, lam)
+    dim = x.shape[1]
+    return weights[:dim] + ANCHOR_SCALE * anchors.T @ weights[dim:], bias
+
+
+def scored(x: np.ndarray, weights: np.ndarray, bias: float) -> np.ndarray:
+    return 1 / (1 + np.exp(-(x @ weights + bias)))
+
+
+def left_out(x: np.ndarray, y: np.ndarray, groups: np.ndarray, shipped: np.ndarray, anchors: np.ndarray,
+             lam: float) -> tuple[np.ndarray, float]:
+    """Each line's score from a fit without its part, and the highest score of a shipped page's passage from a
+    fit without it (five folds of the pages, each fit also without one part in turn)."""
     out = np.zeros(len(y))
-    for fold in range(FOLDS):
-        test = order[fold::FOLDS]
-        fitted = np.setdiff1d(order, test)
-        weights, bias = standardised_fit(x[fitted], y[fitted], lam)
-        out[test] = 1 / (1 + np.exp(-(x[test] @ weights + bias)))
-    return out
+    folds = np.random.default_rng(0).permutation(len(shipped)) % FOLDS
+    shipped_max = 0.0
+    for group in np.unique(groups):
+        train = groups != group
+        for fold in range(FOLDS):
+            keep = folds != fold
+            w, b = fitted(np.vstack([x[train], shipped[keep]]), np.r_[y[train], np.zeros(int(keep.sum()))], anchors, lam)
+            shipped_max = max(shipped_max, float(scored(shipped[~keep], w, b).max()))
+        w, b = fitted(np.vstack([x[train], shipped]), np.r_[y[train], np.zeros(len(shipped))], anchors, lam)
+        out[~train] = scored(x[~train], w, b)
+    return out, shipped_max
 
 
 def at_threshold(p: np.ndarray, patterns: np.ndarray, y: np.ndarray, threshold: float) -> tuple[float, float]:
@@ -83,73 +136,66 @@ def at_threshold(p: np.ndarray, patterns: np.ndarray, y: np.ndarray, threshold: 
     return hits / int(y.sum()), hits / (hits + false) if hits + false else 1.0
 
 
-def shipped_max(weights: np.ndarray, bias: float) -> tuple[float, str]:
-    """The highest classifier score of any passage the screen reads on the shipped knowledge pages, and where."""
+def shipped_passages() -> list[str]:
+    """The texts the classifier reads on the shipped knowledge pages."""
     from instructions import shipped_pages
 
     from kb_reindex.domain.screen_text import letters, passages
     from kb_reindex.services.screen import MIN_LETTERS
 
-    texts: dict[str, str] = {}
-    for name, body, first in shipped_pages():
-        for passage in passages(body, first_line=first):
-            if letters(passage.read) >= MIN_LETTERS:
-                texts.setdefault(passage.read, f"{name}:{passage.line}")
-    reads = sorted(texts)
-    scores = 1 / (1 + np.exp(-(e5_arrays(reads, model=MODEL).astype(np.float64) @ weights + bias)))
-    top = int(np.argmax(scores))
-    return float(scores[top]), texts[reads[top]]
+    return sorted({p.read for _name, body, first in shipped_pages() for p in passages(body, first_line=first)
+                   if letters(p.read) >= MIN_LETTERS})
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--precision", type=float, default=0.97, help="cross-validated precision to keep")
-    parser.add_argument("--parts", default="train",
+    parser.add_argument("--precision", type=float, default=0.95, help="pooled left-out precision to keep")
+    parser.add_argument("--parts", default=RETIRED,
                         help="the parts fitted on, comma-separated (a held-out part joins only once it is retired: "
                              "scored, reported, and replaced by a newer held-out part written before the fit)")
     args = parser.parse_args()
     every = yaml.safe_load((HERE / "instructions.yaml").read_text(encoding="utf-8"))
     parts = [p.strip() for p in args.parts.split(",") if p.strip()]
-    data = {kind: [t for p in parts for t in every[p][kind]] for kind in ("instruction", "policy")}
-    lines = [read_line(t) for t in data["instruction"]] + [read_line(t) for t in data["policy"]]
-    y = np.array([1.0] * len(data["instruction"]) + [0.0] * len(data["policy"]))
+    rows = [(part, kind, read_line(t)) for part in parts for kind in ("instruction", "policy") for t in every[part][kind]]
+    lines = [line for _part, _kind, line in rows]
+    y = np.array([1.0 if kind == "instruction" else 0.0 for _part, kind, _line in rows])
+    groups = np.array([part for part, _kind, _line in rows])
     x = e5_arrays(lines, model=MODEL).astype(np.float64)
+    shipped_texts = shipped_passages()
+    shipped = e5_arrays(shipped_texts, model=MODEL).astype(np.float64)
+    anchors = anchor_vectors()
     patterns = np.array([is_instruction(t) for t in lines])
 
-    best: tuple[float, float, float, float] | None = None  # (recall, lambda, threshold, precision)
-    predicted: dict[float, np.ndarray] = {}
+    best: tuple[float, float, float, float, float] | None = None  # (recall, lambda, threshold, precision, shipped max)
     for lam in LAMBDAS:
-        p = predicted[lam] = cross_validated(x, y, lam)
-        for threshold in np.round(np.arange(0.30, 0.96, 0.01), 2):
+        p, shipped_max = left_out(x, y, groups, shipped, anchors, lam)
+        for threshold in np.round(np.arange(0.30, 0.991, 0.005), 3):
             recall, precision = at_threshold(p, patterns, y, float(threshold))
             if precision >= args.precision:
-                print(f"lambda {lam}: threshold {threshold:.2f}, cross-validated recall {recall:.3f}, "
-                      f"precision {precision:.3f}")
+                threshold = max(float(threshold), math.floor(shipped_max * 1000 + 10) / 1000)
+                recall, precision = at_threshold(p, patterns, y, threshold)
+                print(f"lambda {lam}: threshold {threshold:.3f} (shipped pages left out: max {shipped_max:.3f}), "
+                      f"left-out recall {recall:.3f}, precision {precision:.3f}")
                 if best is None or recall > best[0]:
-                    best = (recall, lam, float(threshold), precision)
+                    best = (recall, lam, threshold, precision, shipped_max)
                 break
     if best is None:
-        raise SystemExit(f"no threshold keeps a cross-validated precision of {args.precision}")
-    recall, lam, threshold, precision = best
-    weights, bias = standardised_fit(x, y, lam)
-    shipped = shipped_max(weights, bias)
-    if shipped[0] >= threshold:
-        raised = math.floor(shipped[0] * 100 + 1) / 100
-        print(f"threshold {threshold:.2f} raised to {raised:.2f}: a shipped page's passage scores {shipped[0]:.3f} "
-              f"({shipped[1]})")
-        threshold = raised
-        recall, precision = at_threshold(predicted[lam], patterns, y, threshold)
+        raise SystemExit(f"no threshold keeps a pooled left-out precision of {args.precision}")
+    recall, lam, threshold, precision, shipped_max = best
+    weights, bias = fitted(np.vstack([x, shipped]), np.r_[y, np.zeros(len(shipped))], anchors, lam)
     record = {
         "model": MODEL, "input": "passage", "threshold": threshold, "bias": round(bias, 6),
         "weights": [round(float(v), 6) for v in weights],
-        "trained_on": {"part": ",".join(parts), "instruction": len(data["instruction"]), "policy": len(data["policy"]),
+        "trained_on": {"part": ",".join(parts), "instruction": int(y.sum()), "policy": int(len(y) - y.sum()),
+                       "shipped_passages": len(shipped_texts),
                        "lines_sha256": hashlib.sha256("\n".join(lines).encode("utf-8")).hexdigest()},
-        "cross_validated": {"folds": FOLDS, "lambda": lam, "recall": round(recall, 3),
-                            "precision": round(precision, 3)},
-        "shipped_pages_max_score": round(shipped[0], 4),
+        "anchors": {"queries": len(ANCHORS), "scale": ANCHOR_SCALE,
+                    "sha256": hashlib.sha256("\n".join(ANCHORS).encode("utf-8")).hexdigest()},
+        "left_out": {"by": "part", "lambda": lam, "recall": round(recall, 3), "precision": round(precision, 3),
+                     "shipped_pages_max_score": round(shipped_max, 4)},
     }
     WEIGHTS.write_text(json.dumps(record, ensure_ascii=False) + "\n", encoding="utf-8")
-    print(f"wrote {WEIGHTS.relative_to(HERE.parent)}: lambda {lam}, threshold {threshold}, cross-validated recall "
+    print(f"wrote {WEIGHTS.relative_to(HERE.parent)}: lambda {lam}, threshold {threshold}, left-out recall "
           f"{recall:.3f}, precision {precision:.3f}")
 
 

@@ -6,7 +6,8 @@ normalised; HTML comments, link titles and alt texts apart):
 1. the patterns (`kb_reindex.domain.instructions`): what they match is flagged, by their wording;
 2. a classifier by meaning: logistic regression over multilingual-e5-small's passage vectors (the model the
    project ships, offline, loaded once per process), its weights shipped beside this module
-   (`screen_weights.json`, retrained by bench/train_screen.py on the `train` part of bench/instructions.yaml).
+   (`screen_weights.json`, retrained by bench/train_screen.py on the retired parts of bench/instructions.yaml
+   and the shipped pages' passages as benign lines).
 
 The screen's mode (`KB_INSTRUCTION_SCREEN`): `meaning` (both passes), `patterns` (the first alone: no model is
 loaded), `auto` (the default: `meaning`, except with the offline `hashing` embedder, which is for tests and
