@@ -52,7 +52,9 @@ PATTERN_GROUPS: list[tuple[str, tuple[re.Pattern[str], ...]]] = [
             r"\b(?:system|developer)\s+(?:prompt|message|instructions?)\b",
             r"系统提示词|系统指令|系统设定|开发者(?:模式|指令)",
             r"^\s*[\[<(]?\s*(?:system|assistant|系统|助手)\s*[\]>)]?\s*[:：]",
-            r"<\|im_start\|>|<\|im_end\|>|\[/?INST\]|<</?SYS>>|^\s*#{2,}\s*(?:instruction|system)\b",
+            # chat-template control tokens, of any model family: `<|...|>` (ChatML, Llama 3, Phi, GPT's own),
+            # `[INST]`, `<<SYS>>`, Gemma's turns; a vocabulary no shop page writes
+            r"<\|[a-z_]{2,30}\|>|\[/?INST\]|<</?SYS>>|<(?:start|end)_of_turn>|^\s*#{2,}\s*(?:instruction|system)\b",
             r"\bnew\s+instructions?\s*[:：]|新(?:的)?指令\s*[:：]",
     )),
     ('asks for the prompt or configuration', (
