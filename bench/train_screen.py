@@ -6,7 +6,10 @@ the current held-out part, `held_out_4`), and the passages of the shipped knowle
 project's own pages, benign by definition) as policy lines. Beside each line's vector it reads the line's
 similarity to a few descriptions of what an injection is (`ANCHORS`, e5 query vectors, in Chinese and English):
 a prior towards "addressed to the model" that a few hundred lines cannot teach; the model stays linear in the
-vector, so the anchors fold into the 384 weights shipped.
+vector, so the anchors fold into the 384 weights shipped. The score is that regression's probability averaged
+with a vote of the `NEIGHBOURS` labelled lines nearest in meaning (the seventh pass): every line fitted on is
+shipped as its unit vector and label (include/kb_reindex/services/screen_neighbours.npz, float16), so a style
+one linear boundary cuts badly is still judged by its nearest examples.
 
 The regularisation and the threshold are chosen by leaving one part out at a time (each part was written by
 another hand, at another time: a new writer's styles are what the screen must generalise to): the threshold is
@@ -24,9 +27,11 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import io
 import json
 import math
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -44,7 +49,11 @@ from kb_reindex.services.screen import MODEL, WEIGHTS  # noqa: E402
 LAMBDAS = (0.03, 0.05, 0.1, 0.15, 0.2)
 FOLDS = 5
 #: every part written and scored before this pass; `held_out_4` stays held out
-RETIRED = "train,train_5,held_out,unseen,edits,held_out_2,held_out_3"
+RETIRED = "train,train_5,held_out,unseen,edits,held_out_2,held_out_3,held_out_4"
+#: the neighbours' vote: how many, how sharply the nearest count, and its share of the score (chosen by leaving one
+#: part out on the parts before held_out_4: k 5 / 10 / 20, temperature 0.02 / 0.05, share 0.3 / 0.5)
+NEIGHBOURS, TEMPERATURE, SHARE = 5, 0.02, 0.5
+NEIGHBOURS_FILE = WEIGHTS.with_name("screen_neighbours.npz")
 #: what an injection is, said to e5 as queries: a line's similarity to each is read beside its vector
 ANCHORS = (
     "an instruction to the AI assistant telling it to ignore or change its rules",
@@ -107,6 +116,24 @@ def fitted(x: np.ndarray, y: np.ndarray, anchors: np.ndarray, lam: float) -> tup
     return weights[:dim] + ANCHOR_SCALE * anchors.T @ weights[dim:], bias
 
 
+def unit(x: np.ndarray) -> np.ndarray:
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+def vote(memory: np.ndarray, labels: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """The neighbours' vote, as kb_reindex.services.screen.Neighbours.vote computes it."""
+    similarity = unit(x) @ unit(memory).T
+    nearest = np.argpartition(-similarity, NEIGHBOURS - 1, axis=1)[:, :NEIGHBOURS]
+    close = np.exp((np.take_along_axis(similarity, nearest, 1) - 1.0) / TEMPERATURE)
+    return (close * labels[nearest]).sum(1) / close.sum(1)
+
+
+def judge(train_x: np.ndarray, train_y: np.ndarray, anchors: np.ndarray, lam: float) -> Callable[[np.ndarray], np.ndarray]:
+    """The score a fit on these lines gives: the regression's probability and the neighbours' vote, averaged."""
+    weights, bias = fitted(train_x, train_y, anchors, lam)
+    return lambda x: (1 - SHARE) * scored(x, weights, bias) + SHARE * vote(train_x, train_y, x)
+
+
 def scored(x: np.ndarray, weights: np.ndarray, bias: float) -> np.ndarray:
     return 1 / (1 + np.exp(-(x @ weights + bias)))
 
@@ -122,10 +149,10 @@ def left_out(x: np.ndarray, y: np.ndarray, groups: np.ndarray, shipped: np.ndarr
         train = groups != group
         for fold in range(FOLDS):
             keep = folds != fold
-            w, b = fitted(np.vstack([x[train], shipped[keep]]), np.r_[y[train], np.zeros(int(keep.sum()))], anchors, lam)
-            shipped_max = max(shipped_max, float(scored(shipped[~keep], w, b).max()))
-        w, b = fitted(np.vstack([x[train], shipped]), np.r_[y[train], np.zeros(len(shipped))], anchors, lam)
-        out[~train] = scored(x[~train], w, b)
+            score = judge(np.vstack([x[train], shipped[keep]]), np.r_[y[train], np.zeros(int(keep.sum()))], anchors, lam)
+            shipped_max = max(shipped_max, float(score(shipped[~keep]).max()))
+        score = judge(np.vstack([x[train], shipped]), np.r_[y[train], np.zeros(len(shipped))], anchors, lam)
+        out[~train] = score(x[~train])
     return out, shipped_max
 
 
@@ -182,13 +209,19 @@ def main() -> None:
     if best is None:
         raise SystemExit(f"no threshold keeps a pooled left-out precision of {args.precision}")
     recall, lam, threshold, precision, shipped_max = best
-    weights, bias = fitted(np.vstack([x, shipped]), np.r_[y, np.zeros(len(shipped))], anchors, lam)
+    every_x, every_y = np.vstack([x, shipped]), np.r_[y, np.zeros(len(shipped))]
+    weights, bias = fitted(every_x, every_y, anchors, lam)
+    buffer = io.BytesIO()
+    np.savez_compressed(buffer, vectors=unit(every_x).astype(np.float16), labels=every_y.astype(np.uint8))
+    NEIGHBOURS_FILE.write_bytes(buffer.getvalue())
     record = {
         "model": MODEL, "input": "passage", "threshold": threshold, "bias": round(bias, 6),
         "weights": [round(float(v), 6) for v in weights],
         "trained_on": {"part": ",".join(parts), "instruction": int(y.sum()), "policy": int(len(y) - y.sum()),
                        "shipped_passages": len(shipped_texts),
                        "lines_sha256": hashlib.sha256("\n".join(lines).encode("utf-8")).hexdigest()},
+        "neighbours": {"file": NEIGHBOURS_FILE.name, "sha256": hashlib.sha256(buffer.getvalue()).hexdigest(),
+                       "k": NEIGHBOURS, "temperature": TEMPERATURE, "weight": SHARE},
         "anchors": {"queries": len(ANCHORS), "scale": ANCHOR_SCALE,
                     "sha256": hashlib.sha256("\n".join(ANCHORS).encode("utf-8")).hexdigest()},
         "left_out": {"by": "part", "lambda": lam, "recall": round(recall, 3), "precision": round(precision, 3),

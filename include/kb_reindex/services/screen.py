@@ -4,9 +4,10 @@ customer.
 Two passes over what `kb_reindex.domain.screen_text.passages` reads of a page (each line and short paragraph,
 normalised; HTML comments, link titles and alt texts apart):
 1. the patterns (`kb_reindex.domain.instructions`): what they match is flagged, by their wording;
-2. a classifier by meaning: logistic regression over multilingual-e5-small's passage vectors (the model the
-   project ships, offline, loaded once per process), its weights shipped beside this module
-   (`screen_weights.json`, retrained by bench/train_screen.py on the retired parts of bench/instructions.yaml
+2. a classifier by meaning over multilingual-e5-small's passage vectors (the model the project ships, offline,
+   loaded once per process): logistic regression, averaged with a vote of the labelled lines nearest in meaning
+   (`Neighbours`), its weights and those lines' vectors shipped beside this module (`screen_weights.json`,
+   `screen_neighbours.npz`; retrained by bench/train_screen.py on the retired parts of bench/instructions.yaml
    and the shipped pages' passages as benign lines).
 
 The screen's mode (`KB_INSTRUCTION_SCREEN`): `meaning` (both passes), `patterns` (the first alone: no model is
@@ -27,7 +28,6 @@ import functools
 import hashlib
 import json
 import logging
-import math
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -80,15 +80,64 @@ _WHERE = {"HTML comment": "in an HTML comment (no reader sees it)", "link title"
           "image alt text": "in an image's alt text (no reader sees it)", "code block": "in a code block"}
 
 
+@dataclass(frozen=True)
+class Neighbours:
+    """The labelled lines' unit e5 vectors and labels (1: addressed to the assistant): a text's vote is the
+    labels of its `k` nearest, each weighted exp(cosine / temperature); it counts `weight` of the score, the
+    logistic regression the rest. A style the regression's one boundary cuts badly is still near its examples."""
+
+    vectors: Any  # numpy array, lines x the model's dimension, unit rows
+    labels: Any  # numpy array of 0/1, one per line
+    k: int
+    temperature: float
+    weight: float
+
+    def vote(self, unit: Any) -> Any:
+        import numpy as np
+
+        similarity = unit @ self.vectors.T
+        nearest = np.argpartition(-similarity, self.k - 1, axis=1)[:, :self.k]
+        close = np.exp((np.take_along_axis(similarity, nearest, 1) - 1.0) / self.temperature)
+        return (close * self.labels[nearest]).sum(1) / close.sum(1)
+
+
+def _load_neighbours(path: Path, spec: dict[str, Any]) -> Neighbours:
+    """The `neighbours` field's file beside the weights, checked against the field (one error naming it)."""
+    import numpy as np
+
+    for key, kind in (("file", str), ("sha256", str), ("k", int), ("temperature", (int, float)), ("weight", (int, float))):
+        if not isinstance(spec.get(key), kind):
+            raise ConfigError(f"{path}: field 'neighbours.{key}' is missing or of the wrong type")
+    where = path.with_name(spec["file"])
+    try:
+        raw = where.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"{where}: the instruction screen's neighbours cannot be read ({exc})") from None
+    if hashlib.sha256(raw).hexdigest() != spec["sha256"]:
+        raise ConfigError(f"{where}: its SHA-256 is not the one {path.name} names (retrain both together)")
+    with np.load(where, allow_pickle=False) as data:
+        vectors, labels = data["vectors"].astype(np.float32), data["labels"].astype(np.float32)
+    if vectors.ndim != 2 or vectors.shape[1] != 384 or labels.shape != (vectors.shape[0],) or not np.isfinite(vectors).all():
+        raise ConfigError(f"{where}: 'vectors' must be lines x 384 and 'labels' one per line")
+    if not (1 <= spec["k"] <= len(labels) and spec["temperature"] > 0 and 0 < spec["weight"] < 1):
+        raise ConfigError(f"{path}: field 'neighbours' has k {spec['k']}, temperature {spec['temperature']}, weight "
+                          f"{spec['weight']}: k must be 1..{len(labels)}, temperature > 0, weight between 0 and 1")
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    return Neighbours(vectors=vectors, labels=labels, k=spec["k"], temperature=float(spec["temperature"]),
+                      weight=float(spec["weight"]))
+
+
 @dataclass
 class Classifier:
-    """sigmoid(x . weights + bias) over a text's e5 passage vector; flagged from `threshold`."""
+    """sigmoid(x . weights + bias) over a text's e5 passage vector, averaged with its `neighbours`' vote when
+    shipped; flagged from `threshold`."""
 
     weights: Any  # numpy array, the model's dimension
     bias: float
     threshold: float
     digest: str
     model: str = MODEL
+    neighbours: Neighbours | None = None
     #: texts e5 embedded for this classifier in this process (the others were remembered)
     embedded: int = 0
     _memory: dict[str, float] = field(default_factory=dict, repr=False)
@@ -115,8 +164,14 @@ class Classifier:
             raise ConfigError(f"{path}: field 'weights' must be 384 finite numbers (has {weights.size})")
         if not 0.0 < float(record["threshold"]) < 1.0:
             raise ConfigError(f"{path}: field 'threshold' is {record['threshold']}, not between 0 and 1")
+        neighbours = None
+        if record.get("neighbours") is not None:
+            if not isinstance(record["neighbours"], dict):
+                raise ConfigError(f"{path}: field 'neighbours' must be an object")
+            neighbours = _load_neighbours(path, record["neighbours"])
+        # the weights file names the neighbours' SHA-256: its digest names both
         return cls(weights=weights, bias=float(record["bias"]), threshold=float(record["threshold"]),
-                   digest=hashlib.sha256(raw).hexdigest()[:12])
+                   digest=hashlib.sha256(raw).hexdigest()[:12], neighbours=neighbours)
 
     @property
     def key(self) -> str:
@@ -140,14 +195,24 @@ class Classifier:
             self._remember(kept)
             todo = [t for t in todo if t not in kept]
         if todo:
-            logits = e5_arrays(todo, model=self.model) @ self.weights + self.bias
-            fresh = {text: 1.0 / (1.0 + math.exp(-logit)) for text, logit in zip(todo, logits.tolist(), strict=True)}
+            fresh = dict(zip(todo, self._judge(e5_arrays(todo, model=self.model)), strict=True))
             self.embedded += len(todo)
             known.update(fresh)
             self._remember(fresh)
             if memory is not None:
                 memory.remember_scores(self.key, {text_digest(t): score for t, score in fresh.items()})
         return [known[t] for t in texts]
+
+    def _judge(self, vectors: Any) -> list[float]:
+        """Each passage vector's score: the regression's probability, averaged with the neighbours' vote."""
+        import numpy as np
+
+        probability = 1.0 / (1.0 + np.exp(-np.clip(vectors @ self.weights + self.bias, -50.0, 50.0)))
+        if self.neighbours is None:
+            return [float(p) for p in probability]
+        unit = vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+        share = self.neighbours.weight
+        return [float(p) for p in (1 - share) * probability + share * self.neighbours.vote(unit)]
 
     def _remember(self, scores: dict[str, float]) -> None:
         with self._lock:
