@@ -143,6 +143,9 @@ def test_the_neighbours_the_weights_name_are_checked_and_vote(tmp_path: Path) ->
     path.write_text(json.dumps({**record, "neighbours": {**spec, "k": 3}}))
     with pytest.raises(ConfigError, match=r"w\.json: field 'neighbours' has k 3.*k must be 1\.\.2"):
         Classifier.load(path)
+    path.write_text(json.dumps({**record, "neighbours": {**spec, "file": "../n.npz"}}))
+    with pytest.raises(ConfigError, match=r"w\.json: field 'neighbours\.file' is '\.\./n\.npz': a file name beside"):
+        Classifier.load(path)
     path.write_text(json.dumps({**record, "neighbours": {**spec, "file": "gone.npz"}}))
     with pytest.raises(ConfigError, match=r"gone\.npz: the instruction screen's neighbours cannot be read"):
         Classifier.load(path)

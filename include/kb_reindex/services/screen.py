@@ -108,6 +108,8 @@ def _load_neighbours(path: Path, spec: dict[str, Any]) -> Neighbours:
     for key, kind in (("file", str), ("sha256", str), ("k", int), ("temperature", (int, float)), ("weight", (int, float))):
         if not isinstance(spec.get(key), kind):
             raise ConfigError(f"{path}: field 'neighbours.{key}' is missing or of the wrong type")
+    if spec["file"] in ("", ".", "..") or Path(spec["file"]).name != spec["file"]:
+        raise ConfigError(f"{path}: field 'neighbours.file' is {spec['file']!r}: a file name beside the weights")
     where = path.with_name(spec["file"])
     try:
         raw = where.read_bytes()
