@@ -2,7 +2,7 @@
 written to include/kb_reindex/services/screen_weights.json (what kb_reindex.services.screen ships and loads).
 
 What it is fitted on (the sixth pass, 2026-12-05): every retired part of bench/instructions.yaml (`--parts`; never
-the current held-out part, `held_out_4`), and the passages of the shipped knowledge pages (knowledge/**/docs: the
+the current held-out part, `held_out_6`), and the passages of the shipped knowledge pages (knowledge/**/docs: the
 project's own pages, benign by definition) as policy lines. Beside each line's vector it reads the line's
 similarity to a few descriptions of what an injection is (`ANCHORS`, e5 query vectors, in Chinese and English):
 a prior towards "addressed to the model" that a few hundred lines cannot teach; the model stays linear in the
@@ -48,8 +48,8 @@ from kb_reindex.services.screen import MODEL, WEIGHTS  # noqa: E402
 
 LAMBDAS = (0.03, 0.05, 0.1, 0.15, 0.2)
 FOLDS = 5
-#: every part written and scored before this pass; `held_out_4` stays held out
-RETIRED = "train,train_5,held_out,unseen,edits,held_out_2,held_out_3,held_out_4"
+#: every part written and scored before this pass, and `train_6`; `held_out_6` stays held out
+RETIRED = "train,train_5,train_6,held_out,unseen,edits,held_out_2,held_out_3,held_out_4,held_out_5"
 #: the neighbours' vote: how many, how sharply the nearest count, and its share of the score (chosen by leaving one
 #: part out on the parts before held_out_4: k 5 / 10 / 20, temperature 0.02 / 0.05, share 0.3 / 0.5)
 NEIGHBOURS, TEMPERATURE, SHARE = 5, 0.02, 0.5
