@@ -53,7 +53,7 @@ def scores(found: list[bool], alarms: list[bool]) -> dict[str, float | int | Non
 
 
 def measure(judge: Callable[[list[str]], list[bool]],
-            shipped: Callable[[list[tuple[str, str, int]]], list[str]]) -> dict[str, object]:
+            page_alarms: Callable[[list[tuple[str, str, int]]], list[str]]) -> dict[str, object]:
     data = labelled()
     result: dict[str, object] = {}
     missed: dict[str, list[str]] = {}
@@ -69,9 +69,9 @@ def measure(judge: Callable[[list[str]], list[bool]],
         missed[part] = [line for f, line in zip(found, instructions, strict=True) if not f]
         false[part] = [line for a, line in zip(alarms, policy, strict=True) if a]
     result["missed"], result["false_alarms"] = missed, false
-    result["shipped_false_positives"] = shipped(shipped_pages())
+    result["shipped_false_positives"] = page_alarms(shipped_pages())
     # benign by construction too: the benchmark's generated help-centre pages (bench/corpus.py), 300 of them
-    result["corpus_false_positives"] = shipped(corpus_pages())
+    result["corpus_false_positives"] = page_alarms(corpus_pages())
     return result
 
 
@@ -122,14 +122,14 @@ def main() -> None:
     def patterns(lines: list[str]) -> list[bool]:
         return [is_instruction(normalize(line)) for line in lines]
 
-    def patterns_shipped(pages: list[tuple[str, str, int]]) -> list[str]:
+    def patterns_pages(pages: list[tuple[str, str, int]]) -> list[str]:
         from kb_reindex.domain.instructions import flag_instructions
 
         return [f"{name}:{n}: {t}" for name, body, first in pages for n, t in flag_instructions(body, first_line=first)]
 
     out = HERE / "results"
     out.mkdir(exist_ok=True)
-    results = {"patterns": measure(patterns, patterns_shipped)}
+    results = {"patterns": measure(patterns, patterns_pages)}
     text = [table(results["patterns"], "patterns alone (kb_reindex.domain.instructions)")]
     if not args.patterns:
         from kb_reindex.services.screen import meaning_screen
@@ -139,11 +139,11 @@ def main() -> None:
         def whole(lines: list[str]) -> list[bool]:
             return [bool(flags) for flags in screen.judge_lines(lines)]
 
-        def whole_shipped(pages: list[tuple[str, str, int]]) -> list[str]:
+        def whole_pages(pages: list[tuple[str, str, int]]) -> list[str]:
             return [f"{name}:{f.line}: {f.text} ({f.why})" for name, body, first in pages
                     for f in screen.flag(body, first_line=first)]
 
-        results["screen"] = measure(whole, whole_shipped)
+        results["screen"] = measure(whole, whole_pages)
         results["screen_version"] = screen.version  # type: ignore[assignment]
         text.append(table(results["screen"], f"the screen ({screen.version})"))
     (out / "instructions.json").write_text(json.dumps(results, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")

@@ -44,7 +44,7 @@ sys.path.insert(0, str(HERE))
 from kb_reindex.domain.instructions import is_instruction  # noqa: E402
 from kb_reindex.domain.screen_text import read_line  # noqa: E402
 from kb_reindex.services.e5 import e5_arrays, e5_model, _engine  # noqa: E402
-from kb_reindex.services.screen import MODEL, WEIGHTS  # noqa: E402
+from kb_reindex.services.screen import MODEL, WEIGHTS, Neighbours  # noqa: E402
 
 LAMBDAS = (0.03, 0.05, 0.1, 0.15, 0.2)
 FOLDS = 5
@@ -121,18 +121,12 @@ def unit(x: np.ndarray) -> np.ndarray:
     return x / np.linalg.norm(x, axis=1, keepdims=True)
 
 
-def vote(memory: np.ndarray, labels: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """The neighbours' vote, as kb_reindex.services.screen.Neighbours.vote computes it."""
-    similarity = unit(x) @ unit(memory).T
-    nearest = np.argpartition(-similarity, NEIGHBOURS - 1, axis=1)[:, :NEIGHBOURS]
-    close = np.exp((np.take_along_axis(similarity, nearest, 1) - 1.0) / TEMPERATURE)
-    return (close * labels[nearest]).sum(1) / close.sum(1)
-
-
 def judge(train_x: np.ndarray, train_y: np.ndarray, anchors: np.ndarray, lam: float) -> Callable[[np.ndarray], np.ndarray]:
-    """The score a fit on these lines gives: the regression's probability and the neighbours' vote, averaged."""
+    """The score a fit on these lines gives: the regression's probability and the neighbours' vote (the screen's
+    own `Neighbours`, over these lines), averaged."""
     weights, bias = fitted(train_x, train_y, anchors, lam)
-    return lambda x: (1 - SHARE) * scored(x, weights, bias) + SHARE * vote(train_x, train_y, x)
+    neighbours = Neighbours(vectors=unit(train_x), labels=train_y, k=NEIGHBOURS, temperature=TEMPERATURE, weight=SHARE)
+    return lambda x: (1 - SHARE) * scored(x, weights, bias) + SHARE * neighbours.vote(unit(x))
 
 
 def scored(x: np.ndarray, weights: np.ndarray, bias: float) -> np.ndarray:
