@@ -62,6 +62,9 @@ class FakeAirflowApi:
         self.settings, self.triggers, self.sabotage = settings, [], False
         #: how long a trigger takes to be accepted (Airflow's API server under load)
         self.trigger_delay_s = 0.0
+        #: when set, a trigger is accepted only once the test opens it (Airflow slow to answer, for as long as the
+        #: test needs to look: a fixed delay raced a loaded machine's page)
+        self.trigger_gate: threading.Event | None = None
         self.users = {token: f"kb-{role}" for role, token in tokens.items()}
         #: (dag_id, run_id) -> a task instance waiting for its next try
         self.retries: dict[tuple[str, str], dict] = {}
@@ -160,6 +163,8 @@ class FakeAirflowApi:
             if dag_id not in ("knowledge_rollback", "knowledge_promote_shadow"):
                 return 404, {"detail": "no such DAG"}
             time.sleep(self.trigger_delay_s)
+            if self.trigger_gate is not None and not self.trigger_gate.wait(timeout=120):
+                return 503, {"detail": "the test never opened the trigger gate"}
             run = self.seed(dag_id, f"manual__2026-11-30T09:00:{len(self.triggers) + 1:02d}+00:00", "queued",
                             conf=body["conf"])
             run["triggering_user_name"] = user
@@ -532,7 +537,6 @@ def test_airflow_view_says_when_airflow_does_not_answer(site: tuple[Settings, Fa
 
 @needs_chromium
 @pytest.mark.browser
-@needs_chromium
 def test_a_held_version_is_read_in_context_and_kept_off_in_chromium(site: tuple[Settings, FakeAirflowApi],
                                                                      tokens: dict[str, str]) -> None:
     """In Airflow's frame, signed in: the held version's row shows its new line highlighted between the lines
@@ -585,6 +589,8 @@ def test_a_held_version_is_read_in_context_and_kept_off_in_chromium(site: tuple[
         assert deps.state.live_version(settings.alias).version == 3  # type: ignore[union-attr]
 
 
+@needs_chromium
+@pytest.mark.browser
 def test_page_in_headless_chromium_on_call(busy_site: tuple[Settings, FakeAirflowApi], tokens: dict[str, str]) -> None:
     """What on-call sees and does, signed in, in Airflow's frame at 1280x800: what serves, the rollback target
     and its Roll back button at the top, whole in the frame without scrolling; a versions table that fits; a
@@ -760,12 +766,12 @@ def test_page_in_headless_chromium_on_call(busy_site: tuple[Settings, FakeAirflo
         airflow.dag_paused["knowledge_watch"] = True
         wait.until(lambda b: "knowledge_watch is PAUSED in Airflow: no promotion is watched" in text("#dags-paused"))
         airflow.dag_paused["knowledge_watch"] = False
-        airflow.trigger_delay_s = 3.0  # Airflow slow to accept: the click is said at once, before its answer
+        airflow.trigger_gate = threading.Event()  # Airflow slow to accept: the click is said at once, before its answer
         click("#rollback-top")
         question = answer("wrong coupon rule")
         wait.until(lambda b: "asked, Airflow is starting the run" in text("#message"))
         assert not airflow.triggers and browser.execute_script("return asking") == 1
-        airflow.trigger_delay_s = 0.0
+        airflow.trigger_gate.set()
         assert "v3 -> v2" in question and "knowledge_rollback is PAUSED in Airflow: it will be unpaused" in question
         assert "is then frozen: no run, migration or shadow promotion moves it forward" in question
         assert "WARNING" not in question  # v2 brings back nothing v3 does not serve
