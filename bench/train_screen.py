@@ -1,9 +1,10 @@
 """Retrain the instruction screen's classifier: logistic regression over multilingual-e5-small's passage vectors,
 written to include/kb_reindex/services/screen_weights.json (what kb_reindex.services.screen ships and loads).
 
-What it is fitted on (the sixth pass, 2026-12-05): every retired part of bench/instructions.yaml (`--parts`; never
-the current held-out part, `held_out_6`), and the passages of the shipped knowledge pages (knowledge/**/docs: the
-project's own pages, benign by definition) as policy lines. Beside each line's vector it reads the line's
+What it is fitted on (the ninth pass, 2026-12-05): every retired part of bench/instructions.yaml (`--parts`; never
+the current held-out part, `held_out_7`), the passages of the shipped knowledge pages (knowledge/**/docs: the
+project's own pages, benign by definition) and of 300 pages of the benchmark's generator under another seed
+(`--corpus-pages`: templated shop rules, benign by construction) as policy lines. Beside each line's vector it reads the line's
 similarity to a few descriptions of what an injection is (`ANCHORS`, e5 query vectors, in Chinese and English):
 a prior towards "addressed to the model" that a few hundred lines cannot teach; the model stays linear in the
 vector, so the anchors fold into the 384 weights shipped. The score is that regression's probability averaged
@@ -48,9 +49,15 @@ from kb_reindex.services.screen import MODEL, WEIGHTS, Neighbours  # noqa: E402
 
 LAMBDAS = (0.03, 0.05, 0.1, 0.15, 0.2)
 FOLDS = 5
-#: the parts the shipped weights (the seventh pass) were fitted on; `held_out_5` and `held_out_6` were scored since,
-#: and `train_6` was fitted in the eighth pass, not kept (bench/README.md)
-RETIRED = "train,train_5,held_out,unseen,edits,held_out_2,held_out_3,held_out_4"
+#: the parts the seventh pass was fitted on (`--parts` with `--corpus-pages 0` reproduces its weights byte for byte)
+SEVENTH = "train,train_5,held_out,unseen,edits,held_out_2,held_out_3,held_out_4"
+#: the parts the shipped weights (the ninth pass) are fitted on: every part scored at least once; `held_out_7` was
+#: written after it and is never fitted on (bench/README.md)
+RETIRED = SEVENTH + ",held_out_5,held_out_6,train_6"
+#: benign pages beside the shipped ones: the benchmark's generator (bench/corpus.py) under another seed than the
+#: 300 pages bench/instructions.py counts false alarms on (templated shop rules, plain conditional ones among them:
+#: the eighth pass held 7 of those)
+CORPUS_PAGES, CORPUS_SEED = 300, 1
 #: the neighbours' vote: how many, how sharply the nearest count, and its share of the score (chosen by leaving one
 #: part out on the parts before held_out_4: k 5 / 10 / 20, temperature 0.02 / 0.05, share 0.3 / 0.5)
 NEIGHBOURS, TEMPERATURE, SHARE = 5, 0.02, 0.5
@@ -169,12 +176,32 @@ def shipped_passages() -> list[str]:
                    if letters(p.read) >= MIN_LETTERS})
 
 
+def corpus_passages(pages: int, seed: int) -> list[str]:
+    """The texts the classifier reads on `pages` generated help-centre pages (bench/corpus.py under `seed`)."""
+    import corpus
+
+    from kb_reindex.domain.screen_text import letters, passages
+    from kb_reindex.services.screen import MIN_LETTERS
+    from kb_reindex.services.sources import parse_document
+
+    if not pages:
+        return []
+    texts: set[str] = set()
+    for key, text in sorted(corpus.generate(pages, seed=seed).docs.items()):
+        document = parse_document(Path(f"{key}.md"), f"{key}.md", text.encode("utf-8"))
+        texts.update(p.read for p in passages(document.body, first_line=document.body_line)
+                     if letters(p.read) >= MIN_LETTERS)
+    return sorted(texts)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--precision", type=float, default=0.95, help="pooled left-out precision to keep")
     parser.add_argument("--parts", default=RETIRED,
                         help="the parts fitted on, comma-separated (a held-out part joins only once it is retired: "
                              "scored, reported, and replaced by a newer held-out part written before the fit)")
+    parser.add_argument("--corpus-pages", type=int, default=CORPUS_PAGES,
+                        help=f"generated benign pages fitted beside the shipped ones (seed {CORPUS_SEED}; 0: none)")
     args = parser.parse_args()
     every = yaml.safe_load((HERE / "instructions.yaml").read_text(encoding="utf-8"))
     parts = [p.strip() for p in args.parts.split(",") if p.strip()]
@@ -184,6 +211,9 @@ def main() -> None:
     groups = np.array([part for part, _kind, _line in rows])
     x = e5_arrays(lines, model=MODEL).astype(np.float64)
     shipped_texts = shipped_passages()
+    generated = sorted(set(corpus_passages(args.corpus_pages, CORPUS_SEED)) - set(shipped_texts))
+    pages = len(shipped_texts)
+    shipped_texts += generated
     shipped = e5_arrays(shipped_texts, model=MODEL).astype(np.float64)
     anchors = anchor_vectors()
     patterns = np.array([is_instruction(t) for t in lines])
@@ -213,7 +243,9 @@ def main() -> None:
         "model": MODEL, "input": "passage", "threshold": threshold, "bias": round(bias, 6),
         "weights": [round(float(v), 6) for v in weights],
         "trained_on": {"part": ",".join(parts), "instruction": int(y.sum()), "policy": int(len(y) - y.sum()),
-                       "shipped_passages": len(shipped_texts),
+                       "shipped_passages": pages,
+                       **({"corpus_pages": args.corpus_pages, "corpus_seed": CORPUS_SEED,
+                           "corpus_passages": len(generated)} if args.corpus_pages else {}),
                        "lines_sha256": hashlib.sha256("\n".join(lines).encode("utf-8")).hexdigest()},
         "neighbours": {"file": NEIGHBOURS_FILE.name, "sha256": hashlib.sha256(buffer.getvalue()).hexdigest(),
                        "k": NEIGHBOURS, "temperature": TEMPERATURE, "weight": SHARE},
