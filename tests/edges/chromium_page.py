@@ -116,3 +116,24 @@ def rect(browser: Any, element: Any) -> dict[str, float]:
 def fully_visible(box: dict[str, float]) -> bool:
     """Inside its viewport, nothing cut off, no scrolling needed."""
     return 0 <= box["left"] < box["right"] <= box["width"] and 0 <= box["top"] < box["bottom"] <= box["height"]
+
+
+def page_wait(browser: Any, timeout_s: float = 60) -> Any:
+    """Selenium's wait, re-reading elements a poll redrew (stale), whose timeout names the test's line that
+    waited and the condition's source: CI keeps the failure's summary line when it cuts the traceback."""
+    import inspect
+
+    from selenium.common.exceptions import StaleElementReferenceException, TimeoutException
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    class NamedWait(WebDriverWait):  # type: ignore[type-arg]
+        def until(self, method: Any, message: str = "") -> Any:
+            try:
+                return super().until(method, message)
+            except TimeoutException:
+                # the test's own lines, innermost first (a helper such as `text()` waits for the line calling it)
+                lines = [f"{f.filename.rsplit('/', 1)[-1]}:{f.lineno}: {(f.code_context or [''])[0].strip()}"
+                         for f in inspect.stack()[1:] if f.filename.rsplit("/", 1)[-1].startswith("test_")]
+                raise TimeoutException(f"waited {timeout_s:g} s at " + (" <- ".join(lines[:3]) or "?")) from None
+
+    return NamedWait(browser, timeout_s, ignored_exceptions=(StaleElementReferenceException,))

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from chromium_page import FRAME_ROUTE, PREFIX, airflow_frame, chromium, needs_chromium, served, sign_in
+from chromium_page import FRAME_ROUTE, PREFIX, airflow_frame, chromium, needs_chromium, page_wait, served, sign_in
 from conftest import REPO, as_page, settings_for
 from kb_reindex.run.pipeline import run_reindex
 from kb_reindex.services.registry import select_knowledge_base
@@ -181,13 +181,12 @@ def test_the_list_and_one_knowledge_base_in_headless_chromium(registry_site: tup
     link opens the sellers' page, which names its own alias and DAGs and leads back. Screenshots in
     test-output/."""
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import WebDriverWait
 
     _project, airflow = registry_site
     output = REPO / "test-output"
     output.mkdir(exist_ok=True)
     with served(airflow_frame(deployment_app(airflow_api_url=airflow.url))) as base, chromium() as browser:
-        wait = WebDriverWait(browser, 60)
+        wait = page_wait(browser)
 
         def here() -> str:
             return browser.execute_script("return location.pathname")

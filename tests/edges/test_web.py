@@ -25,7 +25,8 @@ from kb_reindex.web.app import create_app
 from kb_reindex.run.status import status_view
 from kb_reindex.services.state.dag_runs import kb_run_id
 
-from chromium_page import FRAME_ROUTE, PREFIX, airflow_frame, chromium, fully_visible, needs_chromium, rect, served, sign_in
+from chromium_page import (FRAME_ROUTE, PREFIX, airflow_frame, chromium, fully_visible, needs_chromium, page_wait, rect,
+                           served, sign_in)
 
 
 def free_port() -> int:
@@ -542,15 +543,13 @@ def test_a_held_version_is_read_in_context_and_kept_off_in_chromium(site: tuple[
     """In Airflow's frame, signed in: the held version's row shows its new line highlighted between the lines
     around it, "Promote anyway" and "Keep v3 live"; Keep live asks for a reason, and v4 is then recorded not
     promoted by the signed-in user, v3 still serving."""
-    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import WebDriverWait
 
     settings, airflow = site
     held_v4(settings)
     app = airflow_frame(create_app(settings_factory=lambda: settings, airflow_api_url=airflow.url))
     with served(app) as base, chromium() as browser:
-        wait = WebDriverWait(browser, 60, ignored_exceptions=(StaleElementReferenceException,))
+        wait = page_wait(browser)
         sign_in(browser, base, tokens["user"], FRAME_ROUTE)
         browser.switch_to.frame(browser.find_element(By.ID, "plugin"))
         # Airflow's runs in too (a row redrawn when they arrive could take a click meant for its button)
@@ -601,7 +600,6 @@ def test_page_in_headless_chromium_on_call(busy_site: tuple[Settings, FakeAirflo
     from selenium.common.exceptions import StaleElementReferenceException, TimeoutException
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support import expected_conditions
-    from selenium.webdriver.support.ui import WebDriverWait
 
     settings, airflow = busy_site
     app = airflow_frame(create_app(settings_factory=lambda: settings, airflow_api_url=airflow.url))
@@ -610,7 +608,7 @@ def test_page_in_headless_chromium_on_call(busy_site: tuple[Settings, FakeAirflo
     with served(app) as base, chromium() as browser:
         # every wait re-reads the page: an element a poll redrew because its data changed is found again (a
         # loaded machine is slow, not wrong: the limit only bounds a failure)
-        wait = WebDriverWait(browser, 60, ignored_exceptions=(StaleElementReferenceException,))
+        wait = page_wait(browser)
 
         def read(look: Callable[[Any], Any]) -> Any:
             """What `look` reads off the page, read again if the page re-rendered what it found meanwhile (it
