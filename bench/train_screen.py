@@ -2,23 +2,23 @@
 written to include/kb_reindex/services/screen_weights.json (what kb_reindex.services.screen ships and loads).
 
 What it is fitted on (the ninth pass, 2026-12-05): every retired part of bench/instructions.yaml (`--parts`; never
-the current held-out part, `held_out_7`), the passages of the shipped knowledge pages (knowledge/**/docs: the
+`held_out_7` or `held_out_8`, written after it), the passages of the shipped knowledge pages (knowledge/**/docs: the
 project's own pages, benign by definition) and of 300 pages of the benchmark's generator under another seed
-(`--corpus-pages`: templated shop rules, benign by construction) as policy lines. Beside each line's vector it reads the line's
-similarity to a few descriptions of what an injection is (`ANCHORS`, e5 query vectors, in Chinese and English):
-a prior towards "addressed to the model" that a few hundred lines cannot teach; the model stays linear in the
-vector, so the anchors fold into the 384 weights shipped. The score is that regression's probability averaged
+(`--corpus-pages`: templated shop rules, benign by construction) as policy lines. Beside each line's vector it reads
+the line's similarity to a few descriptions of what an injection is (`ANCHORS`, e5 query vectors, in Chinese and
+English): a prior towards "addressed to the model" that a few hundred lines cannot teach; the model stays linear in
+the vector, so the anchors fold into the 384 weights shipped. The score is that regression's probability averaged
 with a vote of the `NEIGHBOURS` labelled lines nearest in meaning (the seventh pass): every line fitted on is
-shipped as its unit vector and label (include/kb_reindex/services/screen_neighbours.npz, float16), so a style
-one linear boundary cuts badly is still judged by its nearest examples.
+shipped as its unit vector and label (include/kb_reindex/services/screen_neighbours.npz, float16), so a style one
+linear boundary cuts badly is still judged by its nearest examples.
 
 The regularisation and the threshold are chosen by leaving one part out at a time (each part was written by
 another hand, at another time: a new writer's styles are what the screen must generalise to): the threshold is
 the lowest at which the screen (the patterns, then the classifier) keeps a pooled left-out precision of at least
 `--precision` (default 0.95), and among the regularisation strengths the one with the best recall there. Then the
-threshold is raised, if need be, just above the highest score any shipped page's passage gets from a fit that
-did not see it (five folds of the pages), so the shipped pages raise no alarm. The standardisation is folded into
-the weights, so the screen computes sigmoid(x . w + b) on the raw vector.
+threshold is raised, if need be, just above the highest score any benign page's passage (shipped or generated)
+gets from a fit that did not see it (five folds of the pages), so those pages raise no alarm. The standardisation
+is folded into the weights, so the screen computes sigmoid(x . w + b) on the raw vector.
 
     .venv/bin/python bench/train_screen.py            # writes the weights, prints the left-out scores
     .venv/bin/python bench/instructions.py            # then measure every part
@@ -49,7 +49,10 @@ from kb_reindex.services.screen import MODEL, WEIGHTS, Neighbours  # noqa: E402
 
 LAMBDAS = (0.03, 0.05, 0.1, 0.15, 0.2)
 FOLDS = 5
-#: the parts the seventh pass was fitted on (`--parts` with `--corpus-pages 0` reproduces its weights byte for byte)
+#: the parts the seventh pass was fitted on (`--parts` with `--corpus-pages 0`). A retraining reproduces a pass's
+#: weights byte for byte on the machine that fitted it, not on another: e5's vectors differ there in the third
+#: decimal (2026-12-05, a new machine: each of 200 lines, by up to 0.0023), and the chosen strength with them (the
+#: seventh pass came back as lambda 0.15 and threshold 0.605, against 0.1 and 0.614)
 SEVENTH = "train,train_5,held_out,unseen,edits,held_out_2,held_out_3,held_out_4"
 #: the parts the shipped weights (the ninth pass) are fitted on: every part scored at least once; `held_out_7` was
 #: written after it and is never fitted on (bench/README.md)
@@ -142,8 +145,8 @@ def scored(x: np.ndarray, weights: np.ndarray, bias: float) -> np.ndarray:
 
 def left_out(x: np.ndarray, y: np.ndarray, groups: np.ndarray, shipped: np.ndarray, anchors: np.ndarray,
              lam: float) -> tuple[np.ndarray, float]:
-    """Each line's score from a fit without its part, and the highest score of a shipped page's passage from a
-    fit without it (five folds of the pages, each fit also without one part in turn)."""
+    """Each line's score from a fit without its part, and the highest score of a benign page's passage (shipped
+    or generated) from a fit without it (five folds of the pages, each fit also without one part in turn)."""
     out = np.zeros(len(y))
     folds = np.random.default_rng(0).permutation(len(shipped)) % FOLDS
     shipped_max = 0.0
