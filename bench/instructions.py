@@ -75,15 +75,16 @@ def measure(judge: Callable[[list[str]], list[bool]],
     return result
 
 
-def corpus_pages(docs: int = 300) -> list[tuple[str, str, int]]:
-    """The pages of the benchmark's generated corpus (bench/corpus.py, seed 0): templated shop rules of many
-    categories, none aimed at the assistant, as (name, body, line number of the body's first line)."""
+def corpus_pages(docs: int = 300, seed: int | None = None) -> list[tuple[str, str, int]]:
+    """The pages of the benchmark's generated corpus (bench/corpus.py, its default seed unless given): templated
+    shop rules of many categories, none aimed at the assistant, as (name, body, line number of the body's first
+    line)."""
     import corpus
 
     from kb_reindex.services.sources import parse_document
 
     pages = []
-    for key, text in sorted(corpus.generate(docs).docs.items()):
+    for key, text in sorted(corpus.generate(docs, corpus.DEFAULT_SEED if seed is None else seed).docs.items()):
         document = parse_document(Path(f"{key}.md"), f"{key}.md", text.encode("utf-8"))
         pages.append((f"corpus/{key}.md", document.body, document.body_line))
     return pages

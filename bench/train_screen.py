@@ -168,33 +168,28 @@ def at_threshold(p: np.ndarray, patterns: np.ndarray, y: np.ndarray, threshold: 
     return hits / int(y.sum()), hits / (hits + false) if hits + false else 1.0
 
 
+def page_passages(pages: list[tuple[str, str, int]]) -> list[str]:
+    """The texts the classifier reads on these pages ((name, body, first line), as bench/instructions.py lists
+    them), each once, sorted."""
+    from kb_reindex.domain.screen_text import letters, passages
+    from kb_reindex.services.screen import MIN_LETTERS
+
+    return sorted({p.read for _name, body, first in pages for p in passages(body, first_line=first)
+                   if letters(p.read) >= MIN_LETTERS})
+
+
 def shipped_passages() -> list[str]:
     """The texts the classifier reads on the shipped knowledge pages."""
     from instructions import shipped_pages
 
-    from kb_reindex.domain.screen_text import letters, passages
-    from kb_reindex.services.screen import MIN_LETTERS
-
-    return sorted({p.read for _name, body, first in shipped_pages() for p in passages(body, first_line=first)
-                   if letters(p.read) >= MIN_LETTERS})
+    return page_passages(shipped_pages())
 
 
 def corpus_passages(pages: int, seed: int) -> list[str]:
     """The texts the classifier reads on `pages` generated help-centre pages (bench/corpus.py under `seed`)."""
-    import corpus
+    from instructions import corpus_pages
 
-    from kb_reindex.domain.screen_text import letters, passages
-    from kb_reindex.services.screen import MIN_LETTERS
-    from kb_reindex.services.sources import parse_document
-
-    if not pages:
-        return []
-    texts: set[str] = set()
-    for key, text in sorted(corpus.generate(pages, seed=seed).docs.items()):
-        document = parse_document(Path(f"{key}.md"), f"{key}.md", text.encode("utf-8"))
-        texts.update(p.read for p in passages(document.body, first_line=document.body_line)
-                     if letters(p.read) >= MIN_LETTERS)
-    return sorted(texts)
+    return page_passages(corpus_pages(pages, seed)) if pages else []
 
 
 def main() -> None:

@@ -119,8 +119,8 @@ def fully_visible(box: dict[str, float]) -> bool:
 
 
 def page_wait(browser: Any, timeout_s: float = 60) -> Any:
-    """Selenium's wait, re-reading elements a poll redrew (stale), whose timeout names the test's line that
-    waited and the condition's source: CI keeps the failure's summary line when it cuts the traceback."""
+    """Selenium's wait, re-reading elements a poll redrew (stale), whose timeout names the test's lines that
+    waited, with their source: CI keeps the failure's summary line when it cuts the traceback."""
     import inspect
 
     from selenium.common.exceptions import StaleElementReferenceException, TimeoutException
