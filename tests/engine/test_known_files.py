@@ -9,13 +9,14 @@ import time
 from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
 
 from conftest import settings_for
 from kb_reindex.run.pipeline import run_reindex
 from kb_reindex.services.config import Settings
 from kb_reindex.services.corpus import CorpusScan, KnownDocument
 from kb_reindex.services.runtime import open_deps
-from kb_reindex.services.state.schema import manifest_chunks
+from kb_reindex.services.state.schema import doc_chunks, manifest_documents
 from kb_reindex.services.state.store import StateStore
 from kb_reindex.steps import plan as plan_step
 from kb_reindex.steps.plan import prepare
@@ -174,10 +175,11 @@ def test_a_known_document_missing_rows_in_live_stops_the_plan_by_name_and_live_s
         live = deps.state.live_version(settings.alias)
         assert live is not None
         doc = next(d for d in deps.state.manifest_documents(live.id) if d.source == damaged_source)
-        with deps.state.engine.begin() as conn:
-            conn.execute(manifest_chunks.delete().where(manifest_chunks.c.version_id == live.id,
-                                                        manifest_chunks.c.knowledge_key == doc.knowledge_key,
-                                                        manifest_chunks.c.chunk_index == 0))
+        with deps.state.engine.begin() as conn:  # a chunk row of the revision live's document names, lost
+            rev_id = conn.execute(sa.select(manifest_documents.c.rev_id).where(
+                manifest_documents.c.version_id == live.id,
+                manifest_documents.c.knowledge_key == doc.knowledge_key)).scalar_one()
+            conn.execute(doc_chunks.delete().where(doc_chunks.c.rev_id == rev_id, doc_chunks.c.ordinal == 0))
         result = run_reindex(deps)
         assert result.outcome == "failed" and result.error is not None
         assert re.search(rf"{doc.chunk_count - 1} chunk rows of {damaged_source}.*--force-full", result.error)

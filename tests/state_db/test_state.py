@@ -70,12 +70,24 @@ def test_manifest_write_is_idempotent(state: StateStore) -> None:
 
 
 def test_manifest_write_that_fails_keeps_the_old_manifest(state: StateStore) -> None:
+    """Rows that disagree with their document (more rows than it counts, a document not listed, a document's
+    rows apart) stop the write by name, and the manifest written before stays whole."""
+    from kb_reindex.domain.errors import KbError
+
     version = new_version(state)
+    doc = ManifestDocument(knowledge_key="k", source="k.md", title="K", category="c", tenant="default",
+                           content_hash="a" * 64, chunk_count=1)
     row = ManifestChunk(point_id="p1", knowledge_key="k", chunk_index=0, chunk_hash="0" * 64, source_point_id=None)
-    state.write_manifest(version.id, [], [row])
-    with pytest.raises(sa.exc.IntegrityError):
-        state.write_manifest(version.id, [], [row._replace(point_id="p2"), row._replace(point_id="p2")])
+    state.write_manifest(version.id, [doc], [row])
+    with pytest.raises(KbError, match="2 chunk rows of 'k', whose document counts 1"):
+        state.write_manifest(version.id, [doc], [row._replace(point_id="p2"), row._replace(point_id="p3", chunk_index=1)])
+    with pytest.raises(KbError, match="chunk rows of 'j', a document it does not list"):
+        state.write_manifest(version.id, [doc], [row._replace(knowledge_key="j"), row])
+    with pytest.raises(KbError, match="chunk rows of 'k'"):  # k's rows apart: the first part is short
+        state.write_manifest(version.id, [doc._replace(chunk_count=2), doc._replace(knowledge_key="j")],
+                             [row, row._replace(knowledge_key="j"), row._replace(point_id="p2", chunk_index=1)])
     assert [c.point_id for c in state.manifest_chunks(version.id)] == ["p1"]
+    assert state.manifest_documents(version.id) == [doc]
 
 
 def test_keys_compare_and_order_by_code_point_whatever_the_databases_collation(state: StateStore) -> None:
@@ -96,9 +108,12 @@ def test_keys_compare_and_order_by_code_point_whatever_the_databases_collation(s
 
 def test_manifest_refs_stream_in_manifest_order_and_give_the_connection_back(state: StateStore) -> None:
     version = new_version(state)
-    rows = [ManifestChunk(point_id=f"p{i:02d}", knowledge_key=f"k{i % 3}", chunk_index=i // 3, chunk_hash=f"{i:064d}",
-                          source_point_id=f"s{i:02d}" if i % 2 else None) for i in range(12)]
-    state.write_manifest(version.id, [], rows)
+    rows = sorted((ManifestChunk(point_id=f"p{i:02d}", knowledge_key=f"k{i % 3}", chunk_index=i // 3,
+                                 chunk_hash=f"{i:064d}", source_point_id=f"s{i:02d}" if i % 2 else None)
+                   for i in range(12)), key=lambda r: (r.knowledge_key, r.chunk_index))
+    docs = [ManifestDocument(knowledge_key=f"k{n}", source=f"k{n}.md", title="K", category="c", tenant="default",
+                             content_hash="a" * 64, chunk_count=4) for n in range(3)]
+    state.write_manifest(version.id, docs, rows)
     expected = [(r.point_id, r.knowledge_key, r.source_point_id)
                 for r in sorted(rows, key=lambda r: (r.knowledge_key, r.chunk_index))]
     assert [tuple(r) for r in state.iter_manifest_refs(version.id)] == expected
@@ -439,7 +454,6 @@ def test_an_edits_manifest_copies_its_unchanged_documents_rows_from_its_base_ins
     manifest order, a copied row's point its vector's source). A run whose rows are not where its documents
     said (a base without positions), or a copied document the base lacks, writes nothing and answers False."""
     from kb_reindex.services.state.manifests import CopiedRows
-    from kb_reindex.services.state.schema import manifest_chunks
 
     base, version, whole = new_version(state), new_version(state), new_version(state)
 
@@ -470,11 +484,13 @@ def test_an_edits_manifest_copies_its_unchanged_documents_rows_from_its_base_ins
     assert [r.point_id for r in state.slice_rows(version.id, (3, 2))] == ["c1", "d0"]
     assert state.manifest_documents(version.id) == documents
 
-    with state.engine.begin() as conn:  # a base written before positions
-        conn.execute(manifest_chunks.update().where(manifest_chunks.c.version_id == base.id).values(position=None))
-    assert not state.write_manifest_from(version.id, base.id, documents, [
-        CopiedRows(start=0, size=3, first_key="A", last_key="B"), edited])
+    # runs not where the base's documents are: a start one off, a size one short
+    assert not state.write_manifest_from(version.id, base.id, [doc("C"), doc("E")], [
+        CopiedRows(start=1, size=3, first_key="A", last_key="B"), *parts[1:]], copied_documents={"A", "B", "D"})
+    assert not state.write_manifest_from(version.id, base.id, [doc("C"), doc("E")], [
+        CopiedRows(start=0, size=2, first_key="A", last_key="B"), *parts[1:]], copied_documents={"A", "B", "D"})
     assert state.manifest_chunks(version.id) == state.manifest_chunks(whole.id), "nothing written"
+    assert state.manifest_documents(version.id) == documents
 
 
 def test_the_chunks_a_version_loses_against_its_base_are_counted_by_document_in_sql(state: StateStore) -> None:
@@ -486,24 +502,31 @@ def test_the_chunks_a_version_loses_against_its_base_are_counted_by_document_in_
         return ManifestDocument(knowledge_key=key, source=f"{key}.md", title="t", category="c", tenant="default",
                                 content_hash="a" * 64, chunk_count=chunks)
 
-    state.write_manifest(base.id, [doc("A", 3), doc("B", 2), doc("C", 4)], [])
-    state.write_manifest(version.id, [doc("A", 1), doc("B", 5), doc("D", 7)], [])
+    def rows(docs: list[ManifestDocument]) -> list[ManifestChunk]:
+        return [ManifestChunk(point_id=f"{d.knowledge_key}{i}", knowledge_key=d.knowledge_key, source_point_id=None,
+                              chunk_index=i, chunk_hash=f"{d.knowledge_key}{i}".rjust(64, "0"))
+                for d in docs for i in range(d.chunk_count)]
+
+    for version_id, docs in ((base.id, [doc("A", 3), doc("B", 2), doc("C", 4)]),
+                             (version.id, [doc("A", 1), doc("B", 5), doc("D", 7)])):
+        state.write_manifest(version_id, docs, rows(docs))
     assert state.chunks_lost(version.id, base.id) == (9, 2)
     assert state.chunks_lost(base.id, base.id) == (9, 0)
 
 
-def test_a_sample_of_a_manifest_is_read_by_position_and_without_positions_too(state: StateStore) -> None:
-    """`manifest_at` reads the rows at these positions; a manifest written before positions (NULL) gives the
-    same rows by manifest order; `manifest_size` counts them."""
-    from kb_reindex.services.state.schema import manifest_chunks
-
+def test_a_sample_of_a_manifest_is_read_by_position(state: StateStore) -> None:
+    """`manifest_at` reads the rows at these positions, across documents (an empty one between them holds
+    none); `manifest_size` counts them."""
     version = new_version(state)
-    _manifest(state, version.id, [(f"{i:064d}", None) for i in range(10)])
+    layout = {"A": 3, "B": 0, "C": 2, "D": 5}
+    docs = [ManifestDocument(knowledge_key=k, source=f"{k}.md", title=k, category="c", tenant="default",
+                             content_hash="a" * 64, chunk_count=n) for k, n in layout.items()]
+    rows = [ManifestChunk(point_id=f"{k}{i}", knowledge_key=k, chunk_index=i, chunk_hash=f"{k}{i}".rjust(64, "0"),
+                          source_point_id=None) for k, n in layout.items() for i in range(n)]
+    state.write_manifest(version.id, docs, rows)
     assert state.manifest_size(version.id) == 10
-    assert [r.chunk_index for r in state.manifest_at(version.id, [7, 2, 2])] == [2, 7]
-    with state.engine.begin() as conn:
-        conn.execute(manifest_chunks.update().where(manifest_chunks.c.version_id == version.id).values(position=None))
-    assert [r.chunk_index for r in state.manifest_at(version.id, [7, 2])] == [2, 7]
+    assert [r.point_id for r in state.manifest_at(version.id, [7, 2, 2, 3, 0, 9, 10])] == ["A0", "A2", "C0", "D2", "D4"]
+    assert [r.point_id for r in state.slice_rows(version.id, (2, 4))] == ["A2", "C0", "C1", "D0"]
     assert state.manifest_at(version.id, []) == []
 
 
@@ -528,29 +551,64 @@ def test_cleanup_prunes_the_manifests_of_deleted_versions_no_slot_needs(state: S
     assert state.prune_manifests("kb") == 0
 
 
-def test_an_existing_state_db_gets_the_new_columns_at_open(state: StateStore) -> None:
-    """A state DB from before manifest positions: opening it adds the column and its index (idempotent)."""
+def test_a_state_db_from_before_revisions_is_split_into_revisions_at_open(state: StateStore) -> None:
+    """A state DB made before revisions (a row per chunk in kb_manifest_chunks, document rows without a
+    revision, no kb_file_hashes): opening it, read-only too, adds what it lacks, moves each version's rows into
+    its documents' revisions and sources and empties the old table; every manifest reads back as it was; a
+    second open changes nothing."""
+    from kb_reindex.services.state.schema import legacy_manifest_chunks
+
     url = state.url
-    version = new_version(state)
-    with state.engine.begin() as conn:
-        if state.engine.dialect.name in ("sqlite", "postgresql"):
-            conn.execute(sa.text("DROP INDEX ix_kb_manifest_chunks_position"))
-        else:
-            conn.execute(sa.text("DROP INDEX ix_kb_manifest_chunks_position ON kb_manifest_chunks"))
-        conn.execute(sa.text("ALTER TABLE kb_manifest_chunks DROP COLUMN position"))
-        conn.execute(sa.text("DROP TABLE kb_file_hashes"))
+    v1, v2 = new_version(state), new_version(state)
+
+    def doc(key: str, chunks: int) -> ManifestDocument:
+        return ManifestDocument(knowledge_key=key, source=f"{key}.md", title="t", category="c", tenant="default",
+                                content_hash=key * 64, chunk_count=chunks)
+
+    def row(key: str, index: int, version: int, source: str | None) -> ManifestChunk:
+        return ManifestChunk(point_id=f"{key}{index}-{version}", knowledge_key=key, source_point_id=source,
+                             chunk_index=index, chunk_hash=f"{key}{index}{version}".rjust(64, "0"))
+
+    manifests = {
+        v1.id: ([doc("A", 2), doc("B", 1), doc("E", 0)], [row("A", 0, 1, None), row("A", 1, 1, None), row("B", 0, 1, None)]),
+        v2.id: ([doc("A", 2), doc("B", 1), doc("C", 1)], [row("A", 0, 1, "A0-1"), row("A", 1, 1, "A1-1"),
+                                                         row("B", 0, 2, "B0-1"), row("C", 0, 2, None)]),
+    }
+    with state.engine.begin() as conn:  # the old layout, as the release before revisions wrote it
+        legacy_manifest_chunks.create(conn)
+        for version_id, (docs, rows) in manifests.items():
+            conn.execute(sa.text("INSERT INTO kb_manifest_documents (version_id, knowledge_key, source, title, category, "
+                                 "tenant, content_hash, chunk_count) VALUES (:v, :k, :s, :t, :c, :te, :h, :n)"),
+                         [{"v": version_id, "k": d.knowledge_key, "s": d.source, "t": d.title, "c": d.category,
+                           "te": d.tenant, "h": d.content_hash, "n": d.chunk_count} for d in docs])
+            conn.execute(legacy_manifest_chunks.insert(), [{"version_id": version_id, **r._asdict()} for r in rows])
+        for index in ("ix_kb_manifest_documents_position", "ix_kb_manifest_documents_rev"):
+            on = " ON kb_manifest_documents" if state.engine.dialect.name == "mysql" else ""
+            conn.execute(sa.text(f"DROP INDEX {index}{on}"))
+        for column in ("rev_id", "first_position"):
+            conn.execute(sa.text(f"ALTER TABLE kb_manifest_documents DROP COLUMN {column}"))
+        for table in ("kb_doc_chunks", "kb_manifest_sources", "kb_file_hashes"):
+            conn.execute(sa.text(f"DROP TABLE {table}"))
     state.dispose()
-    assert StateStore(url, create=False).file_hashes("root") == {}, "read-only on an old DB: no cache, no error"
+
+    def legacy_rows(store: StateStore) -> int:
+        with store.engine.connect() as conn:
+            return conn.execute(sa.select(sa.func.count()).select_from(legacy_manifest_chunks)).scalar_one()
+
+    reader = StateStore(url, create=False)
+    assert reader.file_hashes("root") == {}, "read-only on an old DB: no cache, no error"
+    for version_id, (docs, rows) in manifests.items():
+        assert reader.manifest_documents(version_id) == docs
+        assert reader.manifest_chunks(version_id) == rows
+    assert legacy_rows(reader) == 0
+    reader.dispose()
     for _ in range(2):
         upgraded = StateStore(url)
-        columns = {c["name"] for c in sa.inspect(upgraded.engine).get_columns("kb_manifest_chunks")}
-        indexes = {i["name"] for i in sa.inspect(upgraded.engine).get_indexes("kb_manifest_chunks")}
-        assert "position" in columns and "ix_kb_manifest_chunks_position" in indexes
+        assert [upgraded.manifest_chunks(v) for v in manifests] == [rows for _docs, rows in manifests.values()]
+        assert [r.point_id for r in upgraded.slice_rows(v2.id, (1, 2))] == ["A1-1", "B0-2"]
+        assert [r.point_id for r in upgraded.slice_difference(v2.id, v1.id).added] == ["B0-2", "C0-2"]
+        assert [r.point_id for r in upgraded.embedded_chunks(v2.id)] == ["C0-2"]
         upgraded.dispose()
-    upgraded = StateStore(url)
-    _manifest(upgraded, version.id, [("a" * 64, None), ("b" * 64, None)])
-    assert [r.chunk_hash for r in upgraded.slice_rows(version.id, (1, 1))] == ["b" * 64]
-    upgraded.dispose()
 
 
 def test_an_old_state_db_gets_the_snapshot_columns_and_its_old_snapshot_records_still_show(state: StateStore) -> None:

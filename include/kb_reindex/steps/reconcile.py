@@ -223,7 +223,7 @@ def read_version(deps: Deps, name: str) -> VersionFacts:
         embed_dim=dim, distance=distance, chunking_version=chunking or "unknown",
         corpus_fingerprint=corpus_fingerprint(documents.values()),
         documents=tuple(d._replace(chunk_count=counts[key]) for key, d in sorted(documents.items())),
-        chunks=tuple(chunks),
+        chunks=tuple(sorted(chunks, key=lambda c: (c.knowledge_key, c.chunk_index))),  # manifest order
         problems=tuple(problems), served_at=_served_at(meta), validated=bool(meta.get("validated")),
         legacy="kb_version" not in meta,
         # every layout keeps the manifest's fields flat; older collections were all native

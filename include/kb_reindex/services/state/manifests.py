@@ -1,20 +1,31 @@
 """What a version is supposed to hold: its manifest, the plan's snapshot (chunk texts by hash) and the
-file hash cache a plan trusts for files unchanged since."""
+file hash cache a plan trusts for files unchanged since.
+
+A manifest is its document rows (`kb_manifest_documents`), each naming its document's *revision*: the chunk rows
+of that document as chunked (`kb_doc_chunks`), stored once and shared by every version that holds the document
+unchanged. An edit writes its changed documents' revisions and copies the document rows, not a row per chunk.
+A chunk's manifest position is its document's `first_position` plus its ordinal in the revision; where a point
+takes its vector from is recorded for the chunks a plan wrote (`kb_manifest_sources`), every other point being
+its own source. Every read of chunk rows goes through the join below (docs/design.md, the version model)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
-from collections.abc import Collection, Iterable, Iterator
+from bisect import bisect_right
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from itertools import islice
-from typing import TYPE_CHECKING, NamedTuple
+from itertools import groupby, islice
+from operator import attrgetter
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import sqlalchemy as sa
 
-from kb_reindex.services.state.schema import (chunk_texts, file_hashes, manifest_chunks, manifest_documents, slots,
-                                              snapshots, versions)
+from kb_reindex.domain.errors import KbError
+from kb_reindex.services.state.schema import (chunk_texts, doc_chunks, file_hashes, legacy_manifest_chunks,
+                                              manifest_documents, manifest_sources, slots, snapshots, versions)
 from kb_reindex.domain.validation_model import FlaggedLine
 
 if TYPE_CHECKING:
@@ -38,22 +49,6 @@ class ManifestChunk(NamedTuple):
     source_point_id: str | None
     chunk_index: int
     chunk_hash: str
-
-
-class _PositionedChunk(NamedTuple):
-    """A `ManifestChunk` with its manifest position (None in rows written before positions were)."""
-
-    point_id: str
-    knowledge_key: str
-    source_point_id: str | None
-    chunk_index: int
-    chunk_hash: str
-    position: int | None
-
-
-def _in_manifest_order(row: _PositionedChunk) -> tuple[int, str, int]:
-    """Manifest order: by position, which follows (knowledge key, chunk index), also where it is unknown."""
-    return (-1 if row.position is None else row.position, row.knowledge_key, row.chunk_index)
 
 
 class ManifestDocument(NamedTuple):
@@ -80,11 +75,6 @@ class PlanSnapshotRow:
     chunks_to_embed: int
     flagged: list[FlaggedLine]
     golden: str | None
-
-
-#: the columns of each row type, in its field order: a row is built from the tuple as it comes
-_CHUNK_COLUMNS = tuple(manifest_chunks.c[name] for name in ManifestChunk._fields)
-_DOCUMENT_COLUMNS = tuple(manifest_documents.c[name] for name in ManifestDocument._fields)
 
 
 @dataclass(frozen=True)
@@ -122,13 +112,230 @@ class _NotWhereSaid(Exception):
     """A copied run's rows in the base are not all at the positions its documents put them."""
 
 
-def _replace_documents(conn: sa.Connection, version_id: int, documents: list[ManifestDocument]) -> None:
-    """A manifest write's start: the version's snapshot and manifest rows gone, its documents written."""
+def _documents_within(conn: sa.Connection, version_id: int, window: tuple[int, int] | None) -> list[Any]:
+    """Conditions on a version's document rows: those holding a position within `window` (none: all). The
+    first is the one holding the window's first position, found by the position index."""
+    if window is None:
+        return []
+    offset, limit = window
+    first = conn.execute(sa.select(sa.func.max(_d.first_position)).where(
+        _d.version_id == version_id, _d.first_position <= offset, _d.chunk_count > 0)).scalar()
+    return [_d.first_position >= (first or 0), _d.first_position < offset + limit, _d.chunk_count > 0]
+
+
+def _within(conn: sa.Connection, version_id: int, window: tuple[int, int] | None) -> list[Any]:
+    """Conditions on a version's chunk rows: those at positions within `window` (none: all)."""
+    if window is None:
+        return []
+    offset, limit = window
+    return [*_documents_within(conn, version_id, window), _POSITION >= offset, _POSITION < offset + limit]
+
+
+def _rows_within(conn: sa.Connection, version_id: int, window: tuple[int, int] | None) -> int:
+    """How many chunk rows the version has at positions within `window`: from its documents' counts."""
+    if window is None:
+        return int(conn.execute(sa.select(sa.func.coalesce(sa.func.sum(_d.chunk_count), 0))
+                                .where(_d.version_id == version_id)).scalar_one())
+    offset, limit = window
+    documents = conn.execute(sa.select(_d.first_position, _d.chunk_count).where(
+        _d.version_id == version_id, *_documents_within(conn, version_id, window)))
+    return sum(max(0, min(first + count, offset + limit) - max(first, offset)) for first, count in documents)
+
+_d, _k, _s = manifest_documents.c, doc_chunks.c, manifest_sources.c
+#: a chunk's vector source: what the plan that wrote the row said, or else the point itself (a document copied
+#: unchanged from the base: its points are kept, or copied from live, where the same IDs are)
+_SOURCE = sa.case((_s.point_id.is_(None), _k.point_id), else_=_s.source_point_id).label("source_point_id")
+#: the columns of each row type, in its field order: a row is built from the tuple as it comes
+_CHUNK_COLUMNS = (_k.point_id, _d.knowledge_key, _SOURCE, _k.chunk_index, _k.chunk_hash)
+_DOCUMENT_COLUMNS = tuple(manifest_documents.c[name] for name in ManifestDocument._fields)
+_POSITION = _d.first_position + _k.ordinal
+#: a version's chunk rows: its documents, their revisions' rows, and the sources its plan recorded
+_REVISIONS = manifest_documents.join(doc_chunks, _k.rev_id == _d.rev_id)
+_ROWS = _REVISIONS.outerjoin(manifest_sources, sa.and_(_s.version_id == _d.version_id, _s.point_id == _k.point_id))
+#: manifest order: by document key (code point order on every backend), then the chunk's place in it
+_ORDER = (_d.knowledge_key, _k.ordinal)
+
+
+def _chunk_rows(version_id: int) -> sa.Select:
+    return sa.select(*_CHUNK_COLUMNS).select_from(_ROWS).where(_d.version_id == version_id)
+
+
+def _point_ids(version_id: int) -> sa.Select:
+    return sa.select(_k.point_id).select_from(_REVISIONS).where(_d.version_id == version_id)
+
+
+def _batches(items: Sequence[Any], size: int = 500) -> Iterator[Sequence[Any]]:
+    for start in range(0, len(items), size):
+        yield items[start:start + size]
+
+
+def revision_id(alias: str, knowledge_key: str, rows: Sequence[ManifestChunk]) -> str:
+    """A document revision's ID: a digest of the alias, the key and its chunks (index, point ID, hash) in
+    order. The same document chunked the same way has the same revision in every version of the alias."""
+    digest = hashlib.sha256(f"{alias}\x1e{knowledge_key}".encode())
+    for row in rows:
+        digest.update(f"\x1e{row.chunk_index}\x1f{row.point_id}\x1f{row.chunk_hash}".encode())
+    return digest.hexdigest()[:32]
+
+
+def _by_document(rows: Iterable[ManifestChunk], where: str) -> Iterator[tuple[str, list[ManifestChunk]]]:
+    """The rows of each document, in chunk order, as the rows come: in manifest order, a document's rows
+    together (a document whose rows come apart stops the write: its revision would be split)."""
+    seen: set[str] = set()
+    for key, group in groupby(rows, key=attrgetter("knowledge_key")):
+        if key in seen:
+            raise KbError(f"{where}: the chunk rows of document {key!r} do not come together (manifest order is by "
+                          "knowledge key, then chunk index); nothing was written")
+        seen.add(key)
+        yield key, sorted(group, key=attrgetter("chunk_index"))
+
+
+class _RevisionWriter:
+    """The revisions and sources a manifest write names, written a batch at a time in its transaction: a
+    revision is inserted only where its ID is not stored yet (same ID, same rows)."""
+
+    def __init__(self, conn: sa.Connection, version_id: int) -> None:
+        self.conn, self.version_id = conn, version_id
+        alias = conn.execute(sa.select(versions.c.alias).where(versions.c.id == version_id)).scalar_one_or_none()
+        if alias is None:
+            raise KbError(f"no version with id {version_id} in the state DB: its manifest cannot be written")
+        self.alias: str = alias
+        self.where = f"the manifest of {alias}'s version id {version_id}"
+        self._revisions: dict[str, list[dict[str, Any]]] = {}
+        self._sources: list[dict[str, Any]] = []
+        self._pending = 0
+
+    def document(self, doc: ManifestDocument | None, key: str, rows: list[ManifestChunk]) -> str:
+        """The revision of this document's rows (queued), checked against its document row."""
+        if doc is None:
+            raise KbError(f"{self.where}: chunk rows of {key!r}, a document it does not list; nothing was written")
+        if len(rows) != doc.chunk_count:
+            raise KbError(f"{self.where}: {len(rows)} chunk rows of {key!r}, whose document counts {doc.chunk_count}; "
+                          "nothing was written")
+        rev = revision_id(self.alias, key, rows)
+        if rows and rev not in self._revisions:
+            self._revisions[rev] = [{"rev_id": rev, "ordinal": n, "chunk_index": r.chunk_index, "point_id": r.point_id,
+                                     "chunk_hash": r.chunk_hash} for n, r in enumerate(rows)]
+            self._pending += len(rows)
+        self._sources += [{"version_id": self.version_id, "point_id": r.point_id, "chunk_hash": r.chunk_hash,
+                           "source_point_id": r.source_point_id} for r in rows if r.source_point_id != r.point_id]
+        if self._pending + len(self._sources) >= 5000:
+            self.flush()
+        return rev
+
+    def flush(self) -> None:
+        revs = sorted(self._revisions)
+        stored: set[str] = set()
+        for batch in _batches(revs):
+            stored.update(self.conn.execute(sa.select(_k.rev_id).where(_k.rev_id.in_(batch), _k.ordinal == 0)).scalars())
+        new = [row for rev in revs if rev not in stored for row in self._revisions[rev]]
+        for batch in _batches(new, 5000):
+            self.conn.execute(doc_chunks.insert(), list(batch))
+        for batch in _batches(self._sources, 5000):
+            self.conn.execute(manifest_sources.insert(), list(batch))
+        self._revisions.clear()
+        self._sources.clear()
+        self._pending = 0
+
+
+def _document_row(version_id: int, doc: ManifestDocument, rev_id: str, first_position: int | None) -> dict[str, Any]:
+    return {"version_id": version_id, **doc._asdict(), "rev_id": rev_id, "first_position": first_position}
+
+
+def _clear_manifest(conn: sa.Connection, version_id: int) -> list[str]:
+    """A manifest write's start: the version's snapshot, sources and document rows gone. The revisions its
+    documents named (to drop those no version names once the new manifest is written)."""
+    revs = list(conn.execute(sa.select(_d.rev_id).where(_d.version_id == version_id, _d.rev_id.is_not(None))).scalars())
     conn.execute(snapshots.delete().where(snapshots.c.version_id == version_id))
-    conn.execute(manifest_chunks.delete().where(manifest_chunks.c.version_id == version_id))
-    conn.execute(manifest_documents.delete().where(manifest_documents.c.version_id == version_id))
-    if documents:
-        conn.execute(manifest_documents.insert(), [{"version_id": version_id, **d._asdict()} for d in documents])
+    conn.execute(manifest_sources.delete().where(_s.version_id == version_id))
+    conn.execute(manifest_documents.delete().where(_d.version_id == version_id))
+    return revs
+
+
+def _drop_unnamed_revisions(conn: sa.Connection, revs: Iterable[str]) -> int:
+    """Delete those of these revisions that no manifest names any more; their chunk rows deleted."""
+    dropped = 0
+    for batch in _batches(sorted(set(revs))):
+        named = set(conn.execute(sa.select(_d.rev_id).distinct().where(_d.rev_id.in_(batch))).scalars())
+        unnamed = [rev for rev in batch if rev not in named]
+        if unnamed:
+            dropped += conn.execute(doc_chunks.delete().where(_k.rev_id.in_(unnamed))).rowcount or 0
+    return dropped
+
+
+def delete_manifests(conn: sa.Connection, version_ids: Sequence[int]) -> tuple[int, int]:
+    """Drop these versions' manifests (snapshot, sources, documents) and the revisions no other version names:
+    (the chunk rows the manifests listed, the revision rows deleted)."""
+    listed, revs = 0, set[str]()
+    for batch in _batches(list(version_ids)):
+        listed += int(conn.execute(sa.select(sa.func.coalesce(sa.func.sum(_d.chunk_count), 0))
+                                   .where(_d.version_id.in_(batch))).scalar_one())
+        revs.update(conn.execute(sa.select(_d.rev_id).distinct()
+                                 .where(_d.version_id.in_(batch), _d.rev_id.is_not(None))).scalars())
+        conn.execute(snapshots.delete().where(snapshots.c.version_id.in_(batch)))
+        conn.execute(manifest_sources.delete().where(_s.version_id.in_(batch)))
+        conn.execute(manifest_documents.delete().where(_d.version_id.in_(batch)))
+    return listed, _drop_unnamed_revisions(conn, revs)
+
+
+def convert_legacy_manifests(engine: sa.Engine) -> int:
+    """A state DB made before revisions holds one row per chunk in `kb_manifest_chunks`: split each version's
+    rows into its documents' revisions and sources once, a version per transaction, and empty that table
+    (idempotent; a process converting the same version meanwhile is met by re-reading). A version whose rows
+    disagree with its document rows stops the upgrade by name: no manifest is guessed. The versions converted."""
+    if not sa.inspect(engine).has_table(legacy_manifest_chunks.name):
+        return 0
+    lc = legacy_manifest_chunks.c
+    with engine.connect() as conn:
+        ids = list(conn.execute(sa.select(lc.version_id).distinct().order_by(lc.version_id)).scalars())
+    converted = 0
+    for version_id in ids:
+        try:
+            with engine.begin() as conn:
+                rows = [ManifestChunk(*row) for row in conn.execute(
+                    sa.select(lc.point_id, lc.knowledge_key, lc.source_point_id, lc.chunk_index, lc.chunk_hash)
+                    .where(lc.version_id == version_id).order_by(lc.knowledge_key, lc.chunk_index))]
+                if not rows:
+                    continue
+                documents = [ManifestDocument(*row) for row in conn.execute(
+                    sa.select(*_DOCUMENT_COLUMNS).where(_d.version_id == version_id).order_by(_d.knowledge_key))]
+                _write_whole(conn, version_id, documents, rows)
+                conn.execute(legacy_manifest_chunks.delete().where(lc.version_id == version_id))
+        except sa.exc.IntegrityError:
+            with engine.connect() as conn:  # converted meanwhile by another process?
+                left = conn.execute(sa.select(sa.func.count()).select_from(legacy_manifest_chunks)
+                                    .where(lc.version_id == version_id)).scalar_one()
+            if left:
+                raise
+            continue
+        converted += 1
+    if converted:
+        log.info("kb_reindex: state DB upgraded: the manifests of %d version(s) are stored by document revision",
+                 converted)
+    return converted
+
+
+def _write_whole(conn: sa.Connection, version_id: int, documents: Sequence[ManifestDocument],
+                 chunks: Iterable[ManifestChunk]) -> None:
+    """Write a manifest whole in `conn`'s transaction: its documents, their revisions and sources."""
+    old = _clear_manifest(conn, version_id)
+    writer = _RevisionWriter(conn, version_id)
+    by_key = {d.knowledge_key: d for d in documents}
+    revs: dict[str, str] = {}
+    for key, rows in _by_document(chunks, writer.where):
+        revs[key] = writer.document(by_key.get(key), key, rows)
+    writer.flush()
+    position = 0
+    out = []
+    for key in sorted(by_key):  # code point order, as the database's keys compare
+        doc = by_key[key]
+        if key not in revs:
+            revs[key] = writer.document(doc, key, [])
+        out.append(_document_row(version_id, doc, revs[key], position))
+        position += doc.chunk_count
+    for batch in _batches(out, 5000):
+        conn.execute(manifest_documents.insert(), list(batch))
+    _drop_unnamed_revisions(conn, old)
 
 
 class FileHash(NamedTuple):
@@ -150,65 +357,68 @@ class ManifestsMixin:
 
     def write_manifest(self, version_id: int, documents: list[ManifestDocument],
                        chunks: Iterable[ManifestChunk]) -> None:
-        """Replace the version's manifest in one transaction, so a retried step never doubles it."""
-        rows = enumerate(chunks)  # in manifest order: (knowledge_key, chunk_index)
+        """Replace the version's manifest in one transaction, so a retried step never doubles it. `chunks` in
+        manifest order (by knowledge key, then chunk index), as many of each document as its row counts."""
         with self.engine.begin() as conn:
-            _replace_documents(conn, version_id, documents)
-            while batch := [{"version_id": version_id, "position": n, **c._asdict()} for n, c in islice(rows, 5000)]:
-                conn.execute(manifest_chunks.insert(), batch)
+            _write_whole(conn, version_id, documents, chunks)
 
     def write_manifest_from(self, version_id: int, base_id: int, documents: list[ManifestDocument],
                             parts: Iterable[ManifestPart], copied_documents: Collection[str] = ()) -> bool:
-        """`write_manifest` of a manifest most of whose rows are its base's: the rows given are inserted, each
-        `CopiedRows` run is copied from the base inside the database (INSERT .. SELECT by the position index,
-        its point as the source of its vector), positions counted through the parts in order; the documents
-        given are inserted, and those of `copied_documents` (keys whose row is the base's as it is) copied
-        from the base the same way. An edit of a large knowledge base sends the database its changed
-        documents' rows, not every row. False, and nothing written, when a run's rows are not where its
-        documents said (a base written before positions, or in another order) or a copied document is not in
-        the base: the caller writes the manifest whole."""
-        c = manifest_chunks.c
-        d = manifest_documents.c
+        """`write_manifest` of a manifest most of whose documents are its base's as they are: the rows given
+        are written (their documents' revisions), and each `CopiedRows` run's document rows are copied from the
+        base inside the database (INSERT .. SELECT by key range, each naming the revision it names in the base,
+        its position moved), positions counted through the parts in order. An edit of a large knowledge base
+        writes its changed documents' rows and copies the document rows, not a row per chunk. False, and
+        nothing written, when a run's documents are not where it said (their chunks counted first) or the copied
+        documents are not `copied_documents`: the caller writes the manifest whole."""
+        by_key = {d.knowledge_key: d for d in documents}
         try:
             with self.engine.begin() as conn:
-                _replace_documents(conn, version_id, documents)
-                keys = sorted(copied_documents)
-                for start in range(0, len(keys), 500):
-                    batch = keys[start:start + 500]
-                    of_base = (d.version_id == base_id, d.knowledge_key.in_(batch))
-                    found = conn.execute(sa.select(sa.func.count()).select_from(manifest_documents)
-                                         .where(*of_base)).scalar_one()
-                    if found != len(batch):
-                        raise _NotWhereSaid(f"{found} of {len(batch)} documents from {batch[0]}")
-                    conn.execute(manifest_documents.insert().from_select(
-                        ["version_id", *ManifestDocument._fields],
-                        sa.select(sa.literal(version_id), *_DOCUMENT_COLUMNS).where(*of_base)))
-                position = 0
+                old = _clear_manifest(conn, version_id)
+                writer = _RevisionWriter(conn, version_id)
+                written: list[dict[str, Any]] = []
+                position = copied = 0
                 for part in parts:
                     if isinstance(part, CopiedRows):
-                        where = (c.version_id == base_id, c.position >= part.start,
-                                 c.position < part.start + part.size, c.knowledge_key >= part.first_key,
-                                 c.knowledge_key <= part.last_key)
-                        # counted first: a driver need not report an INSERT .. SELECT's rows (psycopg: -1)
-                        found = conn.execute(sa.select(sa.func.count()).select_from(manifest_chunks)
-                                             .where(*where)).scalar_one()
-                        if found != part.size:
-                            raise _NotWhereSaid(f"{found} of {part.size} rows of {part.first_key}..{part.last_key}")
-                        conn.execute(manifest_chunks.insert().from_select(
-                            ["version_id", "point_id", "knowledge_key", "chunk_index", "chunk_hash",
-                             "source_point_id", "position"],
-                            sa.select(sa.literal(version_id), c.point_id, c.knowledge_key, c.chunk_index,
-                                      c.chunk_hash, c.point_id, c.position + (position - part.start)).where(*where)))
+                        where = (_d.version_id == base_id, _d.knowledge_key >= part.first_key,
+                                 _d.knowledge_key <= part.last_key)
+                        count, chunks, first = conn.execute(sa.select(
+                            sa.func.count(), sa.func.coalesce(sa.func.sum(_d.chunk_count), 0),
+                            sa.func.min(_d.first_position)).where(*where, _d.rev_id.is_not(None))).one()
+                        if int(chunks) != part.size or not count or first != part.start:
+                            raise _NotWhereSaid(f"{count} documents of {chunks} chunks from position {first} in "
+                                                f"{part.first_key}..{part.last_key}, said {part.size} from {part.start}")
+                        # and their revisions hold those chunks (counted by the revisions' primary key, not read)
+                        held = conn.execute(sa.select(sa.func.count()).select_from(_REVISIONS).where(*where)).scalar_one()
+                        if held != part.size:
+                            raise _NotWhereSaid(f"the revisions of {part.first_key}..{part.last_key} hold {held} chunk "
+                                                f"rows, their documents count {part.size}")
+                        conn.execute(manifest_documents.insert().from_select(
+                            ["version_id", *ManifestDocument._fields, "rev_id", "first_position"],
+                            sa.select(sa.literal(version_id), *_DOCUMENT_COLUMNS, _d.rev_id,
+                                      _d.first_position + (position - part.start)).where(*where)))
+                        copied += int(count)
                         position += part.size
                         continue
-                    for start in range(0, len(part), 5000):
-                        conn.execute(manifest_chunks.insert(), [
-                            {"version_id": version_id, "position": position + start + n, **row._asdict()}
-                            for n, row in enumerate(part[start:start + 5000])])
-                    position += len(part)
+                    for key, rows in _by_document(part, writer.where):
+                        rev = writer.document(by_key.get(key), key, rows)
+                        written.append(_document_row(version_id, by_key[key], rev, position))
+                        position += len(rows)
+                keys = sorted(copied_documents)
+                found = sum(int(conn.execute(sa.select(sa.func.count()).select_from(manifest_documents).where(
+                    _d.version_id == version_id, _d.knowledge_key.in_(batch))).scalar_one()) for batch in _batches(keys))
+                if found != len(keys) or copied != len(keys):
+                    raise _NotWhereSaid(f"{copied} documents copied, {found} of the {len(keys)} named")
+                done = {row["knowledge_key"] for row in written}
+                written += [_document_row(version_id, doc, writer.document(doc, key, []), None)
+                            for key, doc in by_key.items() if key not in done]  # no chunks: no position
+                writer.flush()
+                for batch in _batches(written, 5000):
+                    conn.execute(manifest_documents.insert(), list(batch))
+                _drop_unnamed_revisions(conn, old)
         except _NotWhereSaid as exc:
-            log.info("kb_reindex: the manifest of version id %d is written whole: its base's rows are not where its "
-                     "documents put them (%s)", version_id, exc)
+            log.info("kb_reindex: the manifest of version id %d is written whole: its base's documents are not where "
+                     "its plan put them (%s)", version_id, exc)
             return False
         return True
 
@@ -219,119 +429,119 @@ class ManifestsMixin:
     def iter_manifest_refs(self, version_id: int) -> Iterator[ManifestRef]:
         """`manifest_refs` a few thousand rows at a time (a server-side cursor on MySQL), for a caller that
         keeps less than every row as it came; consume it whole, it holds a connection until then."""
-        query = (sa.select(manifest_chunks.c.point_id, manifest_chunks.c.knowledge_key, manifest_chunks.c.source_point_id)
-                 .where(manifest_chunks.c.version_id == version_id)
-                 .order_by(manifest_chunks.c.knowledge_key, manifest_chunks.c.chunk_index))
+        query = (sa.select(_k.point_id, _d.knowledge_key, _SOURCE).select_from(_ROWS)
+                 .where(_d.version_id == version_id).order_by(*_ORDER))
         with self.engine.connect() as conn:
             for row in conn.execution_options(yield_per=5000).execute(query):
                 yield ManifestRef(*row)
 
     def manifest_size(self, version_id: int) -> int:
-        """How many chunks (points) the version's manifest lists, counted in SQL."""
+        """How many chunks (points) the version's manifest lists: its documents' counts summed in SQL."""
         with self.engine.connect() as conn:
-            return int(conn.execute(sa.select(sa.func.count()).select_from(manifest_chunks)
-                                    .where(manifest_chunks.c.version_id == version_id)).scalar_one())
+            return int(conn.execute(sa.select(sa.func.coalesce(sa.func.sum(_d.chunk_count), 0))
+                                    .where(_d.version_id == version_id)).scalar_one())
 
     def manifest_at(self, version_id: int, positions: Iterable[int]) -> list[ManifestChunk]:
-        """The manifest rows at these positions (0 .. size - 1, in manifest order), by the position index: a
-        random sample costs its size. A manifest written before positions were (NULL): by manifest order,
-        every row read."""
+        """The manifest rows at these positions (0 .. size - 1, in manifest order): the documents' first
+        positions are read (a row per document), then the rows of the documents holding them, so a random
+        sample costs its size and the documents, not the chunks."""
         wanted = sorted(set(positions))
-        c = manifest_chunks.c
-        out: list[ManifestChunk] = []
+        if not wanted:
+            return []
         with self.engine.connect() as conn:
-            for start in range(0, len(wanted), 500):
-                out += [ManifestChunk(*row) for row in conn.execute(
-                    sa.select(*_CHUNK_COLUMNS).where(c.version_id == version_id,
-                                                     c.position.in_(wanted[start:start + 500])).order_by(c.position))]
-        if len(out) < len(wanted):
-            rows = self.manifest_chunks(version_id)
-            out = [rows[n] for n in wanted if n < len(rows)]
-        return out
+            starts = conn.execute(sa.select(_d.first_position, _d.knowledge_key).where(
+                _d.version_id == version_id, _d.chunk_count > 0).order_by(_d.first_position)).all()
+            firsts = [first for first, _ in starts]
+            keys = sorted({starts[i][1] for i in (bisect_right(firsts, p) - 1 for p in wanted) if i >= 0})
+            rows: list[tuple[int, ManifestChunk]] = []
+            for batch in _batches(keys):
+                rows += [(position, ManifestChunk(*row)) for *row, position in conn.execute(
+                    sa.select(*_CHUNK_COLUMNS, _POSITION).select_from(_ROWS)
+                    .where(_d.version_id == version_id, _d.knowledge_key.in_(batch)))]
+        at = set(wanted)
+        return [row for position, row in sorted(rows, key=lambda pair: pair[0]) if position in at]
 
     def manifest_documents(self, version_id: int, keys: Iterable[str] | None = None) -> list[ManifestDocument]:
         """The version's documents (only those of `keys`, when given), by knowledge key."""
-        d = manifest_documents.c
-        query = sa.select(*_DOCUMENT_COLUMNS).where(d.version_id == version_id)
+        query = sa.select(*_DOCUMENT_COLUMNS).where(_d.version_id == version_id)
         with self.engine.connect() as conn:
             if keys is None:
-                return [ManifestDocument(*row) for row in conn.execute(query.order_by(d.knowledge_key))]
-            wanted = sorted(set(keys))
-            out = [ManifestDocument(*row) for start in range(0, len(wanted), 500)
-                   for row in conn.execute(query.where(d.knowledge_key.in_(wanted[start:start + 500])))]
+                return [ManifestDocument(*row) for row in conn.execute(query.order_by(_d.knowledge_key))]
+            out = [ManifestDocument(*row) for batch in _batches(sorted(set(keys)))
+                   for row in conn.execute(query.where(_d.knowledge_key.in_(batch)))]
             return sorted(out, key=lambda doc: doc.knowledge_key)
 
     def chunks_lost(self, version_id: int, base_id: int) -> tuple[int, int]:
         """(the base's chunks, the chunks the base's documents that the version keeps lost in it: each one's
         count down, summed), counted in SQL by the documents' key: what a content-loss check weighs."""
-        d = manifest_documents.c
         new = manifest_documents.alias("new")
-        total = sa.select(sa.func.coalesce(sa.func.sum(d.chunk_count), 0)).where(d.version_id == base_id)
-        lost = (sa.select(sa.func.coalesce(sa.func.sum(d.chunk_count - new.c.chunk_count), 0))
+        total = sa.select(sa.func.coalesce(sa.func.sum(_d.chunk_count), 0)).where(_d.version_id == base_id)
+        lost = (sa.select(sa.func.coalesce(sa.func.sum(_d.chunk_count - new.c.chunk_count), 0))
                 .select_from(manifest_documents.join(new, sa.and_(new.c.version_id == version_id,
-                                                                  new.c.knowledge_key == d.knowledge_key)))
-                .where(d.version_id == base_id, d.chunk_count > new.c.chunk_count))
+                                                                  new.c.knowledge_key == _d.knowledge_key)))
+                .where(_d.version_id == base_id, _d.chunk_count > new.c.chunk_count))
         with self.engine.connect() as conn:
             return int(conn.execute(total).scalar_one()), int(conn.execute(lost).scalar_one())
 
     def manifest_document_hashes(self, version_id: int) -> dict[str, str]:
         """knowledge_key -> content_hash of the version's documents."""
         with self.engine.connect() as conn:
-            rows = conn.execute(sa.select(manifest_documents.c.knowledge_key, manifest_documents.c.content_hash)
-                                .where(manifest_documents.c.version_id == version_id))
+            rows = conn.execute(sa.select(_d.knowledge_key, _d.content_hash).where(_d.version_id == version_id))
             return {key: value for key, value in rows}
 
     def manifest_chunks(self, version_id: int, *, point_ids: list[str] | None = None) -> list[ManifestChunk]:
         """Every chunk row of the version, or only those of `point_ids`, in manifest order."""
-        query = sa.select(*_CHUNK_COLUMNS).where(manifest_chunks.c.version_id == version_id)
-        if point_ids is not None:
-            query = query.where(manifest_chunks.c.point_id.in_(point_ids))
         with self.engine.connect() as conn:
-            rows = conn.execute(query.order_by(manifest_chunks.c.knowledge_key, manifest_chunks.c.chunk_index))
-            # a tuple per row: a third of the time of a RowMapping per row
-            return [ManifestChunk(*row) for row in rows]
+            if point_ids is None:
+                # a tuple per row: a third of the time of a RowMapping per row
+                return [ManifestChunk(*row) for row in conn.execute(_chunk_rows(version_id).order_by(*_ORDER))]
+            rows = [ManifestChunk(*row) for batch in _batches(sorted(set(point_ids)), 1000)
+                    for row in conn.execute(_chunk_rows(version_id).where(_k.point_id.in_(batch)))]
+        return sorted(rows, key=lambda row: (row.knowledge_key, row.chunk_index))
 
     def document_chunks(self, version_id: int, keys: Iterable[str]) -> list[ManifestChunk]:
         """The chunk rows of the version's documents `keys`, in manifest order."""
-        wanted = sorted(set(keys))
-        if not wanted:
-            return []
-        c = manifest_chunks.c
-        query = sa.select(*_CHUNK_COLUMNS).where(c.version_id == version_id, c.knowledge_key.in_(wanted))
         with self.engine.connect() as conn:
-            return [ManifestChunk(*row) for row in conn.execute(query.order_by(c.knowledge_key, c.chunk_index))]
+            rows = [ManifestChunk(*row) for batch in _batches(sorted(set(keys)))
+                    for row in conn.execute(_chunk_rows(version_id).where(_d.knowledge_key.in_(batch)).order_by(*_ORDER))]
+        return sorted(rows, key=lambda row: (row.knowledge_key, row.chunk_index))
 
     def shared_chunks(self, version_id: int, keys: Collection[str] | None = None) -> list[ManifestChunk]:
         """The version's chunks whose hash (text) appears in more than one of its documents: identical chunks
-        across documents, found in SQL by the (version_id, chunk_hash) index, in manifest order. `keys`: only
-        the hashes of these documents' chunks are looked at (an edit's changed documents: the grouping then
-        costs their chunks, not the manifest); None (or more than 500 keys), every hash."""
-        c = manifest_chunks.c
-        of_version = [c.version_id == version_id]
+        across documents, found in SQL by the chunk hash index, in manifest order. `keys`: only the hashes of
+        these documents' chunks are looked at (an edit's changed documents: the grouping then costs their
+        chunks, not the manifest); None (or more than 500 keys), every hash."""
+        inner_d, inner_k = manifest_documents.alias("named"), doc_chunks.alias("named_chunks")
+        group_d, group_k = manifest_documents.alias("grouped"), doc_chunks.alias("grouped_chunks")
+        grouped = (sa.select(group_k.c.chunk_hash)
+                   .select_from(group_d.join(group_k, group_k.c.rev_id == group_d.c.rev_id))
+                   .where(group_d.c.version_id == version_id))
         if keys is not None and len(keys) <= 500:
-            of_version.append(c.chunk_hash.in_(sa.select(c.chunk_hash).where(
-                c.version_id == version_id, c.knowledge_key.in_(sorted(keys)))))
-        shared = (sa.select(c.chunk_hash).where(*of_version).group_by(c.chunk_hash)
-                  .having(sa.func.count(sa.distinct(c.knowledge_key)) > 1))
-        query = sa.select(*_CHUNK_COLUMNS).where(c.version_id == version_id, c.chunk_hash.in_(shared))
+            grouped = grouped.where(group_k.c.chunk_hash.in_(
+                sa.select(inner_k.c.chunk_hash).select_from(inner_d.join(inner_k, inner_k.c.rev_id == inner_d.c.rev_id))
+                .where(inner_d.c.version_id == version_id, inner_d.c.knowledge_key.in_(sorted(keys)))))
+        shared = grouped.group_by(group_k.c.chunk_hash).having(sa.func.count(sa.distinct(group_d.c.knowledge_key)) > 1)
+        query = _chunk_rows(version_id).where(_k.chunk_hash.in_(shared)).order_by(*_ORDER)
         with self.engine.connect() as conn:
-            return [ManifestChunk(*row) for row in conn.execute(query.order_by(c.knowledge_key, c.chunk_index))]
+            return [ManifestChunk(*row) for row in conn.execute(query)]
 
     def embedded_chunks(self, version_id: int, keys: Iterable[str] | None = None) -> list[ManifestChunk]:
-        """The version's chunks embedded for it (no vector copied from live), of the documents `keys` (None: all)."""
-        c = manifest_chunks.c
-        query = sa.select(*_CHUNK_COLUMNS).where(c.version_id == version_id, c.source_point_id.is_(None))
+        """The version's chunks embedded for it (no vector copied from live), of the documents `keys` (None: all):
+        its sources without one, each found in its document's revision."""
+        query = (sa.select(_k.point_id, _d.knowledge_key, _s.source_point_id, _k.chunk_index, _k.chunk_hash)
+                 .select_from(manifest_sources.join(doc_chunks, _k.point_id == _s.point_id)
+                              .join(manifest_documents, sa.and_(_d.version_id == _s.version_id, _d.rev_id == _k.rev_id)))
+                 .where(_s.version_id == version_id, _s.source_point_id.is_(None)).order_by(*_ORDER))
         wanted = None if keys is None else set(keys)
         with self.engine.connect() as conn:
-            rows = conn.execute(query.order_by(c.knowledge_key, c.chunk_index))
-            return [chunk for chunk in (ManifestChunk(*row) for row in rows)
+            return [chunk for chunk in (ManifestChunk(*row) for row in conn.execute(query))
                     if wanted is None or chunk.knowledge_key in wanted]
 
     def prune_manifests(self, alias: str) -> int:
         """Drop the manifests no step can read any more: of the alias's deleted versions that no slot holds
-        and no kept version's slot was taken from (the difference of a build needs its base's manifest). The
-        version rows stay (history, status). Without this the state DB gains a whole manifest per edit. The
-        number of chunk rows dropped."""
+        and no kept version's slot was taken from (the difference of a build needs its base's manifest), with
+        the revisions no other version names. The version rows stay (history, status). Without this the state
+        DB gains the document rows of a manifest per edit. The number of chunk rows the dropped manifests listed."""
         v = versions.c
         with self.engine.begin() as conn:
             held = {row for row in conn.execute(sa.select(slots.c.holds).where(slots.c.holds.is_not(None))).scalars()}
@@ -342,16 +552,12 @@ class ManifestsMixin:
                     if vid not in held and number not in bases]
             if not gone:
                 return 0
-            dropped = 0
-            for start in range(0, len(gone), 500):
-                part = gone[start:start + 500]
-                conn.execute(snapshots.delete().where(snapshots.c.version_id.in_(part)))
-                dropped += conn.execute(manifest_chunks.delete().where(manifest_chunks.c.version_id.in_(part))).rowcount or 0
-                conn.execute(manifest_documents.delete().where(manifest_documents.c.version_id.in_(part)))
-        if dropped:
-            log.info("kb_reindex: the manifests of %d deleted version(s) no slot needs were dropped (%d rows)",
-                     len(gone), dropped)
-        return dropped
+            listed, revision_rows = delete_manifests(conn, gone)
+        if listed:
+            log.info("kb_reindex: the manifests of %d deleted version(s) no slot needs were dropped (%d chunks listed, "
+                     "%d revision rows no kept version names)", len(gone), listed, revision_rows)
+        return listed
+
 
     # --- the plan's snapshot -------------------------------------------------------------------
 
@@ -409,58 +615,39 @@ class ManifestsMixin:
 
     def slice_rows(self, version_id: int, window: tuple[int, int] | None = None) -> list[ManifestChunk]:
         """A build slice's manifest rows, by range of position in SQL (all rows without a window), in
-        manifest order: a slice costs its own rows, not the whole manifest."""
-        query = sa.select(*_CHUNK_COLUMNS).where(manifest_chunks.c.version_id == version_id)
-        if window is not None:
-            offset, limit = window
-            query = query.where(manifest_chunks.c.position >= offset, manifest_chunks.c.position < offset + limit)
+        manifest order: a slice costs its own documents' rows, not the whole manifest."""
         with self.engine.connect() as conn:
-            rows = conn.execute(query.order_by(manifest_chunks.c.position))
-            return [ManifestChunk(*row) for row in rows]
+            query = _chunk_rows(version_id).where(*_within(conn, version_id, window))
+            return [ManifestChunk(*row) for row in conn.execute(query.order_by(*_ORDER))]
 
     def slice_difference(self, version_id: int, base_id: int, window: tuple[int, int] | None = None
                          ) -> SliceDifference:
         """A slice's rows (as `slice_rows`) against the base version's manifest: the rows the base lacks, how
         many it has (same key, chunk index and hash: the same point ID), and of those the rows whose document's
-        payload fields changed. The rows that differ are found in SQL (`_rows_missing_from`), so an edit reads the
-        rows that differ and a count of the rest, not one row (or ID) per kept point."""
-        c = manifest_chunks.c
-        base = manifest_chunks.alias("base")
-        on_base = sa.and_(base.c.version_id == base_id, base.c.point_id == c.point_id)
-
-        def within(query: sa.Select) -> sa.Select:
-            if window is None:
-                return query
-            offset, limit = window
-            return query.where(c.position >= offset, c.position < offset + limit)
-
-        # a point ID is the row's key in both manifests: what is not added is kept, so the rest is counted by
-        # the position index, not looked up
-        rows_q = within(sa.select(sa.func.count()).select_from(manifest_chunks).where(c.version_id == version_id))
+        payload fields changed. The documents that differ are found in SQL (`_rows_missing_from`: their
+        revisions differ), then their rows, so an edit reads the rows that differ and a count of the rest."""
         with self.engine.connect() as conn:
             added = self._rows_missing_from(conn, version_id, base_id, window)
-            kept = int(conn.execute(rows_q).scalar_one()) - len(added)
+            kept = _rows_within(conn, version_id, window) - len(added)
         changed = sorted(self.changed_documents(version_id, base_id)) if kept else []
         rewrite: list[ManifestChunk] = []
         with self.engine.connect() as conn:
-            for start in range(0, len(changed), 500):
-                query = within(sa.select(*_CHUNK_COLUMNS).select_from(manifest_chunks.join(base, on_base))
-                               .where(c.version_id == version_id, c.knowledge_key.in_(changed[start:start + 500])))
-                rewrite += [ManifestChunk(*row) for row in conn.execute(query.order_by(c.position))]
+            for batch in _batches(changed):
+                theirs = set(conn.execute(_point_ids(base_id).where(_d.knowledge_key.in_(batch))).scalars())
+                rewrite += [row for row in (ManifestChunk(*r) for r in conn.execute(
+                    _chunk_rows(version_id).where(_d.knowledge_key.in_(batch), *_within(conn, version_id, window))))
+                            if row.point_id in theirs]
         rewrite.sort(key=lambda row: (row.knowledge_key, row.chunk_index))
         return SliceDifference(added=added, kept=kept, rewrite=rewrite)
 
     def kept_sample(self, version_id: int, base_id: int, positions: Iterable[int]) -> list[str]:
         """The point IDs, among the version's rows at these manifest positions, that the base version also
         has (kept from it), in manifest order: a sample of the kept points costs its size, not the manifest."""
-        rows = self.manifest_at(version_id, positions)
-        ids = [row.point_id for row in rows]
-        c = manifest_chunks.c
+        ids = [row.point_id for row in self.manifest_at(version_id, positions)]
         found: set[str] = set()
         with self.engine.connect() as conn:
-            for start in range(0, len(ids), 500):
-                found.update(conn.execute(sa.select(c.point_id).where(
-                    c.version_id == base_id, c.point_id.in_(ids[start:start + 500]))).scalars())
+            for batch in _batches(ids):
+                found.update(conn.execute(_point_ids(base_id).where(_k.point_id.in_(batch))).scalars())
         return [point for point in ids if point in found]
 
     def dropped_chunks(self, version_id: int, base_id: int) -> list[ManifestChunk]:
@@ -473,40 +660,39 @@ class ManifestsMixin:
     def _rows_missing_from(conn: sa.Connection, version_id: int, other_id: int,
                            window: tuple[int, int] | None = None) -> list[ManifestChunk]:
         """The rows of the version's manifest (those at positions within `window`, when given) whose point the
-        other version's manifest lacks, in manifest order. Their IDs first: on SQLite and PostgreSQL by `EXCEPT`
-        of the two ID lists, which SQLite merges from two ordered scans of the primary key (205k rows, one chunk
-        changed: 0.04 s, where the anti-join looked each row up in the other manifest: 0.19 s, 0.5 s cold;
-        bench/README P15); on MySQL by that anti-join (`EXCEPT` only from MySQL 8.0.31 on). Then the rows of
-        those IDs, by the primary key."""
-        c = manifest_chunks.c
-        mine = sa.select(c.point_id).where(c.version_id == version_id)
-        if window is not None:
-            offset, limit = window
-            mine = mine.where(c.position >= offset, c.position < offset + limit)
+        other version's manifest lacks, in manifest order. The documents whose revision differs first, by key:
+        on SQLite and PostgreSQL one `EXCEPT` of the two manifests' (key, revision) lists, on MySQL an anti-join
+        (`EXCEPT` only from MySQL 8.0.31 on); a point ID is a function of its key, so only those documents'
+        rows can differ. Then their rows, against the other's rows of the same keys."""
+        mine = sa.select(_d.knowledge_key, _d.rev_id).where(_d.version_id == version_id,
+                                                            *_documents_within(conn, version_id, window))
         if conn.dialect.name in ("sqlite", "postgresql"):
-            theirs = sa.select(c.point_id).where(c.version_id == other_id)
-            ids = list(conn.execute(sa.except_(mine, theirs).order_by(sa.literal_column("point_id"))).scalars())
+            theirs = sa.select(_d.knowledge_key, _d.rev_id).where(_d.version_id == other_id)
+            if window is not None:  # a slice: the other's documents of the slice's keys
+                theirs = theirs.where(_d.knowledge_key.in_(mine.with_only_columns(_d.knowledge_key).subquery().select()))
+            keys = sorted(set(conn.execute(sa.except_(mine, theirs)).scalars()))
         else:
-            other = manifest_chunks.alias("other")
-            lacking = mine.outerjoin_from(manifest_chunks, other, sa.and_(other.c.version_id == other_id,
-                                                                          other.c.point_id == c.point_id))
-            ids = list(conn.execute(lacking.where(other.c.point_id.is_(None))).scalars())
-        rows: list[_PositionedChunk] = []
-        for start in range(0, len(ids), 500):
-            rows += [_PositionedChunk._make(row) for row in conn.execute(sa.select(*_CHUNK_COLUMNS, c.position).where(
-                c.version_id == version_id, c.point_id.in_(ids[start:start + 500])))]
-        return [ManifestChunk(*row[:-1]) for row in sorted(rows, key=_in_manifest_order)]
+            other = manifest_documents.alias("other")
+            lacking = mine.outerjoin_from(manifest_documents, other, sa.and_(other.c.version_id == other_id,
+                                                                             other.c.knowledge_key == _d.knowledge_key))
+            keys = sorted(set(conn.execute(lacking.where(sa.or_(other.c.knowledge_key.is_(None),
+                                                                other.c.rev_id != _d.rev_id))).scalars()))
+        rows: list[ManifestChunk] = []
+        for batch in _batches(keys):
+            theirs_ids = set(conn.execute(_point_ids(other_id).where(_d.knowledge_key.in_(batch))).scalars())
+            rows += [row for row in (ManifestChunk(*r) for r in conn.execute(_chunk_rows(version_id).where(
+                _d.knowledge_key.in_(batch), *_within(conn, version_id, window)))) if row.point_id not in theirs_ids]
+        return sorted(rows, key=lambda row: (row.knowledge_key, row.chunk_index))
 
     def changed_documents(self, version_id: int, base_id: int) -> set[str]:
         """Keys of the version's documents whose payload fields differ from the base's (or that it lacks)."""
-        d = manifest_documents.c
         base = manifest_documents.alias("base")
-        same = sa.and_(base.c.source == d.source, base.c.title == d.title, base.c.category == d.category,
-                       base.c.tenant == d.tenant, base.c.content_hash == d.content_hash)
-        query = (sa.select(d.knowledge_key)
+        same = sa.and_(base.c.source == _d.source, base.c.title == _d.title, base.c.category == _d.category,
+                       base.c.tenant == _d.tenant, base.c.content_hash == _d.content_hash)
+        query = (sa.select(_d.knowledge_key)
                  .select_from(manifest_documents.outerjoin(base, sa.and_(base.c.version_id == base_id,
-                                                                         base.c.knowledge_key == d.knowledge_key)))
-                 .where(d.version_id == version_id, sa.or_(base.c.knowledge_key.is_(None), sa.not_(same))))
+                                                                         base.c.knowledge_key == _d.knowledge_key)))
+                 .where(_d.version_id == version_id, sa.or_(base.c.knowledge_key.is_(None), sa.not_(same))))
         with self.engine.connect() as conn:
             return set(conn.execute(query).scalars())
 
@@ -516,13 +702,11 @@ class ManifestsMixin:
         out: dict[str, tuple[int, str]] = {}
         if not ids:
             return out
-        c = manifest_chunks.c
         with self.engine.connect() as conn:
-            for start in range(0, len(wanted), 500):
-                part = wanted[start:start + 500]
+            for batch in _batches(wanted):
                 for version_id, point_id, chunk_hash in conn.execute(
-                        sa.select(c.version_id, c.point_id, c.chunk_hash)
-                        .where(c.version_id.in_(ids), c.chunk_hash.in_(part))):
+                        sa.select(_d.version_id, _k.point_id, _k.chunk_hash).select_from(_REVISIONS)
+                        .where(_d.version_id.in_(ids), _k.chunk_hash.in_(batch))):
                     out.setdefault(chunk_hash, (version_id, point_id))
         return out
 
@@ -541,26 +725,27 @@ class ManifestsMixin:
                 out.update((h, (section, text)) for h, section, text in rows)
         return out
 
+
     def drop_unneeded_texts(self, versions_gone: Iterable[int] | None = None) -> int:
         """Delete the texts no kept version embeds any more (after retention, drop or forget): a version
         needs its texts until it is deleted. `versions_gone`: the versions just deleted, whose embedded texts
         are the only ones that can have become unneeded (a routine cleanup: what it looks at grows with those
         versions' embedded chunks, not with the knowledge base); None looks at every stored text (a drop, a
-        forget, a retirement). One DELETE decided inside the database, each text looked up by the
-        (version_id, chunk_hash) index of the kept versions' rows: when the first build's version goes (every
-        chunk embedded), its texts are not read into Python and asked about 500 at a time (at 51k chunks 208
-        round trips and 1.9 s of one edit's cleanup)."""
-        c, t = manifest_chunks.c, chunk_texts.c
+        forget, a retirement). One DELETE decided inside the database, each text looked up by the sources'
+        (chunk_hash, version_id) index: when the first build's version goes (every chunk embedded), its texts
+        are not read into Python and asked about 500 at a time (at 51k chunks 208 round trips and 1.9 s of one
+        edit's cleanup)."""
+        t = chunk_texts.c
         kept = sa.select(versions.c.id).where(versions.c.status != "deleted")
-        still_embedded = sa.exists(sa.select(sa.literal(1)).select_from(manifest_chunks).where(
-            c.version_id.in_(kept), c.source_point_id.is_(None), c.chunk_hash == t.chunk_hash))
+        still_embedded = sa.exists(sa.select(sa.literal(1)).select_from(manifest_sources).where(
+            _s.version_id.in_(kept), _s.source_point_id.is_(None), _s.chunk_hash == t.chunk_hash))
         where = [~still_embedded]
         if versions_gone is not None:
             gone = sorted(set(versions_gone))
             if not gone:
                 return 0
-            where.append(t.chunk_hash.in_(sa.select(c.chunk_hash).where(c.version_id.in_(gone),
-                                                                         c.source_point_id.is_(None))))
+            where.append(t.chunk_hash.in_(sa.select(_s.chunk_hash).where(_s.version_id.in_(gone),
+                                                                          _s.source_point_id.is_(None))))
         with self.engine.begin() as conn:
             deleted = conn.execute(chunk_texts.delete().where(*where)).rowcount or 0
         if deleted:

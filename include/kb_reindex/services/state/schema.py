@@ -76,6 +76,10 @@ versions = sa.Table(
     **MYSQL_TABLE,
 )
 
+# A manifest is its documents, each naming its *revision*: the document's chunk rows, stored once
+# (`kb_doc_chunks`) and shared by every version that holds the document unchanged, so an edit writes the rows of
+# the documents it changed and copies the document rows, not a row per chunk (docs/design.md, the version model).
+# A chunk's manifest position is its document's `first_position` plus its `ordinal` in the revision.
 manifest_documents = sa.Table(
     "kb_manifest_documents",
     metadata,
@@ -87,23 +91,55 @@ manifest_documents = sa.Table(
     sa.Column("tenant", sa.String(128), nullable=False),
     sa.Column("content_hash", sa.String(64), nullable=False),
     sa.Column("chunk_count", sa.Integer, nullable=False),
+    # NULL only in a state DB made before revisions, until `convert_legacy_manifests` splits its chunk rows
+    sa.Column("rev_id", sa.String(32)),
+    sa.Column("first_position", sa.Integer),
+    sa.Index("ix_kb_manifest_documents_position", "version_id", "first_position"),
+    sa.Index("ix_kb_manifest_documents_rev", "rev_id", "version_id"),
     **MYSQL_TABLE,
 )
 
-manifest_chunks = sa.Table(
-    "kb_manifest_chunks",
+# A document revision's chunk rows: `rev_id` is a digest of the alias, the document's key and its chunks (point
+# IDs and hashes, in order), so the same revision is written once and found again by its ID.
+doc_chunks = sa.Table(
+    "kb_doc_chunks",
+    metadata,
+    sa.Column("rev_id", sa.String(32), primary_key=True),
+    sa.Column("ordinal", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("chunk_index", sa.Integer, nullable=False),
+    sa.Column("point_id", sa.String(36), nullable=False),
+    sa.Column("chunk_hash", sa.String(64), nullable=False),
+    sa.Index("ix_kb_doc_chunks_point", "point_id"),
+    sa.Index("ix_kb_doc_chunks_hash", "chunk_hash"),
+    **MYSQL_TABLE,
+)
+
+# Where a version's point takes its vector from, for the chunks its plan wrote (not those of documents copied
+# unchanged from its base, whose point is its own source): `source_point_id` the live point a reused chunk is
+# copied from, NULL for a chunk embedded for this version.
+manifest_sources = sa.Table(
+    "kb_manifest_sources",
     metadata,
     sa.Column("version_id", sa.Integer, sa.ForeignKey("kb_versions.id"), primary_key=True),
+    sa.Column("point_id", sa.String(36), primary_key=True),
+    sa.Column("chunk_hash", sa.String(64), nullable=False),
+    sa.Column("source_point_id", sa.String(36)),
+    sa.Index("ix_kb_manifest_sources_hash", "chunk_hash", "version_id"),
+    **MYSQL_TABLE,
+)
+
+# Before revisions a manifest held one row per chunk here. Not created any more (its own metadata): a state DB
+# made before keeps the table, emptied by `convert_legacy_manifests` at its first open.
+legacy_metadata = sa.MetaData()
+legacy_manifest_chunks = sa.Table(
+    "kb_manifest_chunks",
+    legacy_metadata,
+    sa.Column("version_id", sa.Integer, primary_key=True),
     sa.Column("point_id", sa.String(36), primary_key=True),
     sa.Column("knowledge_key", sa.String(255), nullable=False),
     sa.Column("chunk_index", sa.Integer, nullable=False),
     sa.Column("chunk_hash", sa.String(64), nullable=False),
     sa.Column("source_point_id", sa.String(36)),
-    # the row's place in manifest order (0..N-1): a build slice reads its rows by range, not the whole
-    # manifest. NULL in rows written before it existed (added by `_upgrade_schema`)
-    sa.Column("position", sa.Integer),
-    sa.Index("ix_kb_manifest_chunks_hash", "version_id", "chunk_hash"),
-    sa.Index("ix_kb_manifest_chunks_position", "version_id", "position"),
     **MYSQL_TABLE,
 )
 
@@ -383,10 +419,10 @@ def _schema_guard(engine: sa.Engine) -> Iterator[None]:
 
 #: columns added after their table first shipped: a state DB made by an older kb-reindex gains them at open
 #: (nullable or with a default, so its rows stay valid), with the indexes that use them
-ADDED_COLUMNS = ((versions, "payload_layout"), (versions, "embed_profile"), (manifest_chunks, "position"),
-                 (versions, "qdrant_snapshot"), (versions, "qdrant_snapshot_at"), (file_hashes, "etag"),
-                 (versions, "doc_changes"), (alias_events, "moved_by"),
-                 (versions, "slot_base"), (versions, "synced_at"), (versions, "live_since"))
+ADDED_COLUMNS = ((versions, "payload_layout"), (versions, "embed_profile"), (versions, "qdrant_snapshot"),
+                 (versions, "qdrant_snapshot_at"), (file_hashes, "etag"), (versions, "doc_changes"), (alias_events, "moved_by"),
+                 (versions, "slot_base"), (versions, "synced_at"), (versions, "live_since"),
+                 (manifest_documents, "rev_id"), (manifest_documents, "first_position"))
 
 
 def _upgrade_schema(engine: sa.Engine, *, tables: tuple[sa.Table, ...] | None = None) -> None:

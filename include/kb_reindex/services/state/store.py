@@ -15,7 +15,7 @@ from kb_reindex.services.state.entries import EntriesMixin
 from kb_reindex.services.state.freezes import FreezesMixin
 from kb_reindex.services.state.history import HistoryMixin
 from kb_reindex.services.state.locks import LocksMixin
-from kb_reindex.services.state.manifests import ManifestsMixin
+from kb_reindex.services.state.manifests import ManifestsMixin, convert_legacy_manifests
 from kb_reindex.services.state.runs import RunsMixin
 from kb_reindex.services.state.query_vectors import QueryVectorsMixin
 from kb_reindex.services.state.retirements import RetirementsMixin
@@ -24,8 +24,12 @@ from kb_reindex.services.state.schema import (
     _first_line,
     _schema_guard,
     _upgrade_schema,
+    ensure_table,
     alias_events,
     code_point_order,
+    doc_chunks,
+    manifest_documents,
+    manifest_sources,
     metadata,
     versions,
 )
@@ -59,10 +63,12 @@ class StateStore(VersionsMixin, ManifestsMixin, RunsMixin, HistoryMixin, LocksMi
             with _schema_guard(self.engine):
                 metadata.create_all(self.engine, checkfirst=True)
                 _upgrade_schema(self.engine)
+                convert_legacy_manifests(self.engine)
         except sa.exc.OperationalError as exc:
             if "already exists" in str(exc.orig):  # MySQL 1050: another process created a table first
                 metadata.create_all(self.engine, checkfirst=True)
                 _upgrade_schema(self.engine)
+                convert_legacy_manifests(self.engine)
                 return
             self.engine.dispose()
             what = connect_failure(exc)
@@ -78,6 +84,7 @@ class StateStore(VersionsMixin, ManifestsMixin, RunsMixin, HistoryMixin, LocksMi
         except (sa.exc.IntegrityError, sa.exc.ProgrammingError):
             metadata.create_all(self.engine, checkfirst=True)  # another process created it first
             _upgrade_schema(self.engine)
+            convert_legacy_manifests(self.engine)
         except sa.exc.DatabaseError as exc:  # SQLite: "file is not a database" (truncated or overwritten)
             self.engine.dispose()
             raise ConfigError(
@@ -110,7 +117,12 @@ class StateStore(VersionsMixin, ManifestsMixin, RunsMixin, HistoryMixin, LocksMi
                 "check KB_STATE_URL; if the state DB was lost, rebuild it from Qdrant with "
                 "`kb-reindex reconcile --rebuild-state`"
             )
-        _upgrade_schema(self.engine, tables=(versions, alias_events))  # an older kb-reindex's DB: readable after the upgrade
+        _upgrade_schema(self.engine, tables=(versions, alias_events, manifest_documents))  # an older kb-reindex's DB
+        if sa.inspect(self.engine).has_table("kb_manifest_chunks"):  # made before revisions: readable once converted
+            with _schema_guard(self.engine):
+                for table in (doc_chunks, manifest_sources):
+                    ensure_table(self.engine, table)
+                convert_legacy_manifests(self.engine)
 
     def _missing_tables(self) -> list[str]:
         present = set(sa.inspect(self.engine).get_table_names())

@@ -17,7 +17,8 @@ from kb_reindex.domain import lifecycle
 from kb_reindex.domain.errors import KbError
 from kb_reindex.domain.model import VersionStatus
 from kb_reindex.services.state.clock import utc_stamp
-from kb_reindex.services.state.schema import manifest_chunks, manifest_documents, slots, snapshots, versions
+from kb_reindex.services.state.manifests import delete_manifests
+from kb_reindex.services.state.schema import slots, versions
 
 if TYPE_CHECKING:
     from kb_reindex.services.state.clock import Clock
@@ -212,10 +213,7 @@ class VersionsMixin:
     def forget_versions(self, alias: str) -> None:
         """Drop this alias's version rows and manifests (a state being replaced); history and runs stay."""
         with self.engine.begin() as conn:
-            ids = sa.select(versions.c.id).where(versions.c.alias == alias).scalar_subquery()
-            conn.execute(snapshots.delete().where(snapshots.c.version_id.in_(ids)))
-            conn.execute(manifest_chunks.delete().where(manifest_chunks.c.version_id.in_(ids)))
-            conn.execute(manifest_documents.delete().where(manifest_documents.c.version_id.in_(ids)))
+            delete_manifests(conn, list(conn.execute(sa.select(versions.c.id).where(versions.c.alias == alias)).scalars()))
             conn.execute(versions.delete().where(versions.c.alias == alias))
             # the slots stay (their collections do), but whose points they hold is no longer known
             conn.execute(slots.update().where(slots.c.alias == alias).values(holds=None, holds_exact=None))
