@@ -19,19 +19,26 @@ from conftest import REPO
 
 #: the last release with a collection per version
 BEFORE_SLOTS = "0a70e71"
+#: the last release whose manifests held a row per chunk (kb_manifest_chunks), before document revisions
+BEFORE_REVISIONS = "b9cb78b"
 ALIAS = "mall_knowledge"
+
+
+def release(commit: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """That commit's package, taken from git."""
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", "--format=tar", commit, "include"],
+                             capture_output=True, timeout=60)
+    assert archive.returncode == 0, (f"git cannot give the release {commit}: "
+                                     f"{archive.stderr.decode()[-500:]}; a full clone is needed")
+    where = tmp_path_factory.mktemp(f"release-{commit}")
+    with tarfile.open(fileobj=BytesIO(archive.stdout)) as tar:
+        tar.extractall(where, filter="data")
+    return where / "include"
 
 
 @pytest.fixture(scope="module")
 def old_release(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    archive = subprocess.run(["git", "-C", str(REPO), "archive", "--format=tar", BEFORE_SLOTS, "include"],
-                             capture_output=True, timeout=60)
-    assert archive.returncode == 0, (f"git cannot give the release before slots ({BEFORE_SLOTS}): "
-                                     f"{archive.stderr.decode()[-500:]}; a full clone is needed")
-    where = tmp_path_factory.mktemp("old-release")
-    with tarfile.open(fileobj=BytesIO(archive.stdout)) as tar:
-        tar.extractall(where, filter="data")
-    return where / "include"
+    return release(BEFORE_SLOTS, tmp_path_factory)
 
 
 def cli(project: Path, *argv: str, package: Path | None = None) -> tuple[int, dict]:
@@ -107,3 +114,44 @@ def test_a_deployment_of_the_release_before_slots_keeps_serving_and_moves_to_slo
     code, run = cli(project, "run")
     assert code == 0 and run["outcome"] == "promoted" and run["collection"].endswith("__s1"), run
     assert run["build"]["kept"] > 0 and run["build"]["copied"] + run["build"]["embedded"] < run["build"]["kept"]
+
+
+def test_a_deployment_of_the_release_before_revisions_keeps_serving_and_its_manifests_move_to_revisions(
+        project: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Made by the release whose manifests held a row per chunk: the new release's first command splits them
+    into document revisions (the old table emptied), every kept version still serves, rolls back and restores,
+    and its first edit writes only what differs, its difference taken against a converted manifest."""
+    import sqlalchemy as sa
+
+    before = release(BEFORE_REVISIONS, tmp_path_factory)
+    for n, key in enumerate(["", "coupon-rules", "shipping-policy", "coupon-rules"]):
+        if key:
+            edit(project, key, f"补充{n}：升级前。")
+        code, run = cli(project, "run", package=before)
+        assert code == 0 and run["outcome"] == "promoted" and run["version"] == n + 1, run
+    engine = sa.create_engine(f"sqlite:///{project / '.kb' / 'state.db'}")
+    with engine.connect() as conn:
+        old_rows = conn.execute(sa.text("SELECT count(*) FROM kb_manifest_chunks")).scalar_one()
+    assert old_rows > 0, "the old release wrote a row per chunk"
+
+    code, status = cli(project, "status")  # read-only: converts, then reads
+    assert code == 0 and status["live"]["version"] == 4 and status["rollback_target"] == 3, status
+    assert status["problems"] == [], status
+    with engine.connect() as conn:
+        assert conn.execute(sa.text("SELECT count(*) FROM kb_manifest_chunks")).scalar_one() == 0
+        assert conn.execute(sa.text("SELECT count(*) FROM kb_manifest_documents WHERE rev_id IS NULL")).scalar_one() == 0
+
+    edit(project, "payment-guide", "补充：升级后第一版。")
+    code, run = cli(project, "run")
+    assert code == 0 and run["outcome"] == "promoted" and run["version"] == 5, run
+    assert run["build"]["kept"] > 0 and run["build"]["copied"] + run["build"]["embedded"] < run["build"]["kept"], run
+    code, back = cli(project, "rollback", "--reason", "upgrade check", "--yes", "--live-version", "5")
+    assert code == 0 and back["to_version"] == 4, back
+    residence = {r["version"]: r["one_move_away"] for r in cli(project, "status")[1]["residence"]}
+    older = min(v for v, one_move in residence.items() if not one_move)  # its slot taken: needs a restore
+    code, restored = cli(project, "restore", "--version", str(older))
+    assert code == 0, restored
+    code, status = cli(project, "status")
+    assert code == 0 and status["problems"] == [], status
+    assert {r["version"]: r["one_move_away"] for r in status["residence"]}[older] is True
+    engine.dispose()

@@ -238,8 +238,23 @@ class _RevisionWriter:
         self._pending = 0
 
 
-def _document_row(version_id: int, doc: ManifestDocument, rev_id: str, first_position: int | None) -> dict[str, Any]:
-    return {"version_id": version_id, **doc._asdict(), "rev_id": rev_id, "first_position": first_position}
+class _DocumentRow(NamedTuple):
+    """A `kb_manifest_documents` row as written: the version's document, its revision and first position."""
+
+    version_id: int
+    knowledge_key: str
+    source: str
+    title: str
+    category: str
+    tenant: str
+    content_hash: str
+    chunk_count: int
+    rev_id: str
+    first_position: int | None
+
+
+def _document_row(version_id: int, doc: ManifestDocument, rev_id: str, first_position: int | None) -> _DocumentRow:
+    return _DocumentRow(version_id, *doc, rev_id, first_position)
 
 
 def _clear_manifest(conn: sa.Connection, version_id: int) -> list[str]:
@@ -334,7 +349,7 @@ def _write_whole(conn: sa.Connection, version_id: int, documents: Sequence[Manif
         out.append(_document_row(version_id, doc, revs[key], position))
         position += doc.chunk_count
     for batch in _batches(out, 5000):
-        conn.execute(manifest_documents.insert(), list(batch))
+        conn.execute(manifest_documents.insert(), [row._asdict() for row in batch])
     _drop_unnamed_revisions(conn, old)
 
 
@@ -376,7 +391,7 @@ class ManifestsMixin:
             with self.engine.begin() as conn:
                 old = _clear_manifest(conn, version_id)
                 writer = _RevisionWriter(conn, version_id)
-                written: list[dict[str, Any]] = []
+                written: list[_DocumentRow] = []
                 position = copied = 0
                 for part in parts:
                     if isinstance(part, CopiedRows):
@@ -409,12 +424,12 @@ class ManifestsMixin:
                     _d.version_id == version_id, _d.knowledge_key.in_(batch))).scalar_one()) for batch in _batches(keys))
                 if found != len(keys) or copied != len(keys):
                     raise _NotWhereSaid(f"{copied} documents copied, {found} of the {len(keys)} named")
-                done = {row["knowledge_key"] for row in written}
+                done = {row.knowledge_key for row in written}
                 written += [_document_row(version_id, doc, writer.document(doc, key, []), None)
                             for key, doc in by_key.items() if key not in done]  # no chunks: no position
                 writer.flush()
                 for batch in _batches(written, 5000):
-                    conn.execute(manifest_documents.insert(), list(batch))
+                    conn.execute(manifest_documents.insert(), [row._asdict() for row in batch])
                 _drop_unnamed_revisions(conn, old)
         except _NotWhereSaid as exc:
             log.info("kb_reindex: the manifest of version id %d is written whole: its base's documents are not where "
