@@ -5,6 +5,8 @@ release before it (a full copy per version, `0a70e71`, its package taken from gi
     .venv/bin/python bench/versions.py                           # 1k, 10k, 50k chunks; ~30-40 min on 2 cores
     .venv/bin/python bench/versions.py --sizes 1000 --edits 4    # a quick look
     .venv/bin/python bench/versions.py --releases slots          # this release alone
+    .venv/bin/python bench/versions.py --before-commit b9cb78b --before-edits 5   # beside the last release whose
+                                                                 # manifests held a row per chunk
 
 For each release and size: a synthetic corpus (bench/corpus.py, about five chunks a document) built once by the
 CLI (`kb-reindex run`, hashing embedder: what is measured is the version model, not the model), then `--edits`
@@ -44,8 +46,8 @@ CLI = Path(sys.executable).with_name("kb-reindex")
 BEFORE = "0a70e71"
 
 
-def old_package(work: Path) -> Path:
-    archive = subprocess.run(["git", "-C", str(REPO), "archive", "--format=tar", BEFORE, "include"],
+def old_package(work: Path, commit: str = BEFORE) -> Path:
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", "--format=tar", commit, "include"],
                              capture_output=True, check=True, timeout=60)
     with tarfile.open(fileobj=BytesIO(archive.stdout)) as tar:
         tar.extractall(work / "old", filter="data")
@@ -176,6 +178,9 @@ def main() -> None:
     parser.add_argument("--before-edits", type=int, default=2, help="edits of the release before (each a full copy)")
     parser.add_argument("--releases", default="slots,before",
                         help="which to measure: this release (slots), the release before (before), or both")
+    parser.add_argument("--before-commit", default=BEFORE,
+                        help="the commit whose package is the release before (default: the last with a collection per "
+                             "version; b9cb78b: the last with a manifest row per chunk)")
     parser.add_argument("--keep-versions", type=int, default=2,
                         help="KB_KEEP_VERSIONS: what the points stored after the edits depend on (or not)")
     parser.add_argument("--out", type=Path, default=HERE / "results")
@@ -197,7 +202,7 @@ def main() -> None:
         work = Path(tmp) if args.workdir is None else args.workdir
         work.mkdir(parents=True, exist_ok=True)
         releases = {r.strip() for r in args.releases.split(",") if r.strip()}
-        package = old_package(work) if "before" in releases else None
+        package = old_package(work, args.before_commit) if "before" in releases else None
         for chunks in sizes:
             if "slots" in releases:
                 result["rows"].append(measure(work, chunks, args.edits, "slots", None,
