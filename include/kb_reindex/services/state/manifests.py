@@ -164,6 +164,13 @@ def _point_ids(version_id: int) -> sa.Select:
     return sa.select(_k.point_id).select_from(_REVISIONS).where(_d.version_id == version_id)
 
 
+def _keys_holding(conn: sa.Connection, version_id: int, point_ids: Sequence[str]) -> list[str]:
+    """The keys of the version's documents whose revisions hold any of these points: by the revisions' point
+    index, then the documents' revision index (a join from the version's side would walk all its documents)."""
+    return sorted(conn.execute(sa.select(_d.knowledge_key).where(
+        _d.version_id == version_id, _d.rev_id.in_(sa.select(_k.rev_id).where(_k.point_id.in_(point_ids))))).scalars())
+
+
 def _batches(items: Sequence[Any], size: int = 500) -> Iterator[Sequence[Any]]:
     for start in range(0, len(items), size):
         yield items[start:start + size]
@@ -510,8 +517,11 @@ class ManifestsMixin:
             if point_ids is None:
                 # a tuple per row: a third of the time of a RowMapping per row
                 return [ManifestChunk(*row) for row in conn.execute(_chunk_rows(version_id).order_by(*_ORDER))]
-            rows = [ManifestChunk(*row) for batch in _batches(sorted(set(point_ids)), 1000)
-                    for row in conn.execute(_chunk_rows(version_id).where(_k.point_id.in_(batch)))]
+            rows: list[ManifestChunk] = []
+            for batch in _batches(sorted(set(point_ids))):
+                keys = _keys_holding(conn, version_id, batch)
+                rows += [ManifestChunk(*row) for row in conn.execute(_chunk_rows(version_id).where(
+                    _d.knowledge_key.in_(keys), _k.point_id.in_(batch)))] if keys else []
         return sorted(rows, key=lambda row: (row.knowledge_key, row.chunk_index))
 
     def document_chunks(self, version_id: int, keys: Iterable[str]) -> list[ManifestChunk]:
@@ -523,34 +533,49 @@ class ManifestsMixin:
 
     def shared_chunks(self, version_id: int, keys: Collection[str] | None = None) -> list[ManifestChunk]:
         """The version's chunks whose hash (text) appears in more than one of its documents: identical chunks
-        across documents, found in SQL by the chunk hash index, in manifest order. `keys`: only the hashes of
-        these documents' chunks are looked at (an edit's changed documents: the grouping then costs their
-        chunks, not the manifest); None (or more than 500 keys), every hash."""
-        inner_d, inner_k = manifest_documents.alias("named"), doc_chunks.alias("named_chunks")
-        group_d, group_k = manifest_documents.alias("grouped"), doc_chunks.alias("grouped_chunks")
-        grouped = (sa.select(group_k.c.chunk_hash)
-                   .select_from(group_d.join(group_k, group_k.c.rev_id == group_d.c.rev_id))
-                   .where(group_d.c.version_id == version_id))
-        if keys is not None and len(keys) <= 500:
-            grouped = grouped.where(group_k.c.chunk_hash.in_(
-                sa.select(inner_k.c.chunk_hash).select_from(inner_d.join(inner_k, inner_k.c.rev_id == inner_d.c.rev_id))
-                .where(inner_d.c.version_id == version_id, inner_d.c.knowledge_key.in_(sorted(keys)))))
-        shared = grouped.group_by(group_k.c.chunk_hash).having(sa.func.count(sa.distinct(group_d.c.knowledge_key)) > 1)
-        query = _chunk_rows(version_id).where(_k.chunk_hash.in_(shared)).order_by(*_ORDER)
+        across documents, in manifest order. `keys`: only the hashes of these documents' chunks are looked at (an
+        edit's changed documents): those hashes are looked up in every revision by the hash index, and the
+        version's documents naming those revisions by the revision index, so the look costs their chunks, not
+        the manifest; None (or more than 500 keys), every hash, grouped in SQL."""
         with self.engine.connect() as conn:
-            return [ManifestChunk(*row) for row in conn.execute(query)]
+            if keys is None or len(keys) > 500:
+                grouped_d, grouped_k = manifest_documents.alias("grouped"), doc_chunks.alias("grouped_chunks")
+                shared = (sa.select(grouped_k.c.chunk_hash)
+                          .select_from(grouped_d.join(grouped_k, grouped_k.c.rev_id == grouped_d.c.rev_id))
+                          .where(grouped_d.c.version_id == version_id).group_by(grouped_k.c.chunk_hash)
+                          .having(sa.func.count(sa.distinct(grouped_d.c.knowledge_key)) > 1))
+                query = _chunk_rows(version_id).where(_k.chunk_hash.in_(shared)).order_by(*_ORDER)
+                return [ManifestChunk(*row) for row in conn.execute(query)]
+            hashes = sorted({h for batch in _batches(sorted(keys)) for h in conn.execute(
+                _point_ids(version_id).with_only_columns(_k.chunk_hash).where(_d.knowledge_key.in_(batch))).scalars()})
+            holders: dict[str, set[str]] = {}  # hash -> keys of the version's documents holding it
+            for batch in _batches(hashes):
+                revisions: dict[str, set[str]] = {}
+                for rev_id, chunk_hash in conn.execute(sa.select(_k.rev_id, _k.chunk_hash).where(_k.chunk_hash.in_(batch))):
+                    revisions.setdefault(rev_id, set()).add(chunk_hash)
+                for rev_batch in _batches(sorted(revisions)):
+                    for key, rev_id in conn.execute(sa.select(_d.knowledge_key, _d.rev_id).where(
+                            _d.rev_id.in_(rev_batch), _d.version_id == version_id)):
+                        for chunk_hash in revisions[rev_id]:
+                            holders.setdefault(chunk_hash, set()).add(key)
+            shared_hashes = sorted(h for h, held in holders.items() if len(held) > 1)
+            involved = sorted({key for h in shared_hashes for key in holders[h]})
+            rows = [ManifestChunk(*row) for batch in _batches(involved) for row in conn.execute(
+                _chunk_rows(version_id).where(_d.knowledge_key.in_(batch)))]
+        wanted = set(shared_hashes)
+        return sorted((row for row in rows if row.chunk_hash in wanted), key=lambda row: (row.knowledge_key, row.chunk_index))
 
     def embedded_chunks(self, version_id: int, keys: Iterable[str] | None = None) -> list[ManifestChunk]:
         """The version's chunks embedded for it (no vector copied from live), of the documents `keys` (None: all):
-        its sources without one, each found in its document's revision."""
-        query = (sa.select(_k.point_id, _d.knowledge_key, _s.source_point_id, _k.chunk_index, _k.chunk_hash)
-                 .select_from(manifest_sources.join(doc_chunks, _k.point_id == _s.point_id)
-                              .join(manifest_documents, sa.and_(_d.version_id == _s.version_id, _d.rev_id == _k.rev_id)))
-                 .where(_s.version_id == version_id, _s.source_point_id.is_(None)).order_by(*_ORDER))
-        wanted = None if keys is None else set(keys)
+        its rows whose recorded source is none, looked up by the documents' keys when given."""
+        embedded = (_s.point_id.is_not(None), _s.source_point_id.is_(None))
         with self.engine.connect() as conn:
-            return [chunk for chunk in (ManifestChunk(*row) for row in conn.execute(query))
-                    if wanted is None or chunk.knowledge_key in wanted]
+            if keys is None:
+                return [ManifestChunk(*row) for row in conn.execute(
+                    _chunk_rows(version_id).where(*embedded).order_by(*_ORDER))]
+            rows = [ManifestChunk(*row) for batch in _batches(sorted(set(keys))) for row in conn.execute(
+                _chunk_rows(version_id).where(_d.knowledge_key.in_(batch), *embedded))]
+        return sorted(rows, key=lambda row: (row.knowledge_key, row.chunk_index))
 
     def prune_manifests(self, alias: str) -> int:
         """Drop the manifests no step can read any more: of the alias's deleted versions that no slot holds
@@ -658,12 +683,14 @@ class ManifestsMixin:
     def kept_sample(self, version_id: int, base_id: int, positions: Iterable[int]) -> list[str]:
         """The point IDs, among the version's rows at these manifest positions, that the base version also
         has (kept from it), in manifest order: a sample of the kept points costs its size, not the manifest."""
-        ids = [row.point_id for row in self.manifest_at(version_id, positions)]
+        rows = self.manifest_at(version_id, positions)
         found: set[str] = set()
         with self.engine.connect() as conn:
-            for batch in _batches(ids):
-                found.update(conn.execute(_point_ids(base_id).where(_k.point_id.in_(batch))).scalars())
-        return [point for point in ids if point in found]
+            for batch in _batches(rows):  # a point ID's key is its row's: the base's rows of those keys
+                found.update(conn.execute(_point_ids(base_id).where(
+                    _d.knowledge_key.in_(sorted({row.knowledge_key for row in batch})),
+                    _k.point_id.in_([row.point_id for row in batch]))).scalars())
+        return [row.point_id for row in rows if row.point_id in found]
 
     def dropped_chunks(self, version_id: int, base_id: int) -> list[ManifestChunk]:
         """The base version's rows whose point the version's manifest lacks: what a slot gives up moving from
@@ -717,12 +744,17 @@ class ManifestsMixin:
         out: dict[str, tuple[int, str]] = {}
         if not ids:
             return out
-        with self.engine.connect() as conn:
+        with self.engine.connect() as conn:  # the revisions holding them by the hash index, then their versions
             for batch in _batches(wanted):
-                for version_id, point_id, chunk_hash in conn.execute(
-                        sa.select(_d.version_id, _k.point_id, _k.chunk_hash).select_from(_REVISIONS)
-                        .where(_d.version_id.in_(ids), _k.chunk_hash.in_(batch))):
-                    out.setdefault(chunk_hash, (version_id, point_id))
+                found: dict[str, list[tuple[str, str]]] = {}
+                for rev_id, point_id, chunk_hash in conn.execute(
+                        sa.select(_k.rev_id, _k.point_id, _k.chunk_hash).where(_k.chunk_hash.in_(batch))):
+                    found.setdefault(rev_id, []).append((point_id, chunk_hash))
+                for rev_batch in _batches(sorted(found)):
+                    for version_id, rev_id in conn.execute(sa.select(_d.version_id, _d.rev_id).where(
+                            _d.rev_id.in_(rev_batch), _d.version_id.in_(ids)).order_by(_d.version_id, _d.rev_id)):
+                        for point_id, chunk_hash in found[rev_id]:
+                            out.setdefault(chunk_hash, (version_id, point_id))
         return out
 
     def referenced_hashes(self, version_ids: Iterable[int], hashes: Iterable[str]) -> set[str]:
