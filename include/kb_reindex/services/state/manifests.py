@@ -249,19 +249,17 @@ class _DocumentRow(NamedTuple):
     """A `kb_manifest_documents` row as written: the version's document, its revision and first position."""
 
     version_id: int
-    knowledge_key: str
-    source: str
-    title: str
-    category: str
-    tenant: str
-    content_hash: str
-    chunk_count: int
+    document: ManifestDocument
     rev_id: str
     first_position: int | None
 
+    def to_dict(self) -> dict[str, Any]:
+        return {"version_id": self.version_id, **self.document._asdict(), "rev_id": self.rev_id,
+                "first_position": self.first_position}
+
 
 def _document_row(version_id: int, doc: ManifestDocument, rev_id: str, first_position: int | None) -> _DocumentRow:
-    return _DocumentRow(version_id, *doc, rev_id, first_position)
+    return _DocumentRow(version_id, doc, rev_id, first_position)
 
 
 def _clear_manifest(conn: sa.Connection, version_id: int) -> list[str]:
@@ -356,7 +354,7 @@ def _write_whole(conn: sa.Connection, version_id: int, documents: Sequence[Manif
         out.append(_document_row(version_id, doc, revs[key], position))
         position += doc.chunk_count
     for batch in _batches(out, 5000):
-        conn.execute(manifest_documents.insert(), [row._asdict() for row in batch])
+        conn.execute(manifest_documents.insert(), [row.to_dict() for row in batch])
     _drop_unnamed_revisions(conn, old)
 
 
@@ -431,12 +429,12 @@ class ManifestsMixin:
                     _d.version_id == version_id, _d.knowledge_key.in_(batch))).scalar_one()) for batch in _batches(keys))
                 if found != len(keys) or copied != len(keys):
                     raise _NotWhereSaid(f"{copied} documents copied, {found} of the {len(keys)} named")
-                done = {row.knowledge_key for row in written}
+                done = {row.document.knowledge_key for row in written}
                 written += [_document_row(version_id, doc, writer.document(doc, key, []), None)
                             for key, doc in by_key.items() if key not in done]  # no chunks: no position
                 writer.flush()
                 for batch in _batches(written, 5000):
-                    conn.execute(manifest_documents.insert(), [row._asdict() for row in batch])
+                    conn.execute(manifest_documents.insert(), [row.to_dict() for row in batch])
                 _drop_unnamed_revisions(conn, old)
         except _NotWhereSaid as exc:
             log.info("kb_reindex: the manifest of version id %d is written whole: its base's documents are not where "
