@@ -154,6 +154,8 @@ _REVISIONS = manifest_documents.join(doc_chunks, _k.rev_id == _d.rev_id)
 _ROWS = _REVISIONS.outerjoin(manifest_sources, sa.and_(_s.version_id == _d.version_id, _s.point_id == _k.point_id))
 #: manifest order: by document key (code point order on every backend), then the chunk's place in it
 _ORDER = (_d.knowledge_key, _k.ordinal)
+#: the same order of rows read in parts, sorted in Python
+_IN_MANIFEST_ORDER = attrgetter("knowledge_key", "chunk_index")
 
 
 def _chunk_rows(version_id: int) -> sa.Select:
@@ -458,8 +460,7 @@ class ManifestsMixin:
     def manifest_size(self, version_id: int) -> int:
         """How many chunks (points) the version's manifest lists: its documents' counts summed in SQL."""
         with self.engine.connect() as conn:
-            return int(conn.execute(sa.select(sa.func.coalesce(sa.func.sum(_d.chunk_count), 0))
-                                    .where(_d.version_id == version_id)).scalar_one())
+            return _rows_within(conn, version_id, None)
 
     def manifest_at(self, version_id: int, positions: Iterable[int]) -> list[ManifestChunk]:
         """The manifest rows at these positions (0 .. size - 1, in manifest order): the documents' first
@@ -520,14 +521,14 @@ class ManifestsMixin:
                 keys = _keys_holding(conn, version_id, batch)
                 rows += [ManifestChunk(*row) for row in conn.execute(_chunk_rows(version_id).where(
                     _d.knowledge_key.in_(keys), _k.point_id.in_(batch)))] if keys else []
-        return sorted(rows, key=lambda row: (row.knowledge_key, row.chunk_index))
+        return sorted(rows, key=_IN_MANIFEST_ORDER)
 
     def document_chunks(self, version_id: int, keys: Iterable[str]) -> list[ManifestChunk]:
         """The chunk rows of the version's documents `keys`, in manifest order."""
         with self.engine.connect() as conn:
             rows = [ManifestChunk(*row) for batch in _batches(sorted(set(keys)))
                     for row in conn.execute(_chunk_rows(version_id).where(_d.knowledge_key.in_(batch)).order_by(*_ORDER))]
-        return sorted(rows, key=lambda row: (row.knowledge_key, row.chunk_index))
+        return sorted(rows, key=_IN_MANIFEST_ORDER)
 
     def shared_chunks(self, version_id: int, keys: Collection[str] | None = None) -> list[ManifestChunk]:
         """The version's chunks whose hash (text) appears in more than one of its documents: identical chunks
@@ -561,7 +562,7 @@ class ManifestsMixin:
             rows = [ManifestChunk(*row) for batch in _batches(involved) for row in conn.execute(
                 _chunk_rows(version_id).where(_d.knowledge_key.in_(batch)))]
         wanted = set(shared_hashes)
-        return sorted((row for row in rows if row.chunk_hash in wanted), key=lambda row: (row.knowledge_key, row.chunk_index))
+        return sorted((row for row in rows if row.chunk_hash in wanted), key=_IN_MANIFEST_ORDER)
 
     def embedded_chunks(self, version_id: int, keys: Iterable[str] | None = None) -> list[ManifestChunk]:
         """The version's chunks embedded for it (no vector copied from live), of the documents `keys` (None: all):
@@ -573,7 +574,7 @@ class ManifestsMixin:
                     _chunk_rows(version_id).where(*embedded).order_by(*_ORDER))]
             rows = [ManifestChunk(*row) for batch in _batches(sorted(set(keys))) for row in conn.execute(
                 _chunk_rows(version_id).where(_d.knowledge_key.in_(batch), *embedded))]
-        return sorted(rows, key=lambda row: (row.knowledge_key, row.chunk_index))
+        return sorted(rows, key=_IN_MANIFEST_ORDER)
 
     def prune_manifests(self, alias: str) -> int:
         """Drop the manifests no step can read any more: of the alias's deleted versions that no slot holds
@@ -675,7 +676,7 @@ class ManifestsMixin:
                 rewrite += [row for row in (ManifestChunk(*r) for r in conn.execute(
                     _chunk_rows(version_id).where(_d.knowledge_key.in_(batch), *_within(conn, version_id, window))))
                             if row.point_id in theirs]
-        rewrite.sort(key=lambda row: (row.knowledge_key, row.chunk_index))
+        rewrite.sort(key=_IN_MANIFEST_ORDER)
         return SliceDifference(added=added, kept=kept, rewrite=rewrite)
 
     def kept_sample(self, version_id: int, base_id: int, positions: Iterable[int]) -> list[str]:
@@ -722,7 +723,7 @@ class ManifestsMixin:
             theirs_ids = set(conn.execute(_point_ids(other_id).where(_d.knowledge_key.in_(batch))).scalars())
             rows += [row for row in (ManifestChunk(*r) for r in conn.execute(_chunk_rows(version_id).where(
                 _d.knowledge_key.in_(batch), *_within(conn, version_id, window)))) if row.point_id not in theirs_ids]
-        return sorted(rows, key=lambda row: (row.knowledge_key, row.chunk_index))
+        return sorted(rows, key=_IN_MANIFEST_ORDER)
 
     def changed_documents(self, version_id: int, base_id: int) -> set[str]:
         """Keys of the version's documents whose payload fields differ from the base's (or that it lacks)."""
