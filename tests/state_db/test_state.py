@@ -428,6 +428,13 @@ def test_a_slice_against_its_base_reads_the_rows_that_differ_and_the_ids_kept(st
     assert state.kept_sample(version.id, base.id, range(5)) == ["a0", "a1", "c0"]  # positions 2 (b1), 4 (d0) added
     assert state.kept_sample(version.id, base.id, [4, 1, 2]) == ["a1"]
     assert [r.point_id for r in state.dropped_chunks(version.id, base.id)] == ["b0", "e0"]
+    # the documents whose payload fields differ (C's title), with the base's of their key, and those it lacks (D);
+    # A and B (same fields: B's rows differ, its document's fields do not) are not read
+    changes = state.documents_changed(version.id, base.id)
+    assert [(d.knowledge_key, d.title, was.title if was else None) for d, was in changes] == [
+        ("C", "new", "t"), ("D", "t", None)]
+    assert state.changed_documents(version.id, base.id) == {"C", "D"}
+    assert state.documents_changed(base.id, base.id) == []
 
 
 def test_identical_chunks_are_looked_for_among_the_hashes_of_the_documents_named(state: StateStore) -> None:

@@ -14,6 +14,8 @@ _SHORT = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 def unprintable(text: str) -> list[str]:
     """The characters of `text` no reader should get unescaped, each once, in order met."""
+    if text.isprintable():  # none of them: str.isprintable is False for every category of UNPRINTABLE (fast path)
+        return []
     found: dict[str, None] = {}
     for char in text:
         if unicodedata.category(char) in UNPRINTABLE:

@@ -37,13 +37,13 @@ def warn(alias: str, warnings: tuple[ContentWarning, ...]) -> tuple[ContentWarni
     return warnings
 
 
-def tenant_changes(documents: Iterable[ManifestDocument], base_documents: Iterable[ManifestDocument], *,
+def tenant_changes(changes: Iterable[tuple[ManifestDocument, ManifestDocument | None]], *,
                    base_version: int | None) -> tuple[ContentWarning, ...]:
     """A warning of kind `tenant_changed` for each document serving another tenant than in the version it was
-    built on: a reader passing the old tenant no longer finds it."""
-    was = {d.knowledge_key: d.tenant for d in base_documents}
+    built on (`changes`: each changed document with the base's of its key, None when the base lacks it): a
+    reader passing the old tenant no longer finds it."""
     return tuple(ContentWarning(kind=TENANT_CHANGED, knowledge_key=d.knowledge_key, line=None,
-                                text=f"tenant {was[d.knowledge_key]} in v{base_version} -> {d.tenant} here; a reader "
-                                     f"passing tenant {was[d.knowledge_key]} no longer finds it")
-                 for d in sorted(documents, key=lambda d: d.knowledge_key)
-                 if d.knowledge_key in was and was[d.knowledge_key] != d.tenant)
+                                text=f"tenant {was.tenant} in v{base_version} -> {d.tenant} here; a reader "
+                                     f"passing tenant {was.tenant} no longer finds it")
+                 for d, was in sorted(changes, key=lambda pair: pair[0].knowledge_key)
+                 if was is not None and was.tenant != d.tenant)

@@ -13,6 +13,7 @@ knowledge is better than serving today's with a policy silently missing.
 from __future__ import annotations
 
 import hashlib
+import operator
 import os
 import unicodedata
 from collections.abc import Callable, Iterable, Iterator
@@ -230,6 +231,9 @@ def parse_document(path: PurePath, source: str, data: bytes, *, default_tenant: 
 SourceListing = tuple[list[ListedFile], list[str]]
 
 
+_BY_NAME = operator.attrgetter("name")
+
+
 def discover(docs_dir: Path) -> tuple[list[ListedFile], list[str]]:
     """Markdown files under docs_dir, sorted by path, each with its size and mtime (links followed), and a
     problem line for every link that cannot be followed and every file that cannot be read.
@@ -250,11 +254,20 @@ def discover(docs_dir: Path) -> tuple[list[ListedFile], list[str]]:
     def walk(folder: Path, prefix: str, walking: tuple[Path, ...]) -> None:
         """`walking`: the real folders being walked, outermost first; a link back into one would loop."""
         with os.scandir(folder) as scanned:
-            entries = sorted((entry for entry in scanned if not entry.name.startswith(".")), key=lambda e: e.name)
+            entries = sorted((entry for entry in scanned if entry.name[0] != "."), key=_BY_NAME)
         for entry in entries:
             name = entry.name
             source = prefix + name
-            is_markdown = name.lower().endswith(".md") and len(name) > 3
+            is_markdown = len(name) > 3 and name[-3:].lower() == ".md"
+            if not entry.is_symlink() and not entry.is_dir(follow_symlinks=False):  # a plain file: one stat
+                if is_markdown:
+                    try:
+                        st = entry.stat(follow_symlinks=False)
+                    except OSError as exc:  # vanished between listing and stat
+                        problems.append(f"{source}: cannot be read ({exc.strerror or type(exc).__name__})")
+                        continue
+                    found.append(ListedFile(source, st.st_size, st.st_mtime_ns))
+                continue
             if entry.is_symlink():
                 path = folder / name
                 loop = link_loop(path)
@@ -286,7 +299,8 @@ def discover(docs_dir: Path) -> tuple[list[ListedFile], list[str]]:
                 problems.append(f"{source}: cannot be read ({exc.strerror or type(exc).__name__})")
 
     walk(docs_dir, "", (root,))
-    return sorted(found, key=lambda f: f.source.split("/")), problems
+    # each folder walked in name order, a subfolder where its name falls: sorted by path component already
+    return found, problems
 
 
 def link_loop(path: Path, *, limit: int = 40) -> str | None:
@@ -328,6 +342,8 @@ def list_source(knowledge: KnowledgeSource) -> tuple[list[ListedFile], list[str]
 
 
 def _length_problem(source: str) -> str | None:
+    if source.isascii() and len(source) <= MAX_LENGTHS["knowledge_key"]:  # NFC keeps ASCII as it is: both fit
+        return None
     key = knowledge_key_for(source)
     for name, value in (("name", source), ("knowledge_key", key)):
         limit = MAX_LENGTHS["source" if name == "name" else name]

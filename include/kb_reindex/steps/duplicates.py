@@ -34,17 +34,18 @@ NEIGHBOURS = 6
 _BATCH = 256
 
 
-def duplicate_warnings(deps: StepDeps[DuplicateReads], version: VersionRecord, documents: Sequence[ManifestDocument],
-                       baseline: VersionRecord | None, base_documents: Sequence[ManifestDocument]
-                       ) -> tuple[ContentWarning, ...]:
+def duplicate_warnings(deps: StepDeps[DuplicateReads], version: VersionRecord,
+                       changes: Sequence[tuple[ManifestDocument, ManifestDocument | None]],
+                       baseline: VersionRecord | None) -> tuple[ContentWarning, ...]:
     """Identical and near-identical chunks across the version's documents, one warning per pair of documents
-    (on the added or changed one), sorted by document."""
-    base_hashes = {d.knowledge_key: d.content_hash for d in base_documents}
-    changed = {d.knowledge_key for d in documents if base_hashes.get(d.knowledge_key) != d.content_hash}
+    (on the added or changed one), sorted by document. `changes`: the version's documents that differ from
+    the base's, each with the base's of its key (None: added); every document when there is no base."""
+    changed = {d.knowledge_key for d, was in changes if was is None or was.content_hash != d.content_hash}
     found: dict[frozenset[str], ContentWarning] = {}
     # what the base version recorded between documents unchanged since stands as it was (the same document named)
     shared = deps.state.shared_chunks(version.id, changed)
-    for w in (*carried(baseline, documents, changed), *identical(shared, changed), *near(deps, version, changed)):
+    for w in (*carried(deps, version, baseline, changed), *identical(shared, changed),
+              *near(deps, version, changed)):
         found.setdefault(frozenset((w.knowledge_key, w.other_key or "")), w)
     return tuple(sorted(found.values(), key=lambda w: (w.knowledge_key, w.other_key or "")))
 
@@ -107,15 +108,17 @@ def near(deps: StepDeps[DuplicateReads], version: VersionRecord, changed: set[st
             for score, own, other, mine, theirs in sorted(best.values(), key=lambda v: (v[1], v[2]))]
 
 
-def carried(baseline: VersionRecord | None, documents: Sequence[ManifestDocument],
+def carried(deps: StepDeps[DuplicateReads], version: VersionRecord, baseline: VersionRecord | None,
             changed: set[str]) -> list[ContentWarning]:
     """The base version's duplicates between documents this version did not change: still served, and named as
-    they were (the identical ones would be found again; the near ones are not searched again)."""
+    they were (the identical ones would be found again; the near ones are not searched again). The documents
+    they name are looked up in the version, not its every document read."""
     if baseline is None:
         return []
-    keys = {d.knowledge_key for d in documents}
-    recorded = ValidationResult.from_dict(baseline.validation or {}).warnings
-    return [w for w in recorded if w.kind == DUPLICATE and {w.knowledge_key, w.other_key} <= keys - changed]
+    recorded = [w for w in ValidationResult.from_dict(baseline.validation or {}).warnings if w.kind == DUPLICATE]
+    named = {key for w in recorded for key in (w.knowledge_key, w.other_key) if key is not None}
+    held = {d.knowledge_key for d in deps.state.manifest_documents(version.id, keys=named)} if named else set()
+    return [w for w in recorded if {w.knowledge_key, w.other_key} <= held - changed]
 
 
 def _dense(vector: Any) -> list[float]:

@@ -181,7 +181,7 @@ def _record(deps: Deps, version: VersionRecord, result: ValidationResult) -> Non
 def _validate(deps: Deps, version: VersionRecord, *, min_hit_rate: float | None, min_mrr: float | None,
               compare_live: bool, flagged: list[FlaggedLine] | None) -> ValidationResult:
     golden = _golden_for(deps, version)
-    categories, checks, documents = _inspect(deps, version, golden)
+    categories, checks, probed = _inspect(deps, version, golden)
     structural_ok = all(c.passed for c in checks)
     probe_vectors = embed_probes(deps, version, golden) if structural_ok else None
     candidate = run_probes(deps, version, golden, vectors=probe_vectors) if structural_ok else []
@@ -210,15 +210,15 @@ def _validate(deps: Deps, version: VersionRecord, *, min_hit_rate: float | None,
     failures = [c.line for c in checks if not c.passed]
     by_category, paired, gate_failures = sharper_gates(probes, categories, golden, baseline=baseline,
                                                        same_model=same_model)
-    base_documents = deps.state.manifest_documents(baseline.id) if baseline else []
+    probed_before = {d.knowledge_key: d.tenant
+                     for d in deps.state.manifest_documents(baseline.id, keys=probed)} if baseline else {}
     replayed = None
     if structural_ok:
         if unprobed is None:
             failures += _score_failures(probes, hit_rate, mrr, thresholds, baseline)
         failures += gate_failures
         # a probe's document its tenant no longer sees fails whatever max_regressions allows
-        failures += invisible_to_tenant(golden, {d.knowledge_key: d.tenant for d in documents},
-                                        was={d.knowledge_key: d.tenant for d in base_documents},
+        failures += invisible_to_tenant(golden, {key: d.tenant for key, d in probed.items()}, was=probed_before,
                                         version=version.version, live_version=baseline.version if baseline else None)
         # real (logged) queries on live and on the candidate: kb_reindex.steps.replay
         replayed, replay_failures = replay(deps, version, baseline, same_model=same_model,
@@ -246,29 +246,33 @@ def _validate(deps: Deps, version: VersionRecord, *, min_hit_rate: float | None,
         probes=probes, by_category=tuple(by_category), paired=paired, probes_fingerprint=probes_fingerprint,
         flagged_instructions=tuple(flagged), replay=replayed,
         screen=screen_for(deps.settings.instruction_screen, version.embedder).to_dict(),
-        warnings=warn(deps.settings.alias, (content_checks(deps, version, documents, baseline, base_documents)
-                                            if structural_ok else ()) + ((unprobed.warning(),) if unprobed else ())),
+        warnings=warn(deps.settings.alias, (content_checks(deps, version, baseline) if structural_ok else ())
+                      + ((unprobed.warning(),) if unprobed else ())),
     )
     return _with_reports(deps, version, result)
 
 
-def content_checks(deps: Deps, version: VersionRecord, documents: list[ManifestDocument],
-                   baseline: VersionRecord | None, base_documents: list[ManifestDocument]
+def content_checks(deps: Deps, version: VersionRecord, baseline: VersionRecord | None
                    ) -> tuple[ContentWarning, ...]:
     """What a person should see before this version serves and no gate decides: documents whose tenant
-    changed against the version it was built on, and duplicates (kb_reindex.steps.duplicates)."""
-    return (tenant_changes(documents, base_documents, base_version=baseline.version if baseline else None)
-            + duplicate_warnings(deps, version, documents, baseline, base_documents))
+    changed against the version it was built on, and duplicates (kb_reindex.steps.duplicates). Only the
+    documents that differ from the base are read (all of them when there is none to compare with)."""
+    changes = (deps.state.documents_changed(version.id, baseline.id) if baseline else
+               [(d, None) for d in deps.state.manifest_documents(version.id)])
+    return (tenant_changes(changes, base_version=baseline.version if baseline else None)
+            + duplicate_warnings(deps, version, changes, baseline))
 
 
 def _inspect(deps: Deps, version: VersionRecord, golden: GoldenSet
-             ) -> tuple[dict[str, str], list[Check], list[ManifestDocument]]:
-    """(each probe's category, the structural checks, the version's documents): the golden set checked against
-    the version's manifest first, so a probe naming a missing document fails by name rather than as a miss."""
-    documents = deps.state.manifest_documents(version.id)
-    check_probe_keys(golden, {d.knowledge_key for d in documents})
-    categories = probe_categories(golden, {d.knowledge_key: d.category for d in documents})
-    return categories, structural_checks(deps, version), documents
+             ) -> tuple[dict[str, str], list[Check], dict[str, ManifestDocument]]:
+    """(each probe's category, the structural checks, the documents the probes expect, by key): the golden set
+    checked against the version's manifest first, so a probe naming a missing document fails by name rather
+    than as a miss. Only the probes' documents are read, not the version's every document."""
+    probed = {d.knowledge_key: d for d in deps.state.manifest_documents(
+        version.id, keys={key for p in golden.probes for key in p.expected})}
+    check_probe_keys(golden, set(probed))
+    categories = probe_categories(golden, {key: d.category for key, d in probed.items()})
+    return categories, structural_checks(deps, version), probed
 
 
 def _baseline(deps: Deps, version: VersionRecord) -> VersionRecord | None:

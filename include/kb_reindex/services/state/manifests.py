@@ -369,6 +369,28 @@ class FileHash(NamedTuple):
     etag: str | None = None
 
 
+#: the fields of a document row that its points' payloads carry: a document differs when one of them does
+_PAYLOAD_COLUMNS = (_d.knowledge_key, _d.source, _d.title, _d.category, _d.tenant, _d.content_hash)
+
+
+def _changed_keys(conn: sa.Connection, version_id: int, base_id: int) -> list[str]:
+    """Keys of the version's documents whose payload fields differ from the base's (or that it lacks), sorted:
+    on SQLite and PostgreSQL one `EXCEPT` of the two versions' rows (merged from two ordered scans), on MySQL
+    an anti-join (`EXCEPT` only from MySQL 8.0.31 on)."""
+    if conn.dialect.name in ("sqlite", "postgresql"):
+        mine = sa.select(*_PAYLOAD_COLUMNS).where(_d.version_id == version_id)
+        theirs = sa.select(*_PAYLOAD_COLUMNS).where(_d.version_id == base_id)
+        return sorted({row[0] for row in conn.execute(sa.except_(mine, theirs))})
+    base = manifest_documents.alias("base")
+    same = sa.and_(base.c.source == _d.source, base.c.title == _d.title, base.c.category == _d.category,
+                   base.c.tenant == _d.tenant, base.c.content_hash == _d.content_hash)
+    query = (sa.select(_d.knowledge_key)
+             .select_from(manifest_documents.outerjoin(base, sa.and_(base.c.version_id == base_id,
+                                                                     base.c.knowledge_key == _d.knowledge_key)))
+             .where(_d.version_id == version_id, sa.or_(base.c.knowledge_key.is_(None), sa.not_(same))))
+    return sorted(set(conn.execute(query).scalars()))
+
+
 class ManifestsMixin:
     """Manifest, snapshot and file hash rows of `StateStore`."""
 
@@ -727,15 +749,22 @@ class ManifestsMixin:
 
     def changed_documents(self, version_id: int, base_id: int) -> set[str]:
         """Keys of the version's documents whose payload fields differ from the base's (or that it lacks)."""
-        base = manifest_documents.alias("base")
-        same = sa.and_(base.c.source == _d.source, base.c.title == _d.title, base.c.category == _d.category,
-                       base.c.tenant == _d.tenant, base.c.content_hash == _d.content_hash)
-        query = (sa.select(_d.knowledge_key)
-                 .select_from(manifest_documents.outerjoin(base, sa.and_(base.c.version_id == base_id,
-                                                                         base.c.knowledge_key == _d.knowledge_key)))
-                 .where(_d.version_id == version_id, sa.or_(base.c.knowledge_key.is_(None), sa.not_(same))))
         with self.engine.connect() as conn:
-            return set(conn.execute(query).scalars())
+            return set(_changed_keys(conn, version_id, base_id))
+
+    def documents_changed(self, version_id: int, base_id: int
+                          ) -> list[tuple[ManifestDocument, ManifestDocument | None]]:
+        """The version's documents whose payload fields differ from the base's, each with the base's document of
+        its key (None: the base lacks it), by key: what validation weighs of a run's changes, found in SQL
+        (`_changed_keys`), not by reading both versions' documents."""
+        with self.engine.connect() as conn:
+            keys = _changed_keys(conn, version_id, base_id)
+            found: dict[tuple[int, str], ManifestDocument] = {}
+            for batch in _batches(keys):
+                found.update(((version, row[0]), ManifestDocument(*row)) for version, *row in conn.execute(
+                    sa.select(_d.version_id, *_DOCUMENT_COLUMNS).where(_d.version_id.in_((version_id, base_id)),
+                                                                       _d.knowledge_key.in_(batch))))
+        return [(found[(version_id, key)], found.get((base_id, key))) for key in keys]
 
     def chunks_by_hash(self, version_ids: Iterable[int], hashes: Iterable[str]) -> dict[str, tuple[int, str]]:
         """chunk_hash -> (version id, point id) of a point holding it, among these versions' manifests."""

@@ -126,6 +126,8 @@ class DuplicateReads(Protocol):
 
     def embedded_chunks(self, version_id: int, keys: Iterable[str] | None = None) -> list[ManifestChunk]: ...
 
+    def manifest_documents(self, version_id: int, keys: Iterable[str] | None = None) -> list[ManifestDocument]: ...
+
 
 class ManifestUpkeep(Protocol):
     """What retention drops from the state DB once no kept version needs it."""
