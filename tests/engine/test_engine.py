@@ -663,7 +663,8 @@ def test_an_unchanged_corpus_is_recognised_without_reading_a_file(deps: Deps, co
 
 def test_a_file_modified_within_the_recording_tick_is_hashed_again(tmp_path: Path) -> None:
     """Same size, same mtime_ns as recorded, other content: trusted only when the mtime was older than the
-    recording by the margin; otherwise the file is read again and the edit is seen."""
+    recording by the margin; otherwise the file is read again and the edit is seen (the quick look gives way to
+    the scan). Read again and found as recorded, it is recorded anew and the look goes on."""
     from kb_reindex.services.corpus import MTIME_MARGIN_NS, quick_fingerprint
     from kb_reindex.services.sources import load_corpus
     from kb_reindex.services.state.manifests import FileHash
@@ -679,12 +680,14 @@ def test_a_file_modified_within_the_recording_tick_is_hashed_again(tmp_path: Pat
     new = load_corpus(folder)[0].content_hash
     assert path.stat().st_size == st.st_size and old != new
 
-    def recorded(at_ns: int) -> dict[str, FileHash]:
-        return {"a.md": FileHash(st.st_size, st.st_mtime_ns, old, at_ns)}
+    def recorded(at_ns: int, content_hash: str = old) -> dict[str, FileHash]:
+        return {"a.md": FileHash(st.st_size, st.st_mtime_ns, content_hash, at_ns)}
 
     within_tick = quick_fingerprint(folder, recorded(st.st_mtime_ns + MTIME_MARGIN_NS // 2), max_bytes=1 << 20)
-    assert within_tick is not None and list(within_tick.rehashed) == ["a.md"]
-    assert within_tick.rehashed["a.md"].content_hash == new
+    assert within_tick is None, "read again, it is not what was recorded: an edit, planned by the scan"
+    as_recorded = quick_fingerprint(folder, recorded(st.st_mtime_ns + MTIME_MARGIN_NS // 2, new), max_bytes=1 << 20)
+    assert as_recorded is not None and list(as_recorded.rehashed) == ["a.md"]
+    assert as_recorded.rehashed["a.md"].content_hash == new
     trusted = quick_fingerprint(folder, recorded(st.st_mtime_ns + 2 * MTIME_MARGIN_NS), max_bytes=1 << 20)
     assert trusted is not None and trusted.rehashed == {}, "an old enough record is trusted: no file read"
 

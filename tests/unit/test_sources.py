@@ -216,3 +216,15 @@ def test_a_folder_listing_reads_no_document_and_its_digest_moves_with_an_edit(tm
     path = write_doc(tmp_path, "a", "# A\n\ny\n")  # same size
     os.utime(path, ns=(files[0].mtime_ns + 10**9, files[0].mtime_ns + 10**9))
     assert listing(docs_dir(tmp_path)).digest != digest
+
+
+def test_a_known_documents_facts_are_the_first_fields_of_its_manifest_row_in_order() -> None:
+    """The plan makes live's unchanged documents' facts from their manifest rows by position
+    (`DocumentInfo._make(row[:6])`, once per document of the corpus): the two must keep their fields in step."""
+    from kb_reindex.services.corpus import DocumentInfo
+    from kb_reindex.services.state.manifests import ManifestDocument
+
+    row = ManifestDocument(knowledge_key="faq/a", source="faq/a.md", title="A", category="c", tenant="t",
+                           content_hash="h" * 64, chunk_count=3)
+    assert DocumentInfo._make(row[:6]) == DocumentInfo(knowledge_key="faq/a", source="faq/a.md", title="A",
+                                                       category="c", tenant="t", content_hash="h" * 64)

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from kb_reindex.domain.errors import KbError
-from kb_reindex.services.corpus import CorpusScan, KnownDocument
+from kb_reindex.services.corpus import CorpusScan, KnownDocument, ScannedDocument
 from kb_reindex.services.layouts import version_profile
 from kb_reindex.domain.lifecycle import BUILDING, FAILED, READY, may_resume
 from kb_reindex.rules.locking import run_is_active
@@ -84,32 +84,34 @@ def write_manifest(deps: Deps, version: VersionRecord, scan: CorpusScan, reuse: 
     inside the database (`manifest_parts`), so an edit writes its changed documents' rows, not the knowledge
     base's. A base whose rows are not where its documents' counts put them is read for those rows and the
     manifest written whole. `base_documents`: the base's documents, as the plan read them."""
-    documents = [
-        ManifestDocument(knowledge_key=d.info.knowledge_key, source=d.info.source, title=d.info.title,
-                         category=d.info.category, tenant=d.info.tenant, content_hash=d.info.content_hash,
-                         chunk_count=d.chunk_count)
-        for d in scan.documents
-    ]
     if scan.known:
         if base is None:
             raise KbError(f"v{version.version}: the plan took documents unread from a live version but names none")
         # the known documents' rows are the base's as they are (`KnownDocument`): copied in the database too
-        read = [doc for doc in documents if doc.knowledge_key not in scan.known]
+        read = [_document(d) for d in scan.documents if d.info.knowledge_key not in scan.known]
         if not deps.state.write_manifest_from(version.id, base.id, read, manifest_parts(scan, reuse, base_documents),
                                               copied_documents=scan.known):
             rows = _known_rows(deps, base, scan)
-            deps.state.write_manifest(version.id, documents, (
+            deps.state.write_manifest(version.id, [_document(d) for d in scan.documents], (
                 row for d in scan.documents
                 for row in (rows[d.info.knowledge_key] if isinstance(d, KnownDocument)
                             else [_row(c, reuse) for c in d.chunks])))
     else:  # rows are made as they are inserted, a batch at a time, never all at once
-        deps.state.write_manifest(version.id, documents, (_row(c, reuse) for c in scan.read_chunks()))
+        deps.state.write_manifest(version.id, [_document(d) for d in scan.documents],
+                                  (_row(c, reuse) for c in scan.read_chunks()))
     total = scan.chunk_total
     reused = scan.reused_chunks(reuse)
     deps.state.update_version(
-        version.id, docs_count=len(documents), points_expected=total,
+        version.id, docs_count=len(scan.documents), points_expected=total,
         chunks_reused=reused, chunks_embedded=total - reused,
     )
+
+
+def _document(d: ScannedDocument | KnownDocument) -> ManifestDocument:
+    info = d.info
+    return ManifestDocument(knowledge_key=info.knowledge_key, source=info.source, title=info.title,
+                            category=info.category, tenant=info.tenant, content_hash=info.content_hash,
+                            chunk_count=d.chunk_count)
 
 
 def _known_rows(deps: Deps, base: VersionRecord, scan: CorpusScan) -> dict[str, list[ManifestChunk]]:
@@ -146,17 +148,27 @@ def manifest_parts(scan: CorpusScan, reuse: dict[str, str], base_documents: Sequ
         starts[doc.knowledge_key] = position
         position += doc.chunk_count
     parts: list[ManifestPart] = []
+    run: list[Any] | None = None  # the run of known documents being joined: [start, size, first key, last key]
     for d in scan.documents:
         key = d.info.knowledge_key
-        last = parts[-1] if parts else None
         if isinstance(d, KnownDocument):
             start = starts.get(key, -1)
-            if isinstance(last, CopiedRows) and last.start + last.size == start:
-                parts[-1] = last._replace(size=last.size + d.chunk_count, last_key=key)
+            if run is not None and run[0] + run[1] == start:
+                run[1] += d.chunk_count
+                run[3] = key
             else:
-                parts.append(CopiedRows(start=start, size=d.chunk_count, first_key=key, last_key=key))
-        elif isinstance(last, list):
+                if run is not None:
+                    parts.append(CopiedRows(*run))
+                run = [start, d.chunk_count, key, key]
+            continue
+        if run is not None:
+            parts.append(CopiedRows(*run))
+            run = None
+        last = parts[-1] if parts else None
+        if isinstance(last, list):
             last.extend(_row(c, reuse) for c in d.chunks)
         else:
             parts.append([_row(c, reuse) for c in d.chunks])
+    if run is not None:
+        parts.append(CopiedRows(*run))
     return parts

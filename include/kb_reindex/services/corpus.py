@@ -50,9 +50,9 @@ Carried = Mapping[str, tuple[str, tuple[Flag, ...]]]
 # An object's ETag changes with every write of other content, so one whose ETag is unchanged needs no margin.
 MTIME_MARGIN_NS = 2_000_000_000
 
-@dataclass(frozen=True, slots=True)
-class DocumentInfo:
-    """A document without its body: what the manifest and every payload need."""
+class DocumentInfo(NamedTuple):
+    """A document without its body: what the manifest and every payload need. A named tuple (made once per
+    document of the corpus by every plan): its fields are the first six of `ManifestDocument`, in order."""
 
     knowledge_key: str
     source: str
@@ -82,8 +82,7 @@ class ScannedDocument:
         return len(self.chunks)
 
 
-@dataclass(frozen=True, slots=True)
-class KnownDocument:
+class KnownDocument(NamedTuple):
     """A document the scan took unread from live (`KnownFiles`): its chunks are live's manifest rows for its
     key, `chunk_count` of them, each reusing live's vector. Their references are not read: an edit's plan reads
     live's documents, not its whole manifest; the manifest copies those rows inside the database."""
@@ -256,7 +255,7 @@ def trusted(entry: FileHash, file: ListedFile) -> bool:
 class QuickScan(NamedTuple):
     fingerprint: str
     keys: list[str]
-    rehashed: dict[str, FileHash]  # files read again (changed, new, or too recent to trust): record them
+    rehashed: dict[str, FileHash]  # files read again (touched, or too recent to trust) and found as recorded
 
 
 class _KeyHash(NamedTuple):
@@ -268,29 +267,33 @@ def quick_fingerprint(docs: KnowledgeSource | Path, recorded: Mapping[str, FileH
                       default_tenant: str = DEFAULT_TENANT,
                       listed: SourceListing | None = None) -> QuickScan | None:
     """The corpus fingerprint from the recorded hashes of documents whose listing (size, mtime, ETag) did not
-    change since, reading only the others; None when anything is off (a bad or colliding file): the full
-    scan says what. `listed`: the source's `list_source`, when the caller took it."""
+    change since, reading only the others; None when anything is off (a bad or colliding file: the full
+    scan says what) or a file read holds other content than recorded, or none was recorded (an edit: the scan
+    plans it, and still finds an unchanged corpus one, e.g. an edit undone after a failed run). A routine
+    edit's look stops at the first such file. `listed`: the source's `list_source`, when the caller took it."""
     started_ns = time.time_ns()
     knowledge = as_source(docs)
     files, problems = listed if listed is not None else list_source(knowledge)
     if problems or not files:
         return None
-    pairs: list[_KeyHash] = []
     rehashed: dict[str, FileHash] = {}
+    read: dict[str, str] = {}  # source -> knowledge key of the files read again
     for file in files:
-        source = file.source
-        entry = recorded.get(source)
-        if entry is not None and trusted(entry, file) and file.size <= max_bytes:
-            pairs.append(_KeyHash(knowledge_key_for(source), entry.content_hash))
+        entry = recorded.get(file.source)
+        if entry is not None and file.size <= max_bytes and trusted(entry, file):
             continue
         try:
-            document = parse_document(PurePosixPath(source), source,
-                                      read_bytes(knowledge, source, max_bytes=max_bytes, size=file.size),
+            document = parse_document(PurePosixPath(file.source), file.source,
+                                      read_bytes(knowledge, file.source, max_bytes=max_bytes, size=file.size),
                                       default_tenant=default_tenant)
         except (OSError, SourceError):
             return None
-        pairs.append(_KeyHash(document.knowledge_key, document.content_hash))
-        rehashed[source] = FileHash(file.size, file.mtime_ns, document.content_hash, started_ns, file.etag)
+        if entry is None or entry.content_hash != document.content_hash:
+            return None  # new or changed since the last plan recorded it: most likely an edit, which the scan plans
+        read[file.source] = document.knowledge_key
+        rehashed[file.source] = FileHash(file.size, file.mtime_ns, document.content_hash, started_ns, file.etag)
+    pairs = [_KeyHash(read.get(f.source) or knowledge_key_for(f.source), recorded[f.source].content_hash)
+             for f in files]  # every file's hash is the one recorded (those read again hashed the same)
     if len({p.knowledge_key.casefold() for p in pairs}) != len(pairs):
         return None
     return QuickScan(fingerprint=corpus_fingerprint(pairs), keys=[p.knowledge_key for p in pairs], rehashed=rehashed)

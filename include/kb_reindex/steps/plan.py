@@ -225,13 +225,9 @@ def known_files(deps: Deps, live: VersionRecord | None, recipe: Recipe, carried:
     is gone)."""
     if live is None or carried is None or live.chunking_version != recipe.chunking_version:
         return None
-    documents = {}
-    for d in live_documents:
-        if d.knowledge_key not in carried:
-            continue  # not as live's plan judged it: read it
-        info = DocumentInfo(knowledge_key=d.knowledge_key, source=d.source, title=d.title, category=d.category,
-                            tenant=d.tenant, content_hash=d.content_hash)
-        documents[d.source] = KnownDocument(info=info, chunk_count=d.chunk_count, flagged=carried[d.knowledge_key][1])
+    # live's document row begins with the facts a DocumentInfo holds, in its order (a row per document: made cheaply)
+    documents = {d.source: KnownDocument(DocumentInfo._make(d[:6]), d.chunk_count, carried[d.knowledge_key][1])
+                 for d in live_documents if d.knowledge_key in carried}  # else: not as live's plan judged it, read
     if recorded is None:
         recorded = deps.state.file_hashes(cache_root(deps.knowledge, deps.settings.default_tenant))
     return KnownFiles(documents=documents, recorded=recorded)

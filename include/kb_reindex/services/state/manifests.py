@@ -448,11 +448,11 @@ class ManifestsMixin:
                         rev = writer.document(by_key.get(key), key, rows)
                         written.append(_document_row(version_id, by_key[key], rev, position))
                         position += len(rows)
-                keys = sorted(copied_documents)
-                found = sum(int(conn.execute(sa.select(sa.func.count()).select_from(manifest_documents).where(
-                    _d.version_id == version_id, _d.knowledge_key.in_(batch))).scalar_one()) for batch in _batches(keys))
-                if found != len(keys) or copied != len(keys):
-                    raise _NotWhereSaid(f"{copied} documents copied, {found} of the {len(keys)} named")
+                # the version's rows so far are the copied ones: exactly the documents named, read back by key
+                named = frozenset(copied_documents)
+                found = set(conn.execute(sa.select(_d.knowledge_key).where(_d.version_id == version_id)).scalars())
+                if copied != len(named) or found != named:
+                    raise _NotWhereSaid(f"{copied} documents copied, {len(found & named)} of the {len(named)} named")
                 done = {row.document.knowledge_key for row in written}
                 written += [_document_row(version_id, doc, writer.document(doc, key, []), None)
                             for key, doc in by_key.items() if key not in done]  # no chunks: no position
@@ -508,8 +508,8 @@ class ManifestsMixin:
         """The version's documents (only those of `keys`, when given), by knowledge key."""
         query = sa.select(*_DOCUMENT_COLUMNS).where(_d.version_id == version_id)
         with self.engine.connect() as conn:
-            if keys is None:
-                return [ManifestDocument(*row) for row in conn.execute(query.order_by(_d.knowledge_key))]
+            if keys is None:  # a row per document of the corpus (a plan reads live's): made by position
+                return list(map(ManifestDocument._make, conn.execute(query.order_by(_d.knowledge_key))))
             out = [ManifestDocument(*row) for batch in _batches(sorted(set(keys)))
                    for row in conn.execute(query.where(_d.knowledge_key.in_(batch)))]
             return sorted(out, key=lambda doc: doc.knowledge_key)
