@@ -189,11 +189,12 @@ def scan_corpus(docs: KnowledgeSource | Path, *, max_bytes: int, chunk_size: int
     listed: dict[str, ListedFile] = {}
     held: list[KnownDocument] = []
 
-    def is_known(file: ListedFile) -> bool:
+    def is_known(file: ListedFile) -> str | None:
         document = known.holds(file, max_bytes) if known is not None else None
-        if document is not None:
-            held.append(document)
-        return document is not None
+        if document is None:
+            return None
+        held.append(document)
+        return document.info.knowledge_key
     screen = screen or patterns_screen()
     scanned: list[ScannedDocument | KnownDocument] = []
     waiting: list[tuple[DocumentInfo, tuple[ChunkRef, ...], list[Passage]]] = []

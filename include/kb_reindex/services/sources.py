@@ -389,24 +389,24 @@ def listing(knowledge: KnowledgeSource | Path) -> Listing:
 def iter_corpus(docs: KnowledgeSource | Path, *, max_bytes: int = 2_000_000,
                 listed: dict[str, ListedFile] | None = None,
                 default_tenant: str = DEFAULT_TENANT,
-                known: Callable[[ListedFile], bool] | None = None,
+                known: Callable[[ListedFile], str | None] | None = None,
                 files: SourceListing | None = None) -> Iterator[Document]:
     """Every document, one at a time in name order, so a caller keeps only what it needs of each.
     Errors from all files are reported together, once every file was read (a bucket that refuses or does not
     answer stops at once: no other document can be read either). `listed` collects each document's listing
     entry, taken before it is read (a later edit then shows as a newer mtime or another ETag).
-    `known`: the files the caller already holds as they are (listed, counted and checked for colliding keys,
-    neither read nor yielded: `listed` names them). `files`: the source's `list_source` as the caller took it
+    `known`: the knowledge key of a file the caller already holds as it is, else None (such files are listed,
+    counted and checked for colliding keys, neither read nor yielded: `listed` names them). `files`: the source's `list_source` as the caller took it
     (a plan lists once), else listed here."""
     knowledge = as_source(docs)
     entries, errors = (files[0], list(files[1])) if files is not None else list_source(knowledge)
     by_key: dict[str, list[str]] = {}
     count = 0
     for file in entries:
-        if known is not None and known(file):
+        if known is not None and (key := known(file)) is not None:
             if listed is not None:
                 listed[file.source] = file
-            by_key.setdefault(knowledge_key_for(file.source).casefold(), []).append(file.source)
+            by_key.setdefault(key.casefold(), []).append(file.source)
             count += 1
             continue
         try:
