@@ -271,6 +271,30 @@ def test_bases_reads_the_state_db_without_importing_qdrants_client(tmp_path: Pat
     assert done.stdout.strip().splitlines()[-1] == "0 []", done.stdout[-800:]
 
 
+def test_on_calls_state_db_commands_never_import_qdrants_client(tmp_path: Path) -> None:
+    """`history`, `freeze`, `unfreeze` and `unlock` need the state DB alone (on-call breaks a lock while the stuck
+    process still holds Qdrant): they never import qdrant-client, half a second of each such command."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    from kb_reindex.services.state.store import StateStore
+
+    shutil.copytree(PACKAGE.parents[1] / "knowledge", tmp_path / "knowledge")
+    (tmp_path / ".kb").mkdir()
+    StateStore(f"sqlite:///{tmp_path / '.kb' / 'state.db'}").dispose()  # made as a first run makes it
+    code = ("import sys\n"
+            "from kb_reindex.cli import main\n"
+            "codes = [main(argv) for argv in (['history', '--json', '-q'], ['freeze', '--reason', 'drill', '-q'],\n"
+            "                                 ['unfreeze', '-q'], ['unlock', '--reason', 'drill', '--yes', '-q'])]\n"
+            "print(codes, sorted({m.split('.')[0] for m in sys.modules} & {'qdrant_client', 'numpy'}))\n")
+    env = {**os.environ, "KB_PROJECT_ROOT": str(tmp_path), "KB_REGISTRY": ""}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "[0, 0, 0, 0] []", done.stdout[-800:] + done.stderr[-800:]
+
+
 def test_the_cli_lays_out_tables_as_pandas_did_without_importing_it(tmp_path: Path) -> None:
     """`bases` and `status` print their tables without pandas (a sixth of their time was its import), laid out
     exactly as `DataFrame.to_string(index=False)` laid them out: right-aligned, one space apart, control

@@ -30,7 +30,7 @@ from kb_reindex.rules.locking import run_is_active
 from kb_reindex.services.layouts import version_profile
 from kb_reindex.services.state.slots import SlotRow
 from kb_reindex.services.state.versions import VersionRecord
-from kb_reindex.services.store import collection_name, model_slug
+from kb_reindex.domain.collections import collection_name, model_slug
 
 if TYPE_CHECKING:  # the types alone: importing a rule never imports Qdrant's client
     from kb_reindex.services.runtime import StepDeps

@@ -7,18 +7,20 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol, TypeVar
-
-from qdrant_client import QdrantClient
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from kb_reindex.domain.waiting import Sleeping, Waiter
 from kb_reindex.services.config import Settings
-from kb_reindex.services.embedding import Embedder, make_embedder
 from kb_reindex.services.object_store import CLI_CREDENTIALS, BucketAccess, env_filesystem, parse_bucket_uri
 from kb_reindex.services.sources import KnowledgeSource
 from kb_reindex.services.state.store import StateStore
 from kb_reindex.services.state.versions import VersionRecord
-from kb_reindex.services.store import KnowledgeStore, open_store
+
+if TYPE_CHECKING:  # Qdrant's client (half a second to import) only where Qdrant is opened: `StateDeps` needs none
+    from qdrant_client import QdrantClient
+
+    from kb_reindex.services.embedding import Embedder
+    from kb_reindex.services.store import KnowledgeStore
 
 #: the part of the state store a step uses (a protocol of `services.state.ports`)
 StateT_co = TypeVar("StateT_co", covariant=True)
@@ -61,6 +63,8 @@ class Deps:
 
     def embedder_for(self, version: VersionRecord) -> Embedder:
         """The model a version was built with, reached through this deployment's connection settings."""
+        from kb_reindex.services.embedding import make_embedder
+
         return make_embedder(
             self.settings.with_embedder(embedder=version.embedder, model=version.embed_model, dim=version.embed_dim),
             headers=self.ollama_headers,
@@ -86,6 +90,8 @@ class ReaderDeps:
 
 @contextmanager
 def open_reader(settings: Settings, *, client: QdrantClient | None = None) -> Iterator[ReaderDeps]:
+    from kb_reindex.services.store import open_store
+
     with open_store(settings, client=client, create=False) as store:
         yield ReaderDeps(settings=settings, store=store)
 
@@ -95,6 +101,8 @@ def open_deps(
     settings: Settings, *, client: QdrantClient | None = None, state: StateStore | None = None, create: bool = True
 ) -> Iterator[Deps]:
     """`create=False` for read-only commands: neither a state DB nor a local Qdrant folder is made."""
+    from kb_reindex.services.store import open_store
+
     own_state = state is None
     state = state or StateStore(settings.state_url, create=create)
     try:

@@ -132,17 +132,6 @@ def folder_fingerprint(path: Path) -> dict[str, tuple[int, int]]:
     return found
 
 
-def collection_name(alias: str, model: str, version: int) -> str:
-    return f"{alias}__{model_slug(model)}__v{version}"
-
-
-def model_slug(model: str) -> str:
-    """`bge-m3:latest` -> `bge-m3`; anything but letters, digits and '-' becomes '-'."""
-    base = model.split(":")[0] if model.endswith(":latest") else model
-    slug = "".join(ch if ch.isascii() and (ch.isalnum() or ch == "-") else "-" for ch in base.lower())
-    return "-".join(part for part in slug.split("-") if part) or "model"
-
-
 INDEX_POLL_S = 0.5
 PAYLOAD_INDEXES = ("knowledge_key", "tenant", "category")  # keyword: the reader filters on them
 

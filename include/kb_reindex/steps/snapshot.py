@@ -26,7 +26,8 @@ from kb_reindex.domain.planning import DocChanges, Plan
 from kb_reindex.domain.validation_model import NoGoldenSet
 from kb_reindex.services.runtime import Deps
 from kb_reindex.services.state.versions import VersionRecord
-from kb_reindex.services.store import DISTANCE, collection_name
+from kb_reindex.domain.collections import collection_name
+from kb_reindex.services.store import DISTANCE
 
 log = logging.getLogger(__name__)
 
