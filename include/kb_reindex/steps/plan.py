@@ -317,19 +317,28 @@ class _Diff:
 
     added: list[str]
     changed: list[str]
-    unchanged: list[str]
+    unchanged: int  # counted, not listed: every document of the corpus but an edit's few
     removed: list[str]
 
     @classmethod
     def of(cls, keys: dict[str, str], live_docs: dict[str, str]) -> _Diff:
-        return cls(added=sorted(k for k in keys if k not in live_docs),
-                   changed=sorted(k for k in keys if k in live_docs and live_docs[k] != keys[k]),
-                   unchanged=sorted(k for k in keys if k in live_docs and live_docs[k] == keys[k]),
-                   removed=sorted(k for k in live_docs if k not in keys))
+        added: list[str] = []
+        changed: list[str] = []
+        unchanged = 0
+        for key, content_hash in keys.items():
+            was = live_docs.get(key)
+            if was is None:
+                added.append(key)
+            elif was != content_hash:
+                changed.append(key)
+            else:
+                unchanged += 1
+        removed = [] if len(keys) - len(added) == len(live_docs) else [k for k in live_docs if k not in keys]
+        return cls(added=sorted(added), changed=sorted(changed), unchanged=unchanged, removed=sorted(removed))
 
     @property
     def counts(self) -> DocCounts:
-        return DocCounts(added=len(self.added), changed=len(self.changed), unchanged=len(self.unchanged),
+        return DocCounts(added=len(self.added), changed=len(self.changed), unchanged=self.unchanged,
                          removed=len(self.removed))
 
 
