@@ -25,7 +25,7 @@ def test_a_burst_of_changes_fires_once_after_the_quiet_time() -> None:
     assert not watch.observe(C, now=16)
     assert not watch.due(now=17, run_active=False)
     assert watch.due(now=18, run_active=False)
-    watch.fired()
+    watch.fired(now=18)
     assert not watch.due(now=60, run_active=False) and watch.fired_count == 1
 
 
@@ -36,7 +36,7 @@ def test_a_change_during_a_run_waits_for_it_and_fires_once() -> None:
     watch.observe(C, now=2)
     assert not watch.due(now=30, run_active=True)
     assert watch.due(now=31, run_active=False)
-    watch.fired()
+    watch.fired(now=31)
     assert not watch.due(now=32, run_active=False)
 
 
@@ -44,6 +44,35 @@ def test_at_its_start_a_source_that_differs_from_the_last_plan_fires() -> None:
     fresh = SourceWatch(quiet_s=5)
     fresh.start(A, differs_from_plan=True, now=0)
     assert not fresh.due(now=4, run_active=False) and fresh.due(now=5, run_active=False)
+
+
+def test_an_event_no_plan_followed_fires_again_later_and_less_often_until_a_plan_reads_it() -> None:
+    """The DAG was paused while its watcher still ran: the event fired and no run came. The watcher looks again
+    REFIRE_AFTER_S later, fires again while no plan read the source as it is (twice as late each time, up to
+    REFIRE_MAX_S), and stops looking once one did."""
+    from kb_reindex.domain.freshness import REFIRE_AFTER_S, REFIRE_MAX_S
+
+    watch = SourceWatch(quiet_s=5)
+    watch.start(A, differs_from_plan=False, now=0)
+    watch.observe(B, now=1)
+    assert watch.due(now=6, run_active=False)
+    watch.fired(now=6)
+    assert not watch.recheck_due(now=6 + REFIRE_AFTER_S - 1)
+    assert watch.recheck_due(now=6 + REFIRE_AFTER_S)
+    watch.rechecked(differs_from_plan=True, now=6 + REFIRE_AFTER_S)  # nobody planned it: it waits again
+    assert watch.due(now=6 + REFIRE_AFTER_S, run_active=False) and not watch.recheck_due(now=10_000)
+    assert not watch.due(now=6 + REFIRE_AFTER_S, run_active=True)  # never while a run is in progress
+    watch.fired(now=400)
+    assert not watch.recheck_due(now=400 + REFIRE_AFTER_S) and watch.recheck_due(now=400 + 2 * REFIRE_AFTER_S)
+    for _ in range(10):
+        watch.rechecked(differs_from_plan=True, now=0)
+    assert watch.refire_after_s == REFIRE_MAX_S
+    watch.fired(now=9_000)
+    watch.rechecked(differs_from_plan=False, now=9_000 + REFIRE_MAX_S)  # a plan read it: nothing waits
+    assert not watch.recheck_due(now=1e9) and not watch.due(now=1e9, run_active=False)
+    watch.observe(C, now=20_000)
+    watch.fired(now=20_010)
+    assert watch.refire_after_s == REFIRE_AFTER_S  # a new change starts from the first interval again
 
 
 def test_looks_come_faster_while_a_change_waits() -> None:

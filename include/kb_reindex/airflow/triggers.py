@@ -4,7 +4,8 @@ time schedule. It runs in the triggerer, lists the source every KB_SOURCE_POLL_S
 modification times; no file is read), and fires one asset event per change once the source was quiet for
 KB_SOURCE_QUIET_S and no run of the knowledge base is in progress (`kb_reindex.domain.freshness`). At its
 start (a triggerer start, a DAG unpaused, a fresh install) it fires once if the source differs from what the
-last plan read. A local folder's file events (`kb_reindex.services.file_events`) make the next look come at once,
+last plan read, and an event no plan followed (fired while the DAG was paused) fires again
+(`domain.freshness.SourceWatch.recheck_due`). A local folder's file events (`kb_reindex.services.file_events`) make the next look come at once,
 so an edit is seen within milliseconds and fires after the quiet time; the poll stays as the fallback.
 
 Blocking looks (the listing, the state DB) run in a worker thread, never on the triggerer's event loop.
@@ -80,10 +81,22 @@ class SourceChangeTrigger(BaseEventTrigger):
                         self.log.error("kb_reindex: %s: state DB: %s; looking again", self.alias, exc)
                         active = True
                     if not active:
-                        watch.fired()
+                        watch.fired(now=time.monotonic())
                         files = len(listing.files)
                         self.log.info("kb_reindex: %s changed (%d files): asset event", self.alias, files)
                         yield TriggerEvent({"alias": self.alias, "files": files, "listing": watch.seen})
+                elif watch.recheck_due(now=time.monotonic()):
+                    try:
+                        differs = await asyncio.to_thread(differs_from_last_plan, state, settings, source, listing)
+                    except KbError as exc:  # asked again at the next look
+                        self.log.error("kb_reindex: %s: state DB: %s; looking again", self.alias, exc)
+                    else:
+                        if differs:
+                            self.log.warning(
+                                "kb_reindex: %s: no plan read the change fired %.0fs ago (its event came while the "
+                                "DAG was paused, or was lost): firing again", self.alias,
+                                time.monotonic() - (watch.unplanned_since or 0.0))
+                        watch.rechecked(differs_from_plan=differs, now=time.monotonic())
                 wait_s = watch.next_look_s(self.poll_s)
                 await (events.wait(wait_s) if events is not None else asyncio.sleep(wait_s))
                 listing = await asyncio.to_thread(look, source)

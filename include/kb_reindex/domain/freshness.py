@@ -7,7 +7,9 @@ the same for the quiet time (a burst of saves is one change), and not while a ru
 progress (edits landing during a build give one follow-up run, which sees them all). At its start a watcher
 fires once if the source differs from what the last plan read (the recorded file hashes): edits made while
 nothing watched are caught, a fresh install builds its first version, and a held, frozen or failed run is not
-retried until the source changes again.
+retried until the source changes again. An event no plan followed (fired while the DAG was paused, before
+Airflow stopped its watcher) fires again `REFIRE_AFTER_S` later, then at doubling intervals until a plan reads
+the source as it is.
 """
 
 from __future__ import annotations
@@ -46,6 +48,12 @@ class Listing:
         return max((f.mtime_ns for f in self.files), default=0)
 
 
+#: seconds after an event fires before its watcher looks whether a plan read the change (and fires again if not)
+REFIRE_AFTER_S = 300.0
+#: the longest wait between two such looks while no plan reads the change (a paused DAG)
+REFIRE_MAX_S = 3600.0
+
+
 @dataclass
 class SourceWatch:
     """The coalescing of one watcher (monotonic seconds in, decisions out; nothing of I/O).
@@ -57,6 +65,10 @@ class SourceWatch:
     pending: bool = False  #: a change seen and not fired yet
     changed_at: float = 0.0  #: when the latest change was seen
     fired_count: int = 0
+    #: when the last event fired, while no plan is known to have read what it fired for (None: nothing waits)
+    unplanned_since: float | None = None
+    #: seconds after a firing to look whether a plan read it; doubles with each firing again, up to REFIRE_MAX_S
+    refire_after_s: float = 0.0
 
     def start(self, listing: Listing, *, differs_from_plan: bool, now: float) -> None:
         """The first look: a source that differs from what the last plan read is a change."""
@@ -76,9 +88,27 @@ class SourceWatch:
         """Fire now: a change, quiet for `quiet_s`, and no run in progress (it would not see all of it)."""
         return self.quiet(now=now) and not run_active
 
-    def fired(self) -> None:
+    def fired(self, *, now: float) -> None:
         self.pending = False
         self.fired_count += 1
+        self.unplanned_since = now
+        self.refire_after_s = self.refire_after_s or REFIRE_AFTER_S
+
+    def recheck_due(self, *, now: float) -> bool:
+        """Time to look whether a plan read what the last event fired for: an event can be lost (it came while
+        the knowledge base's DAG was paused, and its watcher not yet stopped), and nothing would fire again
+        until the next edit."""
+        return (not self.pending and self.unplanned_since is not None
+                and now - self.unplanned_since >= self.refire_after_s)
+
+    def rechecked(self, *, differs_from_plan: bool, now: float) -> None:
+        """What the recheck found: a plan read the source as it is (done), or none did (the change waits again,
+        due at once, and the next recheck comes twice as late: a DAG paused for long is not flooded)."""
+        if not differs_from_plan:
+            self.unplanned_since, self.refire_after_s = None, 0.0
+            return
+        self.pending, self.changed_at = True, now - self.quiet_s
+        self.refire_after_s = min(self.refire_after_s * 2, REFIRE_MAX_S)
 
     def next_look_s(self, poll_s: float) -> float:
         """Seconds until the next look: the poll interval, or the quiet time while a change waits."""

@@ -65,7 +65,7 @@ def follow(settings: Settings, state: StateStore, run_once: Callable[[], Any], *
              "; it changed since the last plan" if watch.pending else "")
     while max_runs is None or watch.fired_count < max_runs:
         if watch.due(now=clock(), run_active=run_in_progress(state, settings)):
-            watch.fired()
+            watch.fired(now=clock())
             run_once()
             # what the run read is the listing to compare with next (edits during it are a change)
             continue
