@@ -109,6 +109,21 @@ def test_symlinked_folder_inside_is_followed_like_a_linked_file(tmp_path: Path) 
     assert [d.knowledge_key for d in load_corpus(docs_dir(tmp_path))] == ["faq/refund", "help/refund"]
 
 
+def test_a_fifo_or_a_folder_named_like_a_document_is_not_listed_and_never_read(tmp_path: Path) -> None:
+    """Only regular files (and links to them) are documents: a FIFO named `x.md` would block the read forever,
+    holding the run's lock. Listed by path component, a subfolder where its name falls."""
+    from kb_reindex.services.sources import discover
+
+    write_doc(tmp_path, "a", "内容。")
+    write_doc(tmp_path, "b-c", "内容。")
+    write_doc(tmp_path, "b/z", "内容。")
+    os.mkfifo(docs_dir(tmp_path) / "pipe.md")
+    (docs_dir(tmp_path) / "folder.md").mkdir()
+    files, problems = discover(docs_dir(tmp_path))
+    assert [f.source for f in files] == ["a.md", "b/z.md", "b-c.md"] and problems == []
+    assert sorted(d.knowledge_key for d in load_corpus(docs_dir(tmp_path))) == ["a", "b-c", "b/z"]
+
+
 def test_folder_link_that_loops_and_dangling_link_are_refused_by_name(tmp_path: Path) -> None:
     write_doc(tmp_path, "faq/refund", "内容。")
     os.symlink(docs_dir(tmp_path), docs_dir(tmp_path) / "faq" / "again")

@@ -259,8 +259,8 @@ def discover(docs_dir: Path) -> tuple[list[ListedFile], list[str]]:
             name = entry.name
             source = prefix + name
             is_markdown = len(name) > 3 and name[-3:].lower() == ".md"
-            if not entry.is_symlink() and not entry.is_dir(follow_symlinks=False):  # a plain file: one stat
-                if is_markdown:
+            if not entry.is_symlink() and not entry.is_dir(follow_symlinks=False):  # neither a link nor a folder
+                if is_markdown and entry.is_file(follow_symlinks=False):  # a regular file (a FIFO would hang a read)
                     try:
                         st = entry.stat(follow_symlinks=False)
                     except OSError as exc:  # vanished between listing and stat
