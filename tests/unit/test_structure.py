@@ -252,47 +252,48 @@ def test_help_and_usage_errors_import_no_store_model_or_airflow() -> None:
     assert light == "[]", light
 
 
-def test_bases_reads_the_state_db_without_importing_qdrants_client(tmp_path: Path) -> None:
-    """`kb-reindex bases` reads the state DB alone (never Qdrant), so it never imports qdrant-client, whose import
-    alone took most of its time (#41: bases within 1.2x a bare `import qdrant_client`)."""
+def _heavy_imports_of_commands(root: Path, commands: list[list[str]], registry: str) -> tuple[list[int], list[str]]:
+    """Each command's exit code, and which of Qdrant's client, numpy, rich and pandas the process imported, the
+    commands run in one fresh process (`cli.main`) with the project at `root`."""
+    import json
     import os
-    import shutil
     import subprocess
     import sys
 
-    shutil.copytree(PACKAGE.parents[1] / "knowledge", tmp_path / "knowledge")
-    code = ("import sys\n"
+    code = ("import json, sys\n"
             "from kb_reindex.cli import main\n"
-            "code = main(['bases', '--json', '-q'])\n"
-            "print(code, sorted({m.split('.')[0] for m in sys.modules} & {'qdrant_client', 'numpy', 'rich', 'pandas'}))\n")
-    env = {**os.environ, "KB_PROJECT_ROOT": str(tmp_path), "KB_REGISTRY": "knowledge/registry.yaml"}
+            f"codes = [main(argv) for argv in {commands!r}]\n"
+            "print(json.dumps([codes, sorted({m.split('.')[0] for m in sys.modules}\n"
+            "                                & {'qdrant_client', 'numpy', 'rich', 'pandas'})]))\n")
+    env = {**os.environ, "KB_PROJECT_ROOT": str(root), "KB_REGISTRY": registry}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.strip().splitlines()[-1] == "0 []", done.stdout[-800:]
+    codes, heavy = json.loads(done.stdout.strip().splitlines()[-1])
+    return codes, heavy
+
+
+def test_bases_reads_the_state_db_without_importing_qdrants_client(tmp_path: Path) -> None:
+    """`kb-reindex bases` reads the state DB alone (never Qdrant), so it never imports qdrant-client, whose import
+    alone took most of its time (#41: bases within 1.2x a bare `import qdrant_client`)."""
+    import shutil
+
+    shutil.copytree(PACKAGE.parents[1] / "knowledge", tmp_path / "knowledge")
+    assert _heavy_imports_of_commands(tmp_path, [["bases", "--json", "-q"]], "knowledge/registry.yaml") == ([0], [])
 
 
 def test_on_calls_state_db_commands_never_import_qdrants_client(tmp_path: Path) -> None:
     """`history`, `freeze`, `unfreeze` and `unlock` need the state DB alone (on-call breaks a lock while the stuck
     process still holds Qdrant): they never import qdrant-client, half a second of each such command."""
-    import os
     import shutil
-    import subprocess
-    import sys
 
     from kb_reindex.services.state.store import StateStore
 
     shutil.copytree(PACKAGE.parents[1] / "knowledge", tmp_path / "knowledge")
     (tmp_path / ".kb").mkdir()
     StateStore(f"sqlite:///{tmp_path / '.kb' / 'state.db'}").dispose()  # made as a first run makes it
-    code = ("import sys\n"
-            "from kb_reindex.cli import main\n"
-            "codes = [main(argv) for argv in (['history', '--json', '-q'], ['freeze', '--reason', 'drill', '-q'],\n"
-            "                                 ['unfreeze', '-q'], ['unlock', '--reason', 'drill', '--yes', '-q'])]\n"
-            "print(codes, sorted({m.split('.')[0] for m in sys.modules} & {'qdrant_client', 'numpy'}))\n")
-    env = {**os.environ, "KB_PROJECT_ROOT": str(tmp_path), "KB_REGISTRY": ""}
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.strip().splitlines()[-1] == "[0, 0, 0, 0] []", done.stdout[-800:] + done.stderr[-800:]
+    commands = [["history", "--json", "-q"], ["freeze", "--reason", "drill", "-q"], ["unfreeze", "-q"],
+                ["unlock", "--reason", "drill", "--yes", "-q"]]
+    assert _heavy_imports_of_commands(tmp_path, commands, "") == ([0, 0, 0, 0], [])
 
 
 def test_the_cli_lays_out_tables_as_pandas_did_without_importing_it(tmp_path: Path) -> None:
