@@ -86,8 +86,10 @@ class SourceChangeTrigger(BaseEventTrigger):
                         self.log.info("kb_reindex: %s changed (%d files): asset event", self.alias, files)
                         yield TriggerEvent({"alias": self.alias, "files": files, "listing": watch.seen})
                 elif watch.recheck_due(now=time.monotonic()):
-                    try:
-                        differs = await asyncio.to_thread(differs_from_last_plan, state, settings, source, listing)
+                    try:  # a run in progress will record what its plan read: asked again once it ended
+                        active = await asyncio.to_thread(run_in_progress, state, settings)
+                        differs = not active and await asyncio.to_thread(differs_from_last_plan, state, settings,
+                                                                          source, listing)
                     except KbError as exc:  # asked again at the next look
                         self.log.error("kb_reindex: %s: state DB: %s; looking again", self.alias, exc)
                     else:
@@ -96,7 +98,8 @@ class SourceChangeTrigger(BaseEventTrigger):
                                 "kb_reindex: %s: no plan read the change fired %.0fs ago (its event came while the "
                                 "DAG was paused, or was lost): firing again", self.alias,
                                 time.monotonic() - (watch.unplanned_since or 0.0))
-                        watch.rechecked(differs_from_plan=differs, now=time.monotonic())
+                        if not active:
+                            watch.rechecked(differs_from_plan=differs, now=time.monotonic())
                 wait_s = watch.next_look_s(self.poll_s)
                 await (events.wait(wait_s) if events is not None else asyncio.sleep(wait_s))
                 listing = await asyncio.to_thread(look, source)
