@@ -259,15 +259,6 @@ def discover(docs_dir: Path) -> tuple[list[ListedFile], list[str]]:
             name = entry.name
             source = prefix + name
             is_markdown = len(name) > 3 and name[-3:].lower() == ".md"
-            if not entry.is_symlink() and not entry.is_dir(follow_symlinks=False):  # neither a link nor a folder
-                if is_markdown and entry.is_file(follow_symlinks=False):  # a regular file (a FIFO would hang a read)
-                    try:
-                        st = entry.stat(follow_symlinks=False)
-                    except OSError as exc:  # vanished between listing and stat
-                        problems.append(f"{source}: cannot be read ({exc.strerror or type(exc).__name__})")
-                        continue
-                    found.append(ListedFile(source, st.st_size, st.st_mtime_ns))
-                continue
             if entry.is_symlink():
                 path = folder / name
                 loop = link_loop(path)
@@ -292,7 +283,7 @@ def discover(docs_dir: Path) -> tuple[list[ListedFile], list[str]]:
                 if entry.is_dir():
                     path = folder / name
                     walk(path, source + "/", (*walking, path.resolve()))
-                elif is_markdown and entry.is_file():
+                elif is_markdown and entry.is_file():  # a regular file (a FIFO would hang the read)
                     st = entry.stat()
                     found.append(ListedFile(source, st.st_size, st.st_mtime_ns))
             except OSError as exc:  # vanished between listing and stat
