@@ -42,6 +42,12 @@ os.environ["KB_SOURCE_POLL_S"] = "0"
 # a DAG run takes the mapped slices (build_slices, build, validate, promote, cleanup), whose tasks most DAG tests
 # name; the tests of the one-task path for small plans turn it on (the `small_run_points` Param or the variable)
 os.environ["KB_SMALL_RUN_POINTS"] = "0"
+
+#: the instruction screen by its patterns alone, for a test that embeds through our Ollama server for what the
+#: server lets it hold, fault or count, not for the screen: `auto` with Ollama also judges every line of a first
+#: build with e5 (about 13 CPU-seconds a process on the shipped pages, and such tests start several). The meaning
+#: screen's own tests ask for it: tests/engine/test_screen_cli.py, test_e5.py, tests/unit/test_screen.py
+PATTERNS_SCREEN = {"KB_INSTRUCTION_SCREEN": "patterns"}
 # the tests that stop a process with Ctrl-C (SIGINT) need it to reach the process: a suite started in the
 # background by a shell without job control inherits SIGINT ignored, and so would every process it starts
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:

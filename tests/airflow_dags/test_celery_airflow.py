@@ -30,7 +30,7 @@ from typing import Any
 from urllib.parse import quote
 
 import pytest
-from conftest import REPO, create_postgres_database, drop_postgres_database, postgres_base_url
+from conftest import PATTERNS_SCREEN, REPO, create_postgres_database, drop_postgres_database, postgres_base_url
 from test_local_airflow import BIN, TEST_STACK_ENV, LocalAirflow, finished_state, free_port, kb, points
 
 pytestmark = [pytest.mark.airflow, pytest.mark.celery, pytest.mark.postgres]
@@ -187,7 +187,7 @@ def celery_airflow(project: Path, qdrant: Any, ollama: Any, redis: Redis, databa
         PATH=f"{BIN}:{env.get('PATH', '')}", KB_AIRFLOW_EXECUTOR="CeleryExecutor", KB_AIRFLOW_DB_URL=airflow_db,
         KB_CELERY_BROKER_URL=redis.url, KB_CELERY_WORKERS="2", KB_CELERY_LOG_PORT=str(three_free_ports()),
         KB_WORKER_HOSTNAME_PREFIX="kbtest", KB_STATE_URL=state_db, KB_QDRANT_URL=qdrant.url,
-        KB_BUILD_PARALLELISM="2", KB_EMBEDDER="ollama", OLLAMA_HOST=ollama.url, KB_EMBED_MODEL="bge-m3",
+        KB_BUILD_PARALLELISM="2", KB_EMBEDDER="ollama", OLLAMA_HOST=ollama.url, KB_EMBED_MODEL="bge-m3", **PATTERNS_SCREEN,
         KB_EMBED_BATCH_SIZE="4", KB_EMBED_CONCURRENCY="1", KB_RETRY_DELAY_S="2", KB_AIRFLOW_START_TIMEOUT="240",
         AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT="20",
         AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT_DETECTION_INTERVAL="5",

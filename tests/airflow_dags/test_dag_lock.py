@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, settings_for
+from conftest import PATTERNS_SCREEN, REPO, settings_for
 from kb_reindex.run import dag_lock
 from kb_reindex.run.pipeline import run_reindex
 from kb_reindex.run.runs import exclusive
@@ -196,7 +196,7 @@ def test_build_longer_than_the_ttl_is_never_dropped_by_a_concurrent_gc(dag_env: 
             FakeQdrantServer(tmp_path / "qdrant") as qdrant:
         env = {**os.environ, "KB_PROJECT_ROOT": str(dag_env), "KB_EMBEDDER": "ollama", "OLLAMA_HOST": ollama.url,
                "KB_EMBED_DIM": "1024", "KB_QDRANT_URL": qdrant.url, "KB_LOCK_TTL": str(ttl),
-               "KB_OLLAMA_TIMEOUT": "120"}
+               "KB_OLLAMA_TIMEOUT": "120", **PATTERNS_SCREEN}
         settings = Settings.from_env(env)
         script = ("import sys; from airflow.dag_processing.dagbag import DagBag\n"
                   f"dag = DagBag(dag_folder={str(REPO / 'dags' / 'knowledge_reindex.py')!r}).get_dag('knowledge_reindex')\n"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, force_status
+from conftest import PATTERNS_SCREEN, REPO, force_status
 
 pytestmark = pytest.mark.airflow
 DAG_IDS = {"knowledge_reindex", "knowledge_watch", "knowledge_rollback", "knowledge_model_migration",
@@ -482,6 +482,7 @@ def test_reindex_dag_uses_airflow_connections(dagbag, dag_env: Path, mysql_url: 
         monkeypatch.setenv("AIRFLOW_CONN_QDRANT_DEFAULT",
                            f"qdrant://:s3cr3t-key@127.0.0.1:{urlsplit(qdrant.url).port}?https=false")
         monkeypatch.setenv("KB_EMBEDDER", "ollama")
+        monkeypatch.setenv("KB_INSTRUCTION_SCREEN", PATTERNS_SCREEN["KB_INSTRUCTION_SCREEN"])
         monkeypatch.setenv("OLLAMA_HOST", "http://127.0.0.1:9")  # the Connection must win over this
         ok, states = run_dag(dagbag, "knowledge_reindex")
         assert ok, states

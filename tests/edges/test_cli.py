@@ -12,7 +12,7 @@ import pytest
 
 from kb_reindex.cli import main
 
-from conftest import init_embedded
+from conftest import PATTERNS_SCREEN, init_embedded
 
 
 @pytest.fixture
@@ -410,7 +410,8 @@ def test_an_unreachable_server_exits_3_with_one_line_naming_it(cli_env: Path) ->
         "the state DB": ({"KB_STATE_URL": f"mysql+pymysql://root@127.0.0.1:{port}/kb"}, ["history"], f"127.0.0.1:{port}"),
         # a first build of its own (a reindex keeps live's model), embedding through an Ollama that is not there
         "Ollama": ({"KB_EMBEDDER": "ollama", "OLLAMA_HOST": f"http://127.0.0.1:{port}", "KB_QDRANT_PATH": ".kb/q2",
-                    "KB_STATE_URL": f"sqlite:///{cli_env / '.kb' / 'second.db'}"}, ["run"], f"127.0.0.1:{port}"),
+                    "KB_STATE_URL": f"sqlite:///{cli_env / '.kb' / 'second.db'}", **PATTERNS_SCREEN}, ["run"],
+                   f"127.0.0.1:{port}"),
     }
     for name, (extra, argv, named) in cases.items():
         done = subprocess.run([str(cli), *argv, "-q"], env={**env, **extra}, capture_output=True, text=True,

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import settings_for
+from conftest import PATTERNS_SCREEN, settings_for
 
 from kb_reindex.services.embedding import HashingEmbedder
 from kb_reindex.testing.ollama_server import FakeModel, FakeOllamaServer
@@ -72,7 +72,8 @@ def test_a_multi_server_ollama_host_in_the_environment_works_for_every_entry_poi
     """`import ollama` builds a default client from OLLAMA_HOST and could not parse a list: every command
     that embeds failed with `Port could not be cast to integer value`."""
     a, b = two_ollamas
-    env = kb_env(project, KB_EMBEDDER="ollama", OLLAMA_HOST=f"{a.url},{b.url}", KB_EMBED_BATCH_SIZE="8")
+    env = kb_env(project, KB_EMBEDDER="ollama", OLLAMA_HOST=f"{a.url},{b.url}", KB_EMBED_BATCH_SIZE="8",
+                 **PATTERNS_SCREEN)
     done = kb(env, "run", "--json")
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads(done.stdout)["outcome"] == "promoted"
@@ -194,7 +195,7 @@ def test_qdrant_gone_mid_build_is_one_line_and_the_rerun_resumes(project: Path, 
 
     qdrant = FakeQdrantServer(tmp_path / "qdrant").start()
     env = kb_env(project, KB_EMBEDDER="ollama", OLLAMA_HOST=held_ollama.server.url, KB_EMBED_BATCH_SIZE="4",
-                 KB_QDRANT_URL=qdrant.url)
+                 KB_QDRANT_URL=qdrant.url, **PATTERNS_SCREEN)
     try:
         proc = subprocess.Popen([str(CLI), "run"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         assert held_ollama.reached.wait(60), proc.communicate(timeout=5)
@@ -245,7 +246,7 @@ def test_state_db_gone_mid_build_is_one_line_then_recorded_failed_and_resumed(
 
     state_url, proxy = mysql_behind_proxy
     env = kb_env(project, KB_EMBEDDER="ollama", OLLAMA_HOST=held_ollama.server.url, KB_EMBED_BATCH_SIZE="4",
-                 KB_STATE_URL=state_url)
+                 KB_STATE_URL=state_url, **PATTERNS_SCREEN)
     proc = subprocess.Popen([str(CLI), "run"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert held_ollama.reached.wait(60), proc.communicate(timeout=5)
     proxy.cut()

@@ -25,7 +25,7 @@ from kb_reindex.services.runtime import Deps
 from kb_reindex.services.state.store import StateStore
 from kb_reindex.services.store import KnowledgeStore
 from kb_reindex.testing.ollama_server import FakeModel, FakeOllamaServer, deterministic_embedding
-from conftest import settings_for
+from conftest import PATTERNS_SCREEN, settings_for
 
 DIM = 16
 
@@ -322,7 +322,7 @@ def test_a_build_over_two_servers_with_concurrency_equals_the_serial_build(proje
 
     def build(alias: str, hosts: str, concurrency: int) -> dict[str, list[float]]:
         settings = settings_for(project, KB_EMBEDDER="ollama", OLLAMA_HOST=hosts, KB_EMBED_BATCH_SIZE="4",
-                                KB_EMBED_CONCURRENCY=str(concurrency), KB_ALIAS=alias)
+                                KB_EMBED_CONCURRENCY=str(concurrency), KB_ALIAS=alias, **PATTERNS_SCREEN)
         client = QdrantClient(":memory:")
         deps = Deps(settings=settings, state=StateStore(settings.state_url), store=KnowledgeStore(client))
         try:

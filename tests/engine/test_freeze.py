@@ -31,6 +31,8 @@ from kb_reindex.testing.ollama_server import FakeModel, FakeOllamaServer
 from kb_reindex.testing.qdrant_server import QdrantServerProcess, start_process
 from kb_reindex.run.status import history, status_view
 
+from conftest import PATTERNS_SCREEN
+
 ALIAS = "mall_knowledge"
 CLI = Path(sys.executable).with_name("kb-reindex")
 
@@ -187,7 +189,7 @@ def test_a_freeze_set_mid_run_by_another_process_stops_its_promotion(project: Pa
 
     with FakeOllamaServer([FakeModel(name="bge-m3", dim=1024, embed=held_embed)]) as ollama:
         env = {k: v for k, v in os.environ.items() if not k.startswith("KB_") or k.startswith("KB_TEST_")}
-        env.update(KB_PROJECT_ROOT=str(project), KB_EMBEDDER="ollama", OLLAMA_HOST=ollama.url)
+        env.update(KB_PROJECT_ROOT=str(project), KB_EMBEDDER="ollama", OLLAMA_HOST=ollama.url, **PATTERNS_SCREEN)
         first = subprocess.run([str(CLI), "run", "--json", "-q"], env=env, capture_output=True, text=True, timeout=120)
         assert json.loads(first.stdout)["outcome"] == "promoted", first.stderr[-2000:]
         edit(project)
@@ -353,7 +355,7 @@ def test_a_version_qdrant_refused_to_serve_is_promoted_by_the_next_run_embedding
     with FakeOllamaServer([FakeModel(name="bge-m3", dim=1024, embed=lambda _m, t: hashing.embed_one(t))]) as ollama:
         env = {k: v for k, v in os.environ.items() if not k.startswith("KB_") or k.startswith("KB_TEST_")}
         env.update(KB_PROJECT_ROOT=str(project), KB_QDRANT_URL=qdrant_process.url, KB_EMBEDDER="ollama",
-                   OLLAMA_HOST=ollama.url)
+                   OLLAMA_HOST=ollama.url, **PATTERNS_SCREEN)
 
         def cli(*argv: str) -> dict[str, Any]:
             done = subprocess.run([str(CLI), *argv, "--json", "-q"], env=env, capture_output=True, text=True,

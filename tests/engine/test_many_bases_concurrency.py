@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import REPO
+from conftest import PATTERNS_SCREEN, REPO
 from kb_reindex.services.embedding import HashingEmbedder
 from kb_reindex.services.state.store import StateStore
 from kb_reindex.testing.ollama_server import FakeModel, FakeOllamaServer, FaultPlan
@@ -37,7 +37,7 @@ def test_two_knowledge_bases_build_at_the_same_time_and_both_promote(tmp_path: P
         env = {k: v for k, v in os.environ.items() if not k.startswith("KB_") or k.startswith("KB_TEST_")}
         env.update(KB_PROJECT_ROOT=str(project), KB_REGISTRY="knowledge/registry.yaml", KB_QDRANT_URL=qdrant.url,
                    KB_EMBEDDER="ollama", KB_EMBED_MODEL="bge-m3", OLLAMA_HOST=ollama.url, KB_LOCK_WAIT="0",
-                   KB_EMBED_BATCH_SIZE="4")
+                   KB_EMBED_BATCH_SIZE="4", **PATTERNS_SCREEN)
         try:
             procs = {kb: subprocess.Popen([str(CLI), "--kb", kb, "run", "--json", "-q"], env=env, text=True,
                                           stdout=subprocess.PIPE, stderr=subprocess.PIPE) for kb in (SHOP, SELLER)}

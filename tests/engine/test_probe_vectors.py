@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from conftest import settings_for
+from conftest import PATTERNS_SCREEN, settings_for
 from kb_reindex.run.pipeline import run_reindex
 from kb_reindex.services.embedding import HashingEmbedder
 from kb_reindex.services.runtime import open_deps
@@ -20,7 +20,7 @@ def test_a_second_validation_embeds_only_new_probes(project: Path) -> None:
     probes = len(load_golden_set(golden_path).probes)
     with FakeOllamaServer([model]) as ollama:
         settings = settings_for(project, KB_EMBEDDER="ollama", KB_EMBED_MODEL="bge-m3", KB_EMBED_DIM="1024",
-                                OLLAMA_HOST=ollama.url)
+                                OLLAMA_HOST=ollama.url, **PATTERNS_SCREEN)
         with open_deps(settings) as deps:
             first = run_reindex(deps)
             assert first.outcome == "promoted", first.error

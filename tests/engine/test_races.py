@@ -20,6 +20,8 @@ from kb_reindex.services.embedding import HashingEmbedder
 from kb_reindex.testing.ollama_server import FakeModel, FakeOllamaServer, FaultPlan
 from kb_reindex.testing.qdrant_server import QdrantServerProcess, start_process
 
+from conftest import PATTERNS_SCREEN
+
 ALIAS = "mall_knowledge"
 CLI = Path(sys.executable).with_name("kb-reindex")
 
@@ -89,7 +91,7 @@ def slow_ollama() -> Iterator[FakeOllamaServer]:
 def env_for(project: Path, server: QdrantServerProcess, ollama: FakeOllamaServer, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("KB_") or k.startswith("KB_TEST_")}
     env.update(KB_PROJECT_ROOT=str(project), KB_QDRANT_URL=server.url, KB_EMBEDDER="ollama",
-               OLLAMA_HOST=ollama.url, KB_EMBED_BATCH_SIZE="4", **extra)
+               OLLAMA_HOST=ollama.url, KB_EMBED_BATCH_SIZE="4", **PATTERNS_SCREEN, **extra)
     return env
 
 
@@ -200,7 +202,7 @@ def test_a_run_killed_mid_build_leaves_live_serving_and_the_next_run_resumes_at_
         env = env_for(project, server, slow_ollama) if server else {
             **{k: v for k, v in os.environ.items() if not k.startswith("KB_") or k.startswith("KB_TEST_")},
             "KB_PROJECT_ROOT": str(project), "KB_EMBEDDER": "ollama", "OLLAMA_HOST": slow_ollama.url,
-            "KB_EMBED_BATCH_SIZE": "4"}
+            "KB_EMBED_BATCH_SIZE": "4", **PATTERNS_SCREEN}
         assert cli(env, "run")[1]["outcome"] == "promoted"
         add_a_long_page(project)
         slow_ollama.faults = FaultPlan(delay_per_text_s=0.1)

@@ -34,7 +34,7 @@ from kb_reindex.testing.ollama_server import FakeModel, FakeOllamaServer
 from kb_reindex.steps.validate import validate
 from kb_reindex.run.status import status_view
 
-from conftest import settings_for, write_doc
+from conftest import PATTERNS_SCREEN, settings_for, write_doc
 
 ALIAS = "mall_knowledge"
 
@@ -72,7 +72,7 @@ def ollama(project: Path) -> Any:
 @pytest.fixture
 def ollama_deps(project: Path, ollama: FakeOllamaServer) -> Any:
     settings = settings_for(project, KB_EMBEDDER="ollama", OLLAMA_HOST=ollama.url, KB_EMBED_BATCH_SIZE="8",
-                            KB_OLLAMA_TIMEOUT="0.5")
+                            KB_OLLAMA_TIMEOUT="0.5", **PATTERNS_SCREEN)
     client = QdrantClient(":memory:")
     deps = Deps(settings=settings, state=StateStore(settings.state_url), store=KnowledgeStore(client))
     yield deps
@@ -355,7 +355,7 @@ def test_two_processes_at_once_exactly_one_promotes(project: Path, ollama: FakeO
     ollama.faults = FaultPlan(delay_per_text_s=0.1)
     script = Path(sys.executable).with_name("kb-reindex")
     env = {**os.environ, "KB_PROJECT_ROOT": str(project), "KB_EMBED_BATCH_SIZE": "8", "KB_EMBEDDER": "ollama",
-           "OLLAMA_HOST": ollama.url, "KB_LOCK_WAIT": "0"}
+           "OLLAMA_HOST": ollama.url, "KB_LOCK_WAIT": "0", **PATTERNS_SCREEN}
     procs = [
         subprocess.Popen([str(script), "run", "-q"], env={**env, "KB_QDRANT_PATH": f".kb/qdrant-{i}"},
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -459,7 +459,8 @@ def test_secrets_never_reach_output_logs_or_reports(project: Path) -> None:
     runs = [
         {"KB_STATE_URL": f"mysql+pymysql://kb:{secrets['mysql']}@127.0.0.1:9/kb"},
         {"KB_QDRANT_URL": "http://127.0.0.1:9", "KB_QDRANT_API_KEY": secrets["qdrant"]},
-        {"KB_EMBEDDER": "ollama", "OLLAMA_HOST": f"http://kb:{secrets['ollama']}@127.0.0.1:9", "KB_OLLAMA_TIMEOUT": "1"},
+        {"KB_EMBEDDER": "ollama", "OLLAMA_HOST": f"http://kb:{secrets['ollama']}@127.0.0.1:9", "KB_OLLAMA_TIMEOUT": "1",
+         **PATTERNS_SCREEN},
     ]
     captured = []
     for extra in runs:
@@ -514,7 +515,8 @@ def test_migration_without_a_dimension_probes_the_new_model(project: Path) -> No
     models = [FakeModel(name="bge-m3", dim=1024, embed=lambda _m, t: bge.embed_one(t)),
               FakeModel(name="mini", dim=64, embed=lambda _m, t: mini.embed_one(t))]
     with FakeOllamaServer(models) as server:
-        settings = settings_for(project, KB_EMBEDDER="ollama", OLLAMA_HOST=server.url, KB_EMBED_DIM="1024")
+        settings = settings_for(project, KB_EMBEDDER="ollama", OLLAMA_HOST=server.url, KB_EMBED_DIM="1024",
+                                **PATTERNS_SCREEN)
         deps = Deps(settings=settings, state=StateStore(settings.state_url), store=KnowledgeStore(QdrantClient(":memory:")))
         assert run_reindex(deps).outcome == "promoted"
         result = run_reindex(deps, kind="migration", embedder="ollama", model="mini", min_hit_rate=0.5, min_mrr=0.3)

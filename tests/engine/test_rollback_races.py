@@ -26,6 +26,8 @@ from kb_reindex.services.state.store import StateStore
 from kb_reindex.testing.ollama_server import FakeModel, FakeOllamaServer
 from kb_reindex.testing.qdrant_server import QdrantServerProcess, start_process
 
+from conftest import PATTERNS_SCREEN
+
 ALIAS = "mall_knowledge"
 CLI = Path(sys.executable).with_name("kb-reindex")
 
@@ -49,7 +51,7 @@ def ollama() -> Iterator[FakeOllamaServer]:
 def env_for(project: Path, server: QdrantServerProcess, ollama: FakeOllamaServer, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("KB_") or k.startswith("KB_TEST_")}
     env.update(KB_PROJECT_ROOT=str(project), KB_QDRANT_URL=server.url, KB_EMBEDDER="ollama",
-               OLLAMA_HOST=ollama.url, KB_EMBED_BATCH_SIZE="4", KB_EMBED_CONCURRENCY="1", **extra)
+               OLLAMA_HOST=ollama.url, KB_EMBED_BATCH_SIZE="4", KB_EMBED_CONCURRENCY="1", **PATTERNS_SCREEN, **extra)
     return env
 
 
