@@ -7,6 +7,9 @@ release before it (a full copy per version, `0a70e71`, its package taken from gi
     .venv/bin/python bench/versions.py --releases slots          # this release alone
     .venv/bin/python bench/versions.py --before-commit b9cb78b --before-edits 5   # beside the last release whose
                                                                  # manifests held a row per chunk
+    .venv/bin/python bench/versions.py --sizes 1000,200000 --releases slots --workdir /work/p15 --reuse
+                                                                 # a size built there before is not built again:
+                                                                 # its edits go on from its filled slots
 
 For each release and size: a synthetic corpus (bench/corpus.py, about five chunks a document) built once by the
 CLI (`kb-reindex run`, hashing embedder: what is measured is the version model, not the model), then `--edits`
@@ -96,12 +99,15 @@ class AliasWatch:
 
 
 def measure(work: Path, chunks: int, edits: int, release: str, package: Path | None, *,
-            keep_versions: int = 2, profile: Path | None = None) -> dict[str, Any]:
+            keep_versions: int = 2, profile: Path | None = None, reuse: bool = False) -> dict[str, Any]:
     import corpus as corpus_mod
 
     folder = work / f"{release}-{chunks}"
+    built_mark = folder / "bench-first-build.json"  # written once the first build served: `--reuse` starts after it
     generated = corpus_mod.generate(max(1, chunks // 5))
-    corpus_mod.write_project(folder, generated, None)
+    reused = reuse and built_mark.exists()
+    if not reused:
+        corpus_mod.write_project(folder, generated, None)
     proc = subprocess.Popen([sys.executable, "-m", "kb_reindex.testing.qdrant_server", "--port", "0", "--path",
                              str(folder / "q")], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert proc.stdout is not None
@@ -111,15 +117,23 @@ def measure(work: Path, chunks: int, edits: int, release: str, package: Path | N
                KB_KEEP_VERSIONS=str(keep_versions), KB_QDRANT_TIMEOUT="600")
     admin = httpx.Client(base_url=url, timeout=600)
     try:
-        t0 = time.perf_counter()
-        built = kb(env, "run", package=package)
-        row: dict[str, Any] = {"release": release, "chunks": (built.get("chunks") or {}).get("total"),
-                               "first_build_s": round(time.perf_counter() - t0, 1),
-                               "first_build": built.get("outcome") or built.get("error"), "edits": []}
+        if reused:  # the project as an earlier run of this script left it (its edits since included)
+            first = json.loads(built_mark.read_text(encoding="utf-8"))
+            first["reused"] = True
+        else:
+            t0 = time.perf_counter()
+            built = kb(env, "run", package=package)
+            first = {"chunks": (built.get("chunks") or {}).get("total"),
+                     "first_build_s": round(time.perf_counter() - t0, 1),
+                     "first_build": built.get("outcome") or built.get("error")}
+            if built.get("outcome") == "promoted":
+                built_mark.write_text(json.dumps(first), encoding="utf-8")
+        row: dict[str, Any] = {"release": release, **first, "edits": []}
+        stamp = datetime.now(UTC).strftime("%H%M%S")  # a rerun over a kept project never repeats an edit's text
         keys = sorted(generated.docs)
         for n in range(edits):
             key = keys[(n * 7919) % len(keys)]
-            sentence = f"本条于今日更新（第{n + 1}次）：第{chunks}号规则全文改为线下门店统一受理。"
+            sentence = f"本条于今日更新（第{n + 1}次，{stamp}）：第{chunks}号规则全文改为线下门店统一受理。"
             (folder / "knowledge" / "docs" / f"{key}.md").write_text(f"# {key}\n\n{sentence}\n", encoding="utf-8")
             admin.delete("/__vectors")
             t0 = time.perf_counter()
@@ -190,6 +204,9 @@ def main() -> None:
     parser.add_argument("--workdir", type=Path, default=None,
                         help="keep the projects (and the test server's storage) in this folder instead of a "
                              "temporary one: a kept project can be edited and profiled by hand afterwards")
+    parser.add_argument("--reuse", action="store_true",
+                        help="with --workdir: a size whose project an earlier run built there is not generated and "
+                             "built again; its edits go on from the state that run left (the slots already filled)")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",") if s]
     result: dict[str, Any] = {"at": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
@@ -206,7 +223,8 @@ def main() -> None:
         for chunks in sizes:
             if "slots" in releases:
                 result["rows"].append(measure(work, chunks, args.edits, "slots", None,
-                                              keep_versions=args.keep_versions, profile=args.profile))
+                                              keep_versions=args.keep_versions, profile=args.profile,
+                                              reuse=args.reuse))
             if package is not None:
                 result["rows"].append(measure(work, chunks, args.before_edits, "before", package,
                                               keep_versions=args.keep_versions))
