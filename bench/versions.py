@@ -9,7 +9,11 @@ release before it (a full copy per version, `0a70e71`, its package taken from gi
                                                                  # manifests held a row per chunk
     .venv/bin/python bench/versions.py --sizes 1000,200000 --releases slots --workdir /work/p15 --reuse
                                                                  # a size built there before is not built again:
-                                                                 # its edits go on from its filled slots
+                                                                 # its edits go on from its filled slots (the test
+                                                                 # server reloads them: 4 min at 200k; its first
+                                                                 # write into each slot regrows that collection's
+                                                                 # arrays, so a reused size's first three edits
+                                                                 # are not figures)
 
 For each release and size: a synthetic corpus (bench/corpus.py, about five chunks a document) built once by the
 CLI (`kb-reindex run`, hashing embedder: what is measured is the version model, not the model), then `--edits`
@@ -206,7 +210,9 @@ def main() -> None:
                              "temporary one: a kept project can be edited and profiled by hand afterwards")
     parser.add_argument("--reuse", action="store_true",
                         help="with --workdir: a size whose project an earlier run built there is not generated and "
-                             "built again; its edits go on from the state that run left (the slots already filled)")
+                             "built again; its edits go on from the state that run left (the slots already filled; "
+                             "the test server's first write into each reloaded slot regrows its arrays: the first "
+                             "three edits are not figures)")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",") if s]
     result: dict[str, Any] = {"at": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
