@@ -13,7 +13,8 @@ release before it (a full copy per version, `0a70e71`, its package taken from gi
                                                                  # server reloads them: 4 min at 200k; its first
                                                                  # write into each slot regrows that collection's
                                                                  # arrays, so a reused size's first three edits
-                                                                 # are not figures)
+                                                                 # are not figures; at 200k it then holds ~21 GB:
+                                                                 # run nothing else beside it)
 
 For each release and size: a synthetic corpus (bench/corpus.py, about five chunks a document) built once by the
 CLI (`kb-reindex run`, hashing embedder: what is measured is the version model, not the model), then `--edits`
