@@ -30,8 +30,9 @@ _LOOKALIKES = str.maketrans("асеіорхуԁһјӏѕԛԝАВСЕНІЈКМН�
 _CYRILLIC_OR_GREEK = re.compile("[\u0370-\u03ff\u0400-\u04ff]")
 _LATIN = re.compile("[A-Za-z]")
 _SPACES = re.compile(r"\s+")
-#: a run of four or more Chinese characters each followed by one space ("请 忽 略 以 上"): spaced out as zero-width
-#: spaces space them, past a pattern and a tokenizer alike; read joined (Chinese puts no space between words)
+#: a run of four or more Chinese characters each followed by one space ("请 忽 略 以 上"): the zero-width spaces'
+#: trick played with plain ones, past a pattern and a tokenizer alike; read joined (Chinese puts no space between
+#: its words)
 _SPACED_CJK = re.compile(r"(?:[\u3400-\u4dbf\u4e00-\u9fff] ){3,}[\u3400-\u4dbf\u4e00-\u9fff]")
 #: what `normalize` does, named in the screen's version (`services.screen`): a version judged by another
 #: reading is judged again; 2: spaced-out Chinese joined
