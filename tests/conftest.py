@@ -48,6 +48,7 @@ os.environ["KB_SMALL_RUN_POINTS"] = "0"
 #: build with e5 (about 13 CPU-seconds a process on the shipped pages, and such tests start several). The meaning
 #: screen's own tests ask for it: tests/engine/test_screen_cli.py, test_e5.py, tests/unit/test_screen.py
 PATTERNS_SCREEN = {"KB_INSTRUCTION_SCREEN": "patterns"}
+
 # the tests that stop a process with Ctrl-C (SIGINT) need it to reach the process: a suite started in the
 # background by a shell without job control inherits SIGINT ignored, and so would every process it starts
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:

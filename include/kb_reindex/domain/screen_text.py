@@ -64,8 +64,7 @@ def normalize(text: str) -> str:
     text = _INVISIBLE.sub("", text)
     if _CYRILLIC_OR_GREEK.search(text) and _LATIN.search(text):
         text = text.translate(_LOOKALIKES)
-    text = _SPACES.sub(" ", text).strip()
-    return _SPACED_CJK.sub(lambda m: m.group(0).replace(" ", ""), text) if " " in text else text
+    return _SPACED_CJK.sub(lambda m: m.group(0).replace(" ", ""), _SPACES.sub(" ", text).strip())
 
 
 @dataclass(frozen=True, slots=True)
