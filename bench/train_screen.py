@@ -1,13 +1,16 @@
 """Retrain the instruction screen's classifier: logistic regression over multilingual-e5-small's passage vectors,
 written to include/kb_reindex/services/screen_weights.json (what kb_reindex.services.screen ships and loads).
 
-What it is fitted on (the ninth pass, 2026-12-05): every retired part of bench/instructions.yaml (`--parts`; never
-`held_out_7` or `held_out_8`, written after it), the passages of the shipped knowledge pages (knowledge/**/docs: the
+What it is fitted on (the tenth pass, 2026-12-06): every retired part of bench/instructions.yaml (`--parts`; never
+`held_out_9`, written after the ninth pass and before this one), the passages of the shipped knowledge pages (knowledge/**/docs: the
 project's own pages, benign by definition) and of 300 pages of the benchmark's generator under another seed
 (`--corpus-pages`: templated shop rules, benign by construction) as policy lines. Beside each line's vector it reads
 the line's similarity to a few descriptions of what an injection is (`ANCHORS`, e5 query vectors, in Chinese and
 English): a prior towards "addressed to the model" that a few hundred lines cannot teach; the model stays linear in
-the vector, so the anchors fold into the 384 weights shipped. The score is that regression's probability averaged
+the vector, so the anchors fold into the 384 weights shipped. Beside them it reads whom the line addresses
+(`kb_reindex.domain.addressee`, the tenth pass: the assistant called to or described, the reader called 你 or 您,
+the customer in the third person while the reader is told what to say, answers ruled), each cue a weight of its
+own in the file. The score is that regression's probability averaged
 with a vote of the `NEIGHBOURS` labelled lines nearest in meaning (the seventh pass): every line fitted on is
 shipped as its unit vector and label (include/kb_reindex/services/screen_neighbours.npz, float16), so a style one
 linear boundary cuts badly is still judged by its nearest examples.
@@ -18,7 +21,7 @@ the lowest at which the screen (the patterns, then the classifier) keeps a poole
 `--precision` (default 0.95), and among the regularisation strengths the one with the best recall there. Then the
 threshold is raised, if need be, just above the highest score any benign page's passage (shipped or generated)
 gets from a fit that did not see it (five folds of the pages), so those pages raise no alarm. The standardisation
-is folded into the weights, so the screen computes sigmoid(x . w + b) on the raw vector.
+is folded into the weights, so the screen computes sigmoid(x . w + cues . v + b) on the raw vector.
 
     .venv/bin/python bench/train_screen.py            # writes the weights, prints the left-out scores
     .venv/bin/python bench/instructions.py            # then measure every part
@@ -42,6 +45,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "include"))
 sys.path.insert(0, str(HERE))
 
+from kb_reindex.domain.addressee import ADDRESSEE_CUES, ADDRESSEE_VERSION, addressee_cues  # noqa: E402
 from kb_reindex.domain.instructions import is_instruction  # noqa: E402
 from kb_reindex.domain.screen_text import read_line  # noqa: E402
 from kb_reindex.services.e5 import e5_arrays, e5_model, _engine  # noqa: E402
@@ -56,7 +60,7 @@ FOLDS = 5
 SEVENTH = "train,train_5,held_out,unseen,edits,held_out_2,held_out_3,held_out_4"
 #: the parts the shipped weights (the ninth pass) are fitted on: every part scored at least once; `held_out_7` was
 #: written after it and is never fitted on (bench/README.md)
-RETIRED = SEVENTH + ",held_out_5,held_out_6,train_6"
+RETIRED = SEVENTH + ",held_out_5,held_out_6,train_6,held_out_7,held_out_8"
 #: benign pages beside the shipped ones: the benchmark's generator (bench/corpus.py) under another seed than the
 #: 300 pages bench/instructions.py counts false alarms on (templated shop rules, plain conditional ones among them:
 #: the eighth pass held 7 of those)
@@ -119,32 +123,40 @@ def with_anchors(x: np.ndarray, anchors: np.ndarray) -> np.ndarray:
     return np.hstack([x, ANCHOR_SCALE * (x @ anchors.T)])
 
 
-def fitted(x: np.ndarray, y: np.ndarray, anchors: np.ndarray, lam: float) -> tuple[np.ndarray, float]:
-    """Weights over the raw 384-d vector and a bias: the fit over the vector and its anchor similarities, the
-    similarities' weights folded back into the vector's (they are linear in it)."""
-    weights, bias = standardised_fit(with_anchors(x, anchors), y, lam)
-    dim = x.shape[1]
-    return weights[:dim] + ANCHOR_SCALE * anchors.T @ weights[dim:], bias
+def cues(texts: list[str]) -> np.ndarray:
+    """Whom each text addresses (`kb_reindex.domain.addressee`): len(texts) x len(ADDRESSEE_CUES)."""
+    return np.array([addressee_cues(t) for t in texts], dtype=np.float64).reshape(len(texts), len(ADDRESSEE_CUES))
+
+
+def fitted(x: np.ndarray, c: np.ndarray, y: np.ndarray, anchors: np.ndarray, lam: float
+           ) -> tuple[np.ndarray, np.ndarray, float]:
+    """Weights over the raw 384-d vector, over the addressee cues `c`, and a bias: the fit over the vector, its
+    anchor similarities and the cues, the similarities' weights folded back into the vector's (they are linear
+    in it)."""
+    weights, bias = standardised_fit(np.hstack([with_anchors(x, anchors), c]), y, lam)
+    dim, anchored = x.shape[1], x.shape[1] + len(anchors)
+    return weights[:dim] + ANCHOR_SCALE * anchors.T @ weights[dim:anchored], weights[anchored:], bias
 
 
 def unit(x: np.ndarray) -> np.ndarray:
     return x / np.linalg.norm(x, axis=1, keepdims=True)
 
 
-def judge(train_x: np.ndarray, train_y: np.ndarray, anchors: np.ndarray, lam: float) -> Callable[[np.ndarray], np.ndarray]:
-    """The score a fit on these lines gives: the regression's probability and the neighbours' vote (the screen's
-    own `Neighbours`, over these lines), averaged."""
-    weights, bias = fitted(train_x, train_y, anchors, lam)
+def judge(train_x: np.ndarray, train_c: np.ndarray, train_y: np.ndarray, anchors: np.ndarray, lam: float
+          ) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
+    """The score a fit on these lines gives (of vectors and their cues): the regression's probability and the
+    neighbours' vote (the screen's own `Neighbours`, over these lines), averaged."""
+    weights, cue_weights, bias = fitted(train_x, train_c, train_y, anchors, lam)
     neighbours = Neighbours(vectors=unit(train_x), labels=train_y, k=NEIGHBOURS, temperature=TEMPERATURE, weight=SHARE)
-    return lambda x: (1 - SHARE) * scored(x, weights, bias) + SHARE * neighbours.vote(unit(x))
+    return lambda x, c: (1 - SHARE) * scored(x, c, weights, cue_weights, bias) + SHARE * neighbours.vote(unit(x))
 
 
-def scored(x: np.ndarray, weights: np.ndarray, bias: float) -> np.ndarray:
-    return 1 / (1 + np.exp(-(x @ weights + bias)))
+def scored(x: np.ndarray, c: np.ndarray, weights: np.ndarray, cue_weights: np.ndarray, bias: float) -> np.ndarray:
+    return 1 / (1 + np.exp(-(x @ weights + c @ cue_weights + bias)))
 
 
-def left_out(x: np.ndarray, y: np.ndarray, groups: np.ndarray, shipped: np.ndarray, anchors: np.ndarray,
-             lam: float) -> tuple[np.ndarray, float]:
+def left_out(x: np.ndarray, c: np.ndarray, y: np.ndarray, groups: np.ndarray, shipped: np.ndarray,
+             shipped_c: np.ndarray, anchors: np.ndarray, lam: float) -> tuple[np.ndarray, float]:
     """Each line's score from a fit without its part, and the highest score of a benign page's passage (shipped
     or generated) from a fit without it (five folds of the pages, each fit also without one part in turn)."""
     out = np.zeros(len(y))
@@ -154,10 +166,12 @@ def left_out(x: np.ndarray, y: np.ndarray, groups: np.ndarray, shipped: np.ndarr
         train = groups != group
         for fold in range(FOLDS):
             keep = folds != fold
-            score = judge(np.vstack([x[train], shipped[keep]]), np.r_[y[train], np.zeros(int(keep.sum()))], anchors, lam)
-            shipped_max = max(shipped_max, float(score(shipped[~keep]).max()))
-        score = judge(np.vstack([x[train], shipped]), np.r_[y[train], np.zeros(len(shipped))], anchors, lam)
-        out[~train] = score(x[~train])
+            score = judge(np.vstack([x[train], shipped[keep]]), np.vstack([c[train], shipped_c[keep]]),
+                          np.r_[y[train], np.zeros(int(keep.sum()))], anchors, lam)
+            shipped_max = max(shipped_max, float(score(shipped[~keep], shipped_c[~keep]).max()))
+        score = judge(np.vstack([x[train], shipped]), np.vstack([c[train], shipped_c]),
+                      np.r_[y[train], np.zeros(len(shipped))], anchors, lam)
+        out[~train] = score(x[~train], c[~train])
     return out, shipped_max
 
 
@@ -213,12 +227,13 @@ def main() -> None:
     pages = len(shipped_texts)
     shipped_texts += generated
     shipped = e5_arrays(shipped_texts, model=MODEL).astype(np.float64)
+    c, shipped_c = cues(lines), cues(shipped_texts)
     anchors = anchor_vectors()
     patterns = np.array([is_instruction(t) for t in lines])
 
     best: tuple[float, float, float, float, float] | None = None  # (recall, lambda, threshold, precision, shipped max)
     for lam in LAMBDAS:
-        p, shipped_max = left_out(x, y, groups, shipped, anchors, lam)
+        p, shipped_max = left_out(x, c, y, groups, shipped, shipped_c, anchors, lam)
         for threshold in np.round(np.arange(0.30, 0.991, 0.005), 3):
             recall, precision = at_threshold(p, patterns, y, float(threshold))
             if precision >= args.precision:
@@ -233,7 +248,7 @@ def main() -> None:
         raise SystemExit(f"no threshold keeps a pooled left-out precision of {args.precision}")
     recall, lam, threshold, precision, shipped_max = best
     every_x, every_y = np.vstack([x, shipped]), np.r_[y, np.zeros(len(shipped))]
-    weights, bias = fitted(every_x, every_y, anchors, lam)
+    weights, cue_weights, bias = fitted(every_x, np.vstack([c, shipped_c]), every_y, anchors, lam)
     buffer = io.BytesIO()
     np.savez_compressed(buffer, vectors=unit(every_x).astype(np.float16), labels=every_y.astype(np.uint8))
     NEIGHBOURS_FILE.write_bytes(buffer.getvalue())
@@ -247,6 +262,8 @@ def main() -> None:
                        "lines_sha256": hashlib.sha256("\n".join(lines).encode("utf-8")).hexdigest()},
         "neighbours": {"file": NEIGHBOURS_FILE.name, "sha256": hashlib.sha256(buffer.getvalue()).hexdigest(),
                        "k": NEIGHBOURS, "temperature": TEMPERATURE, "weight": SHARE},
+        "addressee": {"version": ADDRESSEE_VERSION, "cues": list(ADDRESSEE_CUES),
+                      "weights": [round(float(v), 6) for v in cue_weights]},
         "anchors": {"queries": len(ANCHORS), "scale": ANCHOR_SCALE,
                     "sha256": hashlib.sha256("\n".join(ANCHORS).encode("utf-8")).hexdigest()},
         "left_out": {"by": "part", "lambda": lam, "recall": round(recall, 3), "precision": round(precision, 3),

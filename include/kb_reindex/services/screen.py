@@ -5,7 +5,9 @@ Two passes over what `kb_reindex.domain.screen_text.passages` reads of a page (e
 normalised; HTML comments, link titles and alt texts apart):
 1. the patterns (`kb_reindex.domain.instructions`): what they match is flagged, by their wording;
 2. a classifier by meaning over multilingual-e5-small's passage vectors (the model the project ships, offline,
-   loaded once per process): logistic regression, averaged with a vote of the labelled lines nearest in meaning
+   loaded once per process): logistic regression over the vector and whom the text addresses
+   (`kb_reindex.domain.addressee`: the assistant called to or described, the reader called 你 or 您, answers
+   ruled; the tenth pass, 2026-12-06), averaged with a vote of the labelled lines nearest in meaning
    (`Neighbours`), its weights and those lines' vectors shipped beside this module (`screen_weights.json`,
    `screen_neighbours.npz`; retrained by bench/train_screen.py on the retired parts of bench/instructions.yaml
    and the shipped pages' passages as benign lines).
@@ -34,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple, Protocol
 
+from kb_reindex.domain.addressee import ADDRESSEE_CUES, ADDRESSEE_VERSION, addressee_cues
 from kb_reindex.domain.errors import ConfigError
 from kb_reindex.domain.instructions import INSTRUCTION_PATTERNS, pattern_reason
 from kb_reindex.domain.screen_text import NORMALISATION, Passage, letters, passages
@@ -131,10 +134,27 @@ def _load_neighbours(path: Path, spec: dict[str, Any]) -> Neighbours:
                       weight=float(spec["weight"]))
 
 
+def _cue_weights(path: Path, spec: Any) -> Any:
+    """The `addressee` field: the cues' weights, fitted on the cues this release reads (named and versioned)."""
+    import numpy as np
+
+    if not isinstance(spec, dict) or not isinstance(spec.get("weights"), list):
+        raise ConfigError(f"{path}: field 'addressee' must be an object with a list 'weights'")
+    if spec.get("version") != ADDRESSEE_VERSION or spec.get("cues") != list(ADDRESSEE_CUES):
+        raise ConfigError(f"{path}: field 'addressee' was fitted on cues version {spec.get('version')!r}; this release "
+                          f"reads version {ADDRESSEE_VERSION} ({len(ADDRESSEE_CUES)} cues): retrain with "
+                          "`.venv/bin/python bench/train_screen.py` or set KB_INSTRUCTION_SCREEN=patterns")
+    weights = np.asarray(spec["weights"], dtype=np.float32)
+    if weights.shape != (len(ADDRESSEE_CUES),) or not np.isfinite(weights).all():
+        raise ConfigError(f"{path}: field 'addressee.weights' must be {len(ADDRESSEE_CUES)} finite numbers "
+                          f"(has {weights.size})")
+    return weights
+
+
 @dataclass
 class Classifier:
-    """sigmoid(x . weights + bias) over a text's e5 passage vector, averaged with its `neighbours`' vote when
-    shipped; flagged from `threshold`."""
+    """sigmoid(x . weights + cues . cue_weights + bias) over a text's e5 passage vector and its addressee cues,
+    averaged with its `neighbours`' vote when shipped; flagged from `threshold`."""
 
     weights: Any  # numpy array, the model's dimension
     bias: float
@@ -142,6 +162,8 @@ class Classifier:
     digest: str
     model: str = MODEL
     neighbours: Neighbours | None = None
+    #: the weights of whom a text addresses (`kb_reindex.domain.addressee`), beside its vector's; None: not fitted
+    cue_weights: Any = None
     #: texts e5 embedded for this classifier in this process (the others were remembered)
     embedded: int = 0
     _memory: dict[str, float] = field(default_factory=dict, repr=False)
@@ -168,6 +190,9 @@ class Classifier:
             raise ConfigError(f"{path}: field 'weights' must be 384 finite numbers (has {weights.size})")
         if not 0.0 < float(record["threshold"]) < 1.0:
             raise ConfigError(f"{path}: field 'threshold' is {record['threshold']}, not between 0 and 1")
+        cue_weights = None
+        if record.get("addressee") is not None:
+            cue_weights = _cue_weights(path, record["addressee"])
         neighbours = None
         if record.get("neighbours") is not None:
             if not isinstance(record["neighbours"], dict):
@@ -175,7 +200,7 @@ class Classifier:
             neighbours = _load_neighbours(path, record["neighbours"])
         # the weights file names the neighbours' SHA-256: its digest names both
         return cls(weights=weights, bias=float(record["bias"]), threshold=float(record["threshold"]),
-                   digest=hashlib.sha256(raw).hexdigest()[:12], neighbours=neighbours)
+                   digest=hashlib.sha256(raw).hexdigest()[:12], neighbours=neighbours, cue_weights=cue_weights)
 
     @property
     def key(self) -> str:
@@ -199,7 +224,7 @@ class Classifier:
             self._remember(kept)
             todo = [t for t in todo if t not in kept]
         if todo:
-            fresh = dict(zip(todo, self._judge(e5_arrays(todo, model=self.model)), strict=True))
+            fresh = dict(zip(todo, self._judge(e5_arrays(todo, model=self.model), todo), strict=True))
             self.embedded += len(todo)
             known.update(fresh)
             self._remember(fresh)
@@ -207,11 +232,15 @@ class Classifier:
                 memory.remember_scores(self.key, {text_digest(t): score for t, score in fresh.items()})
         return [known[t] for t in texts]
 
-    def _judge(self, vectors: Any) -> list[float]:
-        """Each passage vector's score: the regression's probability, averaged with the neighbours' vote."""
+    def _judge(self, vectors: Any, texts: Sequence[str]) -> list[float]:
+        """Each passage's score from its vector and text: the regression's probability (over the vector and
+        whom the text addresses), averaged with the neighbours' vote."""
         import numpy as np
 
-        probability = 1.0 / (1.0 + np.exp(-np.clip(vectors @ self.weights + self.bias, -50.0, 50.0)))
+        logit = vectors @ self.weights + self.bias
+        if self.cue_weights is not None:
+            logit = logit + np.array([addressee_cues(t) for t in texts], dtype=np.float32) @ self.cue_weights
+        probability = 1.0 / (1.0 + np.exp(-np.clip(logit, -50.0, 50.0)))
         if self.neighbours is None:
             return [float(p) for p in probability]
         unit = vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
