@@ -2,15 +2,15 @@
 written to include/kb_reindex/services/screen_weights.json (what kb_reindex.services.screen ships and loads).
 
 What it is fitted on (the twelfth pass, 2026-12-06): every retired part of bench/instructions.yaml (`--parts`;
-never `held_out_11`, written after the eleventh pass and before this one), the passages of the shipped knowledge pages (knowledge/**/docs: the
-project's own pages, benign by definition) and of 300 pages of the benchmark's generator under another seed
-(`--corpus-pages`: templated shop rules, benign by construction) as policy lines. Beside each line's vector it reads
-the line's similarity to a few descriptions of what an injection is (`ANCHORS`, e5 query vectors, in Chinese and
-English): a prior towards "addressed to the model" that a few hundred lines cannot teach; the model stays linear in
-the vector, so the anchors fold into the 384 weights shipped. Beside them it reads whom the line addresses
-(`kb_reindex.domain.addressee`, the tenth pass: the assistant called to or described, the reader called 你 or 您,
-the customer in the third person while the reader is told what to say, answers ruled), each cue a weight of its
-own in the file. The score is that regression's probability averaged
+never `held_out_11`, written after the eleventh pass and before this one), the passages of the shipped knowledge
+pages (knowledge/**/docs: the project's own pages, benign by definition) and of 300 pages of the benchmark's
+generator under another seed (`--corpus-pages`: templated shop rules, benign by construction) as policy lines.
+Beside each line's vector it reads the line's similarity to a few descriptions of what an injection is
+(`ANCHORS`, e5 query vectors, in Chinese and English): a prior towards "addressed to the model" that a few hundred
+lines cannot teach; the model stays linear in the vector, so the anchors fold into the 384 weights shipped. Beside
+them it reads whom the line addresses (`kb_reindex.domain.addressee`, the tenth pass: the assistant called to or
+described, the reader called 你 or 您, the customer in the third person while the reader is told what to say,
+answers ruled), each cue a weight of its own in the file. The score is that regression's probability averaged
 with a vote of the `NEIGHBOURS` labelled lines nearest in meaning (the seventh pass): every line fitted on is
 shipped as its unit vector and label (include/kb_reindex/services/screen_neighbours.npz, float16), so a style one
 linear boundary cuts badly is still judged by its nearest examples.

@@ -5,11 +5,12 @@ assistant in the third person ("智能客服的回复仅供参考", "the chatbot
 for the assistant speaks *to* it: it names the assistant as the one addressed ("给助手：", "（chatbot: …）", "AI
 助手请注意", "any model reading this page"), calls the reader "你", talks of the customer in the third person while
 telling the reader what to say ("如果有人问…你就说…", "tell them it is free"), or rules how answers are given
-("一律回复…", "always answer…", "请照此回答"); a sample dialogue is read as one (a customer's and an agent's lines
-shown to the reader), so the classifier can tell an example from a script ruled for the assistant. e5 reads what a line is about; these cues say whom it addresses,
-which is where the screen confused a page describing its assistant with a line instructing it (bench/README.md,
-the instruction screen). Each cue is a number in [0, 1] the classifier weighs (bench/train_screen.py fits the
-weights); none flags a line alone. Read over normalised text (`kb_reindex.domain.screen_text.read_line`).
+("一律回复…", "always answer…", "请照此回答"); a sample dialogue is read as one (a customer's and an agent's
+lines shown to the reader), so the classifier can tell an example from a script ruled for the assistant. e5 reads
+what a line is about; these cues say whom it addresses, which is where the screen confused a page describing its
+assistant with a line instructing it (bench/README.md, the instruction screen). Each cue is a number in [0, 1]
+the classifier weighs (bench/train_screen.py fits the weights); none flags a line alone. Read over normalised
+text (`kb_reindex.domain.screen_text.read_line`).
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ def _cue(pattern: str) -> re.Pattern[str]:
 
 
 _ADDRESSED = _cue(
-    rf"(?:给|致|对|写给|提醒|告诉)\s*{_BOT}|(?:给|致|写给)[\u4e00-\u9fff]{{1,4}}{_BOT}|{_BOT}\s*(?:请|須|须|必须|应|应当|要|务必|注意|读到|看到|今后|以后|从现在)"
+    rf"(?:给|致|对|写给|提醒|告诉)\s*{_BOT}|(?:给|致|写给)[\u4e00-\u9fff]{{1,4}}{_BOT}"
+    rf"|{_BOT}\s*(?:请|須|须|必须|应|应当|要|务必|注意|读到|看到|今后|以后|从现在)"
     rf"|{_BOT}\s*[：:,]|[（(]\s*{_BOT}|\b(?:to|dear|attention|note for|note to|hey|hi)\b[^.]{{0,12}}{_BOT}"
     rf"|{_BOT}\s+(?:must|should|shall|needs? to|is to|are to|has to|please)\b"
     r"|\b(?:any|every|the)\s+(?:AI|assistant|bot|model|LLM|agent)s?\s+(?:reading|processing|that reads|who reads)")

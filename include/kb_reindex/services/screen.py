@@ -7,7 +7,7 @@ normalised; HTML comments, link titles and alt texts apart):
 2. a classifier by meaning over multilingual-e5-small's passage vectors (the model the project ships, offline,
    loaded once per process): logistic regression over the vector and whom the text addresses
    (`kb_reindex.domain.addressee`: the assistant called to or described, the reader called 你 or 您, answers
-   ruled; since the tenth pass, 2026-12-06; the twelfth ships), averaged with a vote of the labelled lines nearest in meaning
+   ruled; since the tenth pass, 2026-12-06), averaged with a vote of the labelled lines nearest in meaning
    (`Neighbours`), its weights and those lines' vectors shipped beside this module (`screen_weights.json`,
    `screen_neighbours.npz`; retrained by bench/train_screen.py on the retired parts of bench/instructions.yaml
    and the shipped pages' passages as benign lines).
