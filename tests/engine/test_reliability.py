@@ -367,6 +367,43 @@ def test_two_processes_at_once_exactly_one_promotes(project: Path, ollama: FakeO
     assert any("another run is working on mall_knowledge" in out + err for out, err in outputs), outputs
 
 
+def test_a_local_mode_store_shared_by_threads_serves_searches_while_points_change() -> None:
+    """Local mode is plain Python dicts: four threads searching while one writes broke it ("operands could not be
+    broadcast", "dictionary changed size during iteration") until the store ran its calls one at a time."""
+    import random
+
+    from qdrant_client import models
+
+    store = KnowledgeStore(QdrantClient(":memory:"))
+    store.client.create_collection("c", vectors_config=models.VectorParams(size=8, distance=models.Distance.COSINE))
+    errors: list[str] = []
+    stop = threading.Event()
+    searches = {"n": 0}
+
+    def reader() -> None:
+        while not stop.is_set():
+            try:
+                store.client.query_points("c", query=[random.random() for _ in range(8)], limit=3)
+                searches["n"] += 1
+            except Exception as exc:  # every failure counts
+                errors.append(f"{type(exc).__name__}: {exc}")
+
+    threads = [threading.Thread(target=reader) for _ in range(4)]
+    for t in threads:
+        t.start()
+    try:
+        for n in range(200):
+            store.client.upsert("c", points=[models.PointStruct(id=n * 10 + i, vector=[random.random() for _ in range(8)])
+                                             for i in range(10)])
+            store.client.delete("c", points_selector=models.PointIdsList(points=[n * 10]))
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    assert searches["n"] > 0 and errors == []
+    assert store.count("c") == 200 * 9
+
+
 def test_readers_see_no_error_and_no_empty_result_through_the_swap(deps: Deps) -> None:
     run_reindex(deps)
     errors: list[str] = []

@@ -7,13 +7,14 @@ In Airflow the `qdrant_default` Connection sets the same settings (kb_reindex.ai
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NotRequired, TypedDict
+from typing import Any, NotRequired, TypedDict, cast
 
 from qdrant_client import QdrantClient, models
 
@@ -136,19 +137,43 @@ INDEX_POLL_S = 0.5
 PAYLOAD_INDEXES = ("knowledge_key", "tenant", "category")  # keyword: the reader filters on them
 
 
+class _OneCallAtATime:
+    """A local-mode client whose calls run one at a time.
+
+    Local mode keeps collections in Python dicts and is not safe across threads: a search beside an upsert
+    fails with "dictionary changed size during iteration". A server orders concurrent requests itself; here
+    every method call takes one lock (re-entrant, so a call that calls another does not wait on itself)."""
+
+    def __init__(self, client: QdrantClient) -> None:
+        self._client = client
+        self._lock = threading.RLock()
+
+    def __getattr__(self, name: str) -> Any:
+        attribute = getattr(self._client, name)
+        if not callable(attribute):
+            return attribute
+        lock = self._lock
+
+        def one_at_a_time(*args: Any, **kwargs: Any) -> Any:
+            with lock:
+                return attribute(*args, **kwargs)
+
+        return one_at_a_time
+
+
 class KnowledgeStore:
     """Thin, explicit operations over one client; every failure says which collection or alias.
 
     `local`: local mode (no server), detected from the client unless given; a proxy that hides its client
-    (the benchmark's sidecar) says so explicitly."""
+    (the benchmark's sidecar) says so explicitly. A local-mode client is used one call at a time, so threads
+    that share the store (readers during a run, the page's requests) never see it mid-change."""
 
     def __init__(self, client: QdrantClient, *, local: bool | None = None) -> None:
-        self.client = client
-        if local is None:
-            from qdrant_client.local.qdrant_local import QdrantLocal
+        from qdrant_client.local.qdrant_local import QdrantLocal
 
-            local = isinstance(getattr(client, "_client", None), QdrantLocal)
-        self.is_local = local
+        in_process = isinstance(getattr(client, "_client", None), QdrantLocal)
+        self.client = cast(QdrantClient, _OneCallAtATime(client)) if in_process else client
+        self.is_local = in_process if local is None else local
 
     # --- collections ---------------------------------------------------------------------------
 
