@@ -1,6 +1,6 @@
 """The instruction screen on its labelled set, bench/instructions.yaml: recall and precision of each part (the
 training parts, and the held-out parts each written before it was first scored: `held_out`, `unseen`, `edits`,
-`held_out_2` .. `held_out_6`; the file's comments say when and by whom), by language (zh, en, mixed), for the
+`held_out_2` .. `held_out_12`; the file's comments say when and by whom), by language (zh, en, mixed), for the
 patterns alone and for the whole screen (patterns, then the classifier over multilingual-e5-small); and the false
 alarms on two sets of pages benign by construction, the shipped knowledge pages and the benchmark corpus's 300
 generated pages (the goal for both: 0).
