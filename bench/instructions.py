@@ -53,8 +53,13 @@ def scores(found: list[bool], alarms: list[bool]) -> dict[str, float | int | Non
 
 
 def measure(judge: Callable[[list[str]], list[bool]],
-            page_alarms: Callable[[list[tuple[str, str, int]]], list[str]]) -> dict[str, object]:
+            page_alarms: Callable[[list[tuple[str, str, int]]], list[str]],
+            parts: list[str] | None = None) -> dict[str, object]:
     data = labelled()
+    unknown = sorted(set(parts or ()) - set(data))
+    if unknown:
+        raise SystemExit(f"bench/instructions.yaml has no part {', '.join(unknown)} (its parts: {', '.join(data)})")
+    data = {part: lines for part, lines in data.items() if parts is None or part in parts}
     result: dict[str, object] = {}
     missed: dict[str, list[str]] = {}
     false: dict[str, list[str]] = {}
@@ -118,7 +123,10 @@ def table(result: dict[str, object], title: str) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--patterns", action="store_true", help="the patterns alone")
+    parser.add_argument("--parts", help="only these parts, comma-separated (the pages are scored either way); "
+                                        "results go to instructions-<parts>.{json,md} beside the full table")
     args = parser.parse_args()
+    parts = args.parts.split(",") if args.parts else None
 
     def patterns(lines: list[str]) -> list[bool]:
         return [is_instruction(normalize(line)) for line in lines]
@@ -130,7 +138,7 @@ def main() -> None:
 
     out = HERE / "results"
     out.mkdir(exist_ok=True)
-    results = {"patterns": measure(patterns, patterns_pages)}
+    results = {"patterns": measure(patterns, patterns_pages, parts)}
     text = [table(results["patterns"], "patterns alone (kb_reindex.domain.instructions)")]
     if not args.patterns:
         from kb_reindex.services.screen import meaning_screen
@@ -144,11 +152,12 @@ def main() -> None:
             return [f"{name}:{f.line}: {f.text} ({f.why})" for name, body, first in pages
                     for f in screen.flag(body, first_line=first)]
 
-        results["screen"] = measure(whole, whole_pages)
+        results["screen"] = measure(whole, whole_pages, parts)
         results["screen_version"] = screen.version  # type: ignore[assignment]
         text.append(table(results["screen"], f"the screen ({screen.version})"))
-    (out / "instructions.json").write_text(json.dumps(results, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
-    (out / "instructions.md").write_text("\n\n".join(text) + "\n", encoding="utf-8")
+    name = "instructions" + (f"-{'-'.join(parts)}" if parts else "")
+    (out / f"{name}.json").write_text(json.dumps(results, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
+    (out / f"{name}.md").write_text("\n\n".join(text) + "\n", encoding="utf-8")
     print("\n\n".join(text))
 
 
