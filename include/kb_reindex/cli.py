@@ -578,7 +578,7 @@ def _plan_with_state(args: argparse.Namespace, settings: Settings) -> int:
         missing = exc
         state = StateStore("sqlite:///:memory:")
         if settings.qdrant_path is not None and not (settings.qdrant_path / "meta.json").is_file():
-            from qdrant_client import QdrantClient
+            from kb_reindex.services.qdrant import QdrantClient
 
             client = QdrantClient(location=":memory:")  # no local store yet either: an empty one, in memory
     try:

@@ -350,3 +350,65 @@ def test_the_version_models_steps_take_a_narrow_part_of_the_state_store() -> Non
     ports = ast.parse((PACKAGE / "services" / "state" / "ports.py").read_text(encoding="utf-8"))
     imported = {node.module for node in ast.walk(ports) if isinstance(node, ast.ImportFrom)}
     assert "kb_reindex.services.state.store" not in imported, "the ports say what a step uses, not the store"
+
+
+def _qdrant_imports(tree: ast.Module) -> list[str]:
+    """The module's imports of qdrant-client outside `if TYPE_CHECKING:` blocks, as `from` or `import` lines."""
+    typing_only = {id(node) for block in ast.walk(tree) if isinstance(block, ast.If)
+                   and "TYPE_CHECKING" in ast.unparse(block.test) for stmt in block.body for node in ast.walk(stmt)}
+    found = []
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "qdrant_client":
+            found.append(f"from {node.module} import ...")
+        elif isinstance(node, ast.Import) and any(a.name.split(".")[0] == "qdrant_client" for a in node.names):
+            found.append("import qdrant_client")
+    return found
+
+
+def test_the_package_takes_qdrants_client_from_services_qdrant() -> None:
+    """Only `services/qdrant.py` imports the client's package itself (skipping its up-front rebuild of every REST
+    model); a module may import one of the client's submodules only after importing `services.qdrant` itself."""
+    wrong = []
+    for path in PACKAGE.rglob("*.py"):
+        if path.relative_to(PACKAGE).as_posix() == "services/qdrant.py":
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        via_ours = any(isinstance(node, ast.ImportFrom) and node.module == "kb_reindex.services.qdrant"
+                       for node in tree.body)
+        for line in _qdrant_imports(tree):
+            if line in ("import qdrant_client", "from qdrant_client import ...") or not via_ours:
+                wrong.append(f"{path.relative_to(PACKAGE)}: {line}")
+    assert wrong == []
+
+
+def test_a_process_opening_qdrant_builds_only_the_client_models_it_uses(tmp_path: Path) -> None:
+    """Importing the store (as every command that opens Qdrant does) leaves the client's REST models unbuilt,
+    pydantic's own `model_rebuild` back in place, and a local-mode round trip (collection, point, filtered
+    query, alias) working: the models it uses are built on first use."""
+    import subprocess
+    import sys
+
+    script = """
+import inspect, json, pydantic
+rebuild = pydantic.BaseModel.__dict__["model_rebuild"]
+from kb_reindex.services.store import KnowledgeStore
+from kb_reindex.services.qdrant import QdrantClient, models
+unbuilt = [n for n, c in inspect.getmembers(models, inspect.isclass)
+           if issubclass(c, pydantic.BaseModel) and not c.__pydantic_complete__]
+client = QdrantClient(location=":memory:")
+client.create_collection("c", vectors_config=models.VectorParams(size=2, distance=models.Distance.COSINE))
+client.upsert("c", [models.PointStruct(id=1, vector=[1.0, 0.0], payload={"k": "a"})])
+hit = client.query_points("c", query=[1.0, 0.0], limit=1, query_filter=models.Filter(
+    must=[models.FieldCondition(key="k", match=models.MatchValue(value="a"))])).points[0].id
+client.update_collection_aliases(change_aliases_operations=[
+    models.CreateAliasOperation(create_alias=models.CreateAlias(collection_name="c", alias_name="live"))])
+print(json.dumps([len(unbuilt), pydantic.BaseModel.__dict__["model_rebuild"] is rebuild, hit,
+                  [a.alias_name for a in client.get_aliases().aliases], models.Filter.__pydantic_complete__]))
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                          cwd=tmp_path, env={**__import__("os").environ, "PYTHONPATH": str(PACKAGE.parent)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    unbuilt, restored, hit, aliases, filter_built = __import__("json").loads(done.stdout.strip().splitlines()[-1])
+    assert unbuilt > 100 and restored and hit == 1 and aliases == ["live"] and filter_built

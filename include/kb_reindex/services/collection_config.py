@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, NotRequired, TypedDict
 
 import pydantic
-from qdrant_client import models
+from kb_reindex.services.qdrant import models
 
 from kb_reindex.domain.errors import ConfigError
 

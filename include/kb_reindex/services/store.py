@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NotRequired, TypedDict, cast
 
-from qdrant_client import QdrantClient, models
+from kb_reindex.services.qdrant import QdrantClient, models
 
 from kb_reindex.services.collection_config import CollectionConfig
 from kb_reindex.services.config import Settings

@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Protocol, cast
 
-from qdrant_client import models
+from kb_reindex.services.qdrant import models
 
 from kb_reindex.services.chunking import Chunk
 from kb_reindex.services.corpus import DocumentInfo

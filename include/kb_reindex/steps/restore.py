@@ -13,7 +13,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any, cast
 
-from qdrant_client import models
+from kb_reindex.services.qdrant import models
 
 from kb_reindex.domain.errors import ConfigError, StoreError
 from kb_reindex.domain.lifecycle import DELETED, LIVE, READY, RETIRED

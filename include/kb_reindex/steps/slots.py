@@ -13,7 +13,7 @@ import logging
 import uuid
 from collections.abc import Sequence
 
-from qdrant_client import models
+from kb_reindex.services.qdrant import models
 
 from kb_reindex.domain.errors import KbError, StoreError
 from kb_reindex.rules.collection_setup import collection_metadata, version_collection_config

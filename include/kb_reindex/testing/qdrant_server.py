@@ -68,7 +68,7 @@ from pathlib import Path
 from typing import Any
 
 import pydantic
-from qdrant_client import QdrantClient, models
+from kb_reindex.services.qdrant import QdrantClient, models
 
 from kb_reindex.testing.http_server import ConnectionTrackingServer, HttpError
 
