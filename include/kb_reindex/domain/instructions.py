@@ -90,10 +90,21 @@ PATTERN_GROUPS: list[tuple[str, tuple[re.Pattern[str], ...]]] = [
 INSTRUCTION_PATTERNS = [p for _, patterns in PATTERN_GROUPS for p in patterns]
 
 
+#: a modal negation earlier in the same clause: "it cannot issue refunds or override any rule" says what may not be
+#: done, it does not ask for it (a held-out policy line the patterns flagged, `held_out_17`)
+NEGATED_CLAUSE = re.compile(r"\b(?:cannot|can't|can\s+not|could\s+not|couldn't|may\s+not|must\s+not|mustn't|shall\s+not"
+                      r"|never|unable\s+to|not\s+(?:allowed|permitted|able)\s+to)\b[^.;:!?。；：！？]*$", re.IGNORECASE)
+
+
+def _asked(text: str, pattern: re.Pattern[str]) -> bool:
+    """A match of `pattern` in `text` whose clause does not negate it before it (`NEGATED_CLAUSE`)."""
+    return any(NEGATED_CLAUSE.search(text, 0, m.start()) is None for m in pattern.finditer(text))
+
+
 def pattern_reason(text: str) -> str | None:
     """Why `text` (as the screen reads it: normalised) matches a pattern, or None."""
     for why, patterns in PATTERN_GROUPS:
-        if any(p.search(text) for p in patterns):
+        if any(_asked(text, p) for p in patterns):
             return why
     return None
 

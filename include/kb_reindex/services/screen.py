@@ -38,7 +38,7 @@ from typing import Any, NamedTuple, Protocol
 
 from kb_reindex.domain.addressee import ADDRESSEE_CUES, ADDRESSEE_VERSION, addressee_cues
 from kb_reindex.domain.errors import ConfigError
-from kb_reindex.domain.instructions import INSTRUCTION_PATTERNS, pattern_reason
+from kb_reindex.domain.instructions import INSTRUCTION_PATTERNS, NEGATED_CLAUSE, pattern_reason
 from kb_reindex.domain.screen_text import NORMALISATION, Passage, letters, passages
 
 log = logging.getLogger(__name__)
@@ -53,9 +53,10 @@ MIN_LETTERS = 4
 #: texts a process remembers the classifier's score of (a plan over the same files judges them once)
 _MEMORY = 200_000
 
-#: the patterns and the reading in front of them (`screen_text.NORMALISATION`): a change to either is another screen
-PATTERNS_DIGEST = hashlib.sha256(("\n".join(p.pattern for p in INSTRUCTION_PATTERNS) + f"\nread:{NORMALISATION}")
-                                 .encode("utf-8")).hexdigest()[:12]
+#: the patterns, the clause that negates a match (`instructions.NEGATED_CLAUSE`) and the reading in front of them
+#: (`screen_text.NORMALISATION`): a change to any is another screen
+PATTERNS_DIGEST = hashlib.sha256(("\n".join(p.pattern for p in INSTRUCTION_PATTERNS) + f"\nread:{NORMALISATION}"
+                                  + f"\nnegated:{NEGATED_CLAUSE.pattern}").encode("utf-8")).hexdigest()[:12]
 
 
 class ScoreMemory(Protocol):
