@@ -14,7 +14,15 @@ grace="${KB_AIRFLOW_STOP_GRACE:-15}"
 source "$root/scripts/processes.sh"  # running, start_ticks
 # the processes of a session that still run
 members() { ps -e -o pid=,sid=,stat= | awk -v s="$1" '$2 == s && $3 !~ /^Z/ {print $1}'; }
-kill_session() { local pids; pids="$(members "$1")"; [ -z "$pids" ] || kill -KILL $pids 2> /dev/null; }
+# KILL lands at once, but a killed process takes a moment to end: wait (up to 5 s) until none of the session runs,
+# so what starts next finds its ports and files free
+gone() { local i; for i in $(seq 25); do [ -z "$(members "$1")" ] && return 0; sleep 0.2; done; return 1; }
+kill_session() {
+  local pids; pids="$(members "$1")"
+  [ -z "$pids" ] && return 0
+  kill -KILL $pids 2> /dev/null
+  gone "$1" || echo "airflow: processes of session $1 still run 5 s after KILL: $(members "$1" | tr '\n' ' ')" >&2
+}
 
 # A stale pid file must not stop someone else's process that reused the pid: ours leads its own session and has
 # the kernel start time airflow.sh recorded beside its pid file ($name.start; clock ticks since boot, so a wall
