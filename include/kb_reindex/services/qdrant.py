@@ -8,7 +8,7 @@ is skipped here while the client is imported and a process builds only the model
 
 Only the first import in a process is affected (one already imported elsewhere is taken as it is), and pydantic's
 own `model_rebuild` is back in place before anything else runs. The package imports `QdrantClient` and
-`models` from here, never from `qdrant_client` first (tests/unit/test_floors.py checks the import sites).
+`models` from here, never from `qdrant_client` first (tests/unit/test_structure.py checks the import sites).
 """
 
 from __future__ import annotations
