@@ -387,6 +387,7 @@ def test_a_process_opening_qdrant_builds_only_the_client_models_it_uses(tmp_path
     """Importing the store (as every command that opens Qdrant does) leaves the client's REST models unbuilt,
     pydantic's own `model_rebuild` back in place, and a local-mode round trip (collection, point, filtered
     query, alias) working: the models it uses are built on first use."""
+    import json
     import subprocess
     import sys
 
@@ -407,8 +408,7 @@ client.update_collection_aliases(change_aliases_operations=[
 print(json.dumps([len(unbuilt), pydantic.BaseModel.__dict__["model_rebuild"] is rebuild, hit,
                   [a.alias_name for a in client.get_aliases().aliases], models.Filter.__pydantic_complete__]))
 """
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
-                          cwd=tmp_path, env={**__import__("os").environ, "PYTHONPATH": str(PACKAGE.parent)})
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
-    unbuilt, restored, hit, aliases, filter_built = __import__("json").loads(done.stdout.strip().splitlines()[-1])
+    unbuilt, restored, hit, aliases, filter_built = json.loads(done.stdout.strip().splitlines()[-1])
     assert unbuilt > 100 and restored and hit == 1 and aliases == ["live"] and filter_built

@@ -93,7 +93,7 @@ INSTRUCTION_PATTERNS = [p for _, patterns in PATTERN_GROUPS for p in patterns]
 #: a modal negation earlier in the same clause: "it cannot issue refunds or override any rule" says what may not be
 #: done, it does not ask for it (a held-out policy line the patterns flagged, `held_out_17`)
 NEGATED_CLAUSE = re.compile(r"\b(?:cannot|can't|can\s+not|could\s+not|couldn't|may\s+not|must\s+not|mustn't|shall\s+not"
-                      r"|never|unable\s+to|not\s+(?:allowed|permitted|able)\s+to)\b[^.;:!?。；：！？]*$", re.IGNORECASE)
+                            r"|never|unable\s+to|not\s+(?:allowed|permitted|able)\s+to)\b[^.;:!?。；：！？]*$", re.IGNORECASE)
 
 
 def _asked(text: str, pattern: re.Pattern[str]) -> bool:
