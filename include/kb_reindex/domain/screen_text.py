@@ -37,13 +37,16 @@ _SPACES = re.compile(r"\s+")
 _SPACED_CJK = re.compile(r"(?:[\u3400-\u4dbf\u4e00-\u9fff] ){3,}[\u3400-\u4dbf\u4e00-\u9fff]")
 #: what `normalize` does, named in the screen's version (`services.screen`): a version judged by another
 #: reading is judged again; 2: spaced-out Chinese joined; 3: a fence line's own text read (its info string), and
-#: a line of backticks that closes on itself read as the inline code it is; 4: a line's parts read apart too
-NORMALISATION = 4
+#: a line of backticks that closes on itself read as the inline code it is; 4: a line's parts read apart too;
+#: 5: every text attribute of an HTML tag read (`data-*`, `aria-label`), not only `title` and `alt`
+NORMALISATION = 5
 
 _COMMENT = re.compile(r"<!--(.*?)(?:-->|\Z)", re.DOTALL)
 _IMAGE = re.compile(r"!\[([^\]]*)\]\(([^()\s]*)(?:\s+(?:\"([^\"]*)\"|'([^']*)'))?\s*\)")
 _LINK = re.compile(r"\[([^\]]*)\]\(([^()\s]*)(?:\s+(?:\"([^\"]*)\"|'([^']*)'))?\s*\)")
-_HTML_ATTR = re.compile(r"\b(title|alt)\s*=\s*(?:\"([^\"]*)\"|'([^']*)')", re.IGNORECASE)
+_HTML_ATTR = re.compile(r"(?<![\w:-])([A-Za-z_:][\w:.-]*)\s*=\s*(?:\"([^\"]*)\"|'([^']*)')")
+#: attributes that hold an address or a name for the page's code, not text: not read
+_UNREAD_ATTRS = frozenset({"href", "src", "srcset", "class", "id", "rel", "target", "type", "width", "height"})
 _TAG = re.compile(r"</?[A-Za-z][^<>]*>")
 _FENCE = re.compile(r"^\s*(```|~~~)")
 # markup that changes how a line looks: heading, quote and list markers, emphasis, inline code
@@ -81,8 +84,8 @@ def normalize(text: str) -> str:
 class Passage:
     """One thing the screen judges: `line` the file's line number where it starts, `text` that line as written
     (what a person is shown), `read` what the screen reads (normalised), `where` where on the page it was:
-    "" (a line as a reader sees it), "HTML comment", "link title", "image alt text", "code block" or
-    "paragraph" (short consecutive lines read together; `lines` how many)."""
+    "" (a line as a reader sees it), "HTML comment", "link title", "image alt text", "HTML attribute",
+    "code block" or "paragraph" (short consecutive lines read together; `lines` how many)."""
 
     line: int
     text: str
@@ -100,8 +103,8 @@ def visible_text(body: str) -> str:
 
 
 def _visible_line(line: str) -> tuple[str, list[tuple[str, str]]]:
-    """(the line as a reader sees it, [(where, text)] of what it hides: link titles, image alt texts, HTML
-    title/alt attributes)."""
+    """(the line as a reader sees it, [(where, text)] of what it hides: link titles, image alt texts, an HTML
+    tag's text attributes)."""
     hidden: list[tuple[str, str]] = []
 
     def image(m: re.Match[str]) -> str:
@@ -115,8 +118,12 @@ def _visible_line(line: str) -> tuple[str, list[tuple[str, str]]]:
             hidden.append(("link title", m.group(3) or m.group(4)))
         return m.group(1)
 
-    for m in _HTML_ATTR.finditer(line):
-        hidden.append(("link title" if m.group(1).lower() == "title" else "image alt text", m.group(2) or m.group(3)))
+    for tag in _TAG.finditer(line):  # every quoted attribute of an HTML tag: `data-*`, `aria-label` as well
+        for m in _HTML_ATTR.finditer(tag.group(0)):
+            name = m.group(1).lower()
+            if name not in _UNREAD_ATTRS:
+                where = {"title": "link title", "alt": "image alt text"}.get(name, "HTML attribute")
+                hidden.append((where, m.group(2) or m.group(3)))
     seen = _LINK.sub(link, _IMAGE.sub(image, line))
     seen = _EMPHASIS.sub("", _TAG.sub(" ", _LEAD.sub("", seen, count=1)))
     return seen, [(where, text) for where, text in hidden if text.strip()]
