@@ -428,6 +428,7 @@ def test_a_slice_against_its_base_reads_the_rows_that_differ_and_the_ids_kept(st
     assert state.kept_sample(version.id, base.id, range(5)) == ["a0", "a1", "c0"]  # positions 2 (b1), 4 (d0) added
     assert state.kept_sample(version.id, base.id, [4, 1, 2]) == ["a1"]
     assert [r.point_id for r in state.dropped_chunks(version.id, base.id)] == ["b0", "e0"]
+    assert [r.point_id for r in state.added_chunks(version.id, base.id)] == ["b1", "d0"]  # no rewrites weighed
     # the documents whose payload fields differ (C's title), with the base's of their key, and those it lacks (D);
     # A and B (same fields: B's rows differ, its document's fields do not) are not read
     changes = state.documents_changed(version.id, base.id)
@@ -535,6 +536,27 @@ def test_a_sample_of_a_manifest_is_read_by_position(state: StateStore) -> None:
     assert [r.point_id for r in state.manifest_at(version.id, [7, 2, 2, 3, 0, 9, 10])] == ["A0", "A2", "C0", "D2", "D4"]
     assert [r.point_id for r in state.slice_rows(version.id, (2, 4))] == ["A2", "C0", "C1", "D0"]
     assert state.manifest_at(version.id, []) == []
+
+
+def test_a_small_sample_of_a_large_manifest_reads_the_documents_near_it(state: StateStore) -> None:
+    """A sample spanning little of the manifest finds its rows from the documents that start near each position
+    (by the position index), not from every document's start, and finds the same rows a full read would."""
+    from kb_reindex.services.state.manifests import _starts_near
+
+    version = new_version(state)
+    counts = [(i * 7) % 5 for i in range(400)]  # 0-4 chunks, empty documents among them: 800 rows
+    docs = [ManifestDocument(knowledge_key=f"k{i:03d}", source=f"k{i:03d}.md", title="t", category="c",
+                             tenant="default", content_hash="a" * 64, chunk_count=n) for i, n in enumerate(counts)]
+    rows = [ManifestChunk(point_id=f"k{i:03d}-{c}", knowledge_key=f"k{i:03d}", chunk_index=c,
+                          chunk_hash=f"{i}-{c}".rjust(64, "0"), source_point_id=None)
+            for i, n in enumerate(counts) for c in range(n)]
+    state.write_manifest(version.id, docs, rows)
+    in_order = [r.point_id for r in rows]  # keys sort as written: manifest order
+    wanted = [0, 1, 97, 98, 401, 555, 799, 800]
+    assert [r.point_id for r in state.manifest_at(version.id, wanted)] == [in_order[p] for p in wanted if p < 800]
+    with state.engine.connect() as conn:
+        near = _starts_near(conn, version.id, sorted(wanted))
+    assert 0 < len(near) <= len(wanted) * 4 < len([n for n in counts if n])  # 320 documents with chunks
 
 
 def test_cleanup_prunes_the_manifests_of_deleted_versions_no_slot_needs(state: StateStore) -> None:

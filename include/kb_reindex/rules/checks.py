@@ -44,13 +44,12 @@ def by_difference(deps: StepDeps[ShapeState], version: VersionRecord, size: int 
     base = deps.state.get_version(version.alias, version.slot_base)
     if base is None:
         return None
-    diff = deps.state.slice_difference(version.id, base.id)
+    added = [row.point_id for row in deps.state.added_chunks(version.id, base.id)]
     dropped = [row.point_id for row in deps.state.dropped_chunks(version.id, base.id)]
     size = deps.state.manifest_size(version.id) if size is None else size
     # seeded apart from the payload sample's positions (`structural_checks`), so the two look at other points
     positions = random.Random(f"kept:{version.version}").sample(range(size), min(KEPT_LOOKED_UP, size))
-    return Difference(base, [row.point_id for row in diff.added], dropped, diff.kept,
-                      deps.state.kept_sample(version.id, base.id, positions))
+    return Difference(base, added, dropped, size - len(added), deps.state.kept_sample(version.id, base.id, positions))
 
 
 def shape_checks(deps: StepDeps[ShapeState], version: VersionRecord, size: int, diff: Difference | None = None

@@ -173,6 +173,30 @@ def _keys_holding(conn: sa.Connection, version_id: int, point_ids: Sequence[str]
         _d.version_id == version_id, _d.rev_id.in_(sa.select(_k.rev_id).where(_k.point_id.in_(point_ids))))).scalars())
 
 
+def _starts_near(conn: sa.Connection, version_id: int, wanted: Sequence[int]) -> list[tuple[int, str]]:
+    """(first position, key) of the version's documents (with chunks) that may hold these sorted positions, by
+    first position: a document holding position p starts within its largest document's chunk count before p,
+    so those ranges are read by the position index (a sample costs its size, not the version's documents),
+    unless together they span half the positions up to the last one wanted: then every document's start is read."""
+    query = sa.select(_d.first_position, _d.knowledge_key).where(_d.chunk_count > 0)
+    widest = int(conn.execute(sa.select(sa.func.coalesce(sa.func.max(_d.chunk_count), 0))
+                              .where(_d.version_id == version_id)).scalar_one())
+    ranges: list[list[int]] = []
+    for p in wanted:  # [p - widest + 1, p], merged where they meet
+        if ranges and p - widest + 1 <= ranges[-1][1] + 1:
+            ranges[-1][1] = p
+        else:
+            ranges.append([p - widest + 1, p])
+    if sum(hi - lo + 1 for lo, hi in ranges) * 2 >= wanted[-1] + 1:
+        return [(first, key) for first, key in conn.execute(
+            query.where(_d.version_id == version_id).order_by(_d.first_position))]
+    found: list[tuple[int, str]] = []
+    for batch in _batches(ranges, 100):  # each range a search of the position index (SQLite: a multi-index OR)
+        found += [(first, key) for first, key in conn.execute(query.where(sa.or_(*(
+            sa.and_(_d.version_id == version_id, _d.first_position.between(lo, hi)) for lo, hi in batch))))]
+    return sorted(set(found))
+
+
 def _batches(items: Sequence[Any], size: int = 500) -> Iterator[Sequence[Any]]:
     for start in range(0, len(items), size):
         yield items[start:start + size]
@@ -485,15 +509,14 @@ class ManifestsMixin:
             return _rows_within(conn, version_id, None)
 
     def manifest_at(self, version_id: int, positions: Iterable[int]) -> list[ManifestChunk]:
-        """The manifest rows at these positions (0 .. size - 1, in manifest order): the documents' first
-        positions are read (a row per document), then the rows of the documents holding them, so a random
-        sample costs its size and the documents, not the chunks."""
+        """The manifest rows at these positions (0 .. size - 1, in manifest order): the first positions of the
+        documents that may hold them are read (`_starts_near`), then the rows of the documents holding them, so
+        a small random sample costs its size, not the documents or the chunks."""
         wanted = sorted(set(positions))
         if not wanted:
             return []
         with self.engine.connect() as conn:
-            starts = conn.execute(sa.select(_d.first_position, _d.knowledge_key).where(
-                _d.version_id == version_id, _d.chunk_count > 0).order_by(_d.first_position)).all()
+            starts = _starts_near(conn, version_id, wanted)
             firsts = [first for first, _ in starts]
             keys = sorted({starts[i][1] for i in (bisect_right(firsts, p) - 1 for p in wanted) if i >= 0})
             rows: list[tuple[int, ManifestChunk]] = []
@@ -712,6 +735,12 @@ class ManifestsMixin:
                     _d.knowledge_key.in_(sorted({row.knowledge_key for row in batch})),
                     _k.point_id.in_([row.point_id for row in batch]))).scalars())
         return [row.point_id for row in rows if row.point_id in found]
+
+    def added_chunks(self, version_id: int, base_id: int) -> list[ManifestChunk]:
+        """The version's rows whose point the base version's manifest lacks (`slice_difference`'s added rows,
+        without the rewrites it also weighs): what a build by difference wrote, in manifest order."""
+        with self.engine.connect() as conn:
+            return self._rows_missing_from(conn, version_id, base_id)
 
     def dropped_chunks(self, version_id: int, base_id: int) -> list[ManifestChunk]:
         """The base version's rows whose point the version's manifest lacks: what a slot gives up moving from
