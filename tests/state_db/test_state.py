@@ -538,6 +538,39 @@ def test_a_sample_of_a_manifest_is_read_by_position(state: StateStore) -> None:
     assert state.manifest_at(version.id, []) == []
 
 
+def test_within_a_run_the_difference_of_two_manifests_is_asked_once_and_forgotten_on_a_write(
+        state: StateStore) -> None:
+    """`sharing_differences` (a run's build and validation): the rows one manifest lacks and the documents whose
+    fields differ are asked of the database once; a manifest written meanwhile is seen (what was kept is
+    forgotten); outside the block every call asks."""
+    base, version = new_version(state), new_version(state)
+
+    def doc(key: str, title: str = "t") -> ManifestDocument:
+        return ManifestDocument(knowledge_key=key, source=f"{key}.md", title=title, category="c", tenant="default",
+                                content_hash="a" * 64, chunk_count=1)
+
+    def row(key: str, point: str) -> ManifestChunk:
+        return ManifestChunk(point_id=point, knowledge_key=key, source_point_id=None, chunk_index=0,
+                             chunk_hash=f"{point:0>64}")
+
+    state.write_manifest(base.id, [doc("A"), doc("B")], [row("A", "a0"), row("B", "b0")])
+    state.write_manifest(version.id, [doc("A", "new"), doc("C")], [row("A", "a0"), row("C", "c0")])
+    statements: list[str] = []
+    sa.event.listen(state.engine, "before_cursor_execute", lambda *args: statements.append(args[2]))
+    with state.sharing_differences():
+        assert [r.point_id for r in state.dropped_chunks(version.id, base.id)] == ["b0"]
+        assert sorted(state.changed_documents(version.id, base.id)) == ["A", "C"]
+        asked = len(statements)
+        assert [r.point_id for r in state.dropped_chunks(version.id, base.id)] == ["b0"]
+        assert sorted(state.changed_documents(version.id, base.id)) == ["A", "C"]
+        assert len(statements) == asked  # remembered: not one statement
+        state.write_manifest(version.id, [doc("A"), doc("B")], [row("A", "a0"), row("B", "b0")])
+        assert state.dropped_chunks(version.id, base.id) == [] and state.changed_documents(version.id, base.id) == set()
+    asked = len(statements)
+    state.dropped_chunks(version.id, base.id)
+    assert len(statements) > asked  # outside the block: asked again
+
+
 def test_a_small_sample_of_a_large_manifest_reads_the_documents_near_it(state: StateStore) -> None:
     """A sample spanning little of the manifest finds its rows from the documents that start near each position
     (by the position index), not from every document's start, and finds the same rows a full read would."""

@@ -261,8 +261,9 @@ def small_run_task(*, kb: str | None = None, plan: dict[str, Any], version: dict
     number = version["version"]
     with opened_deps(run_id, kb) as deps, step(deps, run_id):
         with dag_lock.held(deps, run_id):
-            build_step(deps, Recorder.of(deps, run_id), number, run_fence(deps, run_id))
-            validate_step(deps, number, RunRequest(min_hit_rate=min_hit_rate, min_mrr=min_mrr))
+            with deps.state.sharing_differences():  # the version against its slot's base: asked once for both
+                build_step(deps, Recorder.of(deps, run_id), number, run_fence(deps, run_id))
+                validate_step(deps, number, RunRequest(min_hit_rate=min_hit_rate, min_mrr=min_mrr))
             promotion = _promote(deps, plan=plan, number=number, run_id=run_id, promote=promote,
                                  watch_minutes=watch_minutes)
             held = promotion.outcome == RunOutcome.HELD  # the task fails; the failure callback lets the lock go

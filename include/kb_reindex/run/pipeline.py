@@ -413,9 +413,10 @@ def _build_and_release(deps: Deps, recorder: Recorder, request: RunRequest, plan
     created = create_version_step(deps, recorder, plan)
     number = created.version
     progress.result = replace(progress.result, version=number, collection=created.collection)
-    built = build_step(deps, recorder, number, fence, counts=done)
-    progress.result = replace(progress.result, build=built, chunks=chunk_counts(plan, done))
-    progress.result = replace(progress.result, validation=validate_step(deps, number, request))
+    with deps.state.sharing_differences():  # the version against its slot's base: asked once for both
+        built = build_step(deps, recorder, number, fence, counts=done)
+        progress.result = replace(progress.result, build=built, chunks=chunk_counts(plan, done))
+        progress.result = replace(progress.result, validation=validate_step(deps, number, request))
     promotion = promote_step(deps, recorder, plan, number, fence, request=request)
     progress.result = replace(progress.result, outcome=promotion.outcome,
                               lowered_thresholds=promotion.lowered_thresholds, frozen=promotion.frozen,
