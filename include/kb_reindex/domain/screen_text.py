@@ -47,6 +47,8 @@ _LINK = re.compile(r"\[([^\]]*)\]\(([^()\s]*)(?:\s+(?:\"([^\"]*)\"|'([^']*)'))?\
 _HTML_ATTR = re.compile(r"(?<![\w:-])([A-Za-z_:][\w:.-]*)\s*=\s*(?:\"([^\"]*)\"|'([^']*)')")
 #: attributes that hold an address or a name for the page's code, not text: not read
 _UNREAD_ATTRS = frozenset({"href", "src", "srcset", "class", "id", "rel", "target", "type", "width", "height"})
+#: where on the page an attribute's text was, as a flag names it
+_ATTR_WHERE = {"title": "link title", "alt": "image alt text"}
 _TAG = re.compile(r"</?[A-Za-z][^<>]*>")
 _FENCE = re.compile(r"^\s*(```|~~~)")
 # markup that changes how a line looks: heading, quote and list markers, emphasis, inline code
@@ -122,8 +124,7 @@ def _visible_line(line: str) -> tuple[str, list[tuple[str, str]]]:
         for m in _HTML_ATTR.finditer(tag.group(0)):
             name = m.group(1).lower()
             if name not in _UNREAD_ATTRS:
-                where = {"title": "link title", "alt": "image alt text"}.get(name, "HTML attribute")
-                hidden.append((where, m.group(2) or m.group(3)))
+                hidden.append((_ATTR_WHERE.get(name, "HTML attribute"), m.group(2) or m.group(3)))
     seen = _LINK.sub(link, _IMAGE.sub(image, line))
     seen = _EMPHASIS.sub("", _TAG.sub(" ", _LEAD.sub("", seen, count=1)))
     return seen, [(where, text) for where, text in hidden if text.strip()]

@@ -826,9 +826,10 @@ class ManifestsMixin:
     def changed_documents(self, version_id: int, base_id: int) -> set[str]:
         """Keys of the version's documents whose payload fields differ from the base's (or that it lacks)."""
         with self.engine.connect() as conn:
-            return set(self._changed_keys(conn, version_id, base_id))
+            return set(self._remembered_changed_keys(conn, version_id, base_id))
 
-    def _changed_keys(self, conn: sa.Connection, version_id: int, base_id: int) -> list[str]:
+    def _remembered_changed_keys(self, conn: sa.Connection, version_id: int, base_id: int) -> list[str]:
+        """`_changed_keys`, remembered within `sharing_differences`."""
         return self._remembered("changed", version_id, base_id, lambda: _changed_keys(conn, version_id, base_id))
 
     def documents_changed(self, version_id: int, base_id: int
@@ -837,7 +838,7 @@ class ManifestsMixin:
         its key (None: the base lacks it), by key: what validation weighs of a run's changes, found in SQL
         (`_changed_keys`), not by reading both versions' documents."""
         with self.engine.connect() as conn:
-            keys = self._changed_keys(conn, version_id, base_id)
+            keys = self._remembered_changed_keys(conn, version_id, base_id)
             found: dict[tuple[int, str], ManifestDocument] = {}
             for batch in _batches(keys):
                 found.update(((version, row[0]), ManifestDocument(*row)) for version, *row in conn.execute(
