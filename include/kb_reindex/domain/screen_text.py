@@ -38,8 +38,9 @@ _SPACED_CJK = re.compile(r"(?:[\u3400-\u4dbf\u4e00-\u9fff] ){3,}[\u3400-\u4dbf\u
 #: what `normalize` does, named in the screen's version (`services.screen`): a version judged by another
 #: reading is judged again; 2: spaced-out Chinese joined; 3: a fence line's own text read (its info string), and
 #: a line of backticks that closes on itself read as the inline code it is; 4: a line's parts read apart too;
-#: 5: every text attribute of an HTML tag read (`data-*`, `aria-label`), not only `title` and `alt`
-NORMALISATION = 5
+#: 5: every text attribute of an HTML tag read (`data-*`, `aria-label`), not only `title` and `alt`; 6: a link
+#: reference definition (`[id]: url "title"`) read as its title alone
+NORMALISATION = 6
 
 _COMMENT = re.compile(r"<!--(.*?)(?:-->|\Z)", re.DOTALL)
 _IMAGE = re.compile(r"!\[([^\]]*)\]\(([^()\s]*)(?:\s+(?:\"([^\"]*)\"|'([^']*)'))?\s*\)")
@@ -50,6 +51,11 @@ _UNREAD_ATTRS = frozenset({"href", "src", "srcset", "class", "id", "rel", "targe
 #: where on the page an attribute's text was, as a flag names it
 _ATTR_WHERE = {"title": "link title", "alt": "image alt text"}
 _TAG = re.compile(r"</?[A-Za-z][^<>]*>")
+#: a link reference definition (`[id]: https://… "title"`): no reader sees the line; its title shows as the
+#: tooltip of the links that use it (a footnote, `[^1]: …`, is text a reader sees, and is not one)
+_URL = r"[A-Za-z0-9_./:#?&=%~+@-]"
+_REFERENCE = re.compile(rf"^ {{0,3}}\[[^\]^][^\]]*\]:\s*(?:<[^<>]*>|{_URL}*[./]{_URL}*)"
+                        r"(?:\s+(?:\"([^\"]*)\"|'([^']*)'|\(([^()]*)\)))?\s*$")
 _FENCE = re.compile(r"^\s*(```|~~~)")
 # markup that changes how a line looks: heading, quote and list markers, emphasis, inline code
 _LEAD = re.compile(r"^\s*(?:>\s*)*(?:#{1,6}\s+|[-*+]\s+(?:\[[ xX]\]\s+)?|\d{1,3}[.)]\s+)?")
@@ -108,6 +114,10 @@ def _visible_line(line: str) -> tuple[str, list[tuple[str, str]]]:
     """(the line as a reader sees it, [(where, text)] of what it hides: link titles, image alt texts, an HTML
     tag's text attributes)."""
     hidden: list[tuple[str, str]] = []
+    reference = _REFERENCE.match(line)
+    if reference:
+        title = reference.group(1) or reference.group(2) or reference.group(3) or ""
+        return "", [("link title", title)] if title.strip() else []
 
     def image(m: re.Match[str]) -> str:
         hidden.append(("image alt text", m.group(1)))
