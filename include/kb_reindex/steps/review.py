@@ -23,14 +23,17 @@ if TYPE_CHECKING:
 
 #: lines shown before and after a flagged line
 AROUND = 2
+#: the fewest characters taken for a chunk's overlap with the one before it
+MIN_OVERLAP = 10
 #: the step a declined version failed at (not resumable: the next run builds anew and holds again)
 REVIEW_STEP = "review"
 
 
 @dataclass(frozen=True)
 class FlaggedInContext:
-    """A new instruction-like line of a held version (file, line, text, why), with the lines around it in the
-    chunk that serves it (empty when its text was not stored: a version planned before texts were kept)."""
+    """A new instruction-like line of a held version (file, line, text, why), with the lines around it on the page
+    as its chunks hold it (`page_sections`; empty when its text was not stored: a version planned before texts
+    were kept)."""
 
     knowledge_key: str
     source: str
@@ -55,23 +58,50 @@ def review_lines(state: StateStore, version: VersionRecord, live: VersionRecord 
         return ()
     chunks = state.document_chunks(version.id, {f.get("knowledge_key") or "" for f in new} - {""})
     texts = state.texts({c.chunk_hash for c in chunks})
-    by_key: dict[str, list[list[str]]] = {}
-    for c in chunks:
+    by_key: dict[str, list[str]] = {}
+    for c in chunks:  # in manifest order: by key, then chunk index
         if c.chunk_hash in texts:
-            by_key.setdefault(c.knowledge_key, []).append(texts[c.chunk_hash][1].splitlines())
-    return tuple(_in_context(f, by_key.get(f.get("knowledge_key") or "", [])) for f in new)
+            by_key.setdefault(c.knowledge_key, []).append(texts[c.chunk_hash][1])
+    return tuple(_in_context(f, page_sections(by_key.get(f.get("knowledge_key") or "", []))) for f in new)
 
 
-def _in_context(flagged: Any, chunks: list[list[str]]) -> FlaggedInContext:
+def _overlap(before: str, after: str) -> int:
+    """How many characters `after` starts with that `before` ends with (0 under MIN_OVERLAP: a chunk that
+    carried nothing, such as a table's next rows, may start with the character the one before ends with)."""
+    for k in range(min(len(before), len(after)), MIN_OVERLAP - 1, -1):
+        if before.endswith(after[:k]):
+            return k
+    return 0
+
+
+def page_sections(chunks: list[str]) -> list[list[str]]:
+    """A page's sections as lines, rebuilt from its chunk texts in order: each chunk's first line (its "title >
+    section" header) dropped, and the start a chunk repeats of the one before it in the same section (the
+    overlap, which the chunker glues to the next paragraph) cut, the rest starting a line. So a flagged line is
+    found once, whole, among its neighbours, not beside a header or a cut-off tail."""
+    sections: list[list[str]] = []
+    header_before, body_before = None, ""
+    for text in chunks:
+        header, _, body = text.partition("\n")
+        if header == header_before and sections:
+            sections[-1].extend(body[_overlap(body_before, body):].lstrip("\n").splitlines())
+        else:
+            sections.append(body.splitlines())
+        header_before, body_before = header, body
+    return sections
+
+
+def _in_context(flagged: Any, sections: list[list[str]]) -> FlaggedInContext:
     wanted = normalize(flagged["text"]).strip()
     before: tuple[str, ...] = ()
     after: tuple[str, ...] = ()
-    for lines in chunks:
-        at = next((n for n, line in enumerate(lines) if wanted and wanted in normalize(line)), None)
-        if at is not None:
-            before = tuple(line for line in lines[max(0, at - AROUND):at])
-            after = tuple(line for line in lines[at + 1:at + 1 + AROUND])
-            break
+    found = [(lines, n) for lines in sections for n, line in enumerate(lines) if wanted and wanted in normalize(line)]
+    # a line that is the flagged one before a line that holds it among other text
+    found.sort(key=lambda pair: normalize(pair[0][pair[1]]).strip() != wanted)
+    if found:
+        lines, at = found[0]
+        before = tuple(lines[max(0, at - AROUND):at])
+        after = tuple(lines[at + 1:at + 1 + AROUND])
     return FlaggedInContext(knowledge_key=flagged.get("knowledge_key") or "", source=flagged["source"],
                             line=flagged["line"], text=flagged["text"], why=flagged.get("why"), before=before,
                             after=after)
