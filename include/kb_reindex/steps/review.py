@@ -19,7 +19,7 @@ from kb_reindex.services.state.clock import utc_stamp
 from kb_reindex.services.state.versions import VersionRecord
 
 if TYPE_CHECKING:
-    from kb_reindex.services.state.store import StateStore
+    from kb_reindex.services.state.ports import AliasHistory, ReviewReads, VersionWrites
 
 #: lines shown before and after a flagged line
 AROUND = 2
@@ -47,7 +47,7 @@ class FlaggedInContext:
         return asdict(self)
 
 
-def review_lines(state: StateStore, version: VersionRecord, live: VersionRecord | None) -> tuple[FlaggedInContext, ...]:
+def review_lines(state: ReviewReads, version: VersionRecord, live: VersionRecord | None) -> tuple[FlaggedInContext, ...]:
     """The flagged lines `version`'s plan recorded that `live`'s did not (what holds it), in their context."""
     snapshot = state.snapshot(version.id)
     if snapshot is None or not snapshot.flagged:
@@ -107,7 +107,7 @@ def _in_context(flagged: Any, sections: list[list[str]]) -> FlaggedInContext:
                             after=after)
 
 
-def decline(state: StateStore, alias: str, number: int, *, by: str, reason: str) -> VersionRecord:
+def decline(state: VersionWrites, alias: str, number: int, *, by: str, reason: str) -> VersionRecord:
     """Keep live: the ready version `number`, never served (held, kept while frozen, a shadow), is not promoted;
     it fails at `review` with who and why, and nothing protects its slot any more. Refused, changing nothing,
     for a version that served or is not ready (a promotion that won the race, say)."""
@@ -147,7 +147,7 @@ class ServedLines:
                 + (f" at {self.at}" if self.at else "") + (f" ({self.reason})" if self.reason else ""))
 
 
-def served_lines(state: StateStore, alias: str, live: VersionRecord | None) -> ServedLines | None:
+def served_lines(state: AliasHistory, alias: str, live: VersionRecord | None) -> ServedLines | None:
     """None when nothing serves or live serves no flagged line."""
     flagged = (live.validation or {}).get("flagged_instructions") or [] if live is not None else []
     if live is None or not flagged:

@@ -1,5 +1,5 @@
 """The narrow parts of the state store that the version model's steps use (slots, build, restore, retention,
-the duplicate screen) and the rules they call: each part a `Protocol` that `StateStore` satisfies as it is. A
+the duplicate screen, a held version's review) and the rules they call: each part a `Protocol` that `StateStore` satisfies as it is. A
 step names the parts it reads and writes, not the whole eleven-mixin store, so its signature says what it can
 touch and mypy holds it to that (a step that starts pruning manifests must say so in its signature)."""
 
@@ -129,6 +129,17 @@ class DuplicateReads(Protocol):
     def embedded_chunks(self, version_id: int, keys: Iterable[str] | None = None) -> list[ManifestChunk]: ...
 
     def manifest_documents(self, version_id: int, keys: Iterable[str] | None = None) -> list[ManifestDocument]: ...
+
+
+class ReviewReads(Protocol):
+    """What a person's review of a held version reads (`steps.review`): its plan's snapshot and the chunk texts
+    its flagged lines are shown among."""
+
+    def snapshot(self, version_id: int) -> PlanSnapshotRow | None: ...
+
+    def document_chunks(self, version_id: int, keys: Iterable[str]) -> list[ManifestChunk]: ...
+
+    def texts(self, hashes: Iterable[str]) -> dict[str, tuple[str, str]]: ...
 
 
 class ManifestUpkeep(Protocol):
