@@ -1,8 +1,8 @@
 """Retrain the instruction screen's classifier: logistic regression over multilingual-e5-small's passage vectors,
 written to include/kb_reindex/services/screen_weights.json (what kb_reindex.services.screen ships and loads).
 
-What it is fitted on (the sixteenth pass, 2026-12-06): every retired part of bench/instructions.yaml (`--parts`;
-never `held_out_19`, written after `held_out_18` was scored and before this pass), the passages of the shipped knowledge
+What it is fitted on (the eighteenth pass, 2026-12-06): every retired part of bench/instructions.yaml (`--parts`;
+never `held_out_21`, written after `held_out_20` was scored and before this pass), the passages of the shipped knowledge
 pages (knowledge/**/docs: the project's own pages, benign by definition) and of 300 pages of the benchmark's
 generator under another seed (`--corpus-pages`: templated shop rules, benign by construction) as policy lines.
 Beside each line's vector it reads the line's similarity to a few descriptions of what an injection is
