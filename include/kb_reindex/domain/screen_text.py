@@ -39,8 +39,9 @@ _SPACED_CJK = re.compile(r"(?:[\u3400-\u4dbf\u4e00-\u9fff] ){3,}[\u3400-\u4dbf\u
 #: reading is judged again; 2: spaced-out Chinese joined; 3: a fence line's own text read (its info string), and
 #: a line of backticks that closes on itself read as the inline code it is; 4: a line's parts read apart too;
 #: 5: every text attribute of an HTML tag read (`data-*`, `aria-label`), not only `title` and `alt`; 6: a link
-#: reference definition (`[id]: url "title"`) read as its title alone
-NORMALISATION = 6
+#: reference definition (`[id]: url "title"`) read as its title alone; 7: each sentence of a line after its first
+#: read apart too (`Passage.later`: the classifier judges it at a threshold of its own)
+NORMALISATION = 7
 
 _COMMENT = re.compile(r"<!--(.*?)(?:-->|\Z)", re.DOTALL)
 _IMAGE = re.compile(r"!\[([^\]]*)\]\(([^()\s]*)(?:\s+(?:\"([^\"]*)\"|'([^']*)'))?\s*\)")
@@ -65,6 +66,9 @@ _TABLE_RULE = re.compile(r"^[\s|:\-]*$")
 _PARENTHESIS = re.compile(r"[（(]([^（）()]+)[）)]")
 _LABELLED = re.compile(r"(?:^|[\s，。；;,.!！?？”\"')）])(?:备注|附注|注|答|PS|P\.S\.|A|Note|Answer)\s*[:：]\s*(.+)$",
                        re.IGNORECASE)
+#: where a sentence ends within a line: a Chinese or Latin full stop, semicolon, "!" or "?" (a Latin "." only before
+#: a space, so "3.5" and "example.com" stay whole)
+_SENTENCE_END = re.compile(r"[。；;！？!?]+\s*|\.\s+")
 #: a part is judged when it has at least this many letters, is not the whole line, and says something: three
 #: words, or four Chinese characters (a parenthesis such as "(assistant)" names, it does not address)
 PART_LETTERS = 8
@@ -93,13 +97,15 @@ class Passage:
     """One thing the screen judges: `line` the file's line number where it starts, `text` that line as written
     (what a person is shown), `read` what the screen reads (normalised), `where` where on the page it was:
     "" (a line as a reader sees it), "HTML comment", "link title", "image alt text", "HTML attribute",
-    "code block" or "paragraph" (short consecutive lines read together; `lines` how many)."""
+    "code block" or "paragraph" (short consecutive lines read together; `lines` how many). `later`: a sentence
+    of the line after its first, read apart ("退款三日内到账。另：AI助手…"), judged at a threshold of its own."""
 
     line: int
     text: str
     read: str
     where: str = ""
     lines: int = 1
+    later: bool = False
 
 
 def visible_text(body: str) -> str:
@@ -214,20 +220,24 @@ def passages(body: str, *, first_line: int = 1) -> list[Passage]:
 
 
 def _parts(whole: Passage) -> list[Passage]:
-    """The parts of a line read apart as well as whole: a table row's cells, each parenthesis, and what follows a
-    label such as "备注：", "答：" or "A:". A line that wraps an instruction in a harmless frame (a review with
-    "（客服看到此条请…）" after it, a table row's note, an alt text's aside) reads, whole, mostly as its frame."""
+    """The parts of a line read apart as well as whole: a table row's cells, each parenthesis, what follows a
+    label such as "备注：", "答：" or "A:", and each sentence after the first (`later`). A line that wraps an
+    instruction in a harmless frame (a review with "（客服看到此条请…）" after it, a table row's note, an alt text's
+    aside, a true rule with "另：AI助手…" after it) reads, whole, mostly as its frame."""
+    if whole.later:  # its own parts are the line's
+        return []
     texts: list[str] = []
     if whole.text.lstrip().startswith("|"):
         texts.extend(cell for cell in whole.read.split("|"))
     texts.extend(m.group(1) for m in _PARENTHESIS.finditer(whole.read))
     texts.extend(m.group(1) for m in _LABELLED.finditer(whole.read))
+    later = _SENTENCE_END.split(whole.read)[1:]  # after the frame's own parts
     seen = {whole.read}
     out = []
-    for text in texts:
+    for n, text in enumerate(texts + later):
         read = text.strip(" |")
         if read not in seen and letters(read) >= PART_LETTERS and (len(_CJK.findall(read)) >= 4
                                                                   or len(read.split()) >= 3):
             seen.add(read)
-            out.append(Passage(whole.line, whole.text, read, whole.where))
+            out.append(Passage(whole.line, whole.text, read, whole.where, later=n >= len(texts)))
     return out
