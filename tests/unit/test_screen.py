@@ -16,12 +16,12 @@ from kb_reindex.domain.addressee import ADDRESSEE_CUES, addressee_cues
 from kb_reindex.domain.errors import ConfigError
 from kb_reindex.domain.screen_text import normalize, passages, read_line, visible_text
 from kb_reindex.rules.instruction_hold import instruction_hold
-from kb_reindex.services.chunking import chunk_document
+from kb_reindex.services.chunking import chunk_document, page_sections
 from kb_reindex.services.config import Settings
 from kb_reindex.services.screen import (LATER_SENTENCE_THRESHOLD, MEANING, Classifier, Screen, meaning_screen,
                                        patterns_screen, screen_mode)
 from kb_reindex.services.sources import parse_document
-from kb_reindex.steps.review import _in_context, page_sections
+from kb_reindex.steps.review import _in_context
 
 
 def test_normalize_undoes_full_width_zero_width_bidi_and_look_alike_spelling() -> None:

@@ -231,9 +231,10 @@ def _parts(whole: Passage) -> list[Passage]:
         texts.extend(cell for cell in whole.read.split("|"))
     texts.extend(m.group(1) for m in _PARENTHESIS.finditer(whole.read))
     texts.extend(m.group(1) for m in _LABELLED.finditer(whole.read))
-    later = _SENTENCE_END.split(whole.read)[1:]  # after the frame's own parts
+    # the later sentences last: a text that is also a cell, a parenthesis or a label's part is judged as that
     seen = {whole.read}
     out = []
+    later = _SENTENCE_END.split(whole.read)[1:]
     for n, text in enumerate(texts + later):
         read = text.strip(" |")
         if read not in seen and letters(read) >= PART_LETTERS and (len(_CJK.findall(read)) >= 4

@@ -22,6 +22,8 @@ _HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
 # Zero-width: splitting keeps every character, so sentences rejoin to exactly the original text.
 _SENTENCE_END = re.compile(r"(?<=[。！？；!?;\n])|(?<=\.)(?=\s)")
 MIN_CHUNK_CHARS = 2
+#: the fewest characters `page_sections` takes for a chunk's overlap with the one before it
+MIN_OVERLAP = 10
 
 
 @dataclass(frozen=True)
@@ -191,3 +193,30 @@ def chunk_document(doc: Document, *, chunk_size: int = 500, overlap: int = 50) -
                 )
             )
     return chunks
+
+
+def _overlap(before: str, after: str) -> int:
+    """How many characters `after` starts with that `before` ends with (0 under MIN_OVERLAP: a chunk that
+    carried nothing, such as a table's next rows, may start with the character the one before ends with)."""
+    for k in range(min(len(before), len(after)), MIN_OVERLAP - 1, -1):
+        if before.endswith(after[:k]):
+            return k
+    return 0
+
+
+def page_sections(chunks: list[str]) -> list[list[str]]:
+    """A page's sections as lines, rebuilt from its chunk texts (`chunk_document`'s, in order): each chunk's
+    first line (its "title > section" header) dropped, and the start a chunk repeats of the one before it in the
+    same section (the overlap `_pack` carries, glued to the next paragraph) cut, the rest starting a line. So a
+    line of the page (a held version's flagged one, `steps.review`) is found once, whole, among its neighbours,
+    not beside a header or a cut-off tail."""
+    sections: list[list[str]] = []
+    header_before, body_before = None, ""
+    for text in chunks:
+        header, _, body = text.partition("\n")
+        if header == header_before and sections:
+            sections[-1].extend(body[_overlap(body_before, body):].lstrip("\n").splitlines())
+        else:
+            sections.append(body.splitlines())
+        header_before, body_before = header, body
+    return sections

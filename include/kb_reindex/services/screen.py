@@ -311,8 +311,11 @@ class Screen:
         paragraphs = []
         for passage, reason in zip(found, reasons, strict=True):
             score = scored.get(passage.read) if reason is None else None
-            threshold = (None if self.classifier is None else max(self.classifier.threshold, LATER_SENTENCE_THRESHOLD)
-                         if passage.later else self.classifier.threshold)
+            threshold = None
+            if self.classifier is not None:
+                threshold = self.classifier.threshold
+                if passage.later:
+                    threshold = max(threshold, LATER_SENTENCE_THRESHOLD)
             if reason is not None:
                 why = f"matches a pattern: {reason}"
             elif score is not None and threshold is not None and score >= threshold:

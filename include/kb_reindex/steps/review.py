@@ -15,6 +15,7 @@ from kb_reindex.domain.lifecycle import READY
 from kb_reindex.domain.screen_text import normalize
 from kb_reindex.rules.alias import has_served
 from kb_reindex.rules.instruction_hold import instruction_hold
+from kb_reindex.services.chunking import page_sections
 from kb_reindex.services.state.clock import utc_stamp
 from kb_reindex.services.state.versions import VersionRecord
 
@@ -23,8 +24,6 @@ if TYPE_CHECKING:
 
 #: lines shown before and after a flagged line
 AROUND = 2
-#: the fewest characters taken for a chunk's overlap with the one before it
-MIN_OVERLAP = 10
 #: the step a declined version failed at (not resumable: the next run builds anew and holds again)
 REVIEW_STEP = "review"
 
@@ -63,32 +62,6 @@ def review_lines(state: ReviewReads, version: VersionRecord, live: VersionRecord
         if c.chunk_hash in texts:
             by_key.setdefault(c.knowledge_key, []).append(texts[c.chunk_hash][1])
     return tuple(_in_context(f, page_sections(by_key.get(f.get("knowledge_key") or "", []))) for f in new)
-
-
-def _overlap(before: str, after: str) -> int:
-    """How many characters `after` starts with that `before` ends with (0 under MIN_OVERLAP: a chunk that
-    carried nothing, such as a table's next rows, may start with the character the one before ends with)."""
-    for k in range(min(len(before), len(after)), MIN_OVERLAP - 1, -1):
-        if before.endswith(after[:k]):
-            return k
-    return 0
-
-
-def page_sections(chunks: list[str]) -> list[list[str]]:
-    """A page's sections as lines, rebuilt from its chunk texts in order: each chunk's first line (its "title >
-    section" header) dropped, and the start a chunk repeats of the one before it in the same section (the
-    overlap, which the chunker glues to the next paragraph) cut, the rest starting a line. So a flagged line is
-    found once, whole, among its neighbours, not beside a header or a cut-off tail."""
-    sections: list[list[str]] = []
-    header_before, body_before = None, ""
-    for text in chunks:
-        header, _, body = text.partition("\n")
-        if header == header_before and sections:
-            sections[-1].extend(body[_overlap(body_before, body):].lstrip("\n").splitlines())
-        else:
-            sections.append(body.splitlines())
-        header_before, body_before = header, body
-    return sections
 
 
 def _in_context(flagged: Any, sections: list[list[str]]) -> FlaggedInContext:
