@@ -22,6 +22,7 @@ import sqlalchemy as sa
 
 from kb_reindex.services.config import Settings
 from kb_reindex.services.state.schema import MYSQL_TABLE, LongText, Timestamp, metadata
+from kb_reindex.services.state.ports import OwnTable
 from kb_reindex.services.state.store import StateStore
 from kb_reindex.services.state.clock import utcnow
 
@@ -78,7 +79,7 @@ _stores: dict[str, StateStore] = {}
 _guard = threading.Lock()
 
 
-def ensure_table(state: StateStore) -> None:
+def ensure_table(state: OwnTable) -> None:
     """The table is created where it is first used: a state DB made before the log existed gains it then."""
     key = state.engine
     if key in _ready:
@@ -91,7 +92,7 @@ def ensure_table(state: StateStore) -> None:
     _ready.add(key)
 
 
-def _state_for(deps: Any) -> StateStore:
+def _state_for(deps: Any) -> OwnTable:
     """The caller's state DB when it has one open; the reader has none (it must not need one to answer),
     so one engine per state URL is opened once per process and kept."""
     state = getattr(deps, "state", None)
@@ -104,7 +105,7 @@ def _state_for(deps: Any) -> StateStore:
         return _stores[url]
 
 
-def record(state: StateStore, *, alias: str, query: str, tenant: str | None, k: int, version: int | None,
+def record(state: OwnTable, *, alias: str, query: str, tenant: str | None, k: int, version: int | None,
            keys: list[str], keep: int, at: datetime | None = None) -> None:
     """One row, then the oldest rows beyond `keep` for this alias are deleted."""
     ensure_table(state)
@@ -137,7 +138,7 @@ def log_search(deps: Any, *, query: str, tenant: str | None, k: int, version: in
         return False
 
 
-def recent(state: StateStore, alias: str, *, limit: int, version: int | None = None) -> list[LoggedQuery]:
+def recent(state: OwnTable, alias: str, *, limit: int, version: int | None = None) -> list[LoggedQuery]:
     """The newest `limit` logged queries of this alias (answered by `version`, if given), newest first."""
     ensure_table(state)
     where = [query_log.c.alias == alias]
@@ -148,7 +149,7 @@ def recent(state: StateStore, alias: str, *, limit: int, version: int | None = N
     return [LoggedQuery.from_row(r) for r in rows]
 
 
-def count(state: StateStore, alias: str) -> int:
+def count(state: OwnTable, alias: str) -> int:
     """How many logged queries this alias's log holds: one COUNT, for `status` and the page. A state DB where
     the log never ran has no table yet: 0, and nothing is created (status only reads)."""
     if state.engine not in _ready:

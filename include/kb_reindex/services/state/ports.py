@@ -143,6 +143,14 @@ class ReviewReads(Protocol):
     def texts(self, hashes: Iterable[str]) -> dict[str, tuple[str, str]]: ...
 
 
+class OwnTable(Protocol):
+    """The state DB's engine alone, for a step that owns a table of its own there (`steps.querylog`'s log) and
+    reads or writes nothing of the store's."""
+
+    @property
+    def engine(self) -> sa.Engine: ...
+
+
 class ManifestUpkeep(Protocol):
     """What retention drops from the state DB once no kept version needs it."""
 
