@@ -217,6 +217,9 @@ def main() -> None:
     parser.add_argument("--parts", default=RETIRED,
                         help="the parts fitted on, comma-separated (a held-out part joins only once it is retired: "
                              "scored, reported, and replaced by a newer held-out part written before the fit)")
+    parser.add_argument("--lambdas", default=",".join(str(v) for v in LAMBDAS),
+                        help="the regularisation strengths tried, comma-separated (each costs a leave-one-part-out of "
+                             "several minutes here)")
     parser.add_argument("--corpus-pages", type=int, default=CORPUS_PAGES,
                         help=f"generated benign pages fitted beside the shipped ones (seed {CORPUS_SEED}; 0: none)")
     args = parser.parse_args()
@@ -237,7 +240,7 @@ def main() -> None:
     patterns = np.array([is_instruction(t) for t in lines])
 
     best: tuple[float, float, float, float, float] | None = None  # (recall, lambda, threshold, precision, shipped max)
-    for lam in LAMBDAS:
+    for lam in [float(v) for v in args.lambdas.split(",") if v.strip()]:
         p, shipped_max = left_out(x, c, y, groups, shipped, shipped_c, anchors, lam)
         for threshold in np.round(np.arange(0.30, 0.991, 0.005), 3):
             recall, precision = at_threshold(p, patterns, y, float(threshold))
