@@ -1,8 +1,8 @@
 """The narrow parts of the state store that the version model's steps use (slots, build, restore, retention,
-the duplicate screen, a held version's review, the query log) and the rules they call: each part a `Protocol` that `StateStore`
-satisfies as it is. A step names the parts it reads and writes, not the whole eleven-mixin store, so its signature
-says what it can touch and mypy holds it to that (a step that starts pruning manifests must say so in its
-signature)."""
+the duplicate screen, a held version's review, the query log) and the rules they call: each part a `Protocol`
+that `StateStore` satisfies as it is. A step names the parts it reads and writes, not the whole eleven-mixin
+store, so its signature says what it can touch and mypy holds it to that (a step that starts pruning manifests
+must say so in its signature)."""
 
 from __future__ import annotations
 
