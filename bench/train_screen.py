@@ -1,10 +1,12 @@
 """Retrain the instruction screen's classifier: logistic regression over multilingual-e5-small's passage vectors,
 written to include/kb_reindex/services/screen_weights.json (what kb_reindex.services.screen ships and loads).
 
-What it is fitted on (the twentieth pass, 2026-12-06): every retired part of bench/instructions.yaml (`--parts`;
-never `held_out_26`, written after `held_out_25` was scored and before this pass), the passages of the shipped knowledge
-pages (knowledge/**/docs: the project's own pages, benign by definition) and of 300 pages of the benchmark's
-generator under another seed (`--corpus-pages`: templated shop rules, benign by construction) as policy lines.
+What it is fitted on (the twenty-second pass, 2026-12-07): the parts the twentieth pass was (`RETIRED`, `--parts`;
+never `held_out_28`, written before this pass), the passages of the shipped knowledge pages (knowledge/**/docs: the
+project's own pages, benign by definition), of the written benign pages of bench/pages/fit (English help centres
+above all, read a line at a time: short headings, fragments, imperatives to the customer; new in this pass) and
+of 300 pages of the benchmark's generator under another seed (`--corpus-pages`: templated shop rules, benign by
+construction) as policy lines.
 Beside each line's vector it reads the line's similarity to a few descriptions of what an injection is
 (`ANCHORS`, e5 query vectors, in Chinese and English): a prior towards "addressed to the model" that a few hundred
 lines cannot teach; the model stays linear in the vector, so the anchors fold into the 384 weights shipped. Beside
@@ -19,8 +21,9 @@ The regularisation and the threshold are chosen by leaving one part out at a tim
 another hand, at another time: a new writer's styles are what the screen must generalise to): the threshold is
 the lowest at which the screen (the patterns, then the classifier) keeps a pooled left-out precision of at least
 `--precision` (default 0.95), and among the regularisation strengths the one with the best recall there. Then the
-threshold is raised, if need be, just above the highest score any benign page's passage (shipped or generated)
-gets from a fit that did not see it (five folds of the pages), so those pages raise no alarm. The standardisation
+threshold is raised, if need be, just above the highest score any shipped or generated page's passage gets from
+a fit that did not see it (five folds of the pages), so those pages raise no alarm; the written pages' passages
+are fitted on but do not raise it (their left-out false alarms are printed). The standardisation
 is folded into the weights, so the screen computes sigmoid(x . w + cues . v + b) on the raw vector.
 
     .venv/bin/python bench/train_screen.py            # writes the weights, prints the left-out scores
@@ -60,8 +63,10 @@ FOLDS = 5
 #: decimal (2026-12-05, a new machine: each of 200 lines, by up to 0.0023), and the chosen strength with them (the
 #: seventh pass came back as lambda 0.15 and threshold 0.605, against 0.1 and 0.614)
 SEVENTH = "train,train_5,held_out,unseen,edits,held_out_2,held_out_3,held_out_4"
-#: the parts the shipped weights (the twentieth pass) are fitted on: every part scored at least once, and the
-#: training parts; `held_out_26` was written before this pass and is never fitted on (bench/README.md)
+#: the parts the shipped weights (the twenty-second pass, as the twentieth) are fitted on: every part scored at
+#: least once before the twentieth pass, and the training parts; `held_out_28` was written before the
+#: twenty-second pass and is never fitted on (bench/README.md). `held_out_26`, `held_out_27` and `train_15` wait
+#: for a pass measured on a part written after it
 RETIRED = (SEVENTH + ",held_out_5,held_out_6,train_6,held_out_7,held_out_8,held_out_9,held_out_10,held_out_11"
            ",train_7,held_out_12,held_out_13,held_out_14,held_out_15,held_out_16,train_8,train_9"
            ",held_out_17,held_out_18,train_10,train_11,held_out_19,train_12,held_out_20,train_13"
@@ -161,23 +166,25 @@ def scored(x: np.ndarray, c: np.ndarray, weights: np.ndarray, cue_weights: np.nd
 
 
 def left_out(x: np.ndarray, c: np.ndarray, y: np.ndarray, groups: np.ndarray, shipped: np.ndarray,
-             shipped_c: np.ndarray, anchors: np.ndarray, lam: float) -> tuple[np.ndarray, float]:
-    """Each line's score from a fit without its part, and the highest score of a benign page's passage (shipped
-    or generated) from a fit without it (five folds of the pages, each fit also without one part in turn)."""
+             shipped_c: np.ndarray, anchors: np.ndarray, lam: float) -> tuple[np.ndarray, np.ndarray]:
+    """Each line's score from a fit without its part, and each benign page passage's (shipped, written or
+    generated) from a fit on every part and four fifths of the passages, without it (five folds of the
+    passages; until the twenty-second pass each such fit also left one part out in turn: six times the fits: two
+    strengths the old way took 22 minutes here beside a test run, one the new way 6 minutes idle)."""
     out = np.zeros(len(y))
-    folds = np.random.default_rng(0).permutation(len(shipped)) % FOLDS
-    shipped_max = 0.0
     for group in np.unique(groups):
         train = groups != group
-        for fold in range(FOLDS):
-            keep = folds != fold
-            score = judge(np.vstack([x[train], shipped[keep]]), np.vstack([c[train], shipped_c[keep]]),
-                          np.r_[y[train], np.zeros(int(keep.sum()))], anchors, lam)
-            shipped_max = max(shipped_max, float(score(shipped[~keep], shipped_c[~keep]).max()))
         score = judge(np.vstack([x[train], shipped]), np.vstack([c[train], shipped_c]),
                       np.r_[y[train], np.zeros(len(shipped))], anchors, lam)
         out[~train] = score(x[~train], c[~train])
-    return out, shipped_max
+    pages = np.zeros(len(shipped))
+    folds = np.random.default_rng(0).permutation(len(shipped)) % FOLDS
+    for fold in range(FOLDS):
+        keep = folds != fold
+        score = judge(np.vstack([x, shipped[keep]]), np.vstack([c, shipped_c[keep]]),
+                      np.r_[y, np.zeros(int(keep.sum()))], anchors, lam)
+        pages[~keep] = score(shipped[~keep], shipped_c[~keep])
+    return out, pages
 
 
 def at_threshold(p: np.ndarray, patterns: np.ndarray, y: np.ndarray, threshold: float) -> tuple[float, float]:
@@ -204,6 +211,14 @@ def shipped_passages() -> list[str]:
     return page_passages(shipped_pages())
 
 
+def written_passages() -> list[str]:
+    """The texts the classifier reads on the written benign pages fitted on (bench/pages/fit: English help
+    centres above all, short headings and fragments among their lines; the twenty-second pass)."""
+    from instructions import written_pages
+
+    return page_passages(written_pages("fit"))
+
+
 def corpus_passages(pages: int, seed: int) -> list[str]:
     """The texts the classifier reads on `pages` generated help-centre pages (bench/corpus.py under `seed`)."""
     from instructions import corpus_pages
@@ -222,6 +237,9 @@ def main() -> None:
                              "several minutes here)")
     parser.add_argument("--corpus-pages", type=int, default=CORPUS_PAGES,
                         help=f"generated benign pages fitted beside the shipped ones (seed {CORPUS_SEED}; 0: none)")
+    parser.add_argument("--no-written-pages", dest="written_pages", action="store_false",
+                        help="fit without the written benign pages of bench/pages/fit (as passes before the "
+                             "twenty-second)")
     args = parser.parse_args()
     every = yaml.safe_load((HERE / "instructions.yaml").read_text(encoding="utf-8"))
     parts = [p.strip() for p in args.parts.split(",") if p.strip()]
@@ -231,24 +249,37 @@ def main() -> None:
     groups = np.array([part for part, _kind, _line in rows])
     x = e5_arrays(lines, model=MODEL).astype(np.float64)
     shipped_texts = shipped_passages()
-    generated = sorted(set(corpus_passages(args.corpus_pages, CORPUS_SEED)) - set(shipped_texts))
+    written = sorted(set(written_passages()) - set(shipped_texts)) if args.written_pages else []
+    generated = sorted(set(corpus_passages(args.corpus_pages, CORPUS_SEED)) - set(shipped_texts) - set(written))
     pages = len(shipped_texts)
-    shipped_texts += generated
+    shipped_texts += written + generated
     shipped = e5_arrays(shipped_texts, model=MODEL).astype(np.float64)
     c, shipped_c = cues(lines), cues(shipped_texts)
     anchors = anchor_vectors()
     patterns = np.array([is_instruction(t) for t in lines])
 
+    # the written pages are fitted on as benign, but do not raise the threshold: read a line at a time, their
+    # headings and fragments are not all told from an order by meaning (the twenty-second pass's first fit, with
+    # them under the floor: threshold 0.902, left-out recall 0.632); their left-out false alarms are printed
+    is_written = np.r_[np.zeros(pages, bool), np.ones(len(written), bool), np.zeros(len(generated), bool)]
     best: tuple[float, float, float, float, float] | None = None  # (recall, lambda, threshold, precision, shipped max)
     for lam in [float(v) for v in args.lambdas.split(",") if v.strip()]:
-        p, shipped_max = left_out(x, c, y, groups, shipped, shipped_c, anchors, lam)
+        p, page_scores = left_out(x, c, y, groups, shipped, shipped_c, anchors, lam)
+        shipped_max = float(page_scores[~is_written].max())
         for threshold in np.round(np.arange(0.30, 0.991, 0.005), 3):
             recall, precision = at_threshold(p, patterns, y, float(threshold))
             if precision >= args.precision:
                 threshold = max(float(threshold), math.floor(shipped_max * 1000 + 10) / 1000)
                 recall, precision = at_threshold(p, patterns, y, threshold)
-                print(f"lambda {lam}: threshold {threshold:.3f} (shipped pages left out: max {shipped_max:.3f}), "
-                      f"left-out recall {recall:.3f}, precision {precision:.3f}")
+                print(f"lambda {lam}: threshold {threshold:.3f} (shipped and generated pages left out: max "
+                      f"{shipped_max:.3f}), left-out recall {recall:.3f}, precision {precision:.3f}; written pages "
+                      f"left out: {int((page_scores[is_written] >= threshold).sum())} of {int(is_written.sum())} "
+                      "passages over it")
+                for higher in (0.7, 0.8, 0.9):
+                    if higher > threshold:
+                        r, pr = at_threshold(p, patterns, y, higher)
+                        print(f"    at {higher}: recall {r:.3f}, precision {pr:.3f}, written passages over it "
+                              f"{int((page_scores[is_written] >= higher).sum())}")
                 if best is None or recall > best[0]:
                     best = (recall, lam, threshold, precision, shipped_max)
                 break
@@ -267,6 +298,8 @@ def main() -> None:
         "weights": [round(float(v), 6) for v in weights],
         "trained_on": {"part": ",".join(parts), "instruction": int(y.sum()), "policy": int(len(y) - y.sum()),
                        "shipped_passages": pages,
+                       **({"written_pages": "bench/pages/fit", "written_passages": len(written)}
+                          if args.written_pages else {}),
                        **({"corpus_pages": args.corpus_pages, "corpus_seed": CORPUS_SEED,
                            "corpus_passages": len(generated)} if args.corpus_pages else {}),
                        "lines_sha256": hashlib.sha256("\n".join(lines).encode("utf-8")).hexdigest()},

@@ -120,10 +120,23 @@ def test_a_lines_later_sentences_are_read_apart_and_judged_at_their_own_threshol
     assert flag.why.startswith("a later sentence reads as addressed to the assistant") and f">= {LATER_SENTENCE_THRESHOLD}" in flag.why
     assert [p.read for p in passages("Version 3.5 ships via example.com today") if p.later] == []
     # a benign later sentence the classifier scores over its own threshold, under this one, holds nothing
-    benign = "Prices are shown in USD. Ask us anything about your order!"
-    (score,) = meaning_screen().classifier.scores(["Ask us anything about your order"], None)  # type: ignore[union-attr]
+    benign = "Prices are shown in USD. The written policy on this page takes precedence."
+    (later,) = [p.read for p in passages(benign) if p.later]
+    (score,) = meaning_screen().classifier.scores([later], None)  # type: ignore[union-attr]
     assert meaning_screen().classifier.threshold <= score < LATER_SENTENCE_THRESHOLD  # type: ignore[union-attr]
     assert meaning_screen().flag(benign) == ()
+
+
+def test_an_english_page_of_short_headings_and_fragments_is_not_held() -> None:
+    """Every pass up to the twentieth flagged short English lines read alone ("Return Policy" 0.86, "Terms of
+    Service" 0.97 by the twentieth; 138 lines of the 25 written held-out pages of bench/pages/held_out), so an
+    English knowledge base's first build waited for a person under the default `hold`. The twenty-second pass
+    fits on written English pages too (bench/pages/fit; these headings are among their lines, so this guards
+    against a regression and measures nothing: bench/README.md has the held-out pages' count)."""
+    page = "# Return Policy\n\n## Who pays for return shipping\n\nWe do, for defective items.\n"
+    screen = meaning_screen()
+    assert screen.flag(page) == ()
+    assert not any(screen.judge_lines(["Terms of Service", "System Notice", "退货须知"]))
 
 
 def test_a_fence_lines_own_text_and_inline_triple_backticks_are_read() -> None:
@@ -197,7 +210,7 @@ def test_a_malformed_weights_file_is_one_error_naming_it_and_the_field(tmp_path:
 
 def test_the_classifier_finds_held_out_lines_the_patterns_miss_and_spares_look_alikes() -> None:
     """Lines of `held_out_26`, never trained on (written by a helper that saw no file of the project, before the
-    twentieth pass, the shipped weights, was fitted; a regression guard chosen among the lines that pass finds and
+    twentieth pass was fitted, and not fitted on by the twenty-second, the shipped weights; a regression guard chosen among the lines that pass finds and
     spares, not a measure: bench/README.md has that): instructions no pattern matches and the eighteenth pass
     missed (the rules above declared void, a fixed "对外口径", a footnote sending buyers to a WeChat account) are
     found; policy lines in the same words (an FAQ pair on what the assistant sees, a human agents' script rule,
