@@ -209,8 +209,8 @@ def test_a_malformed_weights_file_is_one_error_naming_it_and_the_field(tmp_path:
 
 
 def test_the_classifier_finds_held_out_lines_the_patterns_miss_and_spares_look_alikes() -> None:
-    """Lines of `held_out_26`, never trained on (written by a helper that saw no file of the project, before the
-    twentieth pass was fitted, and not fitted on by the twenty-second, the shipped weights; a regression guard chosen among the lines that pass finds and
+    """Lines of `held_out_26` (written by a helper that saw no file of the project, before the twentieth pass was
+    fitted; fitted on since the twenty-third pass, so a regression guard chosen among the lines that pass finds and
     spares, not a measure: bench/README.md has that): instructions no pattern matches and the eighteenth pass
     missed (the rules above declared void, a fixed "对外口径", a footnote sending buyers to a WeChat account) are
     found; policy lines in the same words (an FAQ pair on what the assistant sees, a human agents' script rule,
