@@ -9,7 +9,7 @@ customer; never fitted on). The goal for all three: 0.
 
     .venv/bin/python bench/instructions.py            # prints the table; writes bench/results/instructions.{json,md}
     .venv/bin/python bench/instructions.py --patterns # the patterns alone (no e5)
-    .venv/bin/python bench/instructions.py --parts held_out_28 --no-corpus   # one part and the written pages
+    .venv/bin/python bench/instructions.py --parts held_out_29 --no-corpus   # one part, no generated pages
 """
 
 from __future__ import annotations
@@ -141,7 +141,7 @@ def table(result: dict[str, object], title: str) -> str:
                             f"{s['precision']} |")
     corpus = result["corpus_false_positives"]
     rows.append(f"\nshipped pages: {len(result['shipped_false_positives'])} false alarm(s); the benchmark corpus's 300 "  # type: ignore[arg-type]
-                f"generated pages: {'not scored' if corpus is None else len(corpus)} false alarm(s); "  # type: ignore[arg-type]
+                f"generated pages: {'not scored' if corpus is None else f'{len(corpus)} false alarm(s)'}; "  # type: ignore[arg-type]
                 + "; ".join(f"the {result['written_pages'][kind]} written pages of bench/pages/{kind}: "  # type: ignore[index]
                             f"{len(alarms)} false alarm(s)"
                             for kind, alarms in result["written_false_positives"].items()))  # type: ignore[attr-defined]
@@ -151,7 +151,8 @@ def table(result: dict[str, object], title: str) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--patterns", action="store_true", help="the patterns alone")
-    parser.add_argument("--parts", help="only these parts, comma-separated (the pages are scored either way); "
+    parser.add_argument("--parts", help="only these parts, comma-separated (the pages are scored either way, the "
+                                        "generated ones unless --no-corpus); "
                                         "results go to instructions-<parts>.{json,md} beside the full table")
     parser.add_argument("--no-corpus", action="store_true",
                         help="skip the 300 generated pages (most of a scoring's time)")

@@ -77,8 +77,8 @@ def run(docs: int, ms: float, seed: int, workdir: Path) -> dict[str, Any]:
     logging.getLogger("kb_reindex").setLevel(logging.WARNING)
     corpus = corpus_mod.generate(docs, seed)
     # the instruction screen by its patterns alone: under `auto` with Ollama the first setup alone judged every line
-    # with e5 (11.5 s of the smoke run's serial build against 0.35 s for the next; the process remembers the
-    # scores), which inflated every speedup over it. Its cost is measured apart (bench/screen_cost.sh)
+    # with e5 (the smoke run's serial build took 11.5 s with it, 0.59 s without; the process remembered the scores
+    # for the setups after it), which inflated every speedup over it. Its cost is measured apart (bench/screen_cost.sh)
     base_env = {"KB_EMBEDDER": "ollama", "KB_EMBED_MODEL": MODEL, "KB_EMBED_DIM": str(DIM),
                 "KB_INSTRUCTION_SCREEN": "patterns"}
 

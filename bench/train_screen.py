@@ -22,7 +22,7 @@ another hand, at another time: a new writer's styles are what the screen must ge
 the lowest at which the screen (the patterns, then the classifier) keeps a pooled left-out precision of at least
 `--precision` (default 0.95), and among the regularisation strengths the one with the best recall there. Then the
 threshold is raised, if need be, just above the highest score any shipped or generated page's passage gets from
-a fit that did not see it (five folds of the pages), so those pages raise no alarm; the written pages' passages
+a fit that did not see it (five folds of the passages), so those pages raise no alarm; the written pages' passages
 are fitted on but do not raise it (their left-out false alarms are printed). The standardisation
 is folded into the weights, so the screen computes sigmoid(x . w + cues . v + b) on the raw vector.
 
