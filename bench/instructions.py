@@ -55,6 +55,10 @@ def scores(found: list[bool], alarms: list[bool]) -> dict[str, float | int | Non
             "precision": round(hits / (hits + false), 3) if hits + false else (1.0 if found else None)}
 
 
+#: the folders of written held-out pages under bench/pages, each written before the pass it first measured
+HELD_OUT_PAGES = ("held_out", "held_out_2")
+
+
 def measure(judge: Callable[[list[str]], list[bool]],
             page_alarms: Callable[[list[tuple[str, str, int]]], list[str]],
             parts: list[str] | None = None, *, corpus: bool = True) -> dict[str, object]:
@@ -82,23 +86,17 @@ def measure(judge: Callable[[list[str]], list[bool]],
     result["corpus_false_positives"] = page_alarms(corpus_pages()) if corpus else None
     # written for this by helpers that opened no project file, in English above all (the shipped and generated pages
     # are all Chinese); never fitted on
-    result["written_false_positives"] = {kind: page_alarms(written_pages(kind)) for kind in HELD_OUT_PAGES}
-    result["written_pages"] = {kind: len(written_pages(kind)) for kind in HELD_OUT_PAGES}
+    written = {kind: written_pages(kind) for kind in HELD_OUT_PAGES}
+    result["written_false_positives"] = {kind: page_alarms(pages) for kind, pages in written.items()}
+    result["written_pages"] = {kind: len(pages) for kind, pages in written.items()}
     return result
 
 
-#: the folders of written held-out pages under bench/pages, each written before the pass it first measured
-HELD_OUT_PAGES = ("held_out", "held_out_2")
-
-
 def written_pages(kind: str) -> list[tuple[str, str, int]]:
-    """The written benign pages of bench/pages/<kind> (`fit`: fitted on by bench/train_screen.py; `held_out`:
+    """The written benign pages of bench/pages/<kind> (`fit`: fitted on by bench/train_screen.py; `held_out*`:
     never fitted on, their false alarms counted here), as (name, body, line number of the body's first line)."""
     folder = HERE / "pages" / kind
-    pages = []
-    for path in sorted(folder.glob("*.md")):
-        document = read_document(path, folder, max_bytes=2_000_000)
-        pages.append((str(path.relative_to(HERE.parent)), document.body, document.body_line))
+    pages = _pages_in(folder)
     if not pages:
         raise SystemExit(f"{folder.relative_to(HERE.parent)} holds no page (*.md)")
     return pages
@@ -121,11 +119,16 @@ def corpus_pages(docs: int = 300, seed: int | None = None) -> list[tuple[str, st
 
 def shipped_pages() -> list[tuple[str, str, int]]:
     """(relative path, body, line number of the body's first line) of every shipped knowledge page."""
+    return [page for docs in sorted((HERE.parent / "knowledge").rglob("docs")) for page in _pages_in(docs)]
+
+
+def _pages_in(folder: Path) -> list[tuple[str, str, int]]:
+    """Every Markdown page under `folder` as the source reader reads it: (path from the repository, body, line
+    number of the body's first line)."""
     pages = []
-    for docs in sorted((HERE.parent / "knowledge").rglob("docs")):
-        for path in sorted(docs.rglob("*.md")):
-            document = read_document(path, docs, max_bytes=2_000_000)
-            pages.append((str(path.relative_to(HERE.parent)), document.body, document.body_line))
+    for path in sorted(folder.rglob("*.md")):
+        document = read_document(path, folder, max_bytes=2_000_000)
+        pages.append((str(path.relative_to(HERE.parent)), document.body, document.body_line))
     return pages
 
 
