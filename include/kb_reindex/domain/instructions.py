@@ -17,7 +17,8 @@ import re
 
 from kb_reindex.domain.screen_text import passages
 
-_RULES_EN = r"(?:instructions?|rules?|guidelines?|directions?|directives?|policies|prompts?|constraints?|restrictions?)"
+_RULES_EN = (r"(?:instructions?|rules?|guidelines?|guidance|directions?|directives?|policies|prompts?|constraints?"
+             r"|restrictions?)")
 _RULES_ZH = r"(?:规则|规定|指令|指示|要求|设定|限制|提示词?|约束|政策|条款|说明)"
 
 #: (why, patterns): each group says why a line it matches is flagged
@@ -53,8 +54,10 @@ PATTERN_GROUPS: list[tuple[str, tuple[re.Pattern[str], ...]]] = [
             r"系统提示词|系统指令|系统设定|开发者(?:模式|指令)",
             r"^\s*[\[<(]?\s*(?:system|assistant|系统|助手)\s*[\]>)]?\s*[:：]",
             # chat-template control tokens, of any model family: `<|...|>` (ChatML, Llama 3, Phi, GPT's own),
-            # `[INST]`, `<<SYS>>`, Gemma's turns; a vocabulary no shop page writes
-            r"<\|[a-z_]{2,30}\|>|\[/?INST\]|<</?SYS>>|<(?:start|end)_of_turn>|^\s*#{2,}\s*(?:instruction|system)\b",
+            # `[INST]`, `<<SYS>>`, Gemma's turns; a vocabulary no shop page writes. A heading that is the bare role
+            # ("### Instruction:", "## System") is a template's; "## System Notice" or "## System requirements" is a
+            # page's (a held-out policy line the patterns flagged, `held_out_30`)
+            r"<\|[a-z_]{2,30}\|>|\[/?INST\]|<</?SYS>>|<(?:start|end)_of_turn>|^\s*#{2,}\s*(?:instruction|system)\s*(?:[:：]|$)",
             r"\bnew\s+instructions?\s*[:：]|新(?:的)?指令\s*[:：]",
     )),
     ('asks for the prompt or configuration', (
