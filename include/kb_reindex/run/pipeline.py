@@ -308,13 +308,16 @@ def held_for_a_person(deps: Deps, plan: Plan, version_number: int) -> Hold | Non
 
 def instructions_held(deps: Deps, version_number: int) -> InstructionHold | None:
     """Under KB_INSTRUCTION_POLICY=hold, the version's flagged lines (as its validation recorded them) that
-    live does not serve (kb_reindex.rules.instruction_hold); None when none, or under another policy."""
+    live does not serve (kb_reindex.rules.instruction_hold); None when none, or under another policy. With
+    nothing live (a first build) every flagged line is new: nobody has accepted it, so it is held too."""
     if deps.settings.instruction_policy != "hold":
         return None
     record = recorded_version(deps, version_number)
     live = deps.state.live_version(deps.settings.alias)
     flagged = (record.validation or {}).get("flagged_instructions") or []
-    served = ((live.validation or {}).get("flagged_instructions") or []) if live and live.id != record.id else flagged
+    # asked again of the version that serves, what it serves was let through
+    served = ([] if live is None else flagged if live.id == record.id
+              else (live.validation or {}).get("flagged_instructions") or [])
     hold = instruction_hold(flagged, served)
     if hold.held:
         return hold
