@@ -76,7 +76,9 @@ PATTERN_GROUPS: list[tuple[str, tuple[re.Pattern[str], ...]]] = [
     )),
     ("asks for a tool call or someone's personal data", (
             # tools and personal data
-            r"\b(?:call|invoke|use|run|execute)\s+the\s+\w+\s+(?:tool|function)\b",
+            # (not "use" or "run": "2. Run the diagnostic tool in the app." is a step for the customer, a written
+            # held-out page's line the patterns flagged, `held_out_2`; no labelled instruction needs them)
+            r"\b(?:call|invoke|execute)\s+the\s+\w+\s+(?:tool|function)\b",
             # a call asked for, not one described ("开发者可调用订单接口", "调用开放接口前，请先认证"): the line starts with it, or asks for it
             r"(?:^|请|立即|马上|直接|现在|先|并)\s*调用.{0,8}(?:工具|tool|函数|接口)(?![前时后])",
             # someone else's data asked for: "the customer's phone number", not a warning to keep one's own
