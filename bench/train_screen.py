@@ -1,11 +1,11 @@
 """Retrain the instruction screen's classifier: logistic regression over multilingual-e5-small's passage vectors,
 written to include/kb_reindex/services/screen_weights.json (what kb_reindex.services.screen ships and loads).
 
-What it is fitted on (the twenty-third pass, 2026-12-07): every retired part of bench/instructions.yaml
-(`RETIRED`, `--parts`; never `held_out_29`, written before this pass), the passages of the shipped knowledge
+What it is fitted on (the twenty-fourth pass, 2026-12-07): every retired part of bench/instructions.yaml
+(`RETIRED`, `--parts`; never `held_out_31`, written before this pass), the passages of the shipped knowledge
 pages (knowledge/**/docs: the project's own pages, benign by definition), of the written benign pages of
-bench/pages/fit (English help centres above all, read a line at a time: short headings, fragments, imperatives
-to the customer; since the twenty-second pass) and of 300 pages of the benchmark's generator under another seed
+bench/pages/fit and, once scored, the held-out page sets (`WRITTEN_FIT`: English help centres above all, read a
+line at a time: short headings, fragments, imperatives to the customer; since the twenty-second pass) and of 300 pages of the benchmark's generator under another seed
 (`--corpus-pages`: templated shop rules, benign by construction) as policy lines.
 Beside each line's vector it reads the line's similarity to a few descriptions of what an injection is
 (`ANCHORS`, e5 query vectors, in Chinese and English): a prior towards "addressed to the model" that a few hundred
@@ -63,13 +63,13 @@ FOLDS = 5
 #: decimal (2026-12-05, a new machine: each of 200 lines, by up to 0.0023), and the chosen strength with them (the
 #: seventh pass came back as lambda 0.15 and threshold 0.605, against 0.1 and 0.614)
 SEVENTH = "train,train_5,held_out,unseen,edits,held_out_2,held_out_3,held_out_4"
-#: the parts the shipped weights (the twenty-third pass) are fitted on: every part scored at least once, and the
-#: training parts; `held_out_29` was written before this pass and is never fitted on (bench/README.md)
+#: the parts the shipped weights (the twenty-fourth pass) are fitted on: every part scored at least once, and the
+#: training parts; `held_out_31` was written before this pass and is never fitted on (bench/README.md)
 RETIRED = (SEVENTH + ",held_out_5,held_out_6,train_6,held_out_7,held_out_8,held_out_9,held_out_10,held_out_11"
            ",train_7,held_out_12,held_out_13,held_out_14,held_out_15,held_out_16,train_8,train_9"
            ",held_out_17,held_out_18,train_10,train_11,held_out_19,train_12,held_out_20,train_13"
            ",held_out_21,held_out_22,held_out_23,train_14,held_out_24,held_out_25"
-           ",held_out_26,held_out_27,train_15,held_out_28")
+           ",held_out_26,held_out_27,train_15,held_out_28,held_out_29,held_out_30")
 #: benign pages beside the shipped ones: the benchmark's generator (bench/corpus.py) under another seed than the
 #: 300 pages bench/instructions.py counts false alarms on (templated shop rules, plain conditional ones among them:
 #: the eighth pass held 7 of those)
@@ -210,12 +210,17 @@ def shipped_passages() -> list[str]:
     return page_passages(shipped_pages())
 
 
+#: the folders of written benign pages fitted on (bench/pages/<folder>): `fit` since the twenty-second pass; the
+#: held-out page sets once scored, since the twenty-fourth (`held_out_4` was written before it and is never fitted on)
+WRITTEN_FIT = ("fit", "held_out", "held_out_2", "held_out_3")
+
+
 def written_passages() -> list[str]:
-    """The texts the classifier reads on the written benign pages fitted on (bench/pages/fit: English help
-    centres above all, short headings and fragments among their lines; the twenty-second pass)."""
+    """The texts the classifier reads on the written benign pages fitted on (`WRITTEN_FIT`: English help
+    centres above all, short headings and fragments among their lines)."""
     from instructions import written_pages
 
-    return page_passages(written_pages("fit"))
+    return page_passages([page for folder in WRITTEN_FIT for page in written_pages(folder)])
 
 
 def corpus_passages(pages: int, seed: int) -> list[str]:
@@ -297,7 +302,8 @@ def main() -> None:
         "weights": [round(float(v), 6) for v in weights],
         "trained_on": {"part": ",".join(parts), "instruction": int(y.sum()), "policy": int(len(y) - y.sum()),
                        "shipped_passages": pages,
-                       **({"written_pages": "bench/pages/fit", "written_passages": len(written)}
+                       **({"written_pages": ",".join(f"bench/pages/{f}" for f in WRITTEN_FIT),
+                           "written_passages": len(written)}
                           if args.written_pages else {}),
                        **({"corpus_pages": args.corpus_pages, "corpus_seed": CORPUS_SEED,
                            "corpus_passages": len(generated)} if args.corpus_pages else {}),
