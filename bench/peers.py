@@ -168,6 +168,8 @@ def run_kb(job: dict[str, Any]) -> dict[str, Any]:
 
     server = fake_ollama(job["ollama_ms"]) if embedder == "ollama" else None
     env = {"KB_PROJECT_ROOT": str(root), "KB_EMBEDDER": embedder, "KB_EMBED_DIM": str(DIM)}
+    if job.get("instruction_screen"):
+        env["KB_INSTRUCTION_SCREEN"] = job["instruction_screen"]
     if server is not None:
         env.update(OLLAMA_HOST=server.url, KB_EMBED_MODEL=OLLAMA_MODEL)
     try:

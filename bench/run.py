@@ -267,7 +267,11 @@ def main(argv: list[str] | None = None) -> int:
                 task["scenario_processes"] = args.store == "sidecar" and task is tasks[0]
         common = {"seed": args.seed, "ollama_ms": ollama_ms, "workdir": str(workdir), "raw": True, "readers": True,
                   "store": args.store,
-                  "reader_pause_s": 0.02 if args.smoke else None}
+                  "reader_pause_s": 0.02 if args.smoke else None,
+                  # a smoke run checks the wiring: the instruction screen by its patterns alone (under `auto` an
+                  # Ollama task's engine would load e5 and judge every line of its first build, the product's real
+                  # cost in a full run, measured apart in bench/screen_cost.sh)
+                  "instruction_screen": "patterns" if args.smoke else None}
         jobs: list[dict[str, Any]] = []
         for group in groups:
             for peer in ("kb", "langchain"):
