@@ -210,15 +210,10 @@ def shipped_passages() -> list[str]:
     return page_passages(shipped_pages())
 
 
-#: the folders of written benign pages fitted on (bench/pages/<folder>): `fit` since the twenty-second pass; the
-#: held-out page sets once scored, since the twenty-fourth (`held_out_4` was written before it and is never fitted on)
-WRITTEN_FIT = ("fit", "held_out", "held_out_2", "held_out_3")
-
-
 def written_passages() -> list[str]:
     """The texts the classifier reads on the written benign pages fitted on (`WRITTEN_FIT`: English help
     centres above all, short headings and fragments among their lines)."""
-    from instructions import written_pages
+    from instructions import WRITTEN_FIT, written_pages
 
     return page_passages([page for folder in WRITTEN_FIT for page in written_pages(folder)])
 
@@ -242,9 +237,11 @@ def main() -> None:
     parser.add_argument("--corpus-pages", type=int, default=CORPUS_PAGES,
                         help=f"generated benign pages fitted beside the shipped ones (seed {CORPUS_SEED}; 0: none)")
     parser.add_argument("--no-written-pages", dest="written_pages", action="store_false",
-                        help="fit without the written benign pages of bench/pages/fit (as passes before the "
-                             "twenty-second)")
+                        help="fit without the written benign pages (bench/pages/fit and the scored held-out sets: "
+                             "instructions.WRITTEN_FIT; as passes before the twenty-second)")
     args = parser.parse_args()
+    from instructions import WRITTEN_FIT
+
     every = yaml.safe_load((HERE / "instructions.yaml").read_text(encoding="utf-8"))
     parts = [p.strip() for p in args.parts.split(",") if p.strip()]
     rows = [(part, kind, read_line(t)) for part in parts for kind in ("instruction", "policy") for t in every[part][kind]]

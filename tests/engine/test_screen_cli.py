@@ -90,7 +90,10 @@ def test_a_first_build_that_carries_an_instruction_line_is_held_until_a_person_p
     assert [(f["source"], f["line"], f["text"]) for f in run["held"]["instructions"]["new"]] == [
         ("returns.md", line, injected)]
     assert run["validation"]["passed"]
-    assert json.loads(kb("status", "--json", "-q").stdout)["live"] is None
+    status = json.loads(kb("status", "--json", "-q").stdout)
+    assert status["live"] is None
+    bases = kb("bases")
+    assert f"v{run['version']} is built and held for a person" in bases.stdout, bases.stdout + bases.stderr
 
     promoted = kb("promote", "--version", str(run["version"]), "--reason", "read it: a drill page", "--yes",
                   "--json", "-q")

@@ -56,7 +56,8 @@ PATTERN_GROUPS: list[tuple[str, tuple[re.Pattern[str], ...]]] = [
             # chat-template control tokens, of any model family: `<|...|>` (ChatML, Llama 3, Phi, GPT's own),
             # `[INST]`, `<<SYS>>`, Gemma's turns; a vocabulary no shop page writes. A heading that is the bare role
             # ("### Instruction:", "## System") is a template's; "## System Notice" or "## System requirements" is a
-            # page's (a held-out policy line the patterns flagged, `held_out_30`)
+            # page's. (The screen reads a page's heading without its marks, so this meets a code block's line, or a
+            # line read alone as bench/instructions.py's labelled lines once were.)
             r"<\|[a-z_]{2,30}\|>|\[/?INST\]|<</?SYS>>|<(?:start|end)_of_turn>|^\s*#{2,}\s*(?:instruction|system)\s*(?:[:：]|$)",
             r"\bnew\s+instructions?\s*[:：]|新(?:的)?指令\s*[:：]",
     )),
@@ -76,9 +77,10 @@ PATTERN_GROUPS: list[tuple[str, tuple[re.Pattern[str], ...]]] = [
     )),
     ("asks for a tool call or someone's personal data", (
             # tools and personal data
-            # (not "use" or "run": "2. Run the diagnostic tool in the app." is a step for the customer, a written
-            # held-out page's line the patterns flagged, `held_out_2`; no labelled instruction needs them)
+            # ("use" or "run" only with a name in code, "run the export_users function": "2. Run the diagnostic tool
+            # in the app." is a step for the customer, a written held-out page's line the patterns flagged)
             r"\b(?:call|invoke|execute)\s+the\s+\w+\s+(?:tool|function)\b",
+            r"\b(?:use|run)\s+the\s+\w*_\w*\s+(?:tool|function)\b",
             # a call asked for, not one described ("开发者可调用订单接口", "调用开放接口前，请先认证"): the line starts with it, or asks for it
             r"(?:^|请|立即|马上|直接|现在|先|并)\s*调用.{0,8}(?:工具|tool|函数|接口)(?![前时后])",
             # someone else's data asked for: "the customer's phone number", not a warning to keep one's own

@@ -79,7 +79,8 @@ class Hold:
     def message(self, version: int) -> str:
         return (f"v{version} is held for a person, built and validated but not promoted: {'; '.join(self.reasons)}. "
                 f"Look at what it names, then `kb-reindex promote --version {version} --reason \"...\"` (or the "
-                "page's Promote button) puts it live; the alias keeps serving what it served")
+                "page's Promote button) puts it live; the alias keeps serving what it served (a first build: "
+                "nothing, until then)")
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = self.loss.to_dict() if self.loss and self.loss.held else {"held": self.held}

@@ -91,6 +91,12 @@ def summary(state: StateStore | None, kb: KnowledgeBase) -> BaseSummary:
     building = {r.run_id for r in runs if r.finished_at is None}
     if live is None and building:
         problems.append(f"no version serves yet: its first run ({runs[0].run_id}) is in progress")
+    elif live is None and (waiting := [v.version for v in ready if not _in_progress(state, v)]):
+        # a first build held for a person (new instruction-like lines): another run builds it again and is held
+        # again; what it waits for is someone to read it
+        problems.append(f"no version serves yet: v{max(waiting)} is built and held for a person (`status` says why); "
+                        f"`kb-reindex promote --version {max(waiting)} --reason ...` or the page's Promote anyway puts "
+                        "it live")
     elif live is None:
         problems.append(f"no version serves yet: trigger {kb.dag_id('knowledge_reindex')}")
     served = served_lines(state, kb.alias, live) if state is not None else None
