@@ -130,7 +130,8 @@ def test_a_lines_later_sentences_are_read_apart_and_judged_at_their_own_threshol
 def test_an_english_page_of_short_headings_and_fragments_is_not_held() -> None:
     """Every pass up to the twentieth flagged short English lines read alone ("Return Policy" 0.86, "Terms of
     Service" 0.97 by the twentieth; 138 lines of the 25 written held-out pages of bench/pages/held_out), so an
-    English knowledge base's edits that added such lines waited for a person under the default `hold`. The twenty-second pass
+    English knowledge base's first build, and each edit that added such lines, waited for a person under
+    the default `hold`. The twenty-second pass
     fits on written English pages too (bench/pages/fit; these headings are among their lines, so this guards
     against a regression and measures nothing: bench/README.md has the held-out pages' count)."""
     page = "# Return Policy\n\n## Who pays for return shipping\n\nWe do, for defective items.\n"

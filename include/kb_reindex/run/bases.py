@@ -88,14 +88,15 @@ def summary(state: StateStore | None, kb: KnowledgeBase) -> BaseSummary:
                        finished_at=utc_stamp(r.finished_at) if r.finished_at else None, error=r.error)
     problems = [p for p in [kb.problem, last_run_problem(state, kb.alias) if state is not None else None] if p]
     ready = state.list_versions(kb.alias, statuses=[VersionStatus.READY]) if state is not None else []
+    shadows = tuple(sorted(v.version for v in ready if not has_served(v) and not _in_progress(state, v)))
     building = {r.run_id for r in runs if r.finished_at is None}
     if live is None and building:
         problems.append(f"no version serves yet: its first run ({runs[0].run_id}) is in progress")
-    elif live is None and (waiting := [v.version for v in ready if not _in_progress(state, v)]):
+    elif live is None and shadows:
         # a first build held for a person (new instruction-like lines): another run builds it again and is held
         # again; what it waits for is someone to read it
-        problems.append(f"no version serves yet: v{max(waiting)} is built and held for a person (`status` says why); "
-                        f"`kb-reindex promote --version {max(waiting)} --reason ...` or the page's Promote anyway puts "
+        problems.append(f"no version serves yet: v{shadows[-1]} is built and held for a person (`status` says why); "
+                        f"`kb-reindex promote --version {shadows[-1]} --reason ...` or the page's Promote anyway puts "
                         "it live")
     elif live is None:
         problems.append(f"no version serves yet: trigger {kb.dag_id('knowledge_reindex')}")
@@ -108,7 +109,7 @@ def summary(state: StateStore | None, kb: KnowledgeBase) -> BaseSummary:
                        last_run=last, problems=tuple(problems), registry_error=kb.problem,
                        served_instructions=served.lines if served else 0,
                        instructions_accepted_by=served.accepted_by if served else None,
-                       shadows=tuple(sorted(v.version for v in ready if not has_served(v) and not _in_progress(state, v))))
+                       shadows=shadows)
 
 
 def _in_progress(state: StateStore | None, version: Any) -> bool:
