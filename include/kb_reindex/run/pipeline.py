@@ -27,6 +27,7 @@ from kb_reindex.domain.model import RunKind, RunOutcome
 from kb_reindex.steps.plan import prepare_logged
 from kb_reindex.domain.planning import BuildResult, CreatedVersion, DocCounts, Plan
 from kb_reindex.steps.promote import PromoteResult, check_shadow, promote, promote_checked_shadow
+from kb_reindex.steps.review import supersede_held
 from kb_reindex.steps.retention import CleanupResult, cleanup
 from kb_reindex.run.runs import Recorder, ensure_lock_held, exclusive
 from kb_reindex.services.runtime import Deps, new_run_id
@@ -282,6 +283,7 @@ def promote_step(deps: Deps, recorder: Recorder, plan: Plan, version_number: int
     if (held := held_for_a_person(deps, plan, version_number)) is not None:  # a person decides, not the pipeline
         recorder.finish(RunOutcome.HELD, version=version_number, plan=plan, reason=held.message(version_number))
         log.warning("kb_reindex: %s", held.message(version_number))
+        supersede_held(deps.state, recorded_version(deps, version_number))
         return Promotion(RunOutcome.HELD, version_number, held=held)
     ensure_lock_held(deps, fence.owner)
     try:

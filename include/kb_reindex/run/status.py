@@ -22,7 +22,7 @@ from kb_reindex.services.layouts import version_profile
 from kb_reindex.rules.locking import alias_lock_name, reindex_lock_name
 from kb_reindex.steps.querylog import QueryLogView
 from kb_reindex.rules.content_warnings import content_warnings
-from kb_reindex.steps.review import FlaggedInContext, ServedLines, review_lines, served_lines
+from kb_reindex.steps.review import FlaggedInContext, ServedLines, kept_as, review_lines, served_lines
 from kb_reindex.domain.planning import DocChanges
 from kb_reindex.domain.validation_model import ContentWarning
 from kb_reindex.domain.model import SUCCEEDED, RunKind, RunOutcome, VersionStatus
@@ -32,7 +32,6 @@ from kb_reindex.services.state.locks import LockRecord, is_dag_run_owner
 from kb_reindex.services.state.dag_runs import dag_run_of, missing_pool_waits
 from kb_reindex.rules.run_problems import last_run_problem
 from kb_reindex.services.state.runs import RunRecord
-from kb_reindex.services.state.store import StateStore
 from kb_reindex.services.state.versions import QdrantSnapshotRef, VersionRecord
 from kb_reindex.services.state.clock import utc_stamp, utcnow
 
@@ -431,15 +430,6 @@ def lock_rows(deps: Deps | StateDeps) -> tuple[LockRow, ...]:
 
 KEPT_NOTES = {"held": "held for a person, never served", "frozen": "built while frozen, never served",
               "shadow": "shadow, never served"}
-
-
-def kept_as(state: StateStore, v: VersionRecord) -> str | None:
-    """Why a ready version that never served is kept (VersionRow.kept): what its run ended as."""
-    if v.status != VersionStatus.READY or has_served(v):
-        return None
-    run = state.get_run(v.run_id) if v.run_id else None
-    outcome = run.outcome if run is not None else None
-    return outcome if outcome in (RunOutcome.HELD, RunOutcome.FROZEN) else "shadow"
 
 
 def version_row(v: VersionRecord, *, target: VersionRecord | None, pins: dict[int, PinRecord],

@@ -130,7 +130,8 @@ def check_shadow(deps: Deps, version_number: int, *, expected_live: int | None) 
     if version is None:
         raise ConfigError(f"version {version_number} of {alias} does not exist")
     if version.status != READY:
-        hint = " (a rollback returns to a version that served)" if version.status == RETIRED else ""
+        hint = (" (a rollback returns to a version that served)" if version.status == RETIRED
+                else f" ({version.error})" if version.error else "")  # why it left (declined, superseded, failed)
         raise ConfigError(f"v{version.version} is {version.status}; only a ready shadow version can be promoted{hint}")
     return ShadowPromotion(version, expected_live, confirmed_live(deps, expected_live, undone="promoted"))
 

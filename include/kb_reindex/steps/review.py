@@ -3,6 +3,9 @@ lines it would serve, each in the lines around it, read from the state DB alone 
 chunk texts it stored: the knowledge folder may have changed since, and the page's server may not reach it);
 and the other answer to "Promote anyway": keep live, which declines the version (failed at `review`, naming who
 and why), so nothing protects its slot any more. Its lines still hold the next run until the page is fixed.
+A newer version held for a person supersedes the older ones still waiting: they are declined by kb-reindex, so a
+person weighs one version (the newest), and a page saved again and again while held keeps one slot waiting, not
+one more full collection per save.
 """
 
 from __future__ import annotations
@@ -10,17 +13,23 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
+import logging
+
 from kb_reindex.domain.errors import ConfigError, ReviewRefused
-from kb_reindex.domain.lifecycle import READY
+from kb_reindex.domain.lifecycle import READY, StatusMoved
+from kb_reindex.domain.model import RunOutcome
 from kb_reindex.domain.screen_text import normalize
 from kb_reindex.rules.alias import has_served
 from kb_reindex.rules.instruction_hold import instruction_hold
 from kb_reindex.services.chunking import page_sections
+from kb_reindex.services.layouts import version_profile
 from kb_reindex.services.state.clock import utc_stamp
 from kb_reindex.services.state.versions import VersionRecord
 
 if TYPE_CHECKING:
-    from kb_reindex.services.state.ports import AliasHistory, ReviewReads, VersionWrites
+    from kb_reindex.services.state.ports import AliasHistory, HeldVersions, ReviewReads, VersionWrites
+
+log = logging.getLogger(__name__)
 
 #: lines shown before and after a flagged line
 AROUND = 2
@@ -97,6 +106,40 @@ def decline(state: VersionWrites, alias: str, number: int, *, by: str, reason: s
     declined = state.get_version(alias, number)
     assert declined is not None
     return declined
+
+
+def kept_as(state: HeldVersions, v: VersionRecord) -> str | None:
+    """Why a ready version that never served is kept: what its run ended as (`held`, `frozen`), else `shadow`;
+    None for a version that served or is not ready."""
+    if v.status != READY or has_served(v):
+        return None
+    run = state.get_run(v.run_id) if v.run_id else None
+    outcome = run.outcome if run is not None else None
+    return outcome if outcome in (RunOutcome.HELD, RunOutcome.FROZEN) else "shadow"
+
+
+def supersede_held(state: HeldVersions, newer: VersionRecord) -> tuple[int, ...]:
+    """The versions `newer` (just held for a person) supersedes: older ones of its alias and embedding profile,
+    held for a person too and never served, each declined (`decline`, by kb-reindex, naming `newer`). Their slots
+    are free for the next build, which is brought from one of them by the difference; a version that left the
+    wait meanwhile (promoted by a person, declined) is left as it is."""
+    profile = version_profile(newer)
+    superseded = []
+    for v in state.list_versions(newer.alias, statuses=[READY]):
+        if v.version >= newer.version or version_profile(v) != profile or kept_as(state, v) != RunOutcome.HELD:
+            continue
+        try:
+            decline(state, newer.alias, v.version, by="kb-reindex",
+                    reason=f"superseded by v{newer.version}, held for a person too: only the newest waits")
+        except (ReviewRefused, StatusMoved) as exc:  # a person answered it meanwhile
+            log.info("kb_reindex: v%d is not superseded by v%d: %s", v.version, newer.version, exc)
+            continue
+        superseded.append(v.version)
+    if superseded:
+        log.warning("kb_reindex: v%d supersedes %s, held before it and never served: declined (their slots are "
+                    "free); a person weighs v%d alone", newer.version, ", ".join(f"v{n}" for n in superseded),
+                    newer.version)
+    return tuple(superseded)
 
 
 @dataclass(frozen=True)

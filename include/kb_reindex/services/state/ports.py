@@ -15,6 +15,7 @@ if TYPE_CHECKING:
 
     from kb_reindex.domain.model import VersionStatus
     from kb_reindex.services.state.history import AliasEvent, PinRecord
+    from kb_reindex.services.state.runs import RunRecord
     from kb_reindex.services.state.manifests import (ManifestChunk, ManifestDocument, ManifestRef,
                                                      PlanSnapshotRow, SliceDifference)
     from kb_reindex.services.state.slots import SlotRow
@@ -141,6 +142,13 @@ class ReviewReads(Protocol):
     def document_chunks(self, version_id: int, keys: Iterable[str]) -> list[ManifestChunk]: ...
 
     def texts(self, hashes: Iterable[str]) -> dict[str, tuple[str, str]]: ...
+
+
+class HeldVersions(VersionWrites, Protocol):
+    """What superseding older held versions reads and writes (`steps.review.supersede_held`): the versions, the
+    run each was built by (how it ended), and the decline."""
+
+    def get_run(self, run_id: str) -> RunRecord | None: ...
 
 
 class OwnTable(Protocol):
