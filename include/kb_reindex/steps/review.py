@@ -89,9 +89,11 @@ def _in_context(flagged: Any, sections: list[list[str]]) -> FlaggedInContext:
                             after=after)
 
 
-def decline(state: VersionWrites, alias: str, number: int, *, by: str, reason: str) -> VersionRecord:
+def decline(state: VersionWrites, alias: str, number: int, *, by: str, reason: str,
+            error: str | None = None) -> VersionRecord:
     """Keep live: the ready version `number`, never served (held, kept while frozen, a shadow), is not promoted;
-    it fails at `review` with who and why, and nothing protects its slot any more. Refused, changing nothing,
+    it fails at `review` with who and why (`error`: the whole message, where it is not a person's keep live),
+    and nothing protects its slot any more. Refused, changing nothing,
     for a version that served or is not ready (a promotion that won the race, say)."""
     if not reason.strip():
         raise ConfigError("keeping live needs a reason (it is recorded on the version)")
@@ -101,7 +103,7 @@ def decline(state: VersionWrites, alias: str, number: int, *, by: str, reason: s
     if version.status != READY or has_served(version):
         raise ReviewRefused(f"v{number} is {version.status}{' and served before' if has_served(version) else ''}: "
                           "only a ready version that never served waits for this answer")
-    state.mark_failed(version.id, step=REVIEW_STEP, error=f"not promoted: {by} kept live ({reason.strip()})",
+    state.mark_failed(version.id, step=REVIEW_STEP, error=error or f"not promoted: {by} kept live ({reason.strip()})",
                       from_=[READY])
     declined = state.get_version(alias, number)
     assert declined is not None
@@ -129,8 +131,9 @@ def supersede_held(state: HeldVersions, newer: VersionRecord) -> tuple[int, ...]
         if v.version >= newer.version or version_profile(v) != profile or kept_as(state, v) != RunOutcome.HELD:
             continue
         try:
-            decline(state, newer.alias, v.version, by="kb-reindex",
-                    reason=f"superseded by v{newer.version}, held for a person too: only the newest waits")
+            reason = f"superseded by v{newer.version}, held for a person too: only the newest waits"
+            decline(state, newer.alias, v.version, by="kb-reindex", reason=reason,
+                    error=f"not promoted: {reason} (kb-reindex)")
         except (ReviewRefused, StatusMoved) as exc:  # a person answered it meanwhile
             log.info("kb_reindex: v%d is not superseded by v%d: %s", v.version, newer.version, exc)
             continue
