@@ -229,7 +229,7 @@ def _promotion_end(promotion: Promotion) -> dict[str, Any]:
         raise AirflowSkipException(promotion.frozen.message)
     if promotion.outcome == RunOutcome.HELD and promotion.held is not None:
         # recorded `held`, not failed; the task fails (no retry) so the DAG run is red and a person looks
-        raise AirflowFailException(promotion.held.message(number))
+        raise AirflowFailException(promotion.held_message())
     if promotion.outcome == RunOutcome.SHADOW:
         raise AirflowSkipException(f"promote is off: v{number} is kept as a shadow (built and validated, never "
                                    "served); knowledge_promote_shadow puts it live")

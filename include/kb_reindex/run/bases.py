@@ -93,8 +93,8 @@ def summary(state: StateStore | None, kb: KnowledgeBase) -> BaseSummary:
     if live is None and building:
         problems.append(f"no version serves yet: its first run ({runs[0].run_id}) is in progress")
     elif live is None and shadows:
-        # a first build held for a person (new instruction-like lines): another run builds it again and is held
-        # again; what it waits for is someone to read it
+        # a first build held for a person (new instruction-like lines): a run over the same files resumes it and
+        # is held again; what it waits for is someone to read it
         problems.append(f"no version serves yet: v{shadows[-1]} is built and held for a person (`status` says why); "
                         f"`kb-reindex promote --version {shadows[-1]} --reason ...` or the page's Promote anyway puts "
                         "it live")

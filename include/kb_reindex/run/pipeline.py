@@ -108,6 +108,8 @@ class RunResult:
     lowered_thresholds: str | None = None
     frozen: FreezeView | None = None
     held: Hold | None = None
+    #: versions held before this one that it superseded (declined: only the newest waits)
+    superseded: tuple[int, ...] = ()
     cleanup: CleanupResult | None = None
 
     @property
@@ -128,6 +130,7 @@ class RunResult:
                     "lowered_thresholds": self.lowered_thresholds,
                     "frozen": self.frozen.to_dict() if self.frozen else None,
                     "held": self.held.to_dict() if self.held else None,
+                    "superseded": list(self.superseded),
                     "cleanup": self.cleanup.to_dict() if self.cleanup else None}
         out.update({k: v for k, v in optional.items() if v})
         return out
@@ -247,16 +250,25 @@ class Promotion:
     lowered_thresholds: str | None = None
     frozen: FreezeView | None = None
     held: Hold | None = None
+    #: versions held before this one that it superseded (declined: only the newest waits)
+    superseded: tuple[int, ...] = ()
 
     @property
     def moved(self) -> bool:
         return self.outcome == RunOutcome.PROMOTED
 
+    def held_message(self) -> str:
+        """Why the version waits for a person and how to answer, with the versions it superseded."""
+        assert self.held is not None
+        return self.held.message(self.version) + (
+            f"; it supersedes {', '.join(f'v{n}' for n in self.superseded)}, held before it (declined: only the "
+            "newest waits)" if self.superseded else "")
+
     def to_dict(self) -> dict[str, Any]:
         return {"outcome": str(self.outcome), "version": self.version, "previous_version": self.previous_version,
                 "lowered_thresholds": self.lowered_thresholds,
                 "frozen": self.frozen.to_dict() if self.frozen else None,
-                "held": self.held.to_dict() if self.held else None}
+                "held": self.held.to_dict() if self.held else None, "superseded": list(self.superseded)}
 
 
 @dataclass(frozen=True)
@@ -281,10 +293,11 @@ def promote_step(deps: Deps, recorder: Recorder, plan: Plan, version_number: int
         recorder.finish(RunOutcome.SHADOW, version=version_number, plan=plan)
         return Promotion(RunOutcome.SHADOW, version_number)
     if (held := held_for_a_person(deps, plan, version_number)) is not None:  # a person decides, not the pipeline
-        recorder.finish(RunOutcome.HELD, version=version_number, plan=plan, reason=held.message(version_number))
-        log.warning("kb_reindex: %s", held.message(version_number))
-        supersede_held(deps.state, recorded_version(deps, version_number))
-        return Promotion(RunOutcome.HELD, version_number, held=held)
+        promotion = Promotion(RunOutcome.HELD, version_number, held=held,
+                              superseded=_supersede(deps, version_number, held))
+        recorder.finish(RunOutcome.HELD, version=version_number, plan=plan, reason=promotion.held_message())
+        log.warning("kb_reindex: %s", promotion.held_message())
+        return promotion
     ensure_lock_held(deps, fence.owner)
     try:
         result: PromoteResult = promote(deps, version_number, run_id=recorder.run_id, fence=fence)
@@ -299,6 +312,17 @@ def promote_step(deps: Deps, recorder: Recorder, plan: Plan, version_number: int
     recorder.finish(outcome, version=version_number, plan=plan)
     return Promotion(outcome, version_number, previous_version=previous,
                      lowered_thresholds=result.lowered_thresholds)
+
+
+def _supersede(deps: Deps, version_number: int, held: Hold) -> tuple[int, ...]:
+    """`steps.review.supersede_held`, as housekeeping: should it fail, the older versions keep waiting (as before
+    this version was held), the failure is logged, and the run still ends held."""
+    try:
+        return supersede_held(deps.state, recorded_version(deps, version_number), held)
+    except Exception as exc:  # noqa: BLE001 - the hold stands either way; what waited before keeps waiting
+        log.warning("kb_reindex: v%d is held; the versions held before it were not superseded (%s: %s): they "
+                    "keep waiting for a person too", version_number, type(exc).__name__, exc)
+        return ()
 
 
 def held_for_a_person(deps: Deps, plan: Plan, version_number: int) -> Hold | None:
@@ -425,7 +449,7 @@ def _build_and_release(deps: Deps, recorder: Recorder, request: RunRequest, plan
     promotion = promote_step(deps, recorder, plan, number, fence, request=request)
     progress.result = replace(progress.result, outcome=promotion.outcome,
                               lowered_thresholds=promotion.lowered_thresholds, frozen=promotion.frozen,
-                              held=promotion.held)
+                              held=promotion.held, superseded=promotion.superseded)
     progress.result = replace(progress.result, cleanup=cleanup_step(deps))
 
 

@@ -17,6 +17,7 @@ from kb_reindex.rules.fence import Fence
 from kb_reindex.steps.golden import load_golden_set, lowered_threshold_advice
 from kb_reindex.domain.lifecycle import LIVE, READY, RETIRED
 from kb_reindex.domain.model import RunKind
+from kb_reindex.domain.names import shortened
 from kb_reindex.services.runtime import Deps
 from kb_reindex.services.state.versions import VersionRecord
 from kb_reindex.domain.validation_model import ValidationResult
@@ -131,7 +132,7 @@ def check_shadow(deps: Deps, version_number: int, *, expected_live: int | None) 
         raise ConfigError(f"version {version_number} of {alias} does not exist")
     if version.status != READY:
         hint = (" (a rollback returns to a version that served)" if version.status == RETIRED
-                else f" ({version.error})" if version.error else "")  # why it left (declined, superseded, failed)
+                else f" ({shortened(version.error.splitlines()[0], 300)})" if version.error else "")  # why it left
         raise ConfigError(f"v{version.version} is {version.status}; only a ready shadow version can be promoted{hint}")
     return ShadowPromotion(version, expected_live, confirmed_live(deps, expected_live, undone="promoted"))
 

@@ -3,9 +3,10 @@ lines it would serve, each in the lines around it, read from the state DB alone 
 chunk texts it stored: the knowledge folder may have changed since, and the page's server may not reach it);
 and the other answer to "Promote anyway": keep live, which declines the version (failed at `review`, naming who
 and why), so nothing protects its slot any more. Its lines still hold the next run until the page is fixed.
-A newer version held for a person supersedes the older ones still waiting: they are declined by kb-reindex, so a
-person weighs one version (the newest), and a page saved again and again while held keeps one slot waiting, not
-one more full collection per save.
+A newer version held for a person supersedes the older ones of its embedding profile still waiting (not pinned;
+not when it is held for content loss): they are declined by kb-reindex, so a person weighs one version (the
+newest), and a page saved again and again while held keeps one slot waiting, not one more full collection per
+save.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from kb_reindex.domain.lifecycle import READY, StatusMoved
 from kb_reindex.domain.model import RunOutcome
 from kb_reindex.domain.screen_text import normalize
 from kb_reindex.rules.alias import has_served
-from kb_reindex.rules.instruction_hold import instruction_hold
+from kb_reindex.rules.instruction_hold import Hold, instruction_hold
 from kb_reindex.services.chunking import page_sections
 from kb_reindex.services.layouts import version_profile
 from kb_reindex.services.state.clock import utc_stamp
@@ -120,28 +121,29 @@ def kept_as(state: HeldVersions, v: VersionRecord) -> str | None:
     return outcome if outcome in (RunOutcome.HELD, RunOutcome.FROZEN) else "shadow"
 
 
-def supersede_held(state: HeldVersions, newer: VersionRecord) -> tuple[int, ...]:
-    """The versions `newer` (just held for a person) supersedes: older ones of its alias and embedding profile,
-    held for a person too and never served, each declined (`decline`, by kb-reindex, naming `newer`). Their slots
-    are free for the next build, which is brought from one of them by the difference; a version that left the
-    wait meanwhile (promoted by a person, declined) is left as it is."""
+def supersede_held(state: HeldVersions, newer: VersionRecord, hold: Hold) -> tuple[int, ...]:
+    """The versions `newer`, held for a person by `hold`, supersedes: older ones of its alias and embedding
+    profile, held for a person too, never served and not pinned, each declined (`decline`, naming `newer`). Their
+    slots are free for the next build, which is brought from one of them by the difference. A version held for
+    content loss supersedes nothing (it may be the broken build: what waited before it keeps waiting), and a
+    version that left the wait meanwhile (a person promoted or declined it) is left as it is."""
+    if hold.loss is not None and hold.loss.held:
+        return ()
     profile = version_profile(newer)
+    pinned = state.active_pins(newer.alias)
     superseded = []
     for v in state.list_versions(newer.alias, statuses=[READY]):
-        if v.version >= newer.version or version_profile(v) != profile or kept_as(state, v) != RunOutcome.HELD:
+        if (v.version >= newer.version or version_profile(v) != profile or v.version in pinned
+                or kept_as(state, v) != RunOutcome.HELD):
             continue
+        reason = f"superseded by v{newer.version}, held for a person too: only the newest waits"
         try:
-            reason = f"superseded by v{newer.version}, held for a person too: only the newest waits"
             decline(state, newer.alias, v.version, by="kb-reindex", reason=reason,
                     error=f"not promoted: {reason} (kb-reindex)")
         except (ReviewRefused, StatusMoved) as exc:  # a person answered it meanwhile
             log.info("kb_reindex: v%d is not superseded by v%d: %s", v.version, newer.version, exc)
             continue
         superseded.append(v.version)
-    if superseded:
-        log.warning("kb_reindex: v%d supersedes %s, held before it and never served: declined (their slots are "
-                    "free); a person weighs v%d alone", newer.version, ", ".join(f"v{n}" for n in superseded),
-                    newer.version)
     return tuple(superseded)
 
 

@@ -144,9 +144,9 @@ class ReviewReads(Protocol):
     def texts(self, hashes: Iterable[str]) -> dict[str, tuple[str, str]]: ...
 
 
-class HeldVersions(VersionWrites, Protocol):
+class HeldVersions(VersionWrites, Pins, Protocol):
     """What superseding older held versions reads and writes (`steps.review.supersede_held`): the versions, the
-    run each was built by (how it ended), and the decline."""
+    run each was built by (how it ended), the pins, and the decline."""
 
     def get_run(self, run_id: str) -> RunRecord | None: ...
 
