@@ -310,18 +310,22 @@ def promote_step(deps: Deps, recorder: Recorder, plan: Plan, version_number: int
         moved, previous = True, last.from_version
     outcome = RunOutcome.PROMOTED if moved else RunOutcome.NO_CHANGE
     recorder.finish(outcome, version=version_number, plan=plan)
+    superseded = _supersede(deps, version_number, None) if moved else ()
+    if superseded:
+        log.warning("kb_reindex: v%d, promoted, supersedes %s, held for a person before it (declined: promoting "
+                    "one now would put older text back)", version_number, ", ".join(f"v{n}" for n in superseded))
     return Promotion(outcome, version_number, previous_version=previous,
-                     lowered_thresholds=result.lowered_thresholds)
+                     lowered_thresholds=result.lowered_thresholds, superseded=superseded)
 
 
-def _supersede(deps: Deps, version_number: int, held: Hold) -> tuple[int, ...]:
+def _supersede(deps: Deps, version_number: int, held: Hold | None) -> tuple[int, ...]:
     """`steps.review.supersede_held`, as housekeeping: should it fail, the older versions keep waiting (as before
-    this version was held), the failure is logged, and the run still ends held."""
+    this version was held or promoted), the failure is logged, and the run ends as it would have."""
     try:
         return supersede_held(deps.state, recorded_version(deps, version_number), held)
     except Exception as exc:  # noqa: BLE001 - the hold stands either way; what waited before keeps waiting
-        log.warning("kb_reindex: v%d is held; the versions held before it were not superseded (%s: %s): they "
-                    "keep waiting for a person too", version_number, type(exc).__name__, exc)
+        log.warning("kb_reindex: v%d: the versions held before it were not superseded (%s: %s): they keep "
+                    "waiting for a person", version_number, type(exc).__name__, exc)
         return ()
 
 

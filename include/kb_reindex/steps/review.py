@@ -3,8 +3,8 @@ lines it would serve, each in the lines around it, read from the state DB alone 
 chunk texts it stored: the knowledge folder may have changed since, and the page's server may not reach it);
 and the other answer to "Promote anyway": keep live, which declines the version (failed at `review`, naming who
 and why), so nothing protects its slot any more. Its lines still hold the next run until the page is fixed.
-A newer version held for a person supersedes the older ones of its embedding profile still waiting (not pinned;
-not when it is held for content loss): they are declined by kb-reindex, so a person weighs one version (the
+A newer version held for a person (not for content loss) or promoted by a run supersedes the older ones of its
+embedding profile still waiting (not pinned): they are declined by kb-reindex, so a person weighs one version (the
 newest), and a page saved again and again while held keeps one slot waiting, not one more full collection per
 save.
 """
@@ -121,22 +121,25 @@ def kept_as(state: HeldVersions, v: VersionRecord) -> str | None:
     return outcome if outcome in (RunOutcome.HELD, RunOutcome.FROZEN) else "shadow"
 
 
-def supersede_held(state: HeldVersions, newer: VersionRecord, hold: Hold) -> tuple[int, ...]:
-    """The versions `newer`, held for a person by `hold`, supersedes: older ones of its alias and embedding
-    profile, held for a person too, never served and not pinned, each declined (`decline`, naming `newer`). Their
-    slots are free for the next build, which is brought from one of them by the difference. A version held for
-    content loss supersedes nothing (it may be the broken build: what waited before it keeps waiting), and a
-    version that left the wait meanwhile (a person promoted or declined it) is left as it is."""
-    if hold.loss is not None and hold.loss.held:
+def supersede_held(state: HeldVersions, newer: VersionRecord, hold: Hold | None) -> tuple[int, ...]:
+    """The versions `newer` supersedes, newer being held for a person by `hold`, or promoted by its run (`hold`
+    None): older ones of its alias and embedding profile held for a person, never served and not pinned, each
+    declined (`decline`, naming `newer`). A person weighs the newest alone (promoting an older held version after
+    a newer one served would put the older text back), and their slots are free for the next build, which is
+    brought from one of them by the difference. A version held for content loss supersedes nothing (it may be the
+    broken build: what waited before it keeps waiting), and a version that left the wait meanwhile (a person
+    promoted or declined it) is left as it is."""
+    if hold is not None and hold.loss is not None and hold.loss.held:
         return ()
     profile = version_profile(newer)
     pinned = state.active_pins(newer.alias)
+    how = "held for a person too: only the newest waits" if hold is not None else "promoted after it"
     superseded = []
     for v in state.list_versions(newer.alias, statuses=[READY]):
         if (v.version >= newer.version or version_profile(v) != profile or v.version in pinned
                 or kept_as(state, v) != RunOutcome.HELD):
             continue
-        reason = f"superseded by v{newer.version}, held for a person too: only the newest waits"
+        reason = f"superseded by v{newer.version}, {how}"
         try:
             decline(state, newer.alias, v.version, by="kb-reindex", reason=reason,
                     error=f"not promoted: {reason} (kb-reindex)")
