@@ -257,12 +257,17 @@ class Promotion:
     def moved(self) -> bool:
         return self.outcome == RunOutcome.PROMOTED
 
+    def superseded_note(self) -> str:
+        """"; it supersedes v2, held before it (declined: ...)", or nothing when it superseded none."""
+        if not self.superseded:
+            return ""
+        why = "only the newest waits" if self.held is not None else "promoting one now would put older text back"
+        return f"; it supersedes {', '.join(f'v{n}' for n in self.superseded)}, held before it (declined: {why})"
+
     def held_message(self) -> str:
         """Why the version waits for a person and how to answer, with the versions it superseded."""
         assert self.held is not None
-        return self.held.message(self.version) + (
-            f"; it supersedes {', '.join(f'v{n}' for n in self.superseded)}, held before it (declined: only the "
-            "newest waits)" if self.superseded else "")
+        return self.held.message(self.version) + self.superseded_note()
 
     def to_dict(self) -> dict[str, Any]:
         return {"outcome": str(self.outcome), "version": self.version, "previous_version": self.previous_version,
@@ -310,12 +315,12 @@ def promote_step(deps: Deps, recorder: Recorder, plan: Plan, version_number: int
         moved, previous = True, last.from_version
     outcome = RunOutcome.PROMOTED if moved else RunOutcome.NO_CHANGE
     recorder.finish(outcome, version=version_number, plan=plan)
-    superseded = _supersede(deps, version_number, None) if moved else ()
-    if superseded:
-        log.warning("kb_reindex: v%d, promoted, supersedes %s, held for a person before it (declined: promoting "
-                    "one now would put older text back)", version_number, ", ".join(f"v{n}" for n in superseded))
-    return Promotion(outcome, version_number, previous_version=previous,
-                     lowered_thresholds=result.lowered_thresholds, superseded=superseded)
+    promotion = Promotion(outcome, version_number, previous_version=previous,
+                          lowered_thresholds=result.lowered_thresholds,
+                          superseded=_supersede(deps, version_number, None) if moved else ())
+    if promotion.superseded:
+        log.warning("kb_reindex: v%d is promoted%s", version_number, promotion.superseded_note())
+    return promotion
 
 
 def _supersede(deps: Deps, version_number: int, held: Hold | None) -> tuple[int, ...]:

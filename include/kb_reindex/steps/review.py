@@ -11,10 +11,9 @@ save.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
-
-import logging
 
 from kb_reindex.domain.errors import ConfigError, ReviewRefused
 from kb_reindex.domain.lifecycle import READY, StatusMoved
