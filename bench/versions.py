@@ -141,6 +141,7 @@ def measure(work: Path, chunks: int, edits: int, release: str, package: Path | N
             sentence = f"本条于今日更新（第{n + 1}次，{stamp}）：第{chunks}号规则全文改为线下门店统一受理。"
             (folder / "knowledge" / "docs" / f"{key}.md").write_text(f"# {key}\n\n{sentence}\n", encoding="utf-8")
             admin.delete("/__vectors")
+            admin.delete("/__requests")
             t0 = time.perf_counter()
             watch = AliasWatch(url, t0)
             answer = kb(env, "run", package=package, profile=(
@@ -148,9 +149,14 @@ def measure(work: Path, chunks: int, edits: int, release: str, package: Path | N
             took = time.perf_counter() - t0
             moved = watch.stop()
             counts = admin.get("/__vectors").json()
+            # the test server's time answering searches (the golden probes, the duplicates' neighbours): local mode
+            # scans every point per query, where a Qdrant server answers from its HNSW index
+            searched = sum(q.get("handle_s") or 0.0 for q in admin.get("/__requests").json()
+                           if q["op"] in ("query", "query_batch"))
             build = answer.get("build") or {}
             row["edits"].append({"edit": n + 1, "s": round(took, 2), "searchable_s": moved, "outcome": answer.get("outcome"),
                                  "written": counts["written"], "read": counts["read"],
+                                 "server_search_s": round(searched, 3),
                                  "embedded": (answer.get("chunks") or {}).get("embedded"),
                                  "copied": (answer.get("chunks") or {}).get("copied"), "kept": build.get("kept"),
                                  "collection": answer.get("collection")})
@@ -169,12 +175,14 @@ def markdown(result: dict[str, Any]) -> str:
     lines = [f"{result['at']} · {result['machine']} · load {result['load_at_start']:.1f} at start · hashing embedder · "
              f"Qdrant test server · `{result['command']}`", "",
              "| release | chunks | first build s | edit -> searchable s (each) | edit -> exit s (each) | "
-             "vectors written / read back (each edit) | points stored after | collections |",
-             "|---|---|---|---|---|---|---|---|"]
+             "the server's searches s (each) | vectors written / read back (each edit) | points stored after | "
+             "collections |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
         lines.append(f"| {r['release']} | {r['chunks']} | {r['first_build_s']} | "
                      + ", ".join(str(e.get("searchable_s")) for e in r["edits"]) + " | "
                      + ", ".join(str(e["s"]) for e in r["edits"]) + " | "
+                     + ", ".join(str(e.get("server_search_s")) for e in r["edits"]) + " | "
                      + ", ".join(f"{e['written']} / {e['read']}" for e in r["edits"])
                      + f" | {r['points_stored']} | {r['collections']} |")
     sizes = sorted({r["chunks"] for r in result["rows"] if r["chunks"]})
