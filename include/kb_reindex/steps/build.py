@@ -32,7 +32,7 @@ from kb_reindex.services.sources import Document, sha256_text
 from kb_reindex.services.state.manifests import ManifestChunk
 from kb_reindex.services.state.ports import BuildState
 from kb_reindex.services.state.versions import VersionRecord
-from kb_reindex.steps.slots import prepare_slot
+from kb_reindex.steps.slots import KeptVectors, prepare_slot
 from kb_reindex.domain.vectors import check_vectors
 
 log = logging.getLogger(__name__)
@@ -263,7 +263,8 @@ def _fill(deps: BuildDeps, version: VersionRecord, window: tuple[int, int] | Non
           counts: BuildCounts, fence: Fence | None = None) -> BuildResult:
     """Build from the plan's snapshot only: the slice's manifest rows by range, its documents' payload
     fields, the texts of what it embeds; copied chunks take text and section from live's payload."""
-    if deps.state.snapshot(version.id) is None:
+    snapshot = deps.state.snapshot(version.id)
+    if snapshot is None:
         raise KbError(f"v{version.version} has no snapshot of its plan (planned before snapshots existed, or its "
                       "plan did not finish); start a new run")
     base = deps.state.get_version(version.alias, version.slot_base) if version.slot_base is not None else None
@@ -294,12 +295,15 @@ def _fill(deps: BuildDeps, version: VersionRecord, window: tuple[int, int] | Non
                           texts=SnapshotTexts(deps, to_embed, version_label=f"v{version.version}"),
                           progress=progress, window=window, run_id=run_id, counts=counts, fence=fence)
     copy_s = 0.0
+    taken = 0  # chunks live lacks, their vectors taken from another slot or the vault
     fenced = False
     try:
         if rewrite:
             _rewrite_payloads(deps, version, rewrite, writer)
         if to_copy:
             copy_s = _copy_from_live(deps, version, to_copy, writer)
+        if to_embed and snapshot.reuse_kept:
+            to_embed, taken = _take_kept(deps, version, to_embed, writer)
         if to_embed:
             _embed(deps, version, to_embed, writer)
     except FencedError:
@@ -320,7 +324,7 @@ def _fill(deps: BuildDeps, version: VersionRecord, window: tuple[int, int] | Non
         deps.state.update_version(version.id, points_written=written)
     # A slice adds only what it wrote: the collection's count also holds the writes of slices still running,
     # which they add themselves (set here, they were counted twice). Validation records the final count.
-    return BuildResult(version=version.version, embedded=len(to_embed), copied=len(to_copy), skipped=skipped,
+    return BuildResult(version=version.version, embedded=len(to_embed), copied=len(to_copy) + taken, skipped=skipped,
                        points=written, copy_s=round(copy_s, 4), kept=held, rewritten=len(rewrite))
 
 
@@ -451,6 +455,33 @@ def _copied_vectors(live: str, batch: Sequence[ManifestChunk], found: dict[str, 
                          "rebuild with `kb-reindex run --force-full`")
     # checked just above: lists, of the collection's dimension
     return {key: cast(list[float], record.vector) for key, record in found.items()}
+
+
+def _take_kept(deps: BuildDeps, version: VersionRecord, to_embed: list[ManifestChunk],
+               writer: _SliceWriter) -> tuple[list[ManifestChunk], int]:
+    """Write the chunks live lacks whose vectors the profile keeps elsewhere (another slot: a held or superseded
+    version, the rollback target; the vault: an edit reverted) from there, as a restore would; the rows left to
+    embed and how many were taken. Same profile, same chunk hash: the same vector the embedder would answer."""
+    kept = KeptVectors(deps, version)
+    if not kept.residents and kept.vault is None:
+        return to_embed, 0
+    rest: list[ManifestChunk] = []
+    taken = 0
+    for batch in batched(to_embed, deps.settings.copy_batch_size):
+        found = kept.find([row.chunk_hash for row in batch])
+        rows = [row for row in batch if row.chunk_hash in found]
+        rest.extend(row for row in batch if row.chunk_hash not in found)
+        if not rows:
+            continue
+        vectors = check_vectors([found[row.chunk_hash][0] for row in rows], expected=len(rows),
+                                dim=version.embed_dim, source=f"the vectors {version.alias}'s profile keeps")
+        writer.write([writer.point(row, vector) for row, vector in zip(rows, vectors, strict=True)])
+        writer.record(len(rows))
+        taken += len(rows)
+    if taken:
+        log.info("kb_reindex: v%d: %d chunk(s) live lacks taken from the vectors its profile keeps (other slots, the "
+                 "vault), %d to embed", version.version, taken, len(rest))
+    return rest, taken
 
 
 def _embed(deps: BuildDeps, version: VersionRecord, to_embed: list[ManifestChunk], writer: _SliceWriter) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 from kb_reindex.services.qdrant import models
 
@@ -21,13 +21,13 @@ from kb_reindex.rules.checks import structural_problems
 from kb_reindex.services.chunking import Chunk
 from kb_reindex.services.corpus import DocumentInfo
 from kb_reindex.services.embedding import batched
-from kb_reindex.services.layouts import payload_text, text_field, version_profile
+from kb_reindex.services.layouts import payload_text, text_field
 from kb_reindex.services.runtime import StepDeps
 from kb_reindex.services.state.manifests import ManifestChunk
 from kb_reindex.services.state.ports import SlotState
 from kb_reindex.services.state.versions import VersionRecord
 from kb_reindex.steps.build import Progress, payload_for
-from kb_reindex.steps.slots import prepare_slot, vault_of, vaulted
+from kb_reindex.steps.slots import KeptVectors, prepare_slot
 
 log = logging.getLogger(__name__)
 
@@ -115,40 +115,15 @@ def restore_version(deps: StepDeps[SlotState], number: int) -> RestoreResult:
 
 
 class _Sources:
-    """Where a restored chunk's vector, text and section come from: a version residing in a slot of the same
-    profile whose manifest holds its hash, else the profile's vault."""
+    """Where a restored chunk's vector, text and section come from (`steps.slots.KeptVectors`): every one must be
+    found, nothing is embedded."""
 
     def __init__(self, deps: StepDeps[SlotState], version: VersionRecord) -> None:
-        self.deps, self.version = deps, version
-        profile = version_profile(version)
-        self.residents = {v.id: v for v in deps.state.list_versions(version.alias)
-                          if v.id != version.id and v.status != DELETED and version_profile(v) == profile
-                          and deps.store.exists(v.collection)}
-        self.vault = vault_of(deps, version, create=False)
+        self.version, self.kept = version, KeptVectors(deps, version)
 
     def fetch(self, rows: list[ManifestChunk]) -> list[tuple[list[float], str, str]]:
         hashes = [row.chunk_hash for row in rows]
-        located = self.deps.state.chunks_by_hash(list(self.residents), hashes)
-        by_collection: dict[int, list[str]] = {}
-        for version_id, point_id in located.values():
-            by_collection.setdefault(version_id, []).append(point_id)
-        found: dict[str, tuple[list[float], str, str]] = {}
-        for version_id, point_ids in by_collection.items():
-            holder = self.residents[version_id]
-            field = text_field(holder.payload_layout)
-            for record in self.deps.store.retrieve(holder.collection, point_ids, vectors=True,
-                                                   payload=["section", "chunk_hash", field]):
-                payload = record.payload or {}
-                text = payload_text(payload, holder.payload_layout)
-                if isinstance(record.vector, list) and isinstance(text, str):
-                    found[str(payload.get("chunk_hash"))] = (cast(list[float], record.vector), text,
-                                                             str(payload.get("section") or ""))
-        rest = [h for h in hashes if h not in found]
-        for chunk_hash, record in vaulted(self.deps, self.vault, rest).items():
-            payload = record.payload or {}
-            if isinstance(record.vector, list):
-                found[chunk_hash] = (cast(list[float], record.vector), str(payload.get("text")),
-                                     str(payload.get("section") or ""))
+        found = self.kept.find(hashes)
         lost = [h for h in hashes if h not in found]
         if lost:
             raise StoreError(

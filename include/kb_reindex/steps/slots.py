@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Sequence
+from typing import cast
 
 from kb_reindex.services.qdrant import models
 
@@ -24,6 +25,7 @@ from kb_reindex.services.layouts import payload_text, text_field, version_profil
 from kb_reindex.services.runtime import StepDeps
 from kb_reindex.services.state.manifests import ManifestChunk
 from kb_reindex.services.state.ports import SlotRecords, SlotState, SlotView
+from kb_reindex.domain.lifecycle import DELETED
 from kb_reindex.services.state.slots import VAULT
 from kb_reindex.services.state.versions import VersionRecord
 
@@ -170,3 +172,47 @@ def vaulted(deps: StepDeps[object], vault: str | None, hashes: Sequence[str]) ->
         for record in deps.store.retrieve(vault, [vault_point_id(h) for h in batch], vectors=True):
             out[str((record.payload or {}).get("chunk_hash"))] = record
     return out
+
+
+class KeptVectors:
+    """The vectors `version`'s embedding profile keeps, found by chunk hash: in the versions that reside in slots of
+    that profile (their manifests say which point holds a hash; the point's own payload must say the same hash),
+    then in the profile's vault, where a slot keeps what it gave up. A restore takes every vector from here; a
+    build takes from here what live lacks (a held first build saved again, an edit reverted) before embedding."""
+
+    def __init__(self, deps: StepDeps[SlotState], version: VersionRecord) -> None:
+        self.deps, self.version = deps, version
+        profile = version_profile(version)
+        self.residents = {v.id: v for v in deps.state.list_versions(version.alias)
+                          if v.id != version.id and v.status != DELETED and version_profile(v) == profile
+                          and deps.store.exists(v.collection)}
+        self.vault = vault_of(deps, version, create=False)
+
+    def find(self, hashes: Sequence[str]) -> dict[str, tuple[list[float], str, str]]:
+        """chunk hash -> (vector, text, section) for those of `hashes` kept anywhere; the others are absent."""
+        wanted = list(dict.fromkeys(hashes))
+        found: dict[str, tuple[list[float], str, str]] = {}
+        if not wanted:
+            return found
+        located = self.deps.state.chunks_by_hash(list(self.residents), wanted)
+        by_collection: dict[int, list[str]] = {}
+        for version_id, point_id in located.values():
+            by_collection.setdefault(version_id, []).append(point_id)
+        for version_id, point_ids in by_collection.items():
+            holder = self.residents[version_id]
+            field = text_field(holder.payload_layout)
+            for batch in batched(point_ids, self.deps.settings.copy_batch_size):
+                for record in self.deps.store.retrieve(holder.collection, batch, vectors=True,
+                                                       payload=["section", "chunk_hash", field]):
+                    payload = record.payload or {}
+                    text = payload_text(payload, holder.payload_layout)
+                    if isinstance(record.vector, list) and isinstance(text, str):
+                        found[str(payload.get("chunk_hash"))] = (cast(list[float], record.vector), text,
+                                                                 str(payload.get("section") or ""))
+        rest = [h for h in wanted if h not in found]
+        for chunk_hash, record in vaulted(self.deps, self.vault, rest).items():
+            payload = record.payload or {}
+            if isinstance(record.vector, list):
+                found[chunk_hash] = (cast(list[float], record.vector), str(payload.get("text")),
+                                     str(payload.get("section") or ""))
+        return {h: found[h] for h in wanted if h in found}

@@ -61,8 +61,10 @@ def snapshot_plan(deps: Deps, prepared: Prepared, *, run_id: str | None = None) 
         # knowledge base that has no golden set (its settings say so again at validation)
         source = deps.settings.golden_set
         golden = None if isinstance(source, NoGoldenSet) else source.read_text(encoding="utf-8")
+        # a forced run embeds everything anew; any other may take what it embeds from the vectors its profile
+        # keeps (another slot, the vault) where the chunk is there
         deps.state.finish_snapshot(version.id, run_id=run_id, chunks_to_embed=to_embed, flagged=scan.flagged_lines(),
-                                   golden=golden)
+                                   golden=golden, reuse_kept=not plan.force_full)
     except Exception as exc:
         # "create": a rerun of the same plan takes this version over and writes its snapshot again
         deps.state.mark_failed(version.id, step="create", error=str(exc) if isinstance(exc, KbError)

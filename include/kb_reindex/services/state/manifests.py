@@ -76,6 +76,7 @@ class PlanSnapshotRow:
     chunks_to_embed: int
     flagged: list[FlaggedLine]
     golden: str | None
+    reuse_kept: bool = False  # the build may take chunks live lacks from the profile's kept vectors
 
 
 @dataclass(frozen=True)
@@ -718,13 +719,13 @@ class ManifestsMixin:
         return added
 
     def finish_snapshot(self, version_id: int, *, run_id: str | None, chunks_to_embed: int,
-                        flagged: list[FlaggedLine], golden: str | None = None) -> None:
+                        flagged: list[FlaggedLine], golden: str | None = None, reuse_kept: bool = False) -> None:
         """The last write of a plan's snapshot: from here on the version can be created and built."""
         with self.engine.begin() as conn:
             conn.execute(snapshots.delete().where(snapshots.c.version_id == version_id))
             conn.execute(snapshots.insert().values(version_id=version_id, run_id=run_id, planned_at=self.clock.now(),
                                                    chunks_to_embed=chunks_to_embed, golden=golden,
-                                                   flagged=json.dumps(flagged, ensure_ascii=False)))
+                                                   reuse_kept=reuse_kept, flagged=json.dumps(flagged, ensure_ascii=False)))
 
     def snapshot(self, version_id: int) -> PlanSnapshotRow | None:
         """The version's snapshot row (flagged lines decoded), or None when its plan never finished one."""
@@ -734,7 +735,7 @@ class ManifestsMixin:
             return None
         return PlanSnapshotRow(version_id=row["version_id"], run_id=row["run_id"], planned_at=row["planned_at"],
                                chunks_to_embed=row["chunks_to_embed"], flagged=json.loads(row["flagged"]),
-                               golden=row["golden"])
+                               golden=row["golden"], reuse_kept=bool(row["reuse_kept"]))
 
     def slice_rows(self, version_id: int, window: tuple[int, int] | None = None) -> list[ManifestChunk]:
         """A build slice's manifest rows, by range of position in SQL (all rows without a window), in

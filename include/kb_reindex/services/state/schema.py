@@ -176,6 +176,9 @@ snapshots = sa.Table(
     sa.Column("flagged", LongText, nullable=False),
     # the golden set file as the plan checked it: the build's validation scores with it, reading no file
     sa.Column("golden", LongText),
+    # the build may take a chunk live lacks from the vectors its profile keeps (other slots, the vault) rather
+    # than embed it again: false for a forced run (`--force-full` embeds everything anew); NULL before it was kept
+    sa.Column("reuse_kept", sa.Boolean),
     **MYSQL_TABLE,
 )
 
@@ -422,7 +425,7 @@ def _schema_guard(engine: sa.Engine) -> Iterator[None]:
 ADDED_COLUMNS = ((versions, "payload_layout"), (versions, "embed_profile"), (versions, "qdrant_snapshot"),
                  (versions, "qdrant_snapshot_at"), (file_hashes, "etag"), (versions, "doc_changes"), (alias_events, "moved_by"),
                  (versions, "slot_base"), (versions, "synced_at"), (versions, "live_since"),
-                 (manifest_documents, "rev_id"), (manifest_documents, "first_position"))
+                 (manifest_documents, "rev_id"), (manifest_documents, "first_position"), (snapshots, "reuse_kept"))
 
 
 def _upgrade_schema(engine: sa.Engine, *, tables: tuple[sa.Table, ...] | None = None) -> None:
