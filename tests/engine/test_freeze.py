@@ -140,6 +140,35 @@ def test_a_frozen_alias_builds_but_promotes_nothing_until_unfrozen(deps: Deps) -
     assert [e.action for e in history(deps)] == ["promote", "freeze", "unfreeze", "promote"]
 
 
+def test_while_frozen_only_the_newest_kept_version_waits_and_its_slot_is_brought_by_the_difference(deps: Deps) -> None:
+    """Pages saved again and again while frozen (the watcher's runs during an incident): each newer version kept
+    ready supersedes the one kept before it, so the next build takes that slot by the difference instead of a new
+    slot filled with a full copy per save; after unfreeze the run that promotes supersedes the last one."""
+    assert run_reindex(deps).outcome == "promoted"
+    deps.state.freeze(ALIAS, reason="refund period incident", by="oncall@host")
+    kept = []
+    for n in range(3):
+        edit(deps.settings.root, extra=f"\n\n退货期限改为{30 + n}天。\n")
+        result = run_reindex(deps)
+        assert result.outcome == "frozen", result
+        kept.append(result)
+    v2, v3, v4 = kept
+    assert [r.superseded for r in kept] == [(), (v2.version,), (v3.version,)]
+    now = statuses(deps)
+    assert (now[1], now[4]) == ("live", "ready") and now[2] != "ready" and now[3] != "ready", now
+    by_number = {v.version: v for v in deps.state.list_versions(ALIAS)}
+    assert by_number[2].error == "not promoted: superseded by v3, kept while frozen too: only the newest waits (kb-reindex)"
+    # v4 took the slot v2 left, from v2's points: what differs is written, nothing copied whole
+    assert v4.collection == v2.collection and v4.build is not None
+    assert v4.build.copied + v4.build.embedded < v4.build.points // 2, v4.build
+    assert len([c for c in deps.store.collection_names() if "__s" in c]) == 3
+    deps.state.unfreeze(ALIAS, by="lead@host")
+    edit(deps.settings.root, key="shipping-policy", extra="\n\n偏远地区另加 2 天。\n")
+    served = run_reindex(deps)
+    assert served.outcome == "promoted" and served.superseded == (v4.version,), served
+    assert statuses(deps)[4] != "ready"
+
+
 def test_a_rollback_runs_while_frozen_and_rollback_freeze_sets_the_freeze(project: Path,
                                                                         monkeypatch: pytest.MonkeyPatch,
                                                                         capsys: pytest.CaptureFixture[str]) -> None:

@@ -108,7 +108,7 @@ class RunResult:
     lowered_thresholds: str | None = None
     frozen: FreezeView | None = None
     held: Hold | None = None
-    #: versions held before this one that it superseded (declined: only the newest waits)
+    #: versions waiting before this one (held, or kept while frozen) that it superseded (declined: only the newest waits)
     superseded: tuple[int, ...] = ()
     cleanup: CleanupResult | None = None
 
@@ -250,7 +250,7 @@ class Promotion:
     lowered_thresholds: str | None = None
     frozen: FreezeView | None = None
     held: Hold | None = None
-    #: versions held before this one that it superseded (declined: only the newest waits)
+    #: versions waiting before this one (held, or kept while frozen) that it superseded (declined: only the newest waits)
     superseded: tuple[int, ...] = ()
 
     @property
@@ -261,8 +261,10 @@ class Promotion:
         """"; it supersedes v2, held before it (declined: ...)", or nothing when it superseded none."""
         if not self.superseded:
             return ""
-        why = "only the newest waits" if self.held is not None else "promoting one now would put older text back"
-        return f"; it supersedes {', '.join(f'v{n}' for n in self.superseded)}, held before it (declined: {why})"
+        waiting = self.held is not None or self.outcome == RunOutcome.FROZEN
+        why = "only the newest waits" if waiting else "promoting one now would put older text back"
+        before = "kept while frozen before it" if self.outcome == RunOutcome.FROZEN else "held before it"
+        return f"; it supersedes {', '.join(f'v{n}' for n in self.superseded)}, {before} (declined: {why})"
 
     def held_message(self) -> str:
         """Why the version waits for a person and how to answer, with the versions it superseded."""
@@ -308,7 +310,11 @@ def promote_step(deps: Deps, recorder: Recorder, plan: Plan, version_number: int
         result: PromoteResult = promote(deps, version_number, run_id=recorder.run_id, fence=fence)
     except AliasFrozen as frozen:  # built and validated; kept ready until unfreeze
         recorder.finish(RunOutcome.FROZEN, version=version_number, plan=plan)
-        return Promotion(RunOutcome.FROZEN, version_number, frozen=frozen_view(deps, frozen))
+        kept = Promotion(RunOutcome.FROZEN, version_number, frozen=frozen_view(deps, frozen),
+                         superseded=_supersede(deps, version_number, None, frozen=True))
+        if kept.superseded:
+            log.warning("kb_reindex: v%d is kept while frozen%s", version_number, kept.superseded_note())
+        return kept
     previous = result.previous_version
     moved = not result.already_live
     if not moved and (last := _last_move(deps, version_number)) is not None and last.run_id == recorder.run_id:
@@ -323,11 +329,11 @@ def promote_step(deps: Deps, recorder: Recorder, plan: Plan, version_number: int
     return promotion
 
 
-def _supersede(deps: Deps, version_number: int, held: Hold | None) -> tuple[int, ...]:
+def _supersede(deps: Deps, version_number: int, held: Hold | None, *, frozen: bool = False) -> tuple[int, ...]:
     """`steps.review.supersede_held`, as housekeeping: should it fail, the older versions keep waiting (as before
     this version was held or promoted), the failure is logged, and the run ends as it would have."""
     try:
-        return supersede_held(deps.state, recorded_version(deps, version_number), held)
+        return supersede_held(deps.state, recorded_version(deps, version_number), held, frozen=frozen)
     except Exception as exc:  # noqa: BLE001 - the hold stands either way; what waited before keeps waiting
         log.warning("kb_reindex: v%d: the versions held before it were not superseded (%s: %s): they keep "
                     "waiting for a person", version_number, type(exc).__name__, exc)

@@ -120,23 +120,31 @@ def kept_as(state: HeldVersions, v: VersionRecord) -> str | None:
     return outcome if outcome in (RunOutcome.HELD, RunOutcome.FROZEN) else "shadow"
 
 
-def supersede_held(state: HeldVersions, newer: VersionRecord, hold: Hold | None) -> tuple[int, ...]:
-    """The versions `newer` supersedes, newer being held for a person by `hold`, or promoted by its run (`hold`
-    None): older ones of its alias and embedding profile held for a person, never served and not pinned, each
-    declined (`decline`, naming `newer`). A person weighs the newest alone (promoting an older held version after
-    a newer one served would put the older text back), and their slots are free for the next build, which is
-    brought from one of them by the difference. A version held for content loss supersedes nothing (it may be the
-    broken build: what waited before it keeps waiting), and a version that left the wait meanwhile (a person
-    promoted or declined it) is left as it is."""
+def supersede_held(state: HeldVersions, newer: VersionRecord, hold: Hold | None, *,
+                   frozen: bool = False) -> tuple[int, ...]:
+    """The versions `newer` supersedes, newer being held for a person by `hold`, kept ready while its alias is
+    `frozen`, or promoted by its run (neither): older ones of its alias and embedding profile that wait the same
+    way (held for a person; kept while frozen; a promotion supersedes both), never served and not pinned, each
+    declined (`decline`, naming `newer`). A person weighs the newest alone (promoting an older waiting version
+    after a newer one served would put the older text back), and their slots are free for the next build, which
+    is brought from one of them by the difference: a page saved again and again while held or frozen keeps one
+    slot waiting, not a new full copy per save. A version held for content loss supersedes nothing (it may be
+    the broken build: what waited before it keeps waiting), a held one supersedes no frozen one nor the other way
+    round, and a version that left the wait meanwhile (a person promoted or declined it) is left as it is."""
     if hold is not None and hold.loss is not None and hold.loss.held:
         return ()
     profile = version_profile(newer)
     pinned = state.active_pins(newer.alias)
-    how = "held for a person too: only the newest waits" if hold is not None else "promoted after it"
+    if hold is not None:
+        how, waiting = "held for a person too: only the newest waits", {RunOutcome.HELD}
+    elif frozen:
+        how, waiting = "kept while frozen too: only the newest waits", {RunOutcome.FROZEN}
+    else:
+        how, waiting = "promoted after it", {RunOutcome.HELD, RunOutcome.FROZEN}
     superseded = []
     for v in state.list_versions(newer.alias, statuses=[READY]):
         if (v.version >= newer.version or version_profile(v) != profile or v.version in pinned
-                or kept_as(state, v) != RunOutcome.HELD):
+                or kept_as(state, v) not in waiting):
             continue
         reason = f"superseded by v{newer.version}, {how}"
         try:
