@@ -437,6 +437,16 @@ def test_status_reports_metrics(deps: Deps, counting: CountingEmbedder) -> None:
     total = second.chunks.embedded + second.chunks.copied
     assert metrics["last_embedding_reuse_rate"] == round(second.chunks.copied / total, 4)
     assert metrics["last_source_to_searchable_s"] is not None and metrics["last_source_to_searchable_s"] >= 0
+    # two edits more: the last is brought into the first slot by the difference, copying nothing from live;
+    # what it did not embed it still reused
+    for n in range(2):
+        (docs(deps) / "coupon-rules.md").write_text(
+            (docs(deps) / "coupon-rules.md").read_text(encoding="utf-8") + f"\n\n补充{n}：每单限用一张。\n",
+            encoding="utf-8")
+        fourth = run_reindex(deps)
+    assert fourth.build is not None and fourth.build.copied == 0 and fourth.build.kept > 0, fourth.build
+    metrics = status_view(deps).to_dict()["metrics"]
+    assert metrics["last_embedding_reuse_rate"] == round(1 - fourth.chunks.embedded / fourth.chunks.total, 4) > 0.9
 
 
 @pytest.mark.parametrize("tamper", ["missing", "extra", "swapped"])

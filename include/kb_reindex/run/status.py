@@ -475,12 +475,22 @@ def live_audit(deps: Deps, live: VersionRecord | None) -> AuditView | None:
 @dataclass(frozen=True)
 class LastPromotion:
     """The newest promotion as the metrics count it: chunks embedded and reused for what went live, when its
-    source changed and when it went live."""
+    source changed and when it went live; `points` the version's (what it did not embed it reused: copied from
+    live, or kept in its slot by the difference, which the run's copy count does not see)."""
 
     embedded: int
     reused: int
     source_changed_at: datetime | None
     at: datetime | None
+    points: int | None = None
+
+    @property
+    def reuse_rate(self) -> float | None:
+        """The share of the version's chunks not embedded for it."""
+        if self.points:
+            return round(max(self.points - self.embedded, 0) / self.points, 4)
+        total = self.embedded + self.reused
+        return round(self.reused / total, 4) if total else None
 
 
 #: alias events that put a newly built version live (a run's promotion, a shadow's or a held version's later)
@@ -497,14 +507,17 @@ def last_promotion(deps: Deps | StateDeps, runs: list[RunRecord]) -> LastPromoti
         return None
     run = next((r for r in runs if r.run_id == event.run_id), None)
     if run is not None and run.kind in BUILDS and run.outcome == RunOutcome.PROMOTED:
+        built = deps.state.get_version(alias, run.version) if run.version is not None else None
         return LastPromotion(embedded=run.chunks_embedded, reused=run.chunks_reused,
-                             source_changed_at=run.source_changed_at, at=run.finished_at)
+                             source_changed_at=run.source_changed_at, at=run.finished_at,
+                             points=built.points_expected if built else None)
     version = deps.state.get_version(alias, event.to_version) if event.to_version is not None else None
     if version is None:
         return None
     build = deps.state.get_run(version.run_id) if version.run_id else None
     return LastPromotion(embedded=version.chunks_embedded, reused=version.chunks_reused,
-                         source_changed_at=build.source_changed_at if build else None, at=event.at)
+                         source_changed_at=build.source_changed_at if build else None, at=event.at,
+                         points=version.points_expected)
 
 
 def metrics(deps: Deps | StateDeps) -> Metrics:
@@ -514,7 +527,6 @@ def metrics(deps: Deps | StateDeps) -> Metrics:
     finished = [r for r in runs if r.outcome != RunOutcome.RUNNING]
     succeeded = [r for r in finished if r.outcome in SUCCEEDED]
     last = last_promotion(deps, finished)
-    total = (last.embedded + last.reused) if last else 0
     ready = deps.state.list_versions(deps.settings.alias, statuses=[VersionStatus.READY])
     newest_ready = max((v.ready_at or v.updated_at for v in ready), default=None)
     latency = None
@@ -527,7 +539,7 @@ def metrics(deps: Deps | StateDeps) -> Metrics:
         last_run_duration_s=(round(finished[0].duration_s, 3)
                              if finished and finished[0].duration_s is not None else None),
         last_changed_chunks=last.embedded if last else None,
-        last_embedding_reuse_rate=round(last.reused / total, 4) if last and total else None,
+        last_embedding_reuse_rate=last.reuse_rate if last else None,
         failed_runs=sum(1 for r in finished if r.outcome == RunOutcome.FAILED),
         alias_switch_failures=sum(1 for e in errors if "alias moved" in e),
         embedding_failures=sum(1 for e in errors if "Ollama" in e or "embedder" in e),
