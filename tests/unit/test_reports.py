@@ -125,3 +125,17 @@ def test_the_templates_are_package_data_of_the_wheel(tmp_path: Path) -> None:
     templates = sorted(p.name for p in (REPO / "include" / "kb_reindex" / "templates").glob("*.html.j2"))
     assert {"page.html.j2", "validation.html.j2"} <= set(templates)
     assert {f"kb_reindex/templates/{name}" for name in templates} <= names
+
+
+def test_the_reuse_rate_gauge_counts_what_a_slot_kept_as_reused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run brought into its slot by the difference copies nothing from live: of 50 chunks it embedded 1, so
+    its reuse rate is 0.98, not 0 (the run's copy count alone)."""
+    from kb_reindex.services import metrics
+
+    gauges: dict[str, float] = {}
+    stats = SimpleNamespace(incr=lambda *a, **k: None, gauge=lambda name, value, **k: gauges.__setitem__(name, value))
+    monkeypatch.setattr(metrics, "_stats", lambda: stats)
+    metrics.run_finished(alias="kb", outcome="promoted", duration_s=2.0, embedded=1, reused=0, total=50)
+    assert gauges["kb_reindex.embedding.reuse_rate"] == 0.98 and gauges["kb_reindex.chunks.changed"] == 1
+    metrics.run_finished(alias="kb", outcome="promoted", duration_s=2.0, embedded=1, reused=49)
+    assert gauges["kb_reindex.embedding.reuse_rate"] == 0.98

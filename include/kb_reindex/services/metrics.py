@@ -37,13 +37,17 @@ def gauge(name: str, value: float, *, alias: str) -> None:
         stats.gauge(f"{PREFIX}.{name}", value, tags={"alias": alias})
 
 
-def run_finished(*, alias: str, outcome: str, duration_s: float | None, embedded: int = 0, reused: int = 0) -> None:
-    """One call per finished run: outcome counter, duration, changed chunks and reuse rate."""
+def run_finished(*, alias: str, outcome: str, duration_s: float | None, embedded: int = 0, reused: int = 0,
+                 total: int = 0) -> None:
+    """One call per finished run: outcome counter, duration, changed chunks and reuse rate (the share of the
+    version's `total` chunks not embedded: copied from live or kept in its slot; without a total, of those
+    written)."""
     incr(f"run.{outcome}", alias=alias)
     if duration_s is not None:
         gauge("run.duration_s", duration_s, alias=alias)
     if outcome == "promoted":
         gauge("chunks.changed", embedded, alias=alias)
-        total = embedded + reused
         if total:
-            gauge("embedding.reuse_rate", reused / total, alias=alias)
+            gauge("embedding.reuse_rate", max(total - embedded, 0) / total, alias=alias)
+        elif embedded + reused:
+            gauge("embedding.reuse_rate", reused / (embedded + reused), alias=alias)

@@ -104,7 +104,8 @@ class RunsMixin:
             from kb_reindex.services import metrics
 
             metrics.run_finished(alias=alias, outcome=outcome, duration_s=duration,
-                                 embedded=counters.get("chunks_embedded", 0), reused=counters.get("chunks_reused", 0))
+                                 embedded=counters.get("chunks_embedded", 0) or 0,
+                                 reused=counters.get("chunks_reused", 0) or 0, total=counters.get("chunks_total", 0) or 0)
 
     def fail_orphaned_runs(self, alias: str, *, current: str, error: str | None = None) -> list[str]:
         """Runs of `alias` still `running` with a version, other than `current`: called under the alias's reindex
