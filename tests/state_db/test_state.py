@@ -830,3 +830,19 @@ def test_a_retirement_is_recorded_once_dropped_undone_and_kept_as_history(state:
     assert [e.action for e in state.retirement_events("wiki")] == ["retire", "drop-collections", "unretire"]
     with pytest.raises(ConfigError, match="a retirement needs a reason"):
         state.retire("wiki", reason=" ", by="alice@host")
+
+
+def test_a_snapshot_written_by_the_release_before_reuse_kept_reads_read_only_and_as_not_reusing(state: StateStore) -> None:
+    """A state DB of the release before `kb_snapshots.reuse_kept`: a read-only command (`status`, `plan`, the
+    page) reads its snapshots without a write having added the column first, and such a snapshot builds as that
+    release did: taking nothing from the vectors the profile keeps."""
+    v = new_version(state)
+    state.finish_snapshot(v.id, run_id=None, chunks_to_embed=3, flagged=[])
+    url = state.url
+    with state.engine.begin() as conn:
+        conn.execute(sa.text("ALTER TABLE kb_snapshots DROP COLUMN reuse_kept"))
+    state.dispose()
+    reader = StateStore(url, create=False)
+    snapshot = reader.snapshot(v.id)
+    assert snapshot is not None and snapshot.reuse_kept is False and snapshot.chunks_to_embed == 3
+    reader.dispose()

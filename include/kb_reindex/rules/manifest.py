@@ -70,10 +70,18 @@ def resumable(deps: Deps, plan: Plan, run_id: str | None) -> VersionRecord | Non
             continue
         if owned_by_another_active_run(deps, version, run_id):
             continue
-        # a forced (or migration) plan reuses nothing, so only a version built the same way fits it
-        if same_plan(version, plan) and (not plan.force_full or version.chunks_reused == 0):
+        # a forced (or migration) plan reuses nothing, so only a version built the same way fits it: none copied
+        # from live, none allowed to take the vectors its profile keeps
+        if same_plan(version, plan) and (not plan.force_full or _built_anew(deps, version)):
             return version
     return None
+
+
+def _built_anew(deps: Deps, version: VersionRecord) -> bool:
+    """The version embedded every chunk it wrote: it copied none from live and its snapshot let it take none from
+    the vectors its profile keeps (`kb_snapshots.reuse_kept`)."""
+    snapshot = deps.state.snapshot(version.id)
+    return version.chunks_reused == 0 and (snapshot is None or not snapshot.reuse_kept)
 
 
 def write_manifest(deps: Deps, version: VersionRecord, scan: CorpusScan, reuse: dict[str, str],

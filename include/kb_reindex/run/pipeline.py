@@ -263,7 +263,8 @@ class Promotion:
             return ""
         waiting = self.held is not None or self.outcome == RunOutcome.FROZEN
         why = "only the newest waits" if waiting else "promoting one now would put older text back"
-        before = "kept while frozen before it" if self.outcome == RunOutcome.FROZEN else "held before it"
+        before = {RunOutcome.FROZEN: "kept while frozen before it", RunOutcome.PROMOTED: "waiting before it"}.get(
+            self.outcome, "held before it")
         return f"; it supersedes {', '.join(f'v{n}' for n in self.superseded)}, {before} (declined: {why})"
 
     def held_message(self) -> str:

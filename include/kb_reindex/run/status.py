@@ -515,7 +515,9 @@ def last_promotion(deps: Deps | StateDeps, runs: list[RunRecord]) -> LastPromoti
     if version is None:
         return None
     build = deps.state.get_run(version.run_id) if version.run_id else None
-    return LastPromotion(embedded=version.chunks_embedded, reused=version.chunks_reused,
+    # what its build run embedded (the version's own count is the plan's: it cannot see vectors taken from a slot)
+    embedded = build.chunks_embedded if build is not None and build.chunks_embedded is not None else version.chunks_embedded
+    return LastPromotion(embedded=embedded, reused=version.chunks_reused,
                          source_changed_at=build.source_changed_at if build else None, at=event.at,
                          points=version.points_expected)
 

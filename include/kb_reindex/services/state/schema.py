@@ -436,7 +436,11 @@ def _upgrade_schema(engine: sa.Engine, *, tables: tuple[sa.Table, ...] | None = 
         return name in {c["name"] for c in sa.inspect(engine).get_columns(table.name)}
 
     for table, name in ADDED_COLUMNS:
-        if (tables is not None and table not in tables) or has_column(table, name):
+        if tables is not None and table not in tables:
+            continue
+        if tables is not None and not sa.inspect(engine).has_table(table.name):
+            continue  # read-only: a table this DB never had is not read from it
+        if has_column(table, name):
             continue
         ddl = sa.schema.CreateColumn(table.c[name]).compile(dialect=engine.dialect)
         try:

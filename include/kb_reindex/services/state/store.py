@@ -29,6 +29,7 @@ from kb_reindex.services.state.schema import (
     code_point_order,
     doc_chunks,
     manifest_documents,
+    snapshots,
     manifest_sources,
     metadata,
     versions,
@@ -117,7 +118,7 @@ class StateStore(VersionsMixin, ManifestsMixin, RunsMixin, HistoryMixin, LocksMi
                 "check KB_STATE_URL; if the state DB was lost, rebuild it from Qdrant with "
                 "`kb-reindex reconcile --rebuild-state`"
             )
-        _upgrade_schema(self.engine, tables=(versions, alias_events, manifest_documents))  # an older kb-reindex's DB
+        _upgrade_schema(self.engine, tables=(versions, alias_events, manifest_documents, snapshots))  # an older one's DB
         if sa.inspect(self.engine).has_table("kb_manifest_chunks"):  # made before revisions: readable once converted
             with _schema_guard(self.engine):
                 for table in (doc_chunks, manifest_sources):
