@@ -111,8 +111,8 @@ def test_a_first_build_that_carries_an_instruction_line_is_held_until_a_person_p
     assert saved["build"]["copied"] >= 1 and saved["build"]["embedded"] >= 1, saved["build"]
     assert saved["build"]["embedded"] + saved["build"]["copied"] == saved["build"]["points"], saved["build"]
     shipping_chunks = saved["build"]["embedded"]
-    # saved again and forced: every chunk embedded anew, none taken from the held versions' slots
-    shipping.write_text(shipping.read_text(encoding="utf-8") + "\n海外地址另加 5 天。\n", encoding="utf-8")
+    # forced over the same files: not the held version again (it took vectors from a slot), a new one with every
+    # chunk embedded anew, none taken from the held versions' slots
     forced = json.loads(kb("run", "--force-full", "--json", "-q").stdout)
     assert forced["outcome"] == "held" and forced["version"] > saved["version"], forced
     assert (forced["build"]["embedded"], forced["build"]["copied"]) == (forced["build"]["points"], 0), forced["build"]
