@@ -275,3 +275,12 @@ class BuildResult:
         return cls(version=int(data["version"]), embedded=int(data["embedded"]), copied=int(data["copied"]),
                    skipped=int(data["skipped"]), points=data.get("points"), copy_s=data.get("copy_s"),
                    kept=int(data.get("kept", 0)), rewritten=int(data.get("rewritten", 0)))
+
+
+def reuse_rate(*, total: int | None, embedded: int, reused: int) -> float | None:
+    """The share of a version's `total` chunks not embedded for it (copied from live, or kept in its slot by the
+    difference, which a run's copy count does not see); without a total, the share of those written that were
+    copied. None when there is nothing to divide."""
+    if total:
+        return max(total - embedded, 0) / total
+    return reused / (embedded + reused) if embedded + reused else None

@@ -23,7 +23,7 @@ from kb_reindex.rules.locking import alias_lock_name, reindex_lock_name
 from kb_reindex.steps.querylog import QueryLogView
 from kb_reindex.rules.content_warnings import content_warnings
 from kb_reindex.steps.review import FlaggedInContext, ServedLines, kept_as, review_lines, served_lines
-from kb_reindex.domain.planning import DocChanges
+from kb_reindex.domain.planning import DocChanges, reuse_rate
 from kb_reindex.domain.validation_model import ContentWarning
 from kb_reindex.domain.model import SUCCEEDED, RunKind, RunOutcome, VersionStatus
 from kb_reindex.services.runtime import Deps, StateDeps
@@ -487,10 +487,8 @@ class LastPromotion:
     @property
     def reuse_rate(self) -> float | None:
         """The share of the version's chunks not embedded for it."""
-        if self.points:
-            return round(max(self.points - self.embedded, 0) / self.points, 4)
-        total = self.embedded + self.reused
-        return round(self.reused / total, 4) if total else None
+        rate = reuse_rate(total=self.points, embedded=self.embedded, reused=self.reused)
+        return None if rate is None else round(rate, 4)
 
 
 #: alias events that put a newly built version live (a run's promotion, a shadow's or a held version's later)

@@ -9,6 +9,8 @@ from __future__ import annotations
 import logging
 import sys
 
+from kb_reindex.domain.planning import reuse_rate
+
 log = logging.getLogger(__name__)
 PREFIX = "kb_reindex"
 
@@ -47,7 +49,6 @@ def run_finished(*, alias: str, outcome: str, duration_s: float | None, embedded
         gauge("run.duration_s", duration_s, alias=alias)
     if outcome == "promoted":
         gauge("chunks.changed", embedded, alias=alias)
-        if total:
-            gauge("embedding.reuse_rate", max(total - embedded, 0) / total, alias=alias)
-        elif embedded + reused:
-            gauge("embedding.reuse_rate", reused / (embedded + reused), alias=alias)
+        rate = reuse_rate(total=total, embedded=embedded, reused=reused)
+        if rate is not None:
+            gauge("embedding.reuse_rate", rate, alias=alias)
