@@ -104,7 +104,10 @@ class AliasWatch:
 
 
 def measure(work: Path, chunks: int, edits: int, release: str, package: Path | None, *,
-            keep_versions: int = 2, profile: Path | None = None, reuse: bool = False) -> dict[str, Any]:
+            keep_versions: int = 2, profile: Path | None = None, reuse: bool = False,
+            feed: str = "never") -> dict[str, Any]:
+    """`feed`: whether an edit's run is told the file it edited (`run --changed`, as the source watcher's event
+    tells the run it starts): never, always, or alternate (the even edits, from the second: pairs in one run)."""
     import corpus as corpus_mod
 
     folder = work / f"{release}-{chunks}"
@@ -144,7 +147,8 @@ def measure(work: Path, chunks: int, edits: int, release: str, package: Path | N
             admin.delete("/__requests")
             t0 = time.perf_counter()
             watch = AliasWatch(url, t0)
-            answer = kb(env, "run", package=package, profile=(
+            fed = package is None and (feed == "always" or (feed == "alternate" and n % 2 == 1))
+            answer = kb(env, "run", *(("--changed", f"{key}.md") if fed else ()), package=package, profile=(
                 profile / f"{release}-{chunks}.prof" if profile is not None and n == edits - 1 else None))
             took = time.perf_counter() - t0
             moved = watch.stop()
@@ -154,7 +158,8 @@ def measure(work: Path, chunks: int, edits: int, release: str, package: Path | N
             searched = sum(q.get("handle_s") or 0.0 for q in admin.get("/__requests").json()
                            if q["op"] in ("query", "query_batch"))
             build = answer.get("build") or {}
-            row["edits"].append({"edit": n + 1, "s": round(took, 2), "searchable_s": moved, "outcome": answer.get("outcome"),
+            row["edits"].append({"edit": n + 1, "fed": fed, "s": round(took, 2), "searchable_s": moved,
+                                 "outcome": answer.get("outcome"),
                                  "written": counts["written"], "read": counts["read"],
                                  "server_search_s": round(searched, 3),
                                  "embedded": (answer.get("chunks") or {}).get("embedded"),
@@ -180,7 +185,8 @@ def markdown(result: dict[str, Any]) -> str:
              "|---|---|---|---|---|---|---|---|---|"]
     for r in result["rows"]:
         lines.append(f"| {r['release']} | {r['chunks']} | {r['first_build_s']} | "
-                     + ", ".join(str(e.get("searchable_s")) for e in r["edits"]) + " | "
+                     + ", ".join(f"{e.get('searchable_s')}{' (fed)' if e.get('fed') else ''}" for e in r["edits"])
+                     + " | "
                      + ", ".join(str(e["s"]) for e in r["edits"]) + " | "
                      + ", ".join(str(e.get("server_search_s")) for e in r["edits"]) + " | "
                      + ", ".join(f"{e['written']} / {e['read']}" for e in r["edits"])
@@ -214,6 +220,9 @@ def main() -> None:
     parser.add_argument("--profile", type=Path, default=None,
                         help="a folder: this release's last edit of each size runs under cProfile, its profile "
                              "written there (<release>-<chunks>.prof); that edit's times are then not figures")
+    parser.add_argument("--feed", choices=("never", "always", "alternate"), default="never",
+                        help="this release's edits told the file they edited (`run --changed`, the source watcher's "
+                             "change feed): no listing of the corpus; alternate: every second edit, pairs in one run")
     parser.add_argument("--workdir", type=Path, default=None,
                         help="keep the projects (and the test server's storage) in this folder instead of a "
                              "temporary one: a kept project can be edited and profiled by hand afterwards")
@@ -239,7 +248,7 @@ def main() -> None:
             if "slots" in releases:
                 result["rows"].append(measure(work, chunks, args.edits, "slots", None,
                                               keep_versions=args.keep_versions, profile=args.profile,
-                                              reuse=args.reuse))
+                                              reuse=args.reuse, feed=args.feed))
             if package is not None:
                 result["rows"].append(measure(work, chunks, args.before_edits, "before", package,
                                               keep_versions=args.keep_versions))

@@ -97,6 +97,10 @@ def _parser(*, json_answer: bool = False) -> argparse.ArgumentParser:
     run.add_argument("--watch", type=float, metavar="MINUTES",
                      help="after a promotion, watch the alias this long and roll back on a regression "
                           "(default KB_WATCH_MINUTES, 0: off)")
+    run.add_argument("--changed", nargs="+", action="extend", metavar="NAME",
+                     help="the documents changed since the last run, named as under the knowledge folder or prefix "
+                          "(e.g. from a git hook): only they are looked at, the others taken as the last plan "
+                          "recorded them; a run without it lists the source")
     run.add_argument("--follow", action="store_true",
                      help="stay in the foreground: run now if the source changed since the last plan, then once per "
                           "change (listed every KB_SOURCE_POLL_S, quiet for KB_SOURCE_QUIET_S); Ctrl-C ends it")
@@ -476,7 +480,8 @@ def _cmd_history(args: argparse.Namespace, deps: Any) -> int:
     return 0
 
 
-def _cmd_run(args: argparse.Namespace, deps: Any) -> int:
+def _cmd_run(args: argparse.Namespace, deps: Any, changed: tuple[str, ...] | None = None) -> int:
+    """`changed`: `--follow`'s change feed of its last look (else `--changed`, when given)."""
     from kb_reindex.domain.errors import ConfigError
     from kb_reindex.domain.model import RunOutcome, WatchOutcome
     from kb_reindex.run.pipeline import run_reindex
@@ -485,7 +490,10 @@ def _cmd_run(args: argparse.Namespace, deps: Any) -> int:
     minutes = settings.watch_minutes if args.watch is None else args.watch
     if not 0 <= minutes <= 24 * 60:
         raise ConfigError(f"--watch {args.watch}: minutes must be from 0 (off) to 1440")
-    result = run_reindex(deps, force_full=args.force_full, dry_run=args.dry_run, layout=args.layout).to_dict()
+    if changed is None and args.changed:
+        changed = tuple(args.changed)
+    result = run_reindex(deps, force_full=args.force_full, dry_run=args.dry_run, layout=args.layout,
+                         changed=changed).to_dict()
     result.pop("plan", None)
     if result["outcome"] == RunOutcome.PROMOTED and minutes > 0:
         from kb_reindex.run.watch import watch
@@ -510,14 +518,16 @@ def _follow(args: argparse.Namespace, settings: Settings) -> int:
 
     if args.dry_run:
         raise ConfigError("--follow runs each change for real; --dry-run goes without it")
+    if args.changed:
+        raise ConfigError("--follow finds what changed at each look; --changed names one run's changes")
     state = StateStore(settings.state_url)
 
-    def run_once() -> None:
+    def run_once(changed: tuple[str, ...] | None) -> None:
         from kb_reindex.domain.errors import KbError
 
         try:
             with open_deps(settings, state=state) as deps:
-                code = _cmd_run(args, deps)
+                code = _cmd_run(args, deps, changed)
         except KbError as exc:  # e.g. Qdrant down: said as a one-off command says it; the next change retries
             failure = _failure(exc, args)
             _fail(args, failure.message, failure.kind)

@@ -124,7 +124,19 @@ def test_a_burst_of_edits_becomes_searchable_in_at_most_two_runs(stack: Stack) -
     stack.airflow.wait("the runs finished", lambda: stack.airflow.idle(DAG), 60)
     runs = stack.runs()[before:]
     assert 1 <= len(runs) <= 2 and {r["run_type"] for r in runs} == {"asset_triggered"}, runs
+    # each run was told by its event what changed since the last plan: its plan listed no folder
+    for run in runs:
+        said = plan_log(stack.airflow, run["dag_run_id"])
+        assert "the change feed named" in said and "no listing of the source" in said, said[-3000:]
     print(f"burst of 3 edits -> searchable in {took[0]:.1f} s, {len(runs)} run(s)")
+
+
+def plan_log(airflow: LocalAirflow, run_id: str) -> str:
+    """The plan task's log of a run, as Airflow wrote it under its home."""
+    runs = airflow.home / "logs" / f"dag_id={DAG}"
+    folders = [p for p in runs.iterdir() if p.name == f"run_id={run_id}"] if runs.is_dir() else []
+    return "\n".join(log.read_text(errors="replace") for folder in folders
+                     for log in sorted((folder / "task_id=plan").glob("attempt=*.log")))
 
 
 def test_edits_saved_while_a_small_run_builds_give_exactly_one_follow_up_run(stack: Stack) -> None:

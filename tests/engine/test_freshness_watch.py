@@ -55,9 +55,9 @@ def test_follow_builds_a_fresh_install_then_one_run_per_burst_that_sees_every_ed
     state = StateStore(settings.state_url)
     outcomes: list[dict] = []
 
-    def run_once() -> None:
+    def run_once(changed: tuple[str, ...] | None) -> None:
         with open_deps(settings, state=state) as deps:
-            outcomes.append(run_reindex(deps).to_dict())
+            outcomes.append(run_reindex(deps, changed=changed).to_dict())
 
     try:
         assert follow(settings, state, run_once, clock=script.clock, sleep=script.sleep, max_runs=2) == 2
@@ -195,3 +195,35 @@ def test_a_folders_edit_is_seen_by_its_file_events_long_before_the_poll_and_with
     assert seen_after[0] < 10, seen_after
     if not file_events:  # (the suite logs warnings only: the "watching ... by file events" line is an info)
         assert "no file events (no watches left (test)); listing every 0.3s" in said, said
+
+
+def test_the_triggers_event_names_what_changed_since_the_last_plan(project: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """The change feed: the event names the files that differ from what the last plan read, so the run it
+    starts looks at them and lists nothing (test_change_feed.py)."""
+    from kb_reindex.airflow.triggers import SourceChangeTrigger
+
+    monkeypatch.setenv("KB_PROJECT_ROOT", str(project))
+    settings = settings_for(project)
+    with open_deps(settings) as deps:
+        assert run_reindex(deps).outcome == "promoted"
+    trigger = SourceChangeTrigger(kb=None, alias=settings.alias, poll_s=0.2, quiet_s=0.5)
+    docs = project / "knowledge" / "docs"
+    events: list[dict] = []
+
+    async def scenario() -> None:
+        task = asyncio.create_task(_events(trigger, events))
+        try:
+            await asyncio.sleep(1.0)
+            assert events == []  # as the last plan read it: nothing fires at start
+            (docs / "coupon-rules.md").write_text("# 优惠券\n\n优惠券不可叠加。\n", encoding="utf-8")
+            (docs / "payment-guide.md").unlink()
+            deadline = time.monotonic() + 15
+            while not events:
+                assert time.monotonic() < deadline, "no event for the edit"
+                await asyncio.sleep(0.05)
+        finally:
+            task.cancel()
+
+    asyncio.run(scenario())
+    assert events[0]["changed"] == ["coupon-rules.md", "payment-guide.md"], events

@@ -122,6 +122,27 @@ def test_a_bucket_reindexes_like_a_folder_and_a_no_op_fetches_no_object(bucket_d
     assert CJK_KEY not in served and "faq/积分 兑换" in served
 
 
+def test_a_fed_edit_of_a_bucket_lists_no_prefix_and_fetches_the_named_object_alone(bucket_deps: Deps,
+                                                                                      s3: MotoS3Server) -> None:
+    """The watcher's change feed over a bucket: the plan asks the named objects alone (no listing of the
+    prefix: tens of requests at 40k objects), and plans what a listing plans."""
+    deps = bucket_deps
+    bucket, client = bucket_of(deps), s3.client()
+    assert run_reindex(deps).outcome == "promoted"
+    coupon = client.get_object(Bucket=bucket, Key="docs/coupon-rules.md")["Body"].read()
+    client.put_object(Bucket=bucket, Key="docs/coupon-rules.md", Body=coupon + "\n\n满减券不与折扣同享。\n".encode())
+    client.delete_object(Bucket=bucket, Key=f"docs/{CJK_KEY}.md")
+    s3.clear_requests()
+    fed = run_reindex(deps, changed=("coupon-rules.md", f"{CJK_KEY}.md"))
+    assert fed.outcome == "promoted", fed.error
+    assert fed.docs == DocCounts(added=0, changed=1, unchanged=5, removed=1)
+    listings = [r for r in s3.requests() if r.bucket == bucket and "list-type=2" in r.query]
+    # s3fs asks a name that is gone whether it is a folder: one key at most, never the prefix's listing
+    assert all("max-keys=1" in r.query for r in listings), listings
+    assert {r.key for r in s3.object_gets()} == {"docs/coupon-rules.md"}, s3.object_gets()
+    assert run_reindex(deps).outcome == "no_change"  # a listing finds nothing the feed missed
+
+
 def test_an_object_changed_after_the_plan_changes_nothing_of_the_build(bucket_deps: Deps, s3: MotoS3Server) -> None:
     """DAG-style: the plan's snapshot holds the texts; the build and validation send no request to the bucket."""
     from kb_reindex.steps.build import build, create_version

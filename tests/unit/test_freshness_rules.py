@@ -3,7 +3,10 @@ never while a run is in progress; the source compared with what the last plan re
 
 from __future__ import annotations
 
-from kb_reindex.domain.freshness import ListedFile, Listing, SourceWatch, differs_from_recorded
+from types import SimpleNamespace
+
+from kb_reindex.domain.freshness import (FEED_MAX_NAMES, ListedFile, Listing, SourceWatch, changed_sources,
+                                         differs_from_recorded, merged_feed)
 
 
 def listing(*files: tuple[str, int, int]) -> Listing:
@@ -96,3 +99,39 @@ def test_differs_from_recorded_names_added_removed_and_touched_files() -> None:
 def test_the_digest_changes_with_any_field() -> None:
     assert len({A.digest, B.digest, C.digest, listing(("a.md", 10, 2)).digest}) == 4
     assert A.digest == listing(("a.md", 10, 1)).digest
+
+
+def test_the_change_feed_names_what_was_added_changed_or_removed_since_the_last_plan() -> None:
+    recorded = {"a.md": (10, 1, None), "b.md": (5, 3, None), "gone.md": (1, 1, None)}
+    now = listing(("a.md", 10, 1), ("b.md", 6, 4), ("new.md", 2, 5))
+    assert changed_sources(now, recorded) == ("b.md", "gone.md", "new.md")
+    assert changed_sources(listing(("a.md", 10, 1), ("b.md", 5, 3), ("gone.md", 1, 1)), recorded) == ()
+    # an object's ETag alone tells an edit of the same size in the same second
+    assert changed_sources(Listing((ListedFile("a.md", 10, 1, "e2"),)), {"a.md": (10, 1, "e1")}) == ("a.md",)
+
+
+def test_no_feed_when_the_run_must_list_the_source_itself() -> None:
+    recorded = {"a.md": (10, 1, None)}
+    assert changed_sources(listing(("a.md", 10, 1)), {}) is None  # nothing recorded: a first plan
+    problem = Listing((ListedFile("a.md", 10, 1), ListedFile("x.md: is a link to /etc; refused", -1, 0)))
+    assert changed_sources(problem, recorded) is None  # only a listing names a refused link
+    many = listing(*((f"{i}.md", 1, 1) for i in range(FEED_MAX_NAMES + 1)))
+    assert changed_sources(many, recorded) is None
+    assert len(changed_sources(listing(*((f"{i}.md", 1, 1) for i in range(FEED_MAX_NAMES - 1))), recorded)) == FEED_MAX_NAMES
+
+
+def test_a_run_started_by_several_events_is_fed_their_names_together_or_lists() -> None:
+    from kb_reindex.airflow.tasks import change_feed_of
+
+    def event(payload: object) -> SimpleNamespace:
+        return SimpleNamespace(extra={"from_trigger": True, "payload": payload})
+
+    assert merged_feed([["b.md"], ["a.md", "b.md"]]) == ("a.md", "b.md")
+    assert merged_feed([]) is None  # a run on its time schedule or by hand
+    assert merged_feed([["a.md"], None]) is None  # one event without a feed
+    assert merged_feed([["a.md"], "a.md"]) is None  # not a list of names: not guessed at
+    assert merged_feed([[str(i)] for i in range(FEED_MAX_NAMES + 1)]) is None
+    source = object()
+    assert change_feed_of({source: [event({"changed": ["b.md"]}), event({"changed": ["a.md"]})]}) == ("a.md", "b.md")
+    assert change_feed_of({source: [event({"changed": ["a.md"]}), SimpleNamespace(extra={})]}) is None
+    assert change_feed_of(None) is None

@@ -205,13 +205,13 @@ def knowledge_dag(kb: KnowledgeBase, base_id: str, *, kind: RunKind, doc_md: str
     def knowledge_run() -> None:
         # a task's arguments are XCom references while the DAG is defined, their dicts when it runs: typed Any
         @task
-        def plan(params: dict | None = None) -> dict:
+        def plan(params: dict | None = None, triggering_asset_events: Any = None) -> dict:
             from kb_reindex.airflow import tasks
 
-            p = params or {}
+            p = params or {}  # a run the source watcher started is told what changed (its plan lists nothing)
             return tasks.plan_task(kb=name, run_id=current_run_id(), kind=kind, force_full=p.get("force_full_rebuild", False),
                                    dry_run=p.get("dry_run", False), embedder=p.get("embedder"), model=p.get("model"),
-                                   dim=p.get("dimension"), layout=p.get("payload_layout"))
+                                   dim=p.get("dimension"), layout=p.get("payload_layout"), events=triggering_asset_events)
 
         # skips only the build path; cleanup follows its own trigger rule
         @task.short_circuit(ignore_downstream_trigger_rules=False)

@@ -21,6 +21,7 @@ from kb_reindex.run import dag_lock
 from kb_reindex.airflow.connections import state_url, task_base, task_deps, task_settings
 from kb_reindex.airflow.constants import alias_asset
 from kb_reindex.airflow.waiting import rescheduling
+from kb_reindex.domain.freshness import merged_feed
 from kb_reindex.domain.errors import PERMANENT, UNAVAILABLE, KbError, StateUnreachable, StoreError, classify
 from kb_reindex.rules.fence import Fence
 from kb_reindex.rules.freeze import freeze_for_rollback
@@ -137,13 +138,22 @@ def run_fence(deps: Deps, run_id: str) -> Fence:
 # --- knowledge_reindex & knowledge_model_migration ---------------------------------------------------
 
 
+def change_feed_of(events: Any) -> tuple[str, ...] | None:
+    """The change feed of the source watcher's events that started this run (Airflow's
+    `triggering_asset_events`; each event's `extra` holds the trigger's payload): `freshness.merged_feed`."""
+    feeds = [((event.extra or {}).get("payload") or {}).get("changed")
+             for queue in (events or {}).values() for event in queue]
+    return merged_feed(feeds)
+
+
 def plan_task(*, kb: str | None = None, run_id: str, kind: str = RunKind.REINDEX, force_full: bool = False, embedder: str | None = None,
               model: str | None = None, dim: int | None = None, layout: str | None = None,
-              dry_run: bool = False) -> dict[str, Any]:
+              dry_run: bool = False, events: Any = None) -> dict[str, Any]:
     """Start the run's record and take its reindex lock (held until cleanup, or the failure callback, lets it
-    go), then plan: the only task that reads the knowledge folder."""
+    go), then plan: the only task that reads the knowledge folder (`events`: the Asset events that started the
+    run, whose change feed it is told: `change_feed_of`)."""
     request = RunRequest(kind=RunKind(kind), force_full=force_full, dry_run=dry_run, embedder=embedder, model=model,
-                         dim=dim, layout=layout, layout_from="Param payload_layout")
+                         dim=dim, layout=layout, layout_from="Param payload_layout", changed=change_feed_of(events))
     with task_deps(kb) as deps:
         deps.waiter = rescheduling(lock_ttl_s=deps.settings.lock_ttl_s)  # another run's lock: wait off the slot
         recorder = Recorder.of(deps, run_id)

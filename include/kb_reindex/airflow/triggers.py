@@ -26,8 +26,9 @@ log = logging.getLogger(__name__)
 
 
 class SourceChangeTrigger(BaseEventTrigger):
-    """Fires `{"alias", "files", "listing"}` for each quiet change of knowledge base `kb`'s source (None: the
-    environment's one knowledge base)."""
+    """Fires `{"alias", "files", "listing", "changed"}` for each quiet change of knowledge base `kb`'s source
+    (None: the environment's one knowledge base); `changed`: the names that differ from what the last plan read
+    (`follow.change_feed`), which the run's plan looks at instead of listing the source (None: it lists)."""
 
     def __init__(self, *, kb: str | None, alias: str, poll_s: float, quiet_s: float) -> None:
         super().__init__()
@@ -41,7 +42,7 @@ class SourceChangeTrigger(BaseEventTrigger):
     async def run(self) -> AsyncIterator[TriggerEvent]:
         from kb_reindex.domain.errors import KbError
         from kb_reindex.domain.freshness import SourceWatch
-        from kb_reindex.run.follow import differs_from_last_plan, look, run_in_progress
+        from kb_reindex.run.follow import change_feed, differs_from_last_plan, look, run_in_progress
         from kb_reindex.airflow.connections import object_storage
         from kb_reindex.services.registry import select_knowledge_base
         from kb_reindex.services.file_events import FileEvents
@@ -81,10 +82,17 @@ class SourceChangeTrigger(BaseEventTrigger):
                         self.log.error("kb_reindex: %s: state DB: %s; looking again", self.alias, exc)
                         active = True
                     if not active:
+                        try:
+                            changed = await asyncio.to_thread(change_feed, state, settings, source, listing)
+                        except KbError as exc:  # the run lists the source itself
+                            self.log.error("kb_reindex: %s: state DB: %s; the run lists the source", self.alias, exc)
+                            changed = None
                         watch.fired(now=time.monotonic())
                         files = len(listing.files)
-                        self.log.info("kb_reindex: %s changed (%d files): asset event", self.alias, files)
-                        yield TriggerEvent({"alias": self.alias, "files": files, "listing": watch.seen})
+                        self.log.info("kb_reindex: %s changed (%d files%s): asset event", self.alias, files,
+                                      f", {len(changed)} of them since the last plan" if changed is not None else "")
+                        yield TriggerEvent({"alias": self.alias, "files": files, "listing": watch.seen,
+                                            "changed": list(changed) if changed is not None else None})
                 elif watch.recheck_due(now=time.monotonic()):
                     try:  # a run in progress will record what its plan read: asked again once it ended
                         active = await asyncio.to_thread(run_in_progress, state, settings)

@@ -122,3 +122,37 @@ def differs_from_recorded(listing: Listing, recorded: dict[str, tuple[int, int, 
     if len(recorded) != len(listing.files):
         return True
     return any(recorded.get(f.source) != (f.size, f.mtime_ns, f.etag) for f in listing.files)
+
+
+#: the most names a change feed carries; a larger change is listed in full by the run (a feed is for edits)
+FEED_MAX_NAMES = 500
+
+
+def changed_sources(listing: Listing, recorded: dict[str, tuple[int, int, str | None]]) -> tuple[str, ...] | None:
+    """The change feed of a listing: the names that differ from what the last plan read (added, removed, or
+    with another size, modification time or ETag), sorted. None when the listing holds a problem (a refused
+    link, a source that cannot be listed: only a full listing names it), nothing recorded (a first plan), or more
+    than `FEED_MAX_NAMES` names: the run then lists everything itself."""
+    if not recorded or any(f.size < 0 for f in listing.files):  # nothing recorded: every file is new
+        return None
+    names = {f.source for f in listing.files if recorded.get(f.source) != (f.size, f.mtime_ns, f.etag)}
+    if sum(1 for f in listing.files if f.source in recorded) < len(recorded):  # some recorded file is gone
+        listed = {f.source for f in listing.files}
+        names.update(source for source in recorded if source not in listed)
+    if len(names) > FEED_MAX_NAMES:
+        return None
+    return tuple(sorted(names))
+
+
+def merged_feed(feeds: list[object]) -> tuple[str, ...] | None:
+    """One change feed for a run started by several watcher events (each one's `changed`): their names together,
+    or None (the run lists the source) when there is no event (a run on its time schedule, or started by hand),
+    when one event carries no feed, or when together they name more than `FEED_MAX_NAMES`."""
+    if not feeds:
+        return None
+    names: set[str] = set()
+    for feed in feeds:
+        if not isinstance(feed, list) or not all(isinstance(name, str) for name in feed):
+            return None
+        names.update(feed)
+    return tuple(sorted(names)) if len(names) <= FEED_MAX_NAMES else None

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kb_reindex.domain.errors import ConfigError, KbError
-from kb_reindex.domain.freshness import ListedFile, Listing, SourceWatch, differs_from_recorded
+from kb_reindex.domain.freshness import ListedFile, Listing, SourceWatch, changed_sources, differs_from_recorded
 from kb_reindex.rules.locking import reindex_lock_name
 from kb_reindex.services.config import Settings
 from kb_reindex.services.corpus import cache_root
@@ -42,34 +42,43 @@ def differs_from_last_plan(state: StateStore, settings: Settings, source: Knowle
     return differs_from_recorded(now, {name: (h.size, h.mtime_ns, h.etag) for name, h in recorded.items()})
 
 
+def change_feed(state: StateStore, settings: Settings, source: KnowledgeSource, now: Listing) -> tuple[str, ...] | None:
+    """The names listing `now` shows changed since the last plan read the source (`freshness.changed_sources`):
+    what a run is told, so its plan looks at them and lists nothing; None: the run lists the source."""
+    recorded = state.file_hashes(cache_root(source, settings.default_tenant))
+    return changed_sources(now, {name: (h.size, h.mtime_ns, h.etag) for name, h in recorded.items()})
+
+
 def run_in_progress(state: StateStore, settings: Settings) -> bool:
     """A run of this knowledge base holds its reindex lock (a CLI run, or a DAG run between plan and promote)."""
     return state.lock_held_by(reindex_lock_name(settings.alias)) is not None
 
 
-def follow(settings: Settings, state: StateStore, run_once: Callable[[], Any], *,
+def follow(settings: Settings, state: StateStore, run_once: Callable[[tuple[str, ...] | None], Any], *,
            clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
            max_runs: int | None = None) -> int:
     """Run `run_once` at the start if the source differs from what the last plan read, then once per change
     (quiet for KB_SOURCE_QUIET_S), until interrupted (Ctrl-C: KeyboardInterrupt leaves through the run's own
-    lock release) or `max_runs` runs are done. Returns the number of runs."""
+    lock release) or `max_runs` runs are done. Returns the number of runs. `run_once` is given the change
+    feed of the last look (`change_feed`)."""
     poll_s, quiet_s = settings.source_poll_s, settings.source_quiet_s
     if poll_s <= 0:
         raise ConfigError("run --follow lists the source every KB_SOURCE_POLL_S seconds; it is 0 (watching off): "
                           "set it, e.g. KB_SOURCE_POLL_S=5")
     watch = SourceWatch(quiet_s=quiet_s)
     source = open_source(settings)  # a bucket through s3fs with the AWS environment, as every CLI command reads it
-    first = look(source)
-    watch.start(first, differs_from_plan=differs_from_last_plan(state, settings, source, first), now=clock() - quiet_s)
+    last = look(source)
+    watch.start(last, differs_from_plan=differs_from_last_plan(state, settings, source, last), now=clock() - quiet_s)
     log.info("kb_reindex: following %s every %gs (quiet %gs)%s", source.uri, poll_s, quiet_s,
              "; it changed since the last plan" if watch.pending else "")
     while max_runs is None or watch.fired_count < max_runs:
         if watch.due(now=clock(), run_active=run_in_progress(state, settings)):
             watch.fired(now=clock())
-            run_once()
+            run_once(change_feed(state, settings, source, last))
             # what the run read is the listing to compare with next (edits during it are a change)
             continue
         sleep(watch.next_look_s(poll_s))
-        if watch.observe(look(source), now=clock()):
+        last = look(source)
+        if watch.observe(last, now=clock()):
             log.info("kb_reindex: %s changed; waiting until it is quiet for %gs", source.uri, quiet_s)
     return watch.fired_count

@@ -168,6 +168,8 @@ class RunRequest:
     promote: bool = True  # False: build and validate a shadow only
     min_hit_rate: float | None = None
     min_mrr: float | None = None
+    #: a change feed: the names that changed since the last plan read the source (`plan.prepare`'s `changed`)
+    changed: tuple[str, ...] | None = None
 
 
 # --- the steps: each one DAG task, and one stage of the CLI's run ---------------------------------------
@@ -183,7 +185,7 @@ def plan_step(deps: Deps, recorder: Recorder, request: RunRequest) -> Plan:
     prepared = prepare_logged(deps, force_full=request.force_full or request.kind == RunKind.MIGRATION,
                               kind=request.kind, embedder=request.embedder, model=request.model, dim=request.dim,
                               layout=request.layout, layout_from=request.layout_from, audit_run_id=recorder.run_id,
-                              record=True)
+                              record=True, changed=request.changed)
     if builds(prepared.plan, dry_run=request.dry_run):
         return snapshot_plan(deps, prepared, run_id=recorder.run_id)
     return prepared.plan
@@ -420,10 +422,13 @@ def run_reindex(
     min_hit_rate: float | None = None,
     min_mrr: float | None = None,
     layout: str | None = None,
+    changed: tuple[str, ...] | None = None,
 ) -> RunResult:
-    """plan -> create version -> build -> validate -> promote -> cleanup, under the reindex lock, in one process."""
+    """plan -> create version -> build -> validate -> promote -> cleanup, under the reindex lock, in one process.
+    `changed`: a change feed (`RunRequest.changed`)."""
     request = RunRequest(kind=RunKind(kind), force_full=force_full, dry_run=dry_run, embedder=embedder, model=model,
-                         dim=dim, layout=layout, promote=promote_version, min_hit_rate=min_hit_rate, min_mrr=min_mrr)
+                         dim=dim, layout=layout, promote=promote_version, min_hit_rate=min_hit_rate, min_mrr=min_mrr,
+                         changed=changed)
     recorder = Recorder.of(deps, run_id or new_run_id(request.kind))
     recorder.start(request.kind, trigger)
     done = BuildCounts()

@@ -17,7 +17,7 @@ import hashlib
 import time
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import NamedTuple
 
 from kb_reindex.services.chunking import Chunk, chunk_document, chunking_version
@@ -32,6 +32,7 @@ from kb_reindex.services.sources import (
     corpus_fingerprint,
     iter_corpus,
     knowledge_key_for,
+    list_named,
     list_source,
     parse_document,
     read_bytes,
@@ -251,6 +252,27 @@ def trusted(entry: FileHash, file: ListedFile) -> bool:
     is all there is) modified well before the recording."""
     return (entry.size == file.size and entry.mtime_ns == file.mtime_ns and entry.etag == file.etag
             and (file.etag is not None or file.mtime_ns < entry.recorded_ns - MTIME_MARGIN_NS))
+
+
+def feed_listing(docs: KnowledgeSource | Path, recorded: Mapping[str, FileHash],
+                 changed: Iterable[str]) -> SourceListing | None:
+    """The listing a change feed gives (the names a watcher saw change since the last plan read the source):
+    the named documents looked at now (`sources.list_named`), every other one as the last plan recorded it,
+    in a listing's order. None, so the caller lists everything: nothing recorded, or a name that cannot be
+    judged alone. A file changed and not named stays as recorded until a feed names it or a plan lists the
+    source in full (the watcher compares its every listing with what plans recorded, and fires again)."""
+    knowledge = as_source(docs)
+    if not recorded:
+        return None
+    names = set(changed)
+    named = list_named(knowledge, names)
+    if named is None:
+        return None
+    files = [ListedFile(source, h.size, h.mtime_ns, h.etag) for source, h in recorded.items() if source not in names]
+    files.extend(named)
+    # a folder is walked folder by folder in name order, a bucket listed by key
+    files.sort(key=(lambda f: f.source.split("/")) if knowledge.local else (lambda f: f.source))
+    return files, []
 
 
 class QuickScan(NamedTuple):

@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import operator
 import os
+import stat
 import unicodedata
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -332,6 +333,92 @@ def list_source(knowledge: KnowledgeSource) -> tuple[list[ListedFile], list[str]
     return [f for f, problem in named if problem is None], problems + [p for _f, p in named if p is not None]
 
 
+def list_named(knowledge: KnowledgeSource, names: Iterable[str]) -> list[ListedFile] | None:
+    """The listing entries of these documents alone (a change feed's names: what a watcher saw change), each
+    looked at as `list_source` would list it; a name that is not a document (hidden, not Markdown) or is gone
+    has no entry. None when a name cannot be judged alone, so the caller lists everything: a link on its path
+    (only the folder's walk follows and refuses links), a folder, a name out of the folder (`..`, absolute),
+    or one `list_source` would refuse."""
+    found: list[ListedFile] = []
+    for name in sorted(set(names)):
+        parts = name.split("/")
+        if (not name or name.startswith("/") or any(part in ("", ".", "..") for part in parts)
+                or name_problem(name, what="name") or _length_problem(name)):
+            return None
+        if any(part.startswith(".") for part in parts) or PurePosixPath(name).suffix.lower() != ".md":
+            if _is_folder(knowledge, name):
+                return None  # documents under it may have changed: which ones, a listing says
+            continue  # not a document: a listing would not show it either
+        entry = _named_file(knowledge, name) if knowledge.local else _named_object(knowledge, name)
+        if entry is None:
+            return None
+        if entry is not _ABSENT:
+            found.append(entry)
+    return found
+
+
+def _is_folder(knowledge: KnowledgeSource, name: str) -> bool:
+    if knowledge.local:
+        return (Path(knowledge.root) / name).is_dir()
+    try:
+        return bool(knowledge.fs.isdir(knowledge.root.rstrip("/") + "/" + name))
+    except Exception:  # the listing that follows says what the bucket answers
+        return True
+
+
+#: `_named_file` / `_named_object`: the name is not there (removed since the last plan read it)
+_ABSENT = ListedFile("", -1, 0)
+
+
+def _named_file(knowledge: KnowledgeSource, name: str) -> ListedFile | None:
+    folder = Path(knowledge.root)
+    if not folder.is_dir():
+        return None  # the listing says what is wrong with the folder
+    path = folder
+    for part in name.split("/"):
+        path = path / part
+        try:
+            st = path.lstat()
+        except FileNotFoundError:
+            return _ABSENT
+        except OSError:
+            return None  # unreadable: the full listing names it
+        if stat.S_ISLNK(st.st_mode):
+            return None
+    if stat.S_ISDIR(st.st_mode):
+        return None
+    if not stat.S_ISREG(st.st_mode):  # a FIFO would hang the read; the walk skips it too
+        return _ABSENT
+    return ListedFile(name, st.st_size, st.st_mtime_ns)
+
+
+def _named_object(knowledge: KnowledgeSource, name: str) -> ListedFile | None:
+    assert knowledge.bucket is not None
+    path = knowledge.root.rstrip("/") + "/" + name
+    try:
+        knowledge.fs.invalidate_cache(path)
+        info = knowledge.fs.info(path)
+    except FileNotFoundError:
+        return _ABSENT
+    except Exception as exc:
+        failure = bucket_failure(exc, location=knowledge.bucket, fs=knowledge.fs, credentials=knowledge.credentials)
+        if failure is not None:
+            raise failure from None
+        raise
+    if info.get("type") != "file":
+        return None
+    return _listed_object(name, info)
+
+
+def _listed_object(name: str, info: dict[str, Any]) -> ListedFile:
+    """An object's listing entry from fsspec's `info` of it (a `find(detail=True)` value)."""
+    modified = info.get("LastModified") or info.get("mtime")
+    mtime_ns = (int(modified.timestamp()) * 1_000_000_000 + modified.microsecond * 1000
+                if isinstance(modified, datetime) else 0)
+    etag = str(info.get("ETag") or "").strip('"') or None
+    return ListedFile(name, int(info.get("size") or 0), mtime_ns, etag)
+
+
 def _length_problem(source: str) -> str | None:
     if source.isascii() and len(source) <= MAX_LENGTHS["knowledge_key"]:  # NFC keeps ASCII as it is: both fit
         return None
@@ -361,11 +448,7 @@ def _list_bucket(knowledge: KnowledgeSource) -> list[ListedFile]:
         if (info.get("type") != "file" or not name or any(part.startswith(".") for part in name.split("/"))
                 or PurePosixPath(name).suffix.lower() != ".md"):
             continue
-        modified = info.get("LastModified") or info.get("mtime")
-        mtime_ns = (int(modified.timestamp()) * 1_000_000_000 + modified.microsecond * 1000
-                    if isinstance(modified, datetime) else 0)
-        etag = str(info.get("ETag") or "").strip('"') or None
-        files.append(ListedFile(name, int(info.get("size") or 0), mtime_ns, etag))
+        files.append(_listed_object(name, info))
     return sorted(files, key=lambda f: f.source)
 
 

@@ -20,7 +20,7 @@ from kb_reindex.rules.content_warnings import content_warnings, warn
 from kb_reindex.services.chunking import chunking_version
 from kb_reindex.services.config import DEFAULT_DIMS, model_or_default
 from kb_reindex.services.corpus import (Carried, CorpusScan, DocumentInfo, KnownDocument, KnownFiles, cache_root,
-                                        quick_fingerprint, scan_corpus)
+                                        feed_listing, quick_fingerprint, scan_corpus)
 from kb_reindex.services.screen import Flag, ScoreMemory, Screen, screen_for
 from kb_reindex.services.embedding import check_model_served
 from kb_reindex.domain.errors import ConfigError, DimensionMismatch, StateDriftError
@@ -104,12 +104,16 @@ def prepare(
     layout_from: str = "--layout",
     audit_run_id: str | None = None,
     record: bool = False,
+    changed: Sequence[str] | None = None,
 ) -> Prepared:
     """`layout`: the payload layout of the version to build, given explicitly (`--layout`, a `payload_layout`
     Param); default live's (`choose_layout`).
     `layout_from`: where `layout` was given, as an error about it names it (a Param, a flag).
     `audit_run_id`: a run is planning (not a look): live is audited and the audit recorded for it.
-    `record`: write the file hashes read (a writing step; `kb-reindex plan` is read-only)."""
+    `record`: write the file hashes read (a writing step; `kb-reindex plan` is read-only).
+    `changed`: a change feed, the names that changed since the last plan read the source (the watcher's event,
+    `run --changed`): those are looked at and the others taken as recorded, instead of listing the source
+    (`corpus.feed_listing`); None, or a feed that cannot be used: the source is listed."""
     settings = deps.settings
     kind = RunKind(kind)
     explicit = layout_spec(layout, layout_where=layout_from) if layout else None
@@ -122,12 +126,16 @@ def prepare(
     recorded = None  # the file hashes the last plan recorded, read once
     if (kind is RunKind.REINDEX and not force_full and live is not None
             and live.chunking_version == recipe.chunking_version and live.payload_layout == layout):
-        files = list_source(as_source(deps.knowledge))
         recorded = deps.state.file_hashes(cache_root(deps.knowledge, settings.default_tenant))
+        files = _listing(deps, recorded, changed)
         unchanged = _unchanged_from_hashes(deps, live, recipe, notes=notes, audit=audit, record=record,
                                            files=files, recorded=recorded)
         if unchanged is not None:
             return unchanged
+    elif changed is not None:
+        log.info("kb_reindex: the change feed (%d name(s)) is not used: this plan reads every file (%s)",
+                 len(changed), "forced" if force_full else "nothing live" if live is None else
+                 "a migration" if kind is not RunKind.REINDEX else "live is cut or laid out another way")
     screen = screen_for(settings.instruction_screen, target.embedder)
     # live's documents, read once: the flags carried, the documents taken unread, the difference, the manifest
     live_documents = deps.state.manifest_documents(live.id) if live is not None else []
@@ -139,6 +147,21 @@ def prepare(
     scan = _scan(deps, record=record, screen=screen, carried=carried, known=known, files=files)
     return _plan_scan(deps, scan, live, live_documents, recipe, profile, kind=kind, force_full=force_full,
                       notes=notes, audit=audit)
+
+
+def _listing(deps: Deps, recorded: dict[str, FileHash], changed: Sequence[str] | None) -> SourceListing:
+    """The source's listing: from the change feed when there is one it can be taken from, else listed."""
+    if changed is not None:
+        fed = feed_listing(deps.knowledge, recorded, changed)
+        if fed is not None:
+            names = set(changed)
+            log.info("kb_reindex: the change feed named %d file(s): looked at them; the other %d as the last plan "
+                     "recorded them (no listing of the source)", len(names),
+                     sum(1 for f in fed[0] if f.source not in names))
+            return fed
+        log.info("kb_reindex: the change feed (%d name(s)) cannot be taken alone (nothing recorded yet, or a "
+                 "name that is a link, a folder or out of the source): listing the source", len(changed))
+    return list_source(as_source(deps.knowledge))
 
 
 def _same_vectors(live: VersionRecord | None, profile: str | None) -> bool:
