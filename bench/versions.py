@@ -15,6 +15,10 @@ release before it (a full copy per version, `0a70e71`, its package taken from gi
                                                                  # arrays, so a reused size's first three edits
                                                                  # are not figures; at 200k it then holds ~21 GB:
                                                                  # run nothing else beside it)
+    .venv/bin/python bench/versions.py --sizes 1000,200000 --releases slots --feed alternate
+                                                                 # every second edit told the file it edited
+                                                                 # (`run --changed`, as the source watcher's
+                                                                 # event tells its run): listed / fed pairs
 
 For each release and size: a synthetic corpus (bench/corpus.py, about five chunks a document) built once by the
 CLI (`kb-reindex run`, hashing embedder: what is measured is the version model, not the model), then `--edits`
