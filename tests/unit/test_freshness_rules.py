@@ -134,4 +134,5 @@ def test_a_run_started_by_several_events_is_fed_their_names_together_or_lists() 
     source = object()
     assert change_feed_of({source: [event({"changed": ["b.md"]}), event({"changed": ["a.md"]})]}) == ("a.md", "b.md")
     assert change_feed_of({source: [event({"changed": ["a.md"]}), SimpleNamespace(extra={})]}) is None
+    assert change_feed_of({source: [event({"changed": ["a.md"]}), event("a.md")]}) is None  # posted by hand
     assert change_feed_of(None) is None

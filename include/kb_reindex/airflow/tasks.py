@@ -141,9 +141,8 @@ def run_fence(deps: Deps, run_id: str) -> Fence:
 def change_feed_of(events: Any) -> tuple[str, ...] | None:
     """The change feed of the source watcher's events that started this run (Airflow's
     `triggering_asset_events`; each event's `extra` holds the trigger's payload): `freshness.merged_feed`."""
-    feeds = [((event.extra or {}).get("payload") or {}).get("changed")
-             for queue in (events or {}).values() for event in queue]
-    return merged_feed(feeds)
+    payloads = [(event.extra or {}).get("payload") for queue in (events or {}).values() for event in queue]
+    return merged_feed([payload.get("changed") if isinstance(payload, dict) else None for payload in payloads])
 
 
 def plan_task(*, kb: str | None = None, run_id: str, kind: str = RunKind.REINDEX, force_full: bool = False, embedder: str | None = None,
