@@ -115,14 +115,16 @@ def test_a_feed_that_cannot_be_taken_alone_is_set_aside_for_a_listing(project: P
     (docs / "faq" / "points.md").write_text("# 积分\n\n积分有效期两年。\n", encoding="utf-8")
     os.symlink(docs / "payment-guide.md", docs / "pay-link.md")
     for changed, why in ((("faq",), "a folder"), (("pay-link.md",), "a link"),
-                         (("../golden.yaml",), "out of the folder"), (("/etc/passwd",), "absolute")):
+                         (("../golden.yaml",), "out of the folder"), (("/etc/passwd",), "absolute"),
+                         (("knowledge/docs/coupon-rules.md",), "a name neither there nor recorded")):
         with open_deps(settings) as deps:
             planned = prepare(deps, changed=changed).plan
         assert listings.count == 2, why
         listings.count = 1
         # the listing finds both new documents, whatever the feed named
         assert planned.docs.added == 2, (why, planned.docs)
-    # names that are no documents (hidden, not Markdown) and names that are not there are nothing to look at
+    # names that are no documents (hidden, not Markdown) are nothing to look at (and the two documents added
+    # above, not named, wait for a feed that names them or a listing)
     with open_deps(settings) as deps:
-        planned = prepare(deps, changed=(".draft.md", "notes.txt", "gone.md")).plan
+        planned = prepare(deps, changed=(".draft.md", "notes.txt", "sub/.hidden/x.md")).plan
     assert listings.count == 1 and planned.no_change

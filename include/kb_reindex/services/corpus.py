@@ -258,18 +258,20 @@ def feed_listing(docs: KnowledgeSource | Path, recorded: Mapping[str, FileHash],
                  changed: Iterable[str]) -> SourceListing | None:
     """The listing a change feed gives (the names a watcher saw change since the last plan read the source):
     the named documents looked at now (`sources.list_named`), every other one as the last plan recorded it,
-    in a listing's order. None, so the caller lists everything: nothing recorded, or a name that cannot be
-    judged alone. A file changed and not named stays as recorded until a feed names it or a plan lists the
-    source in full (the watcher compares its every listing with what plans recorded, and fires again)."""
+    in a listing's order. None, so the caller lists everything: nothing recorded, a name that cannot be judged
+    alone, or a document named that is neither there nor recorded (a name misspelt, or given from another
+    folder, must not pass for a change looked at). A file changed and not named stays as recorded until a feed
+    names it or a plan lists the source in full (the watcher compares its every listing with what plans
+    recorded, and fires again)."""
     knowledge = as_source(docs)
     if not recorded:
         return None
     names = set(changed)
     named = list_named(knowledge, names)
-    if named is None:
+    if named is None or any(name not in recorded for name in named.absent):
         return None
     files = [ListedFile(source, h.size, h.mtime_ns, h.etag) for source, h in recorded.items() if source not in names]
-    files.extend(named)
+    files.extend(named.found)
     # a folder is walked folder by folder in name order, a bucket listed by key
     files.sort(key=(lambda f: f.source.split("/")) if knowledge.local else (lambda f: f.source))
     return files, []

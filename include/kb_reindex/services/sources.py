@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path, PurePath, PurePosixPath
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import yaml
 
@@ -333,13 +333,23 @@ def list_source(knowledge: KnowledgeSource) -> tuple[list[ListedFile], list[str]
     return [f for f, problem in named if problem is None], problems + [p for _f, p in named if p is not None]
 
 
-def list_named(knowledge: KnowledgeSource, names: Iterable[str]) -> list[ListedFile] | None:
+class Named(NamedTuple):
+    """What `list_named` found of a change feed's names."""
+
+    #: the listing entries of the named documents there now
+    found: list[ListedFile]
+    #: the named documents not there (removed, or never there: a name the caller must know)
+    absent: set[str]
+
+
+def list_named(knowledge: KnowledgeSource, names: Iterable[str]) -> Named | None:
     """The listing entries of these documents alone (a change feed's names: what a watcher saw change), each
-    looked at as `list_source` would list it; a name that is not a document (hidden, not Markdown) or is gone
-    has no entry. None when a name cannot be judged alone, so the caller lists everything: a link on its path
-    (only the folder's walk follows and refuses links), a folder, a name out of the folder (`..`, absolute),
-    or one `list_source` would refuse."""
+    looked at as `list_source` would list it; a name that is not a document (hidden, not Markdown) has none.
+    None when a name cannot be judged alone, so the caller lists everything: a link on its path (only the
+    folder's walk follows and refuses links), a folder, a name out of the folder (`..`, absolute), or one
+    `list_source` would refuse."""
     found: list[ListedFile] = []
+    absent: set[str] = set()
     for name in sorted(set(names)):
         parts = name.split("/")
         if (not name or name.startswith("/") or any(part in ("", ".", "..") for part in parts)
@@ -352,9 +362,11 @@ def list_named(knowledge: KnowledgeSource, names: Iterable[str]) -> list[ListedF
         entry = _named_file(knowledge, name) if knowledge.local else _named_object(knowledge, name)
         if entry is None:
             return None
-        if entry is not _ABSENT:
+        if entry is _ABSENT:
+            absent.add(name)
+        else:
             found.append(entry)
-    return found
+    return Named(found, absent)
 
 
 def _is_folder(knowledge: KnowledgeSource, name: str) -> bool:

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from kb_reindex.domain.names import shortened
 from kb_reindex.rules.alias import drift_advice
 from kb_reindex.rules.audit import audit_live
 from kb_reindex.rules.content_warnings import content_warnings, warn
@@ -159,8 +160,9 @@ def _listing(deps: Deps, recorded: dict[str, FileHash], changed: Sequence[str] |
                      "recorded them (no listing of the source)", len(names),
                      sum(1 for f in fed[0] if f.source not in names))
             return fed
-        log.info("kb_reindex: the change feed (%d name(s)) cannot be taken alone (nothing recorded yet, or a "
-                 "name that is a link, a folder or out of the source): listing the source", len(changed))
+        log.info("kb_reindex: the change feed (%d name(s): %s) cannot be taken alone (nothing recorded yet, or "
+                 "a name that is a link, a folder, out of the source, or neither there nor recorded): listing the "
+                 "source", len(changed), ", ".join(shortened(name, 60) for name in sorted(changed)[:5]))
     return list_source(as_source(deps.knowledge))
 
 
