@@ -158,6 +158,9 @@ def test_edits_saved_while_a_small_run_builds_give_exactly_one_follow_up_run(sta
     airflow.wait("the runs finished", lambda: airflow.idle(DAG), 90)
     runs = stack.runs()[before:]
     assert len(runs) == 2 and {r["state"] for r in runs} == {"success"}, runs
+    # the follow-up was told the two files saved during the first run: the feed misses nothing the watcher saw
+    said = plan_log(airflow, runs[1]["dag_run_id"])
+    assert "the change feed named 2 file(s)" in said, said[-3000:]
     for run in runs:
         url = f"/dags/{DAG}/dagRuns/{quote(run['dag_run_id'], safe='')}/taskInstances"
         states = {t["task_id"]: t["state"] for t in airflow.http.get(url).json()["task_instances"]}

@@ -128,3 +128,51 @@ def test_a_feed_that_cannot_be_taken_alone_is_set_aside_for_a_listing(project: P
     with open_deps(settings) as deps:
         planned = prepare(deps, changed=(".draft.md", "notes.txt", "sub/.hidden/x.md")).plan
     assert listings.count == 1 and planned.no_change
+
+
+def test_a_document_taken_from_the_record_and_read_after_all_is_recorded_with_its_stat_now(project: Path) -> None:
+    """A file the feed did not name but the plan must read (modified within the trust margin of its recording)
+    is looked at again first: the record pairs what was read with the stat before the reading, never with the
+    record's older stat (which a later plan would trust if the file came back to it)."""
+    settings, files = built_with_aged_files(project)
+    named, unnamed = files[0], files[4]
+    name = unnamed.relative_to(settings.knowledge_dir).as_posix()
+    unnamed.write_text(unnamed.read_text(encoding="utf-8") + "\n\n补充：第一次修改。\n", encoding="utf-8")
+    with open_deps(settings) as deps:  # recorded just after it was written: within the margin, read again next time
+        assert run_reindex(deps, changed=(name,)).outcome == "promoted"
+    unnamed.write_text(unnamed.read_text(encoding="utf-8") + "补充：第二次修改，长一些。\n", encoding="utf-8")
+    with open_deps(settings) as deps:
+        result = run_reindex(deps, changed=(named.relative_to(settings.knowledge_dir).as_posix(),))
+    assert result.outcome == "promoted" and result.docs.changed == 1, result  # read after all: the change is in
+    state = StateStore(settings.state_url)
+    try:
+        from kb_reindex.services.corpus import cache_root
+
+        entry = state.file_hashes(cache_root(settings.knowledge_dir))[name]
+    finally:
+        state.dispose()
+    now = unnamed.stat()
+    assert (entry.size, entry.mtime_ns) == (now.st_size, now.st_mtime_ns)
+
+
+def test_a_removed_folder_or_a_renamed_spelling_named_by_hand_lists_the_source(project: Path,
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    settings = settings_for(project)
+    docs = settings.knowledge_dir
+    (docs / "faq").mkdir()
+    (docs / "faq" / "points.md").write_text("# 积分\n\n积分有效期两年。\n", encoding="utf-8")
+    with open_deps(settings) as deps:
+        assert run_reindex(deps).outcome == "promoted"
+    listings = Listings(monkeypatch)
+    (docs / "faq" / "points.md").unlink()
+    (docs / "faq").rmdir()
+    with open_deps(settings) as deps:  # `run --changed faq` after `rm -r faq`: its documents must go
+        result = run_reindex(deps, changed=("faq",))
+    assert listings.count == 1 and result.outcome == "promoted" and result.docs.removed == 1, result
+    # a new spelling of a recorded name (a case-insensitive filesystem finds both): a listing settles it, here
+    # by naming the two files whose keys collide
+    (docs / "Coupon-Rules.md").write_text("# 优惠券\n\n优惠券不可叠加。\n", encoding="utf-8")
+    with open_deps(settings) as deps:
+        with pytest.raises(Exception, match="map to the same knowledge_key"):
+            prepare(deps, changed=("Coupon-Rules.md",))
+    assert listings.count == 2

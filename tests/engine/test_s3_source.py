@@ -140,6 +140,9 @@ def test_a_fed_edit_of_a_bucket_lists_no_prefix_and_fetches_the_named_object_alo
     # s3fs asks a name that is gone whether it is a folder: one key at most, never the prefix's listing
     assert all("max-keys=1" in r.query for r in listings), listings
     assert {r.key for r in s3.object_gets()} == {"docs/coupon-rules.md"}, s3.object_gets()
+    # what the plan recorded is what the watcher lists: its next look sees nothing to fire for
+    from kb_reindex.run.follow import change_feed
+    assert change_feed(deps.state, deps.settings, deps.knowledge, listing(deps.knowledge)) == ()
     assert run_reindex(deps).outcome == "no_change"  # a listing finds nothing the feed missed
 
 

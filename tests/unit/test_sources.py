@@ -243,3 +243,17 @@ def test_a_known_documents_facts_are_the_first_fields_of_its_manifest_row_in_ord
                            content_hash="h" * 64, chunk_count=3)
     assert DocumentInfo._make(row[:6]) == DocumentInfo(knowledge_key="faq/a", source="faq/a.md", title="A",
                                                        category="c", tenant="t", content_hash="h" * 64)
+
+
+def test_an_objects_modification_time_is_whole_seconds_in_a_listing_and_a_head_alike() -> None:
+    """A HEAD answers Last-Modified in seconds, some servers' listings in milliseconds (MinIO, GCS, Ceph): both
+    give one entry, or a watcher would see a change after every fed run."""
+    from datetime import UTC, datetime
+
+    from kb_reindex.services.sources import _listed_object
+
+    listed = _listed_object("a.md", {"LastModified": datetime(2026, 12, 7, 15, 0, 1, 250_000, tzinfo=UTC),
+                                     "size": 10, "ETag": '"e1"'})
+    headed = _listed_object("a.md", {"LastModified": datetime(2026, 12, 7, 15, 0, 1, tzinfo=UTC), "size": 10,
+                                     "ETag": "e1"})
+    assert listed == headed and listed.mtime_ns % 1_000_000_000 == 0 and listed.etag == "e1"

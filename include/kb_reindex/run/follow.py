@@ -74,7 +74,13 @@ def follow(settings: Settings, state: StateStore, run_once: Callable[[tuple[str,
     while max_runs is None or watch.fired_count < max_runs:
         if watch.due(now=clock(), run_active=run_in_progress(state, settings)):
             watch.fired(now=clock())
-            run_once(change_feed(state, settings, source, last))
+            try:
+                changed = change_feed(state, settings, source, last)
+            except KbError as exc:  # the run lists the source, and meets the state DB's trouble itself
+                log.error("kb_reindex: %s: cannot tell what changed since the last plan (%s); the run lists the "
+                          "source", source.uri, exc)
+                changed = None
+            run_once(changed)
             # what the run read is the listing to compare with next (edits during it are a change)
             continue
         sleep(watch.next_look_s(poll_s))

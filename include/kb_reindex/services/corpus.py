@@ -17,7 +17,7 @@ import hashlib
 import time
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import NamedTuple
 
 from kb_reindex.services.chunking import Chunk, chunk_document, chunking_version
@@ -177,7 +177,7 @@ def scan_corpus(docs: KnowledgeSource | Path, *, max_bytes: int, chunk_size: int
                 hashes: dict[str, FileHash] | None = None, default_tenant: str = DEFAULT_TENANT,
                 screen: Screen | None = None, carried: Carried | None = None,
                 memory: ScoreMemory | None = None, known: KnownFiles | None = None,
-                files: SourceListing | None = None) -> CorpusScan:
+                files: SourceListing | None = None, again: LookAgain | None = None) -> CorpusScan:
     """Every document's facts and chunk references, sorted by key; each body is dropped once scanned.
     Errors as `sources.load_corpus` reports them. `hashes` receives what a plan records of every file.
     `screen` judges the instruction-like lines (default: the patterns alone) of each document `carried` does
@@ -185,7 +185,8 @@ def scan_corpus(docs: KnowledgeSource | Path, *, max_bytes: int, chunk_size: int
     classifier's scores kept by earlier plans (a line judged before is looked up, not embedded).
     `known`: live's documents whose files did not change since they were read (`KnownFiles`): listed, not
     read, taken as live holds them; a routine edit reads the files it touched, not the folder.
-    `files`: the source's listing as the caller took it (`sources.list_source`)."""
+    `files`: the source's listing as the caller took it (`sources.list_source`, or a change feed's
+    `feed_listing`, whose documents taken from the record `again` looks at before they are read)."""
     started_ns = time.time_ns()
     listed: dict[str, ListedFile] = {}
     held: list[KnownDocument] = []
@@ -208,7 +209,7 @@ def scan_corpus(docs: KnowledgeSource | Path, *, max_bytes: int, chunk_size: int
 
     pending = 0
     for doc in iter_corpus(docs, max_bytes=max_bytes, listed=listed, default_tenant=default_tenant,
-                           known=is_known if known is not None else None, files=files):
+                           known=is_known if known is not None else None, files=files, again=again):
         chunks = tuple(ChunkRef(c.knowledge_key, c.chunk_index, c.chunk_hash, c.point_id)
                        for c in chunk_document(doc, chunk_size=chunk_size, overlap=overlap))
         flagged = carried_flags(doc, carried)
@@ -270,11 +271,48 @@ def feed_listing(docs: KnowledgeSource | Path, recorded: Mapping[str, FileHash],
     named = list_named(knowledge, names)
     if named is None or any(name not in recorded for name in named.absent):
         return None
+    if _feed_unclear(names, named.found, recorded):
+        return None
     files = [ListedFile(source, h.size, h.mtime_ns, h.etag) for source, h in recorded.items() if source not in names]
     files.extend(named.found)
     # a folder is walked folder by folder in name order, a bucket listed by key
     files.sort(key=(lambda f: f.source.split("/")) if knowledge.local else (lambda f: f.source))
     return files, []
+
+
+#: a document of a change feed's listing taken from the record, looked at again before it is read: its entry now,
+#: or None when it is gone
+LookAgain = Callable[[ListedFile], ListedFile | None]
+
+
+def looked_again(docs: KnowledgeSource | Path, named: set[str]) -> LookAgain:
+    """For a scan over a change feed's listing (`feed_listing`): a document taken from the record that must be
+    read after all (modified within the trust margin of its recording, or not live's content) is looked at
+    again first, so what the plan records pairs its content with the stat taken before reading it, never the
+    record's older one (a later plan would trust that pairing if the file came back to its old stat). The
+    named documents were looked at already."""
+    knowledge = as_source(docs)
+
+    def again(file: ListedFile) -> ListedFile | None:
+        if file.source in named:
+            return file
+        now = list_named(knowledge, [file.source])
+        if now is None:  # a link now, say: read as recorded; the watcher's next listing names it
+            return file
+        return now.found[0] if now.found else None
+
+    return again
+
+
+def _feed_unclear(names: set[str], found: list[ListedFile], recorded: Mapping[str, FileHash]) -> bool:
+    """A feed only a listing can settle: a name recorded documents sit under (a folder, removed since: its
+    documents are no longer there), or a new name spelled as a recorded one folds to (a rename of case or Unicode
+    form, which a case-insensitive filesystem finds under both spellings)."""
+    folders = tuple(name.rstrip("/") + "/" for name in names if not name.lower().endswith(".md"))
+    if folders and any(source.startswith(folders) for source in recorded):
+        return True
+    new = {knowledge_key_for(f.source).casefold() for f in found if f.source not in recorded}
+    return bool(new) and any(knowledge_key_for(source).casefold() in new for source in recorded)
 
 
 class QuickScan(NamedTuple):

@@ -423,10 +423,11 @@ def _named_object(knowledge: KnowledgeSource, name: str) -> ListedFile | None:
 
 
 def _listed_object(name: str, info: dict[str, Any]) -> ListedFile:
-    """An object's listing entry from fsspec's `info` of it (a `find(detail=True)` value)."""
+    """An object's listing entry from fsspec's `info` of it (a `find(detail=True)` value, or a HEAD's). Its
+    modification time in whole seconds: a HEAD answers `Last-Modified` in seconds where some servers' listings
+    (MinIO, GCS, Ceph) give milliseconds, and the two must agree (the ETag tells content apart)."""
     modified = info.get("LastModified") or info.get("mtime")
-    mtime_ns = (int(modified.timestamp()) * 1_000_000_000 + modified.microsecond * 1000
-                if isinstance(modified, datetime) else 0)
+    mtime_ns = int(modified.timestamp()) * 1_000_000_000 if isinstance(modified, datetime) else 0
     etag = str(info.get("ETag") or "").strip('"') or None
     return ListedFile(name, int(info.get("size") or 0), mtime_ns, etag)
 
@@ -476,14 +477,16 @@ def iter_corpus(docs: KnowledgeSource | Path, *, max_bytes: int = 2_000_000,
                 listed: dict[str, ListedFile] | None = None,
                 default_tenant: str = DEFAULT_TENANT,
                 known: Callable[[ListedFile], str | None] | None = None,
-                files: SourceListing | None = None) -> Iterator[Document]:
+                files: SourceListing | None = None,
+                again: Callable[[ListedFile], ListedFile | None] | None = None) -> Iterator[Document]:
     """Every document, one at a time in name order, so a caller keeps only what it needs of each.
     Errors from all files are reported together, once every file was read (a bucket that refuses or does not
     answer stops at once: no other document can be read either). `listed` collects each document's listing
     entry, taken before it is read (a later edit then shows as a newer mtime or another ETag).
     `known`: the knowledge key of a file the caller already holds as it is, else None (such files are listed,
     counted and checked for colliding keys, neither read nor yielded: `listed` names them). `files`: the source's `list_source` as the caller took it
-    (a plan lists once), else listed here."""
+    (a plan lists once), else listed here. `again`: a file to be read is looked at again first (its entry
+    now, None: gone, so no document), for a listing partly taken from a record."""
     knowledge = as_source(docs)
     entries, errors = (files[0], list(files[1])) if files is not None else list_source(knowledge)
     by_key: dict[str, list[str]] = {}
@@ -495,6 +498,11 @@ def iter_corpus(docs: KnowledgeSource | Path, *, max_bytes: int = 2_000_000,
             by_key.setdefault(key.casefold(), []).append(file.source)
             count += 1
             continue
+        if again is not None:
+            looked = again(file)
+            if looked is None:
+                continue
+            file = looked
         try:
             data = read_bytes(knowledge, file.source, max_bytes=max_bytes, size=file.size)
             document = parse_document(PurePosixPath(file.source), file.source, data, default_tenant=default_tenant)

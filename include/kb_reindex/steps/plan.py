@@ -21,7 +21,8 @@ from kb_reindex.rules.content_warnings import content_warnings, warn
 from kb_reindex.services.chunking import chunking_version
 from kb_reindex.services.config import DEFAULT_DIMS, model_or_default
 from kb_reindex.services.corpus import (Carried, CorpusScan, DocumentInfo, KnownDocument, KnownFiles, cache_root,
-                                        feed_listing, quick_fingerprint, scan_corpus)
+                                        LookAgain, feed_listing, looked_again, quick_fingerprint,
+                                        scan_corpus)
 from kb_reindex.services.screen import Flag, ScoreMemory, Screen, screen_for
 from kb_reindex.services.embedding import check_model_served
 from kb_reindex.domain.errors import ConfigError, DimensionMismatch, StateDriftError
@@ -124,11 +125,12 @@ def prepare(
     recipe = Recipe(target=target, chunking_version=chunking_version(settings.chunk_size, settings.chunk_overlap),
                     payload_layout=layout)
     files = None  # the source listed once per plan: the quick look and the scan read the same listing
+    again = None  # with a change feed: a document taken from the record is looked at again before it is read
     recorded = None  # the file hashes the last plan recorded, read once
     if (kind is RunKind.REINDEX and not force_full and live is not None
             and live.chunking_version == recipe.chunking_version and live.payload_layout == layout):
         recorded = deps.state.file_hashes(cache_root(deps.knowledge, settings.default_tenant))
-        files = _listing(deps, recorded, changed)
+        files, again = _listing(deps, recorded, changed)
         unchanged = _unchanged_from_hashes(deps, live, recipe, notes=notes, audit=audit, record=record,
                                            files=files, recorded=recorded)
         if unchanged is not None:
@@ -145,13 +147,15 @@ def prepare(
     # live's unchanged documents are taken unread only where their vectors will be reused as they are
     known = (known_files(deps, live, recipe, carried, live_documents, recorded=recorded)
              if kind is RunKind.REINDEX and not force_full and _same_vectors(live, profile) else None)
-    scan = _scan(deps, record=record, screen=screen, carried=carried, known=known, files=files)
+    scan = _scan(deps, record=record, screen=screen, carried=carried, known=known, files=files, again=again)
     return _plan_scan(deps, scan, live, live_documents, recipe, profile, kind=kind, force_full=force_full,
                       notes=notes, audit=audit)
 
 
-def _listing(deps: Deps, recorded: dict[str, FileHash], changed: Sequence[str] | None) -> SourceListing:
-    """The source's listing: from the change feed when there is one it can be taken from, else listed."""
+def _listing(deps: Deps, recorded: dict[str, FileHash], changed: Sequence[str] | None
+             ) -> tuple[SourceListing, LookAgain | None]:
+    """The source's listing: from the change feed when there is one it can be taken from (with the look a
+    document taken from the record gets before it is read: `corpus.looked_again`), else listed."""
     if changed is not None:
         fed = feed_listing(deps.knowledge, recorded, changed)
         if fed is not None:
@@ -159,11 +163,11 @@ def _listing(deps: Deps, recorded: dict[str, FileHash], changed: Sequence[str] |
             log.info("kb_reindex: the change feed named %d file(s): looked at them; the other %d as the last plan "
                      "recorded them (no listing of the source)", len(names),
                      sum(1 for f in fed[0] if f.source not in names))
-            return fed
+            return fed, looked_again(deps.knowledge, names)
         log.info("kb_reindex: the change feed (%d name(s): %s) cannot be taken alone (nothing recorded yet, or "
                  "a name that is a link, a folder, out of the source, or neither there nor recorded): listing the "
                  "source", len(changed), ", ".join(shortened(name, 60) for name in sorted(changed)[:5]))
-    return list_source(as_source(deps.knowledge))
+    return list_source(as_source(deps.knowledge)), None
 
 
 def _same_vectors(live: VersionRecord | None, profile: str | None) -> bool:
@@ -272,7 +276,8 @@ class _Recall:
 
 
 def _scan(deps: Deps, *, record: bool, screen: Screen | None = None, carried: Carried | None = None,
-          known: KnownFiles | None = None, files: SourceListing | None = None) -> CorpusScan:
+          known: KnownFiles | None = None, files: SourceListing | None = None,
+          again: LookAgain | None = None) -> CorpusScan:
     """Every document and chunk of the knowledge folder (the file hashes recorded when asked), with the
     golden set and its replay gate checked against them; `screen` judges the documents `carried` lacks;
     `known` the documents not read again (unchanged since live's plan read them)."""
@@ -284,7 +289,7 @@ def _scan(deps: Deps, *, record: bool, screen: Screen | None = None, carried: Ca
     scan = scan_corpus(deps.knowledge, max_bytes=settings.max_doc_bytes, chunk_size=settings.chunk_size,
                        overlap=settings.chunk_overlap, hashes=recorded, default_tenant=settings.default_tenant,
                        screen=screen, carried=carried, memory=deps.state if record else _Recall(deps.state),
-                       known=known, files=files)
+                       known=known, files=files, again=again)
     if screen is not None:
         embedded = screen.classifier.embedded - embedded_before if screen.classifier else 0
         log.info("kb_reindex: scanned %d documents in %.2fs, %d of them read (the others unchanged since live's "
