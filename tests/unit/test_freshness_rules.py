@@ -6,7 +6,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from kb_reindex.domain.freshness import (FEED_MAX_NAMES, ListedFile, Listing, SourceWatch, changed_sources,
-                                         differs_from_recorded, merged_feed)
+                                         differs_from_recorded, merged_feed, stat_key)
 
 
 def listing(*files: tuple[str, int, int]) -> Listing:
@@ -136,3 +136,11 @@ def test_a_run_started_by_several_events_is_fed_their_names_together_or_lists() 
     assert change_feed_of({source: [event({"changed": ["a.md"]}), SimpleNamespace(extra={})]}) is None
     assert change_feed_of({source: [event({"changed": ["a.md"]}), event("a.md")]}) is None  # posted by hand
     assert change_feed_of(None) is None
+
+
+def test_an_objects_record_in_milliseconds_is_the_same_as_its_listing_in_seconds() -> None:
+    """A record made before object times were kept in whole seconds (MinIO's listing) does not fire the watcher,
+    nor make a plan read the object again, after the upgrade; a file's time counts to the nanosecond."""
+    recorded = {"a.md": stat_key(10, 1_250_000_000, "e1"), "b.md": stat_key(5, 1_250_000_000, None)}
+    now = Listing((ListedFile("a.md", 10, 1_000_000_000, "e1"), ListedFile("b.md", 5, 1_000_000_000)))
+    assert changed_sources(now, recorded) == ("b.md",)

@@ -115,13 +115,19 @@ class SourceWatch:
         return min(poll_s, max(self.quiet_s, 0.5)) if self.pending else poll_s
 
 
+def stat_key(size: int, mtime_ns: int, etag: str | None) -> tuple[int, int, str | None]:
+    """What tells a listed document from its record: size, modification time and ETag, an object's time (one
+    with an ETag) in whole seconds (a HEAD answers in seconds where some servers' listings give milliseconds;
+    the ETag tells content apart)."""
+    return (size, mtime_ns - mtime_ns % 1_000_000_000 if etag is not None else mtime_ns, etag)
+
+
 def differs_from_recorded(listing: Listing, recorded: dict[str, tuple[int, int, str | None]]) -> bool:
     """True when the listing is not the one the last plan read: a file added, removed, or with another size,
-    modification time or ETag than its recorded hash was taken at (`recorded`: source -> (size, mtime_ns,
-    etag))."""
+    modification time or ETag than its recorded hash was taken at (`recorded`: source -> its `stat_key`)."""
     if len(recorded) != len(listing.files):
         return True
-    return any(recorded.get(f.source) != (f.size, f.mtime_ns, f.etag) for f in listing.files)
+    return any(recorded.get(f.source) != stat_key(f.size, f.mtime_ns, f.etag) for f in listing.files)
 
 
 #: the most names a change feed carries; a larger change is listed in full by the run (a feed is for edits)
@@ -135,7 +141,7 @@ def changed_sources(listing: Listing, recorded: dict[str, tuple[int, int, str | 
     than `FEED_MAX_NAMES` names: the run then lists everything itself."""
     if not recorded or any(f.size < 0 for f in listing.files):  # nothing recorded: every file is new
         return None
-    names = {f.source for f in listing.files if recorded.get(f.source) != (f.size, f.mtime_ns, f.etag)}
+    names = {f.source for f in listing.files if recorded.get(f.source) != stat_key(f.size, f.mtime_ns, f.etag)}
     if sum(1 for f in listing.files if f.source in recorded) < len(recorded):  # some recorded file is gone
         listed = {f.source for f in listing.files}
         names.update(source for source in recorded if source not in listed)

@@ -14,7 +14,8 @@ from collections.abc import Callable
 from typing import Any
 
 from kb_reindex.domain.errors import ConfigError, KbError
-from kb_reindex.domain.freshness import ListedFile, Listing, SourceWatch, changed_sources, differs_from_recorded
+from kb_reindex.domain.freshness import (ListedFile, Listing, SourceWatch, changed_sources, differs_from_recorded,
+                                         stat_key)
 from kb_reindex.rules.locking import reindex_lock_name
 from kb_reindex.services.config import Settings
 from kb_reindex.services.corpus import cache_root
@@ -39,14 +40,14 @@ def look(source: KnowledgeSource) -> Listing:
 def differs_from_last_plan(state: StateStore, settings: Settings, source: KnowledgeSource, now: Listing) -> bool:
     """True when listing `now` is not what the last plan of this source read (or no plan read it yet)."""
     recorded = state.file_hashes(cache_root(source, settings.default_tenant))
-    return differs_from_recorded(now, {name: (h.size, h.mtime_ns, h.etag) for name, h in recorded.items()})
+    return differs_from_recorded(now, {name: stat_key(h.size, h.mtime_ns, h.etag) for name, h in recorded.items()})
 
 
 def change_feed(state: StateStore, settings: Settings, source: KnowledgeSource, now: Listing) -> tuple[str, ...] | None:
     """The names listing `now` shows changed since the last plan read the source (`freshness.changed_sources`):
     what a run is told, so its plan looks at them and lists nothing; None: the run lists the source."""
     recorded = state.file_hashes(cache_root(source, settings.default_tenant))
-    return changed_sources(now, {name: (h.size, h.mtime_ns, h.etag) for name, h in recorded.items()})
+    return changed_sources(now, {name: stat_key(h.size, h.mtime_ns, h.etag) for name, h in recorded.items()})
 
 
 def run_in_progress(state: StateStore, settings: Settings) -> bool:

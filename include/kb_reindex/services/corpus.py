@@ -37,6 +37,7 @@ from kb_reindex.services.sources import (
     parse_document,
     read_bytes,
 )
+from kb_reindex.domain.freshness import stat_key
 from kb_reindex.services.state.manifests import FileHash
 from kb_reindex.domain.validation_model import FlaggedLine
 from kb_reindex.domain.screen_text import Passage, passages
@@ -251,7 +252,7 @@ def cache_root(docs: KnowledgeSource | Path, default_tenant: str = DEFAULT_TENAN
 def trusted(entry: FileHash, file: ListedFile) -> bool:
     """A recorded hash still holds for a listed document: same size, mtime and ETag, and (a file, whose mtime
     is all there is) modified well before the recording."""
-    return (entry.size == file.size and entry.mtime_ns == file.mtime_ns and entry.etag == file.etag
+    return (stat_key(entry.size, entry.mtime_ns, entry.etag) == stat_key(file.size, file.mtime_ns, file.etag)
             and (file.etag is not None or file.mtime_ns < entry.recorded_ns - MTIME_MARGIN_NS))
 
 

@@ -425,7 +425,8 @@ def _named_object(knowledge: KnowledgeSource, name: str) -> ListedFile | None:
 def _listed_object(name: str, info: dict[str, Any]) -> ListedFile:
     """An object's listing entry from fsspec's `info` of it (a `find(detail=True)` value, or a HEAD's). Its
     modification time in whole seconds: a HEAD answers `Last-Modified` in seconds where some servers' listings
-    (MinIO, GCS, Ceph) give milliseconds, and the two must agree (the ETag tells content apart)."""
+    (MinIO, GCS, Ceph) give milliseconds, and the two must agree (the ETag tells content apart; a record made
+    before, in milliseconds, compares by `freshness.stat_key`)."""
     modified = info.get("LastModified") or info.get("mtime")
     mtime_ns = int(modified.timestamp()) * 1_000_000_000 if isinstance(modified, datetime) else 0
     etag = str(info.get("ETag") or "").strip('"') or None
