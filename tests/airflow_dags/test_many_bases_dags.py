@@ -85,21 +85,26 @@ def test_on_calls_tasks_run_on_their_own_lane_and_builds_never_on_it(airflow_db:
         assert max(t.priority_weight for t in others) < ONCALL_PRIORITY
 
 
-def test_a_refused_entry_keeps_the_others_and_is_named_in_the_import_errors(airflow_db: None,
-                                                                           registry_project: Path) -> None:
+@pytest.mark.parametrize(("line", "error"), [
+    ("shedule: '@hourly'", "shedule: unknown key"),
+    # a value Airflow's cron timetable cannot compute: before, the DAG parsed without an error and never ran on time
+    ("schedule: '@hourlly'", "schedule: '@hourlly' is not a cron expression"),
+])
+def test_a_refused_entry_keeps_the_others_and_is_named_in_the_import_errors(airflow_db: None, registry_project: Path,
+                                                                           line: str, error: str) -> None:
     registry = registry_project / "knowledge" / "registry.yaml"
-    registry.write_text(registry.read_text(encoding="utf-8") + "  wiki:\n    source: wiki\n    shedule: '@hourly'\n",
+    registry.write_text(registry.read_text(encoding="utf-8") + f"  wiki:\n    source: wiki\n    {line}\n",
                         encoding="utf-8")
     bag = dagbag()
     # the refused entry keeps on-call's rollback DAG alone, its doc saying why
     assert sorted(bag.dag_ids) == sorted([*(f"{kind}__{kb}" for kind in KINDS for kb in (SHOP, SELLER)),
                                           "knowledge_rollback__wiki"])
-    [(where, error)] = bag.import_errors.items()
+    [(where, import_error)] = bag.import_errors.items()
     assert where.endswith("dags/knowledge_registry.py")
-    assert "registry.yaml: knowledge base 'wiki': shedule: unknown key" in error
+    assert f"registry.yaml: knowledge base 'wiki': {error}" in import_error
     rollback = bag.dags["knowledge_rollback__wiki"]
     assert "kb:wiki" in rollback.tags and rollback.is_paused_upon_creation is False
-    assert rollback.doc_md.startswith("**Its registry entry is refused") and "shedule: unknown key" in rollback.doc_md
+    assert rollback.doc_md.startswith("**Its registry entry is refused") and error in rollback.doc_md
 
 
 def test_a_retired_entrys_tasks_refuse_without_retry_and_removed_its_dags_are_gone(airflow_db: None,

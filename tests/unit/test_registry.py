@@ -100,6 +100,11 @@ def test_a_command_names_its_knowledge_base_or_the_only_one_is_used(tmp_path: Pa
      r"knowledge base 'shop': chunk_overlap=60 must be less than half of chunk_size=100"),
     ("knowledge_bases:\n  shop:\n    source: d\n    golden_set: golden.yaml\n    embedder: openai\n",
      r"knowledge base 'shop': embedder: 'openai' is unknown"),
+    # a schedule Airflow cannot compute would parse without an error and then never run on time
+    ("knowledge_bases:\n  shop:\n    source: d\n    golden_set: golden.yaml\n    schedule: '@dayly'\n",
+     r"knowledge base 'shop': schedule: '@dayly' is not a cron expression \(five fields, as '0 3 \* \* \*'\) or a preset \(@hourly, @daily"),
+    ("knowledge_bases:\n  shop:\n    source: d\n    golden_set: golden.yaml\n    schedule: '0 25 * * *'\n",
+     r"knowledge base 'shop': schedule: '0 25 \* \* \*' is not a cron expression"),
 ])
 def test_a_bad_entry_is_refused_naming_the_file_the_knowledge_base_and_the_key(tmp_path: Path, body: str,
                                                                               message: str) -> None:
@@ -114,6 +119,16 @@ def test_a_bad_entry_is_refused_naming_the_file_the_knowledge_base_and_the_key(t
             registry.check()
     assert len(errors) == 1
     assert re.search(message, errors[0]), errors[0]
+
+
+@pytest.mark.parametrize("schedule", ["'@daily'", "'@quarterly'", "'@hourly'", "'0 3 * * *'", "'*/15 * * * 1-5'",
+                                      "null", "''"])
+def test_a_cron_expression_or_preset_or_none_is_a_schedule(tmp_path: Path, schedule: str) -> None:
+    env = write_registry(tmp_path, f"knowledge_bases:\n  shop:\n    source: d\n    golden_set: golden.yaml\n"
+                                   f"    schedule: {schedule}\n")
+    registry = load_registry(env)
+    assert registry.errors == () and registry.names == ["shop"]
+    assert registry.bases[0].schedule == (None if schedule in ("null", "''") else schedule.strip("'"))
 
 
 def test_a_bad_entry_keeps_the_good_ones(tmp_path: Path) -> None:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from kb_reindex.domain.errors import ConfigError
 from kb_reindex.domain.names import escaped
@@ -43,6 +43,23 @@ OLLAMA_CONN_ID = "ollama_default"
 AWS_CONN_ID = "aws_default"
 
 
+#: the presets Airflow's cron timetables take besides cron expressions (airflow.utils.dates.cron_presets)
+CRON_PRESETS = {"@hourly": "0 * * * *", "@daily": "0 0 * * *", "@weekly": "0 0 * * 0", "@monthly": "0 0 1 * *",
+                "@quarterly": "0 0 1 */3 *", "@yearly": "0 0 1 1 *"}
+
+
+def cron_problem(schedule: str) -> str | None:
+    """Why `schedule` is not a time schedule `knowledge_reindex` can run on, or None. Checked as Airflow's cron
+    timetable checks it (its presets, then croniter), when the entry loads: a DAG made with a schedule Airflow
+    cannot compute parses without an error and then never runs on time."""
+    from croniter import croniter
+
+    if croniter.is_valid(CRON_PRESETS.get(schedule, schedule)):
+        return None
+    return (f"{schedule!r} is not a cron expression (five fields, as '0 3 * * *') or a preset "
+            f"({', '.join(CRON_PRESETS)}); null: triggered and watched runs only")
+
+
 class RegistryEntry(BaseModel):
     """One knowledge base as the registry writes it; unset keys take the environment's settings."""
 
@@ -53,6 +70,13 @@ class RegistryEntry(BaseModel):
     golden_set: str | None = None
     #: cron or preset; `null` for triggered runs only; unset: KB_REINDEX_SCHEDULE (default @daily)
     schedule: str | None = None
+
+    @field_validator("schedule")
+    @classmethod
+    def _a_cron_schedule(cls, value: str | None) -> str | None:
+        if value is not None and value.strip() and (problem := cron_problem(value.strip())):
+            raise ValueError(problem)
+        return value
     embedder: str | None = None
     model: str | None = None
     dimension: int | None = Field(default=None, ge=1)
@@ -324,7 +348,8 @@ def _entry(path: Path, alias: str, raw: Any, env: Mapping[str, str]) -> Knowledg
         for error in exc.errors():
             key = ".".join(map(str, error["loc"])) or "?"
             reason = "unknown key (known: " + ", ".join(RegistryEntry.model_fields) + ")" \
-                if error["type"] == "extra_forbidden" else "missing" if error["type"] == "missing" else error["msg"]
+                if error["type"] == "extra_forbidden" else "missing" if error["type"] == "missing" else \
+                error["msg"].removeprefix("Value error, ")
             problems.append(f"{escaped(key[:80])}: {reason}")
         raise ConfigError(f"{where}: {'; '.join(problems[:10])}"
                           + (f"; and {len(problems) - 10} more" if len(problems) > 10 else "")) from None
