@@ -674,12 +674,15 @@ def _print_bases(args: argparse.Namespace, registry: Registry, state_url: str) -
              "model": f"{b.embed_model} {b.dim}-d" if b.embed_model else "-", "frozen": "FROZEN" if b.frozen else "",
              "last run": f"{b.last_run.kind} {b.last_run.outcome} {b.last_run.started_at}" if b.last_run else "-",
              "shadow": ", ".join(f"v{n} (never served)" for n in b.shadows),
-             "schedule": when_it_runs(b.schedule, b.source_poll_s), "problem": "; ".join(b.problems),
+             "schedule": when_it_runs(b.schedule, b.source_poll_s),
+             "problem": f"{len(b.problems)}, below" if b.problems else "",
              "flagged": (f"{b.served_instructions} ({b.instructions_accepted_by or 'a run'})"
                          if b.served_instructions else "-")}
             for b in view.bases]
     human = _table(rows, ["alias", "live", "model", "frozen", "shadow", "flagged", "last run", "schedule", "problem"])
     named = {b.registry_error for b in view.bases}
+    # in full below the table, one a line: a registry error in a cell stretched every row past a terminal's width
+    human += "".join(f"\nPROBLEM: {b.alias}: {problem}" for b in view.bases for problem in b.problems)
     human += "".join(f"\nPROBLEM: registry: {refused}" for refused in view.refused if refused not in named)
     _print(args, view.to_dict(), human)
     # a knowledge base removed from the registry and never retired is named as a refusal is (exit 2)

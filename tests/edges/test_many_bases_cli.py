@@ -127,7 +127,12 @@ def test_a_bad_entry_never_stops_the_good_ones_and_is_named(project: Path) -> No
     listed = cli_json(project, "bases", code=2, **broken)
     assert [b["alias"] for b in listed["knowledge_bases"]] == [SHOP, SELLER, "wiki"] and len(listed["refused"]) == 1
     assert "shedule: unknown key" in listed["knowledge_bases"][2]["registry_error"]
-    assert "shedule: unknown key" in cli(project, "bases", **broken).stderr
+    human = cli(project, "bases", **broken)
+    assert "shedule: unknown key" in human.stderr
+    # the table stays one short line a knowledge base; the refusal is said in full below it
+    table, below = human.stdout.split("\nPROBLEM: ", 1)
+    assert max(map(len, table.splitlines())) < 160 and "1, below" in table, human.stdout
+    assert below.startswith("wiki: ") and "shedule: unknown key" in below
 
 
 def test_a_typo_in_a_served_entry_keeps_its_on_call_commands_and_shows_its_error(

@@ -98,7 +98,7 @@ def summary(state: StateStore | None, kb: KnowledgeBase) -> BaseSummary:
         problems.append(f"no version serves yet: v{shadows[-1]} is built and held for a person (`status` says why); "
                         f"`kb-reindex promote --version {shadows[-1]} --reason ...` or the page's Promote anyway puts "
                         "it live")
-    elif live is None:
+    elif live is None and kb.problem is None:  # a refused entry has no reindex DAG: its problem says what to mend
         problems.append(f"no version serves yet: trigger {kb.dag_id('knowledge_reindex')}")
     served = served_lines(state, kb.alias, live) if state is not None else None
     return BaseSummary(alias=kb.alias, dag_id=kb.dag_id("knowledge_reindex"), schedule=kb.schedule,
