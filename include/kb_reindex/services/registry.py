@@ -52,7 +52,7 @@ def cron_problem(schedule: str) -> str | None:
     """Why `schedule` is not a time schedule `knowledge_reindex` can run on, or None. Checked as Airflow's cron
     timetable checks it (its presets, then croniter), when the entry loads: a DAG made with a schedule Airflow
     cannot compute parses without an error and then never runs on time."""
-    from croniter import croniter
+    from croniter import croniter  # type: ignore[import-untyped]
 
     if croniter.is_valid(CRON_PRESETS.get(schedule, schedule)):
         return None
