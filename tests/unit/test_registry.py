@@ -131,6 +131,16 @@ def test_a_cron_expression_or_preset_or_none_is_a_schedule(tmp_path: Path, sched
     assert registry.bases[0].schedule == (None if schedule in ("null", "''") else schedule.strip("'"))
 
 
+def test_an_entry_without_schedule_is_refused_when_the_environments_schedule_is_no_cron(tmp_path: Path) -> None:
+    env = {**write_registry(tmp_path, TWO), "KB_REINDEX_SCHEDULE": "daily"}
+    registry = load_registry(env)
+    assert registry.names == ["wiki"]  # its `schedule: null` is its own
+    assert registry.errors == (f"{tmp_path / 'kb' / 'registry.yaml'}: knowledge base 'shop': schedule: unset, so "
+                               "KB_REINDEX_SCHEDULE: 'daily' is not a cron expression (five fields, as '0 3 * * *') or "
+                               "a preset (@hourly, @daily, @weekly, @monthly, @quarterly, @yearly); null: triggered and "
+                               "watched runs only",)
+
+
 def test_a_bad_entry_keeps_the_good_ones(tmp_path: Path) -> None:
     env = write_registry(tmp_path, TWO + "  broken:\n    golden_set: golden.yaml\n")
     registry = load_registry(env)

@@ -378,6 +378,8 @@ def _entry(path: Path, alias: str, raw: Any, env: Mapping[str, str]) -> Knowledg
     values["KB_QDRANT_PATH"] = str(qdrant_base / alias)
     schedule = entry.schedule if "schedule" in entry.model_fields_set else \
         (env.get("KB_REINDEX_SCHEDULE", DEFAULT_SCHEDULE).strip() or None)
+    if "schedule" not in entry.model_fields_set and schedule and (problem := cron_problem(schedule)):
+        raise ConfigError(f"{where}: schedule: unset, so KB_REINDEX_SCHEDULE: {problem}")
     kb = KnowledgeBase(alias=alias, registry=path, schedule=(schedule or "").strip() or None,
                        qdrant_conn_id=entry.qdrant_conn_id or QDRANT_CONN_ID,
                        ollama_conn_id=entry.ollama_conn_id or OLLAMA_CONN_ID,
