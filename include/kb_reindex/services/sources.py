@@ -247,7 +247,7 @@ def discover(docs_dir: Path) -> tuple[list[ListedFile], list[str]]:
     Each folder is read once with `os.scandir`, whose entries know their type: a plain file costs one stat.
     """
     if not docs_dir.is_dir():
-        raise KnowledgeFolderMissing(f"knowledge folder {docs_dir} does not exist or is not a folder (KB_KNOWLEDGE_DIR)")
+        raise KnowledgeFolderMissing(f"knowledge folder {docs_dir} does not exist or is not a folder (KB_KNOWLEDGE_DIR; a registry entry's `source`)")
     root = docs_dir.resolve()
     found: list[ListedFile] = []
     problems: list[str] = []
