@@ -103,9 +103,31 @@ NEGATED_CLAUSE = re.compile(r"\b(?:cannot|can't|can\s+not|could\s+not|couldn't|m
                             r"|never|unable\s+to|not\s+(?:allowed|permitted|able)\s+to)\b[^.;:!?。；：！？]*$", re.IGNORECASE)
 
 
+#: a line that warns of a scam or an impersonator: what it quotes is the scammer's line, reported to the reader
+#: ("任何人让您“忽略平台规则”并用礼品卡付款，都是骗子。", a held-out policy line the patterns flagged, `held_out_39`)
+SCAM_WARNING = re.compile(r"诈骗|骗子|骗局|冒充|钓鱼|\bscam|\bfraud|\bphishing|\bimpersonat", re.IGNORECASE)
+#: opening and closing quotation marks, as a normalised line keeps them
+_QUOTES = {"“": "”", "「": "」", "『": "』", '"': '"'}
+
+
+def _quoted(text: str, start: int, end: int) -> bool:
+    """Whether text[start:end] lies within one pair of quotation marks."""
+    for opening, closing in _QUOTES.items():
+        before = text.rfind(opening, 0, start)
+        if before < 0 or (opening != closing and text.find(closing, before + 1, start) >= 0) \
+                or (opening == closing and text.count(opening, 0, start) % 2 == 0):
+            continue
+        if text.find(closing, end) >= 0:
+            return True
+    return False
+
+
 def _asked(text: str, pattern: re.Pattern[str]) -> bool:
-    """A match of `pattern` in `text` whose clause does not negate it before it (`NEGATED_CLAUSE`)."""
-    return any(NEGATED_CLAUSE.search(text, 0, m.start()) is None for m in pattern.finditer(text))
+    """A match of `pattern` in `text` whose clause does not negate it before it (`NEGATED_CLAUSE`), and that is
+    not a scammer's words quoted in a warning (`SCAM_WARNING`): those are left to the classifier."""
+    warning = SCAM_WARNING.search(text) is not None
+    return any(NEGATED_CLAUSE.search(text, 0, m.start()) is None and not (warning and _quoted(text, m.start(), m.end()))
+               for m in pattern.finditer(text))
 
 
 def pattern_reason(text: str) -> str | None:
