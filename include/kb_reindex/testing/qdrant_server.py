@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
+import functools
 import hmac
 import importlib.metadata
 import itertools
@@ -1121,27 +1122,24 @@ def _best_first(scores: Any) -> Any:
 
     if getattr(scores, "ndim", 0) != 1 or len(scores) < _FULL_SORT_BELOW:
         return scores
-    return np.asarray(scores).view(_ScoresArray())
+    return np.asarray(scores).view(_scores_class())
 
 
-_SCORES_CLASS: list[type] = []
+@functools.cache
+def _scores_class() -> type:
+    """An ndarray whose plain ``argsort()`` (as local mode's ``np.argsort(scores)`` calls it) is `_BestFirst`;
+    made once, on first use, as numpy is imported late in this module."""
+    import numpy as np
 
+    class Scores(np.ndarray):
+        def argsort(self, *args: Any, **kwargs: Any) -> Any:  # np.argsort passes axis=-1, kind/order/stable None
+            plain = np.asarray(self)
+            if args or kwargs.get("axis", -1) != -1 or any(value is not None for name, value in kwargs.items()
+                                                          if name != "axis"):
+                return plain.argsort(*args, **kwargs)
+            return _BestFirst(plain)
 
-def _ScoresArray() -> type:  # noqa: N802 - a class made once, numpy imported late
-    if not _SCORES_CLASS:
-        import numpy as np
-
-        class Scores(np.ndarray):
-            def argsort(self, *args: Any, **kwargs: Any) -> Any:
-                plain = np.asarray(self)
-                plain_call = kwargs.get("axis", -1) in (-1, 0) and not any(  # `np.argsort(scores)` passes these
-                    kwargs.get(name) for name in ("kind", "order", "stable"))
-                if args or not plain_call or set(kwargs) - {"axis", "kind", "order", "stable"}:
-                    return plain.argsort(*args, **kwargs)
-                return _BestFirst(plain)
-
-        _SCORES_CLASS.append(Scores)
-    return _SCORES_CLASS[0]
+    return Scores
 
 
 class _BestFirst:
