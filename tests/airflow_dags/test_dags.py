@@ -104,6 +104,24 @@ def test_rollback_migration_and_shadow_promotion_are_manual(dagbag) -> None:
         assert [o.uri for o in dagbag.get_dag(dag_id).get_task(task_id).outlets] == ["qdrant://mall_knowledge/"]
 
 
+@pytest.mark.parametrize("poll", ["0", "5"])
+def test_a_schedule_that_is_no_cron_takes_away_the_reindex_dag_alone_and_is_named(
+        airflow_db: None, monkeypatch: pytest.MonkeyPatch, poll: str) -> None:
+    """No registry, KB_REINDEX_SCHEDULE=@dayly: the reindex DAG file's import error names the variable and the
+    value, and on-call's rollback and the other DAGs stay. Before, Airflow's own error named neither (unwatched),
+    and a watched schedule parsed without a word and never ran on time."""
+    from airflow.dag_processing.dagbag import DagBag
+
+    monkeypatch.setenv("KB_REINDEX_SCHEDULE", "@dayly")
+    monkeypatch.setenv("KB_SOURCE_POLL_S", poll)
+    bag = DagBag(dag_folder=str(REPO / "dags"))
+    assert set(bag.dag_ids) == DAG_IDS - {"knowledge_reindex"}
+    [(where, error)] = bag.import_errors.items()
+    assert where.endswith("dags/knowledge_reindex.py")
+    assert "KB_REINDEX_SCHEDULE: '@dayly' is not a cron expression" in error, error
+    assert bag.get_dag("knowledge_rollback").is_paused_upon_creation is False
+
+
 def test_parsing_a_dag_does_not_import_heavy_libraries() -> None:
     code = (
         "import sys, importlib.util\n"

@@ -613,3 +613,21 @@ def test_a_held_version_is_read_in_context_in_status_and_kept_off_with_keep_live
     assert served["message"].startswith(f"live serves 1 instruction-like line(s), let through by {operator()} at ")
     assert [(b["served_instructions"], b["instructions_accepted_by"]) for b in run_json(capsys, "bases")[1][
         "knowledge_bases"]] == [(1, operator())]
+
+
+def test_a_schedule_that_is_no_cron_is_named_by_bases_and_a_run_by_hand_still_serves(
+        cli_env: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """No registry, KB_REINDEX_SCHEDULE=@dayly: the schedule is Airflow's alone (its reindex DAG refuses to load,
+    test_dags.py), so a run by hand still builds and serves; `bases` names the variable and the value as the
+    knowledge base's problem, and does not send on-call to trigger a DAG that is not there."""
+    monkeypatch.setenv("KB_REINDEX_SCHEDULE", "@dayly")
+    code, [base] = run_json(capsys, "bases")[0], run_json(capsys, "bases")[1]["knowledge_bases"]
+    assert code == 0
+    [problem] = base["problems"]
+    assert problem.startswith("KB_REINDEX_SCHEDULE: '@dayly' is not a cron expression"), problem
+    assert "knowledge_reindex does not load until it is mended" in problem
+    code, run = run_json(capsys, "run")
+    assert (code, run["outcome"]) == (0, "promoted")
+    assert main(["bases", "-q"]) == 0
+    out = capsys.readouterr().out
+    assert "PROBLEM: mall_knowledge: KB_REINDEX_SCHEDULE: '@dayly'" in out and "trigger knowledge_reindex" not in out

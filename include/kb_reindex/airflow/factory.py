@@ -118,7 +118,11 @@ def watched(kb: KnowledgeBase) -> bool:
 def reindex_schedule(kb: KnowledgeBase) -> Any:
     """`knowledge_reindex`'s schedule: its time schedule (KB_REINDEX_SCHEDULE, the entry's `schedule`; empty:
     none) OR a change of its watched source (Airflow's asset-or-time schedule); either alone, or None: only
-    triggered runs."""
+    triggered runs. A KB_REINDEX_SCHEDULE that is no cron is refused by name (`schedule_problem`): the DAG file's
+    import error, the other DAG files untouched. Airflow's own error named neither the variable nor the value,
+    and a watched schedule took it without a word and never ran on time."""
+    if kb.schedule_problem:
+        raise ConfigError(kb.schedule_problem)
     watched, cron = source_asset(kb), kb.schedule
     if watched is None:
         return cron

@@ -86,7 +86,8 @@ def summary(state: StateStore | None, kb: KnowledgeBase) -> BaseSummary:
         r = runs[0]
         last = LastRun(run_id=r.run_id, kind=r.kind, outcome=r.outcome, started_at=utc_stamp(r.started_at),
                        finished_at=utc_stamp(r.finished_at) if r.finished_at else None, error=r.error)
-    problems = [p for p in [kb.problem, last_run_problem(state, kb.alias) if state is not None else None] if p]
+    problems = [p for p in [kb.problem, kb.schedule_problem,
+                            last_run_problem(state, kb.alias) if state is not None else None] if p]
     ready = state.list_versions(kb.alias, statuses=[VersionStatus.READY]) if state is not None else []
     shadows = tuple(sorted(v.version for v in ready if not has_served(v) and not _in_progress(state, v)))
     building = {r.run_id for r in runs if r.finished_at is None}
@@ -98,7 +99,8 @@ def summary(state: StateStore | None, kb: KnowledgeBase) -> BaseSummary:
         problems.append(f"no version serves yet: v{shadows[-1]} is built and held for a person (`status` says why); "
                         f"`kb-reindex promote --version {shadows[-1]} --reason ...` or the page's Promote anyway puts "
                         "it live")
-    elif live is None and kb.problem is None:  # a refused entry has no reindex DAG: its problem says what to mend
+    elif live is None and kb.problem is None and kb.schedule_problem is None:
+        # a refused entry, a schedule that is no cron: no reindex DAG, and the problem says what to mend
         problems.append(f"no version serves yet: trigger {kb.dag_id('knowledge_reindex')}")
     served = served_lines(state, kb.alias, live) if state is not None else None
     return BaseSummary(alias=kb.alias, dag_id=kb.dag_id("knowledge_reindex"), schedule=kb.schedule,

@@ -48,16 +48,17 @@ CRON_PRESETS = {"@hourly": "0 * * * *", "@daily": "0 0 * * *", "@weekly": "0 0 *
                 "@quarterly": "0 0 1 */3 *", "@yearly": "0 0 1 1 *"}
 
 
-def cron_problem(schedule: str) -> str | None:
+def cron_problem(schedule: str, *, none: str = "null") -> str | None:
     """Why `schedule` is not a time schedule `knowledge_reindex` can run on, or None. Checked as Airflow's cron
     timetable checks it (its presets, then croniter), when the entry loads: a DAG made with a schedule Airflow
-    cannot compute parses without an error and then never runs on time."""
+    cannot compute parses without an error and then never runs on time. `none`: how the setting says "no time
+    schedule" (a registry's `null`, the environment's empty value)."""
     from croniter import croniter  # type: ignore[import-untyped]
 
     if croniter.is_valid(CRON_PRESETS.get(schedule, schedule)):
         return None
     return (f"{schedule!r} is not a cron expression (five fields, as '0 3 * * *') or a preset "
-            f"({', '.join(CRON_PRESETS)}); null: triggered and watched runs only")
+            f"({', '.join(CRON_PRESETS)}); {none}: triggered and watched runs only")
 
 
 class RegistryEntry(BaseModel):
@@ -132,6 +133,15 @@ class KnowledgeBase:
     @property
     def registered(self) -> bool:
         return self.registry is not None
+
+    @property
+    def schedule_problem(self) -> str | None:
+        """Why the environment's knowledge base has no `knowledge_reindex` DAG: KB_REINDEX_SCHEDULE is no cron.
+        A registry entry's schedule is checked when it loads (its entry refused), so an entry has none. The
+        schedule matters to Airflow alone: the other DAGs and every command go on (a rollback, a run by hand)."""
+        if self.registered or not self.schedule or not (problem := cron_problem(self.schedule, none="empty")):
+            return None
+        return f"KB_REINDEX_SCHEDULE: {problem}; {self.dag_id('knowledge_reindex')} does not load until it is mended"
 
     def recorded(self) -> RecordedEntry:
         """This entry as the state DB keeps it (`StateStore.record_entry`): what on-call acts from once it no
