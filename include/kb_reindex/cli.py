@@ -401,7 +401,9 @@ def _dispatch(args: argparse.Namespace) -> int:
     for refused in registry.errors:  # another entry's mistake never stops on-call acting on this one
         if refused != kb.problem:
             _log().warning("kb_reindex: %s (that knowledge base has only on-call's DAG until it is fixed)", refused)
-    settings = kb.settings()
+    settings = kb.settings(on_call=args.command in ON_CALL or args.command == "bases")
+    for problem in settings.ignored_problems:
+        _log().warning("kb_reindex: %s", problem)
     if args.command == "bases":
         return _print_bases(args, registry, settings.state_url)
     if args.command == "query" and args.version is None:
@@ -640,7 +642,7 @@ def _all_bases(args: argparse.Namespace, registry: Registry, removed: Sequence[K
               for alias, error in registry.broken.items() if alias not in retired]
     for kb in registry.in_order((*[b for b in registry.bases if b.alias not in retired], *broken, *removed)):
         try:
-            with open_deps(kb.settings(), create=False) as deps:
+            with open_deps(kb.settings(on_call=True), create=False) as deps:
                 s = status_view(deps)
         except ConfigError as exc:  # this one never built (or misconfigured): said, and the others still shown
             answers.append({"alias": kb.alias, "problems": [str(exc)], "registry_error": kb.problem})

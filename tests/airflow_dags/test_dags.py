@@ -393,6 +393,27 @@ def test_rollback_dag_to_previous_and_to_chosen_version(dagbag, dag_env: Path) -
     assert events[-1]["reason"] == "further back" and events[-1]["run_id"].startswith("airflow:knowledge_rollback:")
 
 
+def test_a_typo_in_a_setting_the_rollback_does_not_read_never_stops_it(dag_env: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The bad day: a deploy set KB_CHUNK_SIZE=10 and KB_KEEP_VERSIONS=abc. The reindex refuses by name; on-call's
+    rollback DAG still parses and moves the alias back, its log naming each mistake it left out; `status` shows
+    them as problems beside what serves."""
+    cli_versions(dag_env, 2)
+    monkeypatch.setenv("KB_CHUNK_SIZE", "10")
+    monkeypatch.setenv("KB_KEEP_VERSIONS", "abc")
+    from airflow.dag_processing.dagbag import DagBag
+
+    bag = DagBag(dag_folder=str(REPO / "dags"))
+    assert "knowledge_rollback" in bag.dag_ids and "knowledge_reindex" not in bag.dag_ids
+    assert "KB_CHUNK_SIZE=10 must be at least 50" in bag.import_errors[str(REPO / "dags" / "knowledge_reindex.py")]
+    ok, states = run_dag(bag, "knowledge_rollback", {"reason": "bad deploy", "confirm": True, "live_version": 2})
+    assert ok, states
+    status = kb(dag_env, "status")
+    assert status["live"]["version"] == 1
+    assert sorted(p.split(" (left out here")[0] for p in status["problems"]) == [
+        "KB_CHUNK_SIZE=10 must be at least 50", "KB_KEEP_VERSIONS='abc' is not an integer"]
+
+
 def test_rollback_dag_refuses_without_confirm_or_with_a_failed_target(dagbag, dag_env: Path) -> None:
     cli_versions(dag_env, 2)
     ok, states = run_dag(dagbag, "knowledge_rollback", {"reason": "no confirm", "confirm": False})

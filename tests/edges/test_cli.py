@@ -86,8 +86,11 @@ def test_failed_run_exits_1_and_config_error_exits_2(cli_env: Path, capsys: pyte
     code, run = run_json(capsys, "run")
     assert code == 1 and run["outcome"] == "failed" and "'k' must be" in run["error"]
     monkeypatch.setenv("KB_EMBEDDER", "word2vec")
-    code, failed = run_json(capsys, "status")
+    code, failed = run_json(capsys, "run")
     assert code == 2 and "KB_EMBEDDER='word2vec' is unknown" in failed["error"]
+    # on-call's `status` does not read the embedder: it answers, the mistake among its problems (exit 1)
+    code, status = run_json(capsys, "status")
+    assert code == 1 and any(p.startswith("KB_EMBEDDER='word2vec' is unknown") for p in status["problems"])
 
 
 def test_human_output_and_console_script(cli_env: Path) -> None:
@@ -631,3 +634,25 @@ def test_a_schedule_that_is_no_cron_is_named_by_bases_and_a_run_by_hand_still_se
     assert main(["bases", "-q"]) == 0
     out = capsys.readouterr().out
     assert "PROBLEM: mall_knowledge: KB_REINDEX_SCHEDULE: '@dayly'" in out and "trigger knowledge_reindex" not in out
+
+
+def test_a_typo_in_a_setting_on_call_does_not_read_keeps_status_and_rollback(cli_env: Path) -> None:
+    """The bad day from a shell: KB_EMBEDDER=ollamma deployed. `run` refuses naming it; `status` still shows what
+    serves with the mistake as a problem, and `rollback` moves the alias back, warning what it left out."""
+    kb = Path(sys.executable).with_name("kb-reindex")
+    base = {**os.environ, "KB_PROJECT_ROOT": str(cli_env), "KB_EMBEDDER": "hashing"}
+    for n in range(2):
+        if n:
+            page = cli_env / "knowledge" / "docs" / "coupon-rules.md"
+            page.write_text(page.read_text(encoding="utf-8") + "\n\n补充：仅限线上使用。\n", encoding="utf-8")
+        assert subprocess.run([str(kb), "run", "-q"], env=base, capture_output=True, timeout=300).returncode == 0
+    typo = {**base, "KB_EMBEDDER": "ollamma"}
+    refused = subprocess.run([str(kb), "run"], env=typo, capture_output=True, text=True, timeout=120)
+    assert refused.returncode != 0 and "KB_EMBEDDER='ollamma' is unknown" in refused.stderr
+    status = subprocess.run([str(kb), "status", "--json", "-q"], env=typo, capture_output=True, text=True, timeout=120)
+    view = json.loads(status.stdout)
+    assert view["live"]["version"] == 2 and any(p.startswith("KB_EMBEDDER='ollamma'") for p in view["problems"])
+    back = subprocess.run([str(kb), "rollback", "--reason", "bad deploy", "--yes"], env=typo, capture_output=True,
+                          text=True, timeout=120)
+    assert back.returncode == 0, back.stderr
+    assert "rolled back: v2 -> v1" in back.stdout and "KB_EMBEDDER='ollamma' is unknown" in back.stderr

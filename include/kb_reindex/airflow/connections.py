@@ -11,6 +11,7 @@ it as they do a local folder (`sources.KnowledgeSource`).
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from collections.abc import Iterator
@@ -32,6 +33,7 @@ from kb_reindex.services.registry import (
 )
 from kb_reindex.services.runtime import Deps, open_deps
 
+log = logging.getLogger(__name__)
 STATE_CONN_ID = "kb_state"
 
 
@@ -190,7 +192,10 @@ def task_settings(kb: str | None = None, *, on_call: bool = False) -> tuple[Sett
         overrides["ollama_host"], headers = ollama_from_connection(ollama_conn, base.ollama_conn_id)
     if (qdrant_conn := _entry_connection(base, base.qdrant_conn_id, QDRANT_CONN_ID)) is not None:
         overrides.update(qdrant_overrides(qdrant_conn, root=project_root(os.environ), conn_id=base.qdrant_conn_id))
-    return base.settings(**overrides), headers
+    settings = base.settings(on_call=on_call, **overrides)
+    for problem in settings.ignored_problems:
+        log.warning("kb_reindex: %s", problem)
+    return settings, headers
 
 
 @contextmanager

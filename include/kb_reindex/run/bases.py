@@ -86,7 +86,8 @@ def summary(state: StateStore | None, kb: KnowledgeBase) -> BaseSummary:
         r = runs[0]
         last = LastRun(run_id=r.run_id, kind=r.kind, outcome=r.outcome, started_at=utc_stamp(r.started_at),
                        finished_at=utc_stamp(r.finished_at) if r.finished_at else None, error=r.error)
-    problems = [p for p in [kb.problem, kb.schedule_problem,
+    settings = kb.settings(on_call=True)  # a mistake in one setting never hides what serves
+    problems = [p for p in [kb.problem, kb.schedule_problem, *settings.ignored_problems,
                             last_run_problem(state, kb.alias) if state is not None else None] if p]
     ready = state.list_versions(kb.alias, statuses=[VersionStatus.READY]) if state is not None else []
     shadows = tuple(sorted(v.version for v in ready if not has_served(v) and not _in_progress(state, v)))
@@ -104,7 +105,7 @@ def summary(state: StateStore | None, kb: KnowledgeBase) -> BaseSummary:
         problems.append(f"no version serves yet: trigger {kb.dag_id('knowledge_reindex')}")
     served = served_lines(state, kb.alias, live) if state is not None else None
     return BaseSummary(alias=kb.alias, dag_id=kb.dag_id("knowledge_reindex"), schedule=kb.schedule,
-                       source_poll_s=kb.settings().source_poll_s,
+                       source_poll_s=settings.source_poll_s,
                        live_version=live.version if live else None, collection=live.collection if live else None,
                        embed_model=live.embed_model if live else None, dim=live.embed_dim if live else None,
                        frozen=freeze is not None, freeze_reason=freeze.reason if freeze is not None else None,

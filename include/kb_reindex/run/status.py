@@ -284,6 +284,7 @@ def status_view(deps: Deps) -> StatusView:
         else:
             problems.append(drift_advice(deps, serving, live))
     problems += _collection_problems(versions)
+    problems += deps.settings.ignored_problems
     evicted = [v for v in versions if v.evicted and v.status in KEPT]
     if evicted:
         notes.append("kept, residing in no slot (a rollback to them restores first, embedding nothing): "

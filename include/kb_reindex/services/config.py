@@ -270,6 +270,18 @@ def _tenant(env: Mapping[str, str]) -> str:
     return value
 
 
+#: what on-call's commands and tasks read (`Settings.for_on_call`): a mistake here refuses them too
+ON_CALL_READS = frozenset({
+    "KB_PROJECT_ROOT", "KB_ALIAS", "KB_STATE_URL", "KB_QDRANT_URL", "KB_QDRANT_PATH", "KB_QDRANT_API_KEY",
+    "KB_QDRANT_HTTPS", "KB_QDRANT_PREFIX", "KB_QDRANT_PREFER_GRPC", "KB_QDRANT_GRPC_PORT", "KB_QDRANT_TIMEOUT",
+    "KB_QDRANT_COLLECTION_CONFIG", "KB_LOCK_TTL", "KB_LOCK_WAIT",
+})
+#: a setting an error names: `KB_CHUNK_SIZE=10 must be ...`, `OLLAMA_HOST: ...`
+_NAMED_SETTING = re.compile(r"\b(KB_[A-Z0-9_]+|OLLAMA_HOST)\b")
+#: at most this many mistakes left out, one error at a time
+_MOST_IGNORED = 20
+
+
 @dataclass(frozen=True)
 class Settings:
     """Everything a reindex needs to know; secrets are kept out of ``repr``."""
@@ -339,6 +351,38 @@ class Settings:
     source_quiet_s: float = 5.0
     # cosine at or above which a new chunk and a chunk of another document are named near-duplicates
     duplicate_cosine: float = DEFAULT_DUPLICATE_COSINE
+    #: on-call's settings (`for_on_call`): the mistakes in settings it does not read, each as its error said it,
+    #: their defaults taken instead
+    ignored: tuple[str, ...] = ()
+
+    @classmethod
+    def for_on_call(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
+        """`from_env` for on-call's commands and tasks (status, rollback, freeze, a lock broken): a mistake in a
+        setting they do not read (`ON_CALL_READS`: where the state DB, Qdrant and the alias are, the lock's
+        timing, how a restored slot is made) does not take the way back away. Each such variable named by the
+        error is left out and its default taken; the error is kept in `ignored`, for the caller to say. A
+        mistake in what on-call reads, or one an error does not name, refuses as `from_env` does."""
+        env = dict(os.environ if env is None else env)
+        ignored: list[str] = []
+        while True:
+            try:
+                settings = cls.from_env(env, **overrides)
+            except ConfigError as exc:
+                named = [name for name in dict.fromkeys(_NAMED_SETTING.findall(str(exc)))
+                         if name in env and name not in ON_CALL_READS]
+                if not named or len(ignored) >= _MOST_IGNORED:
+                    raise
+                ignored.append(str(exc))
+                for name in named:
+                    del env[name]
+                continue
+            return replace(settings, ignored=tuple(ignored)) if ignored else settings
+
+    @property
+    def ignored_problems(self) -> list[str]:
+        """Each mistake `for_on_call` left out, as status, bases and a rollback's log say it."""
+        return [f"{mistake} (left out here, its default taken: on-call does not read it; every run refuses until "
+                "it is mended)" for mistake in self.ignored]
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:

@@ -160,11 +160,13 @@ class KnowledgeBase:
     def pool(self) -> str:
         return f"{POOL}__{self.alias}" if self.registered else POOL
 
-    def settings(self, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
-        """The settings of this knowledge base: the environment, overridden by the entry, then `overrides`."""
+    def settings(self, env: Mapping[str, str] | None = None, *, on_call: bool = False, **overrides: Any) -> Settings:
+        """The settings of this knowledge base: the environment, overridden by the entry, then `overrides`.
+        `on_call`: a mistake in a setting on-call does not read is left out (`Settings.for_on_call`)."""
         env = os.environ if env is None else env
+        make = Settings.for_on_call if on_call else Settings.from_env
         try:
-            return Settings.from_env({**env, **self.env}, **overrides)
+            return make({**env, **self.env}, **overrides)
         except ConfigError as exc:
             if not self.registered:
                 raise
