@@ -1305,3 +1305,17 @@ def test_a_rollback_click_is_taken_when_the_page_is_left_at_once(site: tuple[Set
     with open_deps(settings) as deps:
         live = deps.state.live_version(settings.alias)
         assert live is not None and live.version == 2
+
+
+def test_the_page_shows_what_serves_when_a_setting_it_does_not_read_is_mistyped(
+        site: tuple[Settings, FakeAirflowApi], tokens: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The page made as Airflow's plugin makes it (no settings given: the environment's knowledge base), with
+    KB_CHUNK_SIZE=10 deployed: its status still answers what serves, the mistake among its problems, as
+    `kb-reindex status` does; before, every route of on-call's page failed on it."""
+    settings, airflow = site
+    monkeypatch.setenv("KB_PROJECT_ROOT", str(settings.root))
+    monkeypatch.setenv("KB_CHUNK_SIZE", "10")
+    client = TestClient(create_app(airflow_api_url=airflow.url), **as_page(tokens["viewer"]))
+    status = client.get("/api/status").json()
+    assert status["live"]["version"] == 3
+    assert any(p.startswith("KB_CHUNK_SIZE=10 must be at least 50") for p in status["problems"]), status["problems"]

@@ -8,6 +8,8 @@ on every request, so an entry added shows up without restarting the API server.
 
 from __future__ import annotations
 
+import functools
+
 import os
 from collections.abc import Callable
 from typing import Any
@@ -45,7 +47,9 @@ def create_app(
     kb = kb or environment_base()
     app = FastAPI(title=f"Knowledge index: {kb.alias}", docs_url=None, redoc_url=None)
     dags = DagIds.of(kb)
-    ctx = PageContext(settings_factory=settings_factory or kb.settings, airflow=AirflowApi(api_url),
+    # on-call's page: a mistake in a setting it does not read is a problem it shows, never a page that fails
+    ctx = PageContext(settings_factory=settings_factory or functools.partial(kb.settings, on_call=True),
+                      airflow=AirflowApi(api_url),
                       auth=AirflowAuth(dags), dags=dags, registry_error=kb.problem)
     add_views(app, ctx)
     add_actions(app, ctx)
