@@ -50,3 +50,29 @@ def test_a_knowledge_base_gives_on_call_settings_only_when_asked(tmp_path: Path,
     with pytest.raises(ConfigError, match="KB_CHUNK_SIZE=10"):
         kb.settings()
     assert kb.settings(on_call=True).ignored == ("KB_CHUNK_SIZE=10 must be at least 50",)
+
+
+def test_a_failed_runs_lock_is_let_go_when_a_setting_it_does_not_need_is_mistyped(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The failure callback reads the alias and the state DB alone: a run failed by `KB_KEEP_VERSIONS=abc`
+    (deployed while it ran) still lets its lock go, so the next run need not wait for KB_LOCK_TTL."""
+    from types import SimpleNamespace
+
+    from kb_reindex.airflow.callbacks import release_run_lock
+    from kb_reindex.rules.locking import reindex_lock_name
+    from kb_reindex.run.dag_lock import dag_run_owner
+    from kb_reindex.services.state.dag_runs import kb_run_id
+    from kb_reindex.services.state.store import StateStore
+
+    monkeypatch.setenv("KB_PROJECT_ROOT", str(tmp_path))
+    for name in ("KB_REGISTRY", "KB_STATE_URL", "KB_ALIAS"):
+        monkeypatch.delenv(name, raising=False)
+    state = StateStore(Settings.from_env().state_url)
+    try:
+        run_id = kb_run_id("knowledge_reindex", "manual__1")
+        state.acquire_lock(reindex_lock_name("mall_knowledge"), owner=dag_run_owner(run_id), ttl_s=3600)
+        monkeypatch.setenv("KB_KEEP_VERSIONS", "abc")
+        release_run_lock({"dag": SimpleNamespace(dag_id="knowledge_reindex"), "run_id": "manual__1"})
+        assert state.lock_held_by(reindex_lock_name("mall_knowledge")) is None
+    finally:
+        state.dispose()

@@ -28,7 +28,7 @@ def release_run_lock(context: Any, kb: str | None = None) -> None:
         # the state DB alone: the other settings (Qdrant, Ollama) may be what failed
         state = StateStore(state_url(), create=False)
         try:
-            dag_lock.release(StateDeps(settings=select_knowledge_base(kb).settings(), state=state), run_id)
+            dag_lock.release(StateDeps(settings=select_knowledge_base(kb).settings(on_call=True), state=state), run_id)
         finally:
             state.dispose()
         log.info("kb_reindex: run %s failed; its lock is released", run_id)
