@@ -638,7 +638,8 @@ def test_a_schedule_that_is_no_cron_is_named_by_bases_and_a_run_by_hand_still_se
 
 def test_a_typo_in_a_setting_on_call_does_not_read_keeps_status_and_rollback(cli_env: Path) -> None:
     """The bad day from a shell: KB_EMBEDDER=ollamma deployed. `run` refuses naming it; `status` still shows what
-    serves with the mistake as a problem, and `rollback` moves the alias back, warning what it left out."""
+    serves with the mistake as a problem, and `rollback` moves the alias back, warning what it left out and
+    scoring nothing with a default it took."""
     kb = Path(sys.executable).with_name("kb-reindex")
     base = {**os.environ, "KB_PROJECT_ROOT": str(cli_env), "KB_EMBEDDER": "hashing"}
     for n in range(2):
@@ -652,7 +653,10 @@ def test_a_typo_in_a_setting_on_call_does_not_read_keeps_status_and_rollback(cli
     status = subprocess.run([str(kb), "status", "--json", "-q"], env=typo, capture_output=True, text=True, timeout=120)
     view = json.loads(status.stdout)
     assert view["live"]["version"] == 2 and any(p.startswith("KB_EMBEDDER='ollamma'") for p in view["problems"])
-    back = subprocess.run([str(kb), "rollback", "--reason", "bad deploy", "--yes"], env=typo, capture_output=True,
-                          text=True, timeout=120)
+    back = subprocess.run([str(kb), "rollback", "--reason", "bad deploy", "--yes", "--json"], env=typo,
+                          capture_output=True, text=True, timeout=120)
     assert back.returncode == 0, back.stderr
-    assert "rolled back: v2 -> v1" in back.stdout and "KB_EMBEDDER='ollamma' is unknown" in back.stderr
+    moved = json.loads(back.stdout)
+    assert (moved["from_version"], moved["to_version"]) == (2, 1) and "KB_EMBEDDER='ollamma' is unknown" in back.stderr
+    # the target is not scored: the embedder's default taken for the mistake would put a guess on the record
+    assert moved["validation"] is None and "not scored on a golden set" in back.stderr

@@ -210,6 +210,11 @@ def run_rollback(deps: Deps, *, reason: str, to_version: int | None = None, run_
     recorder.start(RunKind.ROLLBACK, trigger)
     try:
         move = check_rollback(deps, reason=reason, to_version=to_version, expected_live=expected_live)
+        if revalidate and deps.settings.ignored:  # a default taken for a mistake may be the golden set's, or
+            # the model server's: a score from it would be a guess put on the record
+            log.warning("kb_reindex: the rollback target is not scored on a golden set: %d setting(s) were left "
+                        "out (%s)", len(deps.settings.ignored), "; ".join(deps.settings.ignored))
+            revalidate = False
         scores = rescore(deps, move.target) if revalidate else None
         result = rollback(deps, move, run_id=recorder.run_id, action=action, scores=scores, by=by)
     except KbError as exc:
