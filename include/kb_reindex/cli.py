@@ -46,6 +46,9 @@ ALL_BASES = frozenset({"status", "bases"})
 #: on-call's commands: they act on an entry that no longer loads (refused, or removed from the registry) from its
 #: last entry that loaded, recorded in the state DB, or its alias alone (kb_reindex.run.bases.on_call_base)
 ON_CALL = frozenset({"status", "history", "rollback", "freeze", "unfreeze", "unlock"})
+#: commands whose settings leave out a mistake in a setting they do not read (`Settings.for_on_call`): on-call's,
+#: and the listing of what serves
+ON_CALL_SETTINGS = ON_CALL | {"bases"}
 #: commands that record the entry they ran with in the state DB (what ON_CALL acts from once it no longer loads)
 RECORDS_ENTRY = frozenset({"run", "migrate", "validate", "gc", "promote", "reconcile"})
 #: commands that change state or the alias take the alias's lock here; run and migrate take it inside the
@@ -401,7 +404,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     for refused in registry.errors:  # another entry's mistake never stops on-call acting on this one
         if refused != kb.problem:
             _log().warning("kb_reindex: %s (that knowledge base has only on-call's DAG until it is fixed)", refused)
-    settings = kb.settings(on_call=args.command in ON_CALL or args.command == "bases")
+    settings = kb.settings(on_call=args.command in ON_CALL_SETTINGS)
     for problem in settings.ignored_problems:
         _log().warning("kb_reindex: %s", problem)
     if args.command == "bases":

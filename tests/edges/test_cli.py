@@ -624,7 +624,8 @@ def test_a_schedule_that_is_no_cron_is_named_by_bases_and_a_run_by_hand_still_se
     test_dags.py), so a run by hand still builds and serves; `bases` names the variable and the value as the
     knowledge base's problem, and does not send on-call to trigger a DAG that is not there."""
     monkeypatch.setenv("KB_REINDEX_SCHEDULE", "@dayly")
-    code, [base] = run_json(capsys, "bases")[0], run_json(capsys, "bases")[1]["knowledge_bases"]
+    code, view = run_json(capsys, "bases")
+    [base] = view["knowledge_bases"]
     assert code == 0
     [problem] = base["problems"]
     assert problem.startswith("KB_REINDEX_SCHEDULE: '@dayly' is not a cron expression"), problem

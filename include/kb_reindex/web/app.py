@@ -9,7 +9,6 @@ on every request, so an entry added shows up without restarting the API server.
 from __future__ import annotations
 
 import functools
-
 import os
 from collections.abc import Callable
 from typing import Any
