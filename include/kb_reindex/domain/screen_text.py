@@ -40,8 +40,9 @@ _SPACED_CJK = re.compile(r"(?:[\u3400-\u4dbf\u4e00-\u9fff] ){3,}[\u3400-\u4dbf\u
 #: a line of backticks that closes on itself read as the inline code it is; 4: a line's parts read apart too;
 #: 5: every text attribute of an HTML tag read (`data-*`, `aria-label`), not only `title` and `alt`; 6: a link
 #: reference definition (`[id]: url "title"`) read as its title alone; 7: each sentence of a line after its first
-#: read apart too (`Passage.later`: the classifier judges it at a threshold of its own)
-NORMALISATION = 7
+#: read apart too (`Passage.later`: the classifier judges it at a threshold of its own); 8: a code block's key that
+#: heads a nested mapping or list (`assistant:`, `"limits": {`) not read alone: a name for what it holds (`_heads`)
+NORMALISATION = 8
 
 _COMMENT = re.compile(r"<!--(.*?)(?:-->|\Z)", re.DOTALL)
 _IMAGE = re.compile(r"!\[([^\]]*)\]\(([^()\s]*)(?:\s+(?:\"([^\"]*)\"|'([^']*)'))?\s*\)")
@@ -58,6 +59,12 @@ _URL = r"[A-Za-z0-9_./:#?&=%~+@-]"
 _REFERENCE = re.compile(rf"^ {{0,3}}\[[^\]^][^\]]*\]:\s*(?:<[^<>]*>|{_URL}*[./]{_URL}*)"
                         r"(?:\s+(?:\"([^\"]*)\"|'([^']*)'|\(([^()]*)\)))?\s*$")
 _FENCE = re.compile(r"^\s*(```|~~~)")
+#: a code block's line that is a key alone, its value on the lines below (YAML `override_rules:`, JSON
+#: `"assistant": {`, a list item's `- limits:`), with an optional trailing comment
+_KEY_ALONE = re.compile(r"""^(\s*)(?:-\s+)?(["']?)([\w.\-]+)\2\s*[:=]\s*[\[{]?\s*(?:(?:#|//)\s*(.*))?$""")
+#: a line a nested value is made of: a key and its value, a list item, a closing bracket
+_NESTED = re.compile(r"""^\s*(?:-\s+\S|-\s*$|["']?[\w.\-]+["']?\s*[:=]|[\]}],?\s*$)""")
+
 # markup that changes how a line looks: heading, quote and list markers, emphasis, inline code
 _LEAD = re.compile(r"^\s*(?:>\s*)*(?:#{1,6}\s+|[-*+]\s+(?:\[[ xX]\]\s+)?|\d{1,3}[.)]\s+)?")
 _EMPHASIS = re.compile(r"(\*\*|__|\*|`+|~~)")
@@ -177,6 +184,7 @@ def passages(body: str, *, first_line: int = 1) -> list[Passage]:
             out.append(Passage(start, shown[:200], content[:MAX_CHARS], "HTML comment"))
     in_code = False
     paragraph: list[Passage] = []
+    block: list[tuple[int, str, int]] = []  # the open code block's lines: (number, line, index in `out` or -1)
 
     def close_paragraph() -> None:
         if 1 < len(paragraph) <= PARAGRAPH_LINES:
@@ -196,6 +204,8 @@ def passages(body: str, *, first_line: int = 1) -> list[Passage]:
             if _worth_reading(info):
                 out.append(Passage(number, raw.strip()[:200], info[:MAX_CHARS], "code block"))
             in_code = not in_code
+            _heads(block, out)
+            block.clear()
             close_paragraph()
             continue
         seen, hidden = (raw, []) if in_code else _visible_line(raw)
@@ -204,6 +214,8 @@ def passages(body: str, *, first_line: int = 1) -> list[Passage]:
             if _worth_reading(read):
                 out.append(Passage(number, raw.strip()[:200], read[:MAX_CHARS], where))
         read = normalize(seen)
+        if in_code:
+            block.append((number, raw, len(out) if _worth_reading(read) else -1))
         if not _worth_reading(read):
             close_paragraph()
             continue
@@ -214,9 +226,29 @@ def passages(body: str, *, first_line: int = 1) -> list[Passage]:
         else:
             paragraph.append(passage)
     close_paragraph()
+    _heads(block, out)  # a block the page never closes
+    out[:] = [p for p in out if p.read]  # the keys `_heads` found heading a nested value
     out.extend(part for whole in out if whole.where != "paragraph" for part in _parts(whole))
     out.sort(key=lambda p: p.line)
     return out
+
+
+def _heads(block: list[tuple[int, str, int]], out: list[Passage]) -> None:
+    """A code block's keys that head a nested value (`assistant:` over `  auto_reply_enabled: true`, `override_rules:`
+    over `  - accessible_plots_first: true`, `"limits": {`) are names for what they hold, not text: neither pass
+    reads them alone (their `out` passage is emptied, and `passages` leaves it out), and each line they hold is
+    read as every other line. Read alone, such a name is judged by its words: `assistant:` as a chat turn,
+    `override_rules:` as a request to override the rules. Read with what it holds, it is judged by the sum of
+    its settings' names. A key over text that is not a nested value (`system:` over `  You are ...`) is read
+    alone, as before."""
+    for at, (_, raw, index) in enumerate(block):
+        key = _KEY_ALONE.match(raw)
+        if key is None or index < 0:
+            continue
+        depth = len(key.group(1).expandtabs())
+        below = next((line.expandtabs() for _, line, _ in block[at + 1:] if line.strip()), "")
+        if len(below) - len(below.lstrip()) > depth and _NESTED.match(below):
+            out[index] = Passage(out[index].line, out[index].text, "", out[index].where)
 
 
 def _parts(whole: Passage) -> list[Passage]:
