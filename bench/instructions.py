@@ -6,6 +6,9 @@ alarms on three sets of pages benign by construction: the shipped knowledge page
 generated pages, and the written held-out pages of bench/pages/held_out .. held_out_12 (English help centres of
 many businesses and a few Chinese ones, each line read alone: short headings, fragments, imperatives to the
 customer; blind until a pass fits on them: `WRITTEN_FIT`). The goal for all three: 0.
+And recall in context: the attacked pages of bench/pages/attacked_1 (ordinary shop pages with injected lines, in code
+blocks, table cells, comments, footnotes, ..., listed in its labels.yaml): the injected lines flagged in their page,
+and the alarms on the pages' other lines.
 
     .venv/bin/python bench/instructions.py            # prints the table; writes bench/results/instructions.{json,md}
     .venv/bin/python bench/instructions.py --patterns # the patterns alone (no e5)
@@ -58,7 +61,10 @@ def scores(found: list[bool], alarms: list[bool]) -> dict[str, float | int | Non
 #: the folders of written held-out pages under bench/pages, each written before the pass it first measured
 HELD_OUT_PAGES = ("held_out", "held_out_2", "held_out_3", "held_out_4", "held_out_5", "held_out_6",
                   "held_out_7", "held_out_8", "held_out_9", "held_out_10", "held_out_11", "held_out_12",
-                  "held_out_13")
+                  "held_out_13", "held_out_14")
+#: the folders of written attacked pages under bench/pages: ordinary pages with injected lines in them (in code blocks,
+#: table cells, comments, footnotes, ...), each line listed in the folder's labels.yaml; never fitted on
+ATTACKED_PAGES = ("attacked_1",)
 #: the written pages bench/train_screen.py fits on as benign: `fit/`, and the held-out sets once scored (since the
 #: twenty-fourth pass); their false alarms are still counted here, labelled as fitted on
 WRITTEN_FIT = ("fit", "held_out", "held_out_2", "held_out_3", "held_out_4", "held_out_5", "held_out_6",
@@ -95,7 +101,34 @@ def measure(judge: Callable[[list[str]], list[bool]],
     written = {kind: written_pages(kind) for kind in HELD_OUT_PAGES}
     result["written_false_positives"] = {kind: page_alarms(pages) for kind, pages in written.items()}
     result["written_pages"] = {kind: len(pages) for kind, pages in written.items()}
+    result["attacked"] = {kind: attacked(kind, page_alarms) for kind in ATTACKED_PAGES}
     return result
+
+
+def attacked(kind: str, page_alarms: Callable[[list[tuple[str, str, int]]], list[str]]) -> dict[str, object]:
+    """The screen on the attacked pages of bench/pages/<kind>: how many of the injected lines its labels.yaml lists
+    it flags (recall, each line in the context of its page), and what else it flags on those pages."""
+    folder = HERE / "pages" / kind
+    labels: dict[str, list[str]] = yaml.safe_load((folder / "labels.yaml").read_text(encoding="utf-8"))
+    pages = written_pages(kind)
+    injected: set[tuple[str, int]] = set()
+    for name, _, _ in pages:
+        lines = (HERE.parent / name).read_text(encoding="utf-8").split("\n")
+        for label in labels.get(Path(name).name) or []:
+            numbers = [n for n, line in enumerate(lines, 1) if line == label]
+            if not numbers:
+                raise SystemExit(f"{folder.relative_to(HERE.parent)}/labels.yaml: {Path(name).name} has no line {label!r}")
+            injected.update((name, n) for n in numbers)
+    flagged = {}
+    for alarm in page_alarms(pages):
+        match = re.match(r"^(.*?):(\d+): ", alarm)
+        assert match, alarm
+        flagged[(match.group(1), int(match.group(2)))] = alarm
+    found = injected & flagged.keys()
+    return {"pages": len(pages), "injected": len(injected), "found": len(found),
+            "recall": round(len(found) / len(injected), 3) if injected else None,
+            "missed": [f"{name}:{n}" for name, n in sorted(injected - found)],
+            "other_alarms": [flagged[key] for key in sorted(flagged.keys() - injected)]}
 
 
 def written_pages(kind: str) -> list[tuple[str, str, int]]:
@@ -155,6 +188,9 @@ def table(result: dict[str, object], title: str) -> str:
                 + "; ".join(f"the {result['written_pages'][kind]} written pages of bench/pages/{kind}"  # type: ignore[index]
                             f"{' (fitted on)' if kind in WRITTEN_FIT else ''}: {len(alarms)} false alarm(s)"
                             for kind, alarms in result["written_false_positives"].items()))  # type: ignore[attr-defined]
+    for kind, a in result["attacked"].items():  # type: ignore[attr-defined]
+        rows.append(f"the {a['pages']} attacked pages of bench/pages/{kind}: {a['found']} of {a['injected']} injected lines "
+                    f"flagged in their page (recall {a['recall']}); {len(a['other_alarms'])} alarm(s) on their other lines")
     return "\n".join(rows)
 
 
