@@ -367,6 +367,38 @@ def test_a_one_line_edit_embeds_only_its_new_line_the_state_db_remembers_the_res
     assert scan()[0] == 0  # judged once, remembered for every later plan
 
 
+def test_a_long_screen_says_how_far_it_is_as_it_goes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                    caplog: pytest.LogCaptureFixture) -> None:
+    """A first build judges every line by e5 (27 minutes for 15,325 passages once, beside other work, before any
+    vector): the scan says after each batch how many documents and passages it has judged, not only at the end.
+    A batch whose lines were all judged before says nothing."""
+    import logging
+
+    from kb_reindex.services import corpus
+
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    for n in range(3):
+        (docs / f"p{n}.md").write_text(f"# 第{n}页\n\n签收后{n + 7}天内可以申请退货，运费由买家承担。\n\n"
+                                       f"会员积分每{n + 100}分抵扣一元。\n", encoding="utf-8")
+    monkeypatch.setattr(corpus, "JUDGE_BATCH", 2)
+
+    screen = Screen(MEANING, Classifier.load())  # a fresh process: nothing judged in memory yet
+
+    def said() -> list[str]:
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="kb_reindex.services.corpus"):
+            corpus.scan_corpus(docs, max_bytes=100_000, chunk_size=500, overlap=50, screen=screen)
+        return [r.getMessage() for r in caplog.records if "the scan goes on" in r.getMessage()]
+
+    first = said()
+    # a batch a page here (3 passages each, the heading "第0页" too short for e5), said after each
+    assert [m.split("judged ")[1].split(" in ")[0] for m in first] == [
+        "1 document(s) so far (3 passages, 2 embedded by e5)", "2 document(s) so far (6 passages, 4 embedded by e5)",
+        "3 document(s) so far (9 passages, 6 embedded by e5)"], first
+    assert said() == []  # every line judged before: nothing embedded, nothing to wait for
+
+
 def test_a_held_lines_context_is_its_pages_neighbours_not_a_chunks_header_or_overlap() -> None:
     """The lines around a flagged line are read from the chunk texts the plan stored, rebuilt into the page's
     sections: no "title > section" header line, and not the cut tail of the paragraph before, which the chunker

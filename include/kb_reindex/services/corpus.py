@@ -14,6 +14,7 @@ none: a folder is stat-ed, a bucket listed once, and no document fetched.
 from __future__ import annotations
 
 import hashlib
+import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -42,6 +43,8 @@ from kb_reindex.services.state.manifests import FileHash
 from kb_reindex.domain.validation_model import FlaggedLine
 from kb_reindex.domain.screen_text import Passage, passages
 from kb_reindex.services.screen import Flag, ScoreMemory, Screen, patterns_screen
+
+log = logging.getLogger(__name__)
 
 #: knowledge key -> (content hash, flagged lines) of live's documents, as live's plan judged them with the same
 #: screen: a document whose content hash is still that is not judged again
@@ -202,11 +205,23 @@ def scan_corpus(docs: KnowledgeSource | Path, *, max_bytes: int, chunk_size: int
     scanned: list[ScannedDocument | KnownDocument] = []
     waiting: list[tuple[DocumentInfo, tuple[ChunkRef, ...], list[Passage]]] = []
 
-    def judge_waiting() -> None:
+    progress = {"documents": 0, "passages": 0, "embedded": 0}
+
+    def judge_waiting(*, last: bool = False) -> None:
+        embedded = screen.classifier.embedded if screen.classifier else 0
         judged = screen.flag_pages([found for _, _, found in waiting], memory=memory)
         scanned.extend(ScannedDocument(info=info, chunks=chunks, flagged=flagged)
                        for (info, chunks, _), flagged in zip(waiting, judged, strict=True))
+        progress["documents"] += len(waiting)
+        progress["passages"] += sum(len(found) for _, _, found in waiting)
+        progress["embedded"] += (screen.classifier.embedded if screen.classifier else 0) - embedded
         waiting.clear()
+        if not last and progress["embedded"]:
+            # a first build judges every line by e5, about a minute per batch here: said as it goes, not only at
+            # the end (the plan's summary), so a long first build is not silent
+            log.info("kb_reindex: the instruction screen has judged %d document(s) so far (%d passages, %d embedded "
+                     "by e5) in %.0f s; the scan goes on", progress["documents"], progress["passages"],
+                     progress["embedded"], (time.time_ns() - started_ns) / 1e9)
 
     pending = 0
     for doc in iter_corpus(docs, max_bytes=max_bytes, listed=listed, default_tenant=default_tenant,
@@ -223,7 +238,7 @@ def scan_corpus(docs: KnowledgeSource | Path, *, max_bytes: int, chunk_size: int
         if pending >= JUDGE_BATCH:
             judge_waiting()
             pending = 0
-    judge_waiting()
+    judge_waiting(last=True)
     if hashes is not None:
         for d in scanned:
             f = listed[d.info.source]
