@@ -92,7 +92,8 @@ class Flag(NamedTuple):
 
 _WHERE = {"HTML comment": "in an HTML comment (no reader sees it)", "link title": "in a link title (no reader sees it)",
           "image alt text": "in an image's alt text (no reader sees it)",
-          "HTML attribute": "in an HTML tag's attribute (no reader sees it)", "code block": "in a code block"}
+          "HTML attribute": "in an HTML tag's attribute (no reader sees it)",
+          "HTML tag": "in an HTML tag (no reader sees it)", "code block": "in a code block"}
 
 
 @dataclass(frozen=True)
