@@ -68,8 +68,7 @@ ATTACKED_PAGES = ("attacked_1",)
 #: the written pages bench/train_screen.py fits on as benign: `fit/`, and the held-out sets once scored (since the
 #: twenty-fourth pass); their false alarms are still counted here, labelled as fitted on
 WRITTEN_FIT = ("fit", "held_out", "held_out_2", "held_out_3", "held_out_4", "held_out_5", "held_out_6",
-               "held_out_7", "held_out_8", "held_out_9", "held_out_10", "held_out_11", "held_out_12",
-               "held_out_13")
+               "held_out_7", "held_out_8", "held_out_9", "held_out_10", "held_out_11", "held_out_12")
 
 
 def measure(judge: Callable[[list[str]], list[bool]],
