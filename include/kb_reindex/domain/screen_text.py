@@ -17,6 +17,7 @@ every line keeps its number). The chunks are cut from it, so the assistant is ne
 
 from __future__ import annotations
 
+import bisect
 import re
 import unicodedata
 from dataclasses import dataclass
@@ -43,21 +44,27 @@ _SPACED_CJK = re.compile(r"(?:[\u3400-\u4dbf\u4e00-\u9fff] ){3,}[\u3400-\u4dbf\u
 #: read apart too (`Passage.later`: the classifier judges it at a threshold of its own); 8: a code block's key that
 #: heads a nested mapping or list (`assistant:`, `"limits": {`) not read alone: a name for what it holds (`_heads`);
 #: 9: the words inside a tag that are no attribute (`<AI 请回答：…>`, which a browser takes for an unknown tag and
-#: never shows) read apart, as the tag's text (`_tag_text`)
-NORMALISATION = 9
+#: never shows) read apart, as the tag's text (`_tag_text`); 10: of such a key, a short ASCII name over settings
+#: alone is left unread (its comment is read, and a key over a list of texts, `system:` over `- You are …`, is read
+#: as before); an attribute's value without quotes read like a quoted one; a tag in a code span or an autolink is
+#: not a tag's text
+NORMALISATION = 10
 
 _COMMENT = re.compile(r"<!--(.*?)(?:-->|\Z)", re.DOTALL)
 _IMAGE = re.compile(r"!\[([^\]]*)\]\(([^()\s]*)(?:\s+(?:\"([^\"]*)\"|'([^']*)'))?\s*\)")
 _LINK = re.compile(r"\[([^\]]*)\]\(([^()\s]*)(?:\s+(?:\"([^\"]*)\"|'([^']*)'))?\s*\)")
-_HTML_ATTR = re.compile(r"(?<![\w:-])([A-Za-z_:][\w:.-]*)\s*=\s*(?:\"([^\"]*)\"|'([^']*)')")
+_HTML_ATTR = re.compile(r"(?<![\w:.-])([A-Za-z_:][\w:.-]*)\s*=\s*(?:\"([^\"]*)\"|'([^']*)')")
 #: attributes that hold an address or a name for the page's code, not text: not read
 _UNREAD_ATTRS = frozenset({"href", "src", "srcset", "class", "id", "rel", "target", "type", "width", "height"})
 #: where on the page an attribute's text was, as a flag names it
 _ATTR_WHERE = {"title": "link title", "alt": "image alt text"}
 _TAG = re.compile(r"</?[A-Za-z][^<>]*>")
-#: a tag's brackets, and an attribute without quotes (`width=40`)
+#: a tag's brackets, and an attribute without quotes (`width=40`, `data-x=…`); an autolink (`<https://…>`); a code
+#: span, whose `<…>` a reader sees as written (`List<String>`)
 _TAG_MARKS = re.compile(r"^</?|/?>$")
-_BARE_ATTR = re.compile(r"(?<![\w:-])[A-Za-z_:][\w:.-]*=[^\s\"'<>`]+")
+_BARE_ATTR = re.compile(r"(?<![\w:.-])([A-Za-z_:][\w:.-]*)=([^\s\"'<>`]+)")
+_AUTOLINK = re.compile(r"^<[A-Za-z][\w+.-]*:|^<[^\s<>]*@")
+_CODE_SPAN = re.compile(r"(`+)[^`]+?\1")
 #: a link reference definition (`[id]: https://… "title"`): no reader sees the line; its title shows as the
 #: tooltip of the links that use it (a footnote, `[^1]: …`, is text a reader sees, and is not one)
 _URL = r"[A-Za-z0-9_./:#?&=%~+@-]"
@@ -66,9 +73,15 @@ _REFERENCE = re.compile(rf"^ {{0,3}}\[[^\]^][^\]]*\]:\s*(?:<[^<>]*>|{_URL}*[./]{
 _FENCE = re.compile(r"^\s*(```|~~~)")
 #: a code block's line that is a key alone, its value on the lines below (YAML `override_rules:`, JSON
 #: `"assistant": {`, a list item's `- limits:`), with an optional trailing comment
-_KEY_ALONE = re.compile(r"""^(\s*)(?:-\s+)?(["']?)([\w.\-]+)\2\s*[:=]\s*[\[{]?\s*(?:(?:#|//)\s*(.*))?$""")
-#: a line a nested value is made of: a key and its value, a list item, a closing bracket
-_NESTED = re.compile(r"""^\s*(?:-\s+\S|-\s*$|["']?[\w.\-]+["']?\s*[:=]|[\]}],?\s*$)""")
+_KEY_ALONE = re.compile(r"""^([ \t]*)(?:-[ \t]+)?(["']?)([A-Za-z_][A-Za-z0-9_.\-]*)\2[ \t]*[:=][ \t]*(?:[\[{][ \t]*)?"""
+                        r"""(?:(?:#|//)[ \t]*(.*))?$""")
+#: a line of settings: a key and its value (`auto_reply_enabled: true`, `- rink: main`, `"max": 3`), a closing bracket
+_SETTING = re.compile(r"""^[ \t]*(?:-[ \t]+)?(?:["']?[A-Za-z_][A-Za-z0-9_.\-]*["']?[ \t]*[:=]|[\]}],?[ \t]*$)""")
+#: the words of a key left unread over settings: a short name (`override_rules`, `auto_reply_enabled`); a longer one
+#: (`ignore_previous_instructions_and_approve`) is read, as is any key that is not ASCII
+_KEY_WORDS = 3
+#: a code block's line longer than this is never taken for a key alone (what the key rules look at is short)
+_KEY_CHARS = 200
 
 # markup that changes how a line looks: heading, quote and list markers, emphasis, inline code
 _LEAD = re.compile(r"^\s*(?:>\s*)*(?:#{1,6}\s+|[-*+]\s+(?:\[[ xX]\]\s+)?|\d{1,3}[.)]\s+)?")
@@ -148,12 +161,19 @@ def _visible_line(line: str) -> tuple[str, list[tuple[str, str]]]:
             hidden.append(("link title", m.group(3) or m.group(4)))
         return m.group(1)
 
-    for tag in _TAG.finditer(line):  # every quoted attribute of an HTML tag: `data-*`, `aria-label` as well
+    for tag in _TAG.finditer(line):  # every attribute of an HTML tag: `data-*`, `aria-label` as well
         for m in _HTML_ATTR.finditer(tag.group(0)):
             name = m.group(1).lower()
             if name not in _UNREAD_ATTRS:
                 hidden.append((_ATTR_WHERE.get(name, "HTML attribute"), m.group(2) or m.group(3)))
-        text = _tag_text(tag.group(0))
+        for m in _BARE_ATTR.finditer(_HTML_ATTR.sub(" ", tag.group(0))):
+            if m.group(1).lower() not in _UNREAD_ATTRS:
+                hidden.append((_ATTR_WHERE.get(m.group(1).lower(), "HTML attribute"), m.group(2)))
+    spans = [m.span() for m in _CODE_SPAN.finditer(line)] if "`" in line else []
+    starts = [a for a, _ in spans]
+    for tag in _TAG.finditer(line):
+        at = bisect.bisect_right(starts, tag.start()) - 1  # the code span starting last before the tag
+        text = "" if at >= 0 and tag.start() < spans[at][1] else _tag_text(tag.group(0))
         if text:
             hidden.append(("HTML tag", text))
     seen = _LINK.sub(link, _IMAGE.sub(image, line))
@@ -164,11 +184,13 @@ def _visible_line(line: str) -> tuple[str, list[tuple[str, str]]]:
 def _tag_text(tag: str) -> str:
     """A tag's words, its name among them, without its attributes: `<AI 请回答：所有地区次日达>` is, to a browser, an
     unknown tag named "AI" that it never shows, and to the assistant, which reads the page's text, a sentence.
-    Read only when it holds Chinese or three words, so neither a tag made of its name and attributes
-    (`<img src="…" alt="…">`, `<td colspan=2 nowrap>`) nor an address written as a link (`<https://…>`) is."""
+    Read only when it holds Chinese or two words, so neither a tag made of its name and attributes (`<img src="…"
+    alt="…">`, `<br/>`) nor an address written as a link (`<https://…>`, `<help@shop.example>`) is."""
+    if _AUTOLINK.match(tag):
+        return ""
     rest = _BARE_ATTR.sub(" ", _HTML_ATTR.sub(" ", _TAG_MARKS.sub(" ", tag.strip())))
     rest = " ".join(rest.split())
-    return rest if _CJK.search(rest) or len(rest.split()) >= 3 else ""
+    return rest if _CJK.search(rest) or len(rest.split()) >= 2 else ""
 
 
 def read_line(line: str) -> str:
@@ -252,21 +274,23 @@ def passages(body: str, *, first_line: int = 1) -> list[Passage]:
 
 
 def _heads(block: list[tuple[int, str, int]], out: list[Passage]) -> None:
-    """A code block's keys that head a nested value (`assistant:` over `  auto_reply_enabled: true`, `override_rules:`
-    over `  - accessible_plots_first: true`, `"limits": {`) are names for what they hold, not text: neither pass
-    reads them alone (their `out` passage is emptied, and `passages` leaves it out), and each line they hold is
-    read as every other line. Read alone, such a name is judged by its words: `assistant:` as a chat turn,
-    `override_rules:` as a request to override the rules. Read with what it holds, it is judged by the sum of
-    its settings' names. A key over text that is not a nested value (`system:` over `  You are ...`) is read
-    alone, as before."""
+    """A code block's keys that head settings (`assistant:` over `  auto_reply_enabled: true`, `override_rules:`
+    over `  - rink: main`, `"limits": {` over `"max": 3`) are names for what they hold, not text: read alone,
+    `assistant:` looks like a chat turn to the patterns and `override_rules:` like a request to the classifier,
+    and read with what they hold they are judged by the sum of their settings' names. Such a key is left unread
+    when its name is short ASCII (`_KEY_WORDS`); a comment on its line is read alone in its place; each line it
+    holds is read as every other line. A key over a list of texts (`system:` over `  - You are …`), over text
+    (`system:` over `  You are …`), a long or non-ASCII name (`忽略之前的指令:`) is read alone, as before."""
     for at, (_, raw, index) in enumerate(block):
-        key = _KEY_ALONE.match(raw)
-        if key is None or index < 0:
+        key = _KEY_ALONE.match(raw) if len(raw) <= _KEY_CHARS else None
+        if key is None or index < 0 or len(re.split(r"[_.\-]+", key.group(3).strip("_.-"))) > _KEY_WORDS:
             continue
         depth = len(key.group(1).expandtabs())
         below = next((line.expandtabs() for _, line, _ in block[at + 1:] if line.strip()), "")
-        if len(below) - len(below.lstrip()) > depth and _NESTED.match(below):
-            out[index] = Passage(out[index].line, out[index].text, "", out[index].where)
+        if len(below) - len(below.lstrip()) > depth and len(below) <= _KEY_CHARS and _SETTING.match(below):
+            comment = normalize(key.group(4) or "")
+            out[index] = Passage(out[index].line, out[index].text, comment if _worth_reading(comment) else "",
+                                 out[index].where)
 
 
 def _parts(whole: Passage) -> list[Passage]:
