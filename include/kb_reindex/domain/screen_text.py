@@ -161,6 +161,8 @@ def _visible_line(line: str) -> tuple[str, list[tuple[str, str]]]:
             hidden.append(("link title", m.group(3) or m.group(4)))
         return m.group(1)
 
+    spans = [m.span() for m in _CODE_SPAN.finditer(line)] if "`" in line else []
+    starts = [a for a, _ in spans]
     for tag in _TAG.finditer(line):  # every attribute of an HTML tag: `data-*`, `aria-label` as well
         for m in _HTML_ATTR.finditer(tag.group(0)):
             name = m.group(1).lower()
@@ -169,9 +171,6 @@ def _visible_line(line: str) -> tuple[str, list[tuple[str, str]]]:
         for m in _BARE_ATTR.finditer(_HTML_ATTR.sub(" ", tag.group(0))):
             if m.group(1).lower() not in _UNREAD_ATTRS:
                 hidden.append((_ATTR_WHERE.get(m.group(1).lower(), "HTML attribute"), m.group(2)))
-    spans = [m.span() for m in _CODE_SPAN.finditer(line)] if "`" in line else []
-    starts = [a for a, _ in spans]
-    for tag in _TAG.finditer(line):
         at = bisect.bisect_right(starts, tag.start()) - 1  # the code span starting last before the tag
         text = "" if at >= 0 and tag.start() < spans[at][1] else _tag_text(tag.group(0))
         if text:
@@ -224,7 +223,7 @@ def passages(body: str, *, first_line: int = 1) -> list[Passage]:
             out.append(Passage(start, shown[:200], content[:MAX_CHARS], "HTML comment"))
     in_code = False
     paragraph: list[Passage] = []
-    block: list[tuple[int, str, int]] = []  # the open code block's lines: (number, line, index in `out` or -1)
+    block: list[tuple[str, int]] = []  # the open code block's lines: (line, index in `out` or -1)
 
     def close_paragraph() -> None:
         if 1 < len(paragraph) <= PARAGRAPH_LINES:
@@ -255,7 +254,7 @@ def passages(body: str, *, first_line: int = 1) -> list[Passage]:
                 out.append(Passage(number, raw.strip()[:200], read[:MAX_CHARS], where))
         read = normalize(seen)
         if in_code:
-            block.append((number, raw, len(out) if _worth_reading(read) else -1))
+            block.append((raw, len(out) if _worth_reading(read) else -1))
         if not _worth_reading(read):
             close_paragraph()
             continue
@@ -273,7 +272,7 @@ def passages(body: str, *, first_line: int = 1) -> list[Passage]:
     return out
 
 
-def _heads(block: list[tuple[int, str, int]], out: list[Passage]) -> None:
+def _heads(block: list[tuple[str, int]], out: list[Passage]) -> None:
     """A code block's keys that head settings (`assistant:` over `  auto_reply_enabled: true`, `override_rules:`
     over `  - rink: main`, `"limits": {` over `"max": 3`) are names for what they hold, not text: read alone,
     `assistant:` looks like a chat turn to the patterns and `override_rules:` like a request to the classifier,
@@ -281,12 +280,12 @@ def _heads(block: list[tuple[int, str, int]], out: list[Passage]) -> None:
     when its name is short ASCII (`_KEY_WORDS`); a comment on its line is read alone in its place; each line it
     holds is read as every other line. A key over a list of texts (`system:` over `  - You are …`), over text
     (`system:` over `  You are …`), a long or non-ASCII name (`忽略之前的指令:`) is read alone, as before."""
-    for at, (_, raw, index) in enumerate(block):
+    for at, (raw, index) in enumerate(block):
         key = _KEY_ALONE.match(raw) if len(raw) <= _KEY_CHARS else None
         if key is None or index < 0 or len(re.split(r"[_.\-]+", key.group(3).strip("_.-"))) > _KEY_WORDS:
             continue
         depth = len(key.group(1).expandtabs())
-        below = next((line.expandtabs() for _, line, _ in block[at + 1:] if line.strip()), "")
+        below = next((line.expandtabs() for line, _ in block[at + 1:] if line.strip()), "")
         if len(below) - len(below.lstrip()) > depth and len(below) <= _KEY_CHARS and _SETTING.match(below):
             comment = normalize(key.group(4) or "")
             out[index] = Passage(out[index].line, out[index].text, comment if _worth_reading(comment) else "",

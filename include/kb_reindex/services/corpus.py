@@ -205,23 +205,23 @@ def scan_corpus(docs: KnowledgeSource | Path, *, max_bytes: int, chunk_size: int
     scanned: list[ScannedDocument | KnownDocument] = []
     waiting: list[tuple[DocumentInfo, tuple[ChunkRef, ...], list[Passage]]] = []
 
-    progress = {"documents": 0, "passages": 0, "embedded": 0}
+    embedded_before = screen.classifier.embedded if screen.classifier else 0
+    progress = {"documents": 0, "passages": 0}
 
     def judge_waiting(*, last: bool = False) -> None:
-        embedded = screen.classifier.embedded if screen.classifier else 0
         judged = screen.flag_pages([found for _, _, found in waiting], memory=memory)
         scanned.extend(ScannedDocument(info=info, chunks=chunks, flagged=flagged)
                        for (info, chunks, _), flagged in zip(waiting, judged, strict=True))
         progress["documents"] += len(waiting)
         progress["passages"] += sum(len(found) for _, _, found in waiting)
-        progress["embedded"] += (screen.classifier.embedded if screen.classifier else 0) - embedded
         waiting.clear()
-        if not last and progress["embedded"]:
+        embedded = (screen.classifier.embedded if screen.classifier else 0) - embedded_before
+        if not last and embedded:
             # a first build judges every line by e5, about a minute per batch here: said as it goes, not only at
             # the end (the plan's summary), so a long first build is not silent
             log.info("kb_reindex: the instruction screen has judged %d document(s) so far (%d passages, %d embedded "
-                     "by e5) in %.0f s; the scan goes on", progress["documents"], progress["passages"],
-                     progress["embedded"], (time.time_ns() - started_ns) / 1e9)
+                     "by e5) in %.0f s; the scan goes on", progress["documents"], progress["passages"], embedded,
+                     (time.time_ns() - started_ns) / 1e9)
 
     pending = 0
     for doc in iter_corpus(docs, max_bytes=max_bytes, listed=listed, default_tenant=default_tenant,
